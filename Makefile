@@ -1,0 +1,80 @@
+# precisionlab: set-up, native library, demo, tests, benchmarks.
+#   make demo      venv + library + the main job
+#   make test      venv + library + CPU tests
+#   make gpu-test  GPU tests; on a machine that already has torch:
+#                  make gpu-test PYTHON=python3   (no venv, no network)
+
+PYTHON ?= .venv/bin/python
+TORCH  ?= torch==2.13.0
+NVCC   ?= nvcc
+CXX    ?= g++
+
+LIB      := build/libprecisionlab.so
+PKG_LIB  := precisionlab/lib/libprecisionlab.so
+SOURCES  := $(wildcard cuda/*.cu)
+HEADERS  := $(wildcard cuda/*.h cuda/*.cuh)
+
+# A venv only when PYTHON is the venv's interpreter; PYTHON=python3 uses that
+# interpreter as it is, which is how the GPU machine (no network) runs.
+ifeq ($(PYTHON),.venv/bin/python)
+SETUP := .venv/.installed
+else
+SETUP :=
+endif
+
+HAVE_NVCC := $(shell command -v $(NVCC) 2>/dev/null)
+# sm_90 SASS + compute_90 PTX (JIT on newer GPUs), plus the build machine's GPU.
+GPU_CC    := $(shell nvidia-smi --query-gpu=compute_cap --format=csv,noheader 2>/dev/null | head -n1 | tr -d '. ')
+GENCODE   := -gencode arch=compute_90,code=sm_90 -gencode arch=compute_90,code=compute_90
+ifneq ($(GPU_CC),)
+ifneq ($(GPU_CC),90)
+GENCODE   += -gencode arch=compute_$(GPU_CC),code=sm_$(GPU_CC)
+endif
+endif
+# Never fast math: a precision lab measures IEEE arithmetic. -ffp-contract=off
+# keeps the host compiler from fusing a*b+c behind our back.
+HOST_FLAGS := -O2 -std=c++17 -fPIC -ffp-contract=off -Wall -Wextra
+NVCC_FLAGS := -O3 -std=c++17 --threads 0 -cudart static $(GENCODE) -Xcompiler -fPIC,-ffp-contract=off,-Wall
+
+.PHONY: setup lib demo test gpu-test sanitize bench clean
+
+setup: $(SETUP)
+
+.venv/.installed: pyproject.toml
+	python3 -m venv .venv
+	.venv/bin/python -c "import torch" 2>/dev/null || .venv/bin/pip install -q "$(TORCH)"
+	.venv/bin/pip install -q -e ".[dev]"
+	touch $@
+
+lib: $(PKG_LIB)
+
+$(PKG_LIB): $(LIB)
+	cp $< $@
+
+$(LIB): $(SOURCES) $(HEADERS) Makefile
+	@mkdir -p build
+ifneq ($(HAVE_NVCC),)
+	$(NVCC) $(NVCC_FLAGS) -DPL_BUILD_FLAGS='"nvcc $(NVCC_FLAGS)"' -shared -o $@ $(SOURCES)
+else
+	@echo "precisionlab: nvcc not found: building the host-only library; GPU experiments are unavailable." >&2
+	$(CXX) $(HOST_FLAGS) -DPL_BUILD_FLAGS='"$(CXX) $(HOST_FLAGS)"' -x c++ -shared -o $@ $(SOURCES)
+endif
+
+demo: setup lib
+	$(PYTHON) -m precisionlab accumulate --dtype bf16 --n 10000
+
+test: setup lib
+	$(PYTHON) -m pytest -q -m "not gpu"
+
+gpu-test: setup lib
+	$(PYTHON) -m pytest -q -m gpu
+
+sanitize: setup lib
+	compute-sanitizer --tool memcheck --error-exitcode 1 $(PYTHON) scripts/sanitize_kernels.py
+	compute-sanitizer --tool racecheck --error-exitcode 1 $(PYTHON) scripts/sanitize_kernels.py
+
+bench: setup lib
+	$(PYTHON) -m precisionlab bench
+
+clean:
+	rm -rf build $(PKG_LIB) .pytest_cache .hypothesis

@@ -1,0 +1,401 @@
+/*
+ * accumulate.cu: summation of n stored values with a chosen accumulator format.
+ *
+ * CPU reference kernels (exact emulation of the accumulator format: each
+ * operation's exact result rounded once, see common.cuh):
+ *   sequential  left to right
+ *   pairwise    adjacent pairs level by level, odd tail carried up; done as a
+ *               streaming binary counter, so it needs O(log n) memory
+ *   kahan       compensated summation in the accumulator's own precision
+ *   neumaier    Kahan-Babuska-Neumaier, which also survives |x| > |sum|
+ *   stochastic  sequential with stochastic rounding (seeded, counter-based)
+ *
+ * GPU kernels:
+ *   version 1, tree        each thread sums a grid-strided slice (16-byte loads,
+ *                          four in flight), then warp shuffle + block tree;
+ *                          a second one-block pass sums the block partials.
+ *                          Fixed shape, so the same bits on every run.
+ *   version 2, tree_kahan  version 1 with each thread's serial part
+ *                          compensated: the long serial chain is where the
+ *                          error grows, the tree is only log2(threads) deep.
+ *   version 3, atomic      version 1's block sums land in one accumulator by
+ *                          atomicAdd: one pass, but the order blocks arrive in
+ *                          varies, and so do the bits.
+ */
+#include <cstdio>
+#include <cstdlib>
+#include <vector>
+
+#include "common.cuh"
+
+// ---------------------------------------------------------------------------
+// CPU reference
+
+namespace {
+
+void cpu_sequential(const double* x, int64_t n, const pl_format_info& f, bool stochastic, uint64_t seed,
+                    double* result, int64_t* stall_step, double* stall_value, double* trace) {
+    double s = 0.0;
+    int64_t stall = -1;
+    double stall_at = std::numeric_limits<double>::quiet_NaN();
+    for (int64_t i = 0; i < n; ++i) {
+        const double t = stochastic
+                             ? pl_round_stochastic(pl_add_round_odd(s, x[i]), f, pl_uniform(seed, (uint64_t)i))
+                             : pl_add(s, x[i], f);
+        if (!stochastic && stall < 0 && t == s && x[i] != 0.0 && std::isfinite(x[i])) {
+            stall = i;
+            stall_at = s;
+        }
+        s = t;
+        if (trace) trace[i] = s;
+    }
+    *result = s;
+    if (stall_step) *stall_step = stall;
+    if (stall_value) *stall_value = stall_at;
+}
+
+// Level-by-level pairwise summation, streamed: a stack of partial sums tagged
+// with their tree level; equal levels merge as soon as they meet, and what is
+// left merges from the right at the end, exactly as the odd tails are carried
+// up in the level-by-level description.
+double cpu_pairwise(const double* x, int64_t n, const pl_format_info& f) {
+    double val[66];
+    int level[66];
+    int top = 0;
+    for (int64_t i = 0; i < n; ++i) {
+        double v = x[i];
+        int l = 0;
+        while (top > 0 && level[top - 1] == l) {
+            v = pl_add(val[--top], v, f);
+            ++l;
+        }
+        val[top] = v;
+        level[top++] = l;
+    }
+    while (top > 1) {
+        const double r = val[--top];
+        val[top - 1] = pl_add(val[top - 1], r, f);
+    }
+    return pl_round_to(val[0], f);  // n == 1: the lone value still lands in the accumulator
+}
+
+double cpu_kahan(const double* x, int64_t n, const pl_format_info& f) {
+    double s = 0.0, c = 0.0;
+    for (int64_t i = 0; i < n; ++i) {
+        const double y = pl_sub(x[i], c, f);
+        const double t = pl_add(s, y, f);
+        c = pl_sub(pl_sub(t, s, f), y, f);
+        s = t;
+    }
+    return s;
+}
+
+double cpu_neumaier(const double* x, int64_t n, const pl_format_info& f) {
+    double s = 0.0, c = 0.0;
+    for (int64_t i = 0; i < n; ++i) {
+        const double t = pl_add(s, x[i], f);
+        const double lost = std::fabs(s) >= std::fabs(x[i]) ? pl_add(pl_sub(s, t, f), x[i], f)
+                                                           : pl_add(pl_sub(x[i], t, f), s, f);
+        c = pl_add(c, lost, f);
+        s = t;
+    }
+    return pl_add(s, c, f);
+}
+
+}  // namespace
+
+extern "C" int pl_accumulate_cpu(const double* x, int64_t n, int accumulator, int method, uint64_t seed,
+                                 double* result, int64_t* stall_step, double* stall_value, double* trace) {
+    PL_REQUIRE_PTR(x);
+    PL_REQUIRE_PTR(result);
+    PL_REQUIRE_N(n);
+    size_t bytes;
+    if (int st = pl_checked_bytes(n, sizeof(double), &bytes, __func__)) return st;
+    PL_REQUIRE(pl_valid_format(accumulator), PL_ERR_INVALID_ARGUMENT, "unknown accumulator format %d", accumulator);
+    PL_REQUIRE(method >= 0 && method < PL_CPU_METHOD_COUNT_, PL_ERR_INVALID_ARGUMENT, "unknown CPU method %d", method);
+    const bool sequential_kind = method == PL_SEQUENTIAL || method == PL_STOCHASTIC;
+    PL_REQUIRE(trace == nullptr || sequential_kind, PL_ERR_UNSUPPORTED,
+               "a running-sum trace exists for sequential and stochastic only");
+    const pl_format_info& f = PL_FORMATS[accumulator];
+    if (stall_step) *stall_step = -1;
+    if (stall_value) *stall_value = std::numeric_limits<double>::quiet_NaN();
+    switch (method) {
+        case PL_SEQUENTIAL: cpu_sequential(x, n, f, false, seed, result, stall_step, stall_value, trace); break;
+        case PL_STOCHASTIC: cpu_sequential(x, n, f, true, seed, result, stall_step, stall_value, trace); break;
+        case PL_PAIRWISE: *result = cpu_pairwise(x, n, f); break;
+        case PL_KAHAN: *result = cpu_kahan(x, n, f); break;
+        case PL_NEUMAIER: *result = cpu_neumaier(x, n, f); break;
+    }
+    return PL_OK;
+}
+
+// ---------------------------------------------------------------------------
+// GPU
+#ifdef __CUDACC__
+
+namespace {
+
+constexpr int kThreads = 512;
+constexpr int kBlocksPerSM = 4;  // 2048 threads per SM: full occupancy on sm_80/sm_90
+constexpr int kMaxBlocks = 4096;
+constexpr int kUnroll = 4;       // 16-byte loads in flight per thread
+constexpr size_t kSlotOffset = kMaxBlocks * sizeof(double);
+constexpr size_t kWorkspaceBytes = kSlotOffset + 64;
+
+template <int ACC> struct slot_type { using type = typename pl_acc<ACC>::reg; };
+template <> struct slot_type<PL_BF16> { using type = __nv_bfloat16; };
+
+template <int ACC, bool KAHAN>
+struct thread_acc {
+    using R = typename pl_acc<ACC>::reg;
+    R s = (R)0, c = (R)0;
+    __device__ __forceinline__ void add(R x) {
+        if constexpr (KAHAN) {
+            const R y = pl_acc<ACC>::add(x, -c);
+            const R t = pl_acc<ACC>::add(s, y);
+            c = pl_acc<ACC>::add(pl_acc<ACC>::add(t, -s), -y);
+            s = t;
+        } else {
+            s = pl_acc<ACC>::add(s, x);
+        }
+    }
+    __device__ __forceinline__ R value() const { return KAHAN ? pl_acc<ACC>::add(s, -c) : s; }
+};
+
+// Versions 1-3, first pass. Each block reduces its slice; MODE 0 stores the
+// block sum in partials[blockIdx.x], MODE 1 atomically adds it to *slot.
+template <typename TS, int ACC, bool KAHAN, int MODE>
+__global__ void __launch_bounds__(kThreads)
+sum_blocks_kernel(const TS* __restrict__ x, int64_t n, bool aligned, typename pl_acc<ACC>::reg* partials,
+                  typename slot_type<ACC>::type* slot) {
+    using R = typename pl_acc<ACC>::reg;
+    constexpr int V = 16 / sizeof(TS);
+    thread_acc<ACC, KAHAN> acc;
+    const int64_t tid = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    const int64_t stride = (int64_t)gridDim.x * blockDim.x;
+    const int64_t npacks = aligned ? n / V : 0;
+    const int4* packs = reinterpret_cast<const int4*>(x);
+    int64_t p = tid;
+    for (; p + (kUnroll - 1) * stride < npacks; p += kUnroll * stride) {
+        int4 raw[kUnroll];
+#pragma unroll
+        for (int u = 0; u < kUnroll; ++u) raw[u] = __ldg(packs + p + u * stride);
+#pragma unroll
+        for (int u = 0; u < kUnroll; ++u) {
+            const TS* v = reinterpret_cast<const TS*>(&raw[u]);
+#pragma unroll
+            for (int k = 0; k < V; ++k) acc.add((R)pl_widen(v[k]));
+        }
+    }
+    for (; p < npacks; p += stride) {
+        const int4 raw = __ldg(packs + p);
+        const TS* v = reinterpret_cast<const TS*>(&raw);
+#pragma unroll
+        for (int k = 0; k < V; ++k) acc.add((R)pl_widen(v[k]));
+    }
+    for (int64_t i = npacks * V + tid; i < n; i += stride) acc.add((R)pl_widen(x[i]));
+    const R b = pl_block_sum<ACC>(acc.value());
+    if (threadIdx.x == 0) {
+        if constexpr (MODE == 0) {
+            partials[blockIdx.x] = b;
+        } else if constexpr (ACC == PL_BF16) {
+            atomicAdd(slot, __float2bfloat16_rn(b));
+        } else {
+            atomicAdd(slot, b);
+        }
+    }
+}
+
+// Second pass of versions 1-2: one block, fixed order.
+template <int ACC>
+__global__ void __launch_bounds__(1024) sum_partials_kernel(const typename pl_acc<ACC>::reg* partials, int nblocks,
+                                                            double* out) {
+    using R = typename pl_acc<ACC>::reg;
+    R s = (R)0;
+    for (int i = threadIdx.x; i < nblocks; i += blockDim.x) s = pl_acc<ACC>::add(s, partials[i]);
+    s = pl_block_sum<ACC>(s);
+    if (threadIdx.x == 0) *out = (double)s;
+}
+
+template <typename S>
+__global__ void slot_to_double_kernel(const S* slot, double* out) {
+    if constexpr (sizeof(S) == 2) *out = (double)__bfloat162float(*slot);
+    else *out = (double)*slot;
+}
+
+int grid_for(int64_t n, size_t elem, int* blocks) {
+    int dev = 0, sms = 0;
+    PL_CUDA_CHECK(cudaGetDevice(&dev));
+    PL_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+    const int64_t per_block = (int64_t)kThreads * (16 / (int64_t)elem) * kUnroll;
+    int64_t b = (n + per_block - 1) / per_block;
+    const int64_t cap = (int64_t)sms * kBlocksPerSM < kMaxBlocks ? (int64_t)sms * kBlocksPerSM : kMaxBlocks;
+    if (b > cap) b = cap;
+    if (b < 1) b = 1;
+    *blocks = (int)b;
+    return PL_OK;
+}
+
+template <typename TS, int ACC>
+int launch_sum(const void* x_dev, int64_t n, int method, void* work_dev, double* out_dev) {
+    using R = typename pl_acc<ACC>::reg;
+    using S = typename slot_type<ACC>::type;
+    const TS* x = static_cast<const TS*>(x_dev);
+    R* partials = static_cast<R*>(work_dev);
+    S* slot = reinterpret_cast<S*>(static_cast<char*>(work_dev) + kSlotOffset);
+    const bool aligned = (reinterpret_cast<uintptr_t>(x_dev) % 16) == 0;
+    int blocks = 0;
+    if (int st = grid_for(n, sizeof(TS), &blocks)) return st;
+    switch (method) {
+        case PL_GPU_TREE:
+            sum_blocks_kernel<TS, ACC, false, 0><<<blocks, kThreads>>>(x, n, aligned, partials, slot);
+            PL_CUDA_CHECK(cudaGetLastError());
+            sum_partials_kernel<ACC><<<1, 1024>>>(partials, blocks, out_dev);
+            break;
+        case PL_GPU_TREE_KAHAN:
+            sum_blocks_kernel<TS, ACC, true, 0><<<blocks, kThreads>>>(x, n, aligned, partials, slot);
+            PL_CUDA_CHECK(cudaGetLastError());
+            sum_partials_kernel<ACC><<<1, 1024>>>(partials, blocks, out_dev);
+            break;
+        case PL_GPU_ATOMIC:
+            PL_CUDA_CHECK(cudaMemsetAsync(slot, 0, sizeof(S)));
+            sum_blocks_kernel<TS, ACC, false, 1><<<blocks, kThreads>>>(x, n, aligned, partials, slot);
+            PL_CUDA_CHECK(cudaGetLastError());
+            slot_to_double_kernel<S><<<1, 1>>>(slot, out_dev);
+            break;
+    }
+    PL_CUDA_CHECK(cudaGetLastError());
+    return PL_OK;
+}
+
+template <typename TS>
+int dispatch_acc(const void* x_dev, int64_t n, int accumulator, int method, void* work, double* out) {
+    switch (accumulator) {
+        case PL_FP32: return launch_sum<TS, PL_FP32>(x_dev, n, method, work, out);
+        case PL_FP64: return launch_sum<TS, PL_FP64>(x_dev, n, method, work, out);
+        case PL_BF16: return launch_sum<TS, PL_BF16>(x_dev, n, method, work, out);
+    }
+    return pl_fail(PL_ERR_UNSUPPORTED, "pl_sum_cuda_device", "GPU accumulator must be fp32, fp64 or bf16 (got %s)",
+                   PL_FORMATS[accumulator].name);
+}
+
+int dispatch(const void* x_dev, int64_t n, int storage, int accumulator, int method, void* work, double* out) {
+    switch (storage) {
+        case PL_FP64: return dispatch_acc<double>(x_dev, n, accumulator, method, work, out);
+        case PL_FP32: return dispatch_acc<float>(x_dev, n, accumulator, method, work, out);
+        case PL_FP16: return dispatch_acc<__half>(x_dev, n, accumulator, method, work, out);
+        case PL_BF16: return dispatch_acc<__nv_bfloat16>(x_dev, n, accumulator, method, work, out);
+        case PL_FP8_E4M3: return dispatch_acc<__nv_fp8_e4m3>(x_dev, n, accumulator, method, work, out);
+        case PL_FP8_E5M2: return dispatch_acc<__nv_fp8_e5m2>(x_dev, n, accumulator, method, work, out);
+    }
+    return pl_fail(PL_ERR_INVALID_ARGUMENT, "pl_sum_cuda_device", "unknown storage format %d", storage);
+}
+
+int require_device_pointer(const void* p, const char* name, const char* func) {
+    cudaPointerAttributes a;
+    const cudaError_t err = cudaPointerGetAttributes(&a, p);
+    if (err != cudaSuccess) return pl_cuda_fail(err, func, "cudaPointerGetAttributes");
+    if (a.type != cudaMemoryTypeDevice && a.type != cudaMemoryTypeManaged)
+        return pl_fail(PL_ERR_INVALID_ARGUMENT, func, "%s is not a device pointer", name);
+    return PL_OK;
+}
+
+// Host doubles (already values of the format) to the device's storage bytes.
+void encode(const double* x, int64_t n, int storage, void* out) {
+    const pl_format_info& f = PL_FORMATS[storage];
+    for (int64_t i = 0; i < n; ++i) {
+        const double v = pl_round_to(x[i], f);  // exact when x[i] is already a value of the format
+        switch (storage) {
+            case PL_FP64: static_cast<double*>(out)[i] = v; break;
+            case PL_FP32: static_cast<float*>(out)[i] = (float)v; break;
+            case PL_FP16: static_cast<__half*>(out)[i] = __float2half_rn((float)v); break;
+            case PL_BF16: static_cast<__nv_bfloat16*>(out)[i] = __float2bfloat16_rn((float)v); break;
+            case PL_FP8_E4M3: static_cast<__nv_fp8_e4m3*>(out)[i] = __nv_fp8_e4m3((float)v); break;
+            case PL_FP8_E5M2: static_cast<__nv_fp8_e5m2*>(out)[i] = __nv_fp8_e5m2((float)v); break;
+        }
+    }
+}
+
+int check_sum_args(int64_t n, int storage, int accumulator, int method, const char* func) {
+    if (n <= 0) return pl_fail(PL_ERR_INVALID_ARGUMENT, func, "n must be > 0 (got %lld)", (long long)n);
+    if (!pl_valid_format(storage)) return pl_fail(PL_ERR_INVALID_ARGUMENT, func, "unknown storage format %d", storage);
+    if (!pl_valid_format(accumulator))
+        return pl_fail(PL_ERR_INVALID_ARGUMENT, func, "unknown accumulator format %d", accumulator);
+    if (method < 0 || method >= PL_GPU_METHOD_COUNT_)
+        return pl_fail(PL_ERR_INVALID_ARGUMENT, func, "unknown GPU method %d", method);
+    if (accumulator != PL_FP32 && accumulator != PL_FP64 && accumulator != PL_BF16)
+        return pl_fail(PL_ERR_UNSUPPORTED, func, "GPU accumulator must be fp32, fp64 or bf16 (got %s)",
+                       PL_FORMATS[accumulator].name);
+    size_t bytes;
+    return pl_checked_bytes(n, PL_FORMATS[storage].bytes, &bytes, func);
+}
+
+}  // namespace
+
+extern "C" int pl_sum_workspace_bytes(int64_t n, int storage, int method, size_t* bytes) {
+    PL_REQUIRE_PTR(bytes);
+    if (int st = check_sum_args(n, storage, PL_FP32, method, __func__)) return st;
+    *bytes = kWorkspaceBytes;
+    return PL_OK;
+}
+
+extern "C" int pl_sum_cuda_device(const void* x_dev, int64_t n, int storage, int accumulator, int method,
+                                  void* work_dev, size_t work_bytes, double* out_dev) {
+    PL_REQUIRE_PTR(x_dev);
+    PL_REQUIRE_PTR(work_dev);
+    PL_REQUIRE_PTR(out_dev);
+    if (int st = check_sum_args(n, storage, accumulator, method, __func__)) return st;
+    PL_REQUIRE(work_bytes >= kWorkspaceBytes, PL_ERR_INVALID_ARGUMENT, "workspace of %zu bytes is below the %zu needed",
+               work_bytes, kWorkspaceBytes);
+    if (int st = require_device_pointer(x_dev, "x_dev", __func__)) return st;
+    if (int st = require_device_pointer(work_dev, "work_dev", __func__)) return st;
+    if (int st = require_device_pointer(out_dev, "out_dev", __func__)) return st;
+    return dispatch(x_dev, n, storage, accumulator, method, work_dev, out_dev);
+}
+
+extern "C" int pl_sum_cuda(const double* x, int64_t n, int storage, int accumulator, int method, int runs,
+                           double* results) {
+    PL_REQUIRE_PTR(x);
+    PL_REQUIRE_PTR(results);
+    if (int st = check_sum_args(n, storage, accumulator, method, __func__)) return st;
+    PL_REQUIRE(runs > 0, PL_ERR_INVALID_ARGUMENT, "runs must be > 0 (got %d)", runs);
+    int count = 0;
+    if (int st = pl_cuda_device_count(&count)) return st;
+    size_t bytes = 0;
+    if (int st = pl_checked_bytes(n, PL_FORMATS[storage].bytes, &bytes, __func__)) return st;
+    void* host = std::malloc(bytes);
+    PL_REQUIRE(host != nullptr, PL_ERR_OUT_OF_MEMORY, "cannot allocate %zu host bytes", bytes);
+    encode(x, n, storage, host);
+    void *x_dev = nullptr, *work = nullptr;
+    double* out = nullptr;
+    int st = PL_OK;
+    cudaError_t err = cudaMalloc(&x_dev, bytes);
+    if (err == cudaSuccess) err = cudaMalloc(&work, kWorkspaceBytes);
+    if (err == cudaSuccess) err = cudaMalloc(reinterpret_cast<void**>(&out), sizeof(double) * (size_t)runs);
+    if (err == cudaSuccess) err = cudaMemcpy(x_dev, host, bytes, cudaMemcpyHostToDevice);
+    if (err != cudaSuccess) st = pl_cuda_fail(err, __func__, "allocation or upload");
+    for (int r = 0; st == PL_OK && r < runs; ++r) st = dispatch(x_dev, n, storage, accumulator, method, work, out + r);
+    if (st == PL_OK) {
+        err = cudaMemcpy(results, out, sizeof(double) * (size_t)runs, cudaMemcpyDeviceToHost);
+        if (err != cudaSuccess) st = pl_cuda_fail(err, __func__, "kernel or download");
+    }
+    std::free(host);
+    cudaFree(x_dev);
+    cudaFree(work);
+    cudaFree(out);
+    return st;
+}
+
+#else  // built without nvcc
+
+extern "C" int pl_sum_workspace_bytes(int64_t, int, int, size_t*) {
+    return pl_fail(PL_ERR_NO_CUDA, __func__, "library built without CUDA");
+}
+extern "C" int pl_sum_cuda_device(const void*, int64_t, int, int, int, void*, size_t, double*) {
+    return pl_fail(PL_ERR_NO_CUDA, __func__, "library built without CUDA");
+}
+extern "C" int pl_sum_cuda(const double*, int64_t, int, int, int, int, double*) {
+    return pl_fail(PL_ERR_NO_CUDA, __func__, "library built without CUDA");
+}
+
+#endif

@@ -1,0 +1,251 @@
+/*
+ * common.cuh: what every operation file shares.
+ *  - status and error plumbing (pl_fail, PL_CUDA_CHECK);
+ *  - argument checks;
+ *  - the format table and host rounding (round to nearest even, exact);
+ *  - a counter-based RNG for stochastic rounding;
+ *  - warp and block reductions (CUDA only).
+ *
+ * The host half compiles with g++ too (-x c++), so the library can be built
+ * without nvcc; everything CUDA sits under __CUDACC__.
+ */
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+
+#include "precisionlab.h"
+
+#ifdef __CUDACC__
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_fp8.h>
+#include <cuda_runtime.h>
+#define PL_HD __host__ __device__
+#else
+#define PL_HD
+#endif
+
+// ---------------------------------------------------------------------------
+// errors: the status is the return value, the message is thread-local.
+
+// Records "func: message" as the last error and returns status.
+int pl_fail(int status, const char* func, const char* fmt, ...);
+
+#define PL_REQUIRE(cond, status, ...)                      \
+    do {                                                   \
+        if (!(cond)) return pl_fail((status), __func__, __VA_ARGS__); \
+    } while (0)
+
+#define PL_REQUIRE_PTR(p) PL_REQUIRE((p) != nullptr, PL_ERR_NULL_POINTER, "%s is NULL", #p)
+#define PL_REQUIRE_N(n) PL_REQUIRE((n) > 0, PL_ERR_INVALID_ARGUMENT, "n must be > 0 (got %lld)", (long long)(n))
+
+// n * elem bytes without overflow, or a status.
+static inline int pl_checked_bytes(int64_t n, size_t elem, size_t* bytes, const char* func) {
+    if (n <= 0) return pl_fail(PL_ERR_INVALID_ARGUMENT, func, "n must be > 0 (got %lld)", (long long)n);
+    if ((uint64_t)n > SIZE_MAX / elem)
+        return pl_fail(PL_ERR_SIZE_OVERFLOW, func, "n = %lld elements of %zu bytes overflows size_t",
+                       (long long)n, elem);
+    *bytes = (size_t)n * elem;
+    return PL_OK;
+}
+
+#ifdef __CUDACC__
+int pl_cuda_fail(cudaError_t err, const char* func, const char* what);
+// Any CUDA failure becomes a status carrying cudaGetErrorString.
+#define PL_CUDA_CHECK(call)                                          \
+    do {                                                             \
+        cudaError_t pl_err_ = (call);                                \
+        if (pl_err_ != cudaSuccess) return pl_cuda_fail(pl_err_, __func__, #call); \
+    } while (0)
+#endif
+
+// ---------------------------------------------------------------------------
+// formats
+
+struct pl_format_info {
+    const char* name;
+    int precision;   // significand bits, the implicit bit included
+    int emin;        // exponent of the smallest normal
+    double max;      // largest finite value
+    bool has_inf;    // false: overflow gives NaN (OCP e4m3fn)
+    size_t bytes;
+};
+
+static const pl_format_info PL_FORMATS[PL_FORMAT_COUNT_] = {
+    {"fp64", 53, -1022, 1.7976931348623157e308, true, 8},
+    {"fp32", 24, -126, 3.4028234663852886e38, true, 4},
+    {"fp16", 11, -14, 65504.0, true, 2},
+    {"bf16", 8, -126, 3.3895313892515355e38, true, 2},
+    {"fp8_e4m3", 4, -6, 448.0, false, 1},
+    {"fp8_e5m2", 3, -14, 57344.0, true, 1},
+};
+
+static inline bool pl_valid_format(int f) { return f >= 0 && f < PL_FORMAT_COUNT_; }
+
+static inline uint64_t pl_bits(double x) { uint64_t b; std::memcpy(&b, &x, 8); return b; }
+static inline double pl_from_bits(uint64_t b) { double x; std::memcpy(&x, &b, 8); return x; }
+
+// 2^q for q in the normal double range.
+static inline double pl_pow2(int q) { return pl_from_bits((uint64_t)(q + 1023) << 52); }
+
+// Round x (a double) to format f, to nearest with ties to even, exactly:
+// integer arithmetic on the significand, no intermediate format.
+static inline double pl_round_to(double x, const pl_format_info& f) {
+    if (f.precision == 53 || !(std::fabs(x) <= 1.7976931348623157e308)) return x;  // fp64, NaN, Inf
+    const uint64_t b = pl_bits(x);
+    const uint64_t sign = b & 0x8000000000000000ull;
+    const uint64_t a = b & ~0x8000000000000000ull;
+    const int biased = (int)(a >> 52);
+    if (biased == 0) return pl_from_bits(sign);  // 0 or a double subnormal: far below every target
+    const int e = biased - 1023;
+    const uint64_t m = (a & 0x000FFFFFFFFFFFFFull) | 0x0010000000000000ull;  // x = m * 2^(e-52)
+    const int q = (e > f.emin ? e : f.emin) - (f.precision - 1);              // quantum exponent
+    const int s = q - (e - 52);                                               // bits to drop (>= 29)
+    uint64_t r;
+    if (s >= 54) {
+        r = 0;  // m < 2^53 <= half a quantum: rounds to zero, never a tie
+    } else {
+        const uint64_t half = 1ull << (s - 1);
+        const uint64_t rem = m & ((1ull << s) - 1);
+        r = m >> s;
+        if (rem > half || (rem == half && (r & 1))) r += 1;
+    }
+    double y = (double)r * pl_pow2(q);
+    if (y > f.max) y = f.has_inf ? std::numeric_limits<double>::infinity()
+                                 : std::numeric_limits<double>::quiet_NaN();
+    return sign ? -y : y;
+}
+
+// a + b rounded to odd in double: the exact sum's sticky bit survives, so a
+// second rounding to any format of <= 51 bits is the correctly rounded sum
+// (Boldo & Melquiond, "Emulation of FMA and correctly rounded sums", 2008).
+static inline double pl_add_round_odd(double a, double b) {
+    const double s = a + b;
+    if (!std::isfinite(s)) return s;
+    const double bb = s - a;                       // TwoSum (Knuth): s + e == a + b exactly
+    const double e = (a - (s - bb)) + (b - bb);
+    if (e != 0.0 && (pl_bits(s) & 1) == 0)
+        return std::nextafter(s, e > 0 ? std::numeric_limits<double>::infinity()
+                                       : -std::numeric_limits<double>::infinity());
+    return s;
+}
+
+// One accumulator operation: a + b, exact result rounded once to f.
+static inline double pl_add(double a, double b, const pl_format_info& f) {
+    if (f.precision == 53) return a + b;
+    return pl_round_to(pl_add_round_odd(a, b), f);
+}
+static inline double pl_sub(double a, double b, const pl_format_info& f) { return pl_add(a, -b, f); }
+
+// ---------------------------------------------------------------------------
+// RNG for stochastic rounding: counter-based, so a step's draw depends only on
+// (seed, step) and Python can reproduce it. splitmix64's finaliser.
+PL_HD static inline uint64_t pl_splitmix64(uint64_t seed, uint64_t counter) {
+    uint64_t z = seed + (counter + 1) * 0x9E3779B97F4A7C15ull;
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}
+
+// Uniform in [0, 1), 53 bits.
+PL_HD static inline double pl_uniform(uint64_t seed, uint64_t counter) {
+    return (double)(pl_splitmix64(seed, counter) >> 11) * (1.0 / 9007199254740992.0);
+}
+
+// Stochastic rounding of v to f: with lo <= |v| < lo + q the neighbours of |v|
+// in f (q the quantum of |v|'s binade), round up with probability
+// (|v| - lo) / q. v is the round-to-odd double of the exact result; scaling by
+// q and the subtraction are exact, so the probability is exactly as stated.
+static inline double pl_round_stochastic(double v, const pl_format_info& f, double u) {
+    if (f.precision == 53 || !std::isfinite(v) || v == 0.0) return v;
+    const double a = std::fabs(v);
+    int e = (int)((pl_bits(a) >> 52) & 0x7FF) - 1023;
+    if (e < f.emin) e = f.emin;
+    const int qe = e - (f.precision - 1);
+    const double lo = std::floor(a * pl_pow2(-qe)) * pl_pow2(qe);
+    const double frac = (a - lo) * pl_pow2(-qe);
+    double r = u < frac ? lo + pl_pow2(qe) : lo;
+    if (r > f.max) r = f.has_inf ? std::numeric_limits<double>::infinity()
+                                 : std::numeric_limits<double>::quiet_NaN();
+    return v < 0 ? -r : r;
+}
+
+// ---------------------------------------------------------------------------
+// CUDA: storage types, warp and block reductions.
+#ifdef __CUDACC__
+
+template <typename T> struct pl_storage;
+template <> struct pl_storage<double> { static constexpr int code = PL_FP64; };
+template <> struct pl_storage<float> { static constexpr int code = PL_FP32; };
+template <> struct pl_storage<__half> { static constexpr int code = PL_FP16; };
+template <> struct pl_storage<__nv_bfloat16> { static constexpr int code = PL_BF16; };
+template <> struct pl_storage<__nv_fp8_e4m3> { static constexpr int code = PL_FP8_E4M3; };
+template <> struct pl_storage<__nv_fp8_e5m2> { static constexpr int code = PL_FP8_E5M2; };
+
+// Widen a stored value exactly.
+__device__ __forceinline__ float pl_widen(float x) { return x; }
+__device__ __forceinline__ double pl_widen(double x) { return x; }
+__device__ __forceinline__ float pl_widen(__half x) { return __half2float(x); }
+__device__ __forceinline__ float pl_widen(__nv_bfloat16 x) { return __bfloat162float(x); }
+__device__ __forceinline__ float pl_widen(__nv_fp8_e4m3 x) { return (float)x; }
+__device__ __forceinline__ float pl_widen(__nv_fp8_e5m2 x) { return (float)x; }
+
+// Accumulator arithmetic. acc_t is the register type; bf16 sums live in a float
+// register that always holds a bf16 value, rounded after every addition.
+template <int ACC> struct pl_acc;
+template <> struct pl_acc<PL_FP32> {
+    using reg = float;
+    __device__ static __forceinline__ float add(float a, double b) { return __fadd_rn(a, (float)b); }
+    __device__ static __forceinline__ float add(float a, float b) { return __fadd_rn(a, b); }
+};
+template <> struct pl_acc<PL_FP64> {
+    using reg = double;
+    __device__ static __forceinline__ double add(double a, double b) { return __dadd_rn(a, b); }
+};
+template <> struct pl_acc<PL_BF16> {
+    using reg = float;
+    // fp32 add then bf16 rounding. For bf16 + bf16 this double rounding is
+    // innocuous (24 >= 2*8 + 2); with wider stored values it is what hardware
+    // bf16 accumulation does too.
+    __device__ static __forceinline__ float add(float a, float b) {
+        return __bfloat162float(__float2bfloat16_rn(__fadd_rn(a, b)));
+    }
+    __device__ static __forceinline__ float add(float a, double b) {
+        return __bfloat162float(__float2bfloat16_rn((float)(a + b)));
+    }
+};
+
+template <typename R>
+__device__ __forceinline__ R pl_shfl_down(R v, int delta) { return __shfl_down_sync(0xffffffffu, v, delta); }
+
+// Fixed-shape warp tree: lane 0 ends with the sum. Deterministic.
+template <int ACC, typename R>
+__device__ __forceinline__ R pl_warp_sum(R v) {
+#pragma unroll
+    for (int d = 16; d > 0; d >>= 1) v = pl_acc<ACC>::add(v, pl_shfl_down(v, d));
+    return v;
+}
+
+// Block tree: warp sums, then warp 0 sums the warp results. Thread 0 ends with
+// the block's sum. blockDim.x must be a multiple of 32, at most 1024.
+template <int ACC, typename R>
+__device__ R pl_block_sum(R v) {
+    __shared__ R warp_sums[32];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int nwarps = blockDim.x >> 5;
+    v = pl_warp_sum<ACC>(v);
+    if (lane == 0) warp_sums[warp] = v;
+    __syncthreads();
+    R r = (R)0;
+    if (warp == 0) {
+        r = lane < nwarps ? warp_sums[lane] : (R)0;  // 0 is the identity of +
+        r = pl_warp_sum<ACC>(r);
+    }
+    __syncthreads();  // warp_sums may be reused by the caller's next call
+    return r;
+}
+
+#endif  // __CUDACC__

@@ -1,0 +1,129 @@
+/*
+ * precisionlab.h: the whole C API of libprecisionlab.so.
+ *
+ * Conventions
+ *  - Every function returns an int status (PL_OK == 0) unless stated.
+ *  - On failure, pl_last_error() holds a one-line message naming the function
+ *    and the cause (for CUDA failures, the CUDA error string). It is
+ *    thread-local and valid until the next failing call on that thread.
+ *  - Pointers are host pointers unless the parameter name ends in _dev.
+ *  - n is int64_t; n <= 0 and sizes whose byte count overflows are rejected.
+ *  - A library built without nvcc exports the same symbols; the CUDA entry
+ *    points then return PL_ERR_NO_CUDA.
+ *
+ * Formats are the pl_format codes below; precisionlab/formats.py mirrors them.
+ */
+#ifndef PRECISIONLAB_H
+#define PRECISIONLAB_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define PL_ABI_VERSION 1
+
+enum pl_status {
+    PL_OK = 0,
+    PL_ERR_INVALID_ARGUMENT = 1, /* bad enum, n <= 0, inconsistent sizes */
+    PL_ERR_NULL_POINTER = 2,
+    PL_ERR_SIZE_OVERFLOW = 3,    /* n * element size does not fit in size_t */
+    PL_ERR_UNSUPPORTED = 4,      /* valid arguments, combination not offered */
+    PL_ERR_NO_DEVICE = 5,        /* no CUDA driver or no GPU */
+    PL_ERR_NO_CUDA = 6,          /* library built without nvcc */
+    PL_ERR_CUDA = 7,             /* a CUDA runtime call or kernel launch failed */
+    PL_ERR_OUT_OF_MEMORY = 8,    /* host or device allocation failed */
+    PL_ERR_COUNT_ = 9
+};
+
+enum pl_format {
+    PL_FP64 = 0,
+    PL_FP32 = 1,
+    PL_FP16 = 2,
+    PL_BF16 = 3,
+    PL_FP8_E4M3 = 4, /* OCP e4m3fn: no infinities, overflow gives NaN */
+    PL_FP8_E5M2 = 5,
+    PL_FORMAT_COUNT_ = 6
+};
+
+/* CPU summation methods (pl_accumulate_cpu). */
+enum pl_cpu_method {
+    PL_SEQUENTIAL = 0, /* left to right, one rounding per addition */
+    PL_PAIRWISE = 1,   /* adjacent pairs level by level, odd tail carried up */
+    PL_KAHAN = 2,      /* compensated, in the accumulator's own precision */
+    PL_NEUMAIER = 3,   /* Kahan-Babuska-Neumaier */
+    PL_STOCHASTIC = 4, /* sequential, stochastic rounding (counter-based RNG) */
+    PL_CPU_METHOD_COUNT_ = 5
+};
+
+/* GPU summation methods (pl_sum_cuda*). */
+enum pl_gpu_method {
+    PL_GPU_TREE = 0,       /* warp shuffle + block tree, two passes: deterministic */
+    PL_GPU_TREE_KAHAN = 1, /* as TREE, each thread's serial part compensated */
+    PL_GPU_ATOMIC = 2,     /* block tree + one atomicAdd per block: order varies */
+    PL_GPU_METHOD_COUNT_ = 3
+};
+
+/* ---- library ------------------------------------------------------------ */
+int pl_abi_version(void);                 /* returns PL_ABI_VERSION */
+const char* pl_error_string(int status);  /* static text per status; never NULL */
+const char* pl_last_error(void);          /* detail of the last failure; never NULL */
+const char* pl_build_info(void);          /* compiler, flags, CUDA archs; never NULL */
+
+/* Number of usable CUDA devices. With no driver or no GPU: *count = 0 and
+ * PL_ERR_NO_DEVICE (pl_last_error says which). Built without nvcc: *count = 0
+ * and PL_ERR_NO_CUDA. */
+int pl_cuda_device_count(int* count);
+
+/* Name, SM count and memory of device `device` (name_len bytes at most,
+ * NUL-terminated). */
+int pl_cuda_device_info(int device, char* name, int name_len, int* sm_count,
+                        int* cc_major, int* cc_minor, size_t* total_mem);
+
+/* Round n doubles to `format` (round to nearest, ties to even), in place of y.
+ * x and y may alias. */
+int pl_round(const double* x, int64_t n, int format, double* y);
+
+/* ---- accumulate: CPU reference kernels ----------------------------------
+ * x: n stored values, given as doubles (each must already be representable in
+ *    the storage format; the sum does not care which format that was).
+ * accumulator: pl_format of the running sum; every operation is rounded once,
+ *    to nearest-even (stochastically for PL_STOCHASTIC), from its exact result.
+ * seed: used by PL_STOCHASTIC only.
+ * result: the sum, as a double (exact: it is a value of the accumulator format).
+ * stall_step, stall_value (may be NULL): for PL_SEQUENTIAL, the 0-based
+ *    index of the first non-zero finite addend that left the running sum
+ *    unchanged, and the sum there; -1 and NaN when that never happened or for
+ *    other methods (a stochastic sum only pauses: it has no stall).
+ * trace (may be NULL): n doubles, the running sum after each step
+ *    (PL_SEQUENTIAL and PL_STOCHASTIC only; PL_ERR_UNSUPPORTED otherwise). */
+int pl_accumulate_cpu(const double* x, int64_t n, int accumulator, int method,
+                      uint64_t seed, double* result, int64_t* stall_step,
+                      double* stall_value, double* trace);
+
+/* ---- accumulate: CUDA kernels --------------------------------------------
+ * storage: format the values are held in on the device (any pl_format).
+ * accumulator: PL_FP32, PL_BF16 or PL_FP64 (PL_GPU_ATOMIC: PL_FP32, PL_BF16,
+ *    PL_FP64, using hardware atomicAdd of that type).
+ */
+
+/* Bytes of device workspace pl_sum_cuda_device needs for n elements. */
+int pl_sum_workspace_bytes(int64_t n, int storage, int method, size_t* bytes);
+
+/* Asynchronous, on the legacy default stream: sums x_dev (n values of
+ * `storage`) and writes the result as one double to out_dev.
+ * x_dev, work_dev, out_dev are device pointers. */
+int pl_sum_cuda_device(const void* x_dev, int64_t n, int storage, int accumulator,
+                       int method, void* work_dev, size_t work_bytes, double* out_dev);
+
+/* Synchronous convenience: converts host doubles x to `storage`, uploads them
+ * once, runs the sum `runs` times and writes the runs results (host). */
+int pl_sum_cuda(const double* x, int64_t n, int storage, int accumulator, int method,
+                int runs, double* results);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* PRECISIONLAB_H */

@@ -1,0 +1,111 @@
+"""The Typer app: commands parse options, call an experiment, hand the result to
+the report. No maths here.
+
+Exit codes: 0 ok, 1 failed run, 2 usage error, 3 --device cuda without a GPU.
+Errors are one line on stderr; PRECISIONLAB_DEBUG=1 shows the traceback.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from typing import Annotated, Optional
+
+import typer
+
+try:  # typer >= 0.20 vendors click
+    from typer._click.exceptions import ClickException
+except ImportError:  # older typer depends on click
+    from click.exceptions import ClickException
+
+from precisionlab.errors import PrecisionLabError
+
+app = typer.Typer(
+    name="precisionlab",
+    help="A command-line lab for numerical precision: floating-point formats and reduction orders, "
+    "shown, measured and explained.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+    context_settings={"help_option_names": ["-h", "--help"]},
+)
+
+
+
+@app.callback()
+def _root() -> None:
+    """A command-line lab for numerical precision: floating-point formats and reduction orders,
+    shown, measured and explained. Every command takes --json, --device and --seed."""
+
+
+# Options every command shares.
+DeviceOpt = Annotated[str, typer.Option("--device", help="auto (CPU, plus GPU where present) | cpu | cuda | all.")]
+SeedOpt = Annotated[int, typer.Option("--seed", help="Seed for every random draw, passed down to the kernels.")]
+JsonOpt = Annotated[bool, typer.Option("--json", help="One strict JSON document on stdout (non-finite as strings).")]
+
+
+@app.command()
+def accumulate(
+    dtype: Annotated[str, typer.Option("--dtype", help="Storage format the values are rounded to: "
+                                       "fp64, fp32, fp16, bf16, fp8_e4m3, fp8_e5m2 (aliases: float32, bfloat16, ...).")] = "bf16",
+    n: Annotated[int, typer.Option("--n", help="Number of values.")] = 10_000,
+    value: Annotated[float, typer.Option("--value", help="The value repeated n times.")] = 0.1,
+    dist: Annotated[Optional[str], typer.Option("--dist", help="Seeded random values instead: uniform | normal | lognormal.")] = None,
+    values: Annotated[Optional[str], typer.Option("--values", help="Explicit values, comma-separated (e.g. 1e8,1,-1e8).")] = None,
+    from_file: Annotated[Optional[str], typer.Option("--from", help="Values from a numeric .npy file (flattened).")] = None,
+    methods: Annotated[Optional[str], typer.Option("--methods", help="Comma list: sequential, reverse, sorted, sorted_desc, "
+                                                   "pairwise, kahan, neumaier, stochastic (CPU); tree, tree_kahan, atomic (GPU). "
+                                                   "Default: all that apply.")] = None,
+    accumulators: Annotated[Optional[str], typer.Option("--accumulators", help="Accumulator formats, comma list. "
+                                                        "Default: bf16,fp16,fp32,fp64 (GPU: bf16, fp32, fp64).")] = None,
+    plot: Annotated[Optional[str], typer.Option("--plot", help="Write the running sum against the step to this PNG.")] = None,
+    device: DeviceOpt = "auto",
+    seed: SeedOpt = 0,
+    json_out: JsonOpt = False,
+):
+    """Sum n values in each accumulator format and method; separate storage from accumulation error."""
+    from precisionlab import report
+    from precisionlab.experiments import accumulate as exp
+
+    if plot:
+        report.require_matplotlib()
+    cfg = exp.AccumulateConfig(dtype=dtype, n=n, value=value, dist=dist, values=values, from_file=from_file,
+                               methods=methods, accumulators=accumulators, device=device, seed=seed,
+                               trace=plot is not None)
+    result = exp.run(cfg)
+    if plot:
+        report.accumulate_plot(result, plot)
+    (report.accumulate_json if json_out else report.accumulate_table)(result)
+
+
+def main() -> None:
+    """Entry point: run the app, turning every failure into one line and an exit code."""
+    debug = os.environ.get("PRECISIONLAB_DEBUG") == "1"
+    try:
+        rc = app(standalone_mode=False)
+    except PrecisionLabError as e:
+        if debug:
+            raise
+        _fail(str(e), e.exit_code)
+    except typer.Exit as e:
+        sys.exit(e.exit_code)
+    except typer.Abort:
+        _fail("aborted", 130)
+    except ClickException as e:  # option parsing: a usage error
+        if debug:
+            raise
+        _fail(e.format_message(), 2)
+    except KeyboardInterrupt:
+        _fail("interrupted", 130)
+    except Exception as e:  # a bug: still one line, unless debugging
+        if debug:
+            raise
+        _fail(f"internal error: {type(e).__name__}: {e} (PRECISIONLAB_DEBUG=1 shows the traceback)", 1)
+    sys.exit(rc if isinstance(rc, int) else 0)
+
+
+def _fail(message: str, code: int) -> None:
+    from precisionlab.report import error_line
+
+    error_line(message)
+    sys.exit(code)

@@ -1,0 +1,1 @@
+"""One module per subcommand. Each returns plain result objects and never prints."""

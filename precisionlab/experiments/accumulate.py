@@ -1,0 +1,338 @@
+"""accumulate: sum n stored values with each method and accumulator format.
+
+Each row separates the two errors a low-precision sum makes:
+  representation error  exact sum of the intended values vs. of the stored ones
+                        (the top-level exact_intended vs exact_stored), and
+  accumulation error    a method's result vs. the exact sum of the stored values.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from precisionlab import devices, formats, inputs, metrics, native
+from precisionlab.errors import UsageError
+from precisionlab.formats import Format
+
+# Orders are data permutations run through the sequential kernel.
+ORDERS = {"reverse", "sorted", "sorted_desc"}
+CPU_METHODS = ["sequential", "reverse", "sorted", "sorted_desc", "pairwise", "kahan", "neumaier", "stochastic"]
+GPU_METHODS = list(native.GPU_METHODS)
+ALL_METHODS = CPU_METHODS + GPU_METHODS
+DEFAULT_ACCUMULATORS = ["bf16", "fp16", "fp32", "fp64"]
+GPU_ACCUMULATORS = {"bf16", "fp32", "fp64"}
+STOCHASTIC_ACCUMULATORS = {"bf16", "fp16"}  # the default; others only when asked
+SEQUENTIAL_KIND = {"sequential", "reverse", "sorted", "sorted_desc", "stochastic"}
+
+# Bytes per element held at once: intended + stored + one permuted copy + trace.
+BYTES_PER_ELEMENT = 4 * 8
+
+
+@dataclass
+class AccumulateConfig:
+    dtype: str = "bf16"
+    n: int = 10_000
+    value: float = 0.1
+    dist: str | None = None
+    values: str | None = None
+    from_file: str | None = None
+    methods: str | None = None
+    accumulators: str | None = None
+    device: str = "auto"
+    seed: int = 0
+    trace: bool = False  # keep running sums for the plot
+
+
+@dataclass
+class AccumulateResult:
+    params: dict
+    storage: str
+    n: int
+    input_desc: str
+    exact_stored: float
+    exact_intended: float
+    abs_sum: float  # sum of |stored values|: the scale every bound multiplies
+    rows: list[dict]
+    takeaways: list[str]
+    devices: dict
+    traces: dict[str, np.ndarray] = field(default_factory=dict)  # "cpu sequential bf16" -> running sum
+
+
+def run(cfg: AccumulateConfig) -> AccumulateResult:
+    storage = formats.get(cfg.dtype)
+    methods = _parse_methods(cfg.methods)
+    accumulators = formats.parse_list(cfg.accumulators or ",".join(DEFAULT_ACCUMULATORS))
+    plan = devices.resolve(cfg.device)
+    intended, desc = _intended_values(cfg)
+    stored = storage.round(intended)
+    constant = inputs.is_constant(stored)
+
+    exact_stored = metrics.exact_sum(stored)
+    exact_intended = metrics.exact_sum(intended)
+    abs_sum = metrics.exact_sum(np.abs(stored))
+    rows: list[dict] = []
+    traces: dict[str, np.ndarray] = {}
+
+    if plan.cpu:
+        for acc in accumulators:
+            for m in _cpu_methods_for(methods, acc, constant, explicit=cfg.methods is not None):
+                row, trace = _run_cpu(stored, storage, acc, m, cfg, exact_stored, abs_sum)
+                rows.append(row)
+                if trace is not None:
+                    traces[f"cpu {m} {acc.name}"] = trace
+    gpu_methods = [m for m in methods if m in GPU_METHODS]
+    gpu_accs = [a for a in accumulators if a.name in GPU_ACCUMULATORS]
+    if plan.cuda:
+        for acc in gpu_accs:
+            for m in gpu_methods:
+                rows.append(_run_gpu(stored, storage, acc, m, exact_stored, abs_sum))
+    elif plan.cuda_unavailable and gpu_methods:
+        for acc in gpu_accs:
+            for m in gpu_methods:
+                rows.append(_unavailable_row(storage, acc, m, plan.cuda_unavailable))
+
+    for row in rows:
+        row["predicted_stall"] = (
+            _predicted_stall(float(stored[0]), formats.get(row["accumulator"]))
+            if constant and row["method"] in SEQUENTIAL_KIND - {"stochastic"} else None
+        )
+    return AccumulateResult(
+        params={"dtype": storage.name, "n": int(stored.size), "input": desc, "methods": methods,
+                "accumulators": [a.name for a in accumulators], "device": cfg.device, "seed": cfg.seed},
+        storage=storage.name,
+        n=int(stored.size),
+        input_desc=desc,
+        exact_stored=exact_stored,
+        exact_intended=exact_intended,
+        abs_sum=abs_sum,
+        rows=rows,
+        takeaways=takeaways(rows, storage, exact_stored, exact_intended, stored, desc),
+        devices={"cpu": True, "cuda": plan.cuda, "cuda_unavailable": plan.cuda_unavailable,
+                 "gpu_name": devices.gpu_name() if plan.cuda else None},
+        traces=traces,
+    )
+
+
+# ---------------------------------------------------------------------------
+# inputs
+
+
+def _intended_values(cfg: AccumulateConfig) -> tuple[np.ndarray, str]:
+    given = [x for x in (cfg.values, cfg.from_file, cfg.dist) if x is not None]
+    if len(given) > 1:
+        raise UsageError("choose one of --values, --from and --dist")
+    if cfg.values is not None:
+        v = inputs.parse_values(cfg.values)
+        return v, f"values {cfg.values}"
+    if cfg.from_file is not None:
+        v = inputs.load_npy(cfg.from_file)
+        inputs.check_n(v.size, BYTES_PER_ELEMENT, "--from")
+        return v, f"file {cfg.from_file}"
+    inputs.check_n(cfg.n, BYTES_PER_ELEMENT)
+    if cfg.dist is not None:
+        return inputs.generate(cfg.n, cfg.dist, cfg.seed), f"{cfg.dist} (seed {cfg.seed})"
+    return np.full(cfg.n, cfg.value, dtype=np.float64), f"{cfg.value!r} x {cfg.n}"
+
+
+def _parse_methods(text: str | None) -> list[str]:
+    if text is None:
+        return list(ALL_METHODS)
+    out = []
+    for m in (p.strip().lower() for p in text.split(",")):
+        if m and m not in out:
+            if m not in ALL_METHODS:
+                raise UsageError(f"unknown method {m!r}; choose from {', '.join(ALL_METHODS)}")
+            out.append(m)
+    if not out:
+        raise UsageError("empty --methods")
+    return out
+
+
+def _cpu_methods_for(methods: list[str], acc: Format, constant: bool, explicit: bool) -> list[str]:
+    """The CPU methods that apply: orders only change a non-constant input, and
+    stochastic rounding is a bf16/fp16 technique unless asked for by name."""
+    out = []
+    for m in methods:
+        if m not in CPU_METHODS:
+            continue
+        if not explicit and m in ORDERS and constant:
+            continue
+        if not explicit and m == "stochastic" and acc.name not in STOCHASTIC_ACCUMULATORS:
+            continue
+        out.append(m)
+    return out
+
+
+# ---------------------------------------------------------------------------
+# running
+
+
+def _run_cpu(stored, storage: Format, acc: Format, method: str, cfg: AccumulateConfig, exact: float,
+             abs_sum: float) -> tuple[dict, np.ndarray | None]:
+    x = stored
+    if method == "reverse":
+        x = stored[::-1]
+    elif method == "sorted":  # increasing |x|: best when the terms share a sign
+        x = stored[np.argsort(np.abs(stored), kind="stable")]
+    elif method == "sorted_desc":  # decreasing |x|: best under heavy cancellation
+        x = stored[np.argsort(-np.abs(stored), kind="stable")]
+    kernel = "sequential" if method in ORDERS else method
+    want_trace = cfg.trace and method in SEQUENTIAL_KIND
+    t0 = time.perf_counter()
+    r = native.accumulate_cpu(x, acc.code, kernel, seed=cfg.seed, trace=want_trace)
+    elapsed = time.perf_counter() - t0
+    row = _row("cpu", method, storage, acc, r.result, exact, abs_sum, stored.size, elapsed,
+               _bound(method, stored.size, acc, storage, abs_sum, exact))
+    if r.stall_step >= 0:  # 1-based: the k-th addition was the first absorbed
+        row["stall_step"] = r.stall_step + 1
+        row["stall_value"] = r.stall_value
+    return row, r.trace
+
+
+def _run_gpu(stored, storage: Format, acc: Format, method: str, exact: float, abs_sum: float) -> dict:
+    t0 = time.perf_counter()
+    result = float(native.sum_cuda(stored, storage.code, acc.code, method, runs=1)[0])
+    elapsed = time.perf_counter() - t0
+    return _row("cuda", method, storage, acc, result, exact, abs_sum, stored.size, elapsed,
+                _bound(method, stored.size, acc, storage, abs_sum, exact, gpu=True))
+
+
+def _row(device, method, storage, acc, result, exact, abs_sum, n, elapsed, bound) -> dict:
+    abs_err = metrics.abs_error(result, exact)
+    value, kind = bound
+    return {
+        "device": device, "available": True, "method": method, "storage": storage.name,
+        "accumulator": acc.name, "result": result,
+        "abs_error": abs_err, "rel_error": metrics.rel_error(result, exact),
+        "ulps": metrics.ulp_error(result, exact, acc),
+        "bound": value, "bound_kind": kind,
+        "within_bound": bool(abs_err <= value) if not math.isnan(abs_err) else False,
+        "stall_step": None, "stall_value": None, "time_s": elapsed,
+    }
+
+
+def _unavailable_row(storage: Format, acc: Format, method: str, reason: str) -> dict:
+    return {"device": "cuda", "available": False, "method": method, "storage": storage.name,
+            "accumulator": acc.name, "result": None, "abs_error": None, "rel_error": None, "ulps": None,
+            "bound": None, "bound_kind": None, "within_bound": None, "stall_step": None, "stall_value": None,
+            "time_s": None, "note": reason}
+
+
+# ---------------------------------------------------------------------------
+# bounds (Higham, Accuracy and Stability of Numerical Algorithms, 2nd ed., ch. 4)
+
+
+def gamma(k: int, u: float) -> float:
+    """gamma_k = k u / (1 - k u); inf (vacuous) once k u >= 1."""
+    return k * u / (1 - k * u) if k * u < 1 else math.inf
+
+
+def _bound(method: str, n: int, acc: Format, storage: Format, abs_sum: float, exact: float,
+           gpu: bool = False) -> tuple[float, str]:
+    """A-priori bound on |result - exact| and its kind: 'rigorous', 'first-order'
+    (the O(n u^2) term dropped; meaningful only while n u << 1) or 'vacuous'."""
+    u = acc.unit_roundoff
+    if gpu and acc.name == "bf16":
+        # fp32 add, then bf16 rounding: two roundings per operation.
+        u = u + formats.get("fp32").unit_roundoff * (1 + u)
+    # When the stored values are wider than the accumulator, the first use of
+    # each value rounds too: one more rounding along every path.
+    extra = 1 if storage.precision > acc.precision else 0
+    if method == "stochastic":
+        # Each stochastic rounding errs by less than one spacing: 2u relative.
+        k, u = n - 1 + extra, 2 * u
+    elif method == "pairwise":
+        k = math.ceil(math.log2(n)) + extra if n > 1 else extra
+    elif method in ("kahan", "neumaier") and not gpu:
+        # Kahan: |E| <= (2u + O(n u^2)) sum|x| (Higham eq. 4.8); Neumaier:
+        # |E| <= u |S| + O(n u^2) sum|x|. Only the first-order term is known in
+        # closed form here, so it is reported as such.
+        first = 2 * u * abs_sum if method == "kahan" else u * abs(exact)
+        return first, "first-order" if n * u < 1 else "first-order (n u >= 1: not a bound)"
+    else:
+        # sequential and its orders; the GPU's trees and atomics are some other
+        # summation order, and every order is covered by gamma_{n-1}.
+        k = n - 1 + extra
+    g = gamma(k, u)
+    return (g * abs_sum if g != math.inf else math.inf), ("rigorous" if g != math.inf else "vacuous")
+
+
+# ---------------------------------------------------------------------------
+# stagnation
+
+
+def _predicted_stall(v: float, acc: Format) -> float | None:
+    """Where a sum of a constant v stops growing: the first power of two whose
+    spacing is at least 2|v|, so that |v| is at most half a spacing there and
+    rounds away (ties go to the even value, which 2^e is)."""
+    if v == 0 or not math.isfinite(v):
+        return None
+    e = math.ceil(math.log2(2 * abs(v))) + acc.precision - 1
+    if e < acc.emin:
+        e = acc.emin
+    s = math.ldexp(1.0, e)
+    return math.copysign(s, v) if s <= acc.max else None
+
+
+# ---------------------------------------------------------------------------
+# takeaways
+
+
+def takeaways(rows, storage: Format, exact_stored, exact_intended, stored, desc) -> list[str]:
+    done = [r for r in rows if r["available"] and r["abs_error"] is not None and not math.isnan(r["abs_error"])]
+    if not done:
+        return ["Every result is NaN: a NaN, or +inf beside -inf, in the input propagates through any sum."]
+    rep = metrics.abs_error(exact_stored, exact_intended)
+    worst = max(done, key=lambda r: r["abs_error"])
+    best = min(done, key=lambda r: r["abs_error"])
+    label = lambda r: f"{r['accumulator']} {r['method']}" + (" (GPU)" if r["device"] == "cuda" else "")
+    n_acc = sum(1 for r in done if r["abs_error"] > rep)
+    lines = [
+        f"Storing the inputs as {storage.name} moved the exact sum by {_g(rep)}; accumulation errors run from "
+        f"{_g(best['abs_error'])} ({label(best)}) to {_g(worst['abs_error'])} ({label(worst)}), so accumulation "
+        f"dominates in {n_acc} of {len(done)} rows." if rep == rep else
+        "The exact sum of the intended values is NaN, so the representation error is undefined."
+    ]
+    for acc_name in dict.fromkeys(r["accumulator"] for r in done):
+        orders = [r for r in done if r["accumulator"] == acc_name and r["device"] == "cpu"
+                  and r["method"] in ORDERS | {"sequential", "pairwise"}]
+        results = {r["result"] for r in orders}
+        if len(results) > 1:
+            parts = ", ".join(f"{r['method']} {_g(r['result'])}" for r in orders)
+            lines.append(f"Order matters in {acc_name}: the same values summed in different orders give {parts}.")
+            break
+    stalled = [r for r in done if r.get("stall_step") is not None]
+    if stalled:
+        r = max(stalled, key=lambda r: r["abs_error"])
+        acc = formats.get(r["accumulator"])
+        s = r["stall_value"]
+        spacing = float(acc.spacing(s))
+        addend = float(stored[r["stall_step"] - 1]) if r["method"] == "sequential" else None
+        what = f"an addend of {_g(addend)}" if addend is not None else "the next addend"
+        pred = r.get("predicted_stall")
+        verb = "stalled for good at" if inputs.is_constant(stored) else "first absorbed an addend at"
+        lines.append(
+            f"{label(r)} {verb} {_g(s)} (step {r['stall_step']}): the {acc.name} spacing there is {_g(spacing)}, "
+            f"and {what} is at most half of it, so the sum rounds back to itself"
+            + (f"; the spacing predicts {_g(pred)}." if pred is not None else ".")
+        )
+    else:
+        comp = [r for r in done if r["method"] in ("kahan", "neumaier", "pairwise") and r["accumulator"] == worst["accumulator"]]
+        if comp and worst["abs_error"] > 0:
+            c = min(comp, key=lambda r: r["abs_error"])
+            lines.append(
+                f"In the same {worst['accumulator']} accumulator, {c['method']} cuts the error from "
+                f"{_g(worst['abs_error'])} to {_g(c['abs_error'])}: the order and compensation of the additions "
+                f"matter as much as the format."
+            )
+    return lines
+
+
+def _g(x) -> str:
+    if x is None:
+        return "-"
+    return repr(float(x)) if abs(x) >= 1e-4 or x == 0 else f"{x:.3e}"

@@ -1,0 +1,91 @@
+"""Input values for the experiments: parsing, seeded distributions, .npy files,
+and the memory check that runs before anything large is allocated."""
+
+from __future__ import annotations
+
+import math
+import os
+from pathlib import Path
+
+import numpy as np
+
+from precisionlab.errors import UsageError
+
+DISTS = ("uniform", "normal", "lognormal")
+
+
+def parse_values(text: str) -> np.ndarray:
+    """'1e8,1,-1e8' -> float64 array. nan/inf are accepted and kept."""
+    parts = [p.strip() for p in text.split(",")]
+    if not text.strip() or not all(parts):
+        raise UsageError(f"--values needs comma-separated numbers, got {text!r}")
+    try:
+        return np.array([float(p) for p in parts], dtype=np.float64)
+    except ValueError:
+        raise UsageError(f"--values: not a number in {text!r}") from None
+
+
+def load_npy(path: str, ndim: int | None = None) -> np.ndarray:
+    """A numeric .npy file as float64; ndim=None flattens, else the shape must match."""
+    p = Path(path)
+    if not p.exists():
+        raise UsageError(f"--from: no such file: {path}")
+    if not p.is_file():
+        raise UsageError(f"--from: not a file: {path}")
+    try:
+        a = np.load(p, allow_pickle=False)
+    except Exception as e:  # numpy raises ValueError, OSError, EOFError... for a bad file
+        raise UsageError(f"--from: cannot read {path} as .npy ({type(e).__name__}: {e})") from None
+    if not isinstance(a, np.ndarray) or a.dtype.kind not in "biuf" and a.dtype.name not in _LOW_PRECISION:
+        raise UsageError(f"--from: {path} does not hold a numeric array")
+    if ndim is not None and a.ndim != ndim:
+        raise UsageError(f"--from: {path} must be {ndim}-D, got shape {a.shape}")
+    if a.size == 0:
+        raise UsageError(f"--from: {path} is empty")
+    a = a.astype(np.float64)
+    return a if ndim is not None else a.ravel()
+
+
+_LOW_PRECISION = {"bfloat16", "float8_e4m3fn", "float8_e5m2"}
+
+
+def generate(n: int, dist: str, seed: int) -> np.ndarray:
+    """n seeded draws: uniform [0, 1), standard normal, or lognormal(0, 1)."""
+    rng = np.random.default_rng(seed)
+    if dist == "uniform":
+        return rng.random(n)
+    if dist == "normal":
+        return rng.standard_normal(n)
+    if dist == "lognormal":
+        return rng.lognormal(0.0, 1.0, n)
+    raise UsageError(f"unknown --dist {dist!r}; choose from {', '.join(DISTS)}")
+
+
+def available_memory() -> int:
+    """Bytes the OS says a new allocation can take (MemAvailable), else physical RAM."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
+def check_n(n: int, bytes_per_element: int, what: str = "--n") -> None:
+    """n must be positive and its arrays must fit in memory: checked before allocating."""
+    if n <= 0:
+        raise UsageError(f"{what} must be > 0, got {n}")
+    need = n * bytes_per_element
+    have = available_memory()
+    if need > have:
+        raise UsageError(f"{what} {n} needs about {_gib(need)} of memory, {_gib(have)} is available")
+
+
+def _gib(b: float) -> str:
+    return f"{b / 2**30:.1f} GiB" if b >= 2**30 else f"{b / 2**20:.0f} MiB"
+
+
+def is_constant(x: np.ndarray) -> bool:
+    return x.size > 0 and bool(np.all(x == x[0])) and math.isfinite(x[0])

@@ -1,0 +1,229 @@
+"""The only ctypes code: find libprecisionlab.so, declare its prototypes once,
+turn statuses into exceptions, and wrap each entry point for numpy callers.
+
+Layers, bottom up: `_load()` finds and opens the library; `_PROTOTYPES` is the
+raw binding table (the C prototype sits beside each entry); `_call()` checks
+every status; the functions at the bottom are the public API.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+from ctypes import POINTER, c_char_p, c_double, c_int, c_int64, c_size_t, c_uint64, c_void_p
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+
+import numpy as np
+
+from precisionlab.errors import NoDeviceError, RunError, UsageError
+
+LIB_NAME = "libprecisionlab.so"
+ABI_VERSION = 1  # PL_ABI_VERSION in cuda/precisionlab.h
+
+# pl_status
+OK, INVALID_ARGUMENT, NULL_POINTER, SIZE_OVERFLOW, UNSUPPORTED = 0, 1, 2, 3, 4
+NO_DEVICE, NO_CUDA, CUDA_ERROR, OUT_OF_MEMORY = 5, 6, 7, 8
+
+# pl_cpu_method / pl_gpu_method
+CPU_METHODS = {"sequential": 0, "pairwise": 1, "kahan": 2, "neumaier": 3, "stochastic": 4}
+GPU_METHODS = {"tree": 0, "tree_kahan": 1, "atomic": 2}
+
+_d = POINTER(c_double)
+_i64 = POINTER(c_int64)
+_int = POINTER(c_int)
+_sz = POINTER(c_size_t)
+
+# name: (restype, argtypes)        C prototype
+_PROTOTYPES = {
+    "pl_abi_version": (c_int, []),  # int pl_abi_version(void)
+    "pl_error_string": (c_char_p, [c_int]),  # const char* pl_error_string(int status)
+    "pl_last_error": (c_char_p, []),  # const char* pl_last_error(void)
+    "pl_build_info": (c_char_p, []),  # const char* pl_build_info(void)
+    "pl_cuda_device_count": (c_int, [_int]),  # int pl_cuda_device_count(int* count)
+    # int pl_cuda_device_info(int device, char* name, int name_len, int* sm_count,
+    #                         int* cc_major, int* cc_minor, size_t* total_mem)
+    "pl_cuda_device_info": (c_int, [c_int, c_char_p, c_int, _int, _int, _int, _sz]),
+    # int pl_round(const double* x, int64_t n, int format, double* y)
+    "pl_round": (c_int, [_d, c_int64, c_int, _d]),
+    # int pl_accumulate_cpu(const double* x, int64_t n, int accumulator, int method, uint64_t seed,
+    #                       double* result, int64_t* stall_step, double* stall_value, double* trace)
+    "pl_accumulate_cpu": (c_int, [_d, c_int64, c_int, c_int, c_uint64, _d, _i64, _d, _d]),
+    # int pl_sum_workspace_bytes(int64_t n, int storage, int method, size_t* bytes)
+    "pl_sum_workspace_bytes": (c_int, [c_int64, c_int, c_int, _sz]),
+    # int pl_sum_cuda_device(const void* x_dev, int64_t n, int storage, int accumulator, int method,
+    #                        void* work_dev, size_t work_bytes, double* out_dev)
+    "pl_sum_cuda_device": (c_int, [c_void_p, c_int64, c_int, c_int, c_int, c_void_p, c_size_t, c_void_p]),
+    # int pl_sum_cuda(const double* x, int64_t n, int storage, int accumulator, int method,
+    #                 int runs, double* results)
+    "pl_sum_cuda": (c_int, [_d, c_int64, c_int, c_int, c_int, c_int, _d]),
+}
+
+
+class LibraryNotFound(RunError):
+    pass
+
+
+class LibraryLoadError(RunError):
+    pass
+
+
+class NativeError(RunError):
+    """A non-OK status from the library: the function, the status and the C message."""
+
+    def __init__(self, func: str, status: int, message: str):
+        self.func, self.status, self.message = func, status, message
+        super().__init__(message or f"{func}: status {status}")
+
+
+def candidate_paths() -> list[Path]:
+    """$PRECISIONLAB_LIB, then the package's lib/, then the repository's build/."""
+    here = Path(__file__).resolve().parent
+    env = os.environ.get("PRECISIONLAB_LIB")
+    paths = [Path(env)] if env else []
+    return paths + [here / "lib" / LIB_NAME, here.parent / "build" / LIB_NAME]
+
+
+@lru_cache(maxsize=1)
+def _load() -> ctypes.CDLL:
+    env = os.environ.get("PRECISIONLAB_LIB")
+    if env and not Path(env).is_file():
+        raise LibraryNotFound(f"PRECISIONLAB_LIB={env} does not exist")
+    path = next((p for p in candidate_paths() if p.is_file()), None)
+    if path is None:
+        raise LibraryNotFound(f"{LIB_NAME} not built: run `make lib`")
+    try:
+        lib = ctypes.CDLL(str(path))
+    except OSError as e:
+        raise LibraryLoadError(f"{path} was found but failed to load: {e}") from None
+    for name, (restype, argtypes) in _PROTOTYPES.items():
+        try:
+            fn = getattr(lib, name)
+        except AttributeError:
+            raise LibraryLoadError(f"{path} lacks {name}: rebuild with `make lib`") from None
+        fn.restype, fn.argtypes = restype, argtypes
+    abi = lib.pl_abi_version()
+    if abi != ABI_VERSION:
+        raise LibraryLoadError(f"{path} has ABI {abi}, this package needs {ABI_VERSION}: rebuild with `make lib`")
+    lib._pl_path = str(path)
+    return lib
+
+
+def library_path() -> str:
+    return _load()._pl_path
+
+
+def _call(name: str, *args) -> None:
+    lib = _load()
+    status = getattr(lib, name)(*args)
+    if status != OK:
+        raise _error(name, status)
+
+
+def _error(name: str, status: int) -> Exception:
+    lib = _load()
+    message = (lib.pl_last_error() or b"").decode(errors="replace") or lib.pl_error_string(status).decode()
+    if status in (NO_DEVICE, NO_CUDA):
+        return NoDeviceError(message)
+    if status in (INVALID_ARGUMENT, NULL_POINTER, SIZE_OVERFLOW, UNSUPPORTED):
+        return UsageError(message)
+    return NativeError(name, status, message)
+
+
+def _dptr(a: np.ndarray):
+    return a.ctypes.data_as(_d)
+
+
+def _as_f64(x) -> np.ndarray:
+    return np.ascontiguousarray(x, dtype=np.float64)
+
+
+# ---------------------------------------------------------------------------
+# public API
+
+
+def build_info() -> str:
+    return _load().pl_build_info().decode()
+
+
+@dataclass(frozen=True)
+class GpuStatus:
+    count: int
+    reason: str  # why there is none; "" when count > 0
+
+
+@lru_cache(maxsize=1)
+def gpu_status() -> GpuStatus:
+    """How many CUDA devices the library sees. No GPU is an answer, not an error."""
+    lib = _load()
+    count = c_int(0)
+    status = lib.pl_cuda_device_count(ctypes.byref(count))
+    if status == OK:
+        return GpuStatus(count.value, "")
+    if status in (NO_DEVICE, NO_CUDA):
+        return GpuStatus(0, lib.pl_last_error().decode(errors="replace"))
+    raise _error("pl_cuda_device_count", status)
+
+
+@dataclass(frozen=True)
+class DeviceInfo:
+    name: str
+    sm_count: int
+    compute_capability: str
+    total_mem_bytes: int
+
+
+def device_info(device: int = 0) -> DeviceInfo:
+    name = ctypes.create_string_buffer(256)
+    sms, major, minor, mem = c_int(), c_int(), c_int(), c_size_t()
+    _call("pl_cuda_device_info", device, name, 256, ctypes.byref(sms), ctypes.byref(major), ctypes.byref(minor),
+          ctypes.byref(mem))
+    return DeviceInfo(name.value.decode(), sms.value, f"{major.value}.{minor.value}", mem.value)
+
+
+def round_to(x, format_code: int) -> np.ndarray:
+    """The library's exact round-to-nearest-even of float64 values to a format."""
+    x = _as_f64(x)
+    y = np.empty_like(x)
+    if x.size:
+        _call("pl_round", _dptr(x), x.size, format_code, _dptr(y))
+    return y
+
+
+@dataclass(frozen=True)
+class CpuSum:
+    result: float
+    stall_step: int  # -1: never stalled
+    stall_value: float
+    trace: np.ndarray | None
+
+
+def accumulate_cpu(x, accumulator: int, method: str, seed: int = 0, trace: bool = False) -> CpuSum:
+    """Sum float64 values (already stored values) with an emulated accumulator format."""
+    x = _as_f64(x)
+    out, step, value = c_double(), c_int64(), c_double()
+    tr = np.empty_like(x) if trace else None
+    _call("pl_accumulate_cpu", _dptr(x), x.size, accumulator, CPU_METHODS[method], seed & (2**64 - 1),
+          ctypes.byref(out), ctypes.byref(step), ctypes.byref(value), _dptr(tr) if trace else None)
+    return CpuSum(out.value, step.value, value.value, tr)
+
+
+def sum_cuda(x, storage: int, accumulator: int, method: str, runs: int = 1) -> np.ndarray:
+    """Upload float64 values as `storage`, sum them `runs` times on the GPU; the results."""
+    x = _as_f64(x)
+    results = np.empty(runs, dtype=np.float64)
+    _call("pl_sum_cuda", _dptr(x), x.size, storage, accumulator, GPU_METHODS[method], runs, _dptr(results))
+    return results
+
+
+def sum_workspace_bytes(n: int, storage: int, method: str) -> int:
+    out = c_size_t()
+    _call("pl_sum_workspace_bytes", n, storage, GPU_METHODS[method], ctypes.byref(out))
+    return out.value
+
+
+def sum_cuda_device(x_ptr: int, n: int, storage: int, accumulator: int, method: str, work_ptr: int,
+                    work_bytes: int, out_ptr: int) -> None:
+    """Launch a GPU sum on device pointers (e.g. torch data_ptr()); asynchronous."""
+    _call("pl_sum_cuda_device", x_ptr, n, storage, accumulator, GPU_METHODS[method], work_ptr, work_bytes, out_ptr)
