@@ -77,7 +77,8 @@ const char* pl_build_info(void) {
 int pl_round(const double* x, int64_t n, int format, double* y) {
     PL_REQUIRE_PTR(x);
     PL_REQUIRE_PTR(y);
-    PL_REQUIRE_N(n);
+    size_t bytes;
+    if (int st = pl_checked_bytes(n, sizeof(double), &bytes, __func__)) return st;
     PL_REQUIRE(pl_valid_format(format), PL_ERR_INVALID_ARGUMENT, "unknown format %d", format);
     const pl_format_info& f = PL_FORMATS[format];
     for (int64_t i = 0; i < n; ++i) y[i] = pl_round_to(x[i], f);

@@ -1,0 +1,38 @@
+"""GPU tests carry @pytest.mark.gpu and skip cleanly, saying whether the
+library or the device is what is missing."""
+
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # tests/emulate.py
+
+
+def _gpu_skip_reason() -> str | None:
+    from precisionlab import native
+
+    try:
+        status = native.gpu_status()
+    except native.RunError as e:
+        return f"library missing: {e}"
+    if status.count == 0:
+        return f"no CUDA device: {status.reason}"
+    return None
+
+
+def pytest_collection_modifyitems(config, items):
+    gpu_items = [i for i in items if "gpu" in i.keywords]
+    if not gpu_items:
+        return
+    reason = _gpu_skip_reason()
+    if reason:
+        for item in gpu_items:
+            item.add_marker(pytest.mark.skip(reason=reason))
+
+
+@pytest.fixture(autouse=True)
+def _no_debug_env(monkeypatch):
+    monkeypatch.delenv("PRECISIONLAB_DEBUG", raising=False)
+    yield
