@@ -39,7 +39,8 @@ void cpu_sequential(const double* x, int64_t n, const pl_format_info& f, bool st
     int64_t stall = -1;
     double stall_at = std::numeric_limits<double>::quiet_NaN();
     for (int64_t i = 0; i < n; ++i) {
-        const double t = stochastic
+        // fp64 has no wider format to draw the rounding from: there it is plain RNE.
+        const double t = stochastic && f.precision < 53
                              ? pl_round_stochastic(pl_add_round_odd(s, x[i]), f, pl_uniform(seed, (uint64_t)i))
                              : pl_add(s, x[i], f);
         if (!stochastic && stall < 0 && t == s && x[i] != 0.0 && std::isfinite(x[i])) {
@@ -363,17 +364,21 @@ extern "C" int pl_sum_cuda(const double* x, int64_t n, int storage, int accumula
     if (int st = pl_cuda_device_count(&count)) return st;
     size_t bytes = 0;
     if (int st = pl_checked_bytes(n, PL_FORMATS[storage].bytes, &bytes, __func__)) return st;
-    void* host = std::malloc(bytes);
-    PL_REQUIRE(host != nullptr, PL_ERR_OUT_OF_MEMORY, "cannot allocate %zu host bytes", bytes);
-    encode(x, n, storage, host);
-    void *x_dev = nullptr, *work = nullptr;
+    // Device memory first: a size the GPU cannot hold fails before x is read.
+    void *x_dev = nullptr, *work = nullptr, *host = nullptr;
     double* out = nullptr;
     int st = PL_OK;
     cudaError_t err = cudaMalloc(&x_dev, bytes);
     if (err == cudaSuccess) err = cudaMalloc(&work, kWorkspaceBytes);
     if (err == cudaSuccess) err = cudaMalloc(reinterpret_cast<void**>(&out), sizeof(double) * (size_t)runs);
-    if (err == cudaSuccess) err = cudaMemcpy(x_dev, host, bytes, cudaMemcpyHostToDevice);
-    if (err != cudaSuccess) st = pl_cuda_fail(err, __func__, "allocation or upload");
+    if (err != cudaSuccess) st = pl_cuda_fail(err, __func__, "cudaMalloc");
+    if (st == PL_OK && (host = std::malloc(bytes)) == nullptr)
+        st = pl_fail(PL_ERR_OUT_OF_MEMORY, __func__, "cannot allocate %zu host bytes", bytes);
+    if (st == PL_OK) {
+        encode(x, n, storage, host);
+        err = cudaMemcpy(x_dev, host, bytes, cudaMemcpyHostToDevice);
+        if (err != cudaSuccess) st = pl_cuda_fail(err, __func__, "upload");
+    }
     for (int r = 0; st == PL_OK && r < runs; ++r) st = dispatch(x_dev, n, storage, accumulator, method, work, out + r);
     if (st == PL_OK) {
         err = cudaMemcpy(results, out, sizeof(double) * (size_t)runs, cudaMemcpyDeviceToHost);

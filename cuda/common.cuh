@@ -94,7 +94,8 @@ static inline double pl_pow2(int q) { return pl_from_bits((uint64_t)(q + 1023) <
 // Round x (a double) to format f, to nearest with ties to even, exactly:
 // integer arithmetic on the significand, no intermediate format.
 static inline double pl_round_to(double x, const pl_format_info& f) {
-    if (f.precision == 53 || !(std::fabs(x) <= 1.7976931348623157e308)) return x;  // fp64, NaN, Inf
+    if (f.precision == 53 || std::isnan(x)) return x;
+    if (std::isinf(x)) return f.has_inf ? x : std::numeric_limits<double>::quiet_NaN();  // e4m3fn: no Inf
     const uint64_t b = pl_bits(x);
     const uint64_t sign = b & 0x8000000000000000ull;
     const uint64_t a = b & ~0x8000000000000000ull;
@@ -127,9 +128,10 @@ static inline double pl_add_round_odd(double a, double b) {
     if (!std::isfinite(s)) return s;
     const double bb = s - a;                       // TwoSum (Knuth): s + e == a + b exactly
     const double e = (a - (s - bb)) + (b - bb);
-    if (e != 0.0 && (pl_bits(s) & 1) == 0)
-        return std::nextafter(s, e > 0 ? std::numeric_limits<double>::infinity()
-                                       : -std::numeric_limits<double>::infinity());
+    // Inexact with an even last bit: step one ulp toward the lost part. s != 0
+    // here (a sum that rounds to zero is exact), so moving away from zero is
+    // +1 on the magnitude's bits and toward zero is -1.
+    if (e != 0.0 && (pl_bits(s) & 1) == 0) return pl_from_bits(pl_bits(s) + (((e > 0) == (s > 0)) ? 1 : -1));
     return s;
 }
 
@@ -160,7 +162,8 @@ PL_HD static inline double pl_uniform(uint64_t seed, uint64_t counter) {
 // (|v| - lo) / q. v is the round-to-odd double of the exact result; scaling by
 // q and the subtraction are exact, so the probability is exactly as stated.
 static inline double pl_round_stochastic(double v, const pl_format_info& f, double u) {
-    if (f.precision == 53 || !std::isfinite(v) || v == 0.0) return v;
+    if (f.precision == 53 || v == 0.0) return v;
+    if (!std::isfinite(v)) return pl_round_to(v, f);
     const double a = std::fabs(v);
     int e = (int)((pl_bits(a) >> 52) & 0x7FF) - 1023;
     if (e < f.emin) e = f.emin;

@@ -78,6 +78,29 @@ def accumulate(
     (report.accumulate_json if json_out else report.accumulate_table)(result)
 
 
+@app.command()
+def bench(
+    quick: Annotated[bool, typer.Option("--quick", help="Smaller sizes and fewer runs (under 2 minutes on an H200).")] = False,
+    sections: Annotated[Optional[str], typer.Option("--sections", help="Comma list of sections (default: all): accumulate.")] = None,
+    cpu_n: Annotated[Optional[int], typer.Option("--cpu-n", help="Elements for the CPU kernels (default 1e8; 1e7 with --quick).")] = None,
+    gpu_n: Annotated[Optional[int], typer.Option("--gpu-n", help="Elements for the GPU kernels (default 2^28; 2^26 with --quick).")] = None,
+    device: DeviceOpt = "auto",
+    seed: SeedOpt = 0,
+    json_out: JsonOpt = False,
+):
+    """Benchmark every kernel beside its baseline (numpy.sum, torch, the copy bandwidth)."""
+    from precisionlab import inputs, report
+    from precisionlab.experiments import bench as exp
+
+    for name, v in (("--cpu-n", cpu_n), ("--gpu-n", gpu_n)):
+        if v is not None:
+            inputs.check_n(v, 16, name)
+    cfg = exp.BenchConfig(quick=quick, device=device, sections=sections, seed=seed, cpu_n=cpu_n, gpu_n=gpu_n)
+    with report.progress(exp.planned_steps(cfg), "bench", enabled=not json_out) as advance:
+        result = exp.run(cfg, advance)
+    (report.bench_json if json_out else report.bench_table)(result)
+
+
 def main() -> None:
     """Entry point: run the app, turning every failure into one line and an exit code."""
     debug = os.environ.get("PRECISIONLAB_DEBUG") == "1"

@@ -217,3 +217,29 @@ def accumulate_plot(res, path: str) -> None:
     fig.savefig(path, dpi=120)
     plt.close(fig)
     hint(f"plot written to {path}")
+
+
+# ---------------------------------------------------------------------------
+# bench
+
+
+def bench_table(res) -> None:
+    t = Table(title="bench" + (" (quick)" if res.params["quick"] else ""), title_justify="left")
+    for col in ("section", "device", "kernel", "dtype", "accum", "n"):
+        t.add_column(col, overflow="fold")
+    for col in ("time (ms)", "GB/s", "vs baseline", "% of copy"):
+        t.add_column(col, justify="right")
+    for r in res.rows:
+        vs = "-" if r["vs_baseline"] is None else f"{r['vs_baseline']:.3f}x {r['baseline']}"
+        pct = r.get("pct_of_copy")
+        t.add_row(r["section"], r["device"], r["kernel"], r["dtype"], r["accumulator"] or "-", str(r["n"]),
+                  f"{r['time_ms']:.3f}", f"{r['gbps']:.1f}", vs, "-" if pct is None else f"{pct:.1f}")
+    stdout.print(t)
+    stdout.print("vs baseline: baseline time / kernel time (above 1 is faster). GPU: CUDA events, median of "
+                 "batched runs over rotating buffers; GB/s counts the bytes read.", style="dim", highlight=False)
+    for note in res.notes:
+        stdout.print(note, style="dim", highlight=False)
+
+
+def bench_json(res) -> None:
+    emit_json("bench", {"params": res.params, "rows": res.rows, "notes": res.notes})

@@ -111,7 +111,7 @@ def test_bit_exact_odd_sizes(method, acc, n):
     assert same_bits(got, want), f"{method}/{acc} n={n}: C {got!r} vs emulation {want!r}"
 
 
-@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     method=st.sampled_from(CPU_METHODS),
     storage=st.sampled_from(STORAGES),

@@ -1,0 +1,147 @@
+"""bench: every kernel of the project measured side by side in one run.
+
+GPU figures are GB/s from CUDA events (warm-up, then the median of many runs,
+with rotating input buffers), beside torch and beside the device copy
+bandwidth measured in the same run. CPU figures are wall time beside one
+numpy.sum pass over the same array.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from precisionlab import devices, formats, native
+from precisionlab.errors import UsageError
+
+SECTIONS = ("accumulate",)
+
+
+@dataclass
+class BenchConfig:
+    quick: bool = False
+    device: str = "auto"
+    sections: str | None = None
+    seed: int = 0
+    cpu_n: int | None = None   # default 10^8 (10^7 with --quick)
+    gpu_n: int | None = None   # default 2^28 (2^26 with --quick)
+
+
+@dataclass
+class BenchResult:
+    params: dict
+    rows: list[dict] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+
+def run(cfg: BenchConfig, advance=lambda k=1: None) -> BenchResult:
+    sections = _sections(cfg.sections)
+    plan = devices.resolve(cfg.device)
+    cpu_n = cfg.cpu_n or (10**7 if cfg.quick else 10**8)
+    gpu_n = cfg.gpu_n or (1 << 26 if cfg.quick else 1 << 28)
+    res = BenchResult(params={"quick": cfg.quick, "device": cfg.device, "sections": sections, "seed": cfg.seed,
+                              "cpu_n": cpu_n, "gpu_n": gpu_n})
+    if "accumulate" in sections:
+        if plan.cpu:
+            res.rows += accumulate_cpu(cpu_n, cfg.seed, advance)
+        if plan.cuda:
+            res.rows += accumulate_gpu(gpu_n, cfg.seed, cfg.quick, advance)
+        elif plan.cuda_unavailable:
+            res.notes.append(f"GPU benchmarks skipped: {plan.cuda_unavailable}")
+    return res
+
+
+def planned_steps(cfg: BenchConfig) -> int:
+    return len(ACCUMULATE_CPU_METHODS) * len(ACCUMULATE_CPU_ACCS) + 1 + 12
+
+
+def _sections(text: str | None) -> list[str]:
+    if not text:
+        return list(SECTIONS)
+    out = [s.strip() for s in text.split(",") if s.strip()]
+    for s in out:
+        if s not in SECTIONS:
+            raise UsageError(f"unknown bench section {s!r}; choose from {', '.join(SECTIONS)}")
+    return out
+
+
+# vs_baseline is always baseline time / kernel time: above 1 is faster.
+
+# ---------------------------------------------------------------------------
+# accumulate, CPU
+
+ACCUMULATE_CPU_METHODS = ["sequential", "pairwise", "kahan", "neumaier", "stochastic"]
+ACCUMULATE_CPU_ACCS = ["bf16", "fp32"]
+
+
+def accumulate_cpu(n: int, seed: int, advance) -> list[dict]:
+    """Each CPU kernel once over n fp32-stored normal values, beside numpy.sum
+    of the same float32 array (median of 5)."""
+    x32 = np.random.default_rng(seed).standard_normal(n, dtype=np.float32)
+    x64 = x32.astype(np.float64)
+    t_np = statistics.median(_wall(lambda: np.sum(x32)) for _ in range(5))
+    advance()
+    rows = [{"section": "accumulate", "device": "cpu", "kernel": "numpy.sum", "dtype": "fp32", "accumulator": "fp32",
+             "n": n, "time_ms": t_np * 1e3, "gbps": x32.nbytes / t_np / 1e9, "vs_baseline": 1.0,
+             "baseline": "numpy.sum"}]
+    for acc in ACCUMULATE_CPU_ACCS:
+        code = formats.get(acc).code
+        for m in ACCUMULATE_CPU_METHODS:
+            t = _wall(lambda: native.accumulate_cpu(x64, code, m))
+            advance()
+            rows.append({"section": "accumulate", "device": "cpu", "kernel": m, "dtype": "fp32", "accumulator": acc,
+                         "n": n, "time_ms": t * 1e3, "gbps": x32.nbytes / t / 1e9, "vs_baseline": t_np / t,
+                         "baseline": "numpy.sum"})
+    return rows
+
+
+def _wall(fn) -> float:
+    t0 = time.perf_counter()
+    fn()
+    return time.perf_counter() - t0
+
+
+# ---------------------------------------------------------------------------
+# accumulate, GPU
+
+
+def accumulate_gpu(n: int, seed: int, quick: bool, advance) -> list[dict]:
+    from precisionlab.experiments import cuda_timing as ct
+
+    torch = ct.torch()
+    iters = 20 if quick else 50
+    rows = []
+    copy = ct.copy_bandwidth(n * 4, iters)
+    advance()
+    rows.append({"section": "accumulate", "device": "cuda", "kernel": "copy (device to device)", "dtype": "fp32",
+                 "accumulator": None, "n": n, "time_ms": copy.ms, "gbps": copy.gbps, "vs_baseline": None,
+                 "baseline": None, "pct_of_copy": 100.0})
+    for storage, tdtype in (("fp32", torch.float32), ("bf16", torch.bfloat16)):
+        bufs = ct.rotating_buffers(n, tdtype, seed)
+        nbytes = n * bufs[0].element_size()
+        t_torch = ct.median_ms(lambda i: torch.sum(bufs[i % len(bufs)], dtype=torch.float32), iters)
+        advance()
+        rows.append(_gpu_row("torch.sum", storage, "fp32", n, t_torch, nbytes, t_torch, copy.gbps))
+        code = formats.get(storage).code
+        work = torch.empty(native.sum_workspace_bytes(n, code, "tree"), dtype=torch.uint8, device="cuda")
+        out = torch.empty(1, dtype=torch.float64, device="cuda")
+        for acc in ("fp32", "bf16"):
+            for method in ("tree", "tree_kahan", "atomic"):
+                acode = formats.get(acc).code
+                t = ct.median_ms(lambda i: native.sum_cuda_device(bufs[i % len(bufs)].data_ptr(), n, code, acode,
+                                                                  method, work.data_ptr(), work.numel(),
+                                                                  out.data_ptr()), iters)
+                advance()
+                rows.append(_gpu_row(method, storage, acc, n, t, nbytes, t_torch, copy.gbps))
+        del bufs
+    return rows
+
+
+def _gpu_row(kernel, storage, acc, n, ms, nbytes, torch_ms, copy_gbps) -> dict:
+    gbps = nbytes / (ms * 1e-3) / 1e9
+    return {"section": "accumulate", "device": "cuda", "kernel": kernel, "dtype": storage, "accumulator": acc,
+            "n": n, "time_ms": ms, "gbps": gbps, "vs_baseline": torch_ms / ms, "baseline": "torch.sum",
+            "pct_of_copy": 100.0 * gbps / copy_gbps}

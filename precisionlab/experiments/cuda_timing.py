@@ -1,0 +1,64 @@
+"""GPU timing shared by the benchmarks: CUDA events, warm-up, median of many
+runs, rotating input buffers so the 50 MB L2 of an H200 does not flatter small
+shapes, and the device copy bandwidth that every GB/s figure is set beside."""
+
+from __future__ import annotations
+
+import math
+import statistics
+from dataclasses import dataclass
+
+L2_FLUSH_BYTES = 256 << 20  # several times any current L2
+
+
+def torch():
+    import torch as t
+
+    return t
+
+
+def rotating_buffers(n: int, dtype, seed: int, min_total: int = L2_FLUSH_BYTES) -> list:
+    """Enough copies of an n-element random tensor that cycling through them
+    never hits in L2 (at least two)."""
+    t = torch()
+    g = t.Generator(device="cuda").manual_seed(seed)
+    one = t.randn(n, device="cuda", dtype=t.float32, generator=g).to(dtype)
+    k = max(2, math.ceil(min_total / max(1, one.numel() * one.element_size())))
+    return [one] + [one.clone() for _ in range(k - 1)]
+
+
+def median_ms(fn, iters: int, warmup: int = 5, reps: int = 10) -> float:
+    """Median per-call time of fn(i) over `iters` samples. Each sample times
+    `reps` back-to-back calls between two CUDA events, so the host's launch
+    overhead hides behind the queued kernels instead of being counted."""
+    t = torch()
+    for i in range(warmup):
+        fn(i)
+    t.cuda.synchronize()
+    times = []
+    k = 0
+    for _ in range(iters):
+        start, end = t.cuda.Event(enable_timing=True), t.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(reps):
+            fn(k)
+            k += 1
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) / reps)
+    return statistics.median(times)
+
+
+@dataclass(frozen=True)
+class Copy:
+    ms: float
+    gbps: float  # read + write bytes over time
+
+
+def copy_bandwidth(nbytes: int, iters: int) -> Copy:
+    t = torch()
+    n = nbytes // 4
+    srcs = rotating_buffers(n, t.float32, 0)
+    dst = t.empty_like(srcs[0])
+    ms = median_ms(lambda i: dst.copy_(srcs[i % len(srcs)]), iters)
+    return Copy(ms, 2 * n * 4 / (ms * 1e-3) / 1e9)

@@ -1,0 +1,95 @@
+"""GPU accumulate kernels: determinism of the tree, results within the bound,
+the device-pointer API, and argument checks that keep the context alive."""
+
+import math
+
+import numpy as np
+import pytest
+
+from precisionlab import formats, native
+from precisionlab.errors import UsageError
+from precisionlab.experiments import accumulate as acc
+
+pytestmark = pytest.mark.gpu
+
+
+def stored(storage, n, seed=0, dist="normal"):
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal(n) if dist == "normal" else rng.random(n)
+    return formats.get(storage).round(x)
+
+
+@pytest.mark.parametrize("storage", ["fp32", "bf16", "fp16", "fp64", "fp8_e4m3"])
+@pytest.mark.parametrize("accumulator", ["fp32", "bf16", "fp64"])
+@pytest.mark.parametrize("method", ["tree", "tree_kahan"])
+def test_tree_gives_the_same_bits_every_run(storage, accumulator, method):
+    x = stored(storage, (1 << 20) + 3)
+    r = native.sum_cuda(x, formats.get(storage).code, formats.get(accumulator).code, method, runs=20)
+    assert len(set(r.view(np.uint64).tolist())) == 1
+
+
+@pytest.mark.parametrize("n", [1, 31, 33, 1025, (1 << 22) + 1])
+@pytest.mark.parametrize("method", ["tree", "tree_kahan", "atomic"])
+@pytest.mark.parametrize("accumulator", ["fp32", "bf16", "fp64"])
+def test_results_within_the_bound(n, method, accumulator):
+    x = stored("fp32", n, seed=n)
+    fmt = formats.get(accumulator)
+    got = float(native.sum_cuda(x, formats.get("fp32").code, fmt.code, method)[0])
+    exact = math.fsum(x.tolist())
+    abs_sum = math.fsum(np.abs(x).tolist())
+    bound, kind = acc._bound(method, n, fmt, formats.get("fp32"), abs_sum, exact, gpu=True)
+    assert kind in ("rigorous", "vacuous")
+    assert abs(got - exact) <= bound
+
+
+@pytest.mark.parametrize("n", [1, 31, 33, 1025, 100_003])
+def test_small_integers_sum_exactly(n):
+    x = np.arange(n, dtype=np.float64) % 7  # every partial sum is an integer < 2^24
+    for method in ("tree", "tree_kahan", "atomic"):
+        assert native.sum_cuda(x, 1, 1, method)[0] == math.fsum(x.tolist())
+
+
+def test_fp32_tree_is_accurate():
+    x = stored("fp32", 1 << 24, dist="uniform")
+    got = native.sum_cuda(x, 1, 1, "tree")[0]
+    exact = math.fsum(x.tolist())
+    assert abs(got - exact) / exact < 1e-5
+
+
+def test_device_pointer_api_matches_and_accepts_unaligned_views():
+    torch = pytest.importorskip("torch")
+    x = torch.randn((1 << 20) + 1, device="cuda", dtype=torch.float32)
+    work = torch.empty(native.sum_workspace_bytes(x.numel(), 1, "tree"), dtype=torch.uint8, device="cuda")
+    out = torch.empty(1, dtype=torch.float64, device="cuda")
+    native.sum_cuda_device(x.data_ptr(), x.numel(), 1, 1, "tree", work.data_ptr(), work.numel(), out.data_ptr())
+    torch.cuda.synchronize()
+    host = native.sum_cuda(x.double().cpu().numpy(), 1, 1, "tree")[0]
+    assert out.item() == host
+    view = x[1:]  # 4 bytes past a 16-byte boundary: the scalar path
+    native.sum_cuda_device(view.data_ptr(), view.numel(), 1, 1, "tree", work.data_ptr(), work.numel(), out.data_ptr())
+    torch.cuda.synchronize()
+    exact = math.fsum(view.double().cpu().numpy().tolist())
+    assert abs(out.item() - exact) <= 1e-3 * math.fsum(view.abs().double().cpu().numpy().tolist())
+
+
+def test_bad_device_arguments_are_statuses_not_crashes():
+    torch = pytest.importorskip("torch")
+    host = np.ones(16, dtype=np.float32)
+    work = torch.empty(1 << 16, dtype=torch.uint8, device="cuda")
+    out = torch.empty(1, dtype=torch.float64, device="cuda")
+    with pytest.raises(UsageError, match="not a device pointer"):
+        native.sum_cuda_device(host.ctypes.data, 16, 1, 1, "tree", work.data_ptr(), work.numel(), out.data_ptr())
+    with pytest.raises(UsageError, match="workspace"):
+        native.sum_cuda_device(work.data_ptr(), 16, 1, 1, "tree", work.data_ptr(), 8, out.data_ptr())
+    with pytest.raises(UsageError, match="accumulator"):
+        native.sum_cuda(np.ones(4), 1, formats.get("fp16").code, "tree")
+    # the context survived: a normal call still works
+    assert native.sum_cuda(np.ones(4), 1, 1, "tree")[0] == 4.0
+
+
+def test_out_of_memory_is_a_status():
+    from precisionlab.errors import RunError
+
+    with pytest.raises(RunError, match="out of memory|cudaMalloc|allocation"):
+        # 2^40 fp64 values: 8 TiB, more than any GPU; the host buffer fails first or the device one does
+        native._call("pl_sum_cuda", native._dptr(np.ones(1)), 1 << 40, 0, 0, 0, 1, native._dptr(np.ones(1)))
