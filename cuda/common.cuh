@@ -251,4 +251,40 @@ __device__ R pl_block_sum(R v) {
     return r;
 }
 
+// All-reduce over a block for an associative op: every thread gets the result.
+// `identity` is what a thread holding nothing contributes; passing the wrong
+// one (0 for a max) is the classic bug softmax shows as a named variant.
+struct pl_op_max {
+    __device__ __forceinline__ float operator()(float a, float b) const { return fmaxf(a, b); }
+};
+struct pl_op_add {
+    __device__ __forceinline__ float operator()(float a, float b) const { return __fadd_rn(a, b); }
+};
+
+template <typename Op>
+__device__ __forceinline__ float pl_warp_allreduce(float v, Op op) {
+#pragma unroll
+    for (int d = 16; d > 0; d >>= 1) v = op(v, __shfl_xor_sync(0xffffffffu, v, d));
+    return v;
+}
+
+template <typename Op>
+__device__ float pl_block_allreduce(float v, Op op, float identity) {
+    __shared__ float partial[32];
+    __shared__ float result;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = (blockDim.x + 31) >> 5;
+    v = pl_warp_allreduce(v, op);
+    if (lane == 0) partial[warp] = v;
+    __syncthreads();
+    if (warp == 0) {
+        float r = lane < nwarps ? partial[lane] : identity;
+        r = pl_warp_allreduce(r, op);
+        if (lane == 0) result = r;
+    }
+    __syncthreads();
+    const float out = result;
+    __syncthreads();  // partial/result may be reused by the next call
+    return out;
+}
+
 #endif  // __CUDACC__

@@ -123,6 +123,41 @@ int pl_sum_cuda_device(const void* x_dev, int64_t n, int storage, int accumulato
 int pl_sum_cuda(const double* x, int64_t n, int storage, int accumulator, int method,
                 int runs, double* results);
 
+/* ---- softmax -------------------------------------------------------------
+ * x, y: rows x cols, row-major, in `dtype` (PL_FP32, PL_BF16 or PL_FP16; bf16
+ * and fp16 as raw 16-bit patterns). Arithmetic is fp32 except in
+ * PL_SOFTMAX_LOWP_ACCUM. lse (may be NULL): rows log-sum-exp values, each as
+ * the method computes it (double on the host API, float on the device API).
+ * masked: what a row of all -inf gives: PL_MASKED_NAN (the textbook formula's
+ * NaN) or PL_MASKED_ZERO (zeros, log-sum-exp -inf).
+ */
+enum pl_softmax_method {
+    PL_SOFTMAX_NAIVE = 0,             /* exp(x) / sum exp(x), no shift */
+    PL_SOFTMAX_STABLE = 1,            /* max, sum exp(x - max), normalise */
+    PL_SOFTMAX_ONLINE = 2,            /* running max + rescaled sum, then normalise */
+    PL_SOFTMAX_BUG_ZERO_IDENTITY = 3, /* idle lanes feed 0 to the max reduction */
+    PL_SOFTMAX_BUG_ZERO_START = 4,    /* max started at 0 */
+    PL_SOFTMAX_BUG_NO_RESCALE = 5,    /* exps against the running max, never rescaled */
+    PL_SOFTMAX_LOWP_ACCUM = 6,        /* exps and sum rounded to the input format */
+    PL_SOFTMAX_SINGLE_PASS = 7,       /* GPU only: row in registers, one read one write */
+    PL_SOFTMAX_ONLINE_VEC = 8,        /* GPU only: vectorised online, two reads one write */
+    PL_SOFTMAX_METHOD_COUNT_ = 9
+};
+enum pl_masked_policy { PL_MASKED_NAN = 0, PL_MASKED_ZERO = 1 };
+
+/* Threads per row of the simple GPU kernels: cols rounded up to a warp,
+ * between 32 and 1024. The CPU's bug_zero_identity emulates these lanes. */
+int pl_softmax_lanes(int64_t cols);
+
+int pl_softmax_cpu(const void* x, int64_t rows, int64_t cols, int dtype, int method, int masked, void* y,
+                   double* lse);
+/* Host pointers; uploads, runs, downloads. */
+int pl_softmax_cuda(const void* x, int64_t rows, int64_t cols, int dtype, int method, int masked, void* y,
+                    double* lse);
+/* Device pointers; asynchronous on the legacy default stream. lse_dev may be NULL. */
+int pl_softmax_cuda_device(const void* x_dev, int64_t rows, int64_t cols, int dtype, int method, int masked,
+                           void* y_dev, float* lse_dev);
+
 #ifdef __cplusplus
 }
 #endif

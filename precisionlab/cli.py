@@ -79,6 +79,35 @@ def accumulate(
 
 
 @app.command()
+def softmax(
+    dtype: Annotated[str, typer.Option("--dtype", help="Input format(s), comma list: fp32, bf16, fp16. Arithmetic is fp32.")] = "fp32",
+    methods: Annotated[Optional[str], typer.Option("--methods", help="Comma list: naive, stable, online, single_pass, "
+                                                   "online_vec (GPU), and the named bugs bug_zero_identity, bug_zero_start, "
+                                                   "bug_no_rescale, lowp_accum. Default: the correct ones, with the bugs in "
+                                                   "their own table.")] = None,
+    masked: Annotated[str, typer.Option("--masked", help="A row of all -inf gives: nan (textbook) | zero.")] = "nan",
+    values: Annotated[Optional[str], typer.Option("--values", help="Logits, comma-separated; rows separated by ';'.")] = None,
+    rows: Annotated[Optional[int], typer.Option("--rows", help="Random matrix rows.")] = None,
+    cols: Annotated[Optional[int], typer.Option("--cols", help="Random matrix columns.")] = None,
+    dist: Annotated[str, typer.Option("--dist", help="Random logits: normal | uniform.")] = "normal",
+    scale: Annotated[float, typer.Option("--scale", help="Multiply random logits by this.")] = 1.0,
+    from_file: Annotated[Optional[str], typer.Option("--from", help="Logits from a 2-D .npy file.")] = None,
+    device: DeviceOpt = "auto",
+    seed: SeedOpt = 0,
+    json_out: JsonOpt = False,
+):
+    """Naive vs stable vs online softmax and log-sum-exp: the edge cases, the classic bugs, the errors."""
+    from precisionlab import report
+    from precisionlab.experiments import softmax as exp
+
+    cfg = exp.SoftmaxConfig(dtype=dtype, methods=methods, masked=masked, values=values, rows=rows, cols=cols,
+                            dist=dist, scale=scale, from_file=from_file, device=device, seed=seed)
+    with report.progress(exp.planned_steps(cfg), "softmax", enabled=not json_out) as advance:
+        result = exp.run(cfg, advance)
+    (report.softmax_json if json_out else report.softmax_table)(result)
+
+
+@app.command()
 def bench(
     quick: Annotated[bool, typer.Option("--quick", help="Smaller sizes and fewer runs (under 2 minutes on an H200).")] = False,
     sections: Annotated[Optional[str], typer.Option("--sections", help="Comma list of sections (default: all): accumulate.")] = None,

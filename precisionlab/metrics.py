@@ -8,6 +8,7 @@ NaN never agrees with anything, NaN included.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -58,3 +59,93 @@ def ulp_error(result: float, exact: float, fmt: Format) -> float:
     if math.isnan(err) or math.isinf(err) or err == 0.0:
         return err
     return err / float(fmt.spacing(exact))
+
+
+# ---------------------------------------------------------------------------
+# error report: one function every comparison in the project goes through
+
+
+@dataclass(frozen=True)
+class ErrorReport:
+    """How far `actual` is from `reference`: a report, not a verdict.
+
+    max_abs, mean_abs, rel_l2 and the ulp figures cover the elements finite on
+    both sides; every other element is a failure and is counted in
+    nonfinite_actual / nonfinite_reference (nan_both counts NaN on both sides,
+    which is a failure too: two NaNs never agree).
+    """
+
+    n: int
+    max_abs: float
+    mean_abs: float
+    rel_l2: float
+    max_ulps: float
+    median_ulps: float
+    worst_index: tuple | None
+    n_outside: int
+    frac_outside: float
+    nonfinite_actual: int
+    nonfinite_reference: int
+    nan_both: int
+    atol: float
+    rtol: float
+
+    @property
+    def finite(self) -> bool:
+        return self.nonfinite_actual == 0 and self.nonfinite_reference == 0
+
+    @property
+    def passed(self) -> bool:
+        return self.n_outside == 0
+
+    def as_dict(self) -> dict:
+        d = {k: getattr(self, k) for k in self.__dataclass_fields__}
+        d["worst_index"] = list(self.worst_index) if self.worst_index is not None else None
+        d["finite"] = self.finite
+        d["passed"] = self.passed
+        return d
+
+
+# ||r|| below this is treated as this, so an all-zero reference gives a finite rel_l2.
+REL_L2_FLOOR = 1e-300
+
+
+def error_report(actual, reference, fmt: Format | None, atol: float, rtol: float) -> ErrorReport:
+    """Compare two arrays of the same shape, elementwise, in float64.
+
+    fmt is the tested format, whose spacing at each reference value is the ulp;
+    None measures ulps in float64. An element is outside when either side is
+    non-finite or |a - r| > atol + rtol * |r|.
+    """
+    a = np.asarray(actual, dtype=np.float64)
+    r = np.asarray(reference, dtype=np.float64)
+    if a.shape != r.shape:
+        raise ValueError(f"shape mismatch: {a.shape} vs {r.shape}")
+    n = a.size
+    fa, fr = np.isfinite(a), np.isfinite(r)
+    both = fa & fr
+    nan_both = int(np.count_nonzero(np.isnan(a) & np.isnan(r)))
+    diff = np.abs(a - r, where=both, out=np.zeros_like(a))
+    outside = ~both | (diff > atol + rtol * np.abs(np.where(fr, r, 0.0)))
+    n_out = int(np.count_nonzero(outside))
+    if np.any(both):
+        d = diff[both]
+        ref_norm = math.sqrt(math.fsum((r[both] ** 2).tolist()))
+        rel_l2 = math.sqrt(math.fsum((d**2).tolist())) / max(ref_norm, REL_L2_FLOOR)
+        spacing = (fmt.spacing(r[both]) if fmt is not None else np.spacing(np.abs(r[both])))
+        ulps = d / spacing
+        flat_worst = int(np.flatnonzero(both)[int(np.argmax(d))])
+        max_abs, mean_abs = float(d.max()), math.fsum(d.tolist()) / d.size
+        max_ulps, median_ulps = float(ulps.max()), float(np.median(ulps))
+    else:
+        rel_l2 = max_abs = mean_abs = max_ulps = median_ulps = 0.0 if n == 0 else math.nan
+        flat_worst = None
+    if n_out and not np.all(both):  # a non-finite element is the worst there is
+        flat_worst = int(np.flatnonzero(~both)[0])
+    worst = tuple(int(i) for i in np.unravel_index(flat_worst, a.shape)) if flat_worst is not None else None
+    return ErrorReport(
+        n=n, max_abs=max_abs, mean_abs=mean_abs, rel_l2=rel_l2, max_ulps=max_ulps, median_ulps=median_ulps,
+        worst_index=worst, n_outside=n_out, frac_outside=n_out / n if n else 0.0,
+        nonfinite_actual=int(n - np.count_nonzero(fa)), nonfinite_reference=int(n - np.count_nonzero(fr)),
+        nan_both=nan_both, atol=atol, rtol=rtol,
+    )

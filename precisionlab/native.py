@@ -29,6 +29,11 @@ NO_DEVICE, NO_CUDA, CUDA_ERROR, OUT_OF_MEMORY = 5, 6, 7, 8
 # pl_cpu_method / pl_gpu_method
 CPU_METHODS = {"sequential": 0, "pairwise": 1, "kahan": 2, "neumaier": 3, "stochastic": 4}
 GPU_METHODS = {"tree": 0, "tree_kahan": 1, "atomic": 2}
+# pl_softmax_method, pl_masked_policy
+SOFTMAX_METHODS = {"naive": 0, "stable": 1, "online": 2, "bug_zero_identity": 3, "bug_zero_start": 4,
+                   "bug_no_rescale": 5, "lowp_accum": 6, "single_pass": 7, "online_vec": 8}
+SOFTMAX_GPU_ONLY = {"single_pass", "online_vec"}
+MASKED = {"nan": 0, "zero": 1}
 
 _d = POINTER(c_double)
 _i64 = POINTER(c_int64)
@@ -58,6 +63,16 @@ _PROTOTYPES = {
     # int pl_sum_cuda(const double* x, int64_t n, int storage, int accumulator, int method,
     #                 int runs, double* results)
     "pl_sum_cuda": (c_int, [_d, c_int64, c_int, c_int, c_int, c_int, _d]),
+    # int pl_softmax_lanes(int64_t cols)
+    "pl_softmax_lanes": (c_int, [c_int64]),
+    # int pl_softmax_cpu(const void* x, int64_t rows, int64_t cols, int dtype, int method, int masked,
+    #                    void* y, double* lse)
+    "pl_softmax_cpu": (c_int, [c_void_p, c_int64, c_int64, c_int, c_int, c_int, c_void_p, _d]),
+    # int pl_softmax_cuda(same, host pointers)
+    "pl_softmax_cuda": (c_int, [c_void_p, c_int64, c_int64, c_int, c_int, c_int, c_void_p, _d]),
+    # int pl_softmax_cuda_device(const void* x_dev, int64_t rows, int64_t cols, int dtype, int method,
+    #                            int masked, void* y_dev, float* lse_dev)
+    "pl_softmax_cuda_device": (c_int, [c_void_p, c_int64, c_int64, c_int, c_int, c_int, c_void_p, c_void_p]),
 }
 
 
@@ -227,3 +242,40 @@ def sum_cuda_device(x_ptr: int, n: int, storage: int, accumulator: int, method: 
                     work_bytes: int, out_ptr: int) -> None:
     """Launch a GPU sum on device pointers (e.g. torch data_ptr()); asynchronous."""
     _call("pl_sum_cuda_device", x_ptr, n, storage, accumulator, GPU_METHODS[method], work_ptr, work_bytes, out_ptr)
+
+
+def _softmax_args(x: np.ndarray):
+    if x.ndim != 2 or not x.flags.c_contiguous:
+        raise ValueError("softmax input must be a C-contiguous 2-D array")
+    return x.shape
+
+
+def softmax_cpu(x: np.ndarray, dtype_code: int, method: str, masked: str = "nan") -> tuple[np.ndarray, np.ndarray]:
+    """Row softmax of x (a 2-D array already in the storage dtype) on the CPU: (y, lse)."""
+    rows, cols = _softmax_args(x)
+    y = np.empty_like(x)
+    lse = np.empty(rows, dtype=np.float64)
+    _call("pl_softmax_cpu", x.ctypes.data, rows, cols, dtype_code, SOFTMAX_METHODS[method], MASKED[masked],
+          y.ctypes.data, _dptr(lse))
+    return y, lse
+
+
+def softmax_cuda(x: np.ndarray, dtype_code: int, method: str, masked: str = "nan") -> tuple[np.ndarray, np.ndarray]:
+    """As softmax_cpu, through the GPU kernels (upload, run, download)."""
+    rows, cols = _softmax_args(x)
+    y = np.empty_like(x)
+    lse = np.empty(rows, dtype=np.float64)
+    _call("pl_softmax_cuda", x.ctypes.data, rows, cols, dtype_code, SOFTMAX_METHODS[method], MASKED[masked],
+          y.ctypes.data, _dptr(lse))
+    return y, lse
+
+
+def softmax_cuda_device(x_ptr: int, rows: int, cols: int, dtype_code: int, method: str, y_ptr: int,
+                        masked: str = "nan", lse_ptr: int | None = None) -> None:
+    """Launch a GPU softmax on device pointers; asynchronous."""
+    _call("pl_softmax_cuda_device", x_ptr, rows, cols, dtype_code, SOFTMAX_METHODS[method], MASKED[masked], y_ptr,
+          lse_ptr)
+
+
+def softmax_lanes(cols: int) -> int:
+    return _load().pl_softmax_lanes(cols)

@@ -1,0 +1,618 @@
+/*
+ * softmax.cu: row softmax and log-sum-exp over a rows x cols matrix of fp32,
+ * bf16 or fp16, with fp32 arithmetic (one method keeps the sum in the input
+ * format, to show why not).
+ *
+ * Methods (pl_softmax_method), on the CPU and the GPU alike (the CPU sums its
+ * exponentials pairwise, and its online method runs 64-wide leaves combined
+ * pairwise, so its error grows like the GPU tree's, with log2(cols)):
+ *   naive            exp(x) / sum exp(x): no shift, overflows past x ~ 88
+ *   stable           three passes: max, sum of exp(x - max), normalise
+ *   online           one pass carrying a running max and rescaling the running
+ *                    sum (Milakov & Gimelshein 2018), then the normalise pass
+ *   bug_zero_identity  stable, but threads (lanes) holding no element feed 0,
+ *                    not -inf, to the max: wrong only when the row is shorter
+ *                    than the block and every logit is very negative
+ *   bug_zero_start   stable, but the max starts at 0 instead of x[0]
+ *   bug_no_rescale   exponentials taken against the max seen so far and never
+ *                    rescaled: [1, 2, 3] gives 1/3 each
+ *   lowp_accum       stable, with exp and the running sum rounded to the input
+ *                    format: 512 equal bf16 logits give 1/256, not 1/512
+ *
+ * GPU versions (one block per row unless said):
+ *   version 1  naive / stable / online / bug variants: a simple strided loop
+ *              per thread, block reductions between passes, re-reading x.
+ *   version 2  single_pass: the row held in registers as raw 16-byte vectors,
+ *              read once, written once; max and sum are block all-reduces.
+ *              Rows longer than 32768 columns fall back to version 3 (more
+ *              vectors a thread would spill: see ptxas -v).
+ *   version 3  online_vec: 16-byte loads, a per-thread online (max, sum) pair,
+ *              one block combine, then the write pass: two reads, one write.
+ *
+ * Masked rows (every logit -inf): the textbook formula gives NaN (-inf minus
+ * -inf). PL_MASKED_ZERO writes zeros and a log-sum-exp of -inf instead.
+ */
+#include <cstdio>
+#include <cstdlib>
+#include <vector>
+
+#include "common.cuh"
+
+namespace {
+
+// --- host access to fp32 / bf16 / fp16 storage ------------------------------
+
+float load_host(const void* p, int64_t i, int dtype) {
+    switch (dtype) {
+        case PL_FP32: return static_cast<const float*>(p)[i];
+        case PL_BF16: {
+            const uint32_t b = (uint32_t) static_cast<const uint16_t*>(p)[i] << 16;
+            float f;
+            std::memcpy(&f, &b, 4);
+            return f;
+        }
+        default: {  // PL_FP16
+            const uint16_t h = static_cast<const uint16_t*>(p)[i];
+            const int e = (h >> 10) & 31, m = h & 1023;
+            double v = e == 0 ? std::ldexp((double)m, -24)
+                       : e == 31 ? (m ? std::numeric_limits<double>::quiet_NaN() : std::numeric_limits<double>::infinity())
+                                 : std::ldexp((double)(1024 + m), e - 25);
+            return (float)((h & 0x8000) ? -v : v);
+        }
+    }
+}
+
+// Round to the storage format (nearest even) and store.
+void store_host(void* p, int64_t i, int dtype, float v) {
+    const double r = pl_round_to((double)v, PL_FORMATS[dtype]);
+    switch (dtype) {
+        case PL_FP32: static_cast<float*>(p)[i] = (float)r; return;
+        case PL_BF16: {
+            const float f = (float)r;  // exact: r is a bf16 value
+            uint32_t b;
+            std::memcpy(&b, &f, 4);
+            static_cast<uint16_t*>(p)[i] = std::isnan(f) ? 0x7FC0 : (uint16_t)(b >> 16);
+            return;
+        }
+        default: {  // PL_FP16
+            uint16_t h;
+            const double a = std::fabs(r);
+            const uint16_t sign = std::signbit(r) ? 0x8000 : 0;
+            if (std::isnan(r)) h = 0x7E00;
+            else if (std::isinf(r)) h = sign | 0x7C00;
+            else if (a < std::ldexp(1.0, -14)) h = sign | (uint16_t)(a * std::ldexp(1.0, 24));
+            else {
+                int e;
+                const double f = std::frexp(a, &e);  // a = f * 2^e, f in [0.5, 1)
+                h = sign | (uint16_t)((e - 1 + 15) << 10) | (uint16_t)((f * 2.0 - 1.0) * 1024.0);
+            }
+            static_cast<uint16_t*>(p)[i] = h;
+            return;
+        }
+    }
+}
+
+int check_softmax_args(int64_t rows, int64_t cols, int dtype, int method, int masked, const char* func) {
+    if (rows <= 0 || cols <= 0)
+        return pl_fail(PL_ERR_INVALID_ARGUMENT, func, "rows and cols must be > 0 (got %lld x %lld)", (long long)rows,
+                       (long long)cols);
+    if (dtype != PL_FP32 && dtype != PL_BF16 && dtype != PL_FP16)
+        return pl_fail(pl_valid_format(dtype) ? PL_ERR_UNSUPPORTED : PL_ERR_INVALID_ARGUMENT, func,
+                       "softmax dtype must be fp32, bf16 or fp16 (got %d)", dtype);
+    if (method < 0 || method >= PL_SOFTMAX_METHOD_COUNT_)
+        return pl_fail(PL_ERR_INVALID_ARGUMENT, func, "unknown softmax method %d", method);
+    if (masked != PL_MASKED_NAN && masked != PL_MASKED_ZERO)
+        return pl_fail(PL_ERR_INVALID_ARGUMENT, func, "unknown masked-row policy %d", masked);
+    if ((uint64_t)rows > (uint64_t)INT64_MAX / (uint64_t)cols)
+        return pl_fail(PL_ERR_SIZE_OVERFLOW, func, "rows * cols overflows");
+    size_t bytes;
+    return pl_checked_bytes(rows * cols, sizeof(float), &bytes, func);
+}
+
+constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+
+int lanes_for(int64_t work) {
+    const int64_t t = (work + 31) / 32 * 32;
+    return (int)(t < 32 ? 32 : t > 1024 ? 1024 : t);
+}
+
+// fp32 pairwise sum: the error grows with log2(n), not n. A sequential fp32
+// sum over a 151936-wide row drifts by ~2e-4 relative (measured), far past
+// what fp32 softmax should cost; the GPU's tree has the same property.
+float pairwise_sum(const float* e, int64_t n) {
+    if (n <= 8) {
+        float s = 0.0f;
+        for (int64_t j = 0; j < n; ++j) s += e[j];
+        return s;
+    }
+    const int64_t h = n / 2;
+    return pairwise_sum(e, h) + pairwise_sum(e + h, n - h);
+}
+
+struct cpu_pair {
+    float m, s;
+};
+cpu_pair cpu_combine(cpu_pair a, cpu_pair b) {
+    const float m = std::fmax(a.m, b.m);
+    if (m == kNegInf || std::isnan(a.m) || std::isnan(b.m))
+        return {std::isnan(a.m) || std::isnan(b.m) ? std::numeric_limits<float>::quiet_NaN() : m,
+                std::isnan(a.m) || std::isnan(b.m) ? std::numeric_limits<float>::quiet_NaN() : 0.0f};
+    return {m, a.s * std::exp(a.m - m) + b.s * std::exp(b.m - m)};
+}
+// Online (max, sum) over [lo, hi): 64-wide leaves run the one-pass recurrence,
+// and leaves combine pairwise, as a GPU's lanes and tree would.
+template <typename F>
+cpu_pair online_range(F X, int64_t lo, int64_t hi) {
+    if (hi - lo <= 64) {
+        cpu_pair p{kNegInf, 0.0f};
+        for (int64_t j = lo; j < hi; ++j) {
+            const float v = X(j);
+            if (v > p.m) {
+                p.s = p.s * std::exp(p.m - v) + 1.0f;
+                p.m = v;
+            } else {
+                p.s += std::exp(v - p.m);  // a NaN v makes s NaN here
+            }
+        }
+        return p;
+    }
+    const int64_t mid = lo + (hi - lo) / 2;
+    return cpu_combine(online_range(X, lo, mid), online_range(X, mid, hi));
+}
+
+// One row on the CPU. Writes y (storage format) and returns the log-sum-exp.
+float cpu_row(const void* x, void* y, int64_t off, int64_t cols, int dtype, int method, int masked) {
+    auto X = [&](int64_t j) { return load_host(x, off + j, dtype); };
+    const pl_format_info& f = PL_FORMATS[dtype];
+    // A masked row: every logit -inf. NaN logits make the row NaN whatever the policy.
+    bool all_masked = true;
+    for (int64_t j = 0; j < cols && all_masked; ++j) all_masked = X(j) == kNegInf;
+    if (all_masked && masked == PL_MASKED_ZERO) {
+        for (int64_t j = 0; j < cols; ++j) store_host(y, off + j, dtype, 0.0f);
+        return kNegInf;
+    }
+    float m = 0.0f, s = 0.0f;
+    std::vector<float> e((size_t)cols);
+    switch (method) {
+        case PL_SOFTMAX_NAIVE:
+            for (int64_t j = 0; j < cols; ++j) e[(size_t)j] = std::exp(X(j));
+            s = pairwise_sum(e.data(), cols);
+            for (int64_t j = 0; j < cols; ++j) store_host(y, off + j, dtype, e[(size_t)j] / s);
+            return std::log(s);
+        case PL_SOFTMAX_ONLINE: {
+            const cpu_pair p = online_range(X, 0, cols);
+            for (int64_t j = 0; j < cols; ++j) store_host(y, off + j, dtype, std::exp(X(j) - p.m) / p.s);
+            return p.m + std::log(p.s);
+        }
+        case PL_SOFTMAX_BUG_NO_RESCALE: {
+            m = kNegInf;
+            for (int64_t j = 0; j < cols; ++j) {
+                const float v = X(j);
+                if (v > m) m = v;
+                e[(size_t)j] = std::exp(v - m);  // against the max so far, never rescaled
+                s += e[(size_t)j];
+            }
+            for (int64_t j = 0; j < cols; ++j) store_host(y, off + j, dtype, e[(size_t)j] / s);
+            return m + std::log(s);
+        }
+        default: break;
+    }
+    // the stable family: max, sum, normalise
+    if (method == PL_SOFTMAX_BUG_ZERO_START) {
+        m = 0.0f;
+        for (int64_t j = 0; j < cols; ++j) m = std::fmax(m, X(j));
+    } else if (method == PL_SOFTMAX_BUG_ZERO_IDENTITY) {
+        // The GPU's lanes, emulated: lane l takes columns l, l + L, ...; a lane
+        // with no column contributes 0 where -inf belongs.
+        const int64_t L = lanes_for(cols);
+        m = kNegInf;
+        for (int64_t l = 0; l < L; ++l) {
+            float lm = l < cols ? kNegInf : 0.0f;
+            for (int64_t j = l; j < cols; j += L) lm = std::fmax(lm, X(j));
+            m = std::fmax(m, lm);
+        }
+    } else {
+        m = X(0);
+        for (int64_t j = 1; j < cols; ++j) {
+            const float v = X(j);
+            if (v > m || std::isnan(v)) m = v;  // NaN is kept, not skipped
+        }
+    }
+    if (method == PL_SOFTMAX_LOWP_ACCUM) {
+        double sd = 0.0;  // a value of the storage format at every step
+        for (int64_t j = 0; j < cols; ++j) sd = pl_add(sd, pl_round_to(std::exp(X(j) - m), f), f);
+        for (int64_t j = 0; j < cols; ++j)
+            store_host(y, off + j, dtype, (float)(pl_round_to(std::exp(X(j) - m), f) / sd));
+        return m + std::log((float)sd);
+    }
+    for (int64_t j = 0; j < cols; ++j) e[(size_t)j] = std::exp(X(j) - m);
+    s = pairwise_sum(e.data(), cols);
+    for (int64_t j = 0; j < cols; ++j) store_host(y, off + j, dtype, e[(size_t)j] / s);
+    return m + std::log(s);
+}
+
+}  // namespace
+
+extern "C" int pl_softmax_lanes(int64_t cols) { return lanes_for(cols); }
+
+extern "C" int pl_softmax_cpu(const void* x, int64_t rows, int64_t cols, int dtype, int method, int masked, void* y,
+                              double* lse) {
+    PL_REQUIRE_PTR(x);
+    PL_REQUIRE_PTR(y);
+    if (int st = check_softmax_args(rows, cols, dtype, method, masked, __func__)) return st;
+    PL_REQUIRE(method != PL_SOFTMAX_SINGLE_PASS && method != PL_SOFTMAX_ONLINE_VEC, PL_ERR_UNSUPPORTED,
+               "single_pass and online_vec are GPU kernels");
+    for (int64_t r = 0; r < rows; ++r) {
+        const float l = cpu_row(x, y, r * cols, cols, dtype, method, masked);
+        if (lse) lse[r] = (double)l;
+    }
+    return PL_OK;
+}
+
+// ---------------------------------------------------------------------------
+// GPU
+#ifdef __CUDACC__
+
+namespace {
+
+template <typename T> __device__ __forceinline__ float ld(const T* p, int64_t i) { return pl_widen(p[i]); }
+template <typename T> __device__ __forceinline__ void st(T* p, int64_t i, float v);
+template <> __device__ __forceinline__ void st<float>(float* p, int64_t i, float v) { p[i] = v; }
+template <> __device__ __forceinline__ void st<__nv_bfloat16>(__nv_bfloat16* p, int64_t i, float v) {
+    p[i] = __float2bfloat16_rn(v);
+}
+template <> __device__ __forceinline__ void st<__half>(__half* p, int64_t i, float v) { p[i] = __float2half_rn(v); }
+
+template <typename T> __device__ __forceinline__ float round_to_storage(float v) { return v; }
+template <> __device__ __forceinline__ float round_to_storage<__nv_bfloat16>(float v) {
+    return __bfloat162float(__float2bfloat16_rn(v));
+}
+template <> __device__ __forceinline__ float round_to_storage<__half>(float v) { return __half2float(__float2half_rn(v)); }
+
+template <typename T> struct op_add_rounded {
+    __device__ __forceinline__ float operator()(float a, float b) const { return round_to_storage<T>(__fadd_rn(a, b)); }
+};
+
+__device__ __forceinline__ bool masked_row(float m, int masked) { return m == kNegInf && masked == PL_MASKED_ZERO; }
+
+// (max, sum) pairs of the online softmax: combine two partial rows.
+struct online_pair {
+    float m, s;
+};
+__device__ __forceinline__ online_pair combine(online_pair a, online_pair b) {
+    const float m = fmaxf(a.m, b.m);
+    if (m == kNegInf) return {m, 0.0f};  // both empty: -inf - -inf must not become NaN here
+    return {m, a.s * expf(a.m - m) + b.s * expf(b.m - m)};
+}
+__device__ online_pair block_combine(online_pair p) {
+    __shared__ float ms[32], ss[32];
+    __shared__ online_pair result;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = (blockDim.x + 31) >> 5;
+#pragma unroll
+    for (int d = 16; d > 0; d >>= 1) {
+        online_pair o{__shfl_xor_sync(0xffffffffu, p.m, d), __shfl_xor_sync(0xffffffffu, p.s, d)};
+        p = combine(p, o);
+    }
+    if (lane == 0) { ms[warp] = p.m; ss[warp] = p.s; }
+    __syncthreads();
+    if (warp == 0) {
+        online_pair q = lane < nwarps ? online_pair{ms[lane], ss[lane]} : online_pair{kNegInf, 0.0f};
+#pragma unroll
+        for (int d = 16; d > 0; d >>= 1) {
+            online_pair o{__shfl_xor_sync(0xffffffffu, q.m, d), __shfl_xor_sync(0xffffffffu, q.s, d)};
+            q = combine(q, o);
+        }
+        if (lane == 0) result = q;
+    }
+    __syncthreads();
+    const online_pair out = result;
+    __syncthreads();
+    return out;
+}
+
+// Version 1: every method, a plain strided loop per thread.
+template <typename T, int METHOD>
+__global__ void softmax_v1(const T* __restrict__ x, T* __restrict__ y, int64_t cols, float* lse, int masked) {
+    const T* xr = x + (int64_t)blockIdx.x * cols;
+    T* yr = y + (int64_t)blockIdx.x * cols;
+    const int tid = threadIdx.x, nt = blockDim.x;
+    float m = 0.0f, s = 0.0f;
+    if constexpr (METHOD == PL_SOFTMAX_NAIVE) {
+        if (masked == PL_MASKED_ZERO) {  // the naive formula has no max: find masked rows separately
+            float tm = kNegInf;
+            for (int64_t j = tid; j < cols; j += nt) tm = fmaxf(tm, ld(xr, j));
+            if (pl_block_allreduce(tm, pl_op_max(), kNegInf) == kNegInf) {
+                for (int64_t j = tid; j < cols; j += nt) st(yr, j, 0.0f);
+                if (tid == 0 && lse) lse[blockIdx.x] = kNegInf;
+                return;
+            }
+        }
+        for (int64_t j = tid; j < cols; j += nt) s += expf(ld(xr, j));
+        s = pl_block_allreduce(s, pl_op_add(), 0.0f);
+        for (int64_t j = tid; j < cols; j += nt) st(yr, j, expf(ld(xr, j)) / s);
+        if (tid == 0 && lse) lse[blockIdx.x] = logf(s);
+        return;
+    } else if constexpr (METHOD == PL_SOFTMAX_ONLINE) {
+        online_pair p{kNegInf, 0.0f};
+        for (int64_t j = tid; j < cols; j += nt) {
+            const float v = ld(xr, j);
+            if (v > p.m) { p.s = p.s * expf(p.m - v) + 1.0f; p.m = v; }
+            else p.s += expf(v - p.m);
+        }
+        p = block_combine(p);
+        m = p.m;
+        s = p.s;
+    } else if constexpr (METHOD == PL_SOFTMAX_BUG_NO_RESCALE) {
+        // Each thread's exponentials against its own running max, summed
+        // without rescaling, then normalised with no correction either.
+        float tm = kNegInf;
+        for (int64_t j = tid; j < cols; j += nt) {
+            const float v = ld(xr, j);
+            tm = fmaxf(tm, v);
+            const float e = expf(v - tm);
+            s += e;
+            st(yr, j, e);  // kept for the normalise pass
+        }
+        s = pl_block_allreduce(s, pl_op_add(), 0.0f);
+        const float mm = pl_block_allreduce(tm, pl_op_max(), kNegInf);
+        for (int64_t j = tid; j < cols; j += nt) st(yr, j, ld(yr, j) / s);
+        if (tid == 0 && lse) lse[blockIdx.x] = mm + logf(s);
+        return;
+    } else {
+        // the stable family
+        float tm;
+        if constexpr (METHOD == PL_SOFTMAX_BUG_ZERO_START) tm = 0.0f;
+        else if constexpr (METHOD == PL_SOFTMAX_BUG_ZERO_IDENTITY) tm = tid < cols ? kNegInf : 0.0f;
+        else tm = kNegInf;
+        for (int64_t j = tid; j < cols; j += nt) tm = fmaxf(tm, ld(xr, j));
+        m = pl_block_allreduce(tm, pl_op_max(), METHOD == PL_SOFTMAX_BUG_ZERO_IDENTITY ? 0.0f : kNegInf);
+        if (masked_row(m, masked)) {
+            for (int64_t j = tid; j < cols; j += nt) st(yr, j, 0.0f);
+            if (tid == 0 && lse) lse[blockIdx.x] = kNegInf;
+            return;
+        }
+        if constexpr (METHOD == PL_SOFTMAX_LOWP_ACCUM) {
+            // Every addition rounded to the storage format, in the thread's
+            // serial chain and in the tree. Short chains and a tree are kinder
+            // than the CPU's one long chain: equal logits stay exact here.
+            for (int64_t j = tid; j < cols; j += nt)
+                s = round_to_storage<T>(s + round_to_storage<T>(expf(ld(xr, j) - m)));
+            s = pl_block_allreduce(s, op_add_rounded<T>(), 0.0f);
+            for (int64_t j = tid; j < cols; j += nt)
+                st(yr, j, round_to_storage<T>(expf(ld(xr, j) - m)) / s);
+            if (tid == 0 && lse) lse[blockIdx.x] = m + logf(s);
+            return;
+        } else {
+            for (int64_t j = tid; j < cols; j += nt) s += expf(ld(xr, j) - m);
+            s = pl_block_allreduce(s, pl_op_add(), 0.0f);
+        }
+    }
+    if (masked_row(m, masked)) {
+        for (int64_t j = tid; j < cols; j += nt) st(yr, j, 0.0f);
+        if (tid == 0 && lse) lse[blockIdx.x] = kNegInf;
+        return;
+    }
+    for (int64_t j = tid; j < cols; j += nt) st(yr, j, expf(ld(xr, j) - m) / s);
+    if (tid == 0 && lse) lse[blockIdx.x] = m + logf(s);
+}
+
+// 16-byte vectors of T, widened to float on use.
+template <typename T> struct vec16 {
+    static constexpr int N = 16 / sizeof(T);
+    int4 raw;
+    __device__ __forceinline__ float get(int k) const { return pl_widen(reinterpret_cast<const T*>(&raw)[k]); }
+    __device__ __forceinline__ void set(int k, float v);
+};
+template <> __device__ __forceinline__ void vec16<float>::set(int k, float v) { reinterpret_cast<float*>(&raw)[k] = v; }
+template <> __device__ __forceinline__ void vec16<__nv_bfloat16>::set(int k, float v) {
+    reinterpret_cast<__nv_bfloat16*>(&raw)[k] = __float2bfloat16_rn(v);
+}
+template <> __device__ __forceinline__ void vec16<__half>::set(int k, float v) {
+    reinterpret_cast<__half*>(&raw)[k] = __float2half_rn(v);
+}
+
+// Version 2: the row in registers. VPT vectors per thread; requires cols to be
+// a multiple of the vector width and 16-byte aligned rows (checked by the launcher).
+template <typename T, int VPT>
+__global__ void __launch_bounds__(1024) softmax_single_pass(const T* __restrict__ x, T* __restrict__ y, int64_t cols,
+                                                            float* lse, int masked) {
+    constexpr int N = vec16<T>::N;
+    const int64_t nvec = cols / N;
+    const int4* xr = reinterpret_cast<const int4*>(x + (int64_t)blockIdx.x * cols);
+    int4* yr = reinterpret_cast<int4*>(y + (int64_t)blockIdx.x * cols);
+    vec16<T> v[VPT];
+    float tm = kNegInf;
+#pragma unroll
+    for (int k = 0; k < VPT; ++k) {
+        const int64_t i = threadIdx.x + (int64_t)k * blockDim.x;
+        if (i < nvec) {
+            v[k].raw = __ldcs(xr + i);  // streamed: read once, no reuse
+#pragma unroll
+            for (int e = 0; e < N; ++e) tm = fmaxf(tm, v[k].get(e));
+        }
+    }
+    const float m = pl_block_allreduce(tm, pl_op_max(), kNegInf);
+    const bool zero = masked_row(m, masked);
+    float s = 0.0f;
+#pragma unroll
+    for (int k = 0; k < VPT; ++k) {
+        const int64_t i = threadIdx.x + (int64_t)k * blockDim.x;
+        if (i < nvec) {
+#pragma unroll
+            for (int e = 0; e < N; ++e) s += expf(v[k].get(e) - m);
+        }
+    }
+    s = pl_block_allreduce(s, pl_op_add(), 0.0f);
+    const float inv = 1.0f / s;
+#pragma unroll
+    for (int k = 0; k < VPT; ++k) {
+        const int64_t i = threadIdx.x + (int64_t)k * blockDim.x;
+        if (i < nvec) {
+            vec16<T> o;
+#pragma unroll
+            for (int e = 0; e < N; ++e) o.set(e, zero ? 0.0f : expf(v[k].get(e) - m) * inv);
+            __stcs(yr + i, o.raw);
+        }
+    }
+    if (threadIdx.x == 0 && lse) lse[blockIdx.x] = zero ? kNegInf : m + logf(s);
+}
+
+// Version 3: online (max, sum) over 16-byte vectors, then the write pass.
+template <typename T>
+__global__ void __launch_bounds__(1024) softmax_online_vec(const T* __restrict__ x, T* __restrict__ y, int64_t cols,
+                                                           float* lse, int masked) {
+    constexpr int N = vec16<T>::N;
+    const int64_t nvec = cols / N;
+    const int4* xr = reinterpret_cast<const int4*>(x + (int64_t)blockIdx.x * cols);
+    int4* yr = reinterpret_cast<int4*>(y + (int64_t)blockIdx.x * cols);
+    online_pair p{kNegInf, 0.0f};
+    for (int64_t i = threadIdx.x; i < nvec; i += blockDim.x) {
+        vec16<T> v;
+        v.raw = __ldg(xr + i);
+        float vm = p.m;
+#pragma unroll
+        for (int e = 0; e < N; ++e) vm = fmaxf(vm, v.get(e));
+        float vs = 0.0f;
+#pragma unroll
+        for (int e = 0; e < N; ++e) vs += expf(v.get(e) - vm);
+        p = combine(p, online_pair{vm, vs});
+    }
+    p = block_combine(p);
+    const bool zero = masked_row(p.m, masked);
+    const float inv = 1.0f / p.s;
+    for (int64_t i = threadIdx.x; i < nvec; i += blockDim.x) {
+        vec16<T> v, o;
+        v.raw = __ldcs(xr + i);
+#pragma unroll
+        for (int e = 0; e < N; ++e) o.set(e, zero ? 0.0f : expf(v.get(e) - p.m) * inv);
+        __stcs(yr + i, o.raw);
+    }
+    if (threadIdx.x == 0 && lse) lse[blockIdx.x] = zero ? kNegInf : p.m + logf(p.s);
+}
+
+template <typename T, int METHOD>
+void launch_v1(const T* x, T* y, int64_t rows, int64_t cols, float* lse, int masked) {
+    softmax_v1<T, METHOD><<<(unsigned)rows, lanes_for(cols)>>>(x, y, cols, lse, masked);
+}
+
+template <typename T, int VPT>
+void launch_single_pass(const T* x, T* y, int64_t rows, int64_t nvec, int64_t cols, float* lse, int masked) {
+    int64_t t = (nvec + VPT - 1) / VPT;
+    t = (t + 31) / 32 * 32;
+    softmax_single_pass<T, VPT><<<(unsigned)rows, (unsigned)(t < 32 ? 32 : t)>>>(x, y, cols, lse, masked);
+}
+
+template <typename T>
+int launch(const void* xv, void* yv, int64_t rows, int64_t cols, int method, int masked, float* lse) {
+    const T* x = static_cast<const T*>(xv);
+    T* y = static_cast<T*>(yv);
+    constexpr int N = vec16<T>::N;
+    const bool vec_ok = cols % N == 0 && reinterpret_cast<uintptr_t>(xv) % 16 == 0 &&
+                        reinterpret_cast<uintptr_t>(yv) % 16 == 0;
+    if ((method == PL_SOFTMAX_SINGLE_PASS || method == PL_SOFTMAX_ONLINE_VEC) && !vec_ok)
+        method = PL_SOFTMAX_ONLINE;  // ragged rows: the scalar online kernel is the honest fallback
+    switch (method) {
+        case PL_SOFTMAX_NAIVE: launch_v1<T, PL_SOFTMAX_NAIVE>(x, y, rows, cols, lse, masked); break;
+        case PL_SOFTMAX_STABLE: launch_v1<T, PL_SOFTMAX_STABLE>(x, y, rows, cols, lse, masked); break;
+        case PL_SOFTMAX_ONLINE: launch_v1<T, PL_SOFTMAX_ONLINE>(x, y, rows, cols, lse, masked); break;
+        case PL_SOFTMAX_BUG_ZERO_IDENTITY: launch_v1<T, PL_SOFTMAX_BUG_ZERO_IDENTITY>(x, y, rows, cols, lse, masked); break;
+        case PL_SOFTMAX_BUG_ZERO_START: launch_v1<T, PL_SOFTMAX_BUG_ZERO_START>(x, y, rows, cols, lse, masked); break;
+        case PL_SOFTMAX_BUG_NO_RESCALE: launch_v1<T, PL_SOFTMAX_BUG_NO_RESCALE>(x, y, rows, cols, lse, masked); break;
+        case PL_SOFTMAX_LOWP_ACCUM: launch_v1<T, PL_SOFTMAX_LOWP_ACCUM>(x, y, rows, cols, lse, masked); break;
+        case PL_SOFTMAX_SINGLE_PASS: {
+            const int64_t nvec = cols / N;
+            if (nvec <= 1024) launch_single_pass<T, 1>(x, y, rows, nvec, cols, lse, masked);
+            else if (nvec <= 2048) launch_single_pass<T, 2>(x, y, rows, nvec, cols, lse, masked);
+            else if (nvec <= 4096) launch_single_pass<T, 4>(x, y, rows, nvec, cols, lse, masked);
+            // 8 vectors a thread fit in 64 registers for fp32 only; 16-bit types
+            // spill there (ptxas -v), so they stop at 4 (32768 columns either way).
+            else if (sizeof(T) == 4 && nvec <= 8192) launch_single_pass<T, sizeof(T) == 4 ? 8 : 4>(x, y, rows, nvec, cols, lse, masked);
+            else softmax_online_vec<T><<<(unsigned)rows, 1024>>>(x, y, cols, lse, masked);
+            break;
+        }
+        case PL_SOFTMAX_ONLINE_VEC: {
+            const int64_t nvec = cols / N;
+            softmax_online_vec<T><<<(unsigned)rows, lanes_for(nvec < 1024 ? nvec : 1024)>>>(x, y, cols, lse, masked);
+            break;
+        }
+    }
+    PL_CUDA_CHECK(cudaGetLastError());
+    return PL_OK;
+}
+
+int dispatch(const void* x, void* y, int64_t rows, int64_t cols, int dtype, int method, int masked, float* lse) {
+    switch (dtype) {
+        case PL_FP32: return launch<float>(x, y, rows, cols, method, masked, lse);
+        case PL_BF16: return launch<__nv_bfloat16>(x, y, rows, cols, method, masked, lse);
+        default: return launch<__half>(x, y, rows, cols, method, masked, lse);
+    }
+}
+
+int require_device(const void* p, const char* name, const char* func) {
+    cudaPointerAttributes a;
+    const cudaError_t err = cudaPointerGetAttributes(&a, p);
+    if (err != cudaSuccess) return pl_cuda_fail(err, func, "cudaPointerGetAttributes");
+    if (a.type != cudaMemoryTypeDevice && a.type != cudaMemoryTypeManaged)
+        return pl_fail(PL_ERR_INVALID_ARGUMENT, func, "%s is not a device pointer", name);
+    return PL_OK;
+}
+
+}  // namespace
+
+extern "C" int pl_softmax_cuda_device(const void* x_dev, int64_t rows, int64_t cols, int dtype, int method, int masked,
+                                      void* y_dev, float* lse_dev) {
+    PL_REQUIRE_PTR(x_dev);
+    PL_REQUIRE_PTR(y_dev);
+    if (int st = check_softmax_args(rows, cols, dtype, method, masked, __func__)) return st;
+    PL_REQUIRE(rows <= 0x7FFFFFFF, PL_ERR_UNSUPPORTED, "at most 2^31 - 1 rows (one block per row)");
+    if (int st = require_device(x_dev, "x_dev", __func__)) return st;
+    if (int st = require_device(y_dev, "y_dev", __func__)) return st;
+    if (lse_dev)
+        if (int st = require_device(lse_dev, "lse_dev", __func__)) return st;
+    return dispatch(x_dev, y_dev, rows, cols, dtype, method, masked, lse_dev);
+}
+
+extern "C" int pl_softmax_cuda(const void* x, int64_t rows, int64_t cols, int dtype, int method, int masked, void* y,
+                               double* lse) {
+    PL_REQUIRE_PTR(x);
+    PL_REQUIRE_PTR(y);
+    if (int st = check_softmax_args(rows, cols, dtype, method, masked, __func__)) return st;
+    PL_REQUIRE(rows <= 0x7FFFFFFF, PL_ERR_UNSUPPORTED, "at most 2^31 - 1 rows (one block per row)");
+    int count = 0;
+    if (int st = pl_cuda_device_count(&count)) return st;
+    const size_t bytes = (size_t)(rows * cols) * PL_FORMATS[dtype].bytes;
+    void *xd = nullptr, *yd = nullptr;
+    float* ld = nullptr;
+    int st = PL_OK;
+    cudaError_t err = cudaMalloc(&xd, bytes);
+    if (err == cudaSuccess) err = cudaMalloc(&yd, bytes);
+    if (err == cudaSuccess) err = cudaMalloc(reinterpret_cast<void**>(&ld), sizeof(float) * (size_t)rows);
+    if (err == cudaSuccess) err = cudaMemcpy(xd, x, bytes, cudaMemcpyHostToDevice);
+    if (err != cudaSuccess) st = pl_cuda_fail(err, __func__, "allocation or upload");
+    if (st == PL_OK) st = dispatch(xd, yd, rows, cols, dtype, method, masked, ld);
+    if (st == PL_OK) {
+        err = cudaMemcpy(y, yd, bytes, cudaMemcpyDeviceToHost);
+        if (err != cudaSuccess) st = pl_cuda_fail(err, __func__, "kernel or download");
+    }
+    if (st == PL_OK && lse) {
+        std::vector<float> tmp((size_t)rows);
+        err = cudaMemcpy(tmp.data(), ld, sizeof(float) * (size_t)rows, cudaMemcpyDeviceToHost);
+        if (err != cudaSuccess) st = pl_cuda_fail(err, __func__, "download");
+        for (int64_t r = 0; r < rows && st == PL_OK; ++r) lse[r] = tmp[(size_t)r];
+    }
+    cudaFree(xd);
+    cudaFree(yd);
+    cudaFree(ld);
+    return st;
+}
+
+#else
+
+extern "C" int pl_softmax_cuda_device(const void*, int64_t, int64_t, int, int, int, void*, float*) {
+    return pl_fail(PL_ERR_NO_CUDA, __func__, "library built without CUDA");
+}
+extern "C" int pl_softmax_cuda(const void*, int64_t, int64_t, int, int, int, void*, double*) {
+    return pl_fail(PL_ERR_NO_CUDA, __func__, "library built without CUDA");
+}
+
+#endif

@@ -1,0 +1,272 @@
+"""softmax: naive vs stable vs online, the edge cases, and the classic bugs.
+
+Every output is compared with a float64 softmax of the *stored* inputs (the
+values after rounding to --dtype), so the error is the kernel's alone; where
+storage itself changed the logits, a takeaway says so.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from precisionlab import devices, formats, inputs, metrics, native
+from precisionlab.errors import UsageError
+from precisionlab.formats import Format
+
+DTYPES = ("fp32", "bf16", "fp16")
+METHODS = list(native.SOFTMAX_METHODS)
+BUGS = ["bug_zero_identity", "bug_zero_start", "bug_no_rescale", "lowp_accum"]
+DEFAULT_METHODS = ["naive", "stable", "online", "single_pass", "online_vec"]
+VOCAB = 151_936  # Qwen's vocabulary width
+
+# Tolerances against the float64 reference, chosen from the formats before any
+# run. rtol: the output is rounded to the input format (relative error up to
+# u: 6e-8 fp32, 4.9e-4 fp16, 3.9e-3 bf16) after fp32 exp and a log2(cols)-deep
+# sum; so fp32 1e-6, fp16 1e-3 (2u), bf16 1e-2 (2.5u).
+# atol = max(rtol / cols, the format's smallest subnormal): probabilities
+# average 1/cols, so an absolute error of rtol/cols matters as much as rtol on
+# an average element, while a fixed atol of 1e-2 would pass every probability
+# of a vocabulary-wide row whatever its value. Far below the max, fp32's own
+# rounding of x - max (u |x - max|, amplified by exp) exceeds rtol, but only on
+# probabilities thousands of times below 1/cols. The subnormal floor is the
+# finest step an output can take (fp16: 2^-24).
+RTOL = {"fp32": 1e-6, "bf16": 1e-2, "fp16": 1e-3}
+
+
+def atol_for(fmt: Format, cols: int) -> float:
+    return max(RTOL[fmt.name] / cols, float(fmt.finfo.smallest_subnormal))
+
+
+TOLERANCES = {k: {"rtol": v, "atol": "max(rtol / cols, smallest subnormal)"} for k, v in RTOL.items()}
+
+
+def named_cases(seed: int) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    return {
+        "ordinary": np.array([[1.0, 2.0, 3.0]]),
+        "equal": np.array([[0.0, 0.0, 0.0]]),
+        "shifted": np.array([[101.0, 102.0, 103.0]]),
+        "large": np.array([[1000.0, 1001.0, 1002.0]]),
+        "very_negative": np.array([[-1000.0, -1001.0, -1002.0]]),
+        "masked": np.full((1, 3), -np.inf),
+        "nan": np.array([[1.0, np.nan, 3.0]]),
+        "vocab": rng.standard_normal((1, VOCAB)) * 3.0,
+    }
+
+
+# Where each bug shows, and one case where it hides.
+BUG_CASES = {
+    "bug_zero_identity": ["very_negative", "very_negative_1024"],
+    "bug_zero_start": ["very_negative", "ordinary"],
+    "bug_no_rescale": ["ordinary", "equal"],
+    "lowp_accum": ["equal_512", "vocab"],
+}
+BUG_EXTRA_CASES = {
+    "very_negative_1024": lambda rng: -1000.0 - rng.random((1, 1024)) * 4.0,  # fills every lane of the block
+    "equal_512": lambda rng: np.zeros((1, 512)),
+}
+BUG_DTYPE = {"lowp_accum": "bf16"}
+
+
+@dataclass
+class SoftmaxConfig:
+    dtype: str = "fp32"
+    methods: str | None = None
+    masked: str = "nan"
+    values: str | None = None
+    rows: int | None = None
+    cols: int | None = None
+    dist: str = "normal"
+    scale: float = 1.0
+    from_file: str | None = None
+    device: str = "auto"
+    seed: int = 0
+
+
+@dataclass
+class SoftmaxResult:
+    params: dict
+    rows: list[dict]
+    takeaways: list[str]
+    devices: dict
+    tolerances: dict = field(default_factory=lambda: dict(TOLERANCES))
+
+
+def run(cfg: SoftmaxConfig, advance=lambda k=1: None) -> SoftmaxResult:
+    dtypes = [formats.get(d) for d in cfg.dtype.split(",") if d.strip()]
+    for d in dtypes:
+        if d.name not in DTYPES:
+            raise UsageError(f"softmax dtype must be one of {', '.join(DTYPES)} (got {d.name})")
+    if not dtypes:
+        raise UsageError("empty --dtype")
+    if cfg.masked not in native.MASKED:
+        raise UsageError(f"--masked must be nan or zero (got {cfg.masked!r})")
+    methods = _parse_methods(cfg.methods)
+    plan = devices.resolve(cfg.device)
+    cases = _cases(cfg)
+    out: list[dict] = []
+    for name, x in cases.items():
+        for fmt in dtypes:
+            for dev in plan.names:
+                for m in methods:
+                    if dev == "cpu" and m in native.SOFTMAX_GPU_ONLY:
+                        continue
+                    out.append(evaluate(name, x, fmt, m, dev, cfg.masked, kind="method"))
+                    advance()
+    if cfg.methods is None and cfg.values is None and cfg.rows is None and cfg.from_file is None:
+        rng = np.random.default_rng(cfg.seed)
+        extra = {k: f(rng) for k, f in BUG_EXTRA_CASES.items()}
+        for bug, case_names in BUG_CASES.items():
+            fmt = formats.get(BUG_DTYPE.get(bug, dtypes[0].name))
+            for case in case_names:
+                x = cases[case] if case in cases else extra[case]
+                for dev in plan.names:
+                    out.append(evaluate(case, x, fmt, "stable", dev, cfg.masked, kind="bug-reference", bug=bug))
+                    out.append(evaluate(case, x, fmt, bug, dev, cfg.masked, kind="bug", bug=bug))
+    return SoftmaxResult(
+        params={"dtype": [d.name for d in dtypes], "methods": methods, "masked": cfg.masked, "device": cfg.device,
+                "seed": cfg.seed, "cases": list(cases), "rows": cfg.rows, "cols": cfg.cols, "dist": cfg.dist,
+                "scale": cfg.scale},
+        rows=out,
+        takeaways=takeaways(out, cases, dtypes, cfg.masked),
+        devices={"cpu": plan.cpu, "cuda": plan.cuda, "cuda_unavailable": plan.cuda_unavailable,
+                 "gpu_name": devices.gpu_name() if plan.cuda else None},
+    )
+
+
+def planned_steps(cfg: SoftmaxConfig) -> int:
+    return 64
+
+
+# ---------------------------------------------------------------------------
+
+
+def _parse_methods(text: str | None) -> list[str]:
+    if text is None:
+        return list(DEFAULT_METHODS)
+    out = [m.strip().lower() for m in text.split(",") if m.strip()]
+    for m in out:
+        if m not in METHODS:
+            raise UsageError(f"unknown softmax method {m!r}; choose from {', '.join(METHODS)}")
+    if not out:
+        raise UsageError("empty --methods")
+    return list(dict.fromkeys(out))
+
+
+def _cases(cfg: SoftmaxConfig) -> dict[str, np.ndarray]:
+    given = sum(x is not None for x in (cfg.values, cfg.rows if cfg.rows is not None or cfg.cols is not None else None,
+                                        cfg.from_file))
+    if given > 1:
+        raise UsageError("choose one of --values, --rows/--cols and --from")
+    if cfg.values is not None:
+        rows = [inputs.parse_values(r) for r in cfg.values.split(";")]
+        if len({r.size for r in rows}) != 1:
+            raise UsageError(f"--values rows have different lengths: {[r.size for r in rows]}")
+        return {"values": np.stack(rows)}
+    if cfg.rows is not None or cfg.cols is not None:
+        r, c = cfg.rows or 1, cfg.cols or 1
+        if r <= 0 or c <= 0:
+            raise UsageError(f"--rows and --cols must be > 0 (got {r} x {c})")
+        inputs.check_n(r * c, 8 * 4, "--rows x --cols")
+        if cfg.dist not in ("normal", "uniform"):
+            raise UsageError(f"--dist must be normal or uniform (got {cfg.dist!r})")
+        rng = np.random.default_rng(cfg.seed)
+        x = rng.standard_normal((r, c)) if cfg.dist == "normal" else rng.random((r, c))
+        return {f"random {r}x{c}": x * cfg.scale}
+    if cfg.from_file is not None:
+        x = inputs.load_npy(cfg.from_file, ndim=2)
+        inputs.check_n(x.size, 8 * 4, "--from")
+        return {"file": x}
+    return named_cases(cfg.seed)
+
+
+def reference(x: np.ndarray, masked: str) -> tuple[np.ndarray, np.ndarray]:
+    """float64 softmax and log-sum-exp of each row of x (stored values)."""
+    with np.errstate(invalid="ignore", over="ignore", divide="ignore"):
+        m = np.max(x, axis=1, keepdims=True)
+        e = np.exp(x - m)
+        s = np.sum(e, axis=1, keepdims=True)
+        p = e / s
+        lse = (m + np.log(s))[:, 0]
+    full_mask = np.all(np.isneginf(x), axis=1)
+    if masked == "zero":
+        p[full_mask] = 0.0
+        lse[full_mask] = -np.inf
+    return p, lse
+
+
+def evaluate(case: str, x: np.ndarray, fmt: Format, method: str, device: str, masked: str, kind: str,
+             bug: str | None = None) -> dict:
+    stored = fmt.round(x)
+    xs = np.ascontiguousarray(stored.astype(fmt.dtype))
+    fn = native.softmax_cpu if device == "cpu" else native.softmax_cuda
+    y, lse = fn(xs, fmt.code, method, masked)
+    y64 = y.astype(np.float64)
+    ref, ref_lse = reference(stored, masked)
+    rep = metrics.error_report(y64, ref, fmt, atol_for(fmt, x.shape[1]), RTOL[fmt.name])
+    target = np.where(np.all(np.isneginf(stored), axis=1) & (masked == "zero"), 0.0, 1.0)
+    sums = np.array([math.fsum(r) if np.all(np.isfinite(r)) else math.nan for r in y64.tolist()])
+    with np.errstate(invalid="ignore"):
+        lse_err = np.abs(lse - ref_lse)
+    return {
+        "case": case, "kind": kind, "bug": bug, "method": method, "device": device, "dtype": fmt.name,
+        "masked": masked, "shape": list(x.shape),
+        "output": y64[0, :4].tolist() if y64.shape[1] <= 4 and y64.shape[0] == 1 else None,
+        "finite": bool(np.all(np.isfinite(y64))),
+        "max_abs": rep.max_abs, "rel_l2": rep.rel_l2, "max_ulps": rep.max_ulps,
+        "n_outside": rep.n_outside, "passed": rep.passed, "rtol": rep.rtol, "atol": rep.atol,
+        "row_sum_error": float(np.max(np.abs(sums - target))) if sums.size else 0.0,
+        "in_range": bool(np.all((y64 >= 0) & (y64 <= 1))),
+        "lse": float(lse[0]) if lse.size == 1 else None,
+        "lse_max_abs": float(np.nanmax(lse_err)) if np.any(~np.isnan(lse_err)) else math.nan,
+        "lse_finite": bool(np.all(np.isfinite(lse))),
+        "storage_changed": bool(np.any((stored != x) & ~np.isnan(x))),
+    }
+
+
+# ---------------------------------------------------------------------------
+
+
+def takeaways(rows: list[dict], cases: dict, dtypes: list[Format], masked: str) -> list[str]:
+    lines = []
+    main = [r for r in rows if r["kind"] == "method"]
+    broke = {}
+    for r in main:
+        ref_finite = r["case"] not in ("masked", "nan") or (r["case"] == "masked" and masked == "zero")
+        if ref_finite and not r["finite"]:
+            broke.setdefault(r["method"], set()).add(r["case"])
+    for m, cs in broke.items():
+        lines.append(f"{m} gives non-finite probabilities on {', '.join(sorted(cs))}: exp of a large logit "
+                     f"overflows fp32 (past ~88.7) and exp of a very negative one underflows to 0, so 0/0 or inf/inf.")
+    good = [r for r in main if r["method"] not in broke and r["finite"]]
+    if good:
+        worst = max(good, key=lambda r: r["max_abs"])
+        lines.append(f"Where finite, the worst error against float64 is {worst['max_abs']:.2e} "
+                     f"({worst['method']}, {worst['dtype']}, {worst['case']}, {worst['device']}); "
+                     f"{sum(r['passed'] for r in good)} of {len(good)} finite rows are within tolerance.")
+    changed = sorted({(r["case"], r["dtype"]) for r in main if r["storage_changed"] and r["dtype"] != "fp32"})
+    if changed:
+        c, d = changed[0]
+        lines.append(f"Storage alone moves the logits in {len(changed)} case/dtype pairs (e.g. {c} in {d}: "
+                     f"{_short(cases[c])} becomes {_short(formats.get(d).round(cases[c]))}); errors above are "
+                     f"measured against the stored values.")
+    if "masked" in cases:
+        lines.append(f"Masked rows (all -inf): policy '{masked}' is in force: "
+                     + ("the textbook formula's NaN (-inf minus -inf)." if masked == "nan"
+                        else "zeros, and a log-sum-exp of -inf."))
+    for bug in BUG_CASES:
+        b = [r for r in rows if r["kind"] == "bug" and r["bug"] == bug]
+        if b:
+            shown = [r["case"] for r in b if not r["passed"]]
+            hidden = [r["case"] for r in b if r["passed"]]
+            lines.append(f"{bug}: wrong on {', '.join(dict.fromkeys(shown)) or 'nothing here'}"
+                         + (f"; right on {', '.join(dict.fromkeys(hidden))}" if hidden else "") + ".")
+    return lines
+
+
+def _short(x: np.ndarray) -> str:
+    v = x[0, :3].tolist()
+    return "[" + ", ".join(f"{a:g}" for a in v) + (", ...]" if x.shape[1] > 3 else "]")
