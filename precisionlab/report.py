@@ -226,18 +226,19 @@ def accumulate_plot(res, path: str) -> None:
 
 def bench_table(res) -> None:
     t = Table(title="bench" + (" (quick)" if res.params["quick"] else ""), title_justify="left")
-    for col in ("section", "device", "kernel", "dtype", "accum", "n"):
+    for col in ("section", "device", "kernel", "dtype", "accum", "size"):
         t.add_column(col, overflow="fold")
     for col in ("time (ms)", "GB/s", "vs baseline", "% of copy"):
         t.add_column(col, justify="right")
     for r in res.rows:
         vs = "-" if r["vs_baseline"] is None else f"{r['vs_baseline']:.3f}x {r['baseline']}"
         pct = r.get("pct_of_copy")
-        t.add_row(r["section"], r["device"], r["kernel"], r["dtype"], r["accumulator"] or "-", str(r["n"]),
+        size = "x".join(map(str, r["shape"])) if r.get("shape") else str(r["n"])
+        t.add_row(r["section"], r["device"], r["kernel"], r["dtype"], r["accumulator"] or "-", size,
                   f"{r['time_ms']:.3f}", f"{r['gbps']:.1f}", vs, "-" if pct is None else f"{pct:.1f}")
     stdout.print(t)
     stdout.print("vs baseline: baseline time / kernel time (above 1 is faster). GPU: CUDA events, median of "
-                 "batched runs over rotating buffers; GB/s counts the bytes read.", style="dim", highlight=False)
+                 "batched runs over rotating buffers. GB/s: bytes read (sums), read + written (softmax, copy).", style="dim", highlight=False)
     for note in res.notes:
         stdout.print(note, style="dim", highlight=False)
 
@@ -277,7 +278,7 @@ def softmax_table(res) -> None:
         b = Table(title="the classic bugs, beside the correct (stable) kernel", title_justify="left")
         for col in ("bug", "case", "dtype", "device", "stable", "buggy", "buggy max abs", "verdict"):
             b.add_column(col, overflow="fold")
-        for ref, bug in zip(bugs[0::2], bugs[1::2]):
+        for ref, bug in zip(bugs[0::2], bugs[1::2], strict=True):
             b.add_row(bug["bug"], bug["case"], bug["dtype"], bug["device"], _probs(ref), _probs(bug),
                       sci(bug["max_abs"]), _verdict(bug))
         stdout.print(b)

@@ -26,7 +26,16 @@ def main() -> int:
                 for method in native.GPU_METHODS:
                     native.sum_cuda(xs, storage.code, formats.get(acc).code, method, runs=2)
                     calls += 1
-    print(f"sanitize: {calls} accumulate calls ran")
+    for rows, cols in ((1, 1), (3, 33), (2, 1000), (2, 4096), (1, 40000), (1, 151936)):
+        x = rng.standard_normal((rows, cols))
+        for name in ("fp32", "bf16", "fp16"):
+            fmt = formats.get(name)
+            xs = np.ascontiguousarray(fmt.round(x).astype(fmt.dtype))
+            for method in native.SOFTMAX_METHODS:
+                for masked in native.MASKED:
+                    native.softmax_cuda(xs, fmt.code, method, masked)
+                    calls += 1
+    print(f"sanitize: {calls} kernel calls ran")
     return 0
 
 

@@ -1,7 +1,6 @@
 """GPU tests carry @pytest.mark.gpu and skip cleanly, saying whether the
 library or the device is what is missing."""
 
-import os
 import sys
 from pathlib import Path
 

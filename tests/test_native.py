@@ -2,7 +2,6 @@
 the C side (a bad call returns a status; it never crashes)."""
 
 import ctypes
-import math
 import subprocess
 import sys
 

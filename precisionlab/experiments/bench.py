@@ -17,7 +17,9 @@ import numpy as np
 from precisionlab import devices, formats, native
 from precisionlab.errors import UsageError
 
-SECTIONS = ("accumulate",)
+SECTIONS = ("accumulate", "softmax")
+SOFTMAX_SHAPES = [(4096, 1024), (4096, 4096), (4096, 16384), (1024, 32768), (512, 151936), (64, 262144)]
+SOFTMAX_KERNELS = ["stable", "online", "online_vec", "single_pass"]
 
 
 @dataclass
@@ -49,13 +51,16 @@ def run(cfg: BenchConfig, advance=lambda k=1: None) -> BenchResult:
             res.rows += accumulate_cpu(cpu_n, cfg.seed, advance)
         if plan.cuda:
             res.rows += accumulate_gpu(gpu_n, cfg.seed, cfg.quick, advance)
-        elif plan.cuda_unavailable:
-            res.notes.append(f"GPU benchmarks skipped: {plan.cuda_unavailable}")
+    if "softmax" in sections and plan.cuda:
+        res.rows += softmax_gpu(cfg.seed, cfg.quick, advance)
+    if plan.cuda_unavailable:
+        res.notes.append(f"GPU benchmarks skipped: {plan.cuda_unavailable}")
     return res
 
 
 def planned_steps(cfg: BenchConfig) -> int:
-    return len(ACCUMULATE_CPU_METHODS) * len(ACCUMULATE_CPU_ACCS) + 1 + 12
+    return (len(ACCUMULATE_CPU_METHODS) * len(ACCUMULATE_CPU_ACCS) + 1 + 15
+            + len(SOFTMAX_SHAPES) * 2 * (len(SOFTMAX_KERNELS) + 2))
 
 
 def _sections(text: str | None) -> list[str]:
@@ -136,7 +141,6 @@ def accumulate_gpu(n: int, seed: int, quick: bool, advance) -> list[dict]:
                                                                   out.data_ptr()), iters)
                 advance()
                 rows.append(_gpu_row(method, storage, acc, n, t, nbytes, t_torch, copy.gbps))
-        del bufs
     return rows
 
 
@@ -145,3 +149,40 @@ def _gpu_row(kernel, storage, acc, n, ms, nbytes, torch_ms, copy_gbps) -> dict:
     return {"section": "accumulate", "device": "cuda", "kernel": kernel, "dtype": storage, "accumulator": acc,
             "n": n, "time_ms": ms, "gbps": gbps, "vs_baseline": torch_ms / ms, "baseline": "torch.sum",
             "pct_of_copy": 100.0 * gbps / copy_gbps}
+
+
+# ---------------------------------------------------------------------------
+# softmax, GPU: effective bandwidth = 2 x tensor bytes (one read, one write) / time
+
+
+def softmax_gpu(seed: int, quick: bool, advance) -> list[dict]:
+    from precisionlab.experiments import cuda_timing as ct
+
+    torch = ct.torch()
+    iters = 10 if quick else 30
+    rows = []
+    for r, c in SOFTMAX_SHAPES:
+        for storage, tdtype in (("fp32", torch.float32), ("bf16", torch.bfloat16)):
+            bufs = ct.rotating_buffers(r * c, tdtype, seed)
+            bufs = [b.view(r, c) for b in bufs]
+            y = torch.empty_like(bufs[0])
+            nbytes = 2 * bufs[0].numel() * bufs[0].element_size()
+            copy = ct.copy_bandwidth(nbytes // 2, iters)
+            advance()
+            t_torch = ct.median_ms(lambda i: torch.softmax(bufs[i % len(bufs)], dim=-1), iters)
+            advance()
+            base = {"section": "softmax", "device": "cuda", "dtype": storage, "accumulator": "fp32",
+                    "n": r * c, "shape": [r, c], "baseline": "torch.softmax"}
+            rows.append({**base, "kernel": "copy (device to device)", "time_ms": copy.ms, "gbps": copy.gbps,
+                         "vs_baseline": None, "baseline": None, "pct_of_copy": 100.0})
+            rows.append({**base, "kernel": "torch.softmax", "time_ms": t_torch, "gbps": nbytes / (t_torch * 1e-3) / 1e9,
+                         "vs_baseline": 1.0, "pct_of_copy": 100.0 * nbytes / (t_torch * 1e-3) / 1e9 / copy.gbps})
+            code = formats.get(storage).code
+            for k in SOFTMAX_KERNELS:
+                t = ct.median_ms(lambda i: native.softmax_cuda_device(bufs[i % len(bufs)].data_ptr(), r, c, code, k,
+                                                                      y.data_ptr()), iters)
+                advance()
+                gbps = nbytes / (t * 1e-3) / 1e9
+                rows.append({**base, "kernel": k, "time_ms": t, "gbps": gbps, "vs_baseline": t_torch / t,
+                             "pct_of_copy": 100.0 * gbps / copy.gbps})
+    return rows

@@ -167,7 +167,8 @@ def _cases(cfg: SoftmaxConfig) -> dict[str, np.ndarray]:
             raise UsageError(f"--values rows have different lengths: {[r.size for r in rows]}")
         return {"values": np.stack(rows)}
     if cfg.rows is not None or cfg.cols is not None:
-        r, c = cfg.rows or 1, cfg.cols or 1
+        r = 1 if cfg.rows is None else cfg.rows
+        c = 1 if cfg.cols is None else cfg.cols
         if r <= 0 or c <= 0:
             raise UsageError(f"--rows and --cols must be > 0 (got {r} x {c})")
         inputs.check_n(r * c, 8 * 4, "--rows x --cols")

@@ -1,0 +1,62 @@
+"""GPU softmax kernels against float64, the bugs on real lanes, the device API."""
+
+import numpy as np
+import pytest
+
+from test_softmax import COLS, check_close, run
+from precisionlab import native
+
+pytestmark = pytest.mark.gpu
+
+GPU_METHODS = ["naive", "stable", "online", "single_pass", "online_vec"]
+
+
+@pytest.mark.parametrize("cols", COLS)
+@pytest.mark.parametrize("dtype", ["fp32", "bf16", "fp16"])
+@pytest.mark.parametrize("method", GPU_METHODS)
+def test_gpu_kernels_against_float64(cols, dtype, method):
+    rows = 3 if cols < 100_000 else 2
+    x = np.random.default_rng(cols).standard_normal((rows, cols)) * 4.0
+    y, lse, s = run(x, dtype, method, device="cuda")
+    check_close(y, s, dtype)
+    assert ((y >= 0) & (y <= 1)).all()
+
+
+@pytest.mark.parametrize("method", GPU_METHODS)
+def test_gpu_edge_cases(method):
+    for x in ([1000, 1001, 1002], [-1000, -1001, -1002]):
+        y = run(x, method=method, device="cuda")[0]
+        assert np.isnan(y).all() if method == "naive" else np.isfinite(y).all()
+    assert np.isnan(run([-np.inf] * 8, method=method, device="cuda")[0]).all()
+    y, lse, _ = run([-np.inf] * 8, method=method, masked="zero", device="cuda")
+    assert (y == 0).all() and lse[0] == -np.inf
+
+
+def test_gpu_bugs():
+    assert np.isnan(run([-1000, -1001, -1002], method="bug_zero_identity", device="cuda")[0]).all()
+    full = -1000 - np.random.default_rng(0).random(1024)
+    y, _, s = run(full, method="bug_zero_identity", device="cuda")
+    check_close(y, s, "fp32")
+    assert np.isnan(run([-1000, -1001, -1002], method="bug_zero_start", device="cuda")[0]).all()
+    assert np.allclose(run([1, 2, 3], method="bug_no_rescale", device="cuda")[0], 1 / 3, atol=1e-7)
+    # a tree of equal bf16 partials is exact: the GPU hides what the CPU's long chain shows
+    assert (run(np.zeros(512), "bf16", "lowp_accum", device="cuda")[0] == 1 / 512).all()
+
+
+def test_device_api_matches_torch():
+    torch = pytest.importorskip("torch")
+    for dt, code in ((torch.float32, 1), (torch.bfloat16, 3)):
+        x = torch.randn(64, 4096, device="cuda", dtype=torch.float32).to(dt) * 3
+        y = torch.empty_like(x)
+        for method in ("single_pass", "online_vec", "stable"):
+            native.softmax_cuda_device(x.data_ptr(), 64, 4096, code, method, y.data_ptr())
+            torch.cuda.synchronize()
+            ref = torch.softmax(x.double(), dim=-1)
+            tol = 1e-6 if dt == torch.float32 else 1e-2
+            torch.testing.assert_close(y.double(), ref, rtol=tol, atol=tol / 4096)
+
+
+def test_device_api_rejects_host_pointers():
+    x = np.zeros((2, 8), np.float32)
+    with pytest.raises(native.UsageError, match="not a device pointer"):
+        native.softmax_cuda_device(x.ctypes.data, 2, 8, 1, "stable", x.ctypes.data)
