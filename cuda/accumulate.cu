@@ -320,6 +320,7 @@ void encode(const double* x, int64_t n, int storage, void* out) {
 int check_sum_args(int64_t n, int storage, int accumulator, int method, const char* func) {
     if (n <= 0) return pl_fail(PL_ERR_INVALID_ARGUMENT, func, "n must be > 0 (got %lld)", (long long)n);
     if (!pl_valid_format(storage)) return pl_fail(PL_ERR_INVALID_ARGUMENT, func, "unknown storage format %d", storage);
+    if (storage == PL_TF32) return pl_fail(PL_ERR_UNSUPPORTED, func, "tf32 is a compute format, not a storage one");
     if (!pl_valid_format(accumulator))
         return pl_fail(PL_ERR_INVALID_ARGUMENT, func, "unknown accumulator format %d", accumulator);
     if (method < 0 || method >= PL_GPU_METHOD_COUNT_)

@@ -81,6 +81,7 @@ static const pl_format_info PL_FORMATS[PL_FORMAT_COUNT_] = {
     {"bf16", 8, -126, 3.3895313892515355e38, true, 2},
     {"fp8_e4m3", 4, -6, 448.0, false, 1},
     {"fp8_e5m2", 3, -14, 57344.0, true, 1},
+    {"tf32", 11, -126, 3.4011621342146535e38, true, 4},  // stored in 32 bits; max = (2 - 2^-10) 2^127
 };
 
 static inline bool pl_valid_format(int f) { return f >= 0 && f < PL_FORMAT_COUNT_; }

@@ -45,7 +45,8 @@ enum pl_format {
     PL_BF16 = 3,
     PL_FP8_E4M3 = 4, /* OCP e4m3fn: no infinities, overflow gives NaN */
     PL_FP8_E5M2 = 5,
-    PL_FORMAT_COUNT_ = 6
+    PL_TF32 = 6,     /* tensor-core input format: fp32 range, 10 stored mantissa bits */
+    PL_FORMAT_COUNT_ = 7
 };
 
 /* CPU summation methods (pl_accumulate_cpu). */
@@ -76,6 +77,10 @@ const char* pl_build_info(void);          /* compiler, flags, CUDA archs; never 
  * PL_ERR_NO_DEVICE (pl_last_error says which). Built without nvcc: *count = 0
  * and PL_ERR_NO_CUDA. */
 int pl_cuda_device_count(int* count);
+
+/* CUDA runtime and driver versions (1000 * major + 10 * minor); driver 0 when
+ * there is none. */
+int pl_cuda_versions(int* runtime, int* driver);
 
 /* Name, SM count and memory of device `device` (name_len bytes at most,
  * NUL-terminated). */

@@ -101,6 +101,16 @@ int pl_cuda_device_count(int* count) {
     return PL_OK;
 }
 
+int pl_cuda_versions(int* runtime, int* driver) {
+    PL_REQUIRE_PTR(runtime);
+    PL_REQUIRE_PTR(driver);
+    *runtime = 0;
+    *driver = 0;
+    PL_CUDA_CHECK(cudaRuntimeGetVersion(runtime));
+    if (cudaDriverGetVersion(driver) != cudaSuccess) *driver = 0;
+    return PL_OK;
+}
+
 int pl_cuda_device_info(int device, char* name, int name_len, int* sm_count, int* cc_major,
                         int* cc_minor, size_t* total_mem) {
     PL_REQUIRE_PTR(name);
@@ -127,6 +137,13 @@ int pl_cuda_device_count(int* count) {
     PL_REQUIRE_PTR(count);
     *count = 0;
     return pl_fail(PL_ERR_NO_CUDA, __func__, "library built without CUDA (nvcc was not found at build time)");
+}
+
+int pl_cuda_versions(int* runtime, int* driver) {
+    PL_REQUIRE_PTR(runtime);
+    PL_REQUIRE_PTR(driver);
+    *runtime = *driver = 0;
+    return pl_fail(PL_ERR_NO_CUDA, __func__, "library built without CUDA");
 }
 
 int pl_cuda_device_info(int, char*, int, int*, int*, int*, size_t*) {

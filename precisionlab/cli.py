@@ -108,9 +108,44 @@ def softmax(
 
 
 @app.command()
+def tf32(
+    m: Annotated[int, typer.Option("--m", help="Rows of A.")] = 4096,
+    n: Annotated[int, typer.Option("--n", help="Columns of B.")] = 4096,
+    k: Annotated[int, typer.Option("--k", help="Inner dimension.")] = 4096,
+    sweep_mn: Annotated[int, typer.Option("--sweep-mn", help="m = n for the error-against-K sweep.")] = 256,
+    no_sweep: Annotated[bool, typer.Option("--no-sweep", help="Skip the K sweep (256 ... 16384).")] = False,
+    plot: Annotated[Optional[str], typer.Option("--plot", help="Write error against K to this PNG.")] = None,
+    device: DeviceOpt = "auto",
+    seed: SeedOpt = 0,
+    json_out: JsonOpt = False,
+):
+    """TF32, bf16 and fp16 matmuls against float64: error, speed, integer exactness, error against K."""
+    from precisionlab import report
+    from precisionlab.experiments import tf32 as exp
+
+    if plot:
+        report.require_matplotlib()
+    cfg = exp.Tf32Config(m=m, n=n, k=k, sweep_mn=sweep_mn, sweep=not no_sweep, device=device, seed=seed)
+    with report.progress(exp.planned_steps(cfg), "tf32", enabled=not json_out) as advance:
+        result = exp.run(cfg, advance)
+    if plot:
+        report.tf32_plot(result, plot)
+    (report.tf32_json if json_out else report.tf32_table)(result)
+
+
+@app.command()
+def info(json_out: JsonOpt = False):
+    """Everything that decides the numbers on this machine: versions, GPU, library, precision flags."""
+    from precisionlab import report
+    from precisionlab.experiments import info as exp
+
+    (report.info_json if json_out else report.info_table)(exp.run())
+
+
+@app.command()
 def bench(
     quick: Annotated[bool, typer.Option("--quick", help="Smaller sizes and fewer runs (under 2 minutes on an H200).")] = False,
-    sections: Annotated[Optional[str], typer.Option("--sections", help="Comma list of sections (default: all): accumulate, softmax.")] = None,
+    sections: Annotated[Optional[str], typer.Option("--sections", help="Comma list of sections (default: all): accumulate, softmax, matmul.")] = None,
     cpu_n: Annotated[Optional[int], typer.Option("--cpu-n", help="Elements for the CPU kernels (default 1e8; 1e7 with --quick).")] = None,
     gpu_n: Annotated[Optional[int], typer.Option("--gpu-n", help="Elements for the GPU kernels (default 2^28; 2^26 with --quick).")] = None,
     device: DeviceOpt = "auto",

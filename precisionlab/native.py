@@ -47,6 +47,8 @@ _PROTOTYPES = {
     "pl_last_error": (c_char_p, []),  # const char* pl_last_error(void)
     "pl_build_info": (c_char_p, []),  # const char* pl_build_info(void)
     "pl_cuda_device_count": (c_int, [_int]),  # int pl_cuda_device_count(int* count)
+    # int pl_cuda_versions(int* runtime, int* driver)
+    "pl_cuda_versions": (c_int, [_int, _int]),
     # int pl_cuda_device_info(int device, char* name, int name_len, int* sm_count,
     #                         int* cc_major, int* cc_minor, size_t* total_mem)
     "pl_cuda_device_info": (c_int, [c_int, c_char_p, c_int, _int, _int, _int, _sz]),
@@ -195,6 +197,16 @@ def device_info(device: int = 0) -> DeviceInfo:
     _call("pl_cuda_device_info", device, name, 256, ctypes.byref(sms), ctypes.byref(major), ctypes.byref(minor),
           ctypes.byref(mem))
     return DeviceInfo(name.value.decode(), sms.value, f"{major.value}.{minor.value}", mem.value)
+
+
+TF32 = 6  # PL_TF32: a compute format, rounding only
+
+
+def cuda_versions() -> tuple[int, int]:
+    """(runtime, driver) as 1000 * major + 10 * minor; (0, 0) without CUDA."""
+    rt, drv = c_int(), c_int()
+    status = _load().pl_cuda_versions(ctypes.byref(rt), ctypes.byref(drv))
+    return (rt.value, drv.value) if status == OK else (0, 0)
 
 
 def round_to(x, format_code: int) -> np.ndarray:

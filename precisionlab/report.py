@@ -228,14 +228,15 @@ def bench_table(res) -> None:
     t = Table(title="bench" + (" (quick)" if res.params["quick"] else ""), title_justify="left")
     for col in ("section", "device", "kernel", "dtype", "accum", "size"):
         t.add_column(col, overflow="fold")
-    for col in ("time (ms)", "GB/s", "vs baseline", "% of copy"):
+    for col in ("time (ms)", "GB/s", "TFLOP/s", "vs baseline", "% of copy"):
         t.add_column(col, justify="right")
     for r in res.rows:
         vs = "-" if r["vs_baseline"] is None else f"{r['vs_baseline']:.3f}x {r['baseline']}"
         pct = r.get("pct_of_copy")
         size = "x".join(map(str, r["shape"])) if r.get("shape") else str(r["n"])
         t.add_row(r["section"], r["device"], r["kernel"], r["dtype"], r["accumulator"] or "-", size,
-                  f"{r['time_ms']:.3f}", f"{r['gbps']:.1f}", vs, "-" if pct is None else f"{pct:.1f}")
+                  f"{r['time_ms']:.3f}", f"{r['gbps']:.1f}", f"{r['tflops']:.1f}" if r.get("tflops") else "-", vs,
+                  "-" if pct is None else f"{pct:.1f}")
     stdout.print(t)
     stdout.print("vs baseline: baseline time / kernel time (above 1 is faster). GPU: CUDA events, median of "
                  "batched runs over rotating buffers. GB/s: bytes read (sums), read + written (softmax, copy).", style="dim", highlight=False)
@@ -294,3 +295,133 @@ def softmax_table(res) -> None:
 def softmax_json(res) -> None:
     emit_json("softmax", {"params": res.params, "devices": res.devices, "tolerances": res.tolerances,
                           "rows": res.rows, "takeaways": res.takeaways})
+
+
+# ---------------------------------------------------------------------------
+# tf32
+
+
+def tf32_table(res) -> None:
+    modes = [r for r in res.rows if r["section"] == "modes"]
+    if modes:
+        p = res.params
+        t = Table(title=f"matmul {p['m']}x{p['k']} @ {p['k']}x{p['n']} against float64", title_justify="left")
+        for col in ("device", "mode", "emulated"):
+            t.add_column(col, overflow="fold")
+        for col in ("rel L2", "max abs", "time (ms)", "TFLOP/s"):
+            t.add_column(col, justify="right")
+        for r in modes:
+            t.add_row(r["device"], r["mode"], "yes" if r["emulated"] else "no", sci(r["rel_l2"]), sci(r["max_abs"]),
+                      f"{r['time_ms']:.2f}", f"{r['tflops']:.2f}")
+        stdout.print(t)
+    ints = [r for r in res.rows if r["section"] == "integer"]
+    if ints:
+        t = Table(title="integer exactness: A holds 2048, 2049, ...; B is a permutation, so C must be exact",
+                  title_justify="left")
+        for col in ("device", "mode", "wrong entries", "max abs"):
+            t.add_column(col, justify="right" if col != "mode" else "left")
+        for r in ints:
+            t.add_row(r["device"], r["mode"], f"{r['wrong']} / {r['entries']}", num(r["max_abs"], 6))
+        stdout.print(t)
+    sweep = [r for r in res.rows if r["section"] == "k_sweep"]
+    if sweep:
+        t = Table(title=f"relative L2 error against K (m = n = {res.params['sweep_mn']})", title_justify="left")
+        keys = list(dict.fromkeys((r["device"], r["mode"]) for r in sweep))
+        ks = sorted({r["k"] for r in sweep})
+        t.add_column("device")
+        t.add_column("mode")
+        for k in ks:
+            t.add_column(f"K={k}", justify="right")
+        for dev, mode in keys:
+            by_k = {r["k"]: r["rel_l2"] for r in sweep if r["device"] == dev and r["mode"] == mode}
+            t.add_row(dev, mode, *(sci(by_k.get(k)) for k in ks))
+        stdout.print(t)
+    stdout.print("CPU rows other than fp32 are emulation: inputs rounded to the mode's format (TF32: 10 mantissa "
+                 "bits, nearest-even), fp32 matmul, bf16/fp16 outputs rounded. Flags were restored after the run.",
+                 style="dim", highlight=False)
+    stdout.print("flags before the run: " + ", ".join(f"{k}={v}" for k, v in res.flags_before.items()),
+                 style="dim", highlight=False)
+    if res.devices.get("cuda_unavailable"):
+        stdout.print(f"GPU rows unavailable: {res.devices['cuda_unavailable']}", style="dim", highlight=False)
+    for line in res.takeaways:
+        stdout.print(f"• {line}", highlight=False)
+
+
+def tf32_json(res) -> None:
+    emit_json("tf32", {"params": res.params, "devices": res.devices, "flags_before": res.flags_before,
+                       "rows": res.rows, "takeaways": res.takeaways})
+
+
+def tf32_plot(res, path: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    sweep = [r for r in res.rows if r["section"] == "k_sweep"]
+    fig, ax = plt.subplots(figsize=(8, 5))
+    for dev, mode in dict.fromkeys((r["device"], r["mode"]) for r in sweep):
+        s = sorted((r for r in sweep if r["device"] == dev and r["mode"] == mode), key=lambda r: r["k"])
+        ax.plot([r["k"] for r in s], [r["rel_l2"] for r in s], marker="o",
+                label=f"{dev} {mode}" + (" (emulated)" if s[0]["emulated"] else ""))
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.set_xlabel("K")
+    ax.set_ylabel("relative L2 error vs float64")
+    ax.set_title("matmul error against K")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    hint(f"plot written to {path}")
+
+
+# ---------------------------------------------------------------------------
+# info
+
+
+def info_table(d: dict) -> None:
+    t = Table(title="precisionlab info", title_justify="left", show_header=False)
+    t.add_column("what", style="bold")
+    t.add_column("value", overflow="fold")
+    for k, v in d["versions"].items():
+        t.add_row(k, str(v))
+    t.add_row("CPU", f"{d['cpu']['model']} ({d['cpu']['threads']} threads, {d['cpu']['affinity']} usable)")
+    lib = d["library"]
+    if "error" in lib:
+        t.add_row("library", escape(lib["error"]))
+    else:
+        t.add_row("library", lib["path"])
+        t.add_row("library ABI", str(lib["abi"]))
+        t.add_row("library build", escape(lib["build"]))
+    c = d["cuda"]
+    t.add_row("CUDA runtime (library)", str(c["runtime"]))
+    t.add_row("CUDA driver", str(c["driver"]) if c["driver"] else "none")
+    if d["gpus"]:
+        for i, g in enumerate(d["gpus"]):
+            t.add_row(f"GPU {i}", f"{g['name']}, {g['sm_count']} SMs, compute {g['compute_capability']}, "
+                                  f"{g['total_mem_bytes'] / 2**30:.1f} GiB")
+    else:
+        t.add_row("GPU", f"none: {escape(c['unavailable'] or '')}")
+    if d.get("torch_cuda"):
+        tc = d["torch_cuda"]
+        t.add_row("torch CUDA", f"{tc['version']} (available: {tc['available']}, cuDNN {tc['cudnn']})")
+    for k, v in d["flags"].items():
+        t.add_row(k, str(v))
+    stdout.print(t)
+
+
+def info_json(d: dict) -> None:
+    emit_json("info", {**d, "rows": [{"key": k, "value": v} for k, v in _flatten(d)]})
+
+
+def _flatten(d, prefix=""):
+    for k, v in d.items():
+        key = f"{prefix}{k}"
+        if isinstance(v, dict):
+            yield from _flatten(v, key + ".")
+        elif isinstance(v, list):
+            for i, item in enumerate(v):
+                yield from _flatten(item, f"{key}.{i}.") if isinstance(item, dict) else [(f"{key}.{i}", item)]
+        else:
+            yield key, v

@@ -17,7 +17,7 @@ import numpy as np
 from precisionlab import devices, formats, native
 from precisionlab.errors import UsageError
 
-SECTIONS = ("accumulate", "softmax")
+SECTIONS = ("accumulate", "softmax", "matmul")
 SOFTMAX_SHAPES = [(4096, 1024), (4096, 4096), (4096, 16384), (1024, 32768), (512, 151936), (64, 262144)]
 SOFTMAX_KERNELS = ["stable", "online", "online_vec", "single_pass"]
 
@@ -53,6 +53,8 @@ def run(cfg: BenchConfig, advance=lambda k=1: None) -> BenchResult:
             res.rows += accumulate_gpu(gpu_n, cfg.seed, cfg.quick, advance)
     if "softmax" in sections and plan.cuda:
         res.rows += softmax_gpu(cfg.seed, cfg.quick, advance)
+    if "matmul" in sections and plan.cuda:
+        res.rows += matmul_gpu(cfg.seed, cfg.quick, advance)
     if plan.cuda_unavailable:
         res.notes.append(f"GPU benchmarks skipped: {plan.cuda_unavailable}")
     return res
@@ -60,7 +62,7 @@ def run(cfg: BenchConfig, advance=lambda k=1: None) -> BenchResult:
 
 def planned_steps(cfg: BenchConfig) -> int:
     return (len(ACCUMULATE_CPU_METHODS) * len(ACCUMULATE_CPU_ACCS) + 1 + 15
-            + len(SOFTMAX_SHAPES) * 2 * (len(SOFTMAX_KERNELS) + 2))
+            + len(SOFTMAX_SHAPES) * 2 * (len(SOFTMAX_KERNELS) + 2) + 8)
 
 
 def _sections(text: str | None) -> list[str]:
@@ -185,4 +187,36 @@ def softmax_gpu(seed: int, quick: bool, advance) -> list[dict]:
                 gbps = nbytes / (t * 1e-3) / 1e9
                 rows.append({**base, "kernel": k, "time_ms": t, "gbps": gbps, "vs_baseline": t_torch / t,
                              "pct_of_copy": 100.0 * gbps / copy.gbps})
+    return rows
+
+
+# ---------------------------------------------------------------------------
+# matmul modes, GPU: TFLOP/s through torch, with the precision flags set per mode
+
+
+def matmul_gpu(seed: int, quick: bool, advance) -> list[dict]:
+    from precisionlab.experiments import cuda_timing as ct
+    from precisionlab.experiments import tf32
+
+    torch = ct.torch()
+    n = 4096 if quick else 8192
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    a = torch.randn(n, n, device="cuda", generator=g)
+    b = torch.randn(n, n, device="cuda", generator=g)
+    rows = []
+    base_ms = None
+    for mode in ("fp32 (tf32 off)", "tf32 (allow_tf32=True)", "bf16", "fp16"):
+        xa, xb = ((a.to(torch.bfloat16), b.to(torch.bfloat16)) if mode == "bf16" else
+                  (a.half(), b.half()) if mode == "fp16" else (a, b))
+        with tf32.restored_flags():
+            if mode not in ("bf16", "fp16"):
+                torch.set_float32_matmul_precision("highest")
+                torch.backends.cuda.matmul.allow_tf32 = mode.startswith("tf32")
+            ms = ct.median_ms(lambda i: xa @ xb, 10 if quick else 20, reps=3)
+        advance()
+        base_ms = base_ms or ms
+        rows.append({"section": "matmul", "device": "cuda", "kernel": f"torch matmul {mode}", "dtype": mode.split()[0],
+                     "accumulator": "fp32", "n": n, "shape": [n, n, n], "time_ms": ms,
+                     "gbps": 3 * n * n * xa.element_size() / (ms * 1e-3) / 1e9, "tflops": 2 * n**3 / (ms * 1e-3) / 1e12,
+                     "vs_baseline": base_ms / ms, "baseline": "fp32 (tf32 off)"})
     return rows
