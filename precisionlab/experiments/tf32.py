@@ -10,7 +10,6 @@ and restored after.
 
 from __future__ import annotations
 
-import math
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass
