@@ -144,6 +144,83 @@ static inline double pl_add(double a, double b, const pl_format_info& f) {
 static inline double pl_sub(double a, double b, const pl_format_info& f) { return pl_add(a, -b, f); }
 
 // ---------------------------------------------------------------------------
+// host access to fp32 / bf16 / fp16 tensors (bf16, fp16 as raw 16-bit patterns)
+
+static inline float pl_load_host(const void* p, int64_t i, int dtype) {
+    switch (dtype) {
+        case PL_FP32: return static_cast<const float*>(p)[i];
+        case PL_BF16: {
+            const uint32_t b = (uint32_t) static_cast<const uint16_t*>(p)[i] << 16;
+            float f;
+            std::memcpy(&f, &b, 4);
+            return f;
+        }
+        default: {  // PL_FP16
+            const uint16_t h = static_cast<const uint16_t*>(p)[i];
+            const int e = (h >> 10) & 31, m = h & 1023;
+            double v = e == 0 ? std::ldexp((double)m, -24)
+                       : e == 31 ? (m ? std::numeric_limits<double>::quiet_NaN() : std::numeric_limits<double>::infinity())
+                                 : std::ldexp((double)(1024 + m), e - 25);
+            return (float)((h & 0x8000) ? -v : v);
+        }
+    }
+}
+
+// Round to the storage format (nearest even) and store.
+static inline void pl_store_host(void* p, int64_t i, int dtype, float v) {
+    const double r = pl_round_to((double)v, PL_FORMATS[dtype]);
+    switch (dtype) {
+        case PL_FP32: static_cast<float*>(p)[i] = (float)r; return;
+        case PL_BF16: {
+            const float f = (float)r;  // exact: r is a bf16 value
+            uint32_t b;
+            std::memcpy(&b, &f, 4);
+            static_cast<uint16_t*>(p)[i] = std::isnan(f) ? 0x7FC0 : (uint16_t)(b >> 16);
+            return;
+        }
+        default: {  // PL_FP16
+            uint16_t h;
+            const double a = std::fabs(r);
+            const uint16_t sign = std::signbit(r) ? 0x8000 : 0;
+            if (std::isnan(r)) h = 0x7E00;
+            else if (std::isinf(r)) h = sign | 0x7C00;
+            else if (a < std::ldexp(1.0, -14)) h = sign | (uint16_t)(a * std::ldexp(1.0, 24));
+            else {
+                int e;
+                const double f = std::frexp(a, &e);  // a = f * 2^e, f in [0.5, 1)
+                h = sign | (uint16_t)((e - 1 + 15) << 10) | (uint16_t)((f * 2.0 - 1.0) * 1024.0);
+            }
+            static_cast<uint16_t*>(p)[i] = h;
+            return;
+        }
+    }
+}
+
+// fp32 pairwise sum: the error grows with log2(n), not n. A sequential fp32
+// sum over a 151936-wide row drifts by ~2e-4 relative (measured), far past
+// what fp32 softmax should cost; the GPU's tree has the same property.
+static inline float pl_pairwise_sum(const float* e, int64_t n) {
+    if (n <= 8) {
+        float s = 0.0f;
+        for (int64_t j = 0; j < n; ++j) s += e[j];
+        return s;
+    }
+    const int64_t h = n / 2;
+    return pl_pairwise_sum(e, h) + pl_pairwise_sum(e + h, n - h);
+}
+
+// Threads per row of the simple GPU row kernels: cols rounded up to a warp,
+// between 32 and 1024. The CPU emulates these lanes where a bug depends on them.
+static inline int pl_lanes_for(int64_t work) {
+    const int64_t t = (work + 31) / 32 * 32;
+    return (int)(t < 32 ? 32 : t > 1024 ? 1024 : t);
+}
+
+constexpr float pl_neg_inf = -std::numeric_limits<float>::infinity();
+
+static inline bool pl_row_dtype(int dtype) { return dtype == PL_FP32 || dtype == PL_BF16 || dtype == PL_FP16; }
+
+// ---------------------------------------------------------------------------
 // RNG for stochastic rounding: counter-based, so a step's draw depends only on
 // (seed, step) and Python can reproduce it. splitmix64's finaliser.
 PL_HD static inline uint64_t pl_splitmix64(uint64_t seed, uint64_t counter) {
@@ -287,5 +364,31 @@ __device__ float pl_block_allreduce(float v, Op op, float identity) {
     __syncthreads();  // partial/result may be reused by the next call
     return out;
 }
+
+// Loads and stores of row tensors in their storage type, fp32 in registers.
+template <typename T> __device__ __forceinline__ float pl_ld(const T* p, int64_t i) { return pl_widen(p[i]); }
+template <typename T> __device__ __forceinline__ void pl_st(T* p, int64_t i, float v);
+template <> __device__ __forceinline__ void pl_st<float>(float* p, int64_t i, float v) { p[i] = v; }
+template <> __device__ __forceinline__ void pl_st<__nv_bfloat16>(__nv_bfloat16* p, int64_t i, float v) {
+    p[i] = __float2bfloat16_rn(v);
+}
+template <> __device__ __forceinline__ void pl_st<__half>(__half* p, int64_t i, float v) { p[i] = __float2half_rn(v); }
+
+template <typename T> __device__ __forceinline__ float pl_round_storage(float v) { return v; }
+template <> __device__ __forceinline__ float pl_round_storage<__nv_bfloat16>(float v) {
+    return __bfloat162float(__float2bfloat16_rn(v));
+}
+template <> __device__ __forceinline__ float pl_round_storage<__half>(float v) { return __half2float(__float2half_rn(v)); }
+
+
+static inline int pl_require_device(const void* p, const char* name, const char* func) {
+    cudaPointerAttributes a;
+    const cudaError_t err = cudaPointerGetAttributes(&a, p);
+    if (err != cudaSuccess) return pl_cuda_fail(err, func, "cudaPointerGetAttributes");
+    if (a.type != cudaMemoryTypeDevice && a.type != cudaMemoryTypeManaged)
+        return pl_fail(PL_ERR_INVALID_ARGUMENT, func, "%s is not a device pointer", name);
+    return PL_OK;
+}
+
 
 #endif  // __CUDACC__

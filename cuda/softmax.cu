@@ -40,58 +40,6 @@
 
 namespace {
 
-// --- host access to fp32 / bf16 / fp16 storage ------------------------------
-
-float load_host(const void* p, int64_t i, int dtype) {
-    switch (dtype) {
-        case PL_FP32: return static_cast<const float*>(p)[i];
-        case PL_BF16: {
-            const uint32_t b = (uint32_t) static_cast<const uint16_t*>(p)[i] << 16;
-            float f;
-            std::memcpy(&f, &b, 4);
-            return f;
-        }
-        default: {  // PL_FP16
-            const uint16_t h = static_cast<const uint16_t*>(p)[i];
-            const int e = (h >> 10) & 31, m = h & 1023;
-            double v = e == 0 ? std::ldexp((double)m, -24)
-                       : e == 31 ? (m ? std::numeric_limits<double>::quiet_NaN() : std::numeric_limits<double>::infinity())
-                                 : std::ldexp((double)(1024 + m), e - 25);
-            return (float)((h & 0x8000) ? -v : v);
-        }
-    }
-}
-
-// Round to the storage format (nearest even) and store.
-void store_host(void* p, int64_t i, int dtype, float v) {
-    const double r = pl_round_to((double)v, PL_FORMATS[dtype]);
-    switch (dtype) {
-        case PL_FP32: static_cast<float*>(p)[i] = (float)r; return;
-        case PL_BF16: {
-            const float f = (float)r;  // exact: r is a bf16 value
-            uint32_t b;
-            std::memcpy(&b, &f, 4);
-            static_cast<uint16_t*>(p)[i] = std::isnan(f) ? 0x7FC0 : (uint16_t)(b >> 16);
-            return;
-        }
-        default: {  // PL_FP16
-            uint16_t h;
-            const double a = std::fabs(r);
-            const uint16_t sign = std::signbit(r) ? 0x8000 : 0;
-            if (std::isnan(r)) h = 0x7E00;
-            else if (std::isinf(r)) h = sign | 0x7C00;
-            else if (a < std::ldexp(1.0, -14)) h = sign | (uint16_t)(a * std::ldexp(1.0, 24));
-            else {
-                int e;
-                const double f = std::frexp(a, &e);  // a = f * 2^e, f in [0.5, 1)
-                h = sign | (uint16_t)((e - 1 + 15) << 10) | (uint16_t)((f * 2.0 - 1.0) * 1024.0);
-            }
-            static_cast<uint16_t*>(p)[i] = h;
-            return;
-        }
-    }
-}
-
 int check_softmax_args(int64_t rows, int64_t cols, int dtype, int method, int masked, const char* func) {
     if (rows <= 0 || cols <= 0)
         return pl_fail(PL_ERR_INVALID_ARGUMENT, func, "rows and cols must be > 0 (got %lld x %lld)", (long long)rows,
@@ -109,25 +57,8 @@ int check_softmax_args(int64_t rows, int64_t cols, int dtype, int method, int ma
     return pl_checked_bytes(rows * cols, sizeof(float), &bytes, func);
 }
 
-constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+constexpr float kNegInf = pl_neg_inf;
 
-int lanes_for(int64_t work) {
-    const int64_t t = (work + 31) / 32 * 32;
-    return (int)(t < 32 ? 32 : t > 1024 ? 1024 : t);
-}
-
-// fp32 pairwise sum: the error grows with log2(n), not n. A sequential fp32
-// sum over a 151936-wide row drifts by ~2e-4 relative (measured), far past
-// what fp32 softmax should cost; the GPU's tree has the same property.
-float pairwise_sum(const float* e, int64_t n) {
-    if (n <= 8) {
-        float s = 0.0f;
-        for (int64_t j = 0; j < n; ++j) s += e[j];
-        return s;
-    }
-    const int64_t h = n / 2;
-    return pairwise_sum(e, h) + pairwise_sum(e + h, n - h);
-}
 
 struct cpu_pair {
     float m, s;
@@ -162,13 +93,13 @@ cpu_pair online_range(F X, int64_t lo, int64_t hi) {
 
 // One row on the CPU. Writes y (storage format) and returns the log-sum-exp.
 float cpu_row(const void* x, void* y, int64_t off, int64_t cols, int dtype, int method, int masked) {
-    auto X = [&](int64_t j) { return load_host(x, off + j, dtype); };
+    auto X = [&](int64_t j) { return pl_load_host(x, off + j, dtype); };
     const pl_format_info& f = PL_FORMATS[dtype];
     // A masked row: every logit -inf. NaN logits make the row NaN whatever the policy.
     bool all_masked = true;
     for (int64_t j = 0; j < cols && all_masked; ++j) all_masked = X(j) == kNegInf;
     if (all_masked && masked == PL_MASKED_ZERO) {
-        for (int64_t j = 0; j < cols; ++j) store_host(y, off + j, dtype, 0.0f);
+        for (int64_t j = 0; j < cols; ++j) pl_store_host(y, off + j, dtype, 0.0f);
         return kNegInf;
     }
     float m = 0.0f, s = 0.0f;
@@ -176,12 +107,12 @@ float cpu_row(const void* x, void* y, int64_t off, int64_t cols, int dtype, int 
     switch (method) {
         case PL_SOFTMAX_NAIVE:
             for (int64_t j = 0; j < cols; ++j) e[(size_t)j] = std::exp(X(j));
-            s = pairwise_sum(e.data(), cols);
-            for (int64_t j = 0; j < cols; ++j) store_host(y, off + j, dtype, e[(size_t)j] / s);
+            s = pl_pairwise_sum(e.data(), cols);
+            for (int64_t j = 0; j < cols; ++j) pl_store_host(y, off + j, dtype, e[(size_t)j] / s);
             return std::log(s);
         case PL_SOFTMAX_ONLINE: {
             const cpu_pair p = online_range(X, 0, cols);
-            for (int64_t j = 0; j < cols; ++j) store_host(y, off + j, dtype, std::exp(X(j) - p.m) / p.s);
+            for (int64_t j = 0; j < cols; ++j) pl_store_host(y, off + j, dtype, std::exp(X(j) - p.m) / p.s);
             return p.m + std::log(p.s);
         }
         case PL_SOFTMAX_BUG_NO_RESCALE: {
@@ -192,7 +123,7 @@ float cpu_row(const void* x, void* y, int64_t off, int64_t cols, int dtype, int 
                 e[(size_t)j] = std::exp(v - m);  // against the max so far, never rescaled
                 s += e[(size_t)j];
             }
-            for (int64_t j = 0; j < cols; ++j) store_host(y, off + j, dtype, e[(size_t)j] / s);
+            for (int64_t j = 0; j < cols; ++j) pl_store_host(y, off + j, dtype, e[(size_t)j] / s);
             return m + std::log(s);
         }
         default: break;
@@ -204,7 +135,7 @@ float cpu_row(const void* x, void* y, int64_t off, int64_t cols, int dtype, int 
     } else if (method == PL_SOFTMAX_BUG_ZERO_IDENTITY) {
         // The GPU's lanes, emulated: lane l takes columns l, l + L, ...; a lane
         // with no column contributes 0 where -inf belongs.
-        const int64_t L = lanes_for(cols);
+        const int64_t L = pl_lanes_for(cols);
         m = kNegInf;
         for (int64_t l = 0; l < L; ++l) {
             float lm = l < cols ? kNegInf : 0.0f;
@@ -222,18 +153,18 @@ float cpu_row(const void* x, void* y, int64_t off, int64_t cols, int dtype, int 
         double sd = 0.0;  // a value of the storage format at every step
         for (int64_t j = 0; j < cols; ++j) sd = pl_add(sd, pl_round_to(std::exp(X(j) - m), f), f);
         for (int64_t j = 0; j < cols; ++j)
-            store_host(y, off + j, dtype, (float)(pl_round_to(std::exp(X(j) - m), f) / sd));
+            pl_store_host(y, off + j, dtype, (float)(pl_round_to(std::exp(X(j) - m), f) / sd));
         return m + std::log((float)sd);
     }
     for (int64_t j = 0; j < cols; ++j) e[(size_t)j] = std::exp(X(j) - m);
-    s = pairwise_sum(e.data(), cols);
-    for (int64_t j = 0; j < cols; ++j) store_host(y, off + j, dtype, e[(size_t)j] / s);
+    s = pl_pairwise_sum(e.data(), cols);
+    for (int64_t j = 0; j < cols; ++j) pl_store_host(y, off + j, dtype, e[(size_t)j] / s);
     return m + std::log(s);
 }
 
 }  // namespace
 
-extern "C" int pl_softmax_lanes(int64_t cols) { return lanes_for(cols); }
+extern "C" int pl_softmax_lanes(int64_t cols) { return pl_lanes_for(cols); }
 
 extern "C" int pl_softmax_cpu(const void* x, int64_t rows, int64_t cols, int dtype, int method, int masked, void* y,
                               double* lse) {
@@ -255,22 +186,8 @@ extern "C" int pl_softmax_cpu(const void* x, int64_t rows, int64_t cols, int dty
 
 namespace {
 
-template <typename T> __device__ __forceinline__ float ld(const T* p, int64_t i) { return pl_widen(p[i]); }
-template <typename T> __device__ __forceinline__ void st(T* p, int64_t i, float v);
-template <> __device__ __forceinline__ void st<float>(float* p, int64_t i, float v) { p[i] = v; }
-template <> __device__ __forceinline__ void st<__nv_bfloat16>(__nv_bfloat16* p, int64_t i, float v) {
-    p[i] = __float2bfloat16_rn(v);
-}
-template <> __device__ __forceinline__ void st<__half>(__half* p, int64_t i, float v) { p[i] = __float2half_rn(v); }
-
-template <typename T> __device__ __forceinline__ float round_to_storage(float v) { return v; }
-template <> __device__ __forceinline__ float round_to_storage<__nv_bfloat16>(float v) {
-    return __bfloat162float(__float2bfloat16_rn(v));
-}
-template <> __device__ __forceinline__ float round_to_storage<__half>(float v) { return __half2float(__float2half_rn(v)); }
-
 template <typename T> struct op_add_rounded {
-    __device__ __forceinline__ float operator()(float a, float b) const { return round_to_storage<T>(__fadd_rn(a, b)); }
+    __device__ __forceinline__ float operator()(float a, float b) const { return pl_round_storage<T>(__fadd_rn(a, b)); }
 };
 
 __device__ __forceinline__ bool masked_row(float m, int masked) { return m == kNegInf && masked == PL_MASKED_ZERO; }
@@ -320,22 +237,22 @@ __global__ void softmax_v1(const T* __restrict__ x, T* __restrict__ y, int64_t c
     if constexpr (METHOD == PL_SOFTMAX_NAIVE) {
         if (masked == PL_MASKED_ZERO) {  // the naive formula has no max: find masked rows separately
             float tm = kNegInf;
-            for (int64_t j = tid; j < cols; j += nt) tm = fmaxf(tm, ld(xr, j));
+            for (int64_t j = tid; j < cols; j += nt) tm = fmaxf(tm, pl_ld(xr, j));
             if (pl_block_allreduce(tm, pl_op_max(), kNegInf) == kNegInf) {
-                for (int64_t j = tid; j < cols; j += nt) st(yr, j, 0.0f);
+                for (int64_t j = tid; j < cols; j += nt) pl_st(yr, j, 0.0f);
                 if (tid == 0 && lse) lse[blockIdx.x] = kNegInf;
                 return;
             }
         }
-        for (int64_t j = tid; j < cols; j += nt) s += expf(ld(xr, j));
+        for (int64_t j = tid; j < cols; j += nt) s += expf(pl_ld(xr, j));
         s = pl_block_allreduce(s, pl_op_add(), 0.0f);
-        for (int64_t j = tid; j < cols; j += nt) st(yr, j, expf(ld(xr, j)) / s);
+        for (int64_t j = tid; j < cols; j += nt) pl_st(yr, j, expf(pl_ld(xr, j)) / s);
         if (tid == 0 && lse) lse[blockIdx.x] = logf(s);
         return;
     } else if constexpr (METHOD == PL_SOFTMAX_ONLINE) {
         online_pair p{kNegInf, 0.0f};
         for (int64_t j = tid; j < cols; j += nt) {
-            const float v = ld(xr, j);
+            const float v = pl_ld(xr, j);
             if (v > p.m) { p.s = p.s * expf(p.m - v) + 1.0f; p.m = v; }
             else p.s += expf(v - p.m);
         }
@@ -347,15 +264,15 @@ __global__ void softmax_v1(const T* __restrict__ x, T* __restrict__ y, int64_t c
         // without rescaling, then normalised with no correction either.
         float tm = kNegInf;
         for (int64_t j = tid; j < cols; j += nt) {
-            const float v = ld(xr, j);
+            const float v = pl_ld(xr, j);
             tm = fmaxf(tm, v);
             const float e = expf(v - tm);
             s += e;
-            st(yr, j, e);  // kept for the normalise pass
+            pl_st(yr, j, e);  // kept for the normalise pass
         }
         s = pl_block_allreduce(s, pl_op_add(), 0.0f);
         const float mm = pl_block_allreduce(tm, pl_op_max(), kNegInf);
-        for (int64_t j = tid; j < cols; j += nt) st(yr, j, ld(yr, j) / s);
+        for (int64_t j = tid; j < cols; j += nt) pl_st(yr, j, pl_ld(yr, j) / s);
         if (tid == 0 && lse) lse[blockIdx.x] = mm + logf(s);
         return;
     } else {
@@ -364,10 +281,10 @@ __global__ void softmax_v1(const T* __restrict__ x, T* __restrict__ y, int64_t c
         if constexpr (METHOD == PL_SOFTMAX_BUG_ZERO_START) tm = 0.0f;
         else if constexpr (METHOD == PL_SOFTMAX_BUG_ZERO_IDENTITY) tm = tid < cols ? kNegInf : 0.0f;
         else tm = kNegInf;
-        for (int64_t j = tid; j < cols; j += nt) tm = fmaxf(tm, ld(xr, j));
+        for (int64_t j = tid; j < cols; j += nt) tm = fmaxf(tm, pl_ld(xr, j));
         m = pl_block_allreduce(tm, pl_op_max(), METHOD == PL_SOFTMAX_BUG_ZERO_IDENTITY ? 0.0f : kNegInf);
         if (masked_row(m, masked)) {
-            for (int64_t j = tid; j < cols; j += nt) st(yr, j, 0.0f);
+            for (int64_t j = tid; j < cols; j += nt) pl_st(yr, j, 0.0f);
             if (tid == 0 && lse) lse[blockIdx.x] = kNegInf;
             return;
         }
@@ -376,23 +293,23 @@ __global__ void softmax_v1(const T* __restrict__ x, T* __restrict__ y, int64_t c
             // serial chain and in the tree. Short chains and a tree are kinder
             // than the CPU's one long chain: equal logits stay exact here.
             for (int64_t j = tid; j < cols; j += nt)
-                s = round_to_storage<T>(s + round_to_storage<T>(expf(ld(xr, j) - m)));
+                s = pl_round_storage<T>(s + pl_round_storage<T>(expf(pl_ld(xr, j) - m)));
             s = pl_block_allreduce(s, op_add_rounded<T>(), 0.0f);
             for (int64_t j = tid; j < cols; j += nt)
-                st(yr, j, round_to_storage<T>(expf(ld(xr, j) - m)) / s);
+                pl_st(yr, j, pl_round_storage<T>(expf(pl_ld(xr, j) - m)) / s);
             if (tid == 0 && lse) lse[blockIdx.x] = m + logf(s);
             return;
         } else {
-            for (int64_t j = tid; j < cols; j += nt) s += expf(ld(xr, j) - m);
+            for (int64_t j = tid; j < cols; j += nt) s += expf(pl_ld(xr, j) - m);
             s = pl_block_allreduce(s, pl_op_add(), 0.0f);
         }
     }
     if (masked_row(m, masked)) {
-        for (int64_t j = tid; j < cols; j += nt) st(yr, j, 0.0f);
+        for (int64_t j = tid; j < cols; j += nt) pl_st(yr, j, 0.0f);
         if (tid == 0 && lse) lse[blockIdx.x] = kNegInf;
         return;
     }
-    for (int64_t j = tid; j < cols; j += nt) st(yr, j, expf(ld(xr, j) - m) / s);
+    for (int64_t j = tid; j < cols; j += nt) pl_st(yr, j, expf(pl_ld(xr, j) - m) / s);
     if (tid == 0 && lse) lse[blockIdx.x] = m + logf(s);
 }
 
@@ -492,7 +409,7 @@ __global__ void __launch_bounds__(1024) softmax_online_vec(const T* __restrict__
 
 template <typename T, int METHOD>
 void launch_v1(const T* x, T* y, int64_t rows, int64_t cols, float* lse, int masked) {
-    softmax_v1<T, METHOD><<<(unsigned)rows, lanes_for(cols)>>>(x, y, cols, lse, masked);
+    softmax_v1<T, METHOD><<<(unsigned)rows, pl_lanes_for(cols)>>>(x, y, cols, lse, masked);
 }
 
 template <typename T, int VPT>
@@ -532,7 +449,7 @@ int launch(const void* xv, void* yv, int64_t rows, int64_t cols, int method, int
         }
         case PL_SOFTMAX_ONLINE_VEC: {
             const int64_t nvec = cols / N;
-            softmax_online_vec<T><<<(unsigned)rows, lanes_for(nvec < 1024 ? nvec : 1024)>>>(x, y, cols, lse, masked);
+            softmax_online_vec<T><<<(unsigned)rows, pl_lanes_for(nvec < 1024 ? nvec : 1024)>>>(x, y, cols, lse, masked);
             break;
         }
     }
@@ -548,15 +465,6 @@ int dispatch(const void* x, void* y, int64_t rows, int64_t cols, int dtype, int 
     }
 }
 
-int require_device(const void* p, const char* name, const char* func) {
-    cudaPointerAttributes a;
-    const cudaError_t err = cudaPointerGetAttributes(&a, p);
-    if (err != cudaSuccess) return pl_cuda_fail(err, func, "cudaPointerGetAttributes");
-    if (a.type != cudaMemoryTypeDevice && a.type != cudaMemoryTypeManaged)
-        return pl_fail(PL_ERR_INVALID_ARGUMENT, func, "%s is not a device pointer", name);
-    return PL_OK;
-}
-
 }  // namespace
 
 extern "C" int pl_softmax_cuda_device(const void* x_dev, int64_t rows, int64_t cols, int dtype, int method, int masked,
@@ -565,10 +473,10 @@ extern "C" int pl_softmax_cuda_device(const void* x_dev, int64_t rows, int64_t c
     PL_REQUIRE_PTR(y_dev);
     if (int st = check_softmax_args(rows, cols, dtype, method, masked, __func__)) return st;
     PL_REQUIRE(rows <= 0x7FFFFFFF, PL_ERR_UNSUPPORTED, "at most 2^31 - 1 rows (one block per row)");
-    if (int st = require_device(x_dev, "x_dev", __func__)) return st;
-    if (int st = require_device(y_dev, "y_dev", __func__)) return st;
+    if (int st = pl_require_device(x_dev, "x_dev", __func__)) return st;
+    if (int st = pl_require_device(y_dev, "y_dev", __func__)) return st;
     if (lse_dev)
-        if (int st = require_device(lse_dev, "lse_dev", __func__)) return st;
+        if (int st = pl_require_device(lse_dev, "lse_dev", __func__)) return st;
     return dispatch(x_dev, y_dev, rows, cols, dtype, method, masked, lse_dev);
 }
 

@@ -1,0 +1,1 @@
+"""Small models shipped as package data for precision experiments."""
