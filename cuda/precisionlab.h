@@ -163,6 +163,36 @@ int pl_softmax_cuda(const void* x, int64_t rows, int64_t cols, int dtype, int me
 int pl_softmax_cuda_device(const void* x_dev, int64_t rows, int64_t cols, int dtype, int method, int masked,
                            void* y_dev, float* lse_dev);
 
+/* ---- RMSNorm and LayerNorm over the last dimension --------------------------
+ * x, y: rows x cols; w, b: cols (may be NULL: no scale / no shift); all in
+ * `dtype` (fp32, bf16, fp16). Statistics in fp32. */
+enum pl_norm_version {
+    PL_NORM_BLOCK = 1,    /* threads from cols alone: batch-invariant */
+    PL_NORM_ADAPTIVE = 2  /* threads from the batch size too: not batch-invariant */
+};
+int pl_rmsnorm_cpu(const void* x, int64_t rows, int64_t cols, int dtype, const void* w, float eps, void* y);
+int pl_layernorm_cpu(const void* x, int64_t rows, int64_t cols, int dtype, const void* w, const void* b, float eps,
+                     void* y);
+/* Device pointers; asynchronous on the legacy default stream. */
+int pl_rmsnorm_cuda(const void* x_dev, int64_t rows, int64_t cols, int dtype, const void* w_dev, float eps,
+                    void* y_dev, int version);
+int pl_layernorm_cuda(const void* x_dev, int64_t rows, int64_t cols, int dtype, const void* w_dev,
+                      const void* b_dev, float eps, void* y_dev);
+
+/* ---- matmul: C = A @ B, row-major, fp32 accumulation ------------------------ */
+enum pl_matmul_version {
+    PL_MATMUL_NAIVE = 1,
+    PL_MATMUL_TILED = 2,
+    PL_MATMUL_SPLITK_ATOMIC = 3,  /* K slices combined by atomicAdd: order varies */
+    PL_MATMUL_SPLITK_ORDERED = 4  /* K slices combined in slice order: fixed */
+};
+int pl_matmul_cpu(const void* a, const void* b, int64_t m, int64_t n, int64_t k, int dtype, void* c);
+/* fp32 workspace the split-K versions need (0 for the others). */
+int pl_matmul_workspace_bytes(int64_t m, int64_t n, int version, int splits, size_t* bytes);
+/* Device pointers; asynchronous on the legacy default stream. */
+int pl_matmul_cuda(const void* a_dev, const void* b_dev, int64_t m, int64_t n, int64_t k, int dtype, int version,
+                   int splits, void* work_dev, size_t work_bytes, void* c_dev);
+
 #ifdef __cplusplus
 }
 #endif

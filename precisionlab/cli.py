@@ -142,6 +142,62 @@ def info(json_out: JsonOpt = False):
     (report.info_json if json_out else report.info_table)(exp.run())
 
 
+compare_app = typer.Typer(help="Error reports: the three comparisons for an op, tensor dumps, a whole model.",
+                           no_args_is_help=True)
+app.add_typer(compare_app, name="compare")
+
+AtolOpt = Annotated[Optional[float], typer.Option("--atol", help="Absolute tolerance (default: torch.testing's for the dtype).")]
+RtolOpt = Annotated[Optional[float], typer.Option("--rtol", help="Relative tolerance (default: torch.testing's for the dtype).")]
+
+
+@compare_app.command("op")
+def compare_op(
+    name: Annotated[str, typer.Argument(help="softmax | logsumexp | rmsnorm | layernorm | matmul")],
+    shape: Annotated[Optional[str], typer.Option("--shape", help="ROWSxCOLS (matmul: MxKxN). Default 64x4096 (256x1024x256).")] = None,
+    dtype: Annotated[str, typer.Option("--dtype", help="Low precision(s) to test: bf16, fp16 or bf16,fp16.")] = "bf16,fp16",
+    impl: Annotated[Optional[str], typer.Option("--impl", help="Your implementation, package.module:function, taking and "
+                                                "returning torch tensors: softmax(x); logsumexp(x); rmsnorm(x, weight, eps); "
+                                                "layernorm(x, weight, bias, eps); matmul(a, b). Default: this project's kernels.")] = None,
+    atol: AtolOpt = None,
+    rtol: RtolOpt = None,
+    device: DeviceOpt = "auto",
+    seed: SeedOpt = 0,
+    json_out: JsonOpt = False,
+):
+    """Three comparisons: yours fp32 vs torch fp32, torch low vs torch fp32, yours low vs torch low.
+
+    Exit 1 when a comparison is flagged (so CI can run it on your kernel)."""
+    from precisionlab import report
+    from precisionlab.experiments import compare as exp
+
+    cfg = exp.CompareOpConfig(op=name, shape=shape, dtypes=dtype, impl=impl, device=device, seed=seed, atol=atol,
+                              rtol=rtol)
+    with report.progress(8, f"compare {name}", enabled=not json_out) as advance:
+        result = exp.compare_op(cfg, advance)
+    (report.compare_op_json if json_out else report.compare_op_table)(result)
+    if result.any_failed:
+        raise typer.Exit(1)
+
+
+@compare_app.command("tensors")
+def compare_tensors(
+    a: Annotated[str, typer.Argument(help="Your dump: .npy, .npz, .pt (a tensor or dict of tensors) or .safetensors.")],
+    b: Annotated[str, typer.Argument(help="The reference dump, same formats.")],
+    only: Annotated[Optional[str], typer.Option("--only", help="Compare this tensor name only.")] = None,
+    atol: AtolOpt = None,
+    rtol: RtolOpt = None,
+    json_out: JsonOpt = False,
+):
+    """Compare two tensor dumps name by name. Exit 0 when all pass, 1 when any fails."""
+    from precisionlab import report
+    from precisionlab.experiments import compare as exp
+
+    result = exp.compare_tensors(exp.CompareTensorsConfig(a=a, b=b, only=only, atol=atol, rtol=rtol))
+    (report.compare_tensors_json if json_out else report.compare_tensors_table)(result)
+    if result.any_failed:
+        raise typer.Exit(1)
+
+
 @app.command()
 def bench(
     quick: Annotated[bool, typer.Option("--quick", help="Smaller sizes and fewer runs (under 2 minutes on an H200).")] = False,

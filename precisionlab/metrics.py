@@ -125,7 +125,7 @@ def error_report(actual, reference, fmt: Format | None, atol: float, rtol: float
     fa, fr = np.isfinite(a), np.isfinite(r)
     both = fa & fr
     nan_both = int(np.count_nonzero(np.isnan(a) & np.isnan(r)))
-    diff = np.abs(a - r, where=both, out=np.zeros_like(a))
+    diff = np.abs(np.subtract(a, r, where=both, out=np.zeros_like(a)))
     outside = ~both | (diff > atol + rtol * np.abs(np.where(fr, r, 0.0)))
     n_out = int(np.count_nonzero(outside))
     if np.any(both):
@@ -151,3 +151,16 @@ def error_report(actual, reference, fmt: Format | None, atol: float, rtol: float
         nonfinite_actual=int(n - np.count_nonzero(fa)), nonfinite_reference=int(n - np.count_nonzero(fr)),
         nan_both=nan_both, atol=atol, rtol=rtol,
     )
+
+
+def default_tolerances(fmt: Format) -> tuple[float, float]:
+    """(rtol, atol) that torch.testing.assert_close uses for this format, read
+    from torch itself. torch keeps the table in a private module; if that ever
+    moves, we fail loudly rather than guess."""
+    import torch
+    from torch.testing._comparison import default_tolerances as torch_defaults
+
+    dtype = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32, "fp64": torch.float64,
+             "fp8_e4m3": torch.float8_e4m3fn, "fp8_e5m2": torch.float8_e5m2}[fmt.name]
+    rtol, atol = torch_defaults(torch.empty(0, dtype=dtype))
+    return float(rtol), float(atol)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import ctypes
 import os
-from ctypes import POINTER, c_char_p, c_double, c_int, c_int64, c_size_t, c_uint64, c_void_p
+from ctypes import POINTER, c_char_p, c_double, c_float, c_int, c_int64, c_size_t, c_uint64, c_void_p
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -34,6 +34,8 @@ SOFTMAX_METHODS = {"naive": 0, "stable": 1, "online": 2, "bug_zero_identity": 3,
                    "bug_no_rescale": 5, "lowp_accum": 6, "single_pass": 7, "online_vec": 8}
 SOFTMAX_GPU_ONLY = {"single_pass", "online_vec"}
 MASKED = {"nan": 0, "zero": 1}
+NORM_VERSIONS = {"block": 1, "adaptive": 2}
+MATMUL_VERSIONS = {"naive": 1, "tiled": 2, "splitk_atomic": 3, "splitk_ordered": 4}
 
 _d = POINTER(c_double)
 _i64 = POINTER(c_int64)
@@ -75,6 +77,25 @@ _PROTOTYPES = {
     # int pl_softmax_cuda_device(const void* x_dev, int64_t rows, int64_t cols, int dtype, int method,
     #                            int masked, void* y_dev, float* lse_dev)
     "pl_softmax_cuda_device": (c_int, [c_void_p, c_int64, c_int64, c_int, c_int, c_int, c_void_p, c_void_p]),
+    # int pl_rmsnorm_cpu(const void* x, int64_t rows, int64_t cols, int dtype, const void* w, float eps, void* y)
+    "pl_rmsnorm_cpu": (c_int, [c_void_p, c_int64, c_int64, c_int, c_void_p, c_float, c_void_p]),
+    # int pl_layernorm_cpu(const void* x, int64_t rows, int64_t cols, int dtype, const void* w, const void* b,
+    #                      float eps, void* y)
+    "pl_layernorm_cpu": (c_int, [c_void_p, c_int64, c_int64, c_int, c_void_p, c_void_p, c_float, c_void_p]),
+    # int pl_rmsnorm_cuda(const void* x_dev, int64_t rows, int64_t cols, int dtype, const void* w_dev, float eps,
+    #                     void* y_dev, int version)
+    "pl_rmsnorm_cuda": (c_int, [c_void_p, c_int64, c_int64, c_int, c_void_p, c_float, c_void_p, c_int]),
+    # int pl_layernorm_cuda(const void* x_dev, int64_t rows, int64_t cols, int dtype, const void* w_dev,
+    #                       const void* b_dev, float eps, void* y_dev)
+    "pl_layernorm_cuda": (c_int, [c_void_p, c_int64, c_int64, c_int, c_void_p, c_void_p, c_float, c_void_p]),
+    # int pl_matmul_cpu(const void* a, const void* b, int64_t m, int64_t n, int64_t k, int dtype, void* c)
+    "pl_matmul_cpu": (c_int, [c_void_p, c_void_p, c_int64, c_int64, c_int64, c_int, c_void_p]),
+    # int pl_matmul_workspace_bytes(int64_t m, int64_t n, int version, int splits, size_t* bytes)
+    "pl_matmul_workspace_bytes": (c_int, [c_int64, c_int64, c_int, c_int, _sz]),
+    # int pl_matmul_cuda(const void* a_dev, const void* b_dev, int64_t m, int64_t n, int64_t k, int dtype,
+    #                    int version, int splits, void* work_dev, size_t work_bytes, void* c_dev)
+    "pl_matmul_cuda": (c_int, [c_void_p, c_void_p, c_int64, c_int64, c_int64, c_int, c_int, c_int, c_void_p, c_size_t,
+                               c_void_p]),
 }
 
 
@@ -291,3 +312,61 @@ def softmax_cuda_device(x_ptr: int, rows: int, cols: int, dtype_code: int, metho
 
 def softmax_lanes(cols: int) -> int:
     return _load().pl_softmax_lanes(cols)
+
+
+# --- norms and matmul: numpy arrays already in the storage dtype (CPU), or
+#     device pointers (GPU, asynchronous) ------------------------------------
+
+
+def _ptr(a: np.ndarray | None):
+    return None if a is None else np.ascontiguousarray(a).ctypes.data
+
+
+def rmsnorm_cpu(x: np.ndarray, dtype_code: int, w: np.ndarray | None, eps: float) -> np.ndarray:
+    x = np.ascontiguousarray(x)
+    y = np.empty_like(x)
+    w = None if w is None else np.ascontiguousarray(w)
+    _call("pl_rmsnorm_cpu", x.ctypes.data, x.shape[0], x.shape[1], dtype_code, _ptr(w), eps, y.ctypes.data)
+    return y
+
+
+def layernorm_cpu(x: np.ndarray, dtype_code: int, w: np.ndarray | None, b: np.ndarray | None,
+                  eps: float) -> np.ndarray:
+    x = np.ascontiguousarray(x)
+    y = np.empty_like(x)
+    w = None if w is None else np.ascontiguousarray(w)
+    b = None if b is None else np.ascontiguousarray(b)
+    _call("pl_layernorm_cpu", x.ctypes.data, x.shape[0], x.shape[1], dtype_code, _ptr(w), _ptr(b), eps,
+          y.ctypes.data)
+    return y
+
+
+def matmul_cpu(a: np.ndarray, b: np.ndarray, dtype_code: int) -> np.ndarray:
+    a, b = np.ascontiguousarray(a), np.ascontiguousarray(b)
+    if a.ndim != 2 or b.ndim != 2 or a.shape[1] != b.shape[0]:
+        raise ValueError(f"matmul shapes {a.shape} @ {b.shape}")
+    c = np.empty((a.shape[0], b.shape[1]), dtype=a.dtype)
+    _call("pl_matmul_cpu", a.ctypes.data, b.ctypes.data, a.shape[0], b.shape[1], a.shape[1], dtype_code, c.ctypes.data)
+    return c
+
+
+def rmsnorm_cuda(x_ptr: int, rows: int, cols: int, dtype_code: int, w_ptr: int | None, eps: float, y_ptr: int,
+                 version: str = "block") -> None:
+    _call("pl_rmsnorm_cuda", x_ptr, rows, cols, dtype_code, w_ptr, eps, y_ptr, NORM_VERSIONS[version])
+
+
+def layernorm_cuda(x_ptr: int, rows: int, cols: int, dtype_code: int, w_ptr: int | None, b_ptr: int | None,
+                   eps: float, y_ptr: int) -> None:
+    _call("pl_layernorm_cuda", x_ptr, rows, cols, dtype_code, w_ptr, b_ptr, eps, y_ptr)
+
+
+def matmul_workspace_bytes(m: int, n: int, version: str, splits: int = 1) -> int:
+    out = c_size_t()
+    _call("pl_matmul_workspace_bytes", m, n, MATMUL_VERSIONS[version], splits, ctypes.byref(out))
+    return out.value
+
+
+def matmul_cuda(a_ptr: int, b_ptr: int, m: int, n: int, k: int, dtype_code: int, c_ptr: int, version: str = "tiled",
+                splits: int = 1, work_ptr: int | None = None, work_bytes: int = 0) -> None:
+    _call("pl_matmul_cuda", a_ptr, b_ptr, m, n, k, dtype_code, MATMUL_VERSIONS[version], splits, work_ptr, work_bytes,
+          c_ptr)

@@ -425,3 +425,60 @@ def _flatten(d, prefix=""):
                 yield from _flatten(item, f"{key}.{i}.") if isinstance(item, dict) else [(f"{key}.{i}", item)]
         else:
             yield key, v
+
+
+# ---------------------------------------------------------------------------
+# compare
+
+
+def compare_op_table(res) -> None:
+    p = res.params
+    t = Table(title=f"compare op {p['op']} {'x'.join(map(str, p['shape']))}: {p['impl']} against torch",
+              title_justify="left")
+    for col in ("device", "dtype", "comparison"):
+        t.add_column(col, overflow="fold")
+    for col in ("rel L2", "max abs", "max ulps", "outside tol", "non-finite"):
+        t.add_column(col, justify="right")
+    t.add_column("verdict", overflow="fold")
+    for r in res.rows:
+        verdict = f"[red]{escape(r['verdict'])}[/red]" if r["flagged"] else escape(r["verdict"])
+        t.add_row(r["device"], r["dtype"], f"({r['comparison']}) {r['label']}", sci(r["rel_l2"]), sci(r["max_abs"]),
+                  _ulps(r["max_ulps"]), f"{r['n_outside']}/{r['n']}",
+                  f"{r['nonfinite_actual']}/{r['nonfinite_reference']}", verdict)
+    stdout.print(t)
+    stdout.print(f"flagged when (1) > {p['ratio_threshold']:g}x (0) or (3) > {p['ratio_threshold']:g}x (2); 'outside tol' "
+                 "uses torch.testing's tolerances and is shown, not judged. Trusted = torch "
+                 f"with TF32 off: " + ", ".join(f"{k}={v}" for k, v in res.flags.items() if "tf32" in k.lower()),
+                 style="dim", highlight=False)
+    for line in res.takeaways:
+        stdout.print(f"• {line}", highlight=False)
+
+
+def compare_op_json(res) -> None:
+    emit_json("compare op", {"params": res.params, "flags": res.flags, "rows": res.rows, "takeaways": res.takeaways})
+
+
+def compare_tensors_table(res) -> None:
+    t = Table(title=f"compare tensors {res.params['a']} vs {res.params['b']}", title_justify="left")
+    for col in ("name", "status", "shape", "dtype"):
+        t.add_column(col, overflow="fold")
+    for col in ("max abs", "rel L2", "max ulps", "worst at", "outside tol", "non-finite A/B"):
+        t.add_column(col, justify="right", overflow="fold")
+    for r in res.rows:
+        status = f"[green]{r['status']}[/green]" if r["passed"] else f"[red]{escape(r['status'])}[/red]"
+        shape = "x".join(map(str, r["shape_a"])) if r["shape_a"] == r["shape_b"] else \
+            f"{r['shape_a']} vs {r['shape_b']}"
+        dtype = r["dtype_a"] if r["dtype_a"] == r["dtype_b"] else f"{r['dtype_a']} / {r['dtype_b']}"
+        if "max_abs" in r:
+            t.add_row(r["name"], status, escape(str(shape)), str(dtype), sci(r["max_abs"]), sci(r["rel_l2"]),
+                      _ulps(r["max_ulps"]), escape(str(r["worst_index"])), f"{r['n_outside']}/{r['n']}",
+                      f"{r['nonfinite_actual']}/{r['nonfinite_reference']}")
+        else:
+            t.add_row(r["name"], status, escape(str(shape)), str(dtype), "", "", "", "", "", "")
+    stdout.print(t)
+    for line in res.takeaways:
+        stdout.print(f"• {line}", highlight=False)
+
+
+def compare_tensors_json(res) -> None:
+    emit_json("compare tensors", {"params": res.params, "rows": res.rows, "takeaways": res.takeaways})

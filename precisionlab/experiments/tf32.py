@@ -125,7 +125,8 @@ def restored_flags():
         yield
         return
     m = t.backends.cuda.matmul
-    saved = (m.allow_tf32, t.get_float32_matmul_precision(), getattr(m, "fp32_precision", None))
+    saved = (m.allow_tf32, t.get_float32_matmul_precision(), getattr(m, "fp32_precision", None),
+             t.backends.cudnn.allow_tf32)
     try:
         yield
     finally:
@@ -134,6 +135,7 @@ def restored_flags():
         # legacy pair first, then put fp32_precision back as it was.
         t.set_float32_matmul_precision(saved[1])
         m.allow_tf32 = saved[0]
+        t.backends.cudnn.allow_tf32 = saved[3]
         if saved[2] is not None:
             m.fp32_precision = saved[2]
 

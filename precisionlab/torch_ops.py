@@ -1,0 +1,107 @@
+"""This project's kernels behind torch-tensor signatures, so that they and a
+user's implementation (compare op --impl) are called the same way.
+
+CPU tensors go through the C++ kernels, CUDA tensors through the CUDA kernels
+on their device pointers. Signatures (the ones --impl must follow):
+
+    softmax(x)                      -> y        (over the last dim)
+    logsumexp(x)                    -> lse      (shape x.shape[:-1])
+    rmsnorm(x, weight, eps)         -> y
+    layernorm(x, weight, bias, eps) -> y
+    matmul(a, b)                    -> a @ b
+"""
+
+from __future__ import annotations
+
+import ml_dtypes
+import numpy as np
+import torch
+
+from precisionlab import native
+from precisionlab.errors import UsageError
+
+CODES = {torch.float32: 1, torch.float16: 2, torch.bfloat16: 3}
+
+
+def _code(t: torch.Tensor) -> int:
+    if t.dtype not in CODES:
+        raise UsageError(f"this project's kernels take fp32, bf16 or fp16, not {t.dtype}")
+    return CODES[t.dtype]
+
+
+def to_numpy(t: torch.Tensor) -> np.ndarray:
+    """A CPU tensor as numpy in the same storage format (bf16 via ml_dtypes)."""
+    t = t.detach().contiguous()
+    if t.dtype == torch.bfloat16:
+        return t.view(torch.int16).numpy().view(ml_dtypes.bfloat16)
+    return t.numpy()
+
+
+def from_numpy(a: np.ndarray) -> torch.Tensor:
+    if a.dtype == ml_dtypes.bfloat16:
+        return torch.from_numpy(np.ascontiguousarray(a).view(np.int16)).view(torch.bfloat16)
+    return torch.from_numpy(np.ascontiguousarray(a))
+
+
+def _rows(x: torch.Tensor) -> torch.Tensor:
+    return x.contiguous().view(-1, x.shape[-1])
+
+
+def softmax(x: torch.Tensor) -> torch.Tensor:
+    x2 = _rows(x)
+    if x.is_cuda:
+        y = torch.empty_like(x2)
+        native.softmax_cuda_device(x2.data_ptr(), x2.shape[0], x2.shape[1], _code(x), "single_pass", y.data_ptr())
+        return y.view(x.shape)
+    y, _ = native.softmax_cpu(to_numpy(x2), _code(x), "stable")
+    return from_numpy(y).view(x.shape)
+
+
+def logsumexp(x: torch.Tensor) -> torch.Tensor:
+    x2 = _rows(x)
+    if x.is_cuda:
+        y = torch.empty_like(x2)
+        lse = torch.empty(x2.shape[0], dtype=torch.float32, device=x.device)
+        native.softmax_cuda_device(x2.data_ptr(), x2.shape[0], x2.shape[1], _code(x), "stable", y.data_ptr(),
+                                   lse_ptr=lse.data_ptr())
+        return lse.to(x.dtype).view(x.shape[:-1])
+    _, lse = native.softmax_cpu(to_numpy(x2), _code(x), "stable")
+    return torch.from_numpy(lse).to(x.dtype).view(x.shape[:-1])
+
+
+def rmsnorm(x: torch.Tensor, weight: torch.Tensor | None, eps: float) -> torch.Tensor:
+    x2 = _rows(x)
+    w = None if weight is None else weight.to(x.dtype).contiguous()
+    if x.is_cuda:
+        y = torch.empty_like(x2)
+        native.rmsnorm_cuda(x2.data_ptr(), x2.shape[0], x2.shape[1], _code(x), None if w is None else w.data_ptr(),
+                            eps, y.data_ptr())
+        return y.view(x.shape)
+    y = native.rmsnorm_cpu(to_numpy(x2), _code(x), None if w is None else to_numpy(w), eps)
+    return from_numpy(y).view(x.shape)
+
+
+def layernorm(x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | None, eps: float) -> torch.Tensor:
+    x2 = _rows(x)
+    w = None if weight is None else weight.to(x.dtype).contiguous()
+    b = None if bias is None else bias.to(x.dtype).contiguous()
+    if x.is_cuda:
+        y = torch.empty_like(x2)
+        native.layernorm_cuda(x2.data_ptr(), x2.shape[0], x2.shape[1], _code(x), None if w is None else w.data_ptr(),
+                              None if b is None else b.data_ptr(), eps, y.data_ptr())
+        return y.view(x.shape)
+    y = native.layernorm_cpu(to_numpy(x2), _code(x), None if w is None else to_numpy(w),
+                             None if b is None else to_numpy(b), eps)
+    return from_numpy(y).view(x.shape)
+
+
+def matmul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    if a.dim() != 2 or b.dim() != 2 or a.shape[1] != b.shape[0]:
+        raise UsageError(f"matmul needs (m, k) @ (k, n), got {tuple(a.shape)} @ {tuple(b.shape)}")
+    a, b = a.contiguous(), b.to(a.dtype).contiguous()
+    if a.is_cuda:
+        c = torch.empty(a.shape[0], b.shape[1], dtype=a.dtype, device=a.device)
+        native.matmul_cuda(a.data_ptr(), b.data_ptr(), a.shape[0], b.shape[1], a.shape[1], _code(a), c.data_ptr(),
+                           version="tiled")
+        return c
+    return from_numpy(native.matmul_cpu(to_numpy(a), to_numpy(b), _code(a)))

@@ -1,0 +1,53 @@
+"""The CUDA norm and matmul kernels through the compare discipline, and the
+device API's argument checks."""
+
+import pytest
+import torch
+
+from precisionlab import native, torch_ops
+from precisionlab.experiments import compare
+
+pytestmark = pytest.mark.gpu
+
+
+@pytest.mark.parametrize("op", compare.OPS)
+def test_cuda_kernels_are_not_flagged(op):
+    res = compare.compare_op(compare.CompareOpConfig(op=op, device="cuda"))
+    assert not res.any_failed, [r["verdict"] for r in res.rows]
+
+
+@pytest.mark.parametrize("version", ["naive", "tiled", "splitk_ordered", "splitk_atomic"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_matmul_versions_match_float64(version, dtype):
+    m, k, n = 77, 1000, 45  # nothing a multiple of the tile
+    a = torch.randn(m, k, device="cuda").to(dtype)
+    b = torch.randn(k, n, device="cuda").to(dtype)
+    c = torch.empty(m, n, device="cuda", dtype=dtype)
+    splits = 4 if version.startswith("splitk") else 1
+    nbytes = native.matmul_workspace_bytes(m, n, version, splits)
+    work = torch.empty(max(nbytes, 4), dtype=torch.uint8, device="cuda")
+    native.matmul_cuda(a.data_ptr(), b.data_ptr(), m, n, k, torch_ops.CODES[dtype], c.data_ptr(), version=version,
+                       splits=splits, work_ptr=work.data_ptr(), work_bytes=work.numel())
+    ref = a.double() @ b.double()
+    tol = {torch.float32: 1e-5, torch.bfloat16: 1e-2, torch.float16: 2e-3}[dtype]
+    assert ((c.double() - ref).norm() / ref.norm()).item() < tol
+
+
+@pytest.mark.parametrize("rows, cols", [(1, 1), (3, 33), (257, 4096), (2, 65536)])
+def test_norms_match_torch(rows, cols):
+    x = torch.randn(rows, cols, device="cuda") + 0.5
+    w = torch.randn(cols, device="cuda")
+    b = torch.randn(cols, device="cuda")
+    y = torch_ops.rmsnorm(x, w, 1e-6)
+    torch.testing.assert_close(y, torch.nn.functional.rms_norm(x, (cols,), w, 1e-6), rtol=1e-5, atol=1e-5)
+    y = torch_ops.layernorm(x, w, b, 1e-5)
+    torch.testing.assert_close(y, torch.nn.functional.layer_norm(x, (cols,), w, b, 1e-5), rtol=1e-5, atol=1e-5)
+
+
+def test_matmul_device_api_checks():
+    a = torch.randn(8, 8, device="cuda")
+    with pytest.raises(native.UsageError, match="workspace"):
+        native.matmul_cuda(a.data_ptr(), a.data_ptr(), 8, 8, 8, 1, a.data_ptr(), version="splitk_ordered", splits=2)
+    host = torch.randn(8, 8)
+    with pytest.raises(native.UsageError, match="not a device pointer"):
+        native.matmul_cuda(host.data_ptr(), a.data_ptr(), 8, 8, 8, 1, a.data_ptr())
