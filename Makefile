@@ -54,10 +54,10 @@ $(PKG_LIB): $(LIB)
 $(LIB): $(SOURCES) $(HEADERS) Makefile
 	@mkdir -p build
 ifneq ($(HAVE_NVCC),)
-	$(NVCC) $(NVCC_FLAGS) -DPL_BUILD_FLAGS='"nvcc $(NVCC_FLAGS)"' -shared -o $@ $(SOURCES)
+	$(NVCC) $(NVCC_FLAGS) -DPL_BUILD_FLAGS='"nvcc $(NVCC_FLAGS)"' -shared -o $@ $(SOURCES) -lpthread
 else
 	@echo "precisionlab: nvcc not found: building the host-only library; GPU experiments are unavailable." >&2
-	$(CXX) $(HOST_FLAGS) -DPL_BUILD_FLAGS='"$(CXX) $(HOST_FLAGS)"' -x c++ -shared -o $@ $(SOURCES)
+	$(CXX) $(HOST_FLAGS) -DPL_BUILD_FLAGS='"$(CXX) $(HOST_FLAGS)"' -x c++ -shared -o $@ $(SOURCES) -lpthread
 endif
 
 demo: setup lib

@@ -24,6 +24,7 @@
  */
 #include <cstdio>
 #include <cstdlib>
+#include <thread>
 #include <vector>
 
 #include "common.cuh"
@@ -127,6 +128,28 @@ extern "C" int pl_accumulate_cpu(const double* x, int64_t n, int accumulator, in
         case PL_KAHAN: *result = cpu_kahan(x, n, f); break;
         case PL_NEUMAIER: *result = cpu_neumaier(x, n, f); break;
     }
+    return PL_OK;
+}
+
+extern "C" int pl_sum_cpu_threads(const double* x, int64_t n, int threads, double* result) {
+    PL_REQUIRE_PTR(x);
+    PL_REQUIRE_PTR(result);
+    PL_REQUIRE_N(n);
+    PL_REQUIRE(threads >= 1 && threads <= 256, PL_ERR_INVALID_ARGUMENT, "threads must be in [1, 256] (got %d)", threads);
+    std::vector<float> part((size_t)threads, 0.0f);
+    std::vector<std::thread> pool;
+    const int64_t chunk = (n + threads - 1) / threads;
+    for (int t = 0; t < threads; ++t) {
+        pool.emplace_back([&, t] {
+            float s = 0.0f;
+            for (int64_t i = t * chunk; i < n && i < (t + 1) * chunk; ++i) s += (float)x[i];
+            part[(size_t)t] = s;
+        });
+    }
+    for (auto& th : pool) th.join();
+    float s = 0.0f;
+    for (int t = 0; t < threads; ++t) s += part[(size_t)t];
+    *result = s;
     return PL_OK;
 }
 

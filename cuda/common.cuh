@@ -15,6 +15,7 @@
 #include <cstdint>
 #include <cstring>
 #include <limits>
+#include <vector>
 
 #include "precisionlab.h"
 
@@ -214,6 +215,25 @@ static inline float pl_pairwise_sum(const float* e, int64_t n) {
 static inline int pl_lanes_for(int64_t work) {
     const int64_t t = (work + 31) / 32 * 32;
     return (int)(t < 32 ? 32 : t > 1024 ? 1024 : t);
+}
+
+// The launch heuristic of the "adaptive" GPU row kernels: a whole block per
+// row while the batch cannot fill the SMs, one warp per row once it can. It
+// makes a row's reduction order, and so its bits, depend on the batch size.
+static inline int pl_adaptive_lanes_for(int64_t rows, int64_t cols, int sm_count) {
+    const int t = rows < sm_count ? 1024 : 32;
+    const int c = pl_lanes_for(cols);
+    return t < c ? t : c;
+}
+
+// sum f(j), j in [0, n), in a GPU block's order: lane l adds j = l, l + lanes,
+// ... in turn, then the lane sums combine pairwise (a stand-in for the shuffle
+// tree). The CPU uses it to emulate a given launch.
+template <typename F>
+static inline float pl_lane_sum(F f, int64_t n, int lanes) {
+    std::vector<float> part((size_t)lanes, 0.0f);
+    for (int64_t j = 0; j < n; ++j) part[(size_t)(j % lanes)] += f(j);
+    return pl_pairwise_sum(part.data(), lanes);
 }
 
 constexpr float pl_neg_inf = -std::numeric_limits<float>::infinity();

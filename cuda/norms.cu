@@ -12,7 +12,7 @@
  *                        reduction order depends on cols alone, so a row's
  *                        bits do not depend on how many rows come with it.
  *   version 2, adaptive  threads chosen from the batch too (1024 for a small
- *                        batch to use the SMs, 128 for a large one), as launch
+ *                        batch to use the SMs, a warp for a large one), as launch
  *                        heuristics do: the same row gives different bits at
  *                        different batch sizes. Kept to show exactly that.
  * 1/sqrt is IEEE sqrtf and division, not rsqrtf (an approximation).
@@ -56,6 +56,27 @@ extern "C" int pl_rmsnorm_cpu(const void* x, int64_t rows, int64_t cols, int dty
         }
     }
     return PL_OK;
+}
+
+extern "C" int pl_rmsnorm_cpu_lanes(const void* x, int64_t rows, int64_t cols, int dtype, const void* w, float eps,
+                                    void* y, int lanes) {
+    if (int st = check_norm_args(x, y, rows, cols, dtype, eps, __func__)) return st;
+    PL_REQUIRE(lanes >= 1 && lanes <= 1024, PL_ERR_INVALID_ARGUMENT, "lanes must be in [1, 1024] (got %d)", lanes);
+    for (int64_t r = 0; r < rows; ++r) {
+        const int64_t off = r * cols;
+        const float s = pl_lane_sum([&](int64_t j) { const float v = pl_load_host(x, off + j, dtype); return v * v; },
+                                    cols, lanes);
+        const float inv = 1.0f / std::sqrt(s / (float)cols + eps);
+        for (int64_t j = 0; j < cols; ++j) {
+            const float v = pl_load_host(x, off + j, dtype) * inv;
+            pl_store_host(y, off + j, dtype, w ? v * pl_load_host(w, j, dtype) : v);
+        }
+    }
+    return PL_OK;
+}
+
+extern "C" int pl_adaptive_lanes(int64_t rows, int64_t cols, int sm_count) {
+    return pl_adaptive_lanes_for(rows, cols, sm_count);
 }
 
 extern "C" int pl_layernorm_cpu(const void* x, int64_t rows, int64_t cols, int dtype, const void* w, const void* b,
@@ -125,13 +146,10 @@ __global__ void layernorm_kernel(const T* __restrict__ x, const T* __restrict__ 
     }
 }
 
-// Version 2's heuristic: many threads per row while the batch is too small to
-// fill the GPU, few once it is not.
 int adaptive_threads(int64_t rows, int64_t cols) {
     int dev = 0, sms = 132;
     if (cudaGetDevice(&dev) == cudaSuccess) cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
-    const int t = rows < 2 * (int64_t)sms ? 1024 : 128;
-    return t < pl_lanes_for(cols) ? t : pl_lanes_for(cols);
+    return pl_adaptive_lanes_for(rows, cols, sms);
 }
 
 template <typename T>

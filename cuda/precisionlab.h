@@ -59,6 +59,10 @@ enum pl_cpu_method {
     PL_CPU_METHOD_COUNT_ = 5
 };
 
+/* CPU fp32 sum split into `threads` equal chunks summed by that many threads,
+ * the chunk sums added in order: the bits depend on the thread count. */
+int pl_sum_cpu_threads(const double* x, int64_t n, int threads, double* result);
+
 /* GPU summation methods (pl_sum_cuda*). */
 enum pl_gpu_method {
     PL_GPU_TREE = 0,       /* warp shuffle + block tree, two passes: deterministic */
@@ -146,7 +150,8 @@ enum pl_softmax_method {
     PL_SOFTMAX_LOWP_ACCUM = 6,        /* exps and sum rounded to the input format */
     PL_SOFTMAX_SINGLE_PASS = 7,       /* GPU only: row in registers, one read one write */
     PL_SOFTMAX_ONLINE_VEC = 8,        /* GPU only: vectorised online, two reads one write */
-    PL_SOFTMAX_METHOD_COUNT_ = 9
+    PL_SOFTMAX_STABLE_ADAPTIVE = 9,   /* GPU only: stable, threads chosen from the batch size too */
+    PL_SOFTMAX_METHOD_COUNT_ = 10
 };
 enum pl_masked_policy { PL_MASKED_NAN = 0, PL_MASKED_ZERO = 1 };
 
@@ -156,6 +161,11 @@ int pl_softmax_lanes(int64_t cols);
 
 int pl_softmax_cpu(const void* x, int64_t rows, int64_t cols, int dtype, int method, int masked, void* y,
                    double* lse);
+/* Stable softmax with the sum in the order of a `lanes`-thread GPU block (1..1024). */
+int pl_softmax_cpu_lanes(const void* x, int64_t rows, int64_t cols, int dtype, void* y, int lanes);
+/* Threads per row the adaptive GPU kernels use: 1024 while rows < sm_count, else
+ * 32, at most cols rounded up to a warp. */
+int pl_adaptive_lanes(int64_t rows, int64_t cols, int sm_count);
 /* Host pointers; uploads, runs, downloads. */
 int pl_softmax_cuda(const void* x, int64_t rows, int64_t cols, int dtype, int method, int masked, void* y,
                     double* lse);
@@ -173,6 +183,9 @@ enum pl_norm_version {
 int pl_rmsnorm_cpu(const void* x, int64_t rows, int64_t cols, int dtype, const void* w, float eps, void* y);
 int pl_layernorm_cpu(const void* x, int64_t rows, int64_t cols, int dtype, const void* w, const void* b, float eps,
                      void* y);
+/* RMSNorm with the statistic summed in the order of a `lanes`-thread GPU block. */
+int pl_rmsnorm_cpu_lanes(const void* x, int64_t rows, int64_t cols, int dtype, const void* w, float eps, void* y,
+                         int lanes);
 /* Device pointers; asynchronous on the legacy default stream. */
 int pl_rmsnorm_cuda(const void* x_dev, int64_t rows, int64_t cols, int dtype, const void* w_dev, float eps,
                     void* y_dev, int version);

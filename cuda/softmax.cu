@@ -26,6 +26,9 @@
  *              read once, written once; max and sum are block all-reduces.
  *              Rows longer than 32768 columns fall back to version 3 (more
  *              vectors a thread would spill: see ptxas -v).
+ *   stable_adaptive  version 1's stable kernel launched with threads chosen
+ *              from the batch size too (pl_adaptive_lanes): a row's bits then
+ *              depend on the batch it came in. Shown by nondeterminism.
  *   version 3  online_vec: 16-byte loads, a per-thread online (max, sum) pair,
  *              one block combine, then the write pass: two reads, one write.
  *
@@ -166,13 +169,31 @@ float cpu_row(const void* x, void* y, int64_t off, int64_t cols, int dtype, int 
 
 extern "C" int pl_softmax_lanes(int64_t cols) { return pl_lanes_for(cols); }
 
+// The stable softmax with its sum taken in the order of a GPU block of `lanes`
+// threads: lets the CPU show what a batch-dependent launch does to the bits.
+extern "C" int pl_softmax_cpu_lanes(const void* x, int64_t rows, int64_t cols, int dtype, void* y, int lanes) {
+    PL_REQUIRE_PTR(x);
+    PL_REQUIRE_PTR(y);
+    if (int st = check_softmax_args(rows, cols, dtype, PL_SOFTMAX_STABLE, PL_MASKED_NAN, __func__)) return st;
+    PL_REQUIRE(lanes >= 1 && lanes <= 1024, PL_ERR_INVALID_ARGUMENT, "lanes must be in [1, 1024] (got %d)", lanes);
+    for (int64_t r = 0; r < rows; ++r) {
+        const int64_t off = r * cols;
+        float m = pl_neg_inf;
+        for (int64_t j = 0; j < cols; ++j) m = std::fmax(m, pl_load_host(x, off + j, dtype));
+        const float s = pl_lane_sum([&](int64_t j) { return std::exp(pl_load_host(x, off + j, dtype) - m); }, cols, lanes);
+        for (int64_t j = 0; j < cols; ++j) pl_store_host(y, off + j, dtype, std::exp(pl_load_host(x, off + j, dtype) - m) / s);
+    }
+    return PL_OK;
+}
+
 extern "C" int pl_softmax_cpu(const void* x, int64_t rows, int64_t cols, int dtype, int method, int masked, void* y,
                               double* lse) {
     PL_REQUIRE_PTR(x);
     PL_REQUIRE_PTR(y);
     if (int st = check_softmax_args(rows, cols, dtype, method, masked, __func__)) return st;
-    PL_REQUIRE(method != PL_SOFTMAX_SINGLE_PASS && method != PL_SOFTMAX_ONLINE_VEC, PL_ERR_UNSUPPORTED,
-               "single_pass and online_vec are GPU kernels");
+    PL_REQUIRE(method != PL_SOFTMAX_SINGLE_PASS && method != PL_SOFTMAX_ONLINE_VEC &&
+                   method != PL_SOFTMAX_STABLE_ADAPTIVE,
+               PL_ERR_UNSUPPORTED, "single_pass, online_vec and stable_adaptive are GPU kernels");
     for (int64_t r = 0; r < rows; ++r) {
         const float l = cpu_row(x, y, r * cols, cols, dtype, method, masked);
         if (lse) lse[r] = (double)l;
@@ -431,6 +452,13 @@ int launch(const void* xv, void* yv, int64_t rows, int64_t cols, int method, int
     switch (method) {
         case PL_SOFTMAX_NAIVE: launch_v1<T, PL_SOFTMAX_NAIVE>(x, y, rows, cols, lse, masked); break;
         case PL_SOFTMAX_STABLE: launch_v1<T, PL_SOFTMAX_STABLE>(x, y, rows, cols, lse, masked); break;
+        case PL_SOFTMAX_STABLE_ADAPTIVE: {
+            int dev = 0, sms = 132;
+            if (cudaGetDevice(&dev) == cudaSuccess) cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
+            softmax_v1<T, PL_SOFTMAX_STABLE><<<(unsigned)rows, pl_adaptive_lanes_for(rows, cols, sms)>>>(x, y, cols, lse,
+                                                                                                      masked);
+            break;
+        }
         case PL_SOFTMAX_ONLINE: launch_v1<T, PL_SOFTMAX_ONLINE>(x, y, rows, cols, lse, masked); break;
         case PL_SOFTMAX_BUG_ZERO_IDENTITY: launch_v1<T, PL_SOFTMAX_BUG_ZERO_IDENTITY>(x, y, rows, cols, lse, masked); break;
         case PL_SOFTMAX_BUG_ZERO_START: launch_v1<T, PL_SOFTMAX_BUG_ZERO_START>(x, y, rows, cols, lse, masked); break;

@@ -108,6 +108,30 @@ def softmax(
 
 
 @app.command()
+def nondeterminism(
+    runs: Annotated[int, typer.Option("--runs", help="Repetitions of each computation (at least 2).")] = 100,
+    n: Annotated[int, typer.Option("--n", help="Values in the summed array.")] = 1 << 24,
+    sections: Annotated[Optional[str], typer.Option("--sections", help="Comma list: atomics, splitk, batch, torch_ops, threads.")] = None,
+    plot: Annotated[Optional[str], typer.Option("--plot", help="Histogram of the atomic results, in ulps around fsum, to this PNG.")] = None,
+    device: DeviceOpt = "auto",
+    seed: SeedOpt = 0,
+    json_out: JsonOpt = False,
+):
+    """Run-to-run and batch-size variation: atomics, split-K, batch invariance, torch ops, threads."""
+    from precisionlab import report
+    from precisionlab.experiments import nondeterminism as exp
+
+    if plot:
+        report.require_matplotlib()
+    cfg = exp.NondetConfig(runs=runs, n=n, device=device, seed=seed, sections=sections, keep_samples=plot is not None)
+    with report.progress(exp.planned_steps(cfg), "nondeterminism", enabled=not json_out) as advance:
+        result = exp.run(cfg, advance)
+    if plot:
+        report.nondeterminism_plot(result, plot)
+    (report.nondeterminism_json if json_out else report.nondeterminism_table)(result)
+
+
+@app.command()
 def tf32(
     m: Annotated[int, typer.Option("--m", help="Rows of A.")] = 4096,
     n: Annotated[int, typer.Option("--n", help="Columns of B.")] = 4096,

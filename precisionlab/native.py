@@ -31,8 +31,8 @@ CPU_METHODS = {"sequential": 0, "pairwise": 1, "kahan": 2, "neumaier": 3, "stoch
 GPU_METHODS = {"tree": 0, "tree_kahan": 1, "atomic": 2}
 # pl_softmax_method, pl_masked_policy
 SOFTMAX_METHODS = {"naive": 0, "stable": 1, "online": 2, "bug_zero_identity": 3, "bug_zero_start": 4,
-                   "bug_no_rescale": 5, "lowp_accum": 6, "single_pass": 7, "online_vec": 8}
-SOFTMAX_GPU_ONLY = {"single_pass", "online_vec"}
+                   "bug_no_rescale": 5, "lowp_accum": 6, "single_pass": 7, "online_vec": 8, "stable_adaptive": 9}
+SOFTMAX_GPU_ONLY = {"single_pass", "online_vec", "stable_adaptive"}
 MASKED = {"nan": 0, "zero": 1}
 NORM_VERSIONS = {"block": 1, "adaptive": 2}
 MATMUL_VERSIONS = {"naive": 1, "tiled": 2, "splitk_atomic": 3, "splitk_ordered": 4}
@@ -59,6 +59,15 @@ _PROTOTYPES = {
     # int pl_accumulate_cpu(const double* x, int64_t n, int accumulator, int method, uint64_t seed,
     #                       double* result, int64_t* stall_step, double* stall_value, double* trace)
     "pl_accumulate_cpu": (c_int, [_d, c_int64, c_int, c_int, c_uint64, _d, _i64, _d, _d]),
+    # int pl_sum_cpu_threads(const double* x, int64_t n, int threads, double* result)
+    "pl_sum_cpu_threads": (c_int, [_d, c_int64, c_int, _d]),
+    # int pl_softmax_cpu_lanes(const void* x, int64_t rows, int64_t cols, int dtype, void* y, int lanes)
+    "pl_softmax_cpu_lanes": (c_int, [c_void_p, c_int64, c_int64, c_int, c_void_p, c_int]),
+    # int pl_rmsnorm_cpu_lanes(const void* x, int64_t rows, int64_t cols, int dtype, const void* w, float eps,
+    #                          void* y, int lanes)
+    "pl_rmsnorm_cpu_lanes": (c_int, [c_void_p, c_int64, c_int64, c_int, c_void_p, c_float, c_void_p, c_int]),
+    # int pl_adaptive_lanes(int64_t rows, int64_t cols, int sm_count)
+    "pl_adaptive_lanes": (c_int, [c_int64, c_int64, c_int]),
     # int pl_sum_workspace_bytes(int64_t n, int storage, int method, size_t* bytes)
     "pl_sum_workspace_bytes": (c_int, [c_int64, c_int, c_int, _sz]),
     # int pl_sum_cuda_device(const void* x_dev, int64_t n, int storage, int accumulator, int method,
@@ -370,3 +379,32 @@ def matmul_cuda(a_ptr: int, b_ptr: int, m: int, n: int, k: int, dtype_code: int,
                 splits: int = 1, work_ptr: int | None = None, work_bytes: int = 0) -> None:
     _call("pl_matmul_cuda", a_ptr, b_ptr, m, n, k, dtype_code, MATMUL_VERSIONS[version], splits, work_ptr, work_bytes,
           c_ptr)
+
+
+def sum_cpu_threads(x, threads: int) -> float:
+    """fp32 sum in `threads` chunks, one thread each, chunk sums added in order."""
+    x = _as_f64(x)
+    out = c_double()
+    _call("pl_sum_cpu_threads", _dptr(x), x.size, threads, ctypes.byref(out))
+    return out.value
+
+
+def softmax_cpu_lanes(x: np.ndarray, dtype_code: int, lanes: int) -> np.ndarray:
+    """Stable softmax with the sum in the order of a `lanes`-thread GPU block."""
+    x = np.ascontiguousarray(x)
+    y = np.empty_like(x)
+    _call("pl_softmax_cpu_lanes", x.ctypes.data, x.shape[0], x.shape[1], dtype_code, y.ctypes.data, lanes)
+    return y
+
+
+def rmsnorm_cpu_lanes(x: np.ndarray, dtype_code: int, w: np.ndarray | None, eps: float, lanes: int) -> np.ndarray:
+    x = np.ascontiguousarray(x)
+    y = np.empty_like(x)
+    w = None if w is None else np.ascontiguousarray(w)
+    _call("pl_rmsnorm_cpu_lanes", x.ctypes.data, x.shape[0], x.shape[1], dtype_code, _ptr(w), eps, y.ctypes.data,
+          lanes)
+    return y
+
+
+def adaptive_lanes(rows: int, cols: int, sm_count: int) -> int:
+    return _load().pl_adaptive_lanes(rows, cols, sm_count)

@@ -482,3 +482,83 @@ def compare_tensors_table(res) -> None:
 
 def compare_tensors_json(res) -> None:
     emit_json("compare tensors", {"params": res.params, "rows": res.rows, "takeaways": res.takeaways})
+
+
+# ---------------------------------------------------------------------------
+# nondeterminism
+
+_NONDET_TITLES = {
+    "atomics": "atomics vs tree: one fp32 sum, run after run",
+    "splitk": "split-K matmul",
+    "batch": "batch invariance: rows alone vs inside batches of 1 ... 1024 (torch: row 0; kernels: first 64 rows)",
+    "torch_ops": "torch's nondeterministic ops",
+    "threads": "CPU threads: chunking follows the thread count",
+}
+
+
+def nondeterminism_table(res) -> None:
+    for section in res.params["sections"]:
+        rows = [r for r in res.rows if r["section"] == section]
+        if not rows:
+            continue
+        t = Table(title=_NONDET_TITLES[section], title_justify="left")
+        t.add_column("device")
+        t.add_column("variant", overflow="fold")
+        if section == "threads":
+            for col in ("result", "error vs fsum", "same bits as"):
+                t.add_column(col, justify="right")
+            for r in rows:
+                t.add_row(r["device"], r["variant"], num(r["result"]), sci(r["abs_error"]),
+                          ", ".join(map(str, r["matches"])) or "-")
+        else:
+            for col in ("runs", "distinct", "spread (ulps)", "max diff", "note"):
+                t.add_column(col, justify="right" if col != "note" else "left", overflow="fold")
+            for r in rows:
+                note = ""
+                if section == "splitk":
+                    note = f"{sci(r['diff_vs_unsplit'])} from unsplit; rel L2 vs fp64 {sci(r['rel_l2_vs_fp64'])}"
+                elif section == "batch":
+                    note = ("differs at batch " + ", ".join(map(str, r["differs_at"]))) if r["differs_at"] else \
+                        "identical at every batch size"
+                    if r.get("rows_changed") is not None:
+                        note += f"; rows changed {r['rows_changed']} of {r['rows_compared']}"
+                elif section == "torch_ops" and r.get("refused"):
+                    note = escape(f"refused: {r['refused']}")
+                label = r["variant"] + (" [emulated]" if r["emulated"] else "")
+                t.add_row(r["device"], escape(label), str(r["runs"]),
+                          "-" if r["distinct"] is None else f"{r['distinct']} of {r['runs']}",
+                          "-" if r["max_spread_ulps"] is None else _ulps(r["max_spread_ulps"]),
+                          sci(r["max_abs_diff"]), note)
+        stdout.print(t)
+        if section in res.takeaways:
+            stdout.print(f"• {res.takeaways[section]}", highlight=False)
+    if res.devices.get("cuda_unavailable"):
+        stdout.print(f"GPU sections unavailable: {res.devices['cuda_unavailable']}", style="dim", highlight=False)
+
+
+def nondeterminism_json(res) -> None:
+    emit_json("nondeterminism", {"params": res.params, "devices": res.devices, "exact": res.exact,
+                                 "rows": res.rows, "takeaways": res.takeaways})
+
+
+def nondeterminism_plot(res, path: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from precisionlab import formats
+
+    ulp = float(formats.get("fp32").spacing(res.exact))
+    fig, ax = plt.subplots(figsize=(8, 5))
+    for label, s in res.samples.items():
+        ax.hist((s - res.exact) / ulp, bins=40, alpha=0.6, label=label)
+    ax.axvline(0, color="k", lw=0.8)
+    ax.set_xlabel("result - fsum (fp32 ulps at the exact sum)")
+    ax.set_ylabel("runs")
+    ax.set_title(f"atomic sums of the same {res.params['n']} values")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    hint(f"plot written to {path}")

@@ -35,8 +35,37 @@ def main() -> int:
                 for masked in native.MASKED:
                     native.softmax_cuda(xs, fmt.code, method, masked)
                     calls += 1
+    calls += _torch_kernels(rng)
     print(f"sanitize: {calls} kernel calls ran")
     return 0
+
+
+def _torch_kernels(rng) -> int:
+    """Kernels with only a device-pointer API: their memory comes from torch."""
+    import torch
+
+    calls = 0
+    for rows, cols in ((1, 1), (3, 33), (300, 4096)):
+        for dt, code in ((torch.float32, 1), (torch.bfloat16, 3), (torch.float16, 2)):
+            x = torch.randn(rows, cols, device="cuda").to(dt)
+            w, b, y = torch.randn(cols, device="cuda").to(dt), torch.randn(cols, device="cuda").to(dt), torch.empty_like(x)
+            for version in native.NORM_VERSIONS:
+                native.rmsnorm_cuda(x.data_ptr(), rows, cols, code, w.data_ptr(), 1e-6, y.data_ptr(), version)
+            native.layernorm_cuda(x.data_ptr(), rows, cols, code, w.data_ptr(), b.data_ptr(), 1e-5, y.data_ptr())
+            native.softmax_cuda_device(x.data_ptr(), rows, cols, code, "stable_adaptive", y.data_ptr())
+            calls += 4
+    for m, k, n in ((1, 1, 1), (17, 33, 45), (128, 1000, 96)):
+        a, bm = torch.randn(m, k, device="cuda"), torch.randn(k, n, device="cuda")
+        c = torch.empty(m, n, device="cuda")
+        for version in native.MATMUL_VERSIONS:
+            splits = 3 if version.startswith("splitk") else 1
+            work = torch.empty(max(4, native.matmul_workspace_bytes(m, n, version, splits)), dtype=torch.uint8,
+                               device="cuda")
+            native.matmul_cuda(a.data_ptr(), bm.data_ptr(), m, n, k, 1, c.data_ptr(), version=version, splits=splits,
+                               work_ptr=work.data_ptr(), work_bytes=work.numel())
+            calls += 1
+    torch.cuda.synchronize()
+    return calls
 
 
 if __name__ == "__main__":

@@ -219,4 +219,36 @@ def matmul_gpu(seed: int, quick: bool, advance) -> list[dict]:
                      "accumulator": "fp32", "n": n, "shape": [n, n, n], "time_ms": ms,
                      "gbps": 3 * n * n * xa.element_size() / (ms * 1e-3) / 1e9, "tflops": 2 * n**3 / (ms * 1e-3) / 1e12,
                      "vs_baseline": base_ms / ms, "baseline": "fp32 (tf32 off)"})
+    return rows + splitk_gpu(seed, quick, advance)
+
+
+# The cost of determinism for split-K: a skinny output with a long K, where
+# splitting K is what fills the GPU.
+SPLITK_SHAPE = (512, 16384, 512)
+SPLITK_SPLITS = 8
+
+
+def splitk_gpu(seed: int, quick: bool, advance) -> list[dict]:
+    from precisionlab.experiments import cuda_timing as ct
+
+    torch = ct.torch()
+    m, k, n = SPLITK_SHAPE
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    a = torch.randn(m, k, device="cuda", generator=g)
+    b = torch.randn(k, n, device="cuda", generator=g)
+    c = torch.empty(m, n, device="cuda")
+    work = torch.empty(native.matmul_workspace_bytes(m, n, "splitk_ordered", SPLITK_SPLITS), dtype=torch.uint8,
+                       device="cuda")
+    rows, base = [], None
+    for version, splits in (("splitk_atomic", SPLITK_SPLITS), ("splitk_ordered", SPLITK_SPLITS), ("tiled", 1)):
+        ms = ct.median_ms(lambda i: native.matmul_cuda(a.data_ptr(), b.data_ptr(), m, n, k, 1, c.data_ptr(),
+                                                       version=version, splits=splits, work_ptr=work.data_ptr(),
+                                                       work_bytes=work.numel()), 10 if quick else 20, reps=3)
+        advance()
+        base = base or ms
+        rows.append({"section": "matmul", "device": "cuda", "kernel": f"{version} (splits {splits})", "dtype": "fp32",
+                     "accumulator": "fp32", "n": m * n, "shape": [m, k, n], "time_ms": ms,
+                     "gbps": (m * k + k * n + m * n) * 4 / (ms * 1e-3) / 1e9,
+                     "tflops": 2 * m * n * k / (ms * 1e-3) / 1e12, "vs_baseline": base / ms,
+                     "baseline": "splitk_atomic"})
     return rows

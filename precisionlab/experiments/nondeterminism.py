@@ -1,0 +1,439 @@
+"""nondeterminism: run-to-run and batch-size variation, and how to remove it.
+
+Sections
+  atomics     one fp32 sum, N times: atomicAdd of block partials vs a two-pass
+              tree. The CPU emulates atomics by adding the same block partials
+              in a seeded random arrival order each run.
+  splitk      a matmul with K split in slices: slices combined by atomics vs in
+              slice order vs not split at all.
+  batch       row 0's result alone and inside batches of 1 ... 1024 rows:
+              torch's matmul, and this project's softmax and RMSNorm with a
+              batch-dependent launch vs the batch-invariant one.
+  torch_ops   torch's index_add_ and scatter_add_, then the same under
+              torch.use_deterministic_algorithms(True).
+  threads     a CPU sum chunked by thread count, for 1, 2, 4 and 8 threads.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from precisionlab import devices, formats, inputs, metrics, native
+from precisionlab.errors import UsageError
+
+SECTIONS = ("atomics", "splitk", "batch", "torch_ops", "threads")
+BATCH_SIZES = [1, 2, 17, 33, 128, 257, 1024]
+H200_SMS = 132  # the CPU emulation's stand-in for the GPU's SM count
+EMULATED_BLOCKS = H200_SMS * 4  # the accumulate tree's grid on an H200: 4 blocks per SM
+SPLITK = dict(m=128, n=128, k=8192, splits=8)
+BATCH_COLS = 4096
+CUBLAS_DETERMINISTIC = ":4096:8"
+
+
+@dataclass
+class NondetConfig:
+    runs: int = 100
+    n: int = 1 << 24
+    device: str = "auto"
+    seed: int = 0
+    sections: str | None = None
+    keep_samples: bool = False  # the atomic results, for the plot
+
+
+@dataclass
+class NondetResult:
+    params: dict
+    rows: list[dict]
+    takeaways: dict[str, str]
+    devices: dict
+    samples: dict[str, np.ndarray] = field(default_factory=dict)
+    exact: float = math.nan
+
+
+def run(cfg: NondetConfig, advance=lambda k=1: None) -> NondetResult:
+    if cfg.runs < 2:
+        raise UsageError(f"--runs must be at least 2 to compare runs (got {cfg.runs})")
+    if cfg.runs > 100_000:
+        raise UsageError(f"--runs {cfg.runs} is absurd here (at most 100000)")
+    inputs.check_n(cfg.n, 8 * 3)
+    sections = _sections(cfg.sections)
+    plan = devices.resolve(cfg.device)
+    if plan.cuda and "CUBLAS_WORKSPACE_CONFIG" not in os.environ and "torch_ops" in sections:
+        # read when cuBLAS makes its handle, so it has to be in place before any GPU matmul
+        os.environ["CUBLAS_WORKSPACE_CONFIG"] = CUBLAS_DETERMINISTIC
+    rng = np.random.default_rng(cfg.seed)
+    x = rng.standard_normal(cfg.n).astype(np.float32).astype(np.float64)
+    exact = metrics.exact_sum(x)
+    rows: list[dict] = []
+    samples: dict[str, np.ndarray] = {}
+    if "atomics" in sections:
+        if plan.cpu:
+            r, s = _atomics_cpu(x, exact, cfg)
+            rows += r
+            samples.update(s)
+            advance()
+        if plan.cuda:
+            r, s = _atomics_gpu(x, exact, cfg)
+            rows += r
+            samples.update(s)
+            advance()
+    if "splitk" in sections:
+        for dev in plan.names:
+            rows += _splitk(dev, cfg)
+            advance()
+    if "batch" in sections:
+        for dev in plan.names:
+            rows += _batch_torch(dev, cfg.seed) + _batch_kernels(dev, cfg.seed)
+            advance()
+    if "torch_ops" in sections:
+        for dev in plan.names:
+            rows += _torch_ops(dev, cfg)
+            advance()
+    if "threads" in sections:
+        rows += _threads(x, exact)
+    return NondetResult(
+        params={"runs": cfg.runs, "n": cfg.n, "device": cfg.device, "seed": cfg.seed, "sections": sections,
+                "batch_sizes": BATCH_SIZES, "splitk": SPLITK, "emulated_blocks": EMULATED_BLOCKS,
+                "CUBLAS_WORKSPACE_CONFIG": os.environ.get("CUBLAS_WORKSPACE_CONFIG")},
+        rows=rows, takeaways=takeaways(rows), samples=samples if cfg.keep_samples else {}, exact=exact,
+        devices={"cpu": plan.cpu, "cuda": plan.cuda, "cuda_unavailable": plan.cuda_unavailable,
+                 "gpu_name": devices.gpu_name() if plan.cuda else None},
+    )
+
+
+def planned_steps(cfg: NondetConfig) -> int:
+    return 10
+
+
+def _sections(text: str | None) -> list[str]:
+    if not text:
+        return list(SECTIONS)
+    out = [s.strip() for s in text.split(",") if s.strip()]
+    for s in out:
+        if s not in SECTIONS:
+            raise UsageError(f"unknown section {s!r}; choose from {', '.join(SECTIONS)}")
+    return out
+
+
+# ---------------------------------------------------------------------------
+# measures
+
+
+def _bits(values) -> list[bytes]:
+    return [np.ascontiguousarray(v).tobytes() for v in values]
+
+
+def spread(results: np.ndarray, exact: float, fmt_name: str = "fp32") -> dict:
+    """distinct bit patterns, and how far apart the results lie."""
+    r = np.asarray(results, dtype=np.float64)
+    distinct = len(set(_bits(r)))
+    ulp = float(formats.get(fmt_name).spacing(exact)) if math.isfinite(exact) else math.nan
+    diff = float(r.max() - r.min())
+    return {"distinct": distinct, "max_abs_diff": diff, "max_spread_ulps": diff / ulp if ulp else math.nan,
+            "rel_spread": diff / abs(exact) if exact else math.nan}
+
+
+def _row(section, variant, device, runs, emulated=False, **kw) -> dict:
+    return {"section": section, "variant": variant, "device": device, "runs": runs, "emulated": emulated,
+            "distinct": None, "max_spread_ulps": None, "max_abs_diff": None, **kw}
+
+
+# ---------------------------------------------------------------------------
+# atomics vs tree
+
+
+def block_partials(x: np.ndarray, blocks: int) -> np.ndarray:
+    """fp32 sums of `blocks` contiguous slices, each a pairwise sum in the
+    library's exact fp32 emulation."""
+    fp32 = formats.get("fp32").code
+    return np.array([native.accumulate_cpu(part, fp32, "pairwise").result for part in np.array_split(x, blocks)])
+
+
+def _atomics_cpu(x, exact, cfg):
+    fp32 = formats.get("fp32").code
+    parts = block_partials(x, EMULATED_BLOCKS)
+    rng = np.random.default_rng(cfg.seed)
+    atomic = np.array([native.accumulate_cpu(parts[rng.permutation(parts.size)], fp32, "sequential").result
+                       for _ in range(cfg.runs)])
+    tree = np.array([native.accumulate_cpu(parts, fp32, "pairwise").result for _ in range(cfg.runs)])
+    rows = [_row("atomics", "atomic (emulated arrival order)", "cpu", cfg.runs, True, **spread(atomic, exact),
+                 mean_error=float(np.mean(atomic) - exact)),
+            _row("atomics", "two-pass tree", "cpu", cfg.runs, True, **spread(tree, exact),
+                 mean_error=float(tree[0] - exact))]
+    return rows, {"cpu atomic (emulated)": atomic}
+
+
+def _atomics_gpu(x, exact, cfg):
+    fp32 = formats.get("fp32").code
+    rows, samples = [], {}
+    for method, label in (("atomic", "atomic (atomicAdd per block)"), ("tree", "two-pass tree")):
+        r = native.sum_cuda(x, fp32, fp32, method, runs=cfg.runs)
+        rows.append(_row("atomics", label, "cuda", cfg.runs, **spread(r, exact), mean_error=float(np.mean(r) - exact)))
+        if method == "atomic":
+            samples["cuda atomic"] = r
+    return rows, samples
+
+
+# ---------------------------------------------------------------------------
+# split-K
+
+
+def _splitk(device: str, cfg: NondetConfig) -> list[dict]:
+    m, n, k, s = SPLITK["m"], SPLITK["n"], SPLITK["k"], SPLITK["splits"]
+    rng = np.random.default_rng(cfg.seed + 1)
+    a = rng.standard_normal((m, k)).astype(np.float32)
+    b = rng.standard_normal((k, n)).astype(np.float32)
+    ref = a.astype(np.float64) @ b.astype(np.float64)
+    if device == "cpu":
+        slices = np.array_split(np.arange(k), s)
+        parts = [a[:, sl] @ b[sl, :] for sl in slices]
+        unsplit = _fp32_sum([a @ b])
+        order = np.random.default_rng(cfg.seed)
+        atomic = [_fp32_sum([parts[i] for i in order.permutation(s)]) for _ in range(cfg.runs)]
+        ordered = [_fp32_sum(parts) for _ in range(cfg.runs)]
+        emulated = True
+    else:
+        atomic, ordered, unsplit = _splitk_gpu(a, b, s, cfg.runs)
+        emulated = False
+    rows = []
+    for label, results in (("split-K, atomics", atomic), ("split-K, fixed order", ordered)):
+        distinct = len(set(_bits(results)))
+        diff_runs = max(float(np.max(np.abs(r.astype(np.float64) - results[0]))) for r in results)
+        diff_unsplit = float(np.max(np.abs(results[0].astype(np.float64) - unsplit)))
+        rel = float(np.linalg.norm(results[0] - ref) / np.linalg.norm(ref))
+        rows.append(_row("splitk", label, device, cfg.runs, emulated, distinct=distinct, max_abs_diff=diff_runs,
+                         max_spread_ulps=None, diff_vs_unsplit=diff_unsplit, rel_l2_vs_fp64=rel,
+                         shape=[m, k, n], splits=s))
+    return rows
+
+
+def _fp32_sum(mats) -> np.ndarray:
+    out = np.zeros_like(mats[0], dtype=np.float32)
+    for p in mats:
+        out = (out + p).astype(np.float32)  # one fp32 rounding per add, in this order
+    return out
+
+
+def _splitk_gpu(a, b, s, runs):
+    import torch
+
+    m, k = a.shape
+    n = b.shape[1]
+    ta, tb = torch.from_numpy(a).cuda(), torch.from_numpy(b).cuda()
+    c = torch.empty(m, n, device="cuda")
+
+    def run_version(version, splits):
+        nbytes = native.matmul_workspace_bytes(m, n, version, splits)
+        work = torch.empty(max(nbytes, 4), dtype=torch.uint8, device="cuda")
+        native.matmul_cuda(ta.data_ptr(), tb.data_ptr(), m, n, k, 1, c.data_ptr(), version=version, splits=splits,
+                           work_ptr=work.data_ptr(), work_bytes=work.numel())
+        return c.cpu().numpy().copy()
+
+    unsplit = run_version("tiled", 1)
+    atomic = [run_version("splitk_atomic", s) for _ in range(runs)]
+    ordered = [run_version("splitk_ordered", s) for _ in range(runs)]
+    return atomic, ordered, unsplit
+
+
+# ---------------------------------------------------------------------------
+# batch invariance
+
+
+def _batch_inputs(seed: int, cols: int):
+    rng = np.random.default_rng(seed + 2)
+    big = rng.standard_normal((max(BATCH_SIZES), cols)).astype(np.float32)
+    return big
+
+
+def _batch_row(name, device, variant, row0s: dict[int, np.ndarray], emulated=False, **kw) -> dict:
+    base = row0s[1].astype(np.float64)
+    diffs = {bs: float(np.max(np.abs(r.astype(np.float64) - base))) for bs, r in row0s.items()}
+    return _row("batch", f"{name}: {variant}", device, len(row0s), emulated,
+                distinct=len(set(_bits(row0s.values()))), max_abs_diff=max(diffs.values()),
+                differs_at=[bs for bs, d in diffs.items() if d > 0 or not np.array_equal(row0s[bs], row0s[1])],
+                batch_sizes=list(row0s), **kw)
+
+
+def _batch_torch(device: str, seed: int) -> list[dict]:
+    import torch
+
+    from precisionlab.experiments.tf32 import restored_flags
+
+    big = torch.from_numpy(_batch_inputs(seed, 1024)).to(device)
+    w = torch.from_numpy(np.random.default_rng(seed + 3).standard_normal((1024, 1024)).astype(np.float32)).to(device)
+    rows = []
+    with restored_flags():
+        torch.backends.cuda.matmul.allow_tf32 = False
+        torch.set_float32_matmul_precision("highest")
+        for dtype, name in ((torch.float32, "fp32, TF32 off"), (torch.bfloat16, "bf16")):
+            a, b = big.to(dtype), w.to(dtype)
+            row0s = {bs: (a[:bs] @ b)[0].float().cpu().numpy() for bs in BATCH_SIZES}
+            rows.append(_batch_row("torch matmul", device, name, row0s))
+    return rows
+
+
+CHECK_ROWS = 64  # rows compared with themselves computed alone
+
+
+def _kernel_row(name, device, variant, alone: np.ndarray, batched: dict[int, np.ndarray], emulated=False, **kw):
+    """Each of the first CHECK_ROWS rows computed alone vs inside each batch."""
+    changed, diffs, differs_at = 0, [], []
+    for bs, out in batched.items():
+        k = min(bs, CHECK_ROWS)
+        neq = [not np.array_equal(out[i], alone[i]) for i in range(k)]
+        changed += sum(neq)
+        diffs.append(float(np.max(np.abs(out[:k].astype(np.float64) - alone[:k]))))
+        if any(neq):
+            differs_at.append(bs)
+    return _row("batch", f"{name}: {variant}", device, len(batched), emulated,
+                distinct=len(set(_bits(out[0] for out in batched.values()))), max_abs_diff=max(diffs),
+                differs_at=differs_at, rows_changed=changed,
+                rows_compared=sum(min(bs, CHECK_ROWS) for bs in batched), batch_sizes=list(batched), **kw)
+
+
+def _batch_kernels(device: str, seed: int) -> list[dict]:
+    """softmax and RMSNorm: each row alone vs inside batches, with the launch
+    chosen from the batch size (adaptive) or from the row length alone."""
+    big = _batch_inputs(seed, BATCH_COLS)
+    w = np.ones(BATCH_COLS, dtype=np.float32)
+    rows = []
+    if device == "cpu":
+        for name, fn in (("softmax", lambda x, lanes: native.softmax_cpu_lanes(x, 1, lanes)),
+                         ("rmsnorm", lambda x, lanes: native.rmsnorm_cpu_lanes(x, 1, w, 1e-6, lanes))):
+            for variant, lanes_of in (("batch-dependent launch",
+                                       lambda bs: native.adaptive_lanes(bs, BATCH_COLS, H200_SMS)),
+                                      ("batch-invariant", lambda bs: native.softmax_lanes(BATCH_COLS))):
+                alone = np.stack([fn(big[i:i + 1], lanes_of(1))[0] for i in range(CHECK_ROWS)])
+                batched = {bs: fn(big[:bs], lanes_of(bs)) for bs in BATCH_SIZES}
+                rows.append(_kernel_row(name, "cpu", variant, alone, batched, emulated=True,
+                                        lanes={bs: lanes_of(bs) for bs in BATCH_SIZES}))
+        return rows
+    import torch
+
+    x = torch.from_numpy(big).cuda()
+    tw = torch.from_numpy(w).cuda()
+    y = torch.empty_like(x)
+    calls = {
+        ("softmax", "batch-dependent launch"): lambda xp, yp, bs: native.softmax_cuda_device(
+            xp, bs, BATCH_COLS, 1, "stable_adaptive", yp),
+        ("softmax", "batch-invariant"): lambda xp, yp, bs: native.softmax_cuda_device(xp, bs, BATCH_COLS, 1, "stable", yp),
+        ("rmsnorm", "batch-dependent launch"): lambda xp, yp, bs: native.rmsnorm_cuda(
+            xp, bs, BATCH_COLS, 1, tw.data_ptr(), 1e-6, yp, "adaptive"),
+        ("rmsnorm", "batch-invariant"): lambda xp, yp, bs: native.rmsnorm_cuda(
+            xp, bs, BATCH_COLS, 1, tw.data_ptr(), 1e-6, yp, "block"),
+    }
+    row_bytes = BATCH_COLS * 4
+    for (name, variant), call in calls.items():
+        alone = []
+        for i in range(CHECK_ROWS):
+            call(x.data_ptr() + i * row_bytes, y.data_ptr(), 1)
+            alone.append(y[0].cpu().numpy().copy())
+        batched = {}
+        for bs in BATCH_SIZES:
+            call(x.data_ptr(), y.data_ptr(), bs)
+            batched[bs] = y[:min(bs, CHECK_ROWS)].cpu().numpy().copy()
+        rows.append(_kernel_row(name, "cuda", variant, np.stack(alone), batched))
+    return rows
+
+
+# ---------------------------------------------------------------------------
+# torch's own nondeterministic ops
+
+
+def _torch_ops(device: str, cfg: NondetConfig) -> list[dict]:
+    import torch
+
+    g = torch.Generator().manual_seed(cfg.seed)
+    n = 1 << 20
+    src = torch.randn(n, generator=g).to(device)
+    index = torch.randint(0, 16, (n,), generator=g).to(device)
+    ops = {
+        "index_add_ (16 bins)": lambda: torch.zeros(16, device=device).index_add_(0, index, src),
+        "scatter_add_ (16 bins)": lambda: torch.zeros(16, device=device).scatter_add_(0, index, src),
+    }
+    exact = np.array([metrics.exact_sum(src.cpu().double().numpy()[index.cpu().numpy() == i]) for i in range(16)])
+    rows = []
+    was = torch.are_deterministic_algorithms_enabled()
+    try:
+        for mode in (False, True):
+            torch.use_deterministic_algorithms(mode)
+            for name, op in ops.items():
+                label = f"{name}, deterministic={'on' if mode else 'off'}"
+                try:
+                    results = [op().cpu().numpy() for _ in range(cfg.runs)]
+                except RuntimeError as e:
+                    rows.append(_row("torch_ops", label, device, cfg.runs, refused=str(e).splitlines()[0]))
+                    continue
+                distinct = len(set(_bits(results)))
+                diff = max(float(np.max(np.abs(r.astype(np.float64) - results[0]))) for r in results)
+                ulps = diff / float(np.min(formats.get("fp32").spacing(exact)))
+                rows.append(_row("torch_ops", label, device, cfg.runs, distinct=distinct, max_abs_diff=diff,
+                                 max_spread_ulps=ulps, refused=None))
+    finally:
+        torch.use_deterministic_algorithms(was)
+    return rows
+
+
+# ---------------------------------------------------------------------------
+# CPU threads
+
+
+def _threads(x, exact) -> list[dict]:
+    results = {t: native.sum_cpu_threads(x, t) for t in (1, 2, 4, 8)}
+    rows = []
+    for t, r in results.items():
+        same = [u for u, v in results.items() if v == r and u != t]
+        rows.append(_row("threads", f"{t} thread{'s' if t > 1 else ''}", "cpu", 1, result=r, matches=same,
+                         abs_error=abs(r - exact), distinct=1, max_abs_diff=abs(r - results[1])))
+    return rows
+
+
+# ---------------------------------------------------------------------------
+
+
+def takeaways(rows: list[dict]) -> dict[str, str]:
+    out = {}
+    at = {(r["device"], r["variant"].split(" ")[0]): r for r in rows if r["section"] == "atomics"}
+    for dev in ("cuda", "cpu"):
+        a, t = at.get((dev, "atomic")), at.get((dev, "two-pass"))
+        if a and t:
+            out["atomics"] = (f"{dev}: atomics gave {a['distinct']} distinct sums in {a['runs']} runs "
+                              f"(spread {a['max_spread_ulps']:.1f} ulps), the tree {t['distinct']}: fp32 addition "
+                              "is not associative, so the order the blocks land in decides the last bits.")
+            break
+    sk = [r for r in rows if r["section"] == "splitk"]
+    if sk:
+        atom = next(r for r in sk if "atomics" in r["variant"])
+        fixed = next(r for r in sk if "fixed" in r["variant"])
+        out["splitk"] = (f"{atom['device']}: split-K by atomics gave {atom['distinct']} distinct results in "
+                         f"{atom['runs']} runs; in fixed order {fixed['distinct']}, yet {fixed['diff_vs_unsplit']:.2e} "
+                         "away from the unsplit matmul: determinism is not batch or split invariance.")
+    ba = [r for r in rows if r["section"] == "batch"]
+    if ba:
+        var = [r for r in ba if r["max_abs_diff"] > 0]
+        inv = [r for r in ba if "invariant" in r["variant"]]
+        out["batch"] = (f"{len(var)} of {len(ba)} computations change rows with the batch size "
+                        + (f"(e.g. {var[0]['variant']} on {var[0]['device']}, up to {var[0]['max_abs_diff']:.2e})"
+                           if var else "")
+                        + f"; the batch-invariant kernels (one reduction order per row, whatever the batch) give "
+                          f"{'0' if all(r['max_abs_diff'] == 0 for r in inv) else 'nonzero'} difference.")
+    ops = [r for r in rows if r["section"] == "torch_ops"]
+    if ops:
+        off = [r for r in ops if "off" in r["variant"] and r.get("distinct")]
+        on = [r for r in ops if "on" in r["variant"]]
+        refused = [r["variant"] for r in on if r.get("refused")]
+        out["torch_ops"] = ("; ".join(f"{r['device']} {r['variant'].split(',')[0]}: {r['distinct']} distinct"
+                                      for r in off)
+                            + f"; with deterministic algorithms: "
+                            + ", ".join(f"{r['distinct']} distinct" if r.get("distinct") else "refused" for r in on)
+                            + (f" (refused: {', '.join(refused)})" if refused else "") + ".")
+    th = [r for r in rows if r["section"] == "threads"]
+    if th:
+        vals = {r["variant"]: r["result"] for r in th}
+        out["threads"] = (f"{len(set(vals.values()))} different sums from {len(vals)} thread counts: the chunking "
+                          "follows the thread count, and so does the order of the additions.")
+    return out
