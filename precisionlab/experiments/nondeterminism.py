@@ -428,7 +428,7 @@ def takeaways(rows: list[dict]) -> dict[str, str]:
         refused = [r["variant"] for r in on if r.get("refused")]
         out["torch_ops"] = ("; ".join(f"{r['device']} {r['variant'].split(',')[0]}: {r['distinct']} distinct"
                                       for r in off)
-                            + f"; with deterministic algorithms: "
+                            + "; with deterministic algorithms: "
                             + ", ".join(f"{r['distinct']} distinct" if r.get("distinct") else "refused" for r in on)
                             + (f" (refused: {', '.join(refused)})" if refused else "") + ".")
     th = [r for r in rows if r["section"] == "threads"]
