@@ -72,7 +72,8 @@ def accumulate(
     cfg = exp.AccumulateConfig(dtype=dtype, n=n, value=value, dist=dist, values=values, from_file=from_file,
                                methods=methods, accumulators=accumulators, device=device, seed=seed,
                                trace=plot is not None)
-    result = exp.run(cfg)
+    with report.progress(exp.planned_steps(cfg), "accumulate", enabled=not json_out) as advance:
+        result = exp.run(cfg, advance)
     if plot:
         report.accumulate_plot(result, plot)
     (report.accumulate_json if json_out else report.accumulate_table)(result)

@@ -62,7 +62,7 @@ class AccumulateResult:
     traces: dict[str, np.ndarray] = field(default_factory=dict)  # "cpu sequential bf16" -> running sum
 
 
-def run(cfg: AccumulateConfig) -> AccumulateResult:
+def run(cfg: AccumulateConfig, advance=lambda k=1: None) -> AccumulateResult:
     storage = formats.get(cfg.dtype)
     methods = _parse_methods(cfg.methods)
     accumulators = formats.parse_list(cfg.accumulators or ",".join(DEFAULT_ACCUMULATORS))
@@ -82,6 +82,7 @@ def run(cfg: AccumulateConfig) -> AccumulateResult:
             for m in _cpu_methods_for(methods, acc, constant, explicit=cfg.methods is not None):
                 row, trace = _run_cpu(stored, storage, acc, m, cfg, exact_stored, abs_sum)
                 rows.append(row)
+                advance()
                 if trace is not None:
                     traces[f"cpu {m} {acc.name}"] = trace
     gpu_methods = [m for m in methods if m in GPU_METHODS]
@@ -90,6 +91,7 @@ def run(cfg: AccumulateConfig) -> AccumulateResult:
         for acc in gpu_accs:
             for m in gpu_methods:
                 rows.append(_run_gpu(stored, storage, acc, m, exact_stored, abs_sum))
+                advance()
     elif plan.cuda_unavailable and gpu_methods:
         for acc in gpu_accs:
             for m in gpu_methods:
@@ -336,3 +338,7 @@ def _g(x) -> str:
     if x is None:
         return "-"
     return repr(float(x)) if abs(x) >= 1e-4 or x == 0 else f"{x:.3e}"
+
+
+def planned_steps(cfg: AccumulateConfig) -> int:
+    return len(CPU_METHODS) * len(DEFAULT_ACCUMULATORS) + len(GPU_METHODS) * len(GPU_ACCUMULATORS)
