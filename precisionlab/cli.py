@@ -31,6 +31,10 @@ app = typer.Typer(
 )
 
 
+compare_app = typer.Typer(help="Error reports: the three comparisons for an op, tensor dumps, a whole model.",
+                           no_args_is_help=True)
+app.add_typer(compare_app, name="compare")
+
 
 @app.callback()
 def _root() -> None:
@@ -42,6 +46,8 @@ def _root() -> None:
 DeviceOpt = Annotated[str, typer.Option("--device", help="auto (CPU, plus GPU where present) | cpu | cuda | all.")]
 SeedOpt = Annotated[int, typer.Option("--seed", help="Seed for every random draw, passed down to the kernels.")]
 JsonOpt = Annotated[bool, typer.Option("--json", help="One strict JSON document on stdout (non-finite as strings).")]
+AtolOpt = Annotated[Optional[float], typer.Option("--atol", help="Absolute tolerance (default: torch.testing's for the dtype).")]
+RtolOpt = Annotated[Optional[float], typer.Option("--rtol", help="Relative tolerance (default: torch.testing's for the dtype).")]
 
 
 @app.command()
@@ -108,6 +114,33 @@ def softmax(
     (report.softmax_json if json_out else report.softmax_table)(result)
 
 
+@compare_app.command("model")
+def compare_model(
+    model: Annotated[Optional[str], typer.Option("--model", help="A Hugging Face causal LM: a local directory or a repo id "
+                                                 "already in the local cache (offline only; needs precisionlab[hf]). "
+                                                 "Default: the embedded char-level model.")] = None,
+    steps: Annotated[int, typer.Option("--steps", help="Greedy decoding steps.")] = 50,
+    prompt: Annotated[str, typer.Option("--prompt", help="The text to continue.")] = "ROMEO:\n",
+    dtypes: Annotated[str, typer.Option("--dtypes", help="Low precisions against fp32: bf16, fp16.")] = "bf16,fp16",
+    plot: Annotated[Optional[str], typer.Option("--plot", help="Write rel-L2 per step, divergence marked, to this PNG.")] = None,
+    device: Annotated[str, typer.Option("--device", help="cpu (default) | cuda | auto.")] = "cpu",
+    seed: SeedOpt = 0,
+    json_out: JsonOpt = False,
+):
+    """A whole model in fp32 vs bf16/fp16: where greedy decoding diverges, and the logit error per step."""
+    from precisionlab import report
+    from precisionlab.experiments import model as exp
+
+    if plot:
+        report.require_matplotlib()
+    cfg = exp.ModelConfig(model=model, steps=steps, prompt=prompt, dtypes=dtypes, device=device, seed=seed)
+    with report.progress(exp.planned_steps(cfg), "compare model", enabled=not json_out) as advance:
+        result = exp.run(cfg, advance)
+    if plot:
+        report.model_plot(result, plot)
+    (report.model_json if json_out else report.model_table)(result)
+
+
 @app.command()
 def nondeterminism(
     runs: Annotated[int, typer.Option("--runs", help="Repetitions of each computation (at least 2).")] = 100,
@@ -167,12 +200,7 @@ def info(json_out: JsonOpt = False):
     (report.info_json if json_out else report.info_table)(exp.run())
 
 
-compare_app = typer.Typer(help="Error reports: the three comparisons for an op, tensor dumps, a whole model.",
-                           no_args_is_help=True)
-app.add_typer(compare_app, name="compare")
 
-AtolOpt = Annotated[Optional[float], typer.Option("--atol", help="Absolute tolerance (default: torch.testing's for the dtype).")]
-RtolOpt = Annotated[Optional[float], typer.Option("--rtol", help="Relative tolerance (default: torch.testing's for the dtype).")]
 
 
 @compare_app.command("op")

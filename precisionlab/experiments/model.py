@@ -1,0 +1,283 @@
+"""compare model: one model in fp32 and in bf16/fp16 on the same input.
+
+Free-running: greedy decoding in each dtype; where does it first leave the
+fp32 path, and how close were fp32's top two logits there?
+Teacher-forced: every dtype reads the fp32 greedy path, so the per-step logit
+errors stay comparable after the free-running paths split.
+
+The default model ships with the package (precisionlab/models): a trained
+character-level decoder stored in bf16, so its fp32 run is an exact upcast and
+the differences measure the arithmetic alone. --model loads a Hugging Face
+causal LM from a local directory or the local cache, never the network.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+from precisionlab import devices, metrics
+from precisionlab.errors import NoDeviceError, UsageError
+
+DEFAULT_PROMPT = "ROMEO:\n"
+LOW_DTYPES = ("bf16", "fp16")
+
+
+@dataclass
+class ModelConfig:
+    model: str | None = None
+    steps: int = 50
+    prompt: str = DEFAULT_PROMPT
+    dtypes: str = "bf16,fp16"
+    device: str = "cpu"
+    seed: int = 0
+
+
+@dataclass
+class ModelResult:
+    params: dict
+    rows: list[dict]       # teacher-forced, one per (dtype, step)
+    summary: list[dict]    # free-running, one per dtype
+    texts: dict[str, str]
+    model_info: dict
+    takeaways: list[str]
+    timing: dict
+
+
+def _torch():
+    import torch
+
+    return torch
+
+
+def _tdtype(name: str):
+    torch = _torch()
+    return {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[name]
+
+
+# ---------------------------------------------------------------------------
+# runners: the embedded model and Hugging Face models behind one interface
+
+
+class EmbeddedRunner:
+    def __init__(self, device: str):
+        from precisionlab.models import charlm
+
+        self.charlm = charlm
+        self.base, self.tok = charlm.load_default(_tdtype("fp32"), device)
+        self.device = device
+        self.name = "precisionlab char-LM (embedded, bf16 weights)"
+        self.max_len = self.base.cfg.max_seq_len
+
+    def info(self) -> dict:
+        n = sum(p.numel() for p in self.base.parameters())
+        return {"name": self.name, "parameters": n, "vocab": len(self.tok), "max_seq_len": self.max_len}
+
+    def encode(self, text: str) -> list[int]:
+        missing = sorted({c for c in text if c not in self.tok.index})
+        if missing:
+            raise UsageError(f"--prompt has characters the embedded model does not know: {''.join(missing)!r}")
+        return self.tok.encode(text)
+
+    def decode(self, ids) -> str:
+        return self.tok.decode(ids)
+
+    def model(self, dtype: str):
+        return copy.deepcopy(self.base).to(_tdtype(dtype))
+
+    def greedy(self, model, prompt: list[int], steps: int):
+        """tokens, and the logits each was chosen from (steps x vocab, float64)."""
+        torch = _torch()
+        ids, out = list(prompt), []
+        with torch.no_grad():
+            logits, cache = model(torch.tensor([ids], device=self.device))
+            for _ in range(steps):
+                last = logits[0, -1].double().cpu().numpy()
+                out.append(last)
+                ids.append(int(np.argmax(last)))
+                logits, cache = model(torch.tensor([ids[-1:]], device=self.device), cache, len(ids) - 1)
+        return ids[len(prompt):], np.stack(out)
+
+    def forward_all(self, model, ids: list[int]) -> np.ndarray:
+        torch = _torch()
+        with torch.no_grad():
+            logits, _ = model(torch.tensor([ids], device=self.device))
+        return logits[0].double().cpu().numpy()
+
+
+class HFRunner:
+    def __init__(self, spec: str, device: str):
+        os.environ.setdefault("HF_HUB_OFFLINE", "1")  # never the network, whatever the cache says
+        os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+        try:
+            import transformers
+        except ImportError:
+            raise UsageError("--model needs transformers: pip install 'precisionlab[hf]'") from None
+        from pathlib import Path
+
+        if "/" not in spec and not Path(spec).exists():
+            raise UsageError(f"--model {spec!r}: no such directory (a repo id looks like org/name)")
+        if Path(spec).exists() and not Path(spec).is_dir():
+            raise UsageError(f"--model {spec!r} is a file; give the model's directory")
+        try:
+            self.tok = transformers.AutoTokenizer.from_pretrained(spec, local_files_only=True)
+            self.base = transformers.AutoModelForCausalLM.from_pretrained(spec, local_files_only=True)
+        except Exception as e:  # OSError, ValueError, KeyError... from an unusable directory or cache entry
+            msg = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            raise UsageError(f"--model {spec!r}: not a loadable causal LM offline ({msg})") from None
+        self.base = self.base.float().to(device).eval()
+        self.device = device
+        self.name = spec
+        self.max_len = getattr(self.base.config, "max_position_embeddings", 1 << 20)
+
+    def info(self) -> dict:
+        n = sum(p.numel() for p in self.base.parameters())
+        return {"name": self.name, "parameters": n, "vocab": int(self.base.config.vocab_size),
+                "max_seq_len": self.max_len, "architecture": type(self.base).__name__}
+
+    def encode(self, text: str) -> list[int]:
+        return list(self.tok(text, add_special_tokens=False)["input_ids"])
+
+    def decode(self, ids) -> str:
+        return self.tok.decode(ids)
+
+    def model(self, dtype: str):
+        return copy.deepcopy(self.base).to(_tdtype(dtype))
+
+    def greedy(self, model, prompt: list[int], steps: int):
+        torch = _torch()
+        ids, out = list(prompt), []
+        with torch.no_grad():
+            res = model(input_ids=torch.tensor([ids], device=self.device), use_cache=True)
+            for _ in range(steps):
+                last = res.logits[0, -1].double().cpu().numpy()
+                out.append(last)
+                ids.append(int(np.argmax(last)))
+                res = model(input_ids=torch.tensor([ids[-1:]], device=self.device),
+                            past_key_values=res.past_key_values, use_cache=True)
+        return ids[len(prompt):], np.stack(out)
+
+    def forward_all(self, model, ids: list[int]) -> np.ndarray:
+        torch = _torch()
+        with torch.no_grad():
+            return model(input_ids=torch.tensor([ids], device=self.device)).logits[0].double().cpu().numpy()
+
+
+# ---------------------------------------------------------------------------
+
+
+def run(cfg: ModelConfig, advance=lambda k=1: None) -> ModelResult:
+    if cfg.steps <= 0:
+        raise UsageError(f"--steps must be > 0 (got {cfg.steps})")
+    if not cfg.prompt:
+        raise UsageError("--prompt is empty: greedy decoding needs at least one token to start from")
+    lows = [d.strip() for d in cfg.dtypes.split(",") if d.strip()]
+    if not lows or any(d not in LOW_DTYPES for d in lows):
+        raise UsageError(f"--dtypes must be a comma list of {', '.join(LOW_DTYPES)} (got {cfg.dtypes!r})")
+    device = _device(cfg.device)
+    torch = _torch()
+    torch.manual_seed(cfg.seed)
+    t0 = time.perf_counter()
+    runner = HFRunner(cfg.model, device) if cfg.model else EmbeddedRunner(device)
+    prompt = runner.encode(cfg.prompt)
+    if not prompt:
+        raise UsageError("--prompt encodes to no tokens")
+    if len(prompt) + cfg.steps > runner.max_len:
+        raise UsageError(f"prompt ({len(prompt)} tokens) + --steps {cfg.steps} exceeds the model's "
+                         f"{runner.max_len} positions")
+    t_load = time.perf_counter() - t0
+
+    from precisionlab.experiments.tf32 import restored_flags
+
+    t1 = time.perf_counter()
+    with restored_flags():
+        torch.backends.cuda.matmul.allow_tf32 = False  # fp32 means IEEE fp32 here
+        torch.backends.cudnn.allow_tf32 = False
+        ref_model = runner.model("fp32")
+        ref_tokens, ref_step_logits = runner.greedy(ref_model, prompt, cfg.steps)
+        path = prompt + ref_tokens
+        ref_tf = runner.forward_all(ref_model, path[:-1])[len(prompt) - 1:]
+        advance()
+        texts = {"fp32": runner.decode(ref_tokens)}
+        summary, rows = [], []
+        for low in lows:
+            m = runner.model(low)
+            tokens, _ = runner.greedy(m, prompt, cfg.steps)
+            tf = runner.forward_all(m, path[:-1])[len(prompt) - 1:]
+            texts[low] = runner.decode(tokens)
+            div = next((i for i, (a, b) in enumerate(zip(tokens, ref_tokens)) if a != b), None)
+            step_reports = []
+            for i in range(cfg.steps):
+                rep = metrics.error_report(tf[i], ref_tf[i], None, 0.0, 0.0)
+                step_reports.append(rep)
+                rows.append({"dtype": low, "step": i, "token_fp32": ref_tokens[i], "token": tokens[i],
+                             "agree": tokens[i] == ref_tokens[i] and (div is None or i < div),
+                             "max_abs": rep.max_abs, "rel_l2": rep.rel_l2, "finite": rep.finite,
+                             "argmax_agrees": int(np.argmax(tf[i])) == ref_tokens[i]})
+            margin = None
+            if div is not None:
+                top2 = np.sort(ref_step_logits[div])[-2:]
+                margin = float(top2[1] - top2[0])
+            rel = [r.rel_l2 for r in step_reports]
+            summary.append({
+                "dtype": low, "agree": div is None, "diverged_at": div, "fp32_margin_at_divergence": margin,
+                "fp32_token_at_divergence": None if div is None else runner.decode([ref_tokens[div]]),
+                "token_at_divergence": None if div is None else runner.decode([tokens[div]]),
+                "mean_rel_l2": float(np.mean(rel)), "max_rel_l2": float(np.max(rel)),
+                "max_abs": float(max(r.max_abs for r in step_reports)),
+                "teacher_forced_argmax_flips": int(sum(not r["argmax_agrees"] for r in rows if r["dtype"] == low)),
+            })
+            advance()
+        probs = _softmax(ref_tf)
+        top1 = float(np.mean(np.max(probs, axis=1)))
+    t_run = time.perf_counter() - t1
+    info = runner.info() | {"mean_top1_probability_fp32": top1, "uniform_probability": 1.0 / ref_tf.shape[1]}
+    return ModelResult(
+        params={"model": cfg.model or "embedded", "steps": cfg.steps, "prompt": cfg.prompt, "dtypes": lows,
+                "device": device, "seed": cfg.seed, "prompt_tokens": len(prompt)},
+        rows=rows, summary=summary, texts=texts, model_info=info, takeaways=takeaways(summary, info),
+        timing={"load_s": t_load, "run_s": t_run},
+    )
+
+
+def planned_steps(cfg: ModelConfig) -> int:
+    return 1 + len(cfg.dtypes.split(","))
+
+
+def _device(choice: str) -> str:
+    plan = devices.resolve(choice)
+    if plan.cuda and choice != "cpu":
+        return "cuda"
+    if choice in ("cuda", "all") and not plan.cuda:
+        raise NoDeviceError("--device cuda: no CUDA GPU available")
+    return "cpu"
+
+
+def _softmax(logits: np.ndarray) -> np.ndarray:
+    z = logits - logits.max(axis=1, keepdims=True)
+    e = np.exp(z)
+    return e / e.sum(axis=1, keepdims=True)
+
+
+def takeaways(summary: list[dict], info: dict) -> list[str]:
+    top1 = info["mean_top1_probability_fp32"]
+    lines = [f"fp32's mean top-1 probability along its own path is {top1:.2f} (uniform would be "
+             f"{info['uniform_probability']:.3f}): "
+             + ("the argmax is rarely a near-tie, so a flip is a precision effect." if top1 >= 0.3 else
+                "close to uniform, so argmax flips here are mostly tie-breaking noise.")]
+    for s in summary:
+        if s["agree"]:
+            lines.append(f"{s['dtype']}: the same tokens as fp32 all the way; logits off by rel-L2 "
+                         f"{s['mean_rel_l2']:.1e} on average.")
+        else:
+            lines.append(f"{s['dtype']}: leaves the fp32 path at step {s['diverged_at']} "
+                         f"({s['token_at_divergence']!r} for {s['fp32_token_at_divergence']!r}), where fp32's top two "
+                         f"logits were {s['fp32_margin_at_divergence']:.3g} apart, below the largest logit error "
+                         f"{s['max_abs']:.2g}; teacher-forced rel-L2 {s['mean_rel_l2']:.1e}.")
+            if s["fp32_margin_at_divergence"] is not None and s["fp32_margin_at_divergence"] > s["max_abs"]:
+                lines[-1] = lines[-1].replace("below the largest", "yet above the largest")
+    return lines
