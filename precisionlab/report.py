@@ -569,8 +569,7 @@ def nondeterminism_plot(res, path: str) -> None:
 
 
 def _marked(text: str, at: int | None) -> str:
-    """The text with everything from the divergence on in red (tokens are
-    characters for the embedded model; for others the mark is approximate)."""
+    """The text with everything from the divergence on in red."""
     if at is None:
         return escape(text)
     return escape(text[:at]) + "[bold red]" + escape(text[at:]) + "[/bold red]"
@@ -606,9 +605,9 @@ def model_table(res) -> None:
     stdout.print(steps)
     stdout.print("* the step where that dtype's free-running tokens first leave fp32's.", style="dim", highlight=False)
     stdout.print(f"prompt: {p['prompt']!r}", highlight=False)
-    for s in [{"dtype": "fp32", "diverged_at": None}, *res.summary]:
-        stdout.print(f"[bold]{s['dtype']:>5}[/bold] │ " + _marked(res.texts[s["dtype"]], s["diverged_at"]).replace("\n", "⏎"),
-                     highlight=False)
+    for s in [{"dtype": "fp32", "divergence_char": None}, *res.summary]:
+        text = res.texts[s["dtype"]].replace("\n", "⏎")  # one character for one, so the mark stays in place
+        stdout.print(f"[bold]{s['dtype']:>5}[/bold] │ " + _marked(text, s["divergence_char"]), highlight=False)
     stdout.print(f"load {res.timing['load_s']:.2f} s, run {res.timing['run_s']:.2f} s (after the torch import)",
                  style="dim", highlight=False)
     for line in res.takeaways:

@@ -65,9 +65,12 @@ def _tdtype(name: str):
 
 class EmbeddedRunner:
     def __init__(self, device: str):
+        from precisionlab.errors import RunError
         from precisionlab.models import charlm
 
-        self.charlm = charlm
+        if not charlm.DEFAULT_WEIGHTS.is_file():
+            raise RunError(f"the embedded model's weights are missing ({charlm.DEFAULT_WEIGHTS}): "
+                           "reinstall, or train them with scripts/train_model.py")
         self.base, self.tok = charlm.load_default(_tdtype("fp32"), device)
         self.device = device
         self.name = "precisionlab char-LM (embedded, bf16 weights)"
@@ -225,6 +228,7 @@ def run(cfg: ModelConfig, advance=lambda k=1: None) -> ModelResult:
             rel = [r.rel_l2 for r in step_reports]
             summary.append({
                 "dtype": low, "agree": div is None, "diverged_at": div, "fp32_margin_at_divergence": margin,
+                "divergence_char": None if div is None else len(runner.decode(tokens[:div])),
                 "fp32_token_at_divergence": None if div is None else runner.decode([ref_tokens[div]]),
                 "token_at_divergence": None if div is None else runner.decode([tokens[div]]),
                 "mean_rel_l2": float(np.mean(rel)), "max_rel_l2": float(np.max(rel)),
