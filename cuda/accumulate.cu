@@ -315,15 +315,6 @@ int dispatch(const void* x_dev, int64_t n, int storage, int accumulator, int met
     return pl_fail(PL_ERR_INVALID_ARGUMENT, "pl_sum_cuda_device", "unknown storage format %d", storage);
 }
 
-int require_device_pointer(const void* p, const char* name, const char* func) {
-    cudaPointerAttributes a;
-    const cudaError_t err = cudaPointerGetAttributes(&a, p);
-    if (err != cudaSuccess) return pl_cuda_fail(err, func, "cudaPointerGetAttributes");
-    if (a.type != cudaMemoryTypeDevice && a.type != cudaMemoryTypeManaged)
-        return pl_fail(PL_ERR_INVALID_ARGUMENT, func, "%s is not a device pointer", name);
-    return PL_OK;
-}
-
 // Host doubles (already values of the format) to the device's storage bytes.
 void encode(const double* x, int64_t n, int storage, void* out) {
     const pl_format_info& f = PL_FORMATS[storage];
@@ -372,9 +363,9 @@ extern "C" int pl_sum_cuda_device(const void* x_dev, int64_t n, int storage, int
     if (int st = check_sum_args(n, storage, accumulator, method, __func__)) return st;
     PL_REQUIRE(work_bytes >= kWorkspaceBytes, PL_ERR_INVALID_ARGUMENT, "workspace of %zu bytes is below the %zu needed",
                work_bytes, kWorkspaceBytes);
-    if (int st = require_device_pointer(x_dev, "x_dev", __func__)) return st;
-    if (int st = require_device_pointer(work_dev, "work_dev", __func__)) return st;
-    if (int st = require_device_pointer(out_dev, "out_dev", __func__)) return st;
+    if (int st = pl_require_device(x_dev, "x_dev", __func__)) return st;
+    if (int st = pl_require_device(work_dev, "work_dev", __func__)) return st;
+    if (int st = pl_require_device(out_dev, "out_dev", __func__)) return st;
     return dispatch(x_dev, n, storage, accumulator, method, work_dev, out_dev);
 }
 

@@ -89,3 +89,14 @@ def _gib(b: float) -> str:
 
 def is_constant(x: np.ndarray) -> bool:
     return x.size > 0 and bool(np.all(x == x[0])) and math.isfinite(x[0])
+
+
+def parse_choices(text: str | None, allowed: tuple[str, ...], what: str) -> list[str]:
+    """'a,b' -> ['a', 'b'], each one of `allowed`; None or empty -> all of them."""
+    if not text:
+        return list(allowed)
+    out = list(dict.fromkeys(s.strip() for s in text.split(",") if s.strip()))
+    for s in out:
+        if s not in allowed:
+            raise UsageError(f"unknown {what} {s!r}; choose from {', '.join(allowed)}")
+    return out

@@ -286,30 +286,24 @@ def sum_cuda_device(x_ptr: int, n: int, storage: int, accumulator: int, method: 
     _call("pl_sum_cuda_device", x_ptr, n, storage, accumulator, GPU_METHODS[method], work_ptr, work_bytes, out_ptr)
 
 
-def _softmax_args(x: np.ndarray):
+def _softmax(fn: str, x: np.ndarray, dtype_code: int, method: str, masked: str) -> tuple[np.ndarray, np.ndarray]:
     if x.ndim != 2 or not x.flags.c_contiguous:
         raise ValueError("softmax input must be a C-contiguous 2-D array")
-    return x.shape
+    rows, cols = x.shape
+    y = np.empty_like(x)
+    lse = np.empty(rows, dtype=np.float64)
+    _call(fn, x.ctypes.data, rows, cols, dtype_code, SOFTMAX_METHODS[method], MASKED[masked], y.ctypes.data, _dptr(lse))
+    return y, lse
 
 
 def softmax_cpu(x: np.ndarray, dtype_code: int, method: str, masked: str = "nan") -> tuple[np.ndarray, np.ndarray]:
     """Row softmax of x (a 2-D array already in the storage dtype) on the CPU: (y, lse)."""
-    rows, cols = _softmax_args(x)
-    y = np.empty_like(x)
-    lse = np.empty(rows, dtype=np.float64)
-    _call("pl_softmax_cpu", x.ctypes.data, rows, cols, dtype_code, SOFTMAX_METHODS[method], MASKED[masked],
-          y.ctypes.data, _dptr(lse))
-    return y, lse
+    return _softmax("pl_softmax_cpu", x, dtype_code, method, masked)
 
 
 def softmax_cuda(x: np.ndarray, dtype_code: int, method: str, masked: str = "nan") -> tuple[np.ndarray, np.ndarray]:
     """As softmax_cpu, through the GPU kernels (upload, run, download)."""
-    rows, cols = _softmax_args(x)
-    y = np.empty_like(x)
-    lse = np.empty(rows, dtype=np.float64)
-    _call("pl_softmax_cuda", x.ctypes.data, rows, cols, dtype_code, SOFTMAX_METHODS[method], MASKED[masked],
-          y.ctypes.data, _dptr(lse))
-    return y, lse
+    return _softmax("pl_softmax_cuda", x, dtype_code, method, masked)
 
 
 def softmax_cuda_device(x_ptr: int, rows: int, cols: int, dtype_code: int, method: str, y_ptr: int,

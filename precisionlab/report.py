@@ -197,27 +197,34 @@ def require_matplotlib() -> None:
         raise UsageError("--plot needs matplotlib: pip install 'precisionlab[plot]'") from None
 
 
-def accumulate_plot(res, path: str) -> None:
-    """Running sum against step for the sequential methods, beside the exact line."""
+@contextmanager
+def _figure(path: str, title: str, xlabel: str, ylabel: str):
+    """One matplotlib figure: yields the axes, then labels, saves and closes."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(8, 5))
-    for label, trace in res.traces.items():
-        step = max(1, trace.size // 4000)  # a few thousand points draw the same picture
-        idx = np.arange(0, trace.size, step)
-        ax.plot(idx + 1, trace[idx], label=label.removeprefix("cpu "), lw=1.2)
-    ax.axhline(res.exact_stored, color="k", ls="--", lw=0.8, label="exact (stored values)")
-    ax.set_xlabel("step")
-    ax.set_ylabel("running sum")
-    ax.set_title(f"accumulate: {res.input_desc}, stored as {res.storage}")
+    yield ax
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
     ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
     hint(f"plot written to {path}")
+
+
+def accumulate_plot(res, path: str) -> None:
+    """Running sum against step for the sequential methods, beside the exact line."""
+    with _figure(path, f"accumulate: {res.input_desc}, stored as {res.storage}", "step", "running sum") as ax:
+        for label, trace in res.traces.items():
+            step = max(1, trace.size // 4000)  # a few thousand points draw the same picture
+            idx = np.arange(0, trace.size, step)
+            ax.plot(idx + 1, trace[idx], label=label.removeprefix("cpu "), lw=1.2)
+        ax.axhline(res.exact_stored, color="k", ls="--", lw=0.8, label="exact (stored values)")
 
 
 # ---------------------------------------------------------------------------
@@ -353,27 +360,14 @@ def tf32_json(res) -> None:
 
 
 def tf32_plot(res, path: str) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     sweep = [r for r in res.rows if r["section"] == "k_sweep"]
-    fig, ax = plt.subplots(figsize=(8, 5))
-    for dev, mode in dict.fromkeys((r["device"], r["mode"]) for r in sweep):
-        s = sorted((r for r in sweep if r["device"] == dev and r["mode"] == mode), key=lambda r: r["k"])
-        ax.plot([r["k"] for r in s], [r["rel_l2"] for r in s], marker="o",
-                label=f"{dev} {mode}" + (" (emulated)" if s[0]["emulated"] else ""))
-    ax.set_xscale("log", base=2)
-    ax.set_yscale("log")
-    ax.set_xlabel("K")
-    ax.set_ylabel("relative L2 error vs float64")
-    ax.set_title("matmul error against K")
-    ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    hint(f"plot written to {path}")
+    with _figure(path, "matmul error against K", "K", "relative L2 error vs float64") as ax:
+        for dev, mode in dict.fromkeys((r["device"], r["mode"]) for r in sweep):
+            s = sorted((r for r in sweep if r["device"] == dev and r["mode"] == mode), key=lambda r: r["k"])
+            ax.plot([r["k"] for r in s], [r["rel_l2"] for r in s], marker="o",
+                    label=f"{dev} {mode}" + (" (emulated)" if s[0]["emulated"] else ""))
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
 
 
 # ---------------------------------------------------------------------------
@@ -542,26 +536,14 @@ def nondeterminism_json(res) -> None:
 
 
 def nondeterminism_plot(res, path: str) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     from precisionlab import formats
 
     ulp = float(formats.get("fp32").spacing(res.exact))
-    fig, ax = plt.subplots(figsize=(8, 5))
-    for label, s in res.samples.items():
-        ax.hist((s - res.exact) / ulp, bins=40, alpha=0.6, label=label)
-    ax.axvline(0, color="k", lw=0.8)
-    ax.set_xlabel("result - fsum (fp32 ulps at the exact sum)")
-    ax.set_ylabel("runs")
-    ax.set_title(f"atomic sums of the same {res.params['n']} values")
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    hint(f"plot written to {path}")
+    with _figure(path, f"atomic sums of the same {res.params['n']} values",
+                 "result - fsum (fp32 ulps at the exact sum)", "runs") as ax:
+        for label, s in res.samples.items():
+            ax.hist((s - res.exact) / ulp, bins=40, alpha=0.6, label=label)
+        ax.axvline(0, color="k", lw=0.8)
 
 
 # ---------------------------------------------------------------------------
@@ -621,24 +603,12 @@ def model_json(res) -> None:
 
 
 def model_plot(res, path: str) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(8, 5))
-    for s in res.summary:
-        r = sorted((x for x in res.rows if x["dtype"] == s["dtype"]), key=lambda x: x["step"])
-        line, = ax.plot([x["step"] for x in r], [x["rel_l2"] for x in r], marker=".", label=s["dtype"])
-        if s["diverged_at"] is not None:
-            ax.axvline(s["diverged_at"], color=line.get_color(), ls="--", lw=1,
-                       label=f"{s['dtype']} diverges (step {s['diverged_at']})")
-    ax.set_yscale("log")
-    ax.set_xlabel("step")
-    ax.set_ylabel("logit relative L2 vs fp32 (teacher-forced)")
-    ax.set_title(f"{res.model_info['name']}: low precision against fp32")
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    hint(f"plot written to {path}")
+    with _figure(path, f"{res.model_info['name']}: low precision against fp32", "step",
+                 "logit relative L2 vs fp32 (teacher-forced)") as ax:
+        for s in res.summary:
+            r = sorted((x for x in res.rows if x["dtype"] == s["dtype"]), key=lambda x: x["step"])
+            line, = ax.plot([x["step"] for x in r], [x["rel_l2"] for x in r], marker=".", label=s["dtype"])
+            if s["diverged_at"] is not None:
+                ax.axvline(s["diverged_at"], color=line.get_color(), ls="--", lw=1,
+                           label=f"{s['dtype']} diverges (step {s['diverged_at']})")
+        ax.set_yscale("log")

@@ -14,8 +14,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from precisionlab import devices, formats, native
-from precisionlab.errors import UsageError
+from precisionlab import devices, formats, inputs, native
 
 SECTIONS = ("accumulate", "softmax", "matmul")
 SOFTMAX_SHAPES = [(4096, 1024), (4096, 4096), (4096, 16384), (1024, 32768), (512, 151936), (64, 262144)]
@@ -40,7 +39,7 @@ class BenchResult:
 
 
 def run(cfg: BenchConfig, advance=lambda k=1: None) -> BenchResult:
-    sections = _sections(cfg.sections)
+    sections = inputs.parse_choices(cfg.sections, SECTIONS, "bench section")
     plan = devices.resolve(cfg.device)
     cpu_n = cfg.cpu_n or (10**7 if cfg.quick else 10**8)
     gpu_n = cfg.gpu_n or (1 << 26 if cfg.quick else 1 << 28)
@@ -63,16 +62,6 @@ def run(cfg: BenchConfig, advance=lambda k=1: None) -> BenchResult:
 def planned_steps(cfg: BenchConfig) -> int:
     return (len(ACCUMULATE_CPU_METHODS) * len(ACCUMULATE_CPU_ACCS) + 1 + 15
             + len(SOFTMAX_SHAPES) * 2 * (len(SOFTMAX_KERNELS) + 2) + 8)
-
-
-def _sections(text: str | None) -> list[str]:
-    if not text:
-        return list(SECTIONS)
-    out = [s.strip() for s in text.split(",") if s.strip()]
-    for s in out:
-        if s not in SECTIONS:
-            raise UsageError(f"unknown bench section {s!r}; choose from {', '.join(SECTIONS)}")
-    return out
 
 
 # vs_baseline is always baseline time / kernel time: above 1 is faster.

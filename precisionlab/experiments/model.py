@@ -63,7 +63,36 @@ def _tdtype(name: str):
 # runners: the embedded model and Hugging Face models behind one interface
 
 
-class EmbeddedRunner:
+class Runner:
+    """Greedy decoding with a KV cache and full-sequence logits, for any model
+    that implements _prefill, _step and _all."""
+
+    base = tok = None
+    device = "cpu"
+
+    def model(self, dtype: str):
+        return copy.deepcopy(self.base).to(_tdtype(dtype))
+
+    def greedy(self, model, prompt: list[int], steps: int):
+        """tokens, and the logits each was chosen from (steps x vocab, float64)."""
+        torch = _torch()
+        ids, out = list(prompt), []
+        with torch.no_grad():
+            logits, state = self._prefill(model, torch.tensor([ids], device=self.device))
+            for _ in range(steps):
+                last = logits.double().cpu().numpy()
+                out.append(last)
+                ids.append(int(np.argmax(last)))
+                logits, state = self._step(model, torch.tensor([ids[-1:]], device=self.device), state, len(ids) - 1)
+        return ids[len(prompt):], np.stack(out)
+
+    def forward_all(self, model, ids: list[int]) -> np.ndarray:
+        torch = _torch()
+        with torch.no_grad():
+            return self._all(model, torch.tensor([ids], device=self.device)).double().cpu().numpy()
+
+
+class EmbeddedRunner(Runner):
     def __init__(self, device: str):
         from precisionlab.errors import RunError
         from precisionlab.models import charlm
@@ -89,30 +118,19 @@ class EmbeddedRunner:
     def decode(self, ids) -> str:
         return self.tok.decode(ids)
 
-    def model(self, dtype: str):
-        return copy.deepcopy(self.base).to(_tdtype(dtype))
+    def _prefill(self, model, ids):
+        logits, cache = model(ids)
+        return logits[0, -1], cache
 
-    def greedy(self, model, prompt: list[int], steps: int):
-        """tokens, and the logits each was chosen from (steps x vocab, float64)."""
-        torch = _torch()
-        ids, out = list(prompt), []
-        with torch.no_grad():
-            logits, cache = model(torch.tensor([ids], device=self.device))
-            for _ in range(steps):
-                last = logits[0, -1].double().cpu().numpy()
-                out.append(last)
-                ids.append(int(np.argmax(last)))
-                logits, cache = model(torch.tensor([ids[-1:]], device=self.device), cache, len(ids) - 1)
-        return ids[len(prompt):], np.stack(out)
+    def _step(self, model, token, cache, pos):
+        logits, cache = model(token, cache, pos)
+        return logits[0, -1], cache
 
-    def forward_all(self, model, ids: list[int]) -> np.ndarray:
-        torch = _torch()
-        with torch.no_grad():
-            logits, _ = model(torch.tensor([ids], device=self.device))
-        return logits[0].double().cpu().numpy()
+    def _all(self, model, ids):
+        return model(ids)[0][0]
 
 
-class HFRunner:
+class HFRunner(Runner):
     def __init__(self, spec: str, device: str):
         os.environ.setdefault("HF_HUB_OFFLINE", "1")  # never the network, whatever the cache says
         os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
@@ -148,26 +166,16 @@ class HFRunner:
     def decode(self, ids) -> str:
         return self.tok.decode(ids)
 
-    def model(self, dtype: str):
-        return copy.deepcopy(self.base).to(_tdtype(dtype))
+    def _prefill(self, model, ids):
+        res = model(input_ids=ids, use_cache=True)
+        return res.logits[0, -1], res.past_key_values
 
-    def greedy(self, model, prompt: list[int], steps: int):
-        torch = _torch()
-        ids, out = list(prompt), []
-        with torch.no_grad():
-            res = model(input_ids=torch.tensor([ids], device=self.device), use_cache=True)
-            for _ in range(steps):
-                last = res.logits[0, -1].double().cpu().numpy()
-                out.append(last)
-                ids.append(int(np.argmax(last)))
-                res = model(input_ids=torch.tensor([ids[-1:]], device=self.device),
-                            past_key_values=res.past_key_values, use_cache=True)
-        return ids[len(prompt):], np.stack(out)
+    def _step(self, model, token, cache, pos):
+        res = model(input_ids=token, past_key_values=cache, use_cache=True)
+        return res.logits[0, -1], res.past_key_values
 
-    def forward_all(self, model, ids: list[int]) -> np.ndarray:
-        torch = _torch()
-        with torch.no_grad():
-            return model(input_ids=torch.tensor([ids], device=self.device)).logits[0].double().cpu().numpy()
+    def _all(self, model, ids):
+        return model(input_ids=ids).logits[0]
 
 
 # ---------------------------------------------------------------------------

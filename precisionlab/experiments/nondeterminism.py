@@ -60,7 +60,7 @@ def run(cfg: NondetConfig, advance=lambda k=1: None) -> NondetResult:
     if cfg.runs > 100_000:
         raise UsageError(f"--runs {cfg.runs} is absurd here (at most 100000)")
     inputs.check_n(cfg.n, 8 * 3)
-    sections = _sections(cfg.sections)
+    sections = inputs.parse_choices(cfg.sections, SECTIONS, "section")
     plan = devices.resolve(cfg.device)
     if plan.cuda and "CUBLAS_WORKSPACE_CONFIG" not in os.environ and "torch_ops" in sections:
         # read when cuBLAS makes its handle, so it has to be in place before any GPU matmul
@@ -107,16 +107,6 @@ def run(cfg: NondetConfig, advance=lambda k=1: None) -> NondetResult:
 
 def planned_steps(cfg: NondetConfig) -> int:
     return 10
-
-
-def _sections(text: str | None) -> list[str]:
-    if not text:
-        return list(SECTIONS)
-    out = [s.strip() for s in text.split(",") if s.strip()]
-    for s in out:
-        if s not in SECTIONS:
-            raise UsageError(f"unknown section {s!r}; choose from {', '.join(SECTIONS)}")
-    return out
 
 
 # ---------------------------------------------------------------------------
