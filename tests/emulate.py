@@ -94,7 +94,7 @@ def pairwise(x, fmt: str) -> float:
         if len(level) % 2:
             nxt.append(level[-1])
         level = nxt
-    return round_exact(Fraction(level[0]), fmt) if math.isfinite(level[0]) else level[0]
+    return round_exact(Fraction(level[0]), fmt) if math.isfinite(level[0]) else round_exact_nonfinite(level[0], fmt)
 
 
 def kahan(x, fmt: str) -> float:
