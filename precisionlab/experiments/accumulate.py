@@ -28,8 +28,9 @@ GPU_ACCUMULATORS = {"bf16", "fp32", "fp64"}
 STOCHASTIC_ACCUMULATORS = {"bf16", "fp16"}  # the default; others only when asked
 SEQUENTIAL_KIND = {"sequential", "reverse", "sorted", "sorted_desc", "stochastic"}
 
-# Bytes per element held at once: intended + stored + one permuted copy + trace.
-BYTES_PER_ELEMENT = 4 * 8
+# Bytes per element held at once: intended, stored, a permuted copy, its sort
+# indices, the trace, and a float64 temporary.
+BYTES_PER_ELEMENT = 6 * 8
 
 
 @dataclass
@@ -78,9 +79,10 @@ def run(cfg: AccumulateConfig, advance=lambda k=1: None) -> AccumulateResult:
     traces: dict[str, np.ndarray] = {}
 
     if plan.cpu:
+        ordered = _Orders(stored)
         for acc in accumulators:
             for m in _cpu_methods_for(methods, acc, constant, explicit=cfg.methods is not None):
-                row, trace = _run_cpu(stored, storage, acc, m, cfg, exact_stored, abs_sum)
+                row, trace = _run_cpu(ordered, storage, acc, m, cfg, exact_stored, abs_sum)
                 rows.append(row)
                 advance()
                 if trace is not None:
@@ -173,15 +175,31 @@ def _cpu_methods_for(methods: list[str], acc: Format, constant: bool, explicit: 
 # running
 
 
-def _run_cpu(stored, storage: Format, acc: Format, method: str, cfg: AccumulateConfig, exact: float,
+class _Orders:
+    """The stored values in each order, each permutation made once per run."""
+
+    def __init__(self, stored: np.ndarray):
+        self.stored = stored
+        self._cache: dict[str, np.ndarray] = {}
+
+    def __getitem__(self, method: str) -> np.ndarray:
+        if method not in ORDERS:
+            return self.stored
+        if method not in self._cache:
+            s = self.stored
+            if method == "reverse":
+                self._cache[method] = np.ascontiguousarray(s[::-1])
+            elif method == "sorted":  # increasing |x|: best when the terms share a sign
+                self._cache[method] = s[np.argsort(np.abs(s), kind="stable")]
+            else:  # sorted_desc, decreasing |x|: best under heavy cancellation
+                self._cache[method] = s[np.argsort(-np.abs(s), kind="stable")]
+        return self._cache[method]
+
+
+def _run_cpu(orders: _Orders, storage: Format, acc: Format, method: str, cfg: AccumulateConfig, exact: float,
              abs_sum: float) -> tuple[dict, np.ndarray | None]:
-    x = stored
-    if method == "reverse":
-        x = stored[::-1]
-    elif method == "sorted":  # increasing |x|: best when the terms share a sign
-        x = stored[np.argsort(np.abs(stored), kind="stable")]
-    elif method == "sorted_desc":  # decreasing |x|: best under heavy cancellation
-        x = stored[np.argsort(-np.abs(stored), kind="stable")]
+    stored = orders.stored
+    x = orders[method]
     kernel = "sequential" if method in ORDERS else method
     want_trace = cfg.trace and method in SEQUENTIAL_KIND
     t0 = time.perf_counter()
