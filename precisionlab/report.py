@@ -444,6 +444,8 @@ def compare_op_table(res) -> None:
                  "uses torch.testing's tolerances and is shown, not judged. Trusted = torch "
                  f"with TF32 off: " + ", ".join(f"{k}={v}" for k, v in res.flags.items() if "tf32" in k.lower()),
                  style="dim", highlight=False)
+    if p.get("cuda_unavailable"):
+        stdout.print(f"GPU rows unavailable: {p['cuda_unavailable']}", style="dim", highlight=False)
     for line in res.takeaways:
         stdout.print(f"• {line}", highlight=False)
 

@@ -61,6 +61,13 @@ def test_tf32_command_json_and_flags_restored():
     assert "torch.backends.cuda.matmul.allow_tf32" in d["flags_before"]
 
 
+def test_tf32_plot(tmp_path):
+    pytest.importorskip("matplotlib")
+    png = tmp_path / "k.png"
+    r = cli("tf32", "--m", "64", "--n", "64", "--k", "64", "--sweep-mn", "32", "--device", "cpu", "--plot", str(png))
+    assert r.code == 0 and png.read_bytes()[:4] == b"\x89PNG" and "plot written" in r.err
+
+
 def test_flags_are_restored_in_process():
     before = tf32.torch_flags()
     tf32.run(tf32.Tf32Config(m=32, n=32, k=32, sweep=False, device="cpu"))

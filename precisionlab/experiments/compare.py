@@ -184,7 +184,7 @@ def compare_op(cfg: CompareOpConfig, advance=lambda k=1: None) -> CompareResult:
     return CompareResult(
         params={"op": op, "shape": list(shape), "dtypes": [f.name for f in lows], "impl": cfg.impl or "precisionlab",
                 "device": cfg.device, "seed": cfg.seed, "ratio_threshold": RATIO_THRESHOLD,
-                "atol": cfg.atol, "rtol": cfg.rtol},
+                "atol": cfg.atol, "rtol": cfg.rtol, "cuda_unavailable": plan.cuda_unavailable or None},
         rows=rows, flags=flags, takeaways=_takeaways(rows, cfg.impl), any_failed=any(r["flagged"] for r in rows))
 
 
