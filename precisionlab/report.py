@@ -135,6 +135,15 @@ def sci(x) -> str:
     return "0" if x == 0 else f"{x:.2e}"
 
 
+def _footer(unavailable: str | None, takeaways) -> None:
+    """What every experiment table ends with: why GPU rows are missing, then
+    the computed takeaways."""
+    if unavailable:
+        stdout.print(f"GPU rows unavailable: {unavailable}", style="dim", highlight=False)
+    for line in takeaways:
+        stdout.print(f"• {line}", highlight=False)
+
+
 # ---------------------------------------------------------------------------
 # accumulate
 
@@ -165,11 +174,8 @@ def accumulate_table(res) -> None:
                  "absorbed at: the sum before the first addition (1-based step) that left it unchanged; "
                  "for a constant input that is where it stalls for good. predicted: the first power of two "
                  "whose spacing is >= 2|value|.", style="dim", highlight=False)
-    if res.devices.get("cuda_unavailable") and any(not r["available"] for r in res.rows):
-        stdout.print(f"GPU rows ({', '.join(sorted({r['method'] for r in res.rows if not r['available']}))}) "
-                     f"unavailable: {res.devices['cuda_unavailable']}", style="dim", highlight=False)
-    for line in res.takeaways:
-        stdout.print(f"• {line}", highlight=False)
+    missing = sorted({r["method"] for r in res.rows if not r["available"]})
+    _footer(f"({', '.join(missing)}) {res.devices['cuda_unavailable']}" if missing else None, res.takeaways)
 
 
 def _ulps(x) -> str:
@@ -293,10 +299,7 @@ def softmax_table(res) -> None:
     tol = ", ".join(f"{k} {v['rtol']:g}" for k, v in res.tolerances.items())
     stdout.print(f"verdict: every element within rtol ({tol}) of a float64 softmax of the stored inputs "
                  "with atol = max(rtol / cols, smallest subnormal); a non-finite output never passes.", style="dim", highlight=False)
-    if res.devices.get("cuda_unavailable"):
-        stdout.print(f"GPU rows unavailable: {res.devices['cuda_unavailable']}", style="dim", highlight=False)
-    for line in res.takeaways:
-        stdout.print(f"• {line}", highlight=False)
+    _footer(res.devices.get("cuda_unavailable"), res.takeaways)
 
 
 def softmax_json(res) -> None:
@@ -348,10 +351,7 @@ def tf32_table(res) -> None:
                  style="dim", highlight=False)
     stdout.print("flags before the run: " + ", ".join(f"{k}={v}" for k, v in res.flags_before.items()),
                  style="dim", highlight=False)
-    if res.devices.get("cuda_unavailable"):
-        stdout.print(f"GPU rows unavailable: {res.devices['cuda_unavailable']}", style="dim", highlight=False)
-    for line in res.takeaways:
-        stdout.print(f"• {line}", highlight=False)
+    _footer(res.devices.get("cuda_unavailable"), res.takeaways)
 
 
 def tf32_json(res) -> None:
@@ -444,10 +444,7 @@ def compare_op_table(res) -> None:
                  "uses torch.testing's tolerances and is shown, not judged. Trusted = torch "
                  f"with TF32 off: " + ", ".join(f"{k}={v}" for k, v in res.flags.items() if "tf32" in k.lower()),
                  style="dim", highlight=False)
-    if p.get("cuda_unavailable"):
-        stdout.print(f"GPU rows unavailable: {p['cuda_unavailable']}", style="dim", highlight=False)
-    for line in res.takeaways:
-        stdout.print(f"• {line}", highlight=False)
+    _footer(p.get("cuda_unavailable"), res.takeaways)
 
 
 def compare_op_json(res) -> None:
@@ -472,8 +469,7 @@ def compare_tensors_table(res) -> None:
         else:
             t.add_row(r["name"], status, escape(str(shape)), str(dtype), "", "", "", "", "", "")
     stdout.print(t)
-    for line in res.takeaways:
-        stdout.print(f"• {line}", highlight=False)
+    _footer(None, res.takeaways)
 
 
 def compare_tensors_json(res) -> None:
@@ -528,8 +524,7 @@ def nondeterminism_table(res) -> None:
         stdout.print(t)
         if section in res.takeaways:
             stdout.print(f"• {res.takeaways[section]}", highlight=False)
-    if res.devices.get("cuda_unavailable"):
-        stdout.print(f"GPU sections unavailable: {res.devices['cuda_unavailable']}", style="dim", highlight=False)
+    _footer(res.devices.get("cuda_unavailable"), [])
 
 
 def nondeterminism_json(res) -> None:
@@ -594,8 +589,7 @@ def model_table(res) -> None:
         stdout.print(f"[bold]{s['dtype']:>5}[/bold] │ " + _marked(text, s["divergence_char"]), highlight=False)
     stdout.print(f"load {res.timing['load_s']:.2f} s, run {res.timing['run_s']:.2f} s (after the torch import)",
                  style="dim", highlight=False)
-    for line in res.takeaways:
-        stdout.print(f"• {line}", highlight=False)
+    _footer(None, res.takeaways)
 
 
 def model_json(res) -> None:

@@ -157,9 +157,8 @@ def _parse_methods(text: str | None) -> list[str]:
 
 
 def _cases(cfg: SoftmaxConfig) -> dict[str, np.ndarray]:
-    given = sum(x is not None for x in (cfg.values, cfg.rows if cfg.rows is not None or cfg.cols is not None else None,
-                                        cfg.from_file))
-    if given > 1:
+    matrix = cfg.rows is not None or cfg.cols is not None
+    if [cfg.values is not None, matrix, cfg.from_file is not None].count(True) > 1:
         raise UsageError("choose one of --values, --rows/--cols and --from")
     if cfg.values is not None:
         rows = [inputs.parse_values(r) for r in cfg.values.split(";")]
