@@ -78,7 +78,7 @@ def accumulate(
     cfg = exp.AccumulateConfig(dtype=dtype, n=n, value=value, dist=dist, values=values, from_file=from_file,
                                methods=methods, accumulators=accumulators, device=device, seed=seed,
                                trace=plot is not None)
-    with report.progress(exp.planned_steps(cfg), "accumulate", enabled=not json_out) as advance:
+    with report.progress("accumulate", enabled=not json_out) as advance:
         result = exp.run(cfg, advance)
     if plot:
         report.accumulate_plot(result, plot)
@@ -109,7 +109,7 @@ def softmax(
 
     cfg = exp.SoftmaxConfig(dtype=dtype, methods=methods, masked=masked, values=values, rows=rows, cols=cols,
                             dist=dist, scale=scale, from_file=from_file, device=device, seed=seed)
-    with report.progress(exp.planned_steps(cfg), "softmax", enabled=not json_out) as advance:
+    with report.progress("softmax", enabled=not json_out) as advance:
         result = exp.run(cfg, advance)
     (report.softmax_json if json_out else report.softmax_table)(result)
 
@@ -134,7 +134,7 @@ def compare_model(
     if plot:
         report.require_matplotlib()
     cfg = exp.ModelConfig(model=model, steps=steps, prompt=prompt, dtypes=dtypes, device=device, seed=seed)
-    with report.progress(exp.planned_steps(cfg), "compare model", enabled=not json_out) as advance:
+    with report.progress("compare model", enabled=not json_out) as advance:
         result = exp.run(cfg, advance)
     if plot:
         report.model_plot(result, plot)
@@ -158,7 +158,7 @@ def nondeterminism(
     if plot:
         report.require_matplotlib()
     cfg = exp.NondetConfig(runs=runs, n=n, device=device, seed=seed, sections=sections, keep_samples=plot is not None)
-    with report.progress(exp.planned_steps(cfg), "nondeterminism", enabled=not json_out) as advance:
+    with report.progress("nondeterminism", enabled=not json_out) as advance:
         result = exp.run(cfg, advance)
     if plot:
         report.nondeterminism_plot(result, plot)
@@ -184,7 +184,7 @@ def tf32(
     if plot:
         report.require_matplotlib()
     cfg = exp.Tf32Config(m=m, n=n, k=k, sweep_mn=sweep_mn, sweep=not no_sweep, device=device, seed=seed)
-    with report.progress(exp.planned_steps(cfg), "tf32", enabled=not json_out) as advance:
+    with report.progress("tf32", enabled=not json_out) as advance:
         result = exp.run(cfg, advance)
     if plot:
         report.tf32_plot(result, plot)
@@ -225,7 +225,7 @@ def compare_op(
 
     cfg = exp.CompareOpConfig(op=name, shape=shape, dtypes=dtype, impl=impl, device=device, seed=seed, atol=atol,
                               rtol=rtol)
-    with report.progress(8, f"compare {name}", enabled=not json_out) as advance:
+    with report.progress(f"compare {name}", enabled=not json_out) as advance:
         result = exp.compare_op(cfg, advance)
     (report.compare_op_json if json_out else report.compare_op_table)(result)
     if result.any_failed:
@@ -269,7 +269,7 @@ def bench(
         if v is not None:
             inputs.check_n(v, 16, name)
     cfg = exp.BenchConfig(quick=quick, device=device, sections=sections, seed=seed, cpu_n=cpu_n, gpu_n=gpu_n)
-    with report.progress(exp.planned_steps(cfg), "bench", enabled=not json_out) as advance:
+    with report.progress("bench", enabled=not json_out) as advance:
         result = exp.run(cfg, advance)
     (report.bench_json if json_out else report.bench_table)(result)
 

@@ -88,17 +88,19 @@ def emit_json(command: str, doc: dict) -> None:
 
 
 @contextmanager
-def progress(total: int, description: str, enabled: bool):
-    """A Rich progress bar on stderr, or a no-op when disabled (under --json,
-    or when stderr is not a terminal). Yields advance()."""
+def progress(description: str, enabled: bool):
+    """A Rich progress indicator on stderr: steps done and time elapsed, or a
+    no-op when disabled (under --json, or when stderr is not a terminal).
+    Yields advance(). Experiments do not know their step count in advance
+    (it depends on the devices present), so the bar pulses rather than guess."""
     if not enabled or not stderr.is_terminal:
         yield lambda k=1: None
         return
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
-    with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
+    with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed} steps"),
                   TimeElapsedColumn(), console=stderr, transient=True) as p:
-        task = p.add_task(description, total=total)
+        task = p.add_task(description, total=None)
         yield lambda k=1: p.advance(task, k)
 
 

@@ -356,7 +356,3 @@ def _g(x) -> str:
     if x is None:
         return "-"
     return repr(float(x)) if abs(x) >= 1e-4 or x == 0 else f"{x:.3e}"
-
-
-def planned_steps(cfg: AccumulateConfig) -> int:
-    return len(CPU_METHODS) * len(DEFAULT_ACCUMULATORS) + len(GPU_METHODS) * len(GPU_ACCUMULATORS)

@@ -59,11 +59,6 @@ def run(cfg: BenchConfig, advance=lambda k=1: None) -> BenchResult:
     return res
 
 
-def planned_steps(cfg: BenchConfig) -> int:
-    return (len(ACCUMULATE_CPU_METHODS) * len(ACCUMULATE_CPU_ACCS) + 1 + 15
-            + len(SOFTMAX_SHAPES) * 2 * (len(SOFTMAX_KERNELS) + 2) + 8)
-
-
 # vs_baseline is always baseline time / kernel time: above 1 is faster.
 
 # ---------------------------------------------------------------------------

@@ -256,10 +256,6 @@ def run(cfg: ModelConfig, advance=lambda k=1: None) -> ModelResult:
     )
 
 
-def planned_steps(cfg: ModelConfig) -> int:
-    return 1 + len(cfg.dtypes.split(","))
-
-
 def _device(choice: str) -> str:
     plan = devices.resolve(choice)
     if plan.cuda and choice != "cpu":

@@ -105,10 +105,6 @@ def run(cfg: NondetConfig, advance=lambda k=1: None) -> NondetResult:
     )
 
 
-def planned_steps(cfg: NondetConfig) -> int:
-    return 10
-
-
 # ---------------------------------------------------------------------------
 # measures
 

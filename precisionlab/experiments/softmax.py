@@ -137,10 +137,6 @@ def run(cfg: SoftmaxConfig, advance=lambda k=1: None) -> SoftmaxResult:
     )
 
 
-def planned_steps(cfg: SoftmaxConfig) -> int:
-    return 64
-
-
 # ---------------------------------------------------------------------------
 
 

@@ -78,10 +78,6 @@ def run(cfg: Tf32Config, advance=lambda k=1: None) -> Tf32Result:
     )
 
 
-def planned_steps(cfg: Tf32Config) -> int:
-    return 10 + (len(K_SWEEP) * 7 if cfg.sweep else 0)
-
-
 # ---------------------------------------------------------------------------
 # torch's flags
 
