@@ -505,7 +505,7 @@ def nondeterminism_table(res) -> None:
                 t.add_row(r["device"], r["variant"], num(r["result"]), sci(r["abs_error"]),
                           ", ".join(map(str, r["matches"])) or "-")
         else:
-            for col in ("runs", "distinct", "spread (ulps)", "max diff", "note"):
+            for col in ("runs", "distinct", "spread (ulps)", "max diff", "relative", "note"):
                 t.add_column(col, justify="right" if col != "note" else "left", overflow="fold")
             for r in rows:
                 note = ""
@@ -522,7 +522,7 @@ def nondeterminism_table(res) -> None:
                 t.add_row(r["device"], escape(label), str(r["runs"]),
                           "-" if r["distinct"] is None else f"{r['distinct']} of {r['runs']}",
                           "-" if r["max_spread_ulps"] is None else _ulps(r["max_spread_ulps"]),
-                          sci(r["max_abs_diff"]), note)
+                          sci(r["max_abs_diff"]), sci(r["rel_spread"]), note)
         stdout.print(t)
         if section in res.takeaways:
             stdout.print(f"• {res.takeaways[section]}", highlight=False)

@@ -125,7 +125,7 @@ def spread(results: np.ndarray, exact: float, fmt_name: str = "fp32") -> dict:
 
 def _row(section, variant, device, runs, emulated=False, **kw) -> dict:
     return {"section": section, "variant": variant, "device": device, "runs": runs, "emulated": emulated,
-            "distinct": None, "max_spread_ulps": None, "max_abs_diff": None, **kw}
+            "distinct": None, "max_spread_ulps": None, "max_abs_diff": None, "rel_spread": None, **kw}
 
 
 # ---------------------------------------------------------------------------
@@ -192,7 +192,8 @@ def _splitk(device: str, cfg: NondetConfig) -> list[dict]:
         diff_unsplit = float(np.max(np.abs(results[0].astype(np.float64) - unsplit)))
         rel = float(np.linalg.norm(results[0] - ref) / np.linalg.norm(ref))
         rows.append(_row("splitk", label, device, cfg.runs, emulated, distinct=distinct, max_abs_diff=diff_runs,
-                         max_spread_ulps=None, diff_vs_unsplit=diff_unsplit, rel_l2_vs_fp64=rel,
+                         max_spread_ulps=None, rel_spread=diff_runs / float(np.max(np.abs(ref))),
+                         diff_vs_unsplit=diff_unsplit, rel_l2_vs_fp64=rel,
                          shape=[m, k, n], splits=s))
     return rows
 
@@ -240,6 +241,7 @@ def _batch_row(name, device, variant, row0s: dict[int, np.ndarray], emulated=Fal
     diffs = {bs: float(np.max(np.abs(r.astype(np.float64) - base))) for bs, r in row0s.items()}
     return _row("batch", f"{name}: {variant}", device, len(row0s), emulated,
                 distinct=len(set(_bits(row0s.values()))), max_abs_diff=max(diffs.values()),
+                rel_spread=max(diffs.values()) / float(np.max(np.abs(base))),
                 differs_at=[bs for bs, d in diffs.items() if d > 0 or not np.array_equal(row0s[bs], row0s[1])],
                 batch_sizes=list(row0s), **kw)
 
@@ -277,6 +279,7 @@ def _kernel_row(name, device, variant, alone: np.ndarray, batched: dict[int, np.
             differs_at.append(bs)
     return _row("batch", f"{name}: {variant}", device, len(batched), emulated,
                 distinct=len(set(_bits(out[0] for out in batched.values()))), max_abs_diff=max(diffs),
+                rel_spread=max(diffs) / float(np.max(np.abs(alone))),
                 differs_at=differs_at, rows_changed=changed,
                 rows_compared=sum(min(bs, CHECK_ROWS) for bs in batched), batch_sizes=list(batched), **kw)
 
@@ -358,7 +361,7 @@ def _torch_ops(device: str, cfg: NondetConfig) -> list[dict]:
                 diff = max(float(np.max(np.abs(r.astype(np.float64) - results[0]))) for r in results)
                 ulps = diff / float(np.min(formats.get("fp32").spacing(exact)))
                 rows.append(_row("torch_ops", label, device, cfg.runs, distinct=distinct, max_abs_diff=diff,
-                                 max_spread_ulps=ulps, refused=None))
+                                 max_spread_ulps=ulps, rel_spread=diff / float(np.max(np.abs(exact))), refused=None))
     finally:
         torch.use_deterministic_algorithms(was)
     return rows
