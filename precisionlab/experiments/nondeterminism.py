@@ -299,7 +299,7 @@ def _batch_kernels(device: str, seed: int) -> list[dict]:
                 alone = np.stack([fn(big[i:i + 1], lanes_of(1))[0] for i in range(CHECK_ROWS)])
                 batched = {bs: fn(big[:bs], lanes_of(bs)) for bs in BATCH_SIZES}
                 rows.append(_kernel_row(name, "cpu", variant, alone, batched, emulated=True,
-                                        lanes={bs: lanes_of(bs) for bs in BATCH_SIZES}))
+                                        lanes=[lanes_of(bs) for bs in BATCH_SIZES]))
         return rows
     import torch
 
