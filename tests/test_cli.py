@@ -130,3 +130,16 @@ def test_plot_writes_a_png(tmp_path):
     assert r.code == 0 and png.stat().st_size > 1000
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert "plot written" in r.err  # the hint goes to stderr
+
+
+@pytest.mark.parametrize("argv", [
+    ["accumulate", "--n", "10"],
+    ["softmax", "--values", "1,2,3"],
+    ["nondeterminism", "--runs", "2", "--n", "1000", "--sections", "batch,threads"],
+    ["tf32", "--m", "16", "--n", "16", "--k", "16", "--no-sweep"],
+    ["info"],
+])
+def test_json_rows_are_flat_objects(argv):
+    d = strict_json(cli(*argv, "--device", "cpu", "--json").out if argv[0] != "info" else cli(*argv, "--json").out)
+    assert d["rows"] and all(isinstance(r, dict) for r in d["rows"])
+    assert not [k for r in d["rows"] for k, v in r.items() if isinstance(v, dict)]
