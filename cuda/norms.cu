@@ -107,7 +107,7 @@ extern "C" int pl_layernorm_cpu(const void* x, int64_t rows, int64_t cols, int d
 namespace {
 
 template <typename T>
-__global__ void rmsnorm_kernel(const T* __restrict__ x, const T* __restrict__ w, T* __restrict__ y, int64_t cols,
+__global__ void __launch_bounds__(1024) rmsnorm_kernel(const T* __restrict__ x, const T* __restrict__ w, T* __restrict__ y, int64_t cols,
                                float eps) {
     const T* xr = x + (int64_t)blockIdx.x * cols;
     T* yr = y + (int64_t)blockIdx.x * cols;
@@ -125,7 +125,7 @@ __global__ void rmsnorm_kernel(const T* __restrict__ x, const T* __restrict__ w,
 }
 
 template <typename T>
-__global__ void layernorm_kernel(const T* __restrict__ x, const T* __restrict__ w, const T* __restrict__ b,
+__global__ void __launch_bounds__(1024) layernorm_kernel(const T* __restrict__ x, const T* __restrict__ w, const T* __restrict__ b,
                                  T* __restrict__ y, int64_t cols, float eps) {
     const T* xr = x + (int64_t)blockIdx.x * cols;
     T* yr = y + (int64_t)blockIdx.x * cols;

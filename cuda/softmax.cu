@@ -250,7 +250,7 @@ __device__ online_pair block_combine(online_pair p) {
 
 // Version 1: every method, a plain strided loop per thread.
 template <typename T, int METHOD>
-__global__ void softmax_v1(const T* __restrict__ x, T* __restrict__ y, int64_t cols, float* lse, int masked) {
+__global__ void __launch_bounds__(1024) softmax_v1(const T* __restrict__ x, T* __restrict__ y, int64_t cols, float* lse, int masked) {
     const T* xr = x + (int64_t)blockIdx.x * cols;
     T* yr = y + (int64_t)blockIdx.x * cols;
     const int tid = threadIdx.x, nt = blockDim.x;
