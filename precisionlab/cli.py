@@ -18,7 +18,7 @@ try:  # typer >= 0.20 vendors click
 except ImportError:  # older typer depends on click
     from click.exceptions import ClickException
 
-from precisionlab.errors import PrecisionLabError
+from precisionlab.errors import PrecisionLabError, UsageError
 
 app = typer.Typer(
     name="precisionlab",
@@ -253,6 +253,8 @@ def compare_tensors(
 
 @app.command()
 def bench(
+    section: Annotated[Optional[str], typer.Argument(help="Sections to run, comma list: accumulate, softmax, matmul "
+                                                     "(default: all). Same as --sections.")] = None,
     quick: Annotated[bool, typer.Option("--quick", help="Smaller sizes and fewer runs (under 2 minutes on an H200).")] = False,
     sections: Annotated[Optional[str], typer.Option("--sections", help="Comma list of sections (default: all): accumulate, softmax, matmul.")] = None,
     cpu_n: Annotated[Optional[int], typer.Option("--cpu-n", help="Elements for the CPU kernels (default 1e8; 1e7 with --quick).")] = None,
@@ -268,7 +270,10 @@ def bench(
     for name, v in (("--cpu-n", cpu_n), ("--gpu-n", gpu_n)):
         if v is not None:
             inputs.check_n(v, 16, name)
-    cfg = exp.BenchConfig(quick=quick, device=device, sections=sections, seed=seed, cpu_n=cpu_n, gpu_n=gpu_n)
+    if section and sections:
+        raise UsageError("give the sections once: as an argument or with --sections")
+    cfg = exp.BenchConfig(quick=quick, device=device, sections=section or sections, seed=seed, cpu_n=cpu_n,
+                          gpu_n=gpu_n)
     with report.progress("bench", enabled=not json_out) as advance:
         result = exp.run(cfg, advance)
     (report.bench_json if json_out else report.bench_table)(result)

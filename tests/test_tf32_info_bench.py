@@ -108,6 +108,13 @@ def test_bench_quick_smoke_json():
 
 def test_bench_bad_section_exits_2():
     assert cli("bench", "--sections", "nope").code == 2
+    assert cli("bench", "nope").code == 2
+    assert cli("bench", "softmax", "--sections", "matmul").code == 2
+
+
+def test_bench_section_as_argument():
+    d = strict_json(cli("bench", "accumulate", "--quick", "--cpu-n", "1000", "--device", "cpu", "--json").out)
+    assert d["params"]["sections"] == ["accumulate"]
 
 
 @pytest.mark.gpu
