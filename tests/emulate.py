@@ -94,7 +94,10 @@ def pairwise(x, fmt: str) -> float:
         if len(level) % 2:
             nxt.append(level[-1])
         level = nxt
-    return round_exact(Fraction(level[0]), fmt) if math.isfinite(level[0]) else round_exact_nonfinite(level[0], fmt)
+    x = level[0]
+    if x == 0:
+        return x  # a lone zero keeps its sign; Fraction would drop it
+    return round_exact(Fraction(x), fmt) if math.isfinite(x) else round_exact_nonfinite(x, fmt)
 
 
 def kahan(x, fmt: str) -> float:
