@@ -21,7 +21,6 @@ class Format:
     code: int
     dtype: np.dtype
     aliases: tuple[str, ...] = field(default=())
-    has_inf: bool = True
 
     @property
     def finfo(self):
@@ -105,7 +104,7 @@ FORMATS: dict[str, Format] = {
         Format("fp16", 2, np.dtype(np.float16), ("float16", "f16", "half")),
         Format("bf16", 3, np.dtype(ml_dtypes.bfloat16), ("bfloat16",)),
         Format("fp8_e4m3", 4, np.dtype(ml_dtypes.float8_e4m3fn),
-               ("e4m3", "float8_e4m3fn", "fp8e4m3", "float8_e4m3"), has_inf=False),
+               ("e4m3", "float8_e4m3fn", "fp8e4m3", "float8_e4m3")),  # e4m3fn: no inf, overflow is NaN
         Format("fp8_e5m2", 5, np.dtype(ml_dtypes.float8_e5m2), ("e5m2", "float8_e5m2", "fp8e5m2")),
     )
 }

@@ -12,6 +12,7 @@ import numpy as np
 from precisionlab.errors import UsageError
 
 DISTS = ("uniform", "normal", "lognormal")
+_LOW_PRECISION = {"bfloat16", "float8_e4m3fn", "float8_e5m2"}  # ml_dtypes kinds numpy calls "V"
 
 
 def parse_values(text: str) -> np.ndarray:
@@ -36,7 +37,7 @@ def load_npy(path: str, ndim: int | None = None) -> np.ndarray:
         a = np.load(p, allow_pickle=False)
     except Exception as e:  # numpy raises ValueError, OSError, EOFError... for a bad file
         raise UsageError(f"--from: cannot read {path} as .npy ({type(e).__name__}: {e})") from None
-    if not isinstance(a, np.ndarray) or a.dtype.kind not in "biuf" and a.dtype.name not in _LOW_PRECISION:
+    if not isinstance(a, np.ndarray) or (a.dtype.kind not in "biuf" and a.dtype.name not in _LOW_PRECISION):
         raise UsageError(f"--from: {path} does not hold a numeric array")
     if ndim is not None and a.ndim != ndim:
         raise UsageError(f"--from: {path} must be {ndim}-D, got shape {a.shape}")
@@ -44,9 +45,6 @@ def load_npy(path: str, ndim: int | None = None) -> np.ndarray:
         raise UsageError(f"--from: {path} is empty")
     a = a.astype(np.float64)
     return a if ndim is not None else a.ravel()
-
-
-_LOW_PRECISION = {"bfloat16", "float8_e4m3fn", "float8_e5m2"}
 
 
 def generate(n: int, dist: str, seed: int) -> np.ndarray:

@@ -12,7 +12,6 @@ and, as the yardstick for (1), (0) trusted fp32 vs trusted fp64: what fp32 costs
 from __future__ import annotations
 
 import importlib
-import inspect
 import math
 import sys
 from dataclasses import dataclass, field
@@ -369,11 +368,3 @@ def compare_tensors(cfg: CompareTensorsConfig) -> CompareResult:
     n_ok = sum(r["passed"] for r in rows)
     return CompareResult(params={"a": cfg.a, "b": cfg.b, "only": cfg.only, "atol": cfg.atol, "rtol": cfg.rtol},
                          rows=rows, takeaways=[f"{n_ok} of {len(rows)} tensors within tolerance."], any_failed=failed)
-
-
-IMPL_HELP = inspect.cleandoc("""
-    Run the comparisons on your implementation instead: package.module:function,
-    imported from the current directory. It takes and returns torch tensors:
-    softmax(x) -> y; logsumexp(x) -> lse; rmsnorm(x, weight, eps) -> y;
-    layernorm(x, weight, bias, eps) -> y; matmul(a, b) -> a @ b.
-""")

@@ -81,18 +81,16 @@ def run(cfg: NondetConfig, advance=lambda k=1: None) -> NondetResult:
             rows += r
             samples.update(s)
             advance()
-    if "splitk" in sections:
-        for dev in plan.names:
-            rows += _splitk(dev, cfg)
-            advance()
-    if "batch" in sections:
-        for dev in plan.names:
-            rows += _batch_torch(dev, cfg.seed) + _batch_kernels(dev, cfg.seed)
-            advance()
-    if "torch_ops" in sections:
-        for dev in plan.names:
-            rows += _torch_ops(dev, cfg)
-            advance()
+    per_device = {
+        "splitk": lambda dev: _splitk(dev, cfg),
+        "batch": lambda dev: _batch_torch(dev, cfg.seed) + _batch_kernels(dev, cfg.seed),
+        "torch_ops": lambda dev: _torch_ops(dev, cfg),
+    }
+    for section, fn in per_device.items():
+        if section in sections:
+            for dev in plan.names:
+                rows += fn(dev)
+                advance()
     if "threads" in sections:
         rows += _threads(x, exact)
     return NondetResult(
