@@ -21,6 +21,14 @@
  *   version 3, atomic      version 1's block sums land in one accumulator by
  *                          atomicAdd: one pass, but the order blocks arrive in
  *                          varies, and so do the bits.
+ * The GPU kernels do what real kernels do, not what the CPU reference does:
+ * each stored value is first converted to the accumulator's register (fp32
+ * for fp32 and bf16 accumulators, fp64 for fp64), and a bf16 sum is rounded
+ * to fp32, then to bf16. Where the stored format is wider than the
+ * accumulator, that is one more rounding per step than the CPU's exact
+ * result rounded once; the experiment's GPU bound allows for it.
+ * "Same bits every run" holds for one GPU model and one alignment of x: the
+ * grid follows the SM count, and a 16-byte-aligned x is read in vectors.
  */
 #include <cstdio>
 #include <cstdlib>
@@ -248,9 +256,8 @@ __global__ void slot_to_double_kernel(const S* slot, double* out) {
 }
 
 int grid_for(int64_t n, size_t elem, int* blocks) {
-    int dev = 0, sms = 0;
-    PL_CUDA_CHECK(cudaGetDevice(&dev));
-    PL_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+    int sms = 0;
+    if (int st = pl_sm_count(&sms, "pl_sum_cuda")) return st;
     const int64_t per_block = (int64_t)kThreads * (16 / (int64_t)elem) * kUnroll;
     int64_t b = (n + per_block - 1) / per_block;
     const int64_t cap = (int64_t)sms * kBlocksPerSM < kMaxBlocks ? (int64_t)sms * kBlocksPerSM : kMaxBlocks;
@@ -325,8 +332,9 @@ void encode(const double* x, int64_t n, int storage, void* out) {
             case PL_FP32: static_cast<float*>(out)[i] = (float)v; break;
             case PL_FP16: static_cast<__half*>(out)[i] = __float2half_rn((float)v); break;
             case PL_BF16: static_cast<__nv_bfloat16*>(out)[i] = __float2bfloat16_rn((float)v); break;
-            case PL_FP8_E4M3: static_cast<__nv_fp8_e4m3*>(out)[i] = __nv_fp8_e4m3((float)v); break;
-            case PL_FP8_E5M2: static_cast<__nv_fp8_e5m2*>(out)[i] = __nv_fp8_e5m2((float)v); break;
+            // not the saturating constructors: they would turn e5m2's inf into 57344
+            case PL_FP8_E4M3: static_cast<__nv_fp8_storage_t*>(out)[i] = __nv_cvt_float_to_fp8((float)v, __NV_NOSAT, __NV_E4M3); break;
+            case PL_FP8_E5M2: static_cast<__nv_fp8_storage_t*>(out)[i] = __nv_cvt_float_to_fp8((float)v, __NV_NOSAT, __NV_E5M2); break;
         }
     }
 }
@@ -363,9 +371,9 @@ extern "C" int pl_sum_cuda_device(const void* x_dev, int64_t n, int storage, int
     if (int st = check_sum_args(n, storage, accumulator, method, __func__)) return st;
     PL_REQUIRE(work_bytes >= kWorkspaceBytes, PL_ERR_INVALID_ARGUMENT, "workspace of %zu bytes is below the %zu needed",
                work_bytes, kWorkspaceBytes);
-    if (int st = pl_require_device(x_dev, "x_dev", __func__)) return st;
-    if (int st = pl_require_device(work_dev, "work_dev", __func__)) return st;
-    if (int st = pl_require_device(out_dev, "out_dev", __func__)) return st;
+    if (int st = pl_require_device(x_dev, PL_FORMATS[storage].bytes, "x_dev", __func__)) return st;
+    if (int st = pl_require_device(work_dev, sizeof(double), "work_dev", __func__)) return st;
+    if (int st = pl_require_device(out_dev, sizeof(double), "out_dev", __func__)) return st;
     return dispatch(x_dev, n, storage, accumulator, method, work_dev, out_dev);
 }
 

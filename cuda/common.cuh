@@ -238,6 +238,12 @@ static inline float pl_lane_sum(F f, int64_t n, int lanes) {
 
 constexpr float pl_neg_inf = -std::numeric_limits<float>::infinity();
 
+// max that keeps NaN from either side. fmax drops a NaN operand, so a row
+// holding NaN and -inf would look fully masked (max -inf) and be zeroed under
+// the masked=zero policy; with this max a NaN anywhere makes the row NaN, as
+// the float64 reference's np.max does.
+PL_HD static inline float pl_max_nan(float a, float b) { return (a > b || a != a) ? a : b; }
+
 static inline bool pl_row_dtype(int dtype) { return dtype == PL_FP32 || dtype == PL_BF16 || dtype == PL_FP16; }
 
 // ---------------------------------------------------------------------------
@@ -299,7 +305,6 @@ __device__ __forceinline__ float pl_widen(__nv_fp8_e5m2 x) { return (float)x; }
 template <int ACC> struct pl_acc;
 template <> struct pl_acc<PL_FP32> {
     using reg = float;
-    __device__ static __forceinline__ float add(float a, double b) { return __fadd_rn(a, (float)b); }
     __device__ static __forceinline__ float add(float a, float b) { return __fadd_rn(a, b); }
 };
 template <> struct pl_acc<PL_FP64> {
@@ -313,9 +318,6 @@ template <> struct pl_acc<PL_BF16> {
     // bf16 accumulation does too.
     __device__ static __forceinline__ float add(float a, float b) {
         return __bfloat162float(__float2bfloat16_rn(__fadd_rn(a, b)));
-    }
-    __device__ static __forceinline__ float add(float a, double b) {
-        return __bfloat162float(__float2bfloat16_rn((float)(a + b)));
     }
 };
 
@@ -353,7 +355,7 @@ __device__ R pl_block_sum(R v) {
 // `identity` is what a thread holding nothing contributes; passing the wrong
 // one (0 for a max) is the classic bug softmax shows as a named variant.
 struct pl_op_max {
-    __device__ __forceinline__ float operator()(float a, float b) const { return fmaxf(a, b); }
+    __device__ __forceinline__ float operator()(float a, float b) const { return pl_max_nan(a, b); }
 };
 struct pl_op_add {
     __device__ __forceinline__ float operator()(float a, float b) const { return __fadd_rn(a, b); }
@@ -401,14 +403,27 @@ template <> __device__ __forceinline__ float pl_round_storage<__nv_bfloat16>(flo
 template <> __device__ __forceinline__ float pl_round_storage<__half>(float v) { return __half2float(__float2half_rn(v)); }
 
 
-static inline int pl_require_device(const void* p, const char* name, const char* func) {
+// A device pointer the kernels may dereference: on the device (or managed) and
+// aligned to the element it holds. A misaligned access is a sticky error that
+// ends the CUDA context for the whole process (torch's too), so it is refused
+// here, not discovered there.
+static inline int pl_require_device(const void* p, size_t align, const char* name, const char* func) {
     cudaPointerAttributes a;
     const cudaError_t err = cudaPointerGetAttributes(&a, p);
     if (err != cudaSuccess) return pl_cuda_fail(err, func, "cudaPointerGetAttributes");
     if (a.type != cudaMemoryTypeDevice && a.type != cudaMemoryTypeManaged)
         return pl_fail(PL_ERR_INVALID_ARGUMENT, func, "%s is not a device pointer", name);
+    if (reinterpret_cast<uintptr_t>(p) % align != 0)
+        return pl_fail(PL_ERR_INVALID_ARGUMENT, func, "%s must be %zu-byte aligned", name, align);
     return PL_OK;
 }
 
+// The current device's SM count, for launch heuristics.
+static inline int pl_sm_count(int* sms, const char* func) {
+    int dev = 0;
+    cudaError_t err = cudaGetDevice(&dev);
+    if (err == cudaSuccess) err = cudaDeviceGetAttribute(sms, cudaDevAttrMultiProcessorCount, dev);
+    return err == cudaSuccess ? PL_OK : pl_cuda_fail(err, func, "SM count");
+}
 
 #endif  // __CUDACC__

@@ -11,8 +11,9 @@
  * GPU versions:
  *   1 naive           one thread per C element, ascending k, fp32 FMA.
  *   2 tiled           16 x 16 tiles of A and B staged in shared memory; the
- *                     same ascending-k FMA chain per element, a tenth of the
- *                     global loads.
+ *                     same ascending-k FMA chain per element (the zero
+ *                     padding past k adds fma(0, 0, s), which only turns a
+ *                     -0 sum into +0), 1/16 of the global loads.
  *   3 splitk_atomic   K cut into `splits` slices, one block per (tile, slice);
  *                     slices land in an fp32 workspace by atomicAdd. The order
  *                     they land in varies, and so do the bits.
@@ -126,6 +127,7 @@ int launch(const void* av, const void* bv, void* cv, int64_t m, int64_t n, int64
     const T* b = static_cast<const T*>(bv);
     T* c = static_cast<T*>(cv);
     const dim3 block(TILE, TILE);
+    if (splits < 1) splits = 1;  // unsplit versions ignore it, and may be passed 0
     const int64_t kslice = ((k + splits - 1) / splits + TILE - 1) / TILE * TILE;
     const int planes = (int)((k + kslice - 1) / kslice);
     const dim3 grid((unsigned)((n + TILE - 1) / TILE), (unsigned)((m + TILE - 1) / TILE), 1);
@@ -154,7 +156,11 @@ int launch(const void* av, const void* bv, void* cv, int64_t m, int64_t n, int64
 extern "C" int pl_matmul_workspace_bytes(int64_t m, int64_t n, int version, int splits, size_t* bytes) {
     PL_REQUIRE_PTR(bytes);
     PL_REQUIRE(m > 0 && n > 0, PL_ERR_INVALID_ARGUMENT, "m and n must be > 0");
-    PL_REQUIRE(splits >= 1 && splits <= 1024, PL_ERR_INVALID_ARGUMENT, "splits must be in [1, 1024] (got %d)", splits);
+    PL_REQUIRE(version >= PL_MATMUL_NAIVE && version <= PL_MATMUL_SPLITK_ORDERED, PL_ERR_INVALID_ARGUMENT,
+               "unknown matmul version %d", version);
+    const bool split = version == PL_MATMUL_SPLITK_ATOMIC || version == PL_MATMUL_SPLITK_ORDERED;
+    PL_REQUIRE(!split || (splits >= 1 && splits <= 1024), PL_ERR_INVALID_ARGUMENT,
+               "splits must be in [1, 1024] (got %d)", splits);
     const int64_t planes = version == PL_MATMUL_SPLITK_ORDERED ? splits : version == PL_MATMUL_SPLITK_ATOMIC ? 1 : 0;
     PL_REQUIRE(m <= INT64_MAX / 4 / n / (planes ? planes : 1), PL_ERR_SIZE_OVERFLOW, "workspace size overflows");
     *bytes = (size_t)(planes * m * n) * sizeof(float);
@@ -170,12 +176,14 @@ extern "C" int pl_matmul_cuda(const void* a_dev, const void* b_dev, int64_t m, i
     if (int st = pl_matmul_workspace_bytes(m, n, version, splits, &need)) return st;
     PL_REQUIRE(need == 0 || (work_dev && work_bytes >= need), PL_ERR_INVALID_ARGUMENT,
                "workspace of %zu bytes is below the %zu needed", work_bytes, need);
-    PL_REQUIRE(m < 65535LL * TILE && n < 2147483647LL, PL_ERR_UNSUPPORTED, "m must be below %d", 65535 * TILE);
-    if (int st = pl_require_device(a_dev, "a_dev", __func__)) return st;
-    if (int st = pl_require_device(b_dev, "b_dev", __func__)) return st;
-    if (int st = pl_require_device(c_dev, "c_dev", __func__)) return st;
+    PL_REQUIRE(m < 65535LL * TILE, PL_ERR_UNSUPPORTED, "m must be below %d", 65535 * TILE);
+    PL_REQUIRE(n < 2147483647LL, PL_ERR_UNSUPPORTED, "n must be below 2^31 - 1");
+    const size_t elem = PL_FORMATS[dtype].bytes;
+    if (int st = pl_require_device(a_dev, elem, "a_dev", __func__)) return st;
+    if (int st = pl_require_device(b_dev, elem, "b_dev", __func__)) return st;
+    if (int st = pl_require_device(c_dev, elem, "c_dev", __func__)) return st;
     if (need)
-        if (int st = pl_require_device(work_dev, "work_dev", __func__)) return st;
+        if (int st = pl_require_device(work_dev, sizeof(float), "work_dev", __func__)) return st;
     float* work = static_cast<float*>(work_dev);
     switch (dtype) {
         case PL_FP32: return launch<float>(a_dev, b_dev, c_dev, m, n, k, version, splits, work);

@@ -146,15 +146,14 @@ __global__ void __launch_bounds__(1024) layernorm_kernel(const T* __restrict__ x
     }
 }
 
-int adaptive_threads(int64_t rows, int64_t cols) {
-    int dev = 0, sms = 132;
-    if (cudaGetDevice(&dev) == cudaSuccess) cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
-    return pl_adaptive_lanes_for(rows, cols, sms);
-}
-
 template <typename T>
 int launch_rms(const void* x, const void* w, void* y, int64_t rows, int64_t cols, float eps, int version) {
-    const int threads = version == PL_NORM_ADAPTIVE ? adaptive_threads(rows, cols) : pl_lanes_for(cols);
+    int threads = pl_lanes_for(cols);
+    if (version == PL_NORM_ADAPTIVE) {
+        int sms = 0;
+        if (int st = pl_sm_count(&sms, "pl_rmsnorm_cuda")) return st;
+        threads = pl_adaptive_lanes_for(rows, cols, sms);
+    }
     rmsnorm_kernel<T><<<(unsigned)rows, threads>>>(static_cast<const T*>(x), static_cast<const T*>(w),
                                                     static_cast<T*>(y), cols, eps);
     PL_CUDA_CHECK(cudaGetLastError());
@@ -169,13 +168,14 @@ int launch_ln(const void* x, const void* w, const void* b, void* y, int64_t rows
     return PL_OK;
 }
 
-int check_devptrs(const void* x, const void* w, const void* b, const void* y, const char* func) {
-    if (int st = pl_require_device(x, "x_dev", func)) return st;
-    if (int st = pl_require_device(y, "y_dev", func)) return st;
+int check_devptrs(const void* x, const void* w, const void* b, const void* y, int dtype, const char* func) {
+    const size_t elem = PL_FORMATS[dtype].bytes;
+    if (int st = pl_require_device(x, elem, "x_dev", func)) return st;
+    if (int st = pl_require_device(y, elem, "y_dev", func)) return st;
     if (w)
-        if (int st = pl_require_device(w, "w_dev", func)) return st;
+        if (int st = pl_require_device(w, elem, "w_dev", func)) return st;
     if (b)
-        if (int st = pl_require_device(b, "b_dev", func)) return st;
+        if (int st = pl_require_device(b, elem, "b_dev", func)) return st;
     return PL_OK;
 }
 
@@ -187,7 +187,7 @@ extern "C" int pl_rmsnorm_cuda(const void* x_dev, int64_t rows, int64_t cols, in
     PL_REQUIRE(version == PL_NORM_BLOCK || version == PL_NORM_ADAPTIVE, PL_ERR_INVALID_ARGUMENT,
                "unknown rmsnorm version %d", version);
     PL_REQUIRE(rows <= 0x7FFFFFFF, PL_ERR_UNSUPPORTED, "at most 2^31 - 1 rows (one block per row)");
-    if (int st = check_devptrs(x_dev, w_dev, nullptr, y_dev, __func__)) return st;
+    if (int st = check_devptrs(x_dev, w_dev, nullptr, y_dev, dtype, __func__)) return st;
     switch (dtype) {
         case PL_FP32: return launch_rms<float>(x_dev, w_dev, y_dev, rows, cols, eps, version);
         case PL_BF16: return launch_rms<__nv_bfloat16>(x_dev, w_dev, y_dev, rows, cols, eps, version);
@@ -199,7 +199,7 @@ extern "C" int pl_layernorm_cuda(const void* x_dev, int64_t rows, int64_t cols, 
                                  const void* b_dev, float eps, void* y_dev) {
     if (int st = check_norm_args(x_dev, y_dev, rows, cols, dtype, eps, __func__)) return st;
     PL_REQUIRE(rows <= 0x7FFFFFFF, PL_ERR_UNSUPPORTED, "at most 2^31 - 1 rows (one block per row)");
-    if (int st = check_devptrs(x_dev, w_dev, b_dev, y_dev, __func__)) return st;
+    if (int st = check_devptrs(x_dev, w_dev, b_dev, y_dev, dtype, __func__)) return st;
     switch (dtype) {
         case PL_FP32: return launch_ln<float>(x_dev, w_dev, b_dev, y_dev, rows, cols, eps);
         case PL_BF16: return launch_ln<__nv_bfloat16>(x_dev, w_dev, b_dev, y_dev, rows, cols, eps);

@@ -10,8 +10,8 @@
 #ifndef PL_BUILD_FLAGS
 #define PL_BUILD_FLAGS "unknown"
 #endif
-#define PL_STR2(x) #x
-#define PL_STR(x) PL_STR2(x)
+#define PL_STR2(...) #__VA_ARGS__  // variadic: __CUDA_ARCH_LIST__ holds commas (900,1000)
+#define PL_STR(...) PL_STR2(__VA_ARGS__)
 
 static thread_local char pl_last_error_buf[512] = "";
 

@@ -10,9 +10,10 @@
  *   stable           three passes: max, sum of exp(x - max), normalise
  *   online           one pass carrying a running max and rescaling the running
  *                    sum (Milakov & Gimelshein 2018), then the normalise pass
- *   bug_zero_identity  stable, but threads (lanes) holding no element feed 0,
- *                    not -inf, to the max: wrong only when the row is shorter
- *                    than the block and every logit is very negative
+ *   bug_zero_identity  stable, but the max reduction's idle slots (threads
+ *                    past the row's end, and the unused warp slots of the
+ *                    block tree's second stage) feed 0, not -inf: wrong for
+ *                    rows of very negative logits shorter than 1024 columns
  *   bug_zero_start   stable, but the max starts at 0 instead of x[0]
  *   bug_no_rescale   exponentials taken against the max seen so far and never
  *                    rescaled: [1, 2, 3] gives 1/3 each
@@ -33,7 +34,11 @@
  *              one block combine, then the write pass: two reads, one write.
  *
  * Masked rows (every logit -inf): the textbook formula gives NaN (-inf minus
- * -inf). PL_MASKED_ZERO writes zeros and a log-sum-exp of -inf instead.
+ * -inf), softmax and log-sum-exp alike. PL_MASKED_ZERO writes zeros and a
+ * log-sum-exp of -inf instead, for every method. A NaN logit makes its row
+ * NaN whatever the policy (the max keeps NaN: pl_max_nan), and so does a +inf
+ * logit in the shifted methods (inf - inf), as in the float64 reference.
+ * Partly masked rows are ordinary rows: exp(-inf - m) = 0.
  */
 #include <cstdio>
 #include <cstdlib>
@@ -61,17 +66,25 @@ int check_softmax_args(int64_t rows, int64_t cols, int dtype, int method, int ma
 }
 
 constexpr float kNegInf = pl_neg_inf;
+constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
 
 
 struct cpu_pair {
     float m, s;
 };
+// The same rules as the GPU's combine() and loop, so the two agree on every
+// non-finite case: -inf logits are skipped (they add exp(-inf) = 0, and
+// -inf - -inf must not become NaN), NaN and +inf poison the sum.
 cpu_pair cpu_combine(cpu_pair a, cpu_pair b) {
-    const float m = std::fmax(a.m, b.m);
-    if (m == kNegInf || std::isnan(a.m) || std::isnan(b.m))
-        return {std::isnan(a.m) || std::isnan(b.m) ? std::numeric_limits<float>::quiet_NaN() : m,
-                std::isnan(a.m) || std::isnan(b.m) ? std::numeric_limits<float>::quiet_NaN() : 0.0f};
+    const float m = pl_max_nan(a.m, b.m);
+    if (m == kNegInf) return {m, a.s + b.s};  // both empty so far
     return {m, a.s * std::exp(a.m - m) + b.s * std::exp(b.m - m)};
+}
+cpu_pair cpu_online_step(cpu_pair p, float v) {
+    // v - v + 1 is 1, or NaN for v = +inf, as the shifted exp(v - v) would be
+    if (v > p.m || v != v) return {v, p.s * std::exp(p.m - v) + (v - v + 1.0f)};
+    if (v != kNegInf) p.s += std::exp(v - p.m);
+    return p;
 }
 // Online (max, sum) over [lo, hi): 64-wide leaves run the one-pass recurrence,
 // and leaves combine pairwise, as a GPU's lanes and tree would.
@@ -79,15 +92,7 @@ template <typename F>
 cpu_pair online_range(F X, int64_t lo, int64_t hi) {
     if (hi - lo <= 64) {
         cpu_pair p{kNegInf, 0.0f};
-        for (int64_t j = lo; j < hi; ++j) {
-            const float v = X(j);
-            if (v > p.m) {
-                p.s = p.s * std::exp(p.m - v) + 1.0f;
-                p.m = v;
-            } else {
-                p.s += std::exp(v - p.m);  // a NaN v makes s NaN here
-            }
-        }
+        for (int64_t j = lo; j < hi; ++j) p = cpu_online_step(p, X(j));
         return p;
     }
     const int64_t mid = lo + (hi - lo) / 2;
@@ -114,7 +119,8 @@ float cpu_row(const void* x, void* y, int64_t off, int64_t cols, int dtype, int 
             for (int64_t j = 0; j < cols; ++j) pl_store_host(y, off + j, dtype, e[(size_t)j] / s);
             return std::log(s);
         case PL_SOFTMAX_ONLINE: {
-            const cpu_pair p = online_range(X, 0, cols);
+            cpu_pair p = online_range(X, 0, cols);
+            if (p.m == kNegInf) p.s = kNaN;  // masked: the textbook NaN
             for (int64_t j = 0; j < cols; ++j) pl_store_host(y, off + j, dtype, std::exp(X(j) - p.m) / p.s);
             return p.m + std::log(p.s);
         }
@@ -134,23 +140,21 @@ float cpu_row(const void* x, void* y, int64_t off, int64_t cols, int dtype, int 
     // the stable family: max, sum, normalise
     if (method == PL_SOFTMAX_BUG_ZERO_START) {
         m = 0.0f;
-        for (int64_t j = 0; j < cols; ++j) m = std::fmax(m, X(j));
+        for (int64_t j = 0; j < cols; ++j) m = pl_max_nan(m, X(j));
     } else if (method == PL_SOFTMAX_BUG_ZERO_IDENTITY) {
-        // The GPU's lanes, emulated: lane l takes columns l, l + L, ...; a lane
-        // with no column contributes 0 where -inf belongs.
+        // The GPU's block, emulated: L threads, thread l takes columns l,
+        // l + L, ...; a thread with no column feeds 0 where -inf belongs, and
+        // so does each of the second stage's 32 slots that no warp fills.
         const int64_t L = pl_lanes_for(cols);
-        m = kNegInf;
+        m = L / 32 < 32 ? 0.0f : kNegInf;
         for (int64_t l = 0; l < L; ++l) {
             float lm = l < cols ? kNegInf : 0.0f;
-            for (int64_t j = l; j < cols; j += L) lm = std::fmax(lm, X(j));
-            m = std::fmax(m, lm);
+            for (int64_t j = l; j < cols; j += L) lm = pl_max_nan(lm, X(j));
+            m = pl_max_nan(m, lm);
         }
     } else {
-        m = X(0);
-        for (int64_t j = 1; j < cols; ++j) {
-            const float v = X(j);
-            if (v > m || std::isnan(v)) m = v;  // NaN is kept, not skipped
-        }
+        m = kNegInf;
+        for (int64_t j = 0; j < cols; ++j) m = pl_max_nan(m, X(j));
     }
     if (method == PL_SOFTMAX_LOWP_ACCUM) {
         double sd = 0.0;  // a value of the storage format at every step
@@ -179,7 +183,7 @@ extern "C" int pl_softmax_cpu_lanes(const void* x, int64_t rows, int64_t cols, i
     for (int64_t r = 0; r < rows; ++r) {
         const int64_t off = r * cols;
         float m = pl_neg_inf;
-        for (int64_t j = 0; j < cols; ++j) m = std::fmax(m, pl_load_host(x, off + j, dtype));
+        for (int64_t j = 0; j < cols; ++j) m = pl_max_nan(m, pl_load_host(x, off + j, dtype));
         const float s = pl_lane_sum([&](int64_t j) { return std::exp(pl_load_host(x, off + j, dtype) - m); }, cols, lanes);
         for (int64_t j = 0; j < cols; ++j) pl_store_host(y, off + j, dtype, std::exp(pl_load_host(x, off + j, dtype) - m) / s);
     }
@@ -217,10 +221,27 @@ __device__ __forceinline__ bool masked_row(float m, int masked) { return m == kN
 struct online_pair {
     float m, s;
 };
+// The rules (the CPU's cpu_combine keeps the same): a side that has seen only
+// -inf has s = 0 and drops out through exp(-inf - m) = 0; when both have, the
+// sums add (exp(-inf - -inf) would be NaN). NaN in m or s poisons the result.
 __device__ __forceinline__ online_pair combine(online_pair a, online_pair b) {
-    const float m = fmaxf(a.m, b.m);
-    if (m == kNegInf) return {m, 0.0f};  // both empty: -inf - -inf must not become NaN here
+    const float m = pl_max_nan(a.m, b.m);
+    if (m == kNegInf) return {m, a.s + b.s};
     return {m, a.s * expf(a.m - m) + b.s * expf(b.m - m)};
+}
+
+// Under PL_MASKED_ZERO, a row whose every logit is -inf is written as zeros
+// with a log-sum-exp of -inf. The methods whose max is not the row's true max
+// (naive has none, the bugs have wrong ones) look for such rows first.
+template <typename T>
+__device__ bool zeroed_masked_row(const T* xr, T* yr, int64_t cols, float* lse, int masked) {
+    if (masked != PL_MASKED_ZERO) return false;
+    float tm = kNegInf;
+    for (int64_t j = threadIdx.x; j < cols; j += blockDim.x) tm = pl_max_nan(tm, pl_ld(xr, j));
+    if (pl_block_allreduce(tm, pl_op_max(), kNegInf) != kNegInf) return false;
+    for (int64_t j = threadIdx.x; j < cols; j += blockDim.x) pl_st(yr, j, 0.0f);
+    if (threadIdx.x == 0 && lse) lse[blockIdx.x] = kNegInf;
+    return true;
 }
 __device__ online_pair block_combine(online_pair p) {
     __shared__ float ms[32], ss[32];
@@ -255,16 +276,11 @@ __global__ void __launch_bounds__(1024) softmax_v1(const T* __restrict__ x, T* _
     T* yr = y + (int64_t)blockIdx.x * cols;
     const int tid = threadIdx.x, nt = blockDim.x;
     float m = 0.0f, s = 0.0f;
+    if constexpr (METHOD == PL_SOFTMAX_NAIVE || METHOD == PL_SOFTMAX_BUG_NO_RESCALE ||
+                  METHOD == PL_SOFTMAX_BUG_ZERO_START || METHOD == PL_SOFTMAX_BUG_ZERO_IDENTITY) {
+        if (zeroed_masked_row(xr, yr, cols, lse, masked)) return;
+    }
     if constexpr (METHOD == PL_SOFTMAX_NAIVE) {
-        if (masked == PL_MASKED_ZERO) {  // the naive formula has no max: find masked rows separately
-            float tm = kNegInf;
-            for (int64_t j = tid; j < cols; j += nt) tm = fmaxf(tm, pl_ld(xr, j));
-            if (pl_block_allreduce(tm, pl_op_max(), kNegInf) == kNegInf) {
-                for (int64_t j = tid; j < cols; j += nt) pl_st(yr, j, 0.0f);
-                if (tid == 0 && lse) lse[blockIdx.x] = kNegInf;
-                return;
-            }
-        }
         for (int64_t j = tid; j < cols; j += nt) s += expf(pl_ld(xr, j));
         s = pl_block_allreduce(s, pl_op_add(), 0.0f);
         for (int64_t j = tid; j < cols; j += nt) pl_st(yr, j, expf(pl_ld(xr, j)) / s);
@@ -274,26 +290,33 @@ __global__ void __launch_bounds__(1024) softmax_v1(const T* __restrict__ x, T* _
         online_pair p{kNegInf, 0.0f};
         for (int64_t j = tid; j < cols; j += nt) {
             const float v = pl_ld(xr, j);
-            if (v > p.m) { p.s = p.s * expf(p.m - v) + 1.0f; p.m = v; }
-            else p.s += expf(v - p.m);
+            // v - v + 1 is 1, or NaN for v = +inf, as the shifted exp(v - v) would be;
+            // -inf is skipped: it adds 0, and -inf - -inf would be NaN
+            if (v > p.m || v != v) { p.s = p.s * expf(p.m - v) + (v - v + 1.0f); p.m = v; }
+            else if (v != kNegInf) p.s += expf(v - p.m);
         }
         p = block_combine(p);
         m = p.m;
         s = p.s;
     } else if constexpr (METHOD == PL_SOFTMAX_BUG_NO_RESCALE) {
         // Each thread's exponentials against its own running max, summed
-        // without rescaling, then normalised with no correction either.
+        // without rescaling, then normalised with no correction either. The
+        // normalise pass replays the running max, so each exponential is
+        // rounded once, in fp32, as on the CPU.
         float tm = kNegInf;
         for (int64_t j = tid; j < cols; j += nt) {
             const float v = pl_ld(xr, j);
-            tm = fmaxf(tm, v);
-            const float e = expf(v - tm);
-            s += e;
-            pl_st(yr, j, e);  // kept for the normalise pass
+            tm = pl_max_nan(tm, v);
+            s += expf(v - tm);
         }
         s = pl_block_allreduce(s, pl_op_add(), 0.0f);
         const float mm = pl_block_allreduce(tm, pl_op_max(), kNegInf);
-        for (int64_t j = tid; j < cols; j += nt) pl_st(yr, j, pl_ld(yr, j) / s);
+        tm = kNegInf;
+        for (int64_t j = tid; j < cols; j += nt) {
+            const float v = pl_ld(xr, j);
+            tm = pl_max_nan(tm, v);
+            pl_st(yr, j, expf(v - tm) / s);
+        }
         if (tid == 0 && lse) lse[blockIdx.x] = mm + logf(s);
         return;
     } else {
@@ -302,7 +325,7 @@ __global__ void __launch_bounds__(1024) softmax_v1(const T* __restrict__ x, T* _
         if constexpr (METHOD == PL_SOFTMAX_BUG_ZERO_START) tm = 0.0f;
         else if constexpr (METHOD == PL_SOFTMAX_BUG_ZERO_IDENTITY) tm = tid < cols ? kNegInf : 0.0f;
         else tm = kNegInf;
-        for (int64_t j = tid; j < cols; j += nt) tm = fmaxf(tm, pl_ld(xr, j));
+        for (int64_t j = tid; j < cols; j += nt) tm = pl_max_nan(tm, pl_ld(xr, j));
         m = pl_block_allreduce(tm, pl_op_max(), METHOD == PL_SOFTMAX_BUG_ZERO_IDENTITY ? 0.0f : kNegInf);
         if (masked_row(m, masked)) {
             for (int64_t j = tid; j < cols; j += nt) pl_st(yr, j, 0.0f);
@@ -325,10 +348,13 @@ __global__ void __launch_bounds__(1024) softmax_v1(const T* __restrict__ x, T* _
             s = pl_block_allreduce(s, pl_op_add(), 0.0f);
         }
     }
-    if (masked_row(m, masked)) {
-        for (int64_t j = tid; j < cols; j += nt) pl_st(yr, j, 0.0f);
-        if (tid == 0 && lse) lse[blockIdx.x] = kNegInf;
-        return;
+    if (m == kNegInf) {  // every logit -inf (a NaN would have made m NaN)
+        if (masked_row(m, masked)) {
+            for (int64_t j = tid; j < cols; j += nt) pl_st(yr, j, 0.0f);
+            if (tid == 0 && lse) lse[blockIdx.x] = kNegInf;
+            return;
+        }
+        s = kNaN;  // the textbook formula's NaN, which online's skipped -inf avoided
     }
     for (int64_t j = tid; j < cols; j += nt) pl_st(yr, j, expf(pl_ld(xr, j) - m) / s);
     if (tid == 0 && lse) lse[blockIdx.x] = m + logf(s);
@@ -366,7 +392,7 @@ __global__ void __launch_bounds__(1024) softmax_single_pass(const T* __restrict_
         if (i < nvec) {
             v[k].raw = __ldcs(xr + i);  // streamed: read once, no reuse
 #pragma unroll
-            for (int e = 0; e < N; ++e) tm = fmaxf(tm, v[k].get(e));
+            for (int e = 0; e < N; ++e) tm = pl_max_nan(tm, v[k].get(e));
         }
     }
     const float m = pl_block_allreduce(tm, pl_op_max(), kNegInf);
@@ -409,14 +435,17 @@ __global__ void __launch_bounds__(1024) softmax_online_vec(const T* __restrict__
         v.raw = __ldg(xr + i);
         float vm = p.m;
 #pragma unroll
-        for (int e = 0; e < N; ++e) vm = fmaxf(vm, v.get(e));
+        for (int e = 0; e < N; ++e) vm = pl_max_nan(vm, v.get(e));
         float vs = 0.0f;
+        if (vm != kNegInf) {  // an all -inf vector adds nothing (-inf - -inf would be NaN)
 #pragma unroll
-        for (int e = 0; e < N; ++e) vs += expf(v.get(e) - vm);
+            for (int e = 0; e < N; ++e) vs += expf(v.get(e) - vm);
+        }
         p = combine(p, online_pair{vm, vs});
     }
     p = block_combine(p);
     const bool zero = masked_row(p.m, masked);
+    if (p.m == kNegInf && !zero) p.s = kNaN;  // masked: the textbook NaN
     const float inv = 1.0f / p.s;
     for (int64_t i = threadIdx.x; i < nvec; i += blockDim.x) {
         vec16<T> v, o;
@@ -453,8 +482,8 @@ int launch(const void* xv, void* yv, int64_t rows, int64_t cols, int method, int
         case PL_SOFTMAX_NAIVE: launch_v1<T, PL_SOFTMAX_NAIVE>(x, y, rows, cols, lse, masked); break;
         case PL_SOFTMAX_STABLE: launch_v1<T, PL_SOFTMAX_STABLE>(x, y, rows, cols, lse, masked); break;
         case PL_SOFTMAX_STABLE_ADAPTIVE: {
-            int dev = 0, sms = 132;
-            if (cudaGetDevice(&dev) == cudaSuccess) cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
+            int sms = 0;
+            if (int st = pl_sm_count(&sms, "pl_softmax_cuda")) return st;
             softmax_v1<T, PL_SOFTMAX_STABLE><<<(unsigned)rows, pl_adaptive_lanes_for(rows, cols, sms)>>>(x, y, cols, lse,
                                                                                                       masked);
             break;
@@ -501,10 +530,11 @@ extern "C" int pl_softmax_cuda_device(const void* x_dev, int64_t rows, int64_t c
     PL_REQUIRE_PTR(y_dev);
     if (int st = check_softmax_args(rows, cols, dtype, method, masked, __func__)) return st;
     PL_REQUIRE(rows <= 0x7FFFFFFF, PL_ERR_UNSUPPORTED, "at most 2^31 - 1 rows (one block per row)");
-    if (int st = pl_require_device(x_dev, "x_dev", __func__)) return st;
-    if (int st = pl_require_device(y_dev, "y_dev", __func__)) return st;
+    const size_t elem = PL_FORMATS[dtype].bytes;
+    if (int st = pl_require_device(x_dev, elem, "x_dev", __func__)) return st;
+    if (int st = pl_require_device(y_dev, elem, "y_dev", __func__)) return st;
     if (lse_dev)
-        if (int st = pl_require_device(lse_dev, "lse_dev", __func__)) return st;
+        if (int st = pl_require_device(lse_dev, sizeof(float), "lse_dev", __func__)) return st;
     return dispatch(x_dev, y_dev, rows, cols, dtype, method, masked, lse_dev);
 }
 

@@ -93,3 +93,20 @@ def test_out_of_memory_is_a_status():
     with pytest.raises(RunError, match="out of memory|cudaMalloc|allocation"):
         # 2^40 fp64 values: 8 TiB, more than any GPU; the host buffer fails first or the device one does
         native._call("pl_sum_cuda", native._dptr(np.ones(1)), 1 << 40, 0, 0, 0, 1, native._dptr(np.ones(1)))
+
+
+def test_fp8_storage_keeps_infinities():
+    # e5m2 has inf: the GPU's upload must not saturate it to 57344 as the
+    # saturating constructor does; e4m3fn has none, so overflow is NaN there
+    e5m2, e4m3, fp32 = (formats.get(n).code for n in ("fp8_e5m2", "fp8_e4m3", "fp32"))
+    for method in ("tree", "atomic"):
+        assert native.sum_cuda(np.array([np.inf]), e5m2, fp32, method)[0] == np.inf
+        assert native.sum_cuda(np.array([1e6, 1.0]), e5m2, fp32, method)[0] == np.inf  # 1e6 rounds to inf
+        assert np.isnan(native.sum_cuda(np.array([np.inf, -np.inf]), e5m2, fp32, method)[0])
+        assert np.isnan(native.sum_cuda(np.array([1e6]), e4m3, fp32, method)[0])
+
+
+def test_matmul_workspace_validates_its_version():
+    with pytest.raises(UsageError, match="version"):
+        native._call("pl_matmul_workspace_bytes", 4, 4, 99, 1, native.ctypes.byref(native.c_size_t()))
+    assert native.matmul_workspace_bytes(4, 4, "tiled", 0) == 0  # splits do not apply to unsplit versions

@@ -85,16 +85,68 @@ def test_fused_running_max_without_rescale_gives_a_third():
     assert np.allclose(y, 1 / 3, atol=1e-7)
 
 
-def test_zero_identity_shows_only_with_idle_lanes():
-    assert native.softmax_lanes(3) == 32 and native.softmax_lanes(1024) == 1024
-    assert np.isnan(run([-1000, -1001, -1002], method="bug_zero_identity")[0]).all()
+def check_zero_identity_bug(device):
+    """The max's idle slots feed 0: threads past the row's end (cols 3, 1000)
+    and the second stage's empty warp slots (cols 32, 992: fewer than 32
+    warps). With 1024 busy threads in 32 warps (cols 1024, 2048) it hides."""
     rng = np.random.default_rng(0)
-    full = -1000 - rng.random(1024)  # 1024 lanes, all busy: the bug hides
-    y, _, s = run(full, method="bug_zero_identity")
-    check_close(y, s, "fp32")
-    ragged = -1000 - rng.random(1000)  # 24 idle lanes: it shows
-    assert np.isnan(run(ragged, method="bug_zero_identity")[0]).all()
-    assert np.isnan(run([-1000, -1001, -1002], method="bug_zero_start")[0]).all()
+    for cols in (3, 32, 992, 1000):
+        assert np.isnan(run(-1000 - rng.random(cols), method="bug_zero_identity", device=device)[0]).all(), cols
+    for cols in (1024, 2048):
+        y, _, s = run(-1000 - rng.random(cols), method="bug_zero_identity", device=device)
+        check_close(y, s, "fp32")
+    assert np.isnan(run([-1000, -1001, -1002], method="bug_zero_start", device=device)[0]).all()
+
+
+def test_zero_identity_shows_wherever_the_block_has_idle_slots():
+    assert native.softmax_lanes(3) == 32 and native.softmax_lanes(1024) == 1024
+    check_zero_identity_bug("cpu")
+
+
+SHIFTED = ["stable", "online"]  # the methods that subtract the max (GPU adds single_pass, online_vec)
+
+
+def partly_masked_rows(cols: int, seed: int) -> np.ndarray:
+    """Rows with some logits -inf (causal and padding masks), each with at
+    least one finite logit: ordinary rows, which must come out right."""
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((4, cols)) * 3
+    x[0, : cols // 2] = -np.inf  # a leading masked block, as a lane or leaf may see first
+    x[1, rng.random(cols) < 0.5] = -np.inf
+    x[2, 1:] = -np.inf
+    x[3, :-1] = -np.inf
+    x[1, cols // 2] = 0.5
+    return x
+
+
+def check_partly_masked(method, device, cols, dtype="fp32"):
+    y, lse, s = run(partly_masked_rows(cols, cols), dtype, method, device=device)
+    check_close(y, s, dtype)
+    _, ref_lse = sm.reference(s, "nan")
+    np.testing.assert_allclose(lse, ref_lse, rtol=1e-5, atol=1e-5)
+
+
+def check_non_finite_rows(method, device):
+    """A NaN logit makes its row NaN under either masked policy (fmax would
+    drop it and, with the rest -inf, zero the row); so does +inf in a shifted
+    method (inf - inf). A masked row under the nan policy has a NaN lse too."""
+    for masked in ("nan", "zero"):
+        for x in ([np.nan], [-np.inf, np.nan, -np.inf], [1, np.nan, 3], [1, np.inf, 2], [np.inf]):
+            y, lse, _ = run(x, method=method, masked=masked, device=device)
+            assert np.isnan(y).all() and np.isnan(lse).all(), (x, masked)
+    y, lse, _ = run([-np.inf] * 4, method=method, masked="nan", device=device)
+    assert np.isnan(y).all() and np.isnan(lse).all()
+
+
+@pytest.mark.parametrize("cols", [2, 31, 64, 65, 100, 1025, 4097])
+@pytest.mark.parametrize("method", SHIFTED + ["naive"])
+def test_partly_masked_rows_are_ordinary(method, cols):
+    check_partly_masked(method, "cpu", cols)
+
+
+@pytest.mark.parametrize("method", SHIFTED)
+def test_non_finite_rows(method):
+    check_non_finite_rows(method, "cpu")
 
 
 @settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])

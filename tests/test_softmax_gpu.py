@@ -3,7 +3,8 @@
 import numpy as np
 import pytest
 
-from test_softmax import COLS, check_close, run
+from test_softmax import (COLS, SHIFTED, check_close, check_non_finite_rows, check_partly_masked,
+                          check_zero_identity_bug, run)
 from precisionlab import native
 
 pytestmark = pytest.mark.gpu
@@ -32,12 +33,36 @@ def test_gpu_edge_cases(method):
     assert (y == 0).all() and lse[0] == -np.inf
 
 
+# cols that take each kernel's paths: scalar fallback (not a multiple of the
+# vector), one vector a thread, several, and the online_vec fallback
+MASK_COLS = [2, 31, 32, 64, 65, 100, 1025, 2048, 4096, 4097, 40960]
+
+
+@pytest.mark.parametrize("cols", MASK_COLS)
+@pytest.mark.parametrize("dtype", ["fp32", "bf16"])
+@pytest.mark.parametrize("method", GPU_METHODS)
+def test_gpu_partly_masked_rows_are_ordinary(method, dtype, cols):
+    check_partly_masked(method, "cuda", cols, dtype)
+
+
+@pytest.mark.parametrize("method", SHIFTED + ["single_pass", "online_vec"])
+def test_gpu_non_finite_rows(method):
+    check_non_finite_rows(method, "cuda")
+    for cols in (8, 4096):  # the vector paths: a NaN among -inf, under the zero policy
+        x = np.full(cols, -np.inf)
+        x[cols // 2] = np.nan
+        y, lse, _ = run(x, method=method, masked="zero", device="cuda")
+        assert np.isnan(y).all() and np.isnan(lse).all()
+
+
+@pytest.mark.parametrize("method", ["naive", "bug_zero_identity", "bug_zero_start", "bug_no_rescale", "lowp_accum"])
+def test_gpu_masked_zero_policy_holds_for_every_method(method):
+    y, lse, _ = run([-np.inf] * 4, method=method, masked="zero", device="cuda")
+    assert (y == 0).all() and lse[0] == -np.inf
+
+
 def test_gpu_bugs():
-    assert np.isnan(run([-1000, -1001, -1002], method="bug_zero_identity", device="cuda")[0]).all()
-    full = -1000 - np.random.default_rng(0).random(1024)
-    y, _, s = run(full, method="bug_zero_identity", device="cuda")
-    check_close(y, s, "fp32")
-    assert np.isnan(run([-1000, -1001, -1002], method="bug_zero_start", device="cuda")[0]).all()
+    check_zero_identity_bug("cuda")
     assert np.allclose(run([1, 2, 3], method="bug_no_rescale", device="cuda")[0], 1 / 3, atol=1e-7)
     # a tree of equal bf16 partials is exact: the GPU hides what the CPU's long chain shows
     assert (run(np.zeros(512), "bf16", "lowp_accum", device="cuda")[0] == 1 / 512).all()
@@ -60,3 +85,18 @@ def test_device_api_rejects_host_pointers():
     x = np.zeros((2, 8), np.float32)
     with pytest.raises(native.UsageError, match="not a device pointer"):
         native.softmax_cuda_device(x.ctypes.data, 2, 8, 1, "stable", x.ctypes.data)
+
+
+def test_device_api_rejects_misaligned_pointers():
+    # a misaligned access would be a sticky error that ends the CUDA context
+    torch = pytest.importorskip("torch")
+    x = torch.zeros(64, device="cuda")
+    with pytest.raises(native.UsageError, match="aligned"):
+        native.softmax_cuda_device(x.data_ptr() + 2, 2, 8, 1, "stable", x.data_ptr())
+    with pytest.raises(native.UsageError, match="aligned"):
+        native.rmsnorm_cuda(x.data_ptr() + 1, 2, 8, 3, None, 1e-6, x.data_ptr())
+    with pytest.raises(native.UsageError, match="aligned"):
+        work = torch.empty(native.sum_workspace_bytes(8, 1, "tree"), dtype=torch.uint8, device="cuda")
+        native.sum_cuda_device(x.data_ptr() + 2, 8, 1, 1, "tree", work.data_ptr(), work.numel(), x.data_ptr())
+    y = torch.ones(2, 8, device="cuda")  # and the context is still fine
+    assert torch.softmax(y, -1).sum().item() == pytest.approx(2.0)
