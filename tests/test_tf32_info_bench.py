@@ -126,3 +126,19 @@ def test_gpu_tf32_error_and_integer_exactness():
     ints = {r["mode"]: r for r in res.rows if r["section"] == "integer"}
     assert ints["fp32 (tf32 off)"]["wrong"] == 0
     assert ints["tf32 (allow_tf32=True)"]["wrong"] > 0
+
+
+@pytest.mark.parametrize("start", ["highest", "high", "medium"])
+def test_every_mode_restores_the_flags(start):
+    torch = pytest.importorskip("torch")
+    was = torch.get_float32_matmul_precision()
+    try:
+        torch.set_float32_matmul_precision(start)
+        before = tf32.torch_flags()
+        for mode in tf32.gpu_modes():
+            if mode not in ("bf16", "fp16"):
+                with tf32._mode(mode):
+                    pass
+        assert tf32.torch_flags() == before  # and reading them does not raise
+    finally:
+        torch.set_float32_matmul_precision(was)

@@ -10,6 +10,7 @@ and restored after.
 
 from __future__ import annotations
 
+import functools
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -71,8 +72,11 @@ def run(cfg: Tf32Config, advance=lambda k=1: None) -> Tf32Result:
                 rows += _sweep(cfg, "cuda", advance)
     return Tf32Result(
         params={"m": cfg.m, "n": cfg.n, "k": cfg.k, "sweep_mn": cfg.sweep_mn, "k_sweep": K_SWEEP if cfg.sweep else [],
-                "device": cfg.device, "seed": cfg.seed},
-        rows=rows, flags_before=flags, takeaways=takeaways(rows),
+                "device": cfg.device, "seed": cfg.seed,
+                "refused_gpu_modes": refused_gpu_modes() if plan.cuda else {}},
+        rows=rows, flags_before=flags,
+        takeaways=takeaways(rows) + [f"torch refused the mode {m} at the matmul: {why}"
+                                     for m, why in (refused_gpu_modes() if plan.cuda else {}).items()],
         devices={"cpu": plan.cpu, "cuda": plan.cuda, "cuda_unavailable": plan.cuda_unavailable,
                  "gpu_name": devices.gpu_name() if plan.cuda else None},
     )
@@ -128,9 +132,11 @@ def restored_flags():
     finally:
         # torch >= 2.9 refuses to *read* the legacy flags once the newer
         # fp32_precision has been set, but lets them be written: write the
-        # legacy pair first, then put fp32_precision back as it was.
-        t.set_float32_matmul_precision(saved[1])
+        # legacy flags first, then put fp32_precision back as it was.
+        # allow_tf32 goes before the precision string: written after, it
+        # would turn a saved "medium" into "high".
         m.allow_tf32 = saved[0]
+        t.set_float32_matmul_precision(saved[1])
         t.backends.cudnn.allow_tf32 = saved[3]
         if saved[2] is not None:
             m.fp32_precision = saved[2]
@@ -160,7 +166,28 @@ def gpu_modes() -> list[str]:
     modes = ["fp32 (tf32 off)", "tf32 (allow_tf32=True)", "tf32 (precision='high')", "medium (precision='medium')"]
     if t is not None and hasattr(t.backends.cuda.matmul, "fp32_precision"):
         modes.append("tf32 (fp32_precision='tf32')")
-    return modes + ["bf16", "fp16"]
+    return [m for m in modes if m not in refused_gpu_modes()] + ["bf16", "fp16"]
+
+
+@functools.cache
+def refused_gpu_modes() -> dict[str, str]:
+    """Switches torch accepts but then refuses at the matmul, with its reason.
+    torch >= 2.9 checks that the legacy flags and the newer fp32_precision
+    agree when cuBLAS asks whether TF32 is allowed, and raises if they do not;
+    setting fp32_precision alone, as its docs advise, can leave them apart."""
+    t = _torch()
+    refused = {}
+    if t is None or not t.cuda.is_available() or not hasattr(t.backends.cuda.matmul, "fp32_precision"):
+        return refused
+    mode = "tf32 (fp32_precision='tf32')"
+    x = t.ones(16, 16, device="cuda")
+    try:
+        with _mode(mode):
+            x @ x
+        t.cuda.synchronize()
+    except RuntimeError as e:
+        refused[mode] = str(e).splitlines()[0][:200]
+    return refused
 
 
 # ---------------------------------------------------------------------------
@@ -270,7 +297,9 @@ def _null():
 
 def _integer_gpu() -> list[dict]:
     t = _torch()
-    a, b, want = integer_problem()
+    # big enough that cuBLAS takes a tensor-core kernel when TF32 is allowed
+    # (a small product may run on the fp32 pipes and hide the lesson)
+    a, b, want = integer_problem(512, 1024, 1024)
     ta, tb = t.from_numpy(a).cuda(), t.from_numpy(b).cuda()
     rows = []
     for mode in gpu_modes():
