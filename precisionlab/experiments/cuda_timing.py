@@ -9,6 +9,10 @@ import statistics
 from dataclasses import dataclass
 
 L2_FLUSH_BYTES = 256 << 20  # several times any current L2
+# A spin kernel of ~1 ms (at ~2 GHz) ahead of each timed sample: the host
+# queues every launch of the sample while it runs, so a kernel shorter than
+# one launch through Python and ctypes (~5-10 us) is timed, not the host.
+SPIN_CYCLES = 2_000_000
 
 
 def torch():
@@ -29,16 +33,19 @@ def rotating_buffers(n: int, dtype, seed: int, min_total: int = L2_FLUSH_BYTES) 
 
 def median_ms(fn, iters: int, warmup: int = 5, reps: int = 10) -> float:
     """Median per-call time of fn(i) over `iters` samples. Each sample times
-    `reps` back-to-back calls between two CUDA events, so the host's launch
-    overhead hides behind the queued kernels instead of being counted."""
+    `reps` back-to-back calls between two CUDA events, queued behind a spin
+    kernel so that none of them waits for the host."""
     t = torch()
     for i in range(warmup):
         fn(i)
     t.cuda.synchronize()
+    spin = getattr(t.cuda, "_sleep", None)
     times = []
     k = 0
     for _ in range(iters):
         start, end = t.cuda.Event(enable_timing=True), t.cuda.Event(enable_timing=True)
+        if spin is not None:
+            spin(SPIN_CYCLES)
         start.record()
         for _ in range(reps):
             fn(k)
@@ -59,6 +66,6 @@ def copy_bandwidth(nbytes: int, iters: int) -> Copy:
     t = torch()
     n = nbytes // 4
     srcs = rotating_buffers(n, t.float32, 0)
-    dst = t.empty_like(srcs[0])
-    ms = median_ms(lambda i: dst.copy_(srcs[i % len(srcs)]), iters)
+    dsts = [t.empty_like(s) for s in srcs]
+    ms = median_ms(lambda i: dsts[i % len(dsts)].copy_(srcs[i % len(srcs)]), iters)
     return Copy(ms, 2 * n * 4 / (ms * 1e-3) / 1e9)
