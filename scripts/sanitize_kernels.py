@@ -1,5 +1,7 @@
 """Run every GPU kernel once on small odd sizes, for compute-sanitizer
-(memcheck, racecheck) under `make sanitize`. Needs no torch. A kernel added to
+(memcheck, racecheck) under `make sanitize`. The host-API kernels need no
+torch; the device-pointer ones (norms, matmul, the adaptive softmax) take
+torch tensors, so make sanitize turns its caching allocator off. A kernel added to
 the project adds its calls here."""
 
 import sys

@@ -1,6 +1,8 @@
 """GPU tests carry @pytest.mark.gpu and skip cleanly, saying whether the
-library or the device is what is missing."""
+library or the device is what is missing. With PRECISIONLAB_REQUIRE_GPU=1
+(make gpu-test) a missing GPU fails the run instead."""
 
+import os
 import sys
 from pathlib import Path
 
@@ -26,6 +28,8 @@ def pytest_collection_modifyitems(config, items):
     if not gpu_items:
         return
     reason = _gpu_skip_reason()
+    if reason and os.environ.get("PRECISIONLAB_REQUIRE_GPU") == "1":
+        raise pytest.UsageError(f"PRECISIONLAB_REQUIRE_GPU=1, but the GPU tests cannot run: {reason}")
     if reason:
         for item in gpu_items:
             item.add_marker(pytest.mark.skip(reason=reason))
