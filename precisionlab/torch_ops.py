@@ -13,6 +13,8 @@ on their device pointers. Signatures (the ones --impl must follow):
 
 from __future__ import annotations
 
+from contextlib import contextmanager
+
 import ml_dtypes
 import numpy as np
 import torch
@@ -43,6 +45,22 @@ def from_numpy(a: np.ndarray) -> torch.Tensor:
     return torch.from_numpy(np.ascontiguousarray(a))
 
 
+@contextmanager
+def _library_launch(t: torch.Tensor):
+    """The library launches on the legacy default stream of the current
+    device. Make that t's device, and when torch works on a side stream,
+    order the launch after its pending work and its later work after the
+    launch, so neither reads the other's tensors half written."""
+    with torch.cuda.device(t.device):
+        side, default = torch.cuda.current_stream(), torch.cuda.default_stream()
+        if side == default:
+            yield
+            return
+        default.wait_stream(side)
+        yield
+        side.wait_stream(default)
+
+
 def _rows(x: torch.Tensor) -> torch.Tensor:
     return x.contiguous().view(-1, x.shape[-1])
 
@@ -51,7 +69,8 @@ def softmax(x: torch.Tensor) -> torch.Tensor:
     x2 = _rows(x)
     if x.is_cuda:
         y = torch.empty_like(x2)
-        native.softmax_cuda_device(x2.data_ptr(), x2.shape[0], x2.shape[1], _code(x), "single_pass", y.data_ptr())
+        with _library_launch(x):
+            native.softmax_cuda_device(x2.data_ptr(), x2.shape[0], x2.shape[1], _code(x), "single_pass", y.data_ptr())
         return y.view(x.shape)
     y, _ = native.softmax_cpu(to_numpy(x2), _code(x), "stable")
     return from_numpy(y).view(x.shape)
@@ -62,8 +81,9 @@ def logsumexp(x: torch.Tensor) -> torch.Tensor:
     if x.is_cuda:
         y = torch.empty_like(x2)
         lse = torch.empty(x2.shape[0], dtype=torch.float32, device=x.device)
-        native.softmax_cuda_device(x2.data_ptr(), x2.shape[0], x2.shape[1], _code(x), "stable", y.data_ptr(),
-                                   lse_ptr=lse.data_ptr())
+        with _library_launch(x):
+            native.softmax_cuda_device(x2.data_ptr(), x2.shape[0], x2.shape[1], _code(x), "stable", y.data_ptr(),
+                                       lse_ptr=lse.data_ptr())
         return lse.to(x.dtype).view(x.shape[:-1])
     _, lse = native.softmax_cpu(to_numpy(x2), _code(x), "stable")
     return torch.from_numpy(lse).to(x.dtype).view(x.shape[:-1])
@@ -74,8 +94,9 @@ def rmsnorm(x: torch.Tensor, weight: torch.Tensor | None, eps: float) -> torch.T
     w = None if weight is None else weight.to(x.dtype).contiguous()
     if x.is_cuda:
         y = torch.empty_like(x2)
-        native.rmsnorm_cuda(x2.data_ptr(), x2.shape[0], x2.shape[1], _code(x), None if w is None else w.data_ptr(),
-                            eps, y.data_ptr())
+        with _library_launch(x):
+            native.rmsnorm_cuda(x2.data_ptr(), x2.shape[0], x2.shape[1], _code(x),
+                                None if w is None else w.data_ptr(), eps, y.data_ptr())
         return y.view(x.shape)
     y = native.rmsnorm_cpu(to_numpy(x2), _code(x), None if w is None else to_numpy(w), eps)
     return from_numpy(y).view(x.shape)
@@ -87,8 +108,10 @@ def layernorm(x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor |
     b = None if bias is None else bias.to(x.dtype).contiguous()
     if x.is_cuda:
         y = torch.empty_like(x2)
-        native.layernorm_cuda(x2.data_ptr(), x2.shape[0], x2.shape[1], _code(x), None if w is None else w.data_ptr(),
-                              None if b is None else b.data_ptr(), eps, y.data_ptr())
+        with _library_launch(x):
+            native.layernorm_cuda(x2.data_ptr(), x2.shape[0], x2.shape[1], _code(x),
+                                  None if w is None else w.data_ptr(), None if b is None else b.data_ptr(), eps,
+                                  y.data_ptr())
         return y.view(x.shape)
     y = native.layernorm_cpu(to_numpy(x2), _code(x), None if w is None else to_numpy(w),
                              None if b is None else to_numpy(b), eps)
@@ -101,7 +124,8 @@ def matmul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     a, b = a.contiguous(), b.to(a.dtype).contiguous()
     if a.is_cuda:
         c = torch.empty(a.shape[0], b.shape[1], dtype=a.dtype, device=a.device)
-        native.matmul_cuda(a.data_ptr(), b.data_ptr(), a.shape[0], b.shape[1], a.shape[1], _code(a), c.data_ptr(),
-                           version="tiled")
+        with _library_launch(a):
+            native.matmul_cuda(a.data_ptr(), b.data_ptr(), a.shape[0], b.shape[1], a.shape[1], _code(a),
+                               c.data_ptr(), version="tiled")
         return c
     return from_numpy(native.matmul_cpu(to_numpy(a), to_numpy(b), _code(a)))

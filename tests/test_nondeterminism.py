@@ -108,3 +108,15 @@ def test_gpu_torch_ops_deterministic_mode():
     res = nd.run(nd.NondetConfig(runs=50, n=1000, device="cuda", sections="torch_ops"))
     on = [r for r in res.rows if "deterministic=on" in r["variant"]]
     assert all(r.get("refused") or r["distinct"] == 1 for r in on)
+    mm = next(r for r in on if r["variant"].startswith("mm "))  # CUBLAS_WORKSPACE_CONFIG is set: it must run
+    assert not mm.get("refused") and mm["distinct"] == 1
+
+
+def test_torch_ops_on_the_cpu_are_deterministic_and_restore_the_mode():
+    torch = pytest.importorskip("torch")
+    res = nd.run(nd.NondetConfig(runs=5, n=1000, device="cpu", sections="torch_ops"))
+    rows = [r for r in res.rows if r["section"] == "torch_ops"]
+    assert len(rows) == 6 and any(r["variant"].startswith("mm ") for r in rows)
+    assert all(r["distinct"] == 1 and r["max_abs_diff"] == 0 for r in rows)
+    assert not torch.are_deterministic_algorithms_enabled()
+    assert res.params["CUBLAS_WORKSPACE_CONFIG_source"] in (None, "from the environment")  # cpu: not set by the run

@@ -9,8 +9,9 @@ Sections
   batch       row 0's result alone and inside batches of 1 ... 1024 rows:
               torch's matmul, and this project's softmax and RMSNorm with a
               batch-dependent launch vs the batch-invariant one.
-  torch_ops   torch's index_add_ and scatter_add_, then the same under
-              torch.use_deterministic_algorithms(True).
+  torch_ops   torch's index_add_ and scatter_add_ (atomics), and a cuBLAS mm,
+              then the same under torch.use_deterministic_algorithms(True),
+              which needs CUBLAS_WORKSPACE_CONFIG for the mm.
   threads     a CPU sum chunked by thread count, for 1, 2, 4 and 8 threads.
 """
 
@@ -18,6 +19,7 @@ from __future__ import annotations
 
 import math
 import os
+import sys
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -62,9 +64,14 @@ def run(cfg: NondetConfig, advance=lambda k=1: None) -> NondetResult:
     inputs.check_n(cfg.n, 8 * 3)
     sections = inputs.parse_choices(cfg.sections, SECTIONS, "section")
     plan = devices.resolve(cfg.device)
-    if plan.cuda and "CUBLAS_WORKSPACE_CONFIG" not in os.environ and "torch_ops" in sections:
-        # read when cuBLAS makes its handle, so it has to be in place before any GPU matmul
+    cublas_config = "from the environment" if "CUBLAS_WORKSPACE_CONFIG" in os.environ else None
+    if plan.cuda and cublas_config is None and "torch_ops" in sections:
+        # cuBLAS reads it when torch makes its handle and workspace, so it is
+        # in force only if no GPU matmul has run in this process yet
         os.environ["CUBLAS_WORKSPACE_CONFIG"] = CUBLAS_DETERMINISTIC
+        t = sys.modules.get("torch")
+        cublas_config = ("set by this run after CUDA started: earlier cuBLAS handles keep their workspace"
+                         if t is not None and t.cuda.is_initialized() else "set by this run before CUDA started")
     rng = np.random.default_rng(cfg.seed)
     x = rng.standard_normal(cfg.n).astype(np.float32).astype(np.float64)
     exact = metrics.exact_sum(x)
@@ -91,12 +98,13 @@ def run(cfg: NondetConfig, advance=lambda k=1: None) -> NondetResult:
             for dev in plan.names:
                 rows += fn(dev)
                 advance()
-    if "threads" in sections:
+    if "threads" in sections and plan.cpu:
         rows += _threads(x, exact)
     return NondetResult(
         params={"runs": cfg.runs, "n": cfg.n, "device": cfg.device, "seed": cfg.seed, "sections": sections,
                 "batch_sizes": BATCH_SIZES, "splitk": SPLITK, "emulated_blocks": EMULATED_BLOCKS,
-                "CUBLAS_WORKSPACE_CONFIG": os.environ.get("CUBLAS_WORKSPACE_CONFIG")},
+                "CUBLAS_WORKSPACE_CONFIG": os.environ.get("CUBLAS_WORKSPACE_CONFIG"),
+                "CUBLAS_WORKSPACE_CONFIG_source": cublas_config},
         rows=rows, takeaways=takeaways(rows), samples=samples if cfg.keep_samples else {}, exact=exact,
         devices={"cpu": plan.cpu, "cuda": plan.cuda, "cuda_unavailable": plan.cuda_unavailable,
                  "gpu_name": devices.gpu_name() if plan.cuda else None},
@@ -334,21 +342,34 @@ def _batch_kernels(device: str, seed: int) -> list[dict]:
 def _torch_ops(device: str, cfg: NondetConfig) -> list[dict]:
     import torch
 
+    from precisionlab.experiments.tf32 import restored_flags
+
     g = torch.Generator().manual_seed(cfg.seed)
     n = 1 << 20
     src = torch.randn(n, generator=g).to(device)
     index = torch.randint(0, 16, (n,), generator=g).to(device)
-    ops = {
-        "index_add_ (16 bins)": lambda: torch.zeros(16, device=device).index_add_(0, index, src),
-        "scatter_add_ (16 bins)": lambda: torch.zeros(16, device=device).scatter_add_(0, index, src),
+    a = torch.randn(16, 1 << 16, generator=g)
+    b = torch.randn(1 << 16, 16, generator=g)
+    bins = np.array([metrics.exact_sum(src.cpu().double().numpy()[index.cpu().numpy() == i]) for i in range(16)])
+    a, b = a.to(device), b.to(device)
+    ops = {  # name: (op, float64 reference for the ulp scale)
+        "index_add_ (16 bins)": (lambda: torch.zeros(16, device=device).index_add_(0, index, src), bins),
+        "scatter_add_ (16 bins)": (lambda: torch.zeros(16, device=device).scatter_add_(0, index, src), bins),
+        "mm 16x65536 @ 65536x16": (lambda: a @ b, (a.cpu().double() @ b.cpu().double()).numpy()),
     }
-    exact = np.array([metrics.exact_sum(src.cpu().double().numpy()[index.cpu().numpy() == i]) for i in range(16)])
+    with restored_flags():
+        torch.set_float32_matmul_precision("highest")
+        torch.backends.cuda.matmul.allow_tf32 = False  # fp32 results are compared: no TF32
+        return _torch_ops_runs(torch, ops, device, cfg)
+
+
+def _torch_ops_runs(torch, ops, device, cfg) -> list[dict]:
     rows = []
     was = torch.are_deterministic_algorithms_enabled()
     try:
         for mode in (False, True):
             torch.use_deterministic_algorithms(mode)
-            for name, op in ops.items():
+            for name, (op, exact) in ops.items():
                 label = f"{name}, deterministic={'on' if mode else 'off'}"
                 try:
                     results = [op().cpu().numpy() for _ in range(cfg.runs)]
@@ -357,7 +378,8 @@ def _torch_ops(device: str, cfg: NondetConfig) -> list[dict]:
                     continue
                 distinct = len(set(_bits(results)))
                 diff = max(float(np.max(np.abs(r.astype(np.float64) - results[0]))) for r in results)
-                ulps = diff / float(np.min(formats.get("fp32").spacing(exact)))
+                spacing = formats.get("fp32").spacing(np.abs(exact))
+                ulps = max(float(np.max(np.abs(r.astype(np.float64) - results[0]) / spacing)) for r in results)
                 rows.append(_row("torch_ops", label, device, cfg.runs, distinct=distinct, max_abs_diff=diff,
                                  max_spread_ulps=ulps, rel_spread=diff / float(np.max(np.abs(exact))), refused=None))
     finally:
@@ -416,7 +438,9 @@ def takeaways(rows: list[dict]) -> dict[str, str]:
         out["torch_ops"] = ("; ".join(f"{r['device']} {r['variant'].split(',')[0]}: {r['distinct']} distinct"
                                       for r in off)
                             + "; with deterministic algorithms: "
-                            + ", ".join(f"{r['distinct']} distinct" if r.get("distinct") else "refused" for r in on)
+                            + "; ".join(f"{r['device']} {r['variant'].split(',')[0]}: "
+                                        + (f"{r['distinct']} distinct" if r.get("distinct") else "refused")
+                                        for r in on)
                             + (f" (refused: {', '.join(refused)})" if refused else "") + ".")
     th = [r for r in rows if r["section"] == "threads"]
     if th:
