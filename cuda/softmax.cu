@@ -34,7 +34,8 @@
  *              one block combine, then the write pass: two reads, one write.
  *
  * Masked rows (every logit -inf): the textbook formula gives NaN (-inf minus
- * -inf), softmax and log-sum-exp alike. PL_MASKED_ZERO writes zeros and a
+ * -inf), and so does the shifted methods' log-sum-exp (naive's is log 0 =
+ * -inf). PL_MASKED_ZERO writes zeros and a
  * log-sum-exp of -inf instead, for every method. A NaN logit makes its row
  * NaN whatever the policy (the max keeps NaN: pl_max_nan), and so does a +inf
  * logit in the shifted methods (inf - inf), as in the float64 reference.
@@ -128,8 +129,9 @@ float cpu_row(const void* x, void* y, int64_t off, int64_t cols, int dtype, int 
             m = kNegInf;
             for (int64_t j = 0; j < cols; ++j) {
                 const float v = X(j);
-                if (v > m) m = v;
-                e[(size_t)j] = std::exp(v - m);  // against the max so far, never rescaled
+                m = pl_max_nan(m, v);
+                // against the max so far, never rescaled (a masked -inf adds 0: not the bug shown)
+                e[(size_t)j] = v == kNegInf ? 0.0f : std::exp(v - m);
                 s += e[(size_t)j];
             }
             for (int64_t j = 0; j < cols; ++j) pl_store_host(y, off + j, dtype, e[(size_t)j] / s);
@@ -307,7 +309,7 @@ __global__ void __launch_bounds__(1024) softmax_v1(const T* __restrict__ x, T* _
         for (int64_t j = tid; j < cols; j += nt) {
             const float v = pl_ld(xr, j);
             tm = pl_max_nan(tm, v);
-            s += expf(v - tm);
+            s += v == kNegInf ? 0.0f : expf(v - tm);  // a masked -inf adds 0, as on the CPU
         }
         s = pl_block_allreduce(s, pl_op_add(), 0.0f);
         const float mm = pl_block_allreduce(tm, pl_op_max(), kNegInf);
@@ -315,7 +317,7 @@ __global__ void __launch_bounds__(1024) softmax_v1(const T* __restrict__ x, T* _
         for (int64_t j = tid; j < cols; j += nt) {
             const float v = pl_ld(xr, j);
             tm = pl_max_nan(tm, v);
-            pl_st(yr, j, expf(v - tm) / s);
+            pl_st(yr, j, (v == kNegInf ? 0.0f : expf(v - tm)) / s);
         }
         if (tid == 0 && lse) lse[blockIdx.x] = mm + logf(s);
         return;

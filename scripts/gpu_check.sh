@@ -3,42 +3,49 @@
 # quote, and the sanitizers, most important first. For the device tool:
 #   run(command="bash scripts/gpu_check.sh", timeout_s=590)
 # Every step gets what is left of a 560 s budget at most, so the call returns
-# with whatever finished. Results land in $OUT (or ./gpu_out): *.log, *.json,
-# *.err, and steps.txt with each step's exit status and seconds.
+# with whatever finished. The device tool brings back at most 8 files, so the
+# logs, JSON and stderr of every step go into one archive, $OUT/gpu_check.tgz,
+# refreshed after each step (a killed call still returns what was done);
+# $OUT/steps.txt has each step's exit status and seconds. Without $OUT the
+# results stay in ./gpu_out.
 set -uo pipefail
 OUT=${OUT:-gpu_out}
+R=$(mktemp -d)   # the step outputs, archived into $OUT
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD
 PL="python3 -m precisionlab"   # a variable, not a function: timeout runs programs only
 T0=$SECONDS BUDGET=${BUDGET:-560}
+for tool in nvcc compute-sanitizer; do command -v $tool > /dev/null || export PATH=$PATH:/usr/local/cuda/bin; done
+
+archive() { tar czf "$OUT/gpu_check.tgz" -C "$R" . 2> /dev/null; }
 
 # step NAME MAX_S CMD...: run CMD under a timeout of min(MAX_S, time left)
 step() {
     local name=$1 max=$2; shift 2
     local left=$((BUDGET - (SECONDS - T0)))
-    if ((left < 5)); then echo "$name: skipped, out of time" | tee -a "$OUT/steps.txt"; return 0; fi
+    if ((left < 5)); then echo "$name: skipped, out of time" | tee -a "$OUT/steps.txt" >&2; return 0; fi
     ((left < max)) && max=$left
     local t=$SECONDS
-    timeout "$max" "$@"
+    timeout -k 10 "$max" "$@"
     local rc=$?
     echo "$name: rc=$rc in $((SECONDS - t)) s (limit $max)" | tee -a "$OUT/steps.txt" >&2
+    archive
     return $rc
 }
 
-nvidia-smi --query-gpu=name,driver_version,clocks.max.sm,clocks.max.mem --format=csv | tee "$OUT/gpu.txt"
-command -v nvcc > /dev/null || export PATH=$PATH:/usr/local/cuda/bin
+nvidia-smi --query-gpu=name,driver_version,clocks.max.sm,clocks.max.mem --format=csv | tee "$R/gpu.txt"
 rm -f build/libprecisionlab.so precisionlab/lib/libprecisionlab.so
-step build 240 make lib PYTHON=python3 > "$OUT/build.log" 2>&1 || { tail -30 "$OUT/build.log"; exit 1; }
-grep -q "host-only" "$OUT/build.log" && { echo "built host-only: no nvcc"; exit 1; }
-$PL info --json > "$OUT/info.json" 2> "$OUT/info.err"
+step build 240 make lib PYTHON=python3 > "$R/build.log" 2>&1 || { tail -30 "$R/build.log"; exit 1; }
+grep -q "host-only" "$R/build.log" && { echo "built host-only: no nvcc"; exit 1; }
+step info 30 $PL info --json > "$R/info.json" 2> "$R/info.err"
 
 echo "== gpu-test"
-step gpu-test 200 make gpu-test PYTHON=python3 > "$OUT/gpu-test.log" 2>&1
-tail -15 "$OUT/gpu-test.log"
+step gpu-test 200 make gpu-test PYTHON=python3 > "$R/gpu-test.log" 2>&1
+tail -15 "$R/gpu-test.log"
 
 echo "== bench"
-step bench 120 $PL bench --quick --device cuda --json > "$OUT/bench.json" 2> "$OUT/bench.err"
-python3 - "$OUT/bench.json" <<'PY'
+step bench 120 $PL bench --quick --device cuda --json > "$R/bench.json" 2> "$R/bench.err"
+python3 - "$R/bench.json" <<'PY' | tee "$R/bench.txt"
 import json, sys
 try:
     rows = json.load(open(sys.argv[1]))["rows"]
@@ -51,12 +58,12 @@ for r in rows:
 PY
 
 echo "== runs"
-step accumulate 40 $PL accumulate --dtype bf16 --n 10000 --device cuda --json > "$OUT/accumulate.json" 2> "$OUT/accumulate.err"
-step nondeterminism 60 $PL nondeterminism --device cuda --json > "$OUT/nondeterminism.json" 2> "$OUT/nondeterminism.err"
-step tf32 60 $PL tf32 --m 2048 --n 4096 --k 4096 --device cuda --json > "$OUT/tf32.json" 2> "$OUT/tf32.err"
-step softmax 30 $PL softmax --device cuda --json > "$OUT/softmax.json" 2> "$OUT/softmax.err"
-for op in softmax rmsnorm matmul; do step "compare-$op" 30 $PL compare op $op --device cuda; done > "$OUT/compare.log" 2>&1
-python3 - "$OUT" <<'PY'
+step accumulate 40 $PL accumulate --dtype bf16 --n 10000 --device cuda --json > "$R/accumulate.json" 2> "$R/accumulate.err"
+step nondeterminism 60 $PL nondeterminism --device cuda --json > "$R/nondeterminism.json" 2> "$R/nondeterminism.err"
+step tf32 60 $PL tf32 --m 2048 --n 4096 --k 4096 --device cuda --json > "$R/tf32.json" 2> "$R/tf32.err"
+step softmax 30 $PL softmax --device cuda --json > "$R/softmax.json" 2> "$R/softmax.err"
+for op in softmax rmsnorm matmul; do step "compare-$op" 30 $PL compare op $op --device cuda; done > "$R/compare.log" 2>&1
+python3 - "$R" <<'PY' | tee "$R/runs.txt"
 import json, sys
 out = sys.argv[1]
 for name in ("nondeterminism", "tf32"):
@@ -69,7 +76,8 @@ for name in ("nondeterminism", "tf32"):
             print(name, {k: r.get(k) for k in ("section", "variant", "mode", "distinct", "max_abs_diff", "rel_l2", "wrong", "tflops", "refused") if r.get(k) is not None})
 PY
 
-echo "== sanitize"
-step sanitize 150 make sanitize PYTHON=python3 > "$OUT/sanitize.log" 2>&1
-grep -E "ERROR SUMMARY|sanitize:" "$OUT/sanitize.log"
+echo "== sanitize"   # compute-sanitizer refuses the device on gVisor machines: see sanitize.log
+step sanitize 150 make sanitize PYTHON=python3 > "$R/sanitize.log" 2>&1
+grep -E "ERROR SUMMARY|sanitize:|not supported" "$R/sanitize.log"
+archive
 cat "$OUT/steps.txt"

@@ -8,6 +8,11 @@ from pathlib import Path
 
 import pytest
 
+# torch checks CUBLAS_WORKSPACE_CONFIG at the first cuBLAS call of the process
+# and keeps the answer: set it before any test's GPU matmul, or the
+# deterministic-mode test of nondeterminism's cuBLAS mm is refused.
+os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # tests/emulate.py
 
 

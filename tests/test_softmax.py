@@ -80,9 +80,14 @@ def test_lowp_accumulation_gives_one_over_256():
     assert (run(np.zeros(512), "bf16", "stable")[0] == 1 / 512).all()
 
 
+def check_no_rescale_bug(device):
+    assert np.allclose(run([1, 2, 3], method="bug_no_rescale", device=device)[0], 1 / 3, atol=1e-7)
+    # a masked logit adds 0, wherever it falls: the bug shown is the missing rescale alone
+    assert np.array_equal(run([1, -np.inf, 2], method="bug_no_rescale", device=device)[0][0], [0.5, 0, 0.5])
+
+
 def test_fused_running_max_without_rescale_gives_a_third():
-    y, _, _ = run([1, 2, 3], method="bug_no_rescale")
-    assert np.allclose(y, 1 / 3, atol=1e-7)
+    check_no_rescale_bug("cpu")
 
 
 def check_zero_identity_bug(device):
