@@ -37,7 +37,7 @@ endif
 HOST_FLAGS := -O2 -std=c++17 -fPIC -ffp-contract=off -Wall -Wextra
 NVCC_FLAGS := -O3 -std=c++17 --threads 0 --fmad=false -cudart static $(GENCODE) -Xcompiler -fPIC,-ffp-contract=off,-Wall
 
-.PHONY: setup lib demo test gpu-test sanitize bench clean
+.PHONY: setup lib demo test gpu-test emu-test sanitize bench clean
 
 setup: $(SETUP)
 
@@ -77,6 +77,20 @@ gpu-test: setup lib
 sanitize: setup lib
 	PYTORCH_NO_CUDA_MEMORY_CACHING=1 compute-sanitizer --tool memcheck --error-exitcode 1 $(PYTHON) scripts/sanitize_kernels.py
 	PYTORCH_NO_CUDA_MEMORY_CACHING=1 compute-sanitizer --tool racecheck --error-exitcode 1 $(PYTHON) scripts/sanitize_kernels.py
+
+# The CUDA kernels on the CPU (tests/cuda_emu): the execution model emulated
+# with fibers, so the GPU tests that need no torch CUDA run without a GPU.
+EMU_LIB := build/emu/libprecisionlab_emu.so
+# the emulator compiles against the toolkit's headers (cuda_runtime.h, cuda_bf16.h, ...)
+CUDA_HOME ?= /usr/local/cuda
+$(EMU_LIB): $(wildcard cuda/*.cu cuda/*.cuh cuda/*.h) tests/cuda_emu/pl_emu.h tests/cuda_emu/pl_emu.cpp tests/cuda_emu/translate.py
+	rm -rf build/emu && $(PYTHON) tests/cuda_emu/translate.py cuda build/emu
+	$(CXX) -std=c++17 -O1 -fPIC -ffp-contract=off -Wall -DPL_EMU -DPL_BUILD_FLAGS='"pl_emu: the CUDA kernels on the CPU"' \
+		-I$(CUDA_HOME)/include -Ibuild/emu -include tests/cuda_emu/pl_emu.h -shared -Wl,--no-undefined \
+		-o $@ build/emu/*.cpp tests/cuda_emu/pl_emu.cpp -lpthread
+
+emu-test: setup $(EMU_LIB)
+	PRECISIONLAB_LIB=$(abspath $(EMU_LIB)) PRECISIONLAB_EMULATED_GPU=1 $(PYTHON) -m pytest -q -m gpu
 
 bench: setup lib
 	$(PYTHON) -m precisionlab bench

@@ -28,6 +28,9 @@ def _gpu_skip_reason() -> str | None:
     return None
 
 
+EMULATED = os.environ.get("PRECISIONLAB_EMULATED_GPU") == "1"  # make emu-test: the kernels on pl_emu
+
+
 def pytest_collection_modifyitems(config, items):
     gpu_items = [i for i in items if "gpu" in i.keywords]
     if not gpu_items:
@@ -35,9 +38,16 @@ def pytest_collection_modifyitems(config, items):
     reason = _gpu_skip_reason()
     if reason and os.environ.get("PRECISIONLAB_REQUIRE_GPU") == "1":
         raise pytest.UsageError(f"PRECISIONLAB_REQUIRE_GPU=1, but the GPU tests cannot run: {reason}")
-    if reason:
-        for item in gpu_items:
+    for item in gpu_items:
+        if reason:
             item.add_marker(pytest.mark.skip(reason=reason))
+        elif EMULATED and "torch_cuda" in item.keywords:
+            item.add_marker(pytest.mark.skip(reason="needs torch's CUDA: not under the CPU emulator"))
+        elif EMULATED and "emu_slow" in item.keywords:
+            item.add_marker(pytest.mark.skip(reason="too slow for the CPU emulator"))
+    for item in items:
+        if "emulator" in item.keywords and not EMULATED:
+            item.add_marker(pytest.mark.skip(reason="runs under make emu-test only"))
 
 
 @pytest.fixture(autouse=True)

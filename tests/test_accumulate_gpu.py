@@ -22,6 +22,7 @@ def stored(storage, n, seed=0, dist="normal"):
 @pytest.mark.parametrize("storage", ["fp32", "bf16", "fp16", "fp64", "fp8_e4m3"])
 @pytest.mark.parametrize("accumulator", ["fp32", "bf16", "fp64"])
 @pytest.mark.parametrize("method", ["tree", "tree_kahan"])
+@pytest.mark.emu_slow
 def test_tree_gives_the_same_bits_every_run(storage, accumulator, method):
     x = stored(storage, (1 << 20) + 3)
     r = native.sum_cuda(x, formats.get(storage).code, formats.get(accumulator).code, method, runs=20)
@@ -56,6 +57,7 @@ def test_fp32_tree_is_accurate():
     assert abs(got - exact) / exact < 1e-5
 
 
+@pytest.mark.torch_cuda
 def test_device_pointer_api_matches_and_accepts_unaligned_views():
     torch = pytest.importorskip("torch")
     x = torch.randn((1 << 20) + 1, device="cuda", dtype=torch.float32)
@@ -72,6 +74,7 @@ def test_device_pointer_api_matches_and_accepts_unaligned_views():
     assert abs(out.item() - exact) <= 1e-3 * math.fsum(view.abs().double().cpu().numpy().tolist())
 
 
+@pytest.mark.torch_cuda
 def test_bad_device_arguments_are_statuses_not_crashes():
     torch = pytest.importorskip("torch")
     host = np.ones(16, dtype=np.float32)

@@ -7,7 +7,7 @@ import torch
 from precisionlab import native, torch_ops
 from precisionlab.experiments import compare
 
-pytestmark = pytest.mark.gpu
+pytestmark = [pytest.mark.gpu, pytest.mark.torch_cuda]
 
 
 @pytest.mark.parametrize("op", compare.OPS)

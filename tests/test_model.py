@@ -107,6 +107,7 @@ def test_a_directory_that_is_not_a_model(tmp_path):
 
 
 @pytest.mark.gpu
+@pytest.mark.torch_cuda
 def test_model_on_gpu():
     res = exp.run(exp.ModelConfig(steps=20, device="cuda"))
     by = {s["dtype"]: s for s in res.summary}

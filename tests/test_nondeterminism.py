@@ -85,6 +85,7 @@ def test_bad_input_exits_2(args):
 
 
 @pytest.mark.gpu
+@pytest.mark.emu_slow
 def test_gpu_atomics_vary_tree_does_not():
     x = np.random.default_rng(0).standard_normal(1 << 24).astype(np.float32).astype(np.float64)
     fp32 = formats.get("fp32").code
@@ -95,6 +96,7 @@ def test_gpu_atomics_vary_tree_does_not():
 
 
 @pytest.mark.gpu
+@pytest.mark.torch_cuda
 def test_gpu_splitk_and_batch_invariance():
     res = nd.run(nd.NondetConfig(runs=20, n=1000, device="cuda", sections="splitk,batch"))
     fixed = next(r for r in res.rows if r["section"] == "splitk" and "fixed" in r["variant"])
@@ -104,6 +106,7 @@ def test_gpu_splitk_and_batch_invariance():
 
 
 @pytest.mark.gpu
+@pytest.mark.torch_cuda
 def test_gpu_torch_ops_deterministic_mode():
     res = nd.run(nd.NondetConfig(runs=50, n=1000, device="cuda", sections="torch_ops"))
     on = [r for r in res.rows if "deterministic=on" in r["variant"]]

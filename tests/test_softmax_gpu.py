@@ -72,6 +72,7 @@ def test_gpu_bugs():
     assert (run(np.zeros(512), "bf16", "lowp_accum", device="cuda")[0] == 1 / 512).all()
 
 
+@pytest.mark.torch_cuda
 def test_device_api_matches_torch():
     torch = pytest.importorskip("torch")
     for dt, code in ((torch.float32, 1), (torch.bfloat16, 3)):
@@ -91,6 +92,7 @@ def test_device_api_rejects_host_pointers():
         native.softmax_cuda_device(x.ctypes.data, 2, 8, 1, "stable", x.ctypes.data)
 
 
+@pytest.mark.torch_cuda
 def test_device_api_rejects_misaligned_pointers():
     # a misaligned access would be a sticky error that ends the CUDA context
     torch = pytest.importorskip("torch")

@@ -118,6 +118,7 @@ def test_bench_section_as_argument():
 
 
 @pytest.mark.gpu
+@pytest.mark.torch_cuda
 def test_gpu_tf32_error_and_integer_exactness():
     res = tf32.run(tf32.Tf32Config(m=1024, n=1024, k=4096, sweep=False, device="cuda"))
     modes = {r["mode"]: r for r in res.rows if r["section"] == "modes"}

@@ -1,0 +1,159 @@
+"""The device-pointer kernels (matmul, RMSNorm, LayerNorm, the adaptive
+softmax), which the GPU tests reach through torch's CUDA tensors, run here on
+the CPU emulator's "device" memory: `make emu-test` only. The emulator runs a
+grid's blocks in a shuffled order, so order-dependent results vary between
+launches as they would on a GPU."""
+
+import ctypes
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+from precisionlab import native
+
+pytestmark = [pytest.mark.gpu, pytest.mark.emulator]
+
+NP = {1: np.float32, 2: np.float16, 3: ml_dtypes.bfloat16}
+TOL = {1: 1e-5, 2: 2e-3, 3: 1e-2}  # relative L2, as the torch-based GPU matmul test
+
+
+class Dev:
+    """A copy of a numpy array in pl_emu's device memory."""
+
+    def __init__(self, arr: np.ndarray | None = None, like: np.ndarray | None = None, nbytes: int = 0):
+        lib = native._load()
+        lib.pl_emu_malloc.restype = ctypes.c_void_p
+        lib.pl_emu_malloc.argtypes = [ctypes.c_size_t]
+        lib.pl_emu_free.argtypes = [ctypes.c_void_p]
+        self._free = lib.pl_emu_free
+        src = arr if arr is not None else like
+        self.shape, self.dtype = (src.shape, src.dtype) if src is not None else ((nbytes,), np.dtype(np.uint8))
+        self.nbytes = src.nbytes if src is not None else nbytes
+        self.ptr = lib.pl_emu_malloc(max(self.nbytes, 16))
+        if arr is not None:
+            ctypes.memmove(self.ptr, np.ascontiguousarray(arr).ctypes.data, self.nbytes)
+
+    def get(self) -> np.ndarray:
+        out = np.empty(self.shape, self.dtype)
+        ctypes.memmove(out.ctypes.data, self.ptr, self.nbytes)
+        return out
+
+    def __del__(self):
+        self._free(self.ptr)
+
+
+def rel_l2(got, ref):
+    got = got.astype(np.float64)
+    return float(np.linalg.norm(got - ref) / np.linalg.norm(ref))
+
+
+def matmul(a, b, code, version, splits=1):
+    m, k = a.shape
+    n = b.shape[1]
+    da, db, dc = Dev(a), Dev(b), Dev(like=np.empty((m, n), a.dtype))
+    nbytes = native.matmul_workspace_bytes(m, n, version, splits)
+    work = Dev(nbytes=max(nbytes, 4))
+    native.matmul_cuda(da.ptr, db.ptr, m, n, k, code, dc.ptr, version=version, splits=splits, work_ptr=work.ptr,
+                       work_bytes=work.nbytes)
+    return dc.get()
+
+
+@pytest.mark.parametrize("shape", [(1, 1, 1), (17, 33, 15), (77, 1000, 45)])  # nothing a multiple of the tile
+@pytest.mark.parametrize("code", [1, 2, 3])
+@pytest.mark.parametrize("version", ["naive", "tiled", "splitk_ordered", "splitk_atomic"])
+def test_matmul_versions_match_float64(version, code, shape):
+    m, k, n = shape
+    rng = np.random.default_rng(k)
+    a = rng.standard_normal((m, k)).astype(NP[code])
+    b = rng.standard_normal((k, n)).astype(NP[code])
+    c = matmul(a, b, code, version, splits=4 if version.startswith("splitk") else 1)
+    ref = a.astype(np.float64) @ b.astype(np.float64)
+    assert rel_l2(c, ref) < TOL[code]
+
+
+def test_matmul_tiled_is_the_naive_chain_and_splitk_ordered_is_fixed():
+    rng = np.random.default_rng(1)
+    a = rng.standard_normal((40, 4096)).astype(np.float32)
+    b = rng.standard_normal((4096, 24)).astype(np.float32)
+    naive, tiled = matmul(a, b, 1, "naive"), matmul(a, b, 1, "tiled")
+    assert np.array_equal(naive, tiled)  # the same ascending-k FMA chain
+    ordered = {matmul(a, b, 1, "splitk_ordered", 8).tobytes() for _ in range(4)}
+    atomic = {matmul(a, b, 1, "splitk_atomic", 8).tobytes() for _ in range(6)}
+    assert len(ordered) == 1  # whatever order the blocks ran in
+    assert len(atomic) > 1  # the slices land in the order the blocks ran
+
+
+def norms(x, code, w, b, version="block"):
+    rows, cols = x.shape
+    dx, dy = Dev(x), Dev(like=x)
+    dw = Dev(w)
+    if b is None:
+        native.rmsnorm_cuda(dx.ptr, rows, cols, code, dw.ptr, 1e-6, dy.ptr, version)
+    else:
+        dbias = Dev(b)
+        native.layernorm_cuda(dx.ptr, rows, cols, code, dw.ptr, dbias.ptr, 1e-5, dy.ptr)
+    return dy.get()
+
+
+@pytest.mark.parametrize("rows, cols", [(1, 1), (3, 33), (5, 1025), (2, 4096)])
+@pytest.mark.parametrize("code", [1, 3])
+def test_norms_match_the_cpu_kernels(rows, cols, code):
+    rng = np.random.default_rng(cols)
+    x = (rng.standard_normal((rows, cols)) * 3 + 1).astype(NP[code])
+    w = rng.standard_normal(cols).astype(NP[code])
+    b = rng.standard_normal(cols).astype(NP[code])
+    tol = {1: 1e-5, 3: 1e-2}[code]
+    for version in ("block", "adaptive"):
+        got = norms(x, code, w, None, version)
+        assert rel_l2(got, native.rmsnorm_cpu(x, code, w, 1e-6).astype(np.float64)) < tol
+    got = norms(x, code, w, b)
+    assert rel_l2(got, native.layernorm_cpu(x, code, w, b, 1e-5).astype(np.float64)) < tol
+
+
+def softmax_device(x, method):
+    dx, dy = Dev(x), Dev(like=x)
+    native.softmax_cuda_device(dx.ptr, x.shape[0], x.shape[1], 1, method, dy.ptr)
+    return dy.get()
+
+
+def test_batch_invariant_kernels_and_batch_dependent_ones():
+    """Rows computed alone vs inside a batch of 257: the same bits from the
+    kernels whose launch depends on cols alone; some rows differ where the
+    launch follows the batch size (a block per row below 132 rows, a warp
+    above), as the CPU emulation in nondeterminism shows."""
+    rng = np.random.default_rng(2)
+    x = rng.standard_normal((257, 4096)).astype(np.float32)
+    w = np.ones(4096, np.float32)
+    run = {
+        "rmsnorm block": (lambda v: norms(v, 1, w, None, "block"), True),
+        "rmsnorm adaptive": (lambda v: norms(v, 1, w, None, "adaptive"), False),
+        "softmax stable": (lambda v: softmax_device(v, "stable"), True),
+        "softmax stable_adaptive": (lambda v: softmax_device(v, "stable_adaptive"), False),
+    }
+    for name, (fn, invariant) in run.items():
+        batched = fn(x)
+        changed = sum(not np.array_equal(fn(x[r:r + 1])[0], batched[r]) for r in range(32))
+        assert (changed == 0) == invariant, (name, changed)
+
+
+def test_misaligned_device_pointers_are_refused():
+    x = Dev(np.zeros(64, np.float32))
+    with pytest.raises(native.UsageError, match="aligned"):
+        native.softmax_cuda_device(x.ptr + 2, 2, 8, 1, "stable", x.ptr)
+    with pytest.raises(native.UsageError, match="aligned"):
+        native.rmsnorm_cuda(x.ptr + 1, 2, 8, 3, None, 1e-6, x.ptr)
+    work = Dev(nbytes=native.sum_workspace_bytes(8, 1, "tree"))
+    with pytest.raises(native.UsageError, match="aligned"):
+        native.sum_cuda_device(x.ptr + 2, 8, 1, 1, "tree", work.ptr, work.nbytes, x.ptr)
+    with pytest.raises(native.UsageError, match="aligned"):
+        native.matmul_cuda(x.ptr + 2, x.ptr, 2, 2, 2, 1, x.ptr, version="naive")
+
+
+def test_atomic_sum_follows_the_block_order_and_the_tree_does_not():
+    # the GPU test draws 200 runs of 2^24; the emulator gets the same lesson from less
+    x = np.random.default_rng(0).standard_normal(1 << 18).astype(np.float32).astype(np.float64)
+    atomic = native.sum_cuda(x, 1, 1, "atomic", runs=12)
+    tree = native.sum_cuda(x, 1, 1, "tree", runs=12)
+    assert len(set(atomic.tolist())) > 1
+    assert len(set(tree.tolist())) == 1
