@@ -3,6 +3,7 @@ the device-pointer API, and argument checks that keep the context alive."""
 
 import math
 
+import emulate_gpu
 import numpy as np
 import pytest
 
@@ -113,3 +114,25 @@ def test_matmul_workspace_validates_its_version():
     with pytest.raises(UsageError, match="version"):
         native._call("pl_matmul_workspace_bytes", 4, 4, 99, 1, native.ctypes.byref(native.c_size_t()))
     assert native.matmul_workspace_bytes(4, 4, "tiled", 0) == 0  # splits do not apply to unsplit versions
+
+
+@pytest.mark.parametrize("n", [1, 31, 33, 1025, 100_003])
+@pytest.mark.parametrize("storage", ["fp32", "bf16"])
+@pytest.mark.parametrize("accumulator", ["fp32", "bf16", "fp64"])
+@pytest.mark.parametrize("method", ["tree", "tree_kahan"])
+def test_tree_matches_a_step_by_step_emulation(method, accumulator, storage, n):
+    # the kernel's order replayed in numpy (tests/emulate_gpu.py): the same bits
+    x = stored(storage, n, seed=n)
+    got = native.sum_cuda(x, formats.get(storage).code, formats.get(accumulator).code, method)[0]
+    want = emulate_gpu.tree_sum(x.astype(formats.get(storage).dtype), accumulator, kahan=method == "tree_kahan",
+                                sms=native.device_info().sm_count)
+    assert got == want or (np.isnan(got) and np.isnan(want)), (got, want)
+
+
+def test_point_one_in_bf16_summed_on_the_gpu():
+    # the literature's values: the fp32 sum of bf16-stored 0.1 is exact in every
+    # order (each partial sum is a multiple of 205/2048 below 2^24)
+    x = np.full(10_000, 0.1)
+    bf16, fp32 = formats.get("bf16").code, formats.get("fp32").code
+    for method in ("tree", "tree_kahan", "atomic"):
+        assert native.sum_cuda(x, bf16, fp32, method)[0] == 1000.9765625
