@@ -91,3 +91,32 @@ def tree_sum(x: np.ndarray, acc: str, kahan: bool = False, aligned: bool = True,
     # the second pass: 1024 threads, at most one block sum each (s = 0 + partial)
     second = [add(reg(0), partials[t]) if t < blocks else reg(0) for t in range(1024)]
     return float(_block_sum(second, acc))
+
+
+def matmul(a: np.ndarray, b: np.ndarray, splits: int = 1, tile: int = 16) -> np.ndarray:
+    """The GPU matmul's bits (cuda/matmul.cu): per output element an fp32
+    fused multiply-add chain in ascending k (naive and tiled: one chain; split-K
+    ordered: one chain per K slice of the launcher's size, the slices then
+    added in slice order in fp32), stored in the inputs' format. Each FMA is
+    exact product plus sum, rounded once (fractions, via emulate.round_exact)."""
+    from fractions import Fraction
+
+    from emulate import round_exact
+
+    m, k = a.shape
+    n = b.shape[1]
+    kslice = -(-(-(-k // splits)) // tile) * tile
+    bounds = [(k0, min(k0 + kslice, k)) for k0 in range(0, k, kslice)]
+    fa = [[Fraction(float(v)) for v in row] for row in a.astype(np.float64)]
+    fb = [[Fraction(float(v)) for v in row] for row in b.astype(np.float64)]
+    out = np.empty((m, n), np.float32)
+    for i in range(m):
+        for j in range(n):
+            total = 0.0
+            for k0, k1 in bounds:
+                s = 0.0
+                for p in range(k0, k1):
+                    s = round_exact(fa[i][p] * fb[p][j] + Fraction(s), "fp32")
+                total = float(np.float32(total) + np.float32(s)) if len(bounds) > 1 else s
+            out[i, j] = total
+    return out.astype(a.dtype)  # fp32 to the storage format: one rounding

@@ -1,6 +1,7 @@
 """The CUDA norm and matmul kernels through the compare discipline, and the
 device API's argument checks."""
 
+import emulate_gpu
 import pytest
 import torch
 
@@ -51,3 +52,19 @@ def test_matmul_device_api_checks():
     host = torch.randn(8, 8)
     with pytest.raises(native.UsageError, match="not a device pointer"):
         native.matmul_cuda(host.data_ptr(), a.data_ptr(), 8, 8, 8, 1, a.data_ptr())
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("version, splits", [("naive", 1), ("tiled", 1), ("splitk_ordered", 3)])
+def test_matmul_matches_a_step_by_step_emulation(version, splits, dtype):
+    # the same check as on the CPU emulator (test_emulated_device_api.py), on the GPU's own FMA
+    g = torch.Generator().manual_seed(7)
+    a, b = torch.randn(9, 70, generator=g).to(dtype), torch.randn(70, 7, generator=g).to(dtype)
+    want = emulate_gpu.matmul(torch_ops.to_numpy(a), torch_ops.to_numpy(b), splits)
+    a, b = a.cuda(), b.cuda()
+    c = torch.empty(9, 7, device="cuda", dtype=dtype)
+    work = torch.empty(max(native.matmul_workspace_bytes(9, 7, version, splits), 4), dtype=torch.uint8, device="cuda")
+    native.matmul_cuda(a.data_ptr(), b.data_ptr(), 9, 7, 70, torch_ops.CODES[dtype], c.data_ptr(), version=version,
+                       splits=splits, work_ptr=work.data_ptr(), work_bytes=work.numel())
+    got = torch_ops.to_numpy(c.cpu())
+    assert got.tobytes() == want.tobytes()

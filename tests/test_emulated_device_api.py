@@ -6,6 +6,7 @@ launches as they would on a GPU."""
 
 import ctypes
 
+import emulate_gpu
 import ml_dtypes
 import numpy as np
 import pytest
@@ -70,6 +71,17 @@ def test_matmul_versions_match_float64(version, code, shape):
     c = matmul(a, b, code, version, splits=4 if version.startswith("splitk") else 1)
     ref = a.astype(np.float64) @ b.astype(np.float64)
     assert rel_l2(c, ref) < TOL[code]
+
+
+@pytest.mark.parametrize("code", [1, 3])
+@pytest.mark.parametrize("version, splits", [("naive", 1), ("tiled", 1), ("splitk_ordered", 3)])
+def test_matmul_matches_a_step_by_step_emulation(version, splits, code):
+    rng = np.random.default_rng(7)
+    a = rng.standard_normal((9, 70)).astype(NP[code])
+    b = rng.standard_normal((70, 7)).astype(NP[code])
+    want = emulate_gpu.matmul(a, b, splits)
+    assert np.array_equal(matmul(a, b, code, version, splits).view(np.uint16 if code == 3 else np.uint32),
+                          want.view(np.uint16 if code == 3 else np.uint32))
 
 
 def test_matmul_tiled_is_the_naive_chain_and_splitk_ordered_is_fixed():
