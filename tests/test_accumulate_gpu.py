@@ -136,3 +136,12 @@ def test_point_one_in_bf16_summed_on_the_gpu():
     bf16, fp32 = formats.get("bf16").code, formats.get("fp32").code
     for method in ("tree", "tree_kahan", "atomic"):
         assert native.sum_cuda(x, bf16, fp32, method)[0] == 1000.9765625
+
+
+def test_the_command_on_the_gpu():
+    from helpers import cli, strict_json
+
+    rows = strict_json(cli("accumulate", "--dtype", "bf16", "--n", "10000", "--device", "cuda", "--json").out)["rows"]
+    gpu = {(r["method"], r["accumulator"]): r["result"] for r in rows if r["device"] == "cuda"}
+    assert {m for m, _ in gpu} == {"tree", "tree_kahan", "atomic"}
+    assert all(gpu[m, "fp32"] == 1000.9765625 for m in ("tree", "tree_kahan", "atomic"))

@@ -106,3 +106,16 @@ def test_device_api_rejects_misaligned_pointers():
         native.sum_cuda_device(x.data_ptr() + 2, 8, 1, 1, "tree", work.data_ptr(), work.numel(), x.data_ptr())
     y = torch.ones(2, 8, device="cuda")  # and the context is still fine
     assert torch.softmax(y, -1).sum().item() == pytest.approx(2.0)
+
+
+def test_the_command_on_the_gpu():
+    from helpers import cli, strict_json
+
+    rows = strict_json(cli("softmax", "--device", "cuda", "--json").out)["rows"]
+    gpu = [r for r in rows if r["device"] == "cuda" and r["kind"] == "method"]
+    assert {r["method"] for r in gpu} == set(GPU_METHODS)
+    for r in gpu:  # every shifted kernel passes every case with a finite reference
+        if r["method"] != "naive" and r["case"] not in ("masked", "nan"):
+            assert r["passed"] and r["finite"], r
+        if r["case"] in ("masked", "nan"):
+            assert not r["passed"]  # a non-finite output never passes
