@@ -23,7 +23,7 @@
 extern "C" {
 #endif
 
-#define PL_ABI_VERSION 1
+#define PL_ABI_VERSION 2
 
 enum pl_status {
     PL_OK = 0,
@@ -90,6 +90,16 @@ int pl_cuda_versions(int* runtime, int* driver);
  * NUL-terminated). */
 int pl_cuda_device_info(int device, char* name, int name_len, int* sm_count,
                         int* cc_major, int* cc_minor, size_t* total_mem);
+
+/* Device memory for callers with no framework of their own (the experiments
+ * need no torch CUDA for this project's kernels). dev: a device pointer;
+ * host: a host pointer. The copies are synchronous and ordered after every
+ * kernel the library launched (all on the legacy default stream). Freeing
+ * NULL is a no-op. */
+int pl_device_alloc(size_t bytes, void** dev);
+int pl_device_free(void* dev);
+int pl_copy_to_device(void* dev, const void* host, size_t bytes);
+int pl_copy_to_host(void* host, const void* dev, size_t bytes);
 
 /* Round n doubles to `format` (round to nearest, ties to even), in place of y.
  * x and y may alias. */

@@ -132,6 +132,37 @@ int pl_cuda_device_info(int device, char* name, int name_len, int* sm_count, int
     *total_mem = p.totalGlobalMem;
     return PL_OK;
 }
+
+int pl_device_alloc(size_t bytes, void** dev) {
+    PL_REQUIRE_PTR(dev);
+    *dev = nullptr;
+    PL_REQUIRE(bytes > 0, PL_ERR_INVALID_ARGUMENT, "bytes must be > 0");
+    int count = 0;
+    if (int st = pl_cuda_device_count(&count)) return st;
+    PL_CUDA_CHECK(cudaMalloc(dev, bytes));
+    return PL_OK;
+}
+
+int pl_device_free(void* dev) {
+    if (dev) PL_CUDA_CHECK(cudaFree(dev));
+    return PL_OK;
+}
+
+int pl_copy_to_device(void* dev, const void* host, size_t bytes) {
+    PL_REQUIRE_PTR(dev);
+    PL_REQUIRE_PTR(host);
+    if (int st = pl_require_device(dev, 1, "dev", __func__)) return st;
+    PL_CUDA_CHECK(cudaMemcpy(dev, host, bytes, cudaMemcpyHostToDevice));
+    return PL_OK;
+}
+
+int pl_copy_to_host(void* host, const void* dev, size_t bytes) {
+    PL_REQUIRE_PTR(host);
+    PL_REQUIRE_PTR(dev);
+    if (int st = pl_require_device(dev, 1, "dev", __func__)) return st;
+    PL_CUDA_CHECK(cudaMemcpy(host, dev, bytes, cudaMemcpyDeviceToHost));
+    return PL_OK;
+}
 #else
 int pl_cuda_device_count(int* count) {
     PL_REQUIRE_PTR(count);
@@ -149,6 +180,14 @@ int pl_cuda_versions(int* runtime, int* driver) {
 int pl_cuda_device_info(int, char*, int, int*, int*, int*, size_t*) {
     return pl_fail(PL_ERR_NO_CUDA, __func__, "library built without CUDA");
 }
+
+int pl_device_alloc(size_t, void** dev) {
+    if (dev) *dev = nullptr;
+    return pl_fail(PL_ERR_NO_CUDA, __func__, "library built without CUDA");
+}
+int pl_device_free(void*) { return PL_OK; }
+int pl_copy_to_device(void*, const void*, size_t) { return pl_fail(PL_ERR_NO_CUDA, __func__, "library built without CUDA"); }
+int pl_copy_to_host(void*, const void*, size_t) { return pl_fail(PL_ERR_NO_CUDA, __func__, "library built without CUDA"); }
 #endif
 
 }  // extern "C"

@@ -20,7 +20,7 @@ import numpy as np
 from precisionlab.errors import NoDeviceError, RunError, UsageError
 
 LIB_NAME = "libprecisionlab.so"
-ABI_VERSION = 1  # PL_ABI_VERSION in cuda/precisionlab.h
+ABI_VERSION = 2  # PL_ABI_VERSION in cuda/precisionlab.h
 
 # pl_status
 OK, INVALID_ARGUMENT, NULL_POINTER, SIZE_OVERFLOW, UNSUPPORTED = 0, 1, 2, 3, 4
@@ -54,6 +54,12 @@ _PROTOTYPES = {
     # int pl_cuda_device_info(int device, char* name, int name_len, int* sm_count,
     #                         int* cc_major, int* cc_minor, size_t* total_mem)
     "pl_cuda_device_info": (c_int, [c_int, c_char_p, c_int, _int, _int, _int, _sz]),
+    "pl_device_alloc": (c_int, [c_size_t, POINTER(c_void_p)]),  # int pl_device_alloc(size_t bytes, void** dev)
+    "pl_device_free": (c_int, [c_void_p]),  # int pl_device_free(void* dev)
+    # int pl_copy_to_device(void* dev, const void* host, size_t bytes)
+    "pl_copy_to_device": (c_int, [c_void_p, c_void_p, c_size_t]),
+    # int pl_copy_to_host(void* host, const void* dev, size_t bytes)
+    "pl_copy_to_host": (c_int, [c_void_p, c_void_p, c_size_t]),
     # int pl_round(const double* x, int64_t n, int format, double* y)
     "pl_round": (c_int, [_d, c_int64, c_int, _d]),
     # int pl_accumulate_cpu(const double* x, int64_t n, int accumulator, int method, uint64_t seed,
@@ -219,6 +225,40 @@ class DeviceInfo:
     sm_count: int
     compute_capability: str
     total_mem_bytes: int
+
+
+class DeviceArray:
+    """A numpy-shaped buffer in device memory from the library itself, so this
+    project's kernels need no framework's tensors. Freed when dropped."""
+
+    def __init__(self, shape, dtype):
+        self.shape, self.dtype = tuple(shape), np.dtype(dtype)
+        self.nbytes = int(np.prod(self.shape, dtype=np.int64)) * self.dtype.itemsize
+        self._free = _load().pl_device_free
+        ptr = c_void_p()
+        _call("pl_device_alloc", max(self.nbytes, 1), ctypes.byref(ptr))
+        self.ptr: int = ptr.value
+
+    @classmethod
+    def from_numpy(cls, a: np.ndarray) -> "DeviceArray":
+        a = np.ascontiguousarray(a)
+        d = cls(a.shape, a.dtype)
+        if a.nbytes:
+            _call("pl_copy_to_device", d.ptr, a.ctypes.data, a.nbytes)
+        return d
+
+    def numpy(self, rows: int | None = None) -> np.ndarray:
+        """A host copy: the whole array, or its first `rows` along axis 0."""
+        shape = self.shape if rows is None else (min(rows, self.shape[0]),) + self.shape[1:]
+        out = np.empty(shape, self.dtype)
+        if out.nbytes:
+            _call("pl_copy_to_host", out.ctypes.data, self.ptr, out.nbytes)
+        return out
+
+    def __del__(self):
+        if getattr(self, "ptr", None):
+            self._free(self.ptr)
+            self.ptr = None
 
 
 def device_info(device: int = 0) -> DeviceInfo:

@@ -509,15 +509,15 @@ def nondeterminism_table(res) -> None:
                 t.add_column(col, justify="right" if col != "note" else "left", overflow="fold")
             for r in rows:
                 note = ""
-                if section == "splitk":
+                if r.get("refused"):
+                    note = escape(f"refused: {r['refused']}")
+                elif section == "splitk":
                     note = f"{sci(r['diff_vs_unsplit'])} from unsplit; rel L2 vs fp64 {sci(r['rel_l2_vs_fp64'])}"
                 elif section == "batch":
                     note = ("differs at batch " + ", ".join(map(str, r["differs_at"]))) if r["differs_at"] else \
                         "identical at every batch size"
                     if r.get("rows_changed") is not None:
                         note += f"; rows changed {r['rows_changed']} of {r['rows_compared']}"
-                elif section == "torch_ops" and r.get("refused"):
-                    note = escape(f"refused: {r['refused']}")
                 label = r["variant"] + (" [emulated]" if r["emulated"] else "")
                 t.add_row(r["device"], escape(label), str(r["runs"]),
                           "-" if r["distinct"] is None else f"{r['distinct']} of {r['runs']}",

@@ -57,7 +57,7 @@ def test_matmul_device_api_checks():
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("version, splits", [("naive", 1), ("tiled", 1), ("splitk_ordered", 3)])
 def test_matmul_matches_a_step_by_step_emulation(version, splits, dtype):
-    # the same check as on the CPU emulator (test_emulated_device_api.py), on the GPU's own FMA
+    # the check test_device_memory_gpu.py makes, through torch's tensors
     g = torch.Generator().manual_seed(7)
     a, b = torch.randn(9, 70, generator=g).to(dtype), torch.randn(70, 7, generator=g).to(dtype)
     want = emulate_gpu.matmul(torch_ops.to_numpy(a), torch_ops.to_numpy(b), splits)

@@ -64,6 +64,14 @@ def test_no_gpu_is_an_answer_not_an_error():
         assert status.reason
         with pytest.raises(NoDeviceError):
             native.sum_cuda(np.ones(8), 1, 1, "tree")
+        with pytest.raises(NoDeviceError):
+            native.DeviceArray((8,), np.float32)
+
+
+def test_device_memory_calls_validate():
+    assert lib.pl_device_free(None) == native.OK  # freeing NULL is a no-op, GPU or not
+    assert lib.pl_device_alloc(16, None) in (native.NULL_POINTER, native.NO_CUDA)
+    assert lib.pl_copy_to_host(None, None, 4) in (native.NULL_POINTER, native.NO_CUDA)
 
 
 def test_cuda_entry_points_validate_before_touching_the_device():

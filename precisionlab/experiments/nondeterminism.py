@@ -213,19 +213,16 @@ def _fp32_sum(mats) -> np.ndarray:
 
 
 def _splitk_gpu(a, b, s, runs):
-    import torch
-
     m, k = a.shape
     n = b.shape[1]
-    ta, tb = torch.from_numpy(a).cuda(), torch.from_numpy(b).cuda()
-    c = torch.empty(m, n, device="cuda")
+    da, db = native.DeviceArray.from_numpy(a), native.DeviceArray.from_numpy(b)
+    c = native.DeviceArray((m, n), np.float32)
 
     def run_version(version, splits):
-        nbytes = native.matmul_workspace_bytes(m, n, version, splits)
-        work = torch.empty(max(nbytes, 4), dtype=torch.uint8, device="cuda")
-        native.matmul_cuda(ta.data_ptr(), tb.data_ptr(), m, n, k, 1, c.data_ptr(), version=version, splits=splits,
-                           work_ptr=work.data_ptr(), work_bytes=work.numel())
-        return c.cpu().numpy().copy()
+        work = native.DeviceArray((max(native.matmul_workspace_bytes(m, n, version, splits), 4),), np.uint8)
+        native.matmul_cuda(da.ptr, db.ptr, m, n, k, 1, c.ptr, version=version, splits=splits, work_ptr=work.ptr,
+                           work_bytes=work.nbytes)
+        return c.numpy()
 
     unsplit = run_version("tiled", 1)
     atomic = [run_version("splitk_atomic", s) for _ in range(runs)]
@@ -253,10 +250,23 @@ def _batch_row(name, device, variant, row0s: dict[int, np.ndarray], emulated=Fal
                 batch_sizes=list(row0s), **kw)
 
 
+def _torch_lacks(device: str) -> str | None:
+    """Why torch cannot run on `device` (a CPU build on a GPU machine), or None.
+    This project's kernels do not need it; torch's own sections do."""
+    import torch
+
+    if device == "cuda" and not torch.cuda.is_available():
+        return f"torch {torch.__version__} has no CUDA"
+    return None
+
+
 def _batch_torch(device: str, seed: int) -> list[dict]:
     import torch
 
     from precisionlab.experiments.tf32 import restored_flags
+
+    if why := _torch_lacks(device):
+        return [_row("batch", "torch matmul", device, 0, refused=why, differs_at=[])]
 
     big = torch.from_numpy(_batch_inputs(seed, 1024)).to(device)
     w = torch.from_numpy(np.random.default_rng(seed + 3).standard_normal((1024, 1024)).astype(np.float32)).to(device)
@@ -308,30 +318,27 @@ def _batch_kernels(device: str, seed: int) -> list[dict]:
                 rows.append(_kernel_row(name, "cpu", variant, alone, batched, emulated=True,
                                         lanes=[lanes_of(bs) for bs in BATCH_SIZES]))
         return rows
-    import torch
-
-    x = torch.from_numpy(big).cuda()
-    tw = torch.from_numpy(w).cuda()
-    y = torch.empty_like(x)
+    x, tw = native.DeviceArray.from_numpy(big), native.DeviceArray.from_numpy(w)
+    y = native.DeviceArray(big.shape, big.dtype)
     calls = {
         ("softmax", "batch-dependent launch"): lambda xp, yp, bs: native.softmax_cuda_device(
             xp, bs, BATCH_COLS, 1, "stable_adaptive", yp),
         ("softmax", "batch-invariant"): lambda xp, yp, bs: native.softmax_cuda_device(xp, bs, BATCH_COLS, 1, "stable", yp),
         ("rmsnorm", "batch-dependent launch"): lambda xp, yp, bs: native.rmsnorm_cuda(
-            xp, bs, BATCH_COLS, 1, tw.data_ptr(), 1e-6, yp, "adaptive"),
+            xp, bs, BATCH_COLS, 1, tw.ptr, 1e-6, yp, "adaptive"),
         ("rmsnorm", "batch-invariant"): lambda xp, yp, bs: native.rmsnorm_cuda(
-            xp, bs, BATCH_COLS, 1, tw.data_ptr(), 1e-6, yp, "block"),
+            xp, bs, BATCH_COLS, 1, tw.ptr, 1e-6, yp, "block"),
     }
     row_bytes = BATCH_COLS * 4
     for (name, variant), call in calls.items():
         alone = []
         for i in range(CHECK_ROWS):
-            call(x.data_ptr() + i * row_bytes, y.data_ptr(), 1)
-            alone.append(y[0].cpu().numpy().copy())
+            call(x.ptr + i * row_bytes, y.ptr, 1)
+            alone.append(y.numpy(rows=1)[0])
         batched = {}
         for bs in BATCH_SIZES:
-            call(x.data_ptr(), y.data_ptr(), bs)
-            batched[bs] = y[:min(bs, CHECK_ROWS)].cpu().numpy().copy()
+            call(x.ptr, y.ptr, bs)
+            batched[bs] = y.numpy(rows=min(bs, CHECK_ROWS))
         rows.append(_kernel_row(name, "cuda", variant, np.stack(alone), batched))
     return rows
 
@@ -345,6 +352,8 @@ def _torch_ops(device: str, cfg: NondetConfig) -> list[dict]:
 
     from precisionlab.experiments.tf32 import restored_flags
 
+    if why := _torch_lacks(device):
+        return [_row("torch_ops", "torch ops", device, cfg.runs, refused=why)]
     g = torch.Generator().manual_seed(cfg.seed)
     n = 1 << 20
     src = torch.randn(n, generator=g).to(device)
@@ -425,6 +434,7 @@ def takeaways(rows: list[dict]) -> dict[str, str]:
                          "away from the unsplit matmul: determinism is not batch or split invariance.")
     ba = [r for r in rows if r["section"] == "batch"]
     if ba:
+        ba = [r for r in ba if not r.get("refused")]
         var = [r for r in ba if r["max_abs_diff"] > 0]
         inv = [r for r in ba if "invariant" in r["variant"]]
         out["batch"] = (f"{len(var)} of {len(ba)} computations change rows with the batch size "
@@ -432,7 +442,10 @@ def takeaways(rows: list[dict]) -> dict[str, str]:
                            if var else "")
                         + f"; the batch-invariant kernels (one reduction order per row, whatever the batch) give "
                           f"{'0' if all(r['max_abs_diff'] == 0 for r in inv) else 'nonzero'} difference.")
-    ops = [r for r in rows if r["section"] == "torch_ops"]
+    ops = [r for r in rows if r["section"] == "torch_ops" and r["variant"] != "torch ops"]
+    for r in rows:
+        if r["section"] == "torch_ops" and r["variant"] == "torch ops":  # torch could not run there at all
+            out["torch_ops"] = f"{r['device']}: not run, {r['refused']}."
     if ops:
         off = [r for r in ops if "off" in r["variant"] and r.get("distinct")]
         on = [r for r in ops if "on" in r["variant"]]

@@ -3,6 +3,7 @@
 // and is not modelled.
 #include "pl_emu.h"
 
+#include <setjmp.h>
 #include <ucontext.h>
 
 #include <algorithm>
@@ -24,8 +25,13 @@ namespace {
 
 constexpr size_t kStack = 64 * 1024;
 
+// A fiber starts once on its own stack through ucontext (setcontext), and
+// from then on switches with _setjmp/_longjmp, which leave the signal mask
+// alone: no system call per switch, unlike swapcontext.
 struct Fiber {
     ucontext_t ctx;
+    jmp_buf jb;
+    bool has_ctx = false, started = false;
     uint3 tid;
     int warp = 0, lane = 0;
     bool done = false;
@@ -39,7 +45,7 @@ struct Barrier {  // a generation-counting rendezvous of the live members
 
 std::vector<Fiber> fibers;
 std::vector<char> stacks;
-ucontext_t sched;
+jmp_buf sched;
 int cur = 0;
 const std::function<void()>* body = nullptr;
 Barrier block_bar;
@@ -52,7 +58,9 @@ cudaError_t last_error = cudaSuccess;
 std::mutex launch_mutex;
 std::mt19937_64 order_rng(12345);
 
-void yield() { swapcontext(&fibers[cur].ctx, &sched); }
+void yield() {
+    if (!_setjmp(fibers[cur].jb)) _longjmp(sched, 1);
+}
 
 // Wait at b until `members` live fibers have arrived.
 void rendezvous(Barrier& b, const int& members) {
@@ -86,7 +94,8 @@ void entry() {
     release_if_complete(block_bar, live);
     release_if_complete(warp_bars[f.warp], warp_live[f.warp]);
     progress = true;
-}  // returns to sched through uc_link
+    _longjmp(sched, 1);  // never returns: this stack is reused by the next block
+}
 
 void run_block(int nthreads) {
     live = nthreads;
@@ -97,15 +106,18 @@ void run_block(int nthreads) {
     warp_slots.assign((size_t)nwarps * 32, 0);
     for (int i = 0; i < nthreads; ++i) {
         Fiber& f = fibers[i];
-        f.done = f.waiting = false;
+        f.done = f.waiting = f.started = false;
         f.tid = uint3{(unsigned)(i % g_bdim.x), (unsigned)(i / g_bdim.x % g_bdim.y), (unsigned)(i / (g_bdim.x * g_bdim.y))};
         f.warp = i / 32;
         f.lane = i % 32;
         ++warp_live[f.warp];
-        getcontext(&f.ctx);
+        if (!f.has_ctx) {
+            getcontext(&f.ctx);
+            f.has_ctx = true;
+        }
         f.ctx.uc_stack.ss_sp = stacks.data() + (size_t)i * kStack;
         f.ctx.uc_stack.ss_size = kStack;
-        f.ctx.uc_link = &sched;
+        f.ctx.uc_link = nullptr;
         makecontext(&f.ctx, entry, 0);
     }
     while (live > 0) {
@@ -115,7 +127,13 @@ void run_block(int nthreads) {
             if (fibers[i].done) continue;
             cur = i;
             g_tid = fibers[i].tid;
-            swapcontext(&sched, &fibers[i].ctx);
+            if (!_setjmp(sched)) {
+                if (!fibers[i].started) {
+                    fibers[i].started = true;
+                    setcontext(&fibers[i].ctx);
+                }
+                _longjmp(fibers[i].jb, 1);
+            }
             if (!fibers[i].done && !fibers[i].waiting) all_waiting = false;
         }
         if (live > 0 && all_waiting && !progress) {
@@ -151,9 +169,9 @@ void launch(dim3 grid, dim3 block, const std::function<void()>& fn) {
         last_error = cudaErrorInvalidConfiguration;
         return;
     }
-    if (fibers.size() < (size_t)nthreads) {
-        fibers.resize((size_t)nthreads);
-        stacks.resize((size_t)nthreads * kStack);
+    if (fibers.empty()) {  // once, at the most a block can have: a ucontext must never move
+        fibers.resize(1024);
+        stacks.resize(1024 * kStack);
     }
     g_bdim = block;
     g_gdim = grid;
@@ -261,12 +279,5 @@ cudaError_t cudaPointerGetAttributes(cudaPointerAttributes* a, const void* p) {
     a->type = is_device(p) ? cudaMemoryTypeDevice : cudaMemoryTypeUnregistered;
     return cudaSuccess;
 }
-
-// For tests of the device-pointer entry points: "device" memory from Python.
-void* pl_emu_malloc(size_t bytes) {
-    void* p = nullptr;
-    return cudaMalloc(&p, bytes) == cudaSuccess ? p : nullptr;
-}
-void pl_emu_free(void* p) { cudaFree(p); }
 
 }  // extern "C"

@@ -5,8 +5,8 @@
 //
 // What it models: a grid of blocks run one at a time in a seeded random order
 // (so atomics land in a different order from launch to launch, as on a GPU);
-// each block's threads as fibers on one OS thread, switched only at
-// __syncthreads and warp shuffles, so every barrier and shuffle is a real
+// each block's threads as fibers on one OS thread (ucontext to start them,
+// _setjmp/_longjmp to switch), switched only at __syncthreads and warp shuffles, so every barrier and shuffle is a real
 // rendezvous; a barrier that not every live thread reaches is reported as a
 // deadlock instead of hanging. Static __shared__ variables are shared by the
 // block running at the time.

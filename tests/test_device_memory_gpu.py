@@ -1,10 +1,8 @@
 """The device-pointer kernels (matmul, RMSNorm, LayerNorm, the adaptive
-softmax), which the GPU tests reach through torch's CUDA tensors, run here on
-the CPU emulator's "device" memory: `make emu-test` only. The emulator runs a
-grid's blocks in a shuffled order, so order-dependent results vary between
-launches as they would on a GPU."""
-
-import ctypes
+softmax) on the library's own device memory (native.DeviceArray), no torch
+needed: on a GPU, and on the CPU emulator (make emu-test). Two tests rely on
+the emulator's shuffled block order to see atomics vary; a GPU usually varies
+too, but need not on every run, so they are the emulator's alone."""
 
 import emulate_gpu
 import ml_dtypes
@@ -13,35 +11,19 @@ import pytest
 
 from precisionlab import native
 
-pytestmark = [pytest.mark.gpu, pytest.mark.emulator]
+pytestmark = pytest.mark.gpu
 
 NP = {1: np.float32, 2: np.float16, 3: ml_dtypes.bfloat16}
 TOL = {1: 1e-5, 2: 2e-3, 3: 1e-2}  # relative L2, as the torch-based GPU matmul test
 
 
-class Dev:
-    """A copy of a numpy array in pl_emu's device memory."""
-
-    def __init__(self, arr: np.ndarray | None = None, like: np.ndarray | None = None, nbytes: int = 0):
-        lib = native._load()
-        lib.pl_emu_malloc.restype = ctypes.c_void_p
-        lib.pl_emu_malloc.argtypes = [ctypes.c_size_t]
-        lib.pl_emu_free.argtypes = [ctypes.c_void_p]
-        self._free = lib.pl_emu_free
-        src = arr if arr is not None else like
-        self.shape, self.dtype = (src.shape, src.dtype) if src is not None else ((nbytes,), np.dtype(np.uint8))
-        self.nbytes = src.nbytes if src is not None else nbytes
-        self.ptr = lib.pl_emu_malloc(max(self.nbytes, 16))
-        if arr is not None:
-            ctypes.memmove(self.ptr, np.ascontiguousarray(arr).ctypes.data, self.nbytes)
-
-    def get(self) -> np.ndarray:
-        out = np.empty(self.shape, self.dtype)
-        ctypes.memmove(out.ctypes.data, self.ptr, self.nbytes)
-        return out
-
-    def __del__(self):
-        self._free(self.ptr)
+def Dev(arr: np.ndarray | None = None, like: np.ndarray | None = None, nbytes: int = 0) -> native.DeviceArray:
+    """A copy of arr in device memory, or room for an array like `like`, or nbytes."""
+    if arr is not None:
+        return native.DeviceArray.from_numpy(arr)
+    if like is not None:
+        return native.DeviceArray(like.shape, like.dtype)
+    return native.DeviceArray((nbytes,), np.uint8)
 
 
 def rel_l2(got, ref):
@@ -57,7 +39,7 @@ def matmul(a, b, code, version, splits=1):
     work = Dev(nbytes=max(nbytes, 4))
     native.matmul_cuda(da.ptr, db.ptr, m, n, k, code, dc.ptr, version=version, splits=splits, work_ptr=work.ptr,
                        work_bytes=work.nbytes)
-    return dc.get()
+    return dc.numpy()
 
 
 @pytest.mark.parametrize("shape", [(1, 1, 1), (17, 33, 15), (77, 1000, 45)])  # nothing a multiple of the tile
@@ -84,6 +66,7 @@ def test_matmul_matches_a_step_by_step_emulation(version, splits, code):
                           want.view(np.uint16 if code == 3 else np.uint32))
 
 
+@pytest.mark.emulator
 def test_matmul_tiled_is_the_naive_chain_and_splitk_ordered_is_fixed():
     rng = np.random.default_rng(1)
     a = rng.standard_normal((40, 4096)).astype(np.float32)
@@ -105,7 +88,7 @@ def norms(x, code, w, b, version="block"):
     else:
         dbias = Dev(b)
         native.layernorm_cuda(dx.ptr, rows, cols, code, dw.ptr, dbias.ptr, 1e-5, dy.ptr)
-    return dy.get()
+    return dy.numpy()
 
 
 @pytest.mark.parametrize("rows, cols", [(1, 1), (3, 33), (5, 1025), (2, 4096)])
@@ -126,7 +109,7 @@ def test_norms_match_the_cpu_kernels(rows, cols, code):
 def softmax_device(x, method):
     dx, dy = Dev(x), Dev(like=x)
     native.softmax_cuda_device(dx.ptr, x.shape[0], x.shape[1], 1, method, dy.ptr)
-    return dy.get()
+    return dy.numpy()
 
 
 def test_batch_invariant_kernels_and_batch_dependent_ones():
@@ -162,6 +145,7 @@ def test_misaligned_device_pointers_are_refused():
         native.matmul_cuda(x.ptr + 2, x.ptr, 2, 2, 2, 1, x.ptr, version="naive")
 
 
+@pytest.mark.emulator
 def test_atomic_sum_follows_the_block_order_and_the_tree_does_not():
     # the GPU test draws 200 runs of 2^24; the emulator gets the same lesson from less
     x = np.random.default_rng(0).standard_normal(1 << 18).astype(np.float32).astype(np.float64)
