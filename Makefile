@@ -78,12 +78,14 @@ sanitize: setup lib
 
 # The CUDA kernels on the CPU (tests/cuda_emu): the execution model emulated
 # with fibers, so the GPU tests that need no torch CUDA run without a GPU.
+# -U_FORTIFY_SOURCE: the fibers switch stacks with _longjmp, which the
+# fortified longjmp check would abort.
 EMU_LIB := build/emu/libprecisionlab_emu.so
 # the emulator compiles against the toolkit's headers (cuda_runtime.h, cuda_bf16.h, ...)
 CUDA_HOME ?= /usr/local/cuda
 $(EMU_LIB): $(wildcard cuda/*.cu cuda/*.cuh cuda/*.h) tests/cuda_emu/pl_emu.h tests/cuda_emu/pl_emu.cpp tests/cuda_emu/translate.py
 	rm -rf build/emu && $(PYTHON) tests/cuda_emu/translate.py cuda build/emu
-	$(CXX) -std=c++17 -O1 -fPIC -ffp-contract=off -Wall -Wno-unknown-pragmas -U_FORTIFY_SOURCE -DPL_EMU -DPL_BUILD_FLAGS='"pl_emu: the CUDA kernels on the CPU"' \
+	$(CXX) -std=c++17 -O1 -fPIC -ffp-contract=off -Wall -Wclobbered -Wno-unknown-pragmas -U_FORTIFY_SOURCE -DPL_EMU -DPL_BUILD_FLAGS='"pl_emu: the CUDA kernels on the CPU"' \
 		-I$(CUDA_HOME)/include -Ibuild/emu -include tests/cuda_emu/pl_emu.h -shared -Wl,--no-undefined \
 		-o $@ build/emu/*.cpp tests/cuda_emu/pl_emu.cpp -lpthread
 

@@ -9,6 +9,7 @@ every status; the functions at the bottom are the public API.
 from __future__ import annotations
 
 import ctypes
+import math
 import os
 from ctypes import POINTER, c_char_p, c_double, c_float, c_int, c_int64, c_size_t, c_uint64, c_void_p
 from dataclasses import dataclass
@@ -232,8 +233,12 @@ class DeviceArray:
     project's kernels need no framework's tensors. Freed when dropped."""
 
     def __init__(self, shape, dtype):
-        self.shape, self.dtype = tuple(shape), np.dtype(dtype)
-        self.nbytes = int(np.prod(self.shape, dtype=np.int64)) * self.dtype.itemsize
+        self.shape, self.dtype = tuple(int(d) for d in shape), np.dtype(dtype)
+        if any(d < 0 for d in self.shape):
+            raise UsageError(f"a device array's shape cannot be negative: {self.shape}")
+        self.nbytes = math.prod(self.shape) * self.dtype.itemsize  # Python ints: no wrap-around
+        if self.nbytes >= 1 << 63:
+            raise UsageError(f"a device array of shape {self.shape} is too large")
         self._free = _load().pl_device_free
         ptr = c_void_p()
         _call("pl_device_alloc", max(self.nbytes, 1), ctypes.byref(ptr))

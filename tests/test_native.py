@@ -101,3 +101,10 @@ def test_search_order_env_then_package_then_build():
     paths = native.candidate_paths()
     assert paths[-2].parts[-2:] == ("lib", native.LIB_NAME)
     assert paths[-1].parts[-2:] == ("build", native.LIB_NAME)
+
+
+def test_device_array_shapes_are_checked_before_any_allocation():
+    with pytest.raises(native.UsageError, match="negative"):
+        native.DeviceArray((-1, 4), np.float32)
+    with pytest.raises(native.UsageError, match="too large"):
+        native.DeviceArray((1 << 62, 4), np.float32)  # an int64 product would wrap to 0

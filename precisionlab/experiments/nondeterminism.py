@@ -353,7 +353,7 @@ def _torch_ops(device: str, cfg: NondetConfig) -> list[dict]:
     from precisionlab.experiments.tf32 import restored_flags
 
     if why := _torch_lacks(device):
-        return [_row("torch_ops", "torch ops", device, cfg.runs, refused=why)]
+        return [_row("torch_ops", "torch ops", device, 0, refused=why)]
     g = torch.Generator().manual_seed(cfg.seed)
     n = 1 << 20
     src = torch.randn(n, generator=g).to(device)
@@ -443,9 +443,10 @@ def takeaways(rows: list[dict]) -> dict[str, str]:
                         + f"; the batch-invariant kernels (one reduction order per row, whatever the batch) give "
                           f"{'0' if all(r['max_abs_diff'] == 0 for r in inv) else 'nonzero'} difference.")
     ops = [r for r in rows if r["section"] == "torch_ops" and r["variant"] != "torch ops"]
-    for r in rows:
-        if r["section"] == "torch_ops" and r["variant"] == "torch ops":  # torch could not run there at all
-            out["torch_ops"] = f"{r['device']}: not run, {r['refused']}."
+    not_run = [f"{r['device']}: not run, {r['refused']}." for r in rows
+               if r["section"] == "torch_ops" and r["variant"] == "torch ops"]  # torch could not run there at all
+    if not_run:
+        out["torch_ops"] = " ".join(not_run)
     if ops:
         off = [r for r in ops if "off" in r["variant"] and r.get("distinct")]
         on = [r for r in ops if "on" in r["variant"]]
@@ -456,7 +457,8 @@ def takeaways(rows: list[dict]) -> dict[str, str]:
                             + "; ".join(f"{r['device']} {r['variant'].split(',')[0]}: "
                                         + (f"{r['distinct']} distinct" if r.get("distinct") else "refused")
                                         for r in on)
-                            + (f" (refused: {', '.join(refused)})" if refused else "") + ".")
+                            + (f" (refused: {', '.join(refused)})" if refused else "") + "."
+                            + "".join(" " + t for t in not_run))
     th = [r for r in rows if r["section"] == "threads"]
     if th:
         vals = {r["variant"]: r["result"] for r in th}

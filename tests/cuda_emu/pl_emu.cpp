@@ -6,6 +6,10 @@
 #include <setjmp.h>
 #include <ucontext.h>
 
+#if defined(_FORTIFY_SOURCE) && _FORTIFY_SOURCE > 0
+#error "pl_emu jumps between fiber stacks with _longjmp, which _FORTIFY_SOURCE's check aborts: build with -U_FORTIFY_SOURCE"
+#endif
+
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
@@ -46,6 +50,7 @@ struct Barrier {  // a generation-counting rendezvous of the live members
 std::vector<Fiber> fibers;
 std::vector<char> stacks;
 jmp_buf sched;
+ucontext_t launch_env;  // the caller's signal mask and floating-point state, taken at each launch
 int cur = 0;
 const std::function<void()>* body = nullptr;
 Barrier block_bar;
@@ -97,6 +102,22 @@ void entry() {
     _longjmp(sched, 1);  // never returns: this stack is reused by the next block
 }
 
+// Run fiber i until it waits or ends. Its own frame, so no local of the
+// caller lives across the _setjmp.
+__attribute__((noinline)) void switch_to(int i) {
+    cur = i;
+    g_tid = fibers[i].tid;
+    if (!_setjmp(sched)) {
+        if (!fibers[i].started) {
+            fibers[i].started = true;
+            setcontext(&fibers[i].ctx);
+            std::fprintf(stderr, "pl_emu: setcontext failed\n");
+            std::abort();
+        }
+        _longjmp(fibers[i].jb, 1);
+    }
+}
+
 void run_block(int nthreads) {
     live = nthreads;
     block_bar = Barrier{};
@@ -115,6 +136,10 @@ void run_block(int nthreads) {
             getcontext(&f.ctx);
             f.has_ctx = true;
         }
+        // setcontext restores these: they must be the caller's now (rounding
+        // mode, flush-to-zero, signal mask), not those of the first launch
+        f.ctx.uc_sigmask = launch_env.uc_sigmask;
+        *f.ctx.uc_mcontext.fpregs = *launch_env.uc_mcontext.fpregs;
         f.ctx.uc_stack.ss_sp = stacks.data() + (size_t)i * kStack;
         f.ctx.uc_stack.ss_size = kStack;
         f.ctx.uc_link = nullptr;
@@ -125,15 +150,7 @@ void run_block(int nthreads) {
         bool all_waiting = true;
         for (int i = 0; i < nthreads; ++i) {
             if (fibers[i].done) continue;
-            cur = i;
-            g_tid = fibers[i].tid;
-            if (!_setjmp(sched)) {
-                if (!fibers[i].started) {
-                    fibers[i].started = true;
-                    setcontext(&fibers[i].ctx);
-                }
-                _longjmp(fibers[i].jb, 1);
-            }
+            switch_to(i);
             if (!fibers[i].done && !fibers[i].waiting) all_waiting = false;
         }
         if (live > 0 && all_waiting && !progress) {
@@ -176,6 +193,7 @@ void launch(dim3 grid, dim3 block, const std::function<void()>& fn) {
     g_bdim = block;
     g_gdim = grid;
     body = &fn;
+    getcontext(&launch_env);
     std::vector<uint64_t> order((size_t)grid.x * grid.y * grid.z);
     std::iota(order.begin(), order.end(), 0);
     std::shuffle(order.begin(), order.end(), order_rng);  // blocks arrive in no fixed order
