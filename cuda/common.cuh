@@ -361,28 +361,32 @@ struct pl_op_add {
     __device__ __forceinline__ float operator()(float a, float b) const { return __fadd_rn(a, b); }
 };
 
-template <typename Op>
-__device__ __forceinline__ float pl_warp_allreduce(float v, Op op) {
+// A warp shuffle of a float; a struct of floats reduced by pl_block_allreduce
+// brings its own pl_shfl_xor overload beside it (found by argument lookup).
+__device__ __forceinline__ float pl_shfl_xor(float v, int d) { return __shfl_xor_sync(0xffffffffu, v, d); }
+
+template <typename T, typename Op>
+__device__ __forceinline__ T pl_warp_allreduce(T v, Op op) {
 #pragma unroll
-    for (int d = 16; d > 0; d >>= 1) v = op(v, __shfl_xor_sync(0xffffffffu, v, d));
+    for (int d = 16; d > 0; d >>= 1) v = op(v, pl_shfl_xor(v, d));
     return v;
 }
 
-template <typename Op>
-__device__ float pl_block_allreduce(float v, Op op, float identity) {
-    __shared__ float partial[32];
-    __shared__ float result;
+template <typename T, typename Op>
+__device__ T pl_block_allreduce(T v, Op op, T identity) {
+    __shared__ T partial[32];
+    __shared__ T result;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = (blockDim.x + 31) >> 5;
     v = pl_warp_allreduce(v, op);
     if (lane == 0) partial[warp] = v;
     __syncthreads();
     if (warp == 0) {
-        float r = lane < nwarps ? partial[lane] : identity;
+        T r = lane < nwarps ? partial[lane] : identity;
         r = pl_warp_allreduce(r, op);
         if (lane == 0) result = r;
     }
     __syncthreads();
-    const float out = result;
+    const T out = result;
     __syncthreads();  // partial/result may be reused by the next call
     return out;
 }

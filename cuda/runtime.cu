@@ -148,20 +148,20 @@ int pl_device_free(void* dev) {
     return PL_OK;
 }
 
+static int copy_checked(void* dst, const void* src, const void* dev, size_t bytes, cudaMemcpyKind kind,
+                        const char* func) {
+    if (!dst || !src) return pl_fail(PL_ERR_NULL_POINTER, func, "%s is NULL", dst ? "src" : "dst");
+    if (int st = pl_require_device(dev, 1, "dev", func)) return st;
+    const cudaError_t err = cudaMemcpy(dst, src, bytes, kind);
+    return err == cudaSuccess ? PL_OK : pl_cuda_fail(err, func, "cudaMemcpy");
+}
+
 int pl_copy_to_device(void* dev, const void* host, size_t bytes) {
-    PL_REQUIRE_PTR(dev);
-    PL_REQUIRE_PTR(host);
-    if (int st = pl_require_device(dev, 1, "dev", __func__)) return st;
-    PL_CUDA_CHECK(cudaMemcpy(dev, host, bytes, cudaMemcpyHostToDevice));
-    return PL_OK;
+    return copy_checked(dev, host, dev, bytes, cudaMemcpyHostToDevice, __func__);
 }
 
 int pl_copy_to_host(void* host, const void* dev, size_t bytes) {
-    PL_REQUIRE_PTR(host);
-    PL_REQUIRE_PTR(dev);
-    if (int st = pl_require_device(dev, 1, "dev", __func__)) return st;
-    PL_CUDA_CHECK(cudaMemcpy(host, dev, bytes, cudaMemcpyDeviceToHost));
-    return PL_OK;
+    return copy_checked(host, dev, dev, bytes, cudaMemcpyDeviceToHost, __func__);
 }
 #else
 int pl_cuda_device_count(int* count) {

@@ -245,30 +245,14 @@ __device__ bool zeroed_masked_row(const T* xr, T* yr, int64_t cols, float* lse, 
     if (threadIdx.x == 0 && lse) lse[blockIdx.x] = kNegInf;
     return true;
 }
+__device__ __forceinline__ online_pair pl_shfl_xor(online_pair p, int d) {
+    return {::pl_shfl_xor(p.m, d), ::pl_shfl_xor(p.s, d)};
+}
+struct op_combine {
+    __device__ __forceinline__ online_pair operator()(online_pair a, online_pair b) const { return combine(a, b); }
+};
 __device__ online_pair block_combine(online_pair p) {
-    __shared__ float ms[32], ss[32];
-    __shared__ online_pair result;
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = (blockDim.x + 31) >> 5;
-#pragma unroll
-    for (int d = 16; d > 0; d >>= 1) {
-        online_pair o{__shfl_xor_sync(0xffffffffu, p.m, d), __shfl_xor_sync(0xffffffffu, p.s, d)};
-        p = combine(p, o);
-    }
-    if (lane == 0) { ms[warp] = p.m; ss[warp] = p.s; }
-    __syncthreads();
-    if (warp == 0) {
-        online_pair q = lane < nwarps ? online_pair{ms[lane], ss[lane]} : online_pair{kNegInf, 0.0f};
-#pragma unroll
-        for (int d = 16; d > 0; d >>= 1) {
-            online_pair o{__shfl_xor_sync(0xffffffffu, q.m, d), __shfl_xor_sync(0xffffffffu, q.s, d)};
-            q = combine(q, o);
-        }
-        if (lane == 0) result = q;
-    }
-    __syncthreads();
-    const online_pair out = result;
-    __syncthreads();
-    return out;
+    return pl_block_allreduce(p, op_combine(), online_pair{kNegInf, 0.0f});
 }
 
 // Version 1: every method, a plain strided loop per thread.
