@@ -20,6 +20,11 @@ class DevicePlan:
     def names(self) -> list[str]:
         return [d for d, on in (("cpu", self.cpu), ("cuda", self.cuda)) if on]
 
+    def describe(self) -> dict:
+        """What a result records of the devices it ran on."""
+        return {"cpu": self.cpu, "cuda": self.cuda, "cuda_unavailable": self.cuda_unavailable,
+                "gpu_name": gpu_name() if self.cuda else None}
+
 
 def resolve(choice: str) -> DevicePlan:
     """auto: CPU, plus the GPU where one is present. cpu/cuda: that one only.

@@ -68,13 +68,17 @@ def test_tf32_plot(tmp_path):
     assert r.code == 0 and png.read_bytes()[:4] == b"\x89PNG" and "plot written" in r.err
 
 
-def test_flags_are_restored_in_process():
-    before = tf32.torch_flags()
-    tf32.run(tf32.Tf32Config(m=32, n=32, k=32, sweep=False, device="cpu"))
+def enter_every_flag_mode():
     for mode in tf32.gpu_modes():
         if mode not in ("bf16", "fp16"):
             with tf32._mode(mode):
                 pass
+
+
+def test_flags_are_restored_in_process():
+    before = tf32.torch_flags()
+    tf32.run(tf32.Tf32Config(m=32, n=32, k=32, sweep=False, device="cpu"))
+    enter_every_flag_mode()
     assert tf32.torch_flags() == before
 
 
@@ -136,10 +140,7 @@ def test_every_mode_restores_the_flags(start):
     try:
         torch.set_float32_matmul_precision(start)
         before = tf32.torch_flags()
-        for mode in tf32.gpu_modes():
-            if mode not in ("bf16", "fp16"):
-                with tf32._mode(mode):
-                    pass
+        enter_every_flag_mode()
         assert tf32.torch_flags() == before  # and reading them does not raise
     finally:
         torch.set_float32_matmul_precision(was)

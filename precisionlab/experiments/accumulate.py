@@ -117,8 +117,7 @@ def run(cfg: AccumulateConfig, advance=lambda k=1: None) -> AccumulateResult:
         abs_sum=abs_sum,
         rows=rows,
         takeaways=takeaways(rows, storage, exact_stored, exact_intended, stored, desc),
-        devices={"cpu": plan.cpu, "cuda": plan.cuda, "cuda_unavailable": plan.cuda_unavailable,
-                 "gpu_name": devices.gpu_name() if plan.cuda else None},
+        devices=plan.describe(),
         traces=traces,
     )
 

@@ -107,8 +107,7 @@ def run(cfg: NondetConfig, advance=lambda k=1: None) -> NondetResult:
                 "CUBLAS_WORKSPACE_CONFIG": os.environ.get("CUBLAS_WORKSPACE_CONFIG"),
                 "CUBLAS_WORKSPACE_CONFIG_source": cublas_config},
         rows=rows, takeaways=takeaways(rows), samples=samples if cfg.keep_samples else {}, exact=exact,
-        devices={"cpu": plan.cpu, "cuda": plan.cuda, "cuda_unavailable": plan.cuda_unavailable,
-                 "gpu_name": devices.gpu_name() if plan.cuda else None},
+        devices=plan.describe(),
     )
 
 

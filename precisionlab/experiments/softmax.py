@@ -132,8 +132,7 @@ def run(cfg: SoftmaxConfig, advance=lambda k=1: None) -> SoftmaxResult:
                 "scale": cfg.scale},
         rows=out,
         takeaways=takeaways(out, cases, dtypes, cfg.masked),
-        devices={"cpu": plan.cpu, "cuda": plan.cuda, "cuda_unavailable": plan.cuda_unavailable,
-                 "gpu_name": devices.gpu_name() if plan.cuda else None},
+        devices=plan.describe(),
     )
 
 

@@ -70,15 +70,15 @@ def run(cfg: Tf32Config, advance=lambda k=1: None) -> Tf32Result:
             rows += _integer_gpu()
             if cfg.sweep:
                 rows += _sweep(cfg, "cuda", advance)
+    refused = refused_gpu_modes() if plan.cuda else {}
     return Tf32Result(
         params={"m": cfg.m, "n": cfg.n, "k": cfg.k, "sweep_mn": cfg.sweep_mn, "k_sweep": K_SWEEP if cfg.sweep else [],
                 "device": cfg.device, "seed": cfg.seed,
-                "refused_gpu_modes": refused_gpu_modes() if plan.cuda else {}},
+                "refused_gpu_modes": refused},
         rows=rows, flags_before=flags,
         takeaways=takeaways(rows) + [f"torch refused the mode {m} at the matmul: {why}"
-                                     for m, why in (refused_gpu_modes() if plan.cuda else {}).items()],
-        devices={"cpu": plan.cpu, "cuda": plan.cuda, "cuda_unavailable": plan.cuda_unavailable,
-                 "gpu_name": devices.gpu_name() if plan.cuda else None},
+                                     for m, why in refused.items()],
+        devices=plan.describe(),
     )
 
 
