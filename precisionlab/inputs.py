@@ -71,6 +71,24 @@ def available_memory() -> int:
     return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
 
 
+def memory_limit() -> int:
+    """What a run may allocate: the smaller of available RAM and the address-space limit (ulimit -v)."""
+    import resource
+
+    have = available_memory()
+    soft, _ = resource.getrlimit(resource.RLIMIT_AS)
+    if soft != resource.RLIM_INFINITY:
+        have = min(have, soft)
+    return have
+
+
+def check_memory(need: int, what: str) -> None:
+    """Refuse (exit 2) before allocating when the estimated peak `need` (bytes) exceeds memory_limit()."""
+    have = memory_limit()
+    if need > have:
+        raise UsageError(f"{what} needs about {_gib(need)} of memory, {_gib(have)} is available")
+
+
 def check_n(n: int, bytes_per_element: int, what: str = "--n") -> None:
     """n must be positive and its arrays must fit in memory: checked before allocating."""
     if n <= 0:
