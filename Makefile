@@ -37,7 +37,7 @@ endif
 HOST_FLAGS := -O2 -std=c++17 -fPIC -ffp-contract=off -Wall -Wextra
 NVCC_FLAGS := -O3 -std=c++17 --threads 0 --fmad=false -cudart static $(GENCODE) -Xcompiler -fPIC,-ffp-contract=off,-Wall
 
-.PHONY: setup lib demo test gpu-test emu-test sanitize bench clean
+.PHONY: setup lib demo test gpu-test emu-test sanitize sass-check bench clean
 
 setup: $(SETUP)
 
@@ -91,6 +91,16 @@ $(EMU_LIB): $(wildcard cuda/*.cu cuda/*.cuh cuda/*.h) tests/cuda_emu/pl_emu.h te
 
 emu-test: setup $(EMU_LIB)
 	PRECISIONLAB_LIB=$(abspath $(EMU_LIB)) PRECISIONLAB_EMULATED_GPU=1 $(PYTHON) -m pytest -q -m gpu
+
+# Static checks of the kernels' machine code, no GPU needed (scripts/sass_check.py):
+# no spills, every load of a single-pass kernel before its first reduction,
+# instructions per element under the ceilings. cuobjdump comes from the
+# toolkit, or from PyPI where the toolkit lacks it
+# (cuobjdump -sass runs nvdisasm, a package of its own there).
+SASS_TOOLS ?= "nvidia-cuda-cuobjdump>=13,<14" "nvidia-cuda-nvdisasm>=13,<14"
+sass-check: setup lib
+	@$(PYTHON) scripts/sass_check.py --find > /dev/null || $(PYTHON) -m pip install -q $(SASS_TOOLS)
+	$(PYTHON) scripts/sass_check.py
 
 bench: setup lib
 	$(PYTHON) -m precisionlab bench

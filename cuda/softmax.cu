@@ -24,7 +24,8 @@
  *   version 1  naive / stable / online / bug variants: a simple strided loop
  *              per thread, block reductions between passes, re-reading x.
  *   version 2  single_pass: the row held in registers as raw 16-byte vectors,
- *              read once, written once; max and sum are block all-reduces.
+ *              read once, written once; every load issued first, exp once per
+ *              element, one (max, sum) block all-reduce (make sass-check).
  *              Rows longer than 32768 columns fall back to version 3 (more
  *              vectors a thread would spill: see ptxas -v).
  *   stable_adaptive  version 1's stable kernel launched with threads chosen
@@ -361,8 +362,46 @@ template <> __device__ __forceinline__ void vec16<__half>::set(int k, float v) {
     reinterpret_cast<__half*>(&raw)[k] = __float2half_rn(v);
 }
 
-// Version 2: the row in registers. VPT vectors per thread; requires cols to be
-// a multiple of the vector width and 16-byte aligned rows (checked by the launcher).
+// NaN-propagating max in one instruction on sm_80+ (max.NaN.f32); the
+// emulator and the host pass use pl_max_nan, which returns the same value for
+// every non-NaN pair and a NaN whenever either side is NaN.
+__device__ __forceinline__ float max_nan1(float a, float b) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    float r;
+    asm("max.NaN.f32 %0, %1, %2;" : "=f"(r) : "f"(a), "f"(b));
+    return r;
+#else
+    return pl_max_nan(a, b);
+#endif
+}
+
+// Version 2: the row in registers, VPT 16-byte vectors a thread; requires cols
+// to be a multiple of the vector width and 16-byte aligned rows (checked by
+// the launcher). Built so that the hardware does one thing per element at a
+// time, and little of it:
+//  - every load is issued before any arithmetic: out-of-row vectors are
+//    predicated off and padded with -inf, so no load waits behind a branch or
+//    the previous vector's max chain (make sass-check holds this);
+//  - exp is taken once per element, against the thread's own max, and kept in
+//    registers; the thread's (max, sum) pair goes through ONE block all-reduce
+//    (the online combine), and the output is e * (exp(m_thread - M) / S);
+//  - the max is one max.NaN instruction.
+// A thread whose logits are all -inf (padding, or a masked stretch) has pair
+// (-inf, 0) and exponentials 0, so partly masked rows stay ordinary rows.
+template <typename T> __device__ __forceinline__ int4 neg_inf_vec16();
+template <> __device__ __forceinline__ int4 neg_inf_vec16<float>() {
+    const int b = (int)0xff800000u;
+    return make_int4(b, b, b, b);
+}
+template <> __device__ __forceinline__ int4 neg_inf_vec16<__nv_bfloat16>() {
+    const int b = (int)0xff80ff80u;
+    return make_int4(b, b, b, b);
+}
+template <> __device__ __forceinline__ int4 neg_inf_vec16<__half>() {
+    const int b = (int)0xfc00fc00u;
+    return make_int4(b, b, b, b);
+}
+
 template <typename T, int VPT>
 __global__ void __launch_bounds__(1024) softmax_single_pass(const T* __restrict__ x, T* __restrict__ y, int64_t cols,
                                                             float* lse, int masked) {
@@ -371,40 +410,44 @@ __global__ void __launch_bounds__(1024) softmax_single_pass(const T* __restrict_
     const int4* xr = reinterpret_cast<const int4*>(x + (int64_t)blockIdx.x * cols);
     int4* yr = reinterpret_cast<int4*>(y + (int64_t)blockIdx.x * cols);
     vec16<T> v[VPT];
+#pragma unroll
+    for (int k = 0; k < VPT; ++k) {  // loads only: all of them in flight together
+        const int64_t i = threadIdx.x + (int64_t)k * blockDim.x;
+        v[k].raw = i < nvec ? __ldcs(xr + i) : neg_inf_vec16<T>();  // streamed: read once
+    }
     float tm = kNegInf;
 #pragma unroll
-    for (int k = 0; k < VPT; ++k) {
-        const int64_t i = threadIdx.x + (int64_t)k * blockDim.x;
-        if (i < nvec) {
-            v[k].raw = __ldcs(xr + i);  // streamed: read once, no reuse
+    for (int k = 0; k < VPT; ++k)
 #pragma unroll
-            for (int e = 0; e < N; ++e) tm = pl_max_nan(tm, v[k].get(e));
-        }
-    }
-    const float m = pl_block_allreduce(tm, pl_op_max(), kNegInf);
-    const bool zero = masked_row(m, masked);
+        for (int e = 0; e < N; ++e) tm = max_nan1(tm, v[k].get(e));
+    // -inf - -inf would be NaN: a thread with nothing but -inf shifts by 0 and
+    // gets exp(-inf) = 0 everywhere, and (-inf, 0) drops out of the combine
+    const float shift = tm == kNegInf ? 0.0f : tm;
+    float ex[VPT * N];
     float s = 0.0f;
 #pragma unroll
-    for (int k = 0; k < VPT; ++k) {
-        const int64_t i = threadIdx.x + (int64_t)k * blockDim.x;
-        if (i < nvec) {
+    for (int k = 0; k < VPT; ++k)
 #pragma unroll
-            for (int e = 0; e < N; ++e) s += expf(v[k].get(e) - m);
+        for (int e = 0; e < N; ++e) {
+            ex[k * N + e] = expf(v[k].get(e) - shift);
+            s += ex[k * N + e];
         }
-    }
-    s = pl_block_allreduce(s, pl_op_add(), 0.0f);
-    const float inv = 1.0f / s;
+    online_pair p = block_combine(online_pair{tm, s});
+    const bool zero = masked_row(p.m, masked);
+    if (p.m == kNegInf && !zero) p.s = kNaN;  // masked: the textbook NaN
+    // the thread's rescale; exp(-inf - M) = 0 for an all -inf thread
+    const float c = zero ? 0.0f : expf(tm - p.m) / p.s;
 #pragma unroll
     for (int k = 0; k < VPT; ++k) {
         const int64_t i = threadIdx.x + (int64_t)k * blockDim.x;
         if (i < nvec) {
             vec16<T> o;
 #pragma unroll
-            for (int e = 0; e < N; ++e) o.set(e, zero ? 0.0f : expf(v[k].get(e) - m) * inv);
+            for (int e = 0; e < N; ++e) o.set(e, ex[k * N + e] * c);
             __stcs(yr + i, o.raw);
         }
     }
-    if (threadIdx.x == 0 && lse) lse[blockIdx.x] = zero ? kNegInf : m + logf(s);
+    if (threadIdx.x == 0 && lse) lse[blockIdx.x] = zero ? kNegInf : p.m + logf(p.s);
 }
 
 // Version 3: online (max, sum) over 16-byte vectors, then the write pass.

@@ -1,0 +1,316 @@
+"""Static checks of the CUDA kernels' machine code, without a GPU (`make sass-check`).
+
+From the nvcc-built library's cubins (cuobjdump: the toolkit's, or PyPI's
+nvidia-cuda-cuobjdump where the toolkit lacks it):
+
+- every kernel: registers, and no stack frame or local memory (a spill, or an
+  array the compiler could not keep in registers);
+- every single-pass row kernel: each global load is issued before the first
+  warp shuffle (the first reduction), and before any instruction reads a
+  register a load wrote, so all of a thread's loads are in flight together
+  instead of each waiting on the previous one's max chain;
+- instructions per element: for a single-pass kernel (no loop: the row sits
+  in registers) the growth of its body from one register tier to the next
+  over the growth in elements a thread holds; for a streaming kernel its hot
+  loop (the backward branch whose body loads) over the elements one trip
+  loads.
+
+Fails (exit 1) on any spill or local memory, a load after the first
+reduction or after a use of a loaded register, or instructions per element
+above the ceilings below, which were set from the measured counts (see
+README, "Static checks"). Without nvcc the library has no device code and
+the check says so and passes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+# Kernels whose row lives in registers: all loads first, then the reductions.
+SINGLE_PASS = re.compile(r"softmax_single_pass")
+# Streaming kernels with a hot loop over the input.
+STREAMING = re.compile(r"sum_blocks_kernel|softmax_online_vec")
+
+# Ceilings on instructions per element, by kernel family and element type,
+# set a little above the counts measured on this build (nvcc 13.0, sm_90).
+# Measured (marginal, see single_pass_marginals): single_pass fp32 20.9-22.3 (it was
+# 30.9 before all loads were issued first and exp taken once), bf16 17.7 (31.4),
+# fp16 17.2; online_vec 20.0-25.0 a whole trip; sum_blocks 2.6-16.5.
+CEILINGS = {
+    ("softmax_single_pass", "float"): 23.0,
+    ("softmax_single_pass", "__nv_bfloat16"): 19.0,
+    ("softmax_single_pass", "__half"): 19.0,
+    ("sum_blocks_kernel", "*"): 18.0,
+    ("softmax_online_vec", "*"): 26.0,
+}
+
+ELEM_BYTES = {"float": 4, "double": 8, "__nv_bfloat16": 2, "__half": 2, "__nv_fp8_e4m3": 1, "__nv_fp8_e5m2": 1}
+
+
+def _find(tool: str) -> str | None:
+    env = os.environ.get(tool.upper())
+    if env:
+        return env
+    found = shutil.which(tool)
+    if found:
+        return found
+    for home in (os.environ.get("CUDA_HOME"), "/usr/local/cuda"):
+        if home and (Path(home) / "bin" / tool).is_file():
+            return str(Path(home) / "bin" / tool)
+    try:  # PyPI's nvidia-cuda-cuobjdump / -nvdisasm put the binaries in the nvidia namespace package
+        import nvidia
+
+        for base in nvidia.__path__:
+            for cand in Path(base).glob(f"cu*/bin/{tool}"):
+                return str(cand)
+    except ImportError:
+        pass
+    return None
+
+
+def find_cuobjdump() -> str | None:
+    """cuobjdump, with the nvdisasm that its -sass runs: both, or None."""
+    cuobjdump, nvdisasm = _find("cuobjdump"), _find("nvdisasm")
+    if not cuobjdump or not nvdisasm:
+        return None
+    os.environ["PATH"] = f"{Path(nvdisasm).parent}{os.pathsep}{os.environ.get('PATH', '')}"
+    return cuobjdump
+
+
+def run(tool: str, *args: str) -> str:
+    return subprocess.run([tool, *args], check=True, capture_output=True, text=True).stdout
+
+
+def demangle(names: list[str]) -> dict[str, str]:
+    filt = shutil.which("c++filt")
+    if not filt or not names:
+        return {n: n for n in names}
+    out = subprocess.run([filt], input="\n".join(names), capture_output=True, text=True, check=True).stdout
+    return dict(zip(names, out.splitlines()))
+
+
+@dataclass
+class Kernel:
+    mangled: str
+    name: str = ""
+    regs: int = 0
+    stack: int = 0
+    local: int = 0
+    sass: list = field(default_factory=list)  # (address, opcode, operands)
+    problems: list = field(default_factory=list)
+    ipe: float | None = None
+    ipe_what: str = ""
+    elems: float = 0.0  # single-pass: elements a thread holds
+    body: int = 0       # single-pass: instructions from the first load to the last store
+
+    @property
+    def family(self) -> str:
+        m = re.search(r"::(\w+)<", self.name) or re.search(r"(\w+)<", self.name)
+        return m.group(1) if m else self.name
+
+    @property
+    def elem(self) -> str:
+        m = re.search(r"<([\w:]+)", self.name)
+        return m.group(1) if m else ""
+
+
+RES = re.compile(r"REG:(\d+) STACK:(\d+) SHARED:(\d+) LOCAL:(\d+)")
+INSN = re.compile(r"/\*([0-9a-f]{4,})\*/\s+(@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]*)\s*([^;]*);")
+
+
+def parse_resources(text: str) -> dict[str, Kernel]:
+    kernels: dict[str, Kernel] = {}
+    current = None
+    for line in text.splitlines():
+        m = re.match(r"\s*Function (\S+):", line)
+        if m:
+            current = kernels.setdefault(m.group(1), Kernel(m.group(1)))
+            continue
+        r = RES.search(line)
+        if r and current is not None:
+            current.regs, current.stack, current.local = int(r.group(1)), int(r.group(2)), int(r.group(4))
+            current = None
+    return kernels
+
+
+def parse_sass(text: str, kernels: dict[str, Kernel]) -> None:
+    current = None
+    for line in text.splitlines():
+        m = re.match(r"\s*Function : (\S+)", line)
+        if m:
+            current = kernels.setdefault(m.group(1), Kernel(m.group(1)))
+            current.sass = []
+            continue
+        i = INSN.search(line)
+        if i and current is not None:
+            current.sass.append((int(i.group(1), 16), i.group(3), i.group(4).strip()))
+
+
+def _regs(operand_text: str) -> list[int]:
+    """Register numbers an operand list names (R5, R5.64 -> R5 and R6, [R8.64] ...)."""
+    out = []
+    for m in re.finditer(r"\bR(\d+)(\.64)?", operand_text):
+        r = int(m.group(1))
+        out += [r, r + 1] if m.group(2) else [r]
+    return out
+
+
+def _load_width(opcode: str) -> int:
+    m = re.search(r"\.(128|64|32|U16|16|U8|8)\b", opcode)
+    width = {"128": 16, "64": 8, "32": 4, "U16": 2, "16": 2, "U8": 1, "8": 1}
+    return width[m.group(1)] if m else 4
+
+
+def check_single_pass(k: Kernel) -> None:
+    ops = k.sass
+    loads = [i for i, (_, op, _) in enumerate(ops) if op.startswith("LDG")]
+    shfl = [i for i, (_, op, _) in enumerate(ops) if op.startswith("SHFL")]
+    stores = [i for i, (_, op, _) in enumerate(ops) if op.startswith("STG")]
+    if not loads or not shfl:
+        k.problems.append("no global load or no shuffle found")
+        return
+    if loads[-1] > shfl[0]:
+        k.problems.append(f"a global load at {ops[loads[-1]][0]:#06x} after the first shuffle at {ops[shfl[0]][0]:#06x}")
+    # no instruction between the first and the last load may read a loaded register
+    loaded: set[int] = set()
+    for i in range(loads[0], loads[-1] + 1):
+        addr, op, operands = ops[i]
+        if op.startswith("LDG"):
+            dest, _, _src = operands.partition(",")
+            n = max(1, _load_width(op) // 4)
+            base = _regs(dest)
+            if base:
+                loaded.update(range(base[0], base[0] + n))
+            continue
+        parts = operands.split(",")
+        sources = ",".join(parts[1:]) if op[0] not in "BS" else operands  # stores/branches: every operand is read
+        used = loaded.intersection(_regs(sources))
+        if used:
+            k.problems.append(f"{op} at {addr:#06x} reads loaded R{min(used)} before the last load at "
+                              f"{ops[loads[-1]][0]:#06x} is issued")
+            break
+    k.elems = sum(_load_width(ops[i][1]) for i in loads) / ELEM_BYTES.get(k.elem, 4)
+    k.body = (stores[-1] if stores else len(ops) - 1) - loads[0] + 1
+
+
+def single_pass_marginals(kernels: list[Kernel]) -> None:
+    """Instructions per element of a register-resident kernel: the body grows by
+    this much for each element a thread holds, so compare its two largest tiers
+    (VPT vectors a thread) of one element type; the fixed cost of the
+    reductions cancels out."""
+    groups: dict[tuple, list[Kernel]] = {}
+    for k in kernels:
+        if getattr(k, "elems", None):
+            groups.setdefault((k.family, k.elem), []).append(k)
+    for tiers in groups.values():
+        tiers.sort(key=lambda k: k.elems)
+        for small, big in zip(tiers, tiers[1:]):
+            big.ipe = (big.body - small.body) / (big.elems - small.elems)
+            big.ipe_what = (f"({big.body} - {small.body}) instructions / ({big.elems:g} - {small.elems:g}) "
+                            f"elements a thread holds")
+
+
+def check_streaming(k: Kernel) -> None:
+    ops = k.sass
+    addr_index = {a: i for i, (a, _, _) in enumerate(ops)}
+    best = None
+    for i, (addr, op, operands) in enumerate(ops):
+        if not op.startswith("BRA"):
+            continue
+        m = re.search(r"0x([0-9a-f]+)", operands)
+        if not m:
+            continue
+        target = int(m.group(1), 16)
+        if target >= addr or target not in addr_index:
+            continue
+        j = addr_index[target]
+        body = ops[j:i + 1]
+        loaded = sum(_load_width(op2) for _, op2, _ in body if op2.startswith("LDG"))
+        if loaded and (best is None or loaded > best[1]):
+            best = (len(body), loaded, target, addr)
+    if best is None:
+        return
+    n, loaded, start, end = best
+    elems = loaded / ELEM_BYTES.get(k.elem, 4)
+    k.ipe = n / elems
+    k.ipe_what = f"loop {start:#06x}-{end:#06x}: {n} instructions / {elems:g} elements a trip"
+
+
+def ceiling(k: Kernel) -> float | None:
+    return CEILINGS.get((k.family, k.elem), CEILINGS.get((k.family, "*")))
+
+
+def analyse(lib: Path, tool: str) -> list[Kernel]:
+    kernels = parse_resources(run(tool, "-res-usage", str(lib)))
+    parse_sass(run(tool, "-sass", str(lib)), kernels)
+    names = demangle(list(kernels))
+    for k in kernels.values():
+        k.name = names.get(k.mangled, k.mangled)
+        if k.stack or k.local:
+            k.problems.append(f"stack frame {k.stack} bytes, local memory {k.local} bytes (spills)")
+        if SINGLE_PASS.search(k.name):
+            check_single_pass(k)
+        elif STREAMING.search(k.name):
+            check_streaming(k)
+    single_pass_marginals(list(kernels.values()))
+    for k in kernels.values():
+        c = ceiling(k)
+        if k.ipe is not None and c is not None and k.ipe > c:
+            k.problems.append(f"{k.ipe:.2f} instructions per element, above the ceiling {c:g}")
+    return sorted(kernels.values(), key=lambda k: k.name)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--lib", default=str(ROOT / "build" / "libprecisionlab.so"))
+    ap.add_argument("--json", action="store_true", help="one JSON document on stdout")
+    ap.add_argument("--all", action="store_true", help="list every kernel, not only the checked families")
+    ap.add_argument("--find", action="store_true", help="print the cuobjdump found (exit 1 if none) and stop")
+    args = ap.parse_args()
+    if args.find:
+        tool = find_cuobjdump()
+        print(tool or "no cuobjdump")
+        return 0 if tool else 1
+    lib = Path(args.lib)
+    if not lib.is_file():
+        print(f"sass-check: no library at {lib}: run make lib", file=sys.stderr)
+        return 2
+    tool = find_cuobjdump()
+    if tool is None:
+        print("sass-check: no cuobjdump (toolkit or pip install nvidia-cuda-cuobjdump)", file=sys.stderr)
+        return 2
+    listing = subprocess.run([tool, "--list-elf", str(lib)], capture_output=True, text=True)
+    if "sm_" not in listing.stdout:
+        print(f"sass-check: {lib} holds no device code (built host-only, without nvcc): nothing to check")
+        return 0
+    kernels = analyse(lib, tool)
+    bad = [k for k in kernels if k.problems]
+    if args.json:
+        print(json.dumps({"cuobjdump": tool, "library": str(lib), "kernels": [
+            {k2: v for k2, v in asdict(k).items() if k2 != "sass"} | {"family": k.family, "elem": k.elem}
+            for k in kernels]}, indent=1))
+    else:
+        shown = [k for k in kernels if args.all or k.problems or k.ipe is not None]
+        for k in shown:
+            status = "FAIL" if k.problems else "ok"
+            ipe = f"{k.ipe:6.2f} insn/elem (ceiling {ceiling(k)})" if k.ipe is not None else ""
+            print(f"{status:4} REG {k.regs:3} STACK {k.stack} LOCAL {k.local}  {ipe:32} {k.name[:110]}")
+            for p in k.problems:
+                print(f"       - {p}")
+        print(f"sass-check: {len(kernels)} kernels, {len(bad)} failing; "
+              f"{sum(1 for k in kernels if k.stack or k.local)} with a stack frame or local memory")
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

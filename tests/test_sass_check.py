@@ -1,0 +1,66 @@
+"""scripts/sass_check.py's reading of SASS, on small made-up listings, so the
+static check itself can fail (make sass-check runs it on the real library)."""
+
+import importlib.util
+import sys
+from pathlib import Path
+
+spec = importlib.util.spec_from_file_location("sass_check", Path(__file__).parent.parent / "scripts" / "sass_check.py")
+sc = importlib.util.module_from_spec(spec)
+sys.modules["sass_check"] = sc  # dataclasses look their module up
+spec.loader.exec_module(sc)
+
+
+def kernel(lines, name="void (anonymous namespace)::softmax_single_pass<float, 1>(float const*)"):
+    k = sc.Kernel("m", name=name)
+    text = "\n".join(f"        /*{16 * i:04x}*/                   {ln} ;" for i, ln in enumerate(lines))
+    sc.parse_sass("\t\tFunction : m\n" + text, {"m": k})
+    return k
+
+
+LOADS_FIRST = ["LDG.E.128 R4, desc[UR4][R2.64]", "LDG.E.128 R8, desc[UR4][R6.64]", "FMNMX.NAN R0, R4, R5, !PT",
+               "SHFL.BFLY PT, R1, R0, 0x10, 0x1f", "STG.E.128 desc[UR4][R2.64], R4"]
+
+
+def test_loads_issued_first_pass():
+    k = kernel(LOADS_FIRST)
+    sc.check_single_pass(k)
+    assert k.problems == [] and k.elems == 8 and k.body == 5
+
+
+def test_a_use_between_loads_is_flagged():
+    k = kernel(["LDG.E.128 R4, desc[UR4][R2.64]", "FMNMX.NAN R0, R4, R5, !PT", "LDG.E.128 R8, desc[UR4][R6.64]",
+                "SHFL.BFLY PT, R1, R0, 0x10, 0x1f", "STG.E.128 desc[UR4][R2.64], R4"])
+    sc.check_single_pass(k)
+    assert any("reads loaded R4" in p for p in k.problems)
+
+
+def test_a_load_after_the_first_shuffle_is_flagged():
+    k = kernel(["LDG.E.128 R4, desc[UR4][R2.64]", "SHFL.BFLY PT, R1, R0, 0x10, 0x1f",
+                "LDG.E.128 R8, desc[UR4][R6.64]", "STG.E.128 desc[UR4][R2.64], R4"])
+    sc.check_single_pass(k)
+    assert any("after the first shuffle" in p for p in k.problems)
+
+
+def test_marginal_instructions_per_element_cancel_the_fixed_cost():
+    a = kernel(LOADS_FIRST)  # 8 elements, body 5
+    b = kernel(LOADS_FIRST[:2] + ["LDG.E.128 R12, desc[UR4][R6.64]"] + LOADS_FIRST[2:4] + ["FADD R1, R1, R2"] * 7
+               + LOADS_FIRST[4:],
+               name="void (anonymous namespace)::softmax_single_pass<float, 2>(float const*)")
+    for k in (a, b):
+        sc.check_single_pass(k)
+    sc.single_pass_marginals([a, b])
+    assert b.ipe == (13 - 5) / (12 - 8) and a.ipe is None
+
+
+def test_streaming_loop_counts_the_trip():
+    k = kernel(["MOV R0, RZ", "LDG.E.128 R4, desc[UR4][R2.64]", "FADD R0, R0, R4", "FADD R0, R0, R5",
+                "FADD R0, R0, R6", "FADD R0, R0, R7", "BRA 0x10", "EXIT"],
+               name="void (anonymous namespace)::sum_blocks_kernel<float, 1, false, 0>(float const*)")
+    sc.check_streaming(k)
+    assert k.ipe == 6 / 4
+
+
+def test_spills_fail():
+    k = sc.parse_resources("Function m:\nREG:64 STACK:16 SHARED:0 LOCAL:8 SAMPLERS:0")["m"]
+    assert (k.stack, k.local) == (16, 8)
