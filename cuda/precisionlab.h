@@ -176,6 +176,14 @@ int pl_softmax_cpu_lanes(const void* x, int64_t rows, int64_t cols, int dtype, v
 /* Threads per row the adaptive GPU kernels use: 1024 while rows < sm_count, else
  * 32, at most cols rounded up to a warp. */
 int pl_adaptive_lanes(int64_t rows, int64_t cols, int sm_count);
+/* The launch a GPU call of `method` on rows x cols gets (16-byte aligned
+ * pointers assumed): the method actually run (a fallback may differ), its
+ * kernel version, vectors a thread (0: not vectorised), threads a block, rows
+ * a block and thread blocks a cluster. sm_count: the device's SMs. */
+typedef struct {
+    int32_t method, version, vpt, threads, rows_per_block, cluster;
+} pl_softmax_plan;
+int pl_softmax_cuda_plan(int64_t rows, int64_t cols, int dtype, int method, int sm_count, pl_softmax_plan* plan);
 /* Host pointers; uploads, runs, downloads. */
 int pl_softmax_cuda(const void* x, int64_t rows, int64_t cols, int dtype, int method, int masked, void* y,
                     double* lse);

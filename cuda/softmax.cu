@@ -209,6 +209,46 @@ extern "C" int pl_softmax_cpu(const void* x, int64_t rows, int64_t cols, int dty
 }
 
 // ---------------------------------------------------------------------------
+// The GPU launch plan: which kernel version, vectors a thread, threads, rows a
+// block and cluster size a call gets. Decided here only, so the launcher and
+// pl_softmax_cuda_plan (what bench records beside each figure) cannot
+// disagree. vec_ok: cols a multiple of the 16-byte vector and both pointers
+// 16-byte aligned; sms: the device's SM count (used by stable_adaptive only).
+namespace {
+pl_softmax_plan plan_softmax(int64_t rows, int64_t cols, int elem_bytes, int method, bool vec_ok, int sms) {
+    const int64_t nvec = cols / (16 / elem_bytes);
+    pl_softmax_plan p{method, 1, 0, pl_lanes_for(cols), 1, 1};
+    if ((method == PL_SOFTMAX_SINGLE_PASS || method == PL_SOFTMAX_ONLINE_VEC) && !vec_ok) {
+        p.method = PL_SOFTMAX_ONLINE;  // ragged rows: the scalar online kernel is the honest fallback
+        return p;
+    }
+    if (method == PL_SOFTMAX_STABLE_ADAPTIVE) p.threads = pl_adaptive_lanes_for(rows, cols, sms);
+    if (method == PL_SOFTMAX_SINGLE_PASS) {
+        // 8 vectors a thread fit in 64 registers for fp32 only; 16-bit types
+        // would spill there (make sass-check), so they stop at 4 (32768 columns either way).
+        const int vpt = nvec <= 1024 ? 1 : nvec <= 2048 ? 2 : nvec <= 4096 ? 4 : (elem_bytes == 4 && nvec <= 8192) ? 8 : 0;
+        if (vpt) {
+            const int64_t t = ((nvec + vpt - 1) / vpt + 31) / 32 * 32;
+            return {method, 2, vpt, (int32_t)(t < 32 ? 32 : t), 1, 1};
+        }
+        return {PL_SOFTMAX_ONLINE_VEC, 3, 0, 1024, 1, 1};  // longer rows: two reads, one write
+    }
+    if (method == PL_SOFTMAX_ONLINE_VEC) return {method, 3, 0, pl_lanes_for(nvec < 1024 ? nvec : 1024), 1, 1};
+    return p;
+}
+}  // namespace
+
+extern "C" int pl_softmax_cuda_plan(int64_t rows, int64_t cols, int dtype, int method, int sm_count,
+                                    pl_softmax_plan* plan) {
+    PL_REQUIRE_PTR(plan);
+    if (int st = check_softmax_args(rows, cols, dtype, method, PL_MASKED_NAN, __func__)) return st;
+    PL_REQUIRE(sm_count > 0, PL_ERR_INVALID_ARGUMENT, "sm_count must be > 0 (got %d)", sm_count);
+    const int elem = (int)PL_FORMATS[dtype].bytes;
+    *plan = plan_softmax(rows, cols, elem, method, cols % (16 / elem) == 0, sm_count);
+    return PL_OK;
+}
+
+// ---------------------------------------------------------------------------
 // GPU
 #ifdef __CUDACC__
 
@@ -487,15 +527,8 @@ __global__ void __launch_bounds__(1024) softmax_online_vec(const T* __restrict__
 }
 
 template <typename T, int METHOD>
-void launch_v1(const T* x, T* y, int64_t rows, int64_t cols, float* lse, int masked) {
-    softmax_v1<T, METHOD><<<(unsigned)rows, pl_lanes_for(cols)>>>(x, y, cols, lse, masked);
-}
-
-template <typename T, int VPT>
-void launch_single_pass(const T* x, T* y, int64_t rows, int64_t nvec, int64_t cols, float* lse, int masked) {
-    int64_t t = (nvec + VPT - 1) / VPT;
-    t = (t + 31) / 32 * 32;
-    softmax_single_pass<T, VPT><<<(unsigned)rows, (unsigned)(t < 32 ? 32 : t)>>>(x, y, cols, lse, masked);
+void launch_v1(const T* x, T* y, int64_t rows, int64_t cols, float* lse, int masked, int threads) {
+    softmax_v1<T, METHOD><<<(unsigned)rows, (unsigned)threads>>>(x, y, cols, lse, masked);
 }
 
 template <typename T>
@@ -505,39 +538,29 @@ int launch(const void* xv, void* yv, int64_t rows, int64_t cols, int method, int
     constexpr int N = vec16<T>::N;
     const bool vec_ok = cols % N == 0 && reinterpret_cast<uintptr_t>(xv) % 16 == 0 &&
                         reinterpret_cast<uintptr_t>(yv) % 16 == 0;
-    if ((method == PL_SOFTMAX_SINGLE_PASS || method == PL_SOFTMAX_ONLINE_VEC) && !vec_ok)
-        method = PL_SOFTMAX_ONLINE;  // ragged rows: the scalar online kernel is the honest fallback
-    switch (method) {
-        case PL_SOFTMAX_NAIVE: launch_v1<T, PL_SOFTMAX_NAIVE>(x, y, rows, cols, lse, masked); break;
-        case PL_SOFTMAX_STABLE: launch_v1<T, PL_SOFTMAX_STABLE>(x, y, rows, cols, lse, masked); break;
-        case PL_SOFTMAX_STABLE_ADAPTIVE: {
-            int sms = 0;
-            if (int st = pl_sm_count(&sms, "pl_softmax_cuda")) return st;
-            softmax_v1<T, PL_SOFTMAX_STABLE><<<(unsigned)rows, pl_adaptive_lanes_for(rows, cols, sms)>>>(x, y, cols, lse,
-                                                                                                      masked);
+    int sms = 1;
+    if (method == PL_SOFTMAX_STABLE_ADAPTIVE)
+        if (int st = pl_sm_count(&sms, "pl_softmax_cuda")) return st;
+    const pl_softmax_plan p = plan_softmax(rows, cols, (int)sizeof(T), method, vec_ok, sms);
+    const unsigned grid = (unsigned)rows, t = (unsigned)p.threads;
+    switch (p.method) {
+        case PL_SOFTMAX_NAIVE: launch_v1<T, PL_SOFTMAX_NAIVE>(x, y, rows, cols, lse, masked, t); break;
+        case PL_SOFTMAX_STABLE:
+        case PL_SOFTMAX_STABLE_ADAPTIVE: launch_v1<T, PL_SOFTMAX_STABLE>(x, y, rows, cols, lse, masked, t); break;
+        case PL_SOFTMAX_ONLINE: launch_v1<T, PL_SOFTMAX_ONLINE>(x, y, rows, cols, lse, masked, t); break;
+        case PL_SOFTMAX_BUG_ZERO_IDENTITY: launch_v1<T, PL_SOFTMAX_BUG_ZERO_IDENTITY>(x, y, rows, cols, lse, masked, t); break;
+        case PL_SOFTMAX_BUG_ZERO_START: launch_v1<T, PL_SOFTMAX_BUG_ZERO_START>(x, y, rows, cols, lse, masked, t); break;
+        case PL_SOFTMAX_BUG_NO_RESCALE: launch_v1<T, PL_SOFTMAX_BUG_NO_RESCALE>(x, y, rows, cols, lse, masked, t); break;
+        case PL_SOFTMAX_LOWP_ACCUM: launch_v1<T, PL_SOFTMAX_LOWP_ACCUM>(x, y, rows, cols, lse, masked, t); break;
+        case PL_SOFTMAX_SINGLE_PASS:
+            switch (p.vpt) {
+                case 1: softmax_single_pass<T, 1><<<grid, t>>>(x, y, cols, lse, masked); break;
+                case 2: softmax_single_pass<T, 2><<<grid, t>>>(x, y, cols, lse, masked); break;
+                case 4: softmax_single_pass<T, 4><<<grid, t>>>(x, y, cols, lse, masked); break;
+                default: softmax_single_pass<T, sizeof(T) == 4 ? 8 : 4><<<grid, t>>>(x, y, cols, lse, masked); break;
+            }
             break;
-        }
-        case PL_SOFTMAX_ONLINE: launch_v1<T, PL_SOFTMAX_ONLINE>(x, y, rows, cols, lse, masked); break;
-        case PL_SOFTMAX_BUG_ZERO_IDENTITY: launch_v1<T, PL_SOFTMAX_BUG_ZERO_IDENTITY>(x, y, rows, cols, lse, masked); break;
-        case PL_SOFTMAX_BUG_ZERO_START: launch_v1<T, PL_SOFTMAX_BUG_ZERO_START>(x, y, rows, cols, lse, masked); break;
-        case PL_SOFTMAX_BUG_NO_RESCALE: launch_v1<T, PL_SOFTMAX_BUG_NO_RESCALE>(x, y, rows, cols, lse, masked); break;
-        case PL_SOFTMAX_LOWP_ACCUM: launch_v1<T, PL_SOFTMAX_LOWP_ACCUM>(x, y, rows, cols, lse, masked); break;
-        case PL_SOFTMAX_SINGLE_PASS: {
-            const int64_t nvec = cols / N;
-            if (nvec <= 1024) launch_single_pass<T, 1>(x, y, rows, nvec, cols, lse, masked);
-            else if (nvec <= 2048) launch_single_pass<T, 2>(x, y, rows, nvec, cols, lse, masked);
-            else if (nvec <= 4096) launch_single_pass<T, 4>(x, y, rows, nvec, cols, lse, masked);
-            // 8 vectors a thread fit in 64 registers for fp32 only; 16-bit types
-            // spill there (ptxas -v), so they stop at 4 (32768 columns either way).
-            else if (sizeof(T) == 4 && nvec <= 8192) launch_single_pass<T, sizeof(T) == 4 ? 8 : 4>(x, y, rows, nvec, cols, lse, masked);
-            else softmax_online_vec<T><<<(unsigned)rows, 1024>>>(x, y, cols, lse, masked);
-            break;
-        }
-        case PL_SOFTMAX_ONLINE_VEC: {
-            const int64_t nvec = cols / N;
-            softmax_online_vec<T><<<(unsigned)rows, pl_lanes_for(nvec < 1024 ? nvec : 1024)>>>(x, y, cols, lse, masked);
-            break;
-        }
+        case PL_SOFTMAX_ONLINE_VEC: softmax_online_vec<T><<<grid, t>>>(x, y, cols, lse, masked); break;
     }
     PL_CUDA_CHECK(cudaGetLastError());
     return PL_OK;

@@ -258,7 +258,7 @@ def bench(
     quick: Annotated[bool, typer.Option("--quick", help="Smaller sizes and fewer runs (under 2 minutes on an H200).")] = False,
     sections: Annotated[Optional[str], typer.Option("--sections", help="Comma list of sections (default: all): accumulate, softmax, matmul.")] = None,
     cpu_n: Annotated[Optional[int], typer.Option("--cpu-n", help="Elements for the CPU kernels (default 1e8; 1e7 with --quick).")] = None,
-    gpu_n: Annotated[Optional[int], typer.Option("--gpu-n", help="Elements for the GPU kernels (default 2^28; 2^26 with --quick).")] = None,
+    gpu_n: Annotated[Optional[int], typer.Option("--gpu-n", help="Elements for the GPU sums (default 2^28, --quick too).")] = None,
     device: DeviceOpt = "auto",
     seed: SeedOpt = 0,
     json_out: JsonOpt = False,

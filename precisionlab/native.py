@@ -88,6 +88,8 @@ _PROTOTYPES = {
     # int pl_softmax_cpu(const void* x, int64_t rows, int64_t cols, int dtype, int method, int masked,
     #                    void* y, double* lse)
     "pl_softmax_cpu": (c_int, [c_void_p, c_int64, c_int64, c_int, c_int, c_int, c_void_p, _d]),
+    # int pl_softmax_cuda_plan(int64_t rows, int64_t cols, int dtype, int method, int sm_count, pl_softmax_plan* plan)
+    "pl_softmax_cuda_plan": (c_int, [c_int64, c_int64, c_int, c_int, c_int, c_void_p]),
     # int pl_softmax_cuda(same, host pointers)
     "pl_softmax_cuda": (c_int, [c_void_p, c_int64, c_int64, c_int, c_int, c_int, c_void_p, _d]),
     # int pl_softmax_cuda_device(const void* x_dev, int64_t rows, int64_t cols, int dtype, int method,
@@ -356,6 +358,19 @@ def softmax_cuda_device(x_ptr: int, rows: int, cols: int, dtype_code: int, metho
     """Launch a GPU softmax on device pointers; asynchronous."""
     _call("pl_softmax_cuda_device", x_ptr, rows, cols, dtype_code, SOFTMAX_METHODS[method], MASKED[masked], y_ptr,
           lse_ptr)
+
+
+SOFTMAX_PLAN_FIELDS = ("method", "version", "vpt", "threads", "rows_per_block", "cluster")  # pl_softmax_plan
+
+
+def softmax_cuda_plan(rows: int, cols: int, dtype_code: int, method: str, sm_count: int) -> dict:
+    """The launch a GPU softmax call gets (aligned pointers): the method actually
+    run, kernel version, vectors a thread, threads, rows a block, cluster size."""
+    plan = (ctypes.c_int32 * len(SOFTMAX_PLAN_FIELDS))()
+    _call("pl_softmax_cuda_plan", rows, cols, dtype_code, SOFTMAX_METHODS[method], sm_count, ctypes.addressof(plan))
+    out = dict(zip(SOFTMAX_PLAN_FIELDS, plan))
+    out["method"] = {v: k for k, v in SOFTMAX_METHODS.items()}[out["method"]]
+    return out
 
 
 def softmax_lanes(cols: int) -> int:

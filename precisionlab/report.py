@@ -249,14 +249,30 @@ def bench_table(res) -> None:
         vs = "-" if r["vs_baseline"] is None else f"{r['vs_baseline']:.3f}x {r['baseline']}"
         pct = r.get("pct_of_copy")
         size = "x".join(map(str, r["shape"])) if r.get("shape") else str(r["n"])
-        t.add_row(r["section"], r["device"], r["kernel"], r["dtype"], r["accumulator"] or "-", size,
-                  f"{r['time_ms']:.3f}", f"{r['gbps']:.1f}", f"{r['tflops']:.1f}" if r.get("tflops") else "-", vs,
+        t.add_row(r["section"], r["device"], _bench_kernel(r), r["dtype"], r["accumulator"] or "-", size,
+                  _bench_time(r), f"{r['gbps']:.1f}", f"{r['tflops']:.1f}" if r.get("tflops") else "-", vs,
                   "-" if pct is None else f"{pct:.1f}")
     stdout.print(t)
-    stdout.print("vs baseline: baseline time / kernel time (above 1 is faster). GPU: CUDA events, median of "
-                 "batched runs over rotating buffers. GB/s: bytes read (sums), read + written (softmax, copy).", style="dim", highlight=False)
+    stdout.print("vs baseline: baseline time / kernel time (above 1 is faster). GPU: CUDA events, median (p10-p90) of "
+                 "at least 20 batched samples over rotating input and output buffers; the launch actually run in "
+                 "brackets (v: version, vpt: vectors a thread, t: threads, rpb: rows a block, cl: cluster). "
+                 "GB/s: bytes read (sums), read + written (softmax, copy).", style="dim", highlight=False)
     for note in res.notes:
         stdout.print(note, style="dim", highlight=False)
+
+
+def _bench_time(r) -> str:
+    if r.get("p10_ms") is None:
+        return f"{r['time_ms']:.3f}"
+    return f"{r['time_ms']:.3f} ({r['p10_ms']:.3f}-{r['p90_ms']:.3f})"
+
+
+def _bench_kernel(r) -> str:
+    if r.get("plan_version") is None:
+        return r["kernel"]
+    ran = r["plan_method"] if r["plan_method"] != r["kernel"] else ""
+    return escape(f"{r['kernel']} [{ran + ' ' if ran else ''}v{r['plan_version']} vpt {r['plan_vpt']} "
+                  f"t {r['plan_threads']} rpb {r['plan_rows_per_block']} cl {r['plan_cluster']}]")
 
 
 def bench_json(res) -> None:

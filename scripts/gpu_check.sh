@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
-# One device call: build, GPU tests, benchmark, the GPU runs the issue notes
-# quote, and the sanitizers, most important first. For the device tool:
-#   run(command="bash scripts/gpu_check.sh", timeout_s=590)
-# Every step gets what is left of a 560 s budget at most, so the call returns
-# with whatever finished. The device tool brings back at most 8 files, so the
+# One device call: a one-second preflight, then build, the softmax and sum
+# benchmark table, GPU tests, the GPU runs the issue notes quote, and the
+# sanitizers, most valuable first. For the device tool:
+#   run(command="bash scripts/gpu_check.sh", timeout_s=480)
+# Every step gets what is left of a 420 s budget at most (machine start-up
+# and a rerun must fit in a 15-minute lease), so the call returns with
+# whatever finished. The device tool brings back at most 8 files, so the
 # logs, JSON and stderr of every step go into one archive, $OUT/gpu_check.tgz,
 # refreshed after each step (a killed call still returns what was done);
 # $OUT/steps.txt has each step's exit status and seconds. Without $OUT the
@@ -14,7 +16,7 @@ R=$(mktemp -d)   # the step outputs, archived into $OUT
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD
 PL="python3 -m precisionlab"   # a variable, not a function: timeout runs programs only
-T0=$SECONDS BUDGET=${BUDGET:-560}
+T0=$SECONDS BUDGET=${BUDGET:-420}
 for tool in nvcc compute-sanitizer; do command -v $tool > /dev/null || export PATH=$PATH:/usr/local/cuda/bin; done
 
 archive() { tar czf "$OUT/gpu_check.tgz" -C "$R" . 2> /dev/null; }
@@ -33,18 +35,22 @@ step() {
     return $rc
 }
 
+# preflight: every tool the steps need, in about a second
+for tool in make tar timeout nvidia-smi nvcc python3; do
+    command -v $tool > /dev/null || { echo "preflight: $tool missing" | tee -a "$OUT/steps.txt"; exit 1; }
+done
+python3 -c "import torch, numpy, typer, rich, ml_dtypes; assert torch.cuda.is_available(), 'torch sees no GPU'" \
+    || { echo "preflight: python packages or torch CUDA missing" | tee -a "$OUT/steps.txt"; exit 1; }
+echo "preflight: ok in $((SECONDS - T0)) s" | tee -a "$OUT/steps.txt"
 nvidia-smi --query-gpu=name,driver_version,clocks.max.sm,clocks.max.mem --format=csv | tee "$R/gpu.txt"
+
 rm -f build/libprecisionlab.so precisionlab/lib/libprecisionlab.so
-step build 240 make lib PYTHON=python3 > "$R/build.log" 2>&1 || { tail -30 "$R/build.log"; exit 1; }
+step build 200 make lib PYTHON=python3 > "$R/build.log" 2>&1 || { tail -30 "$R/build.log"; exit 1; }
 grep -q "host-only" "$R/build.log" && { echo "built host-only: no nvcc"; exit 1; }
-step info 30 $PL info --json > "$R/info.json" 2> "$R/info.err"
+step info 20 $PL info --json > "$R/info.json" 2> "$R/info.err"
 
-echo "== gpu-test"
-step gpu-test 200 make gpu-test PYTHON=python3 > "$R/gpu-test.log" 2>&1
-tail -15 "$R/gpu-test.log"
-
-echo "== bench"
-step bench 120 $PL bench --quick --device cuda --json > "$R/bench.json" 2> "$R/bench.err"
+echo "== bench (softmax and sum, beside torch and copy)"
+step bench 120 $PL bench softmax,accumulate --quick --device cuda --json > "$R/bench.json" 2> "$R/bench.err"
 python3 - "$R/bench.json" <<'PY' | tee "$R/bench.txt"
 import json, sys
 try:
@@ -53,16 +59,23 @@ except Exception as e:
     sys.exit(f"bench.json unreadable: {e}")
 for r in rows:
     shape = "x".join(map(str, r.get("shape") or [r["n"]]))
-    print(f"{r['section']:>10} {r['kernel']:>26} {r['dtype']:>5} {str(r['accumulator']):>5} {shape:>16} "
-          f"{r['gbps']:8.1f} GB/s {r.get('tflops') or 0:7.1f} TF  vs={r['vs_baseline'] or 0:.3f} copy%={r.get('pct_of_copy') or 0:.1f}")
+    plan = (f" v{r['plan_version']} vpt{r['plan_vpt']} t{r['plan_threads']} rpb{r['plan_rows_per_block']} "
+            f"cl{r['plan_cluster']} ran={r['plan_method']}") if r.get("plan_version") is not None else ""
+    spread = f" p10-p90 {r['p10_ms']:.4f}-{r['p90_ms']:.4f}" if r.get("p10_ms") is not None else ""
+    print(f"{r['section']:>10} {r['kernel']:>24} {r['dtype']:>5} {str(r['accumulator']):>5} {shape:>12} "
+          f"{r['gbps']:8.1f} GB/s vs={r['vs_baseline'] or 0:.3f} copy%={r.get('pct_of_copy') or 0:.1f}{spread}{plan}")
 PY
 
+echo "== gpu-test"
+step gpu-test 150 make gpu-test PYTHON=python3 > "$R/gpu-test.log" 2>&1
+tail -15 "$R/gpu-test.log"
+
 echo "== runs"
-step accumulate 40 $PL accumulate --dtype bf16 --n 10000 --device cuda --json > "$R/accumulate.json" 2> "$R/accumulate.err"
-step nondeterminism 60 $PL nondeterminism --device cuda --json > "$R/nondeterminism.json" 2> "$R/nondeterminism.err"
-step tf32 60 $PL tf32 --m 2048 --n 4096 --k 4096 --device cuda --json > "$R/tf32.json" 2> "$R/tf32.err"
-step softmax 30 $PL softmax --device cuda --json > "$R/softmax.json" 2> "$R/softmax.err"
-for op in softmax rmsnorm matmul; do step "compare-$op" 30 $PL compare op $op --device cuda; done > "$R/compare.log" 2>&1
+step accumulate 30 $PL accumulate --dtype bf16 --n 10000 --device cuda --json > "$R/accumulate.json" 2> "$R/accumulate.err"
+step nondeterminism 40 $PL nondeterminism --device cuda --json > "$R/nondeterminism.json" 2> "$R/nondeterminism.err"
+step tf32 40 $PL tf32 --m 2048 --n 4096 --k 4096 --device cuda --json > "$R/tf32.json" 2> "$R/tf32.err"
+step softmax 20 $PL softmax --device cuda --json > "$R/softmax.json" 2> "$R/softmax.err"
+for op in softmax rmsnorm matmul; do step "compare-$op" 20 $PL compare op $op --device cuda; done > "$R/compare.log" 2>&1
 python3 - "$R" <<'PY' | tee "$R/runs.txt"
 import json, sys
 out = sys.argv[1]

@@ -119,3 +119,31 @@ def test_the_command_on_the_gpu():
             assert r["passed"] and r["finite"], r
         if r["case"] in ("masked", "nan"):
             assert not r["passed"]  # a non-finite output never passes
+
+
+# Every benchmark shape's row length, the vocab-wide rows included, against
+# float64 (two rows each: the kernels are one block per row, so the row count
+# changes only the grid).
+@pytest.mark.parametrize("cols", sorted({c for _, c in __import__("precisionlab.experiments.bench",
+                                                                    fromlist=["SOFTMAX_SHAPES"]).SOFTMAX_SHAPES}))
+@pytest.mark.parametrize("dtype", ["fp32", "bf16"])
+@pytest.mark.parametrize("method", ["stable", "online", "online_vec", "single_pass"])
+def test_gpu_benchmark_shapes_against_float64(cols, dtype, method):
+    x = np.random.default_rng(cols + 1).standard_normal((2, cols)) * 4.0
+    y, lse, s = run(x, dtype, method, device="cuda")
+    check_close(y, s, dtype)
+
+
+def test_launch_plan_tiers():
+    # what bench records beside each figure is what the launcher runs: one plan
+    fp32, bf16 = 1, 3
+    assert native.softmax_cuda_plan(8, 32768, fp32, "single_pass", 132)["vpt"] == 8
+    assert native.softmax_cuda_plan(8, 32768, bf16, "single_pass", 132)["vpt"] == 4
+    assert native.softmax_cuda_plan(8, 4096, fp32, "single_pass", 132) == {
+        "method": "single_pass", "version": 2, "vpt": 1, "threads": 1024, "rows_per_block": 1, "cluster": 1}
+    assert native.softmax_cuda_plan(8, 151936, bf16, "single_pass", 132)["method"] == "online_vec"
+    assert native.softmax_cuda_plan(8, 1001, bf16, "single_pass", 132)["method"] == "online"  # ragged rows
+    assert native.softmax_cuda_plan(8, 1000, fp32, "stable_adaptive", 132)["threads"] == 1024
+    assert native.softmax_cuda_plan(200, 1000, fp32, "stable_adaptive", 132)["threads"] == 32
+    with pytest.raises(native.UsageError):
+        native.softmax_cuda_plan(8, 0, fp32, "stable", 132)

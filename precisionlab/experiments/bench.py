@@ -19,6 +19,7 @@ from precisionlab import devices, formats, inputs, native
 SECTIONS = ("accumulate", "softmax", "matmul")
 SOFTMAX_SHAPES = [(4096, 1024), (4096, 4096), (4096, 16384), (1024, 32768), (512, 151936), (64, 262144)]
 SOFTMAX_KERNELS = ["stable", "online", "online_vec", "single_pass"]
+GPU_N = 1 << 28  # the tree sum's target size: 1 GiB of fp32, far past any L2
 
 
 @dataclass
@@ -28,7 +29,7 @@ class BenchConfig:
     sections: str | None = None
     seed: int = 0
     cpu_n: int | None = None   # default 10^8 (10^7 with --quick)
-    gpu_n: int | None = None   # default 2^28 (2^26 with --quick)
+    gpu_n: int | None = None   # default GPU_N, --quick too: the size the sum targets are set at
 
 
 @dataclass
@@ -42,7 +43,7 @@ def run(cfg: BenchConfig, advance=lambda k=1: None) -> BenchResult:
     sections = inputs.parse_choices(cfg.sections, SECTIONS, "bench section")
     plan = devices.resolve(cfg.device)
     cpu_n = cfg.cpu_n or (10**7 if cfg.quick else 10**8)
-    gpu_n = cfg.gpu_n or (1 << 26 if cfg.quick else 1 << 28)
+    gpu_n = cfg.gpu_n or GPU_N
     res = BenchResult(params={"quick": cfg.quick, "device": cfg.device, "sections": sections, "seed": cfg.seed,
                               "cpu_n": cpu_n, "gpu_n": gpu_n})
     if "accumulate" in sections:
@@ -113,27 +114,30 @@ def accumulate_gpu(n: int, seed: int, quick: bool, advance) -> list[dict]:
     for storage, tdtype in (("fp32", torch.float32), ("bf16", torch.bfloat16)):
         bufs = ct.rotating_buffers(n, tdtype, seed)
         nbytes = n * bufs[0].element_size()
-        t_torch = ct.median_ms(lambda i: torch.sum(bufs[i % len(bufs)], dtype=torch.float32), iters)
+        # outputs rotate for torch as for the project's kernels
+        outs = [torch.empty((), dtype=torch.float32, device="cuda") for _ in bufs]
+        t_torch = ct.time_ms(lambda i: torch.sum(bufs[i % len(bufs)], 0, dtype=torch.float32, out=outs[i % len(outs)]),
+                             iters)
         advance()
-        rows.append(_gpu_row("torch.sum", storage, "fp32", n, t_torch, nbytes, t_torch, copy.gbps))
+        rows.append(_gpu_row("torch.sum", storage, "fp32", n, t_torch, nbytes, t_torch.median, copy.gbps))
         code = formats.get(storage).code
         work = torch.empty(native.sum_workspace_bytes(n, code, "tree"), dtype=torch.uint8, device="cuda")
-        out = torch.empty(1, dtype=torch.float64, device="cuda")
+        dsts = [torch.empty(1, dtype=torch.float64, device="cuda") for _ in bufs]
         for acc in ("fp32", "bf16"):
             for method in ("tree", "tree_kahan", "atomic"):
                 acode = formats.get(acc).code
-                t = ct.median_ms(lambda i: native.sum_cuda_device(bufs[i % len(bufs)].data_ptr(), n, code, acode,
-                                                                  method, work.data_ptr(), work.numel(),
-                                                                  out.data_ptr()), iters)
+                t = ct.time_ms(lambda i: native.sum_cuda_device(bufs[i % len(bufs)].data_ptr(), n, code, acode,
+                                                                method, work.data_ptr(), work.numel(),
+                                                                dsts[i % len(dsts)].data_ptr()), iters)
                 advance()
-                rows.append(_gpu_row(method, storage, acc, n, t, nbytes, t_torch, copy.gbps))
+                rows.append(_gpu_row(method, storage, acc, n, t, nbytes, t_torch.median, copy.gbps))
     return rows
 
 
-def _gpu_row(kernel, storage, acc, n, ms, nbytes, torch_ms, copy_gbps) -> dict:
-    gbps = nbytes / (ms * 1e-3) / 1e9
+def _gpu_row(kernel, storage, acc, n, t, nbytes, torch_ms, copy_gbps) -> dict:
+    gbps = nbytes / (t.median * 1e-3) / 1e9
     return {"section": "accumulate", "device": "cuda", "kernel": kernel, "dtype": storage, "accumulator": acc,
-            "n": n, "time_ms": ms, "gbps": gbps, "vs_baseline": torch_ms / ms, "baseline": "torch.sum",
+            "n": n, **t.fields(), "gbps": gbps, "vs_baseline": torch_ms / t.median, "baseline": "torch.sum",
             "pct_of_copy": 100.0 * gbps / copy_gbps}
 
 
@@ -145,7 +149,8 @@ def softmax_gpu(seed: int, quick: bool, advance) -> list[dict]:
     from precisionlab.experiments import cuda_timing as ct
 
     torch = ct.torch()
-    iters = 10 if quick else 30
+    iters = 20 if quick else 30
+    sms = torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count
     rows = []
     for r, c in SOFTMAX_SHAPES:
         for storage, tdtype in (("fp32", torch.float32), ("bf16", torch.bfloat16)):
@@ -155,22 +160,28 @@ def softmax_gpu(seed: int, quick: bool, advance) -> list[dict]:
             nbytes = 2 * bufs[0].numel() * bufs[0].element_size()
             copy = ct.copy_bandwidth(nbytes // 2, iters)
             advance()
-            t_torch = ct.median_ms(lambda i: torch.softmax(bufs[i % len(bufs)], dim=-1), iters)
+            # torch writes into the same rotating outputs (aten::_softmax.out), so
+            # neither side gets an output that is still in L2
+            t_torch = ct.time_ms(lambda i: torch.ops.aten._softmax.out(bufs[i % len(bufs)], -1, False,
+                                                                        out=ys[i % len(ys)]), iters)
             advance()
             base = {"section": "softmax", "device": "cuda", "dtype": storage, "accumulator": "fp32",
                     "n": r * c, "shape": [r, c], "baseline": "torch.softmax"}
             rows.append({**base, "kernel": "copy (device to device)", "time_ms": copy.ms, "gbps": copy.gbps,
                          "vs_baseline": None, "baseline": None, "pct_of_copy": 100.0})
-            rows.append({**base, "kernel": "torch.softmax", "time_ms": t_torch, "gbps": nbytes / (t_torch * 1e-3) / 1e9,
-                         "vs_baseline": 1.0, "pct_of_copy": 100.0 * nbytes / (t_torch * 1e-3) / 1e9 / copy.gbps})
+            rows.append({**base, "kernel": "torch.softmax", **t_torch.fields(),
+                         "gbps": nbytes / (t_torch.median * 1e-3) / 1e9, "vs_baseline": 1.0,
+                         "pct_of_copy": 100.0 * nbytes / (t_torch.median * 1e-3) / 1e9 / copy.gbps})
             code = formats.get(storage).code
             for k in SOFTMAX_KERNELS:
-                t = ct.median_ms(lambda i: native.softmax_cuda_device(bufs[i % len(bufs)].data_ptr(), r, c, code, k,
-                                                                      ys[i % len(ys)].data_ptr()), iters)
+                t = ct.time_ms(lambda i: native.softmax_cuda_device(bufs[i % len(bufs)].data_ptr(), r, c, code, k,
+                                                                    ys[i % len(ys)].data_ptr()), iters)
                 advance()
-                gbps = nbytes / (t * 1e-3) / 1e9
-                rows.append({**base, "kernel": k, "time_ms": t, "gbps": gbps, "vs_baseline": t_torch / t,
-                             "pct_of_copy": 100.0 * gbps / copy.gbps})
+                gbps = nbytes / (t.median * 1e-3) / 1e9
+                plan = native.softmax_cuda_plan(r, c, code, k, sms)  # the launch actually run
+                rows.append({**base, "kernel": k, **t.fields(), "gbps": gbps, "vs_baseline": t_torch.median / t.median,
+                             "pct_of_copy": 100.0 * gbps / copy.gbps,
+                             **{f"plan_{f}": v for f, v in plan.items()}})
     return rows
 
 
@@ -196,11 +207,12 @@ def matmul_gpu(seed: int, quick: bool, advance) -> list[dict]:
             if mode not in ("bf16", "fp16"):
                 torch.set_float32_matmul_precision("highest")
                 torch.backends.cuda.matmul.allow_tf32 = mode.startswith("tf32")
-            ms = ct.median_ms(lambda i: xa @ xb, 10 if quick else 20, reps=3)
+            t = ct.time_ms(lambda i: xa @ xb, 20, reps=3)
+            ms = t.median
         advance()
         base_ms = base_ms or ms
         rows.append({"section": "matmul", "device": "cuda", "kernel": f"torch matmul {mode}", "dtype": mode.split()[0],
-                     "accumulator": "fp32", "n": n, "shape": [n, n, n], "time_ms": ms,
+                     "accumulator": "fp32", "n": n, "shape": [n, n, n], **t.fields(),
                      "gbps": 3 * n * n * xa.element_size() / (ms * 1e-3) / 1e9, "tflops": 2 * n**3 / (ms * 1e-3) / 1e12,
                      "vs_baseline": base_ms / ms, "baseline": "fp32 (tf32 off)"})
     return rows + splitk_gpu(seed, quick, advance)
@@ -225,13 +237,14 @@ def splitk_gpu(seed: int, quick: bool, advance) -> list[dict]:
                        device="cuda")
     rows, base = [], None
     for version, splits in (("splitk_atomic", SPLITK_SPLITS), ("splitk_ordered", SPLITK_SPLITS), ("tiled", 1)):
-        ms = ct.median_ms(lambda i: native.matmul_cuda(a.data_ptr(), b.data_ptr(), m, n, k, 1, c.data_ptr(),
-                                                       version=version, splits=splits, work_ptr=work.data_ptr(),
-                                                       work_bytes=work.numel()), 10 if quick else 20, reps=3)
+        t = ct.time_ms(lambda i: native.matmul_cuda(a.data_ptr(), b.data_ptr(), m, n, k, 1, c.data_ptr(),
+                                                    version=version, splits=splits, work_ptr=work.data_ptr(),
+                                                    work_bytes=work.numel()), 20, reps=3)
+        ms = t.median
         advance()
         base = base or ms
         rows.append({"section": "matmul", "device": "cuda", "kernel": f"{version} (splits {splits})", "dtype": "fp32",
-                     "accumulator": "fp32", "n": m * n, "shape": [m, k, n], "time_ms": ms,
+                     "accumulator": "fp32", "n": m * n, "shape": [m, k, n], **t.fields(),
                      "gbps": (m * k + k * n + m * n) * 4 / (ms * 1e-3) / 1e9,
                      "tflops": 2 * m * n * k / (ms * 1e-3) / 1e12, "vs_baseline": base / ms,
                      "baseline": "splitk_atomic"})

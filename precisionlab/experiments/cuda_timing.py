@@ -1,5 +1,5 @@
-"""GPU timing shared by the benchmarks: CUDA events, warm-up, median of many
-runs, rotating input buffers so the 50 MB L2 of an H200 does not flatter small
+"""GPU timing shared by the benchmarks: CUDA events, warm-up, p10 / median /
+p90 of at least 20 samples, rotating input buffers so the 50 MB L2 of an H200 does not flatter small
 shapes, and the device copy bandwidth that every GB/s figure is set beside."""
 
 from __future__ import annotations
@@ -31,11 +31,36 @@ def rotating_buffers(n: int, dtype, seed: int, min_total: int = L2_FLUSH_BYTES) 
     return [one] + [one.clone() for _ in range(k - 1)]
 
 
-def median_ms(fn, iters: int, warmup: int = 5, reps: int = 10) -> float:
-    """Median per-call time of fn(i) over `iters` samples. Each sample times
-    `reps` back-to-back calls between two CUDA events, queued behind a spin
-    kernel so that none of them waits for the host."""
+MIN_SAMPLES = 20  # p10 and p90 need at least this many to mean anything
+
+
+@dataclass(frozen=True)
+class Timing:
+    """Per-call milliseconds over `samples` samples: p10, median, p90."""
+
+    p10: float
+    median: float
+    p90: float
+    samples: int
+
+    def fields(self) -> dict:
+        return {"time_ms": self.median, "p10_ms": self.p10, "p90_ms": self.p90, "samples": self.samples}
+
+
+def _quantile(sorted_times: list[float], q: float) -> float:
+    """Linear interpolation between order statistics (numpy's default)."""
+    pos = q * (len(sorted_times) - 1)
+    lo = math.floor(pos)
+    hi = min(lo + 1, len(sorted_times) - 1)
+    return sorted_times[lo] + (sorted_times[hi] - sorted_times[lo]) * (pos - lo)
+
+
+def time_ms(fn, iters: int, warmup: int = 5, reps: int = 10) -> Timing:
+    """Per-call time of fn(i) over max(iters, MIN_SAMPLES) samples. Each sample
+    times `reps` back-to-back calls between two CUDA events, queued behind a
+    spin kernel so that none of them waits for the host."""
     t = torch()
+    iters = max(iters, MIN_SAMPLES)
     for i in range(warmup):
         fn(i)
     t.cuda.synchronize()
@@ -53,7 +78,8 @@ def median_ms(fn, iters: int, warmup: int = 5, reps: int = 10) -> float:
         end.record()
         end.synchronize()
         times.append(start.elapsed_time(end) / reps)
-    return statistics.median(times)
+    times.sort()
+    return Timing(_quantile(times, 0.1), statistics.median(times), _quantile(times, 0.9), len(times))
 
 
 @dataclass(frozen=True)
@@ -67,5 +93,5 @@ def copy_bandwidth(nbytes: int, iters: int) -> Copy:
     n = nbytes // 4
     srcs = rotating_buffers(n, t.float32, 0)
     dsts = [t.empty_like(s) for s in srcs]
-    ms = median_ms(lambda i: dsts[i % len(dsts)].copy_(srcs[i % len(srcs)]), iters)
+    ms = time_ms(lambda i: dsts[i % len(dsts)].copy_(srcs[i % len(srcs)]), iters).median
     return Copy(ms, 2 * n * 4 / (ms * 1e-3) / 1e9)

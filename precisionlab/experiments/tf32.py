@@ -281,9 +281,9 @@ def _modes_gpu(a, b, advance) -> list[dict]:
         with _mode(mode) if mode not in ("bf16", "fp16") else _null():
             if mode in ("bf16", "fp16"):
                 xa, xb = (ta.to(t.bfloat16), tb.to(t.bfloat16)) if mode == "bf16" else (ta.half(), tb.half())
-                ms = ct.median_ms(lambda i: xa @ xb, 10, reps=3)
+                ms = ct.time_ms(lambda i: xa @ xb, 10, reps=3).median
             else:
-                ms = ct.median_ms(lambda i: ta @ tb, 10, reps=3)
+                ms = ct.time_ms(lambda i: ta @ tb, 10, reps=3).median
         advance()
         rows.append({"section": "modes", "device": "cuda", "mode": mode, "emulated": False, "m": m, "n": n, "k": k,
                      **_report(c, ref), "time_ms": ms, "tflops": 2 * m * n * k / (ms * 1e-3) / 1e12})
