@@ -33,6 +33,8 @@
  *              depend on the batch it came in. Shown by nondeterminism.
  *   version 3  online_vec: 16-byte loads, a per-thread online (max, sum) pair,
  *              one block combine, then the write pass: two reads, one write.
+ *   version 4  single_pass on short rows (up to 1024 columns): a warp per row,
+ *              four rows a block, the pair reduced in shuffles alone.
  *
  * Masked rows (every logit -inf): the textbook formula gives NaN (-inf minus
  * -inf), and so does the shifted methods' log-sum-exp (naive's is log 0 =
@@ -215,6 +217,7 @@ extern "C" int pl_softmax_cpu(const void* x, int64_t rows, int64_t cols, int dty
 // disagree. vec_ok: cols a multiple of the 16-byte vector and both pointers
 // 16-byte aligned; sms: the device's SM count (used by stable_adaptive only).
 namespace {
+constexpr int kWarpRows = 4;  // rows a block in version 4 (a warp each)
 pl_softmax_plan plan_softmax(int64_t rows, int64_t cols, int elem_bytes, int method, bool vec_ok, int sms) {
     const int64_t nvec = cols / (16 / elem_bytes);
     pl_softmax_plan p{method, 1, 0, pl_lanes_for(cols), 1, 1};
@@ -223,6 +226,12 @@ pl_softmax_plan plan_softmax(int64_t rows, int64_t cols, int elem_bytes, int met
         return p;
     }
     if (method == PL_SOFTMAX_STABLE_ADAPTIVE) p.threads = pl_adaptive_lanes_for(rows, cols, sms);
+    if (method == PL_SOFTMAX_SINGLE_PASS && nvec <= 32 * (elem_bytes == 4 ? 8 : 4)) {
+        // short rows: a warp per row, kWarpRows rows a block (version 4); the
+        // same register tiers as version 2, at 32 lanes
+        const int vpt = nvec <= 32 ? 1 : nvec <= 64 ? 2 : nvec <= 128 ? 4 : 8;
+        return {method, 4, vpt, 32 * kWarpRows, kWarpRows, 1};
+    }
     if (method == PL_SOFTMAX_SINGLE_PASS) {
         // 8 vectors a thread fit in 64 registers for fp32 only; 16-bit types
         // would spill there (make sass-check), so they stop at 4 (32768 columns either way).
@@ -490,6 +499,58 @@ __global__ void __launch_bounds__(1024) softmax_single_pass(const T* __restrict_
     if (threadIdx.x == 0 && lse) lse[blockIdx.x] = zero ? kNegInf : p.m + logf(p.s);
 }
 
+// Version 4: short rows, a warp per row and WARP_ROWS rows a block (OneFlow's
+// layout): the same register-resident scheme as version 2, but the (max, sum)
+// pair meets in five shuffles with no barrier and no shared memory, and a
+// block holds several rows, so short rows still fill the SMs with work.
+template <typename T, int VPT>
+__global__ void __launch_bounds__(32 * kWarpRows) softmax_warp_rows(const T* __restrict__ x, T* __restrict__ y,
+                                                                  int64_t rows, int64_t cols, float* lse, int masked) {
+    constexpr int N = vec16<T>::N;
+    const int64_t row = (int64_t)blockIdx.x * kWarpRows + threadIdx.y;
+    if (row >= rows) return;  // a whole warp leaves together: no barrier below
+    const int64_t nvec = cols / N;
+    const int lane = threadIdx.x;
+    const int4* xr = reinterpret_cast<const int4*>(x + row * cols);
+    int4* yr = reinterpret_cast<int4*>(y + row * cols);
+    vec16<T> v[VPT];
+#pragma unroll
+    for (int k = 0; k < VPT; ++k) {
+        const int64_t i = lane + (int64_t)k * 32;
+        v[k].raw = i < nvec ? __ldcs(xr + i) : neg_inf_vec16<T>();
+    }
+    float tm = kNegInf;
+#pragma unroll
+    for (int k = 0; k < VPT; ++k)
+#pragma unroll
+        for (int e = 0; e < N; ++e) tm = max_nan1(tm, v[k].get(e));
+    const float shift = tm == kNegInf ? 0.0f : tm;
+    float ex[VPT * N];
+    float s = 0.0f;
+#pragma unroll
+    for (int k = 0; k < VPT; ++k)
+#pragma unroll
+        for (int e = 0; e < N; ++e) {
+            ex[k * N + e] = expf(v[k].get(e) - shift);
+            s += ex[k * N + e];
+        }
+    online_pair p = pl_warp_allreduce(online_pair{tm, s}, op_combine());
+    const bool zero = masked_row(p.m, masked);
+    if (p.m == kNegInf && !zero) p.s = kNaN;  // masked: the textbook NaN
+    const float c = zero ? 0.0f : expf(tm - p.m) / p.s;
+#pragma unroll
+    for (int k = 0; k < VPT; ++k) {
+        const int64_t i = lane + (int64_t)k * 32;
+        if (i < nvec) {
+            vec16<T> o;
+#pragma unroll
+            for (int e = 0; e < N; ++e) o.set(e, ex[k * N + e] * c);
+            __stcs(yr + i, o.raw);
+        }
+    }
+    if (lane == 0 && lse) lse[row] = zero ? kNegInf : p.m + logf(p.s);
+}
+
 // Version 3: online (max, sum) over 16-byte vectors, then the write pass.
 template <typename T>
 __global__ void __launch_bounds__(1024) softmax_online_vec(const T* __restrict__ x, T* __restrict__ y, int64_t cols,
@@ -553,6 +614,16 @@ int launch(const void* xv, void* yv, int64_t rows, int64_t cols, int method, int
         case PL_SOFTMAX_BUG_NO_RESCALE: launch_v1<T, PL_SOFTMAX_BUG_NO_RESCALE>(x, y, rows, cols, lse, masked, t); break;
         case PL_SOFTMAX_LOWP_ACCUM: launch_v1<T, PL_SOFTMAX_LOWP_ACCUM>(x, y, rows, cols, lse, masked, t); break;
         case PL_SOFTMAX_SINGLE_PASS:
+            if (p.version == 4) {
+                const dim3 wgrid((unsigned)((rows + kWarpRows - 1) / kWarpRows)), wblock(32, kWarpRows);
+                switch (p.vpt) {
+                    case 1: softmax_warp_rows<T, 1><<<wgrid, wblock>>>(x, y, rows, cols, lse, masked); break;
+                    case 2: softmax_warp_rows<T, 2><<<wgrid, wblock>>>(x, y, rows, cols, lse, masked); break;
+                    case 4: softmax_warp_rows<T, 4><<<wgrid, wblock>>>(x, y, rows, cols, lse, masked); break;
+                    default: softmax_warp_rows<T, sizeof(T) == 4 ? 8 : 4><<<wgrid, wblock>>>(x, y, rows, cols, lse, masked);
+                }
+                break;
+            }
             switch (p.vpt) {
                 case 1: softmax_single_pass<T, 1><<<grid, t>>>(x, y, cols, lse, masked); break;
                 case 2: softmax_single_pass<T, 2><<<grid, t>>>(x, y, cols, lse, masked); break;

@@ -134,6 +134,28 @@ def test_gpu_benchmark_shapes_against_float64(cols, dtype, method):
     check_close(y, s, dtype)
 
 
+@pytest.mark.parametrize("rows", [1, 3, 4, 5, 9])
+@pytest.mark.parametrize("cols", [8, 128, 256, 264, 512, 1000, 1024])
+@pytest.mark.parametrize("dtype", ["fp32", "bf16", "fp16"])
+def test_warp_per_row_single_pass(rows, cols, dtype):
+    # rows that do not fill the last block, every register tier of version 4,
+    # a masked row and a partly masked one among ordinary rows
+    x = np.random.default_rng(rows * cols).standard_normal((rows, cols)) * 4.0
+    if rows > 2:
+        x[1, :] = -np.inf
+        x[2, : cols // 2] = -np.inf
+    y, lse, s = run(x, dtype, "single_pass", device="cuda")
+    ordinary = [r for r in range(rows) if r != 1 or rows <= 2]
+    check_close(y[ordinary], s[ordinary], dtype)
+    if rows > 2:
+        assert np.isnan(y[1]).all() and np.isnan(lse[1])
+        assert (y[2, : cols // 2] == 0).all()
+    yz, lsez, _ = run(x, dtype, "single_pass", masked="zero", device="cuda")
+    if rows > 2:
+        assert (yz[1] == 0).all() and lsez[1] == -np.inf
+    np.testing.assert_array_equal(yz[ordinary], y[ordinary])
+
+
 def test_launch_plan_tiers():
     # what bench records beside each figure is what the launcher runs: one plan
     fp32, bf16 = 1, 3
@@ -142,6 +164,11 @@ def test_launch_plan_tiers():
     assert native.softmax_cuda_plan(8, 4096, fp32, "single_pass", 132) == {
         "method": "single_pass", "version": 2, "vpt": 1, "threads": 1024, "rows_per_block": 1, "cluster": 1}
     assert native.softmax_cuda_plan(8, 151936, bf16, "single_pass", 132)["method"] == "online_vec"
+    # short rows: a warp per row, four rows a block
+    assert native.softmax_cuda_plan(8, 1024, fp32, "single_pass", 132) == {
+        "method": "single_pass", "version": 4, "vpt": 8, "threads": 128, "rows_per_block": 4, "cluster": 1}
+    assert native.softmax_cuda_plan(8, 1024, bf16, "single_pass", 132)["vpt"] == 4
+    assert native.softmax_cuda_plan(8, 2048, bf16, "single_pass", 132)["version"] == 2
     assert native.softmax_cuda_plan(8, 1001, bf16, "single_pass", 132)["method"] == "online"  # ragged rows
     assert native.softmax_cuda_plan(8, 1000, fp32, "stable_adaptive", 132)["threads"] == 1024
     assert native.softmax_cuda_plan(200, 1000, fp32, "stable_adaptive", 132)["threads"] == 32
