@@ -191,6 +191,30 @@ int pl_softmax_cuda(const void* x, int64_t rows, int64_t cols, int dtype, int me
 int pl_softmax_cuda_device(const void* x_dev, int64_t rows, int64_t cols, int dtype, int method, int masked,
                            void* y_dev, float* lse_dev);
 
+/* ---- the ops engines most often get wrong in precision ---------------------
+ * Host functions take host pointers, _cuda functions device pointers (launched
+ * asynchronously on the legacy default stream). Storage fp32, bf16 or fp16,
+ * arithmetic fp32, each result rounded once to the storage format.
+ *
+ * SwiGLU (swiglu.cu): y = silu(gate) * up over n values. */
+int pl_swiglu_cpu(const void* gate, const void* up, int64_t n, int dtype, void* y);
+int pl_swiglu_cuda(const void* gate_dev, const void* up_dev, int64_t n, int dtype, void* y_dev);
+/* RoPE, rotate-half layout (rope.cu): x rows x dim (even), pos[rows] positions,
+ * base (10000 in Llama 2). phase: the format of inv_freq, the angles and
+ * cos/sin: PL_FP32, or PL_BF16 / PL_FP16 to show the long-position pitfall. */
+int pl_rope_cpu(const void* x, int64_t rows, int64_t dim, int dtype, const int64_t* pos, float base, int phase, void* y);
+int pl_rope_cuda(const void* x_dev, int64_t rows, int64_t dim, int dtype, const int64_t* pos_dev, float base, int phase,
+                 void* y_dev);
+/* Scaled dot-product attention (attention.cu): q bh x tq x d, k bh x tk x d,
+ * v bh x tk x dv, y bh x tq x dv. Key j is visible to query i when
+ * j >= kv_start[b] (NULL: 0) and, if causal, j <= i + tk - tq. A query that
+ * sees no key gets zeros. The GPU version takes tk <= 8192. */
+int pl_attention_cpu(const void* q, const void* k, const void* v, int64_t bh, int64_t tq, int64_t tk, int64_t d,
+                     int64_t dv, int dtype, int causal, const int32_t* kv_start, float scale, void* y);
+int pl_attention_cuda(const void* q_dev, const void* k_dev, const void* v_dev, int64_t bh, int64_t tq, int64_t tk,
+                      int64_t d, int64_t dv, int dtype, int causal, const int32_t* kv_start_dev, float scale,
+                      void* y_dev);
+
 /* ---- RMSNorm and LayerNorm over the last dimension --------------------------
  * x, y: rows x cols; w, b: cols (may be NULL: no scale / no shift); all in
  * `dtype` (fp32, bf16, fp16). Statistics in fp32. */

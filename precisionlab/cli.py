@@ -205,12 +205,16 @@ def info(json_out: JsonOpt = False):
 
 @compare_app.command("op")
 def compare_op(
-    name: Annotated[str, typer.Argument(help="softmax | logsumexp | rmsnorm | layernorm | matmul")],
-    shape: Annotated[Optional[str], typer.Option("--shape", help="ROWSxCOLS (matmul: MxKxN). Default 64x4096 (256x1024x256).")] = None,
+    name: Annotated[str, typer.Argument(help="softmax | logsumexp | rmsnorm | layernorm | matmul | rope | attention | swiglu")],
+    shape: Annotated[Optional[str], typer.Option("--shape", help="ROWSxCOLS (matmul: MxKxN; attention: BHxTxD). Defaults: "
+                                                 "64x4096, matmul 256x1024x256, rope 64x128 (positions 0..32767), "
+                                                 "attention 4x128x64.")] = None,
     dtype: Annotated[str, typer.Option("--dtype", help="Low precision(s) to test: bf16, fp16 or bf16,fp16.")] = "bf16,fp16",
     impl: Annotated[Optional[str], typer.Option("--impl", help="Your implementation, package.module:function, taking and "
                                                 "returning torch tensors: softmax(x); logsumexp(x); rmsnorm(x, weight, eps); "
-                                                "layernorm(x, weight, bias, eps); matmul(a, b). Default: this project's kernels.")] = None,
+                                                "layernorm(x, weight, bias, eps); matmul(a, b); rope(x, positions, base); "
+                                                "attention(q, k, v, kv_start) (causal, scale 1/sqrt(d), zeros where a "
+                                                "query sees no key); swiglu(gate, up). Default: this project's kernels.")] = None,
     atol: AtolOpt = None,
     rtol: RtolOpt = None,
     device: DeviceOpt = "auto",

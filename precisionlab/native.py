@@ -88,6 +88,22 @@ _PROTOTYPES = {
     # int pl_softmax_cpu(const void* x, int64_t rows, int64_t cols, int dtype, int method, int masked,
     #                    void* y, double* lse)
     "pl_softmax_cpu": (c_int, [c_void_p, c_int64, c_int64, c_int, c_int, c_int, c_void_p, _d]),
+    # int pl_swiglu_cpu(const void* gate, const void* up, int64_t n, int dtype, void* y)
+    "pl_swiglu_cpu": (c_int, [c_void_p, c_void_p, c_int64, c_int, c_void_p]),
+    # int pl_swiglu_cuda(const void* gate_dev, const void* up_dev, int64_t n, int dtype, void* y_dev)
+    "pl_swiglu_cuda": (c_int, [c_void_p, c_void_p, c_int64, c_int, c_void_p]),
+    # int pl_rope_cpu(const void* x, int64_t rows, int64_t dim, int dtype, const int64_t* pos, float base, int phase,
+    #                 void* y)
+    "pl_rope_cpu": (c_int, [c_void_p, c_int64, c_int64, c_int, c_void_p, c_float, c_int, c_void_p]),
+    # int pl_rope_cuda(same, device pointers)
+    "pl_rope_cuda": (c_int, [c_void_p, c_int64, c_int64, c_int, c_void_p, c_float, c_int, c_void_p]),
+    # int pl_attention_cpu(const void* q, const void* k, const void* v, int64_t bh, int64_t tq, int64_t tk,
+    #                      int64_t d, int64_t dv, int dtype, int causal, const int32_t* kv_start, float scale, void* y)
+    "pl_attention_cpu": (c_int, [c_void_p, c_void_p, c_void_p, c_int64, c_int64, c_int64, c_int64, c_int64, c_int,
+                                 c_int, c_void_p, c_float, c_void_p]),
+    # int pl_attention_cuda(same, device pointers)
+    "pl_attention_cuda": (c_int, [c_void_p, c_void_p, c_void_p, c_int64, c_int64, c_int64, c_int64, c_int64, c_int,
+                                  c_int, c_void_p, c_float, c_void_p]),
     # int pl_softmax_cuda_plan(int64_t rows, int64_t cols, int dtype, int method, int sm_count, pl_softmax_plan* plan)
     "pl_softmax_cuda_plan": (c_int, [c_int64, c_int64, c_int, c_int, c_int, c_void_p]),
     # int pl_softmax_cuda(same, host pointers)
@@ -371,6 +387,59 @@ def softmax_cuda_plan(rows: int, cols: int, dtype_code: int, method: str, sm_cou
     out = dict(zip(SOFTMAX_PLAN_FIELDS, plan))
     out["method"] = {v: k for k, v in SOFTMAX_METHODS.items()}[out["method"]]
     return out
+
+
+def swiglu_cpu(gate: np.ndarray, up: np.ndarray, dtype_code: int) -> np.ndarray:
+    """silu(gate) * up, arrays already in the storage dtype, same shape."""
+    gate, up = np.ascontiguousarray(gate), np.ascontiguousarray(up)
+    if gate.shape != up.shape or gate.dtype != up.dtype:
+        raise UsageError(f"swiglu: gate {gate.shape} {gate.dtype} and up {up.shape} {up.dtype} must match")
+    y = np.empty_like(gate)
+    _call("pl_swiglu_cpu", gate.ctypes.data, up.ctypes.data, gate.size, dtype_code, y.ctypes.data)
+    return y
+
+
+def swiglu_cuda(gate_ptr: int, up_ptr: int, n: int, dtype_code: int, y_ptr: int) -> None:
+    _call("pl_swiglu_cuda", gate_ptr, up_ptr, n, dtype_code, y_ptr)
+
+
+def rope_cpu(x: np.ndarray, dtype_code: int, pos: np.ndarray, base: float, phase_code: int) -> np.ndarray:
+    """RoPE of the rows of x (rows x dim, storage dtype) at positions pos (one a row)."""
+    x = np.ascontiguousarray(x)
+    pos = np.ascontiguousarray(pos, dtype=np.int64)
+    if x.ndim != 2 or pos.shape != (x.shape[0],):
+        raise UsageError(f"rope: x must be rows x dim and pos one position a row (got {x.shape}, {pos.shape})")
+    y = np.empty_like(x)
+    _call("pl_rope_cpu", x.ctypes.data, x.shape[0], x.shape[1], dtype_code, pos.ctypes.data, base, phase_code,
+          y.ctypes.data)
+    return y
+
+
+def rope_cuda(x_ptr: int, rows: int, dim: int, dtype_code: int, pos_ptr: int, base: float, phase_code: int,
+              y_ptr: int) -> None:
+    _call("pl_rope_cuda", x_ptr, rows, dim, dtype_code, pos_ptr, base, phase_code, y_ptr)
+
+
+def attention_cpu(q: np.ndarray, k: np.ndarray, v: np.ndarray, dtype_code: int, causal: bool,
+                  kv_start: np.ndarray | None, scale: float) -> np.ndarray:
+    """Attention over bh x t x d arrays in the storage dtype; kv_start int32 per bh (or None)."""
+    q, k, v = (np.ascontiguousarray(a) for a in (q, k, v))
+    if q.ndim != 3 or k.ndim != 3 or v.ndim != 3 or q.shape[0] != k.shape[0] or k.shape[:2] != v.shape[:2] \
+            or q.shape[2] != k.shape[2]:
+        raise UsageError(f"attention: q bh x tq x d, k bh x tk x d, v bh x tk x dv (got {q.shape}, {k.shape}, {v.shape})")
+    ks = None if kv_start is None else np.ascontiguousarray(kv_start, dtype=np.int32)
+    if ks is not None and ks.shape != (q.shape[0],):
+        raise UsageError(f"attention: kv_start needs one entry a head-batch (got {ks.shape})")
+    y = np.empty((q.shape[0], q.shape[1], v.shape[2]), dtype=q.dtype)
+    _call("pl_attention_cpu", q.ctypes.data, k.ctypes.data, v.ctypes.data, q.shape[0], q.shape[1], k.shape[1],
+          q.shape[2], v.shape[2], dtype_code, int(causal), None if ks is None else ks.ctypes.data, scale, y.ctypes.data)
+    return y
+
+
+def attention_cuda(q_ptr: int, k_ptr: int, v_ptr: int, bh: int, tq: int, tk: int, d: int, dv: int, dtype_code: int,
+                   causal: bool, kv_start_ptr: int | None, scale: float, y_ptr: int) -> None:
+    _call("pl_attention_cuda", q_ptr, k_ptr, v_ptr, bh, tq, tk, d, dv, dtype_code, int(causal), kv_start_ptr, scale,
+          y_ptr)
 
 
 def softmax_lanes(cols: int) -> int:

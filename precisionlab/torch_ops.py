@@ -9,6 +9,10 @@ on their device pointers. Signatures (the ones --impl must follow):
     rmsnorm(x, weight, eps)         -> y
     layernorm(x, weight, bias, eps) -> y
     matmul(a, b)                    -> a @ b
+    rope(x, positions, base)        -> y        (rotate-half; x rows x dim, one int64 position a row)
+    attention(q, k, v, kv_start)    -> y        (bh x t x d; causal, keys before kv_start[b] masked,
+                                                 scale 1/sqrt(d); a query that sees no key gives zeros)
+    swiglu(gate, up)                -> silu(gate) * up
 """
 
 from __future__ import annotations
@@ -129,3 +133,48 @@ def matmul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
                                c.data_ptr(), version="tiled")
         return c
     return from_numpy(native.matmul_cpu(to_numpy(a), to_numpy(b), _code(a)))
+
+
+def rope(x: torch.Tensor, positions: torch.Tensor, base: float) -> torch.Tensor:
+    x2 = _rows(x)
+    pos = positions.to(torch.int64).contiguous()
+    if pos.numel() != x2.shape[0]:
+        raise UsageError(f"rope needs one position a row: {pos.numel()} positions for {x2.shape[0]} rows")
+    if x.is_cuda:
+        y = torch.empty_like(x2)
+        pos = pos.to(x.device)
+        with _library_launch(x):
+            native.rope_cuda(x2.data_ptr(), x2.shape[0], x2.shape[1], _code(x), pos.data_ptr(), base, CODES[torch.float32],
+                             y.data_ptr())
+        return y.view(x.shape)
+    y = native.rope_cpu(to_numpy(x2), _code(x), pos.cpu().numpy(), base, CODES[torch.float32])
+    return from_numpy(y).view(x.shape)
+
+
+def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_start: torch.Tensor) -> torch.Tensor:
+    if q.dim() != 3 or k.shape != v.shape[:2] + k.shape[2:] or k.dim() != 3:
+        raise UsageError(f"attention needs bh x t x d tensors, got {tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}")
+    q, k, v = q.contiguous(), k.to(q.dtype).contiguous(), v.to(q.dtype).contiguous()
+    ks = kv_start.to(torch.int32).contiguous()
+    scale = q.shape[-1] ** -0.5
+    if q.is_cuda:
+        y = torch.empty(q.shape[0], q.shape[1], v.shape[2], dtype=q.dtype, device=q.device)
+        ks = ks.to(q.device)
+        with _library_launch(q):
+            native.attention_cuda(q.data_ptr(), k.data_ptr(), v.data_ptr(), q.shape[0], q.shape[1], k.shape[1],
+                                  q.shape[2], v.shape[2], _code(q), True, ks.data_ptr(), scale, y.data_ptr())
+        return y
+    y = native.attention_cpu(to_numpy(q), to_numpy(k), to_numpy(v), _code(q), True, ks.cpu().numpy(), scale)
+    return from_numpy(y)
+
+
+def swiglu(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+    g, u = gate.contiguous(), up.to(gate.dtype).contiguous()
+    if g.shape != u.shape:
+        raise UsageError(f"swiglu needs gate and up of one shape, got {tuple(g.shape)} and {tuple(u.shape)}")
+    if g.is_cuda:
+        y = torch.empty_like(g)
+        with _library_launch(g):
+            native.swiglu_cuda(g.data_ptr(), u.data_ptr(), g.numel(), _code(g), y.data_ptr())
+        return y
+    return from_numpy(native.swiglu_cpu(to_numpy(g), to_numpy(u), _code(g))).view(g.shape)

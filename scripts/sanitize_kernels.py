@@ -68,6 +68,20 @@ def _device_pointer_kernels(rng) -> int:
                                work_bytes=work.nbytes)
             c.numpy()
             calls += 1
+    for name in ("fp32", "bf16", "fp16"):  # swiglu, rope, attention on odd sizes
+        fmt = formats.get(name)
+        arr = lambda *shape: dev(np.ascontiguousarray(fmt.round(rng.standard_normal(shape)).astype(fmt.dtype)))
+        g, u, y = arr(1001), arr(1001), native.DeviceArray((1001,), fmt.dtype)
+        native.swiglu_cuda(g.ptr, u.ptr, 1001, fmt.code, y.ptr)
+        x, pos, yr = arr(7, 66), dev(np.arange(7, dtype=np.int64) * 5000), native.DeviceArray((7, 66), fmt.dtype)
+        for phase in ("fp32", "bf16"):
+            native.rope_cuda(x.ptr, 7, 66, fmt.code, pos.ptr, 10000.0, formats.get(phase).code, yr.ptr)
+        q, k, v = arr(3, 5, 24), arr(3, 301, 24), arr(3, 301, 40)
+        ks, ya = dev(np.array([0, 7, 299], np.int32)), native.DeviceArray((3, 5, 40), fmt.dtype)
+        for causal in (False, True):
+            native.attention_cuda(q.ptr, k.ptr, v.ptr, 3, 5, 301, 24, 40, fmt.code, causal, ks.ptr, 0.2, ya.ptr)
+        ya.numpy()
+        calls += 5
     return calls
 
 

@@ -198,3 +198,23 @@ def test_bad_tensor_files(dumps, tmp_path):
         r = cli("compare", "tensors", str(bad), str(f["npz"]))
         assert r.code == 2, (bad, r.err)
         assert len(r.err.strip().splitlines()) == 1 and "Traceback" not in r.err and "pwned" not in r.out
+
+
+def test_rope_with_low_precision_phases_is_flagged(impls_on_path):
+    # the positions reach 32767, where bf16 angles are multiples of 256 rad
+    res = run_op("rope", impl="impls.kernels:rope_bf16_phases", dtypes="bf16")
+    r3 = next(r for r in res.rows if r["comparison"] == 3)
+    assert r3["flagged"] and r3["ratio"] > 10 * compare.RATIO_THRESHOLD
+
+
+def test_attention_and_swiglu_user_kernels(impls_on_path):
+    assert not run_op("swiglu", impl="impls.kernels:swiglu_correct").any_failed
+    res = run_op("attention", impl="impls.kernels:attention_without_the_padding_mask", shape="4x64x32", dtypes="bf16")
+    assert next(r for r in res.rows if r["comparison"] == 1)["flagged"]
+
+
+def test_new_op_shapes_are_checked():
+    with pytest.raises(compare.UsageError, match="even"):
+        compare.parse_shape("rope", "8x63")
+    with pytest.raises(compare.UsageError, match="BHxTxD"):
+        compare.parse_shape("attention", "8x64")

@@ -30,10 +30,12 @@ from precisionlab.errors import RunError, UsageError
 # hiding either.
 RATIO_THRESHOLD = 4.0
 
-OPS = ("softmax", "logsumexp", "rmsnorm", "layernorm", "matmul")
+OPS = ("softmax", "logsumexp", "rmsnorm", "layernorm", "matmul", "rope", "attention", "swiglu")
 DEFAULT_SHAPES = {"softmax": (64, 4096), "logsumexp": (64, 4096), "rmsnorm": (64, 4096), "layernorm": (64, 4096),
-                  "matmul": (256, 1024, 256)}
+                  "matmul": (256, 1024, 256), "rope": (64, 128), "attention": (4, 128, 64), "swiglu": (64, 4096)}
+SHAPE_FORMS = {"matmul": "MxKxN", "attention": "BHxTxD"}  # the rest: ROWSxCOLS
 RMS_EPS, LN_EPS = 1e-6, 1e-5
+ROPE_BASE, ROPE_MAX_POS = 10000.0, 32767  # positions up to 32767: where low-precision phases go wrong
 
 
 @dataclass
@@ -72,7 +74,43 @@ def trusted(op: str):
         "rmsnorm": lambda x, w, eps: F.rms_norm(x, (x.shape[-1],), w, eps),
         "layernorm": lambda x, w, b, eps: F.layer_norm(x, (x.shape[-1],), w, b, eps),
         "matmul": lambda a, b: a @ b,
+        "rope": _trusted_rope,
+        "attention": _trusted_attention,
+        "swiglu": lambda gate, up: F.silu(gate) * up,
     }[op]
+
+
+def _trusted_rope(x, pos, base):
+    """Hugging Face's Llama RoPE: fp32 (fp64 for an fp64 x) inv_freq and
+    angles, cos/sin cast to x's dtype, rotate-half in x's dtype."""
+    torch = _torch()
+    wide = torch.float64 if x.dtype == torch.float64 else torch.float32
+    h = x.shape[-1] // 2
+    inv = 1.0 / (base ** (torch.arange(0, x.shape[-1], 2, dtype=wide, device=x.device) / x.shape[-1]))
+    ang = pos.to(wide)[:, None] * inv[None, :]
+    emb = torch.cat([ang, ang], dim=-1)
+    cos, sin = emb.cos().to(x.dtype), emb.sin().to(x.dtype)
+    rot = torch.cat([-x[..., h:], x[..., :h]], dim=-1)
+    return x * cos + rot * sin
+
+
+def attention_mask(tq: int, tk: int, kv_start, device):
+    """bh x tq x tk visibility: causal (queries are the last tq positions) and
+    key j >= kv_start[b] (left padding)."""
+    torch = _torch()
+    i = torch.arange(tq, device=device)[:, None]
+    j = torch.arange(tk, device=device)[None, :]
+    causal = j <= i + (tk - tq)
+    return causal[None] & (j[None] >= kv_start.to(device).long()[:, None, None])
+
+
+def _trusted_attention(q, k, v, kv_start):
+    """torch's scaled_dot_product_attention with the same mask; a query that
+    sees no key gets zeros (SDPA gives NaN there), as engines write."""
+    torch = _torch()
+    mask = attention_mask(q.shape[1], k.shape[1], kv_start, q.device)
+    out = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=q.shape[-1] ** -0.5)
+    return torch.where(mask.any(-1, keepdim=True), out, torch.zeros((), dtype=out.dtype, device=out.device))
 
 
 def make_inputs(op: str, shape: tuple, seed: int, device: str) -> tuple:
@@ -84,7 +122,17 @@ def make_inputs(op: str, shape: tuple, seed: int, device: str) -> tuple:
     if op == "matmul":
         m, k, n = shape
         return (rnd(m, k).to(device), rnd(k, n).to(device))
+    if op == "attention":
+        bh, t, d = shape
+        # left padding 0, 0, 5, 40, ...: the padded queries see no key at all
+        kv_start = torch.tensor([0 if b < 2 else min(t - 1, 5 * 8 ** (b - 2)) for b in range(bh)], dtype=torch.int32)
+        return (rnd(bh, t, d).to(device), rnd(bh, t, d).to(device), rnd(bh, t, d).to(device), kv_start.to(device))
     r, c = shape
+    if op == "rope":
+        pos = torch.linspace(0, ROPE_MAX_POS, r).round().to(torch.int64)
+        return (rnd(r, c).to(device), pos.to(device), ROPE_BASE)
+    if op == "swiglu":
+        return ((rnd(r, c) * 3).to(device), rnd(r, c).to(device))
     if op in ("softmax", "logsumexp"):
         return ((rnd(r, c) * 3).to(device),)
     x = (rnd(r, c) + 0.5).to(device)
@@ -95,8 +143,9 @@ def make_inputs(op: str, shape: tuple, seed: int, device: str) -> tuple:
 
 
 def _cast(args: tuple, dtype) -> tuple:
+    """Floating tensors to dtype; positions and padding offsets stay integers."""
     torch = _torch()
-    return tuple(a.to(dtype) if isinstance(a, torch.Tensor) else a for a in args)
+    return tuple(a.to(dtype) if isinstance(a, torch.Tensor) and a.is_floating_point() else a for a in args)
 
 
 def parse_shape(op: str, text: str | None) -> tuple:
@@ -106,10 +155,12 @@ def parse_shape(op: str, text: str | None) -> tuple:
         dims = tuple(int(p) for p in text.lower().replace(",", "x").split("x"))
     except ValueError:
         raise UsageError(f"--shape must look like 64x4096 (got {text!r})") from None
-    want = 3 if op == "matmul" else 2
+    form = SHAPE_FORMS.get(op, "ROWSxCOLS")
+    want = form.count("x") + 1
     if len(dims) != want or any(d <= 0 for d in dims):
-        raise UsageError(f"--shape for {op} needs {want} positive sizes ({'MxKxN' if want == 3 else 'ROWSxCOLS'}), "
-                         f"got {text!r}")
+        raise UsageError(f"--shape for {op} needs {want} positive sizes ({form}), got {text!r}")
+    if op == "rope" and dims[1] % 2:
+        raise UsageError(f"--shape for rope needs an even head dimension, got {dims[1]}")
     return dims
 
 

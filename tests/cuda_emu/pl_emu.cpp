@@ -179,13 +179,21 @@ uint64_t warp_exchange(uint64_t mine, int src) {
     return got;
 }
 
-void launch(dim3 grid, dim3 block, const std::function<void()>& fn) {
+namespace {
+std::vector<unsigned char> dyn_shared;
+}
+
+void* dynamic_shared() { return dyn_shared.data(); }
+
+void launch(dim3 grid, dim3 block, const std::function<void()>& fn, size_t smem) {
     std::lock_guard<std::mutex> lock(launch_mutex);
     const long long nthreads = (long long)block.x * block.y * block.z;
-    if (nthreads < 1 || nthreads > 1024 || grid.x < 1 || grid.y < 1 || grid.z < 1 || grid.y > 65535 || grid.z > 65535) {
+    if (nthreads < 1 || nthreads > 1024 || grid.x < 1 || grid.y < 1 || grid.z < 1 || grid.y > 65535 || grid.z > 65535 ||
+        smem > 48 * 1024) {  // past 48 KiB a GPU needs an opt-in attribute the kernels do not set
         last_error = cudaErrorInvalidConfiguration;
         return;
     }
+    dyn_shared.assign(smem ? smem : 1, 0xFF);
     if (fibers.empty()) {  // once, at the most a block can have: a ucontext must never move
         fibers.resize(1024);
         stacks.resize(1024 * kStack);
@@ -199,6 +207,7 @@ void launch(dim3 grid, dim3 block, const std::function<void()>& fn) {
     std::shuffle(order.begin(), order.end(), order_rng);  // blocks arrive in no fixed order
     for (uint64_t b : order) {
         g_bid = uint3{(unsigned)(b % grid.x), (unsigned)(b / grid.x % grid.y), (unsigned)(b / ((uint64_t)grid.x * grid.y))};
+        std::fill(dyn_shared.begin(), dyn_shared.end(), (unsigned char)0xFF);
         run_block((int)nthreads);
     }
 }

@@ -40,7 +40,10 @@
 namespace pl_emu {
 extern uint3 g_tid, g_bid;
 extern dim3 g_bdim, g_gdim;
-void launch(dim3 grid, dim3 block, const std::function<void()>& body);
+void launch(dim3 grid, dim3 block, const std::function<void()>& body, size_t dynamic_shared_bytes = 0);
+// The launch's dynamic shared memory (extern __shared__), filled with 0xFF
+// (NaN) before each block, as a GPU leaves it undefined.
+void* dynamic_shared();
 void syncthreads();
 // Exchange 8 bytes within the current warp: every lane offers `mine` and
 // receives lane `src`'s offer (its own where src is out of range).

@@ -1,6 +1,8 @@
 """Rewrite cuda/* for the CPU emulator (pl_emu.h): `__CUDACC__` guards become
 `PL_EMU`, and each launch `kernel<T><<<grid, block>>>(args);` becomes
-`pl_emu::launch(dim3(grid), dim3(block), [&] { kernel<T>(args); });`.
+`pl_emu::launch(dim3(grid), dim3(block), [&] { kernel<T>(args); });` (a third
+launch argument, the dynamic shared bytes, is passed on), and
+`extern __shared__ T name[];` becomes a pointer to the launch's buffer.
 
     python tests/cuda_emu/translate.py cuda build/emu
 """
@@ -62,17 +64,27 @@ def _split_top(s: str) -> list[str]:
 def rewrite_launches(src: str) -> str:
     while (k := src.find("<<<")) >= 0:
         e = src.index(">>>", k)
-        grid, block = (p.strip() for p in _split_top(src[k + 3:e]))
+        config = [p.strip() for p in _split_top(src[k + 3:e])]
+        if len(config) not in (2, 3):
+            raise ValueError(f"launch configuration <<<{src[k + 3:e]}>>>: grid, block and at most dynamic shared bytes")
+        grid, block = config[:2]
+        smem = f", {config[2]}" if len(config) == 3 else ""
         start = _callee_start(src, k)
         args_end = _match_forward(src, e + 3)
         callee, args = src[start:k], src[e + 3:args_end]
-        src = (src[:start] + f"pl_emu::launch(dim3({grid}), dim3({block}), [&] {{ {callee}{args}; }})"
+        src = (src[:start] + f"pl_emu::launch(dim3({grid}), dim3({block}), [&] {{ {callee}{args}; }}{smem})"
                + src[args_end:])
     return src
 
 
+# `extern __shared__ T name[];`: the launch's dynamic shared memory, one
+# buffer for the block running at the time (blocks run one after another)
+DYNAMIC_SHARED = re.compile(r"extern\s+__shared__\s+(\w+)\s+(\w+)\s*\[\s*\]\s*;")
+
+
 def translate(text: str) -> str:
     text = re.sub(r"\b__CUDACC__\b", "PL_EMU", text)
+    text = DYNAMIC_SHARED.sub(r"\1* \2 = static_cast<\1*>(pl_emu::dynamic_shared());", text)
     return rewrite_launches(text)
 
 

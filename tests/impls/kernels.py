@@ -35,3 +35,27 @@ def matmul_transposed_weight(a, b):
 
 def raises(a, b):
     raise RuntimeError("kernel exploded")
+
+
+def rope_bf16_phases(x, positions, base):
+    # the pitfall of a model cast wholesale to bf16: inv_freq, the angles and
+    # cos/sin all in x's dtype, so at position 32767 a bf16 angle is a
+    # multiple of 256 radians
+    dt = x.dtype
+    h = x.shape[-1] // 2
+    inv = (1.0 / (base ** (torch.arange(0, x.shape[-1], 2, dtype=torch.float32) / x.shape[-1]))).to(dt)
+    ang = positions.to(dt)[:, None] * inv[None, :]
+    emb = torch.cat([ang, ang], dim=-1)
+    rot = torch.cat([-x[..., h:], x[..., :h]], dim=-1)
+    return x * emb.cos() + rot * emb.sin()
+
+
+def swiglu_correct(gate, up):
+    return (torch.nn.functional.silu(gate.float()) * up.float()).to(gate.dtype)
+
+
+def attention_without_the_padding_mask(q, k, v, kv_start):
+    # the mistake: the causal mask alone, so padded keys take part
+    t = q.shape[1]
+    mask = torch.ones(t, t, dtype=torch.bool).tril()
+    return torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=q.shape[-1] ** -0.5)
