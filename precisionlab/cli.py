@@ -215,20 +215,35 @@ def compare_op(
                                                 "layernorm(x, weight, bias, eps); matmul(a, b); rope(x, positions, base); "
                                                 "attention(q, k, v, kv_start) (causal, scale 1/sqrt(d), zeros where a "
                                                 "query sees no key); swiglu(gate, up). Default: this project's kernels.")] = None,
+    cases: Annotated[Optional[str], typer.Option("--cases", help="Input cases: all (default: random plus the op's edge "
+                                                 "cases: large, shifted and masked logits, non-finite rows, scales "
+                                                 "that overflow a 16-bit accumulator, long K, long RoPE positions, "
+                                                 "...) or a comma list of their names.")] = None,
+    masked: Annotated[str, typer.Option("--masked", help="softmax: a row of all -inf gives nan (textbook) "
+                                        "| zero.")] = "nan",
+    scale: Annotated[float, typer.Option("--scale", help="Multiply the random data inputs by this.")] = 1.0,
+    out_dtype: Annotated[Optional[str], typer.Option("--out-dtype", help="The dtype your low-precision outputs are "
+                                                     "declared to have (default: the input's).")] = None,
+    from_file: Annotated[Optional[str], typer.Option("--from", help="Inputs from a .npy/.npz/.pt/.safetensors file: one "
+                                                     "tensor (the first argument), or tensors named after the "
+                                                     "arguments (x, weight, bias, a, b, positions, q, k, v, kv_start, "
+                                                     "gate, up).")] = None,
     atol: AtolOpt = None,
     rtol: RtolOpt = None,
     device: DeviceOpt = "auto",
     seed: SeedOpt = 0,
     json_out: JsonOpt = False,
 ):
-    """Three comparisons: yours fp32 vs torch fp32, torch low vs torch fp32, yours low vs torch low.
+    """Three comparisons: yours fp32 vs torch fp32, torch low vs torch fp32, yours low vs torch low, on every
+    input case; batch invariance and determinism; the tolerance that would pass.
 
-    Exit 1 when a comparison is flagged (so CI can run it on your kernel)."""
+    Exit 1 when a comparison or a contract is flagged (so CI can run it on your kernel)."""
     from precisionlab import report
     from precisionlab.experiments import compare as exp
 
     cfg = exp.CompareOpConfig(op=name, shape=shape, dtypes=dtype, impl=impl, device=device, seed=seed, atol=atol,
-                              rtol=rtol)
+                              rtol=rtol, cases=cases, masked=masked, scale=scale, out_dtype=out_dtype,
+                              from_file=from_file)
     with report.progress(f"compare {name}", enabled=not json_out) as advance:
         result = exp.compare_op(cfg, advance)
     (report.compare_op_json if json_out else report.compare_op_table)(result)

@@ -69,27 +69,29 @@ def _rows(x: torch.Tensor) -> torch.Tensor:
     return x.contiguous().view(-1, x.shape[-1])
 
 
-def softmax(x: torch.Tensor) -> torch.Tensor:
+def softmax(x: torch.Tensor, masked: str = "nan") -> torch.Tensor:
+    """masked: what a row of all -inf gives, nan (textbook) or zero."""
     x2 = _rows(x)
     if x.is_cuda:
         y = torch.empty_like(x2)
         with _library_launch(x):
-            native.softmax_cuda_device(x2.data_ptr(), x2.shape[0], x2.shape[1], _code(x), "single_pass", y.data_ptr())
+            native.softmax_cuda_device(x2.data_ptr(), x2.shape[0], x2.shape[1], _code(x), "single_pass", y.data_ptr(),
+                                       masked=masked)
         return y.view(x.shape)
-    y, _ = native.softmax_cpu(to_numpy(x2), _code(x), "stable")
+    y, _ = native.softmax_cpu(to_numpy(x2), _code(x), "stable", masked)
     return from_numpy(y).view(x.shape)
 
 
-def logsumexp(x: torch.Tensor) -> torch.Tensor:
+def logsumexp(x: torch.Tensor, masked: str = "nan") -> torch.Tensor:
     x2 = _rows(x)
     if x.is_cuda:
         y = torch.empty_like(x2)
         lse = torch.empty(x2.shape[0], dtype=torch.float32, device=x.device)
         with _library_launch(x):
             native.softmax_cuda_device(x2.data_ptr(), x2.shape[0], x2.shape[1], _code(x), "stable", y.data_ptr(),
-                                       lse_ptr=lse.data_ptr())
+                                       masked=masked, lse_ptr=lse.data_ptr())
         return lse.to(x.dtype).view(x.shape[:-1])
-    _, lse = native.softmax_cpu(to_numpy(x2), _code(x), "stable")
+    _, lse = native.softmax_cpu(to_numpy(x2), _code(x), "stable", masked)
     return torch.from_numpy(lse).to(x.dtype).view(x.shape[:-1])
 
 

@@ -11,6 +11,7 @@ and, as the yardstick for (1), (0) trusted fp32 vs trusted fp64: what fp32 costs
 
 from __future__ import annotations
 
+import functools
 import importlib
 import math
 import sys
@@ -21,6 +22,7 @@ import numpy as np
 
 from precisionlab import devices, formats, metrics
 from precisionlab.errors import RunError, UsageError
+from precisionlab.experiments import op_harness
 
 # (3) more than this many times (2), or (1) more than this many times (0), is
 # flagged. A correct kernel and torch make rounding choices of the same size as
@@ -48,6 +50,11 @@ class CompareOpConfig:
     seed: int = 0
     atol: float | None = None
     rtol: float | None = None
+    cases: str | None = None      # 'all' (default) or a comma list: op_harness.cases_for(op)
+    masked: str = "nan"           # softmax/logsumexp: what a row of all -inf gives
+    scale: float = 1.0            # multiplies the random inputs
+    out_dtype: str | None = None  # the dtype your low-precision output is declared to have
+    from_file: str | None = None  # inputs from a .npy / .pt / .safetensors file
 
 
 @dataclass
@@ -57,6 +64,8 @@ class CompareResult:
     flags: dict = field(default_factory=dict)
     takeaways: list[str] = field(default_factory=list)
     any_failed: bool = False
+    contracts: list[dict] = field(default_factory=list)
+    advice: list[dict] = field(default_factory=list)
 
 
 def _torch():
@@ -113,12 +122,20 @@ def _trusted_attention(q, k, v, kv_start):
     return torch.where(mask.any(-1, keepdim=True), out, torch.zeros((), dtype=out.dtype, device=out.device))
 
 
-def make_inputs(op: str, shape: tuple, seed: int, device: str) -> tuple:
+def make_inputs(op: str, shape: tuple, seed: int, device: str, scale: float = 1.0) -> tuple:
     """fp32 inputs and the op's scalar arguments. Logits get a spread of a few
-    units, norm inputs an offset (so the mean matters), weights sit around 1."""
+    units, norm inputs an offset (so the mean matters), weights sit around 1.
+    `scale` multiplies the first (data) argument."""
     torch = _torch()
     g = torch.Generator().manual_seed(seed)
-    rnd = lambda *s: torch.randn(*s, generator=g)
+    first = [True]
+
+    def rnd(*s):
+        t = torch.randn(*s, generator=g)
+        if first[0]:
+            first[0] = False
+            return t * scale
+        return t
     if op == "matmul":
         m, k, n = shape
         return (rnd(m, k).to(device), rnd(k, n).to(device))
@@ -192,50 +209,209 @@ def compare_op(cfg: CompareOpConfig, advance=lambda k=1: None) -> CompareResult:
             raise UsageError(f"--dtype must be bf16 and/or fp16 (got {f.name})")
     if not lows:
         raise UsageError("empty --dtype")
+    if cfg.masked not in ("nan", "zero"):
+        raise UsageError(f"--masked must be nan or zero (got {cfg.masked!r})")
+    if not (math.isfinite(cfg.scale) and cfg.scale != 0):
+        raise UsageError(f"--scale must be finite and non-zero (got {cfg.scale})")
+    out_dtype = formats.get(cfg.out_dtype) if cfg.out_dtype else None
+    cases = op_harness.select(op, cfg.cases)
     plan = devices.resolve(cfg.device)
     torch = _torch()
     from precisionlab import torch_ops
     from precisionlab.experiments.tf32 import restored_flags, torch_flags
 
     yours = load_impl(cfg.impl) if cfg.impl else getattr(torch_ops, op)
-    ref = trusted(op)
+    if not cfg.impl and op in ("softmax", "logsumexp"):  # the project's kernels follow --masked; yours say theirs
+        yours = functools.partial(yours, masked=cfg.masked)
+    ref = _policy(trusted(op), op, cfg.masked)
     rows: list[dict] = []
+    contract_rows: list[dict] = []
+    advice: list[dict] = []
     fp32 = formats.get("fp32")
+    tdt = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
     with restored_flags():
         torch.backends.cuda.matmul.allow_tf32 = False  # trusted fp32 is IEEE fp32, stated
         torch.backends.cudnn.allow_tf32 = False
         flags = torch_flags()
         for dev in plan.names:
-            args = make_inputs(op, shape, cfg.seed, dev)
-            t32 = ref(*args)
-            t64 = ref(*_cast(args, torch.float64))
-            y32 = _call(yours, args, cfg.impl)
-            rtol, atol = _tols(fp32, cfg)
-            row0 = _row(op, dev, "fp32", 0, "trusted fp32 vs trusted fp64",
-                        metrics.error_report(_np(t32), _np(t64), fp32, atol, rtol), shape)
-            row0["verdict"] = "the cost of fp32: the yardstick for (1)"
-            row1 = _row(op, dev, "fp32", 1, "yours fp32 vs trusted fp32",
-                        metrics.error_report(_np(y32), _np(t32), fp32, atol, rtol), shape)
-            _judge(row1, row0, "fp32")
-            rows += [row0, row1]
-            advance()
-            for low in lows:
-                tdt = {"bf16": torch.bfloat16, "fp16": torch.float16}[low.name]
-                largs = _cast(args, tdt)
-                tl = ref(*largs)
-                yl = _call(yours, largs, cfg.impl)
-                rtol, atol = _tols(low, cfg)
-                r2 = metrics.error_report(_np(tl), _np(t32), low, atol, rtol)
-                r3 = metrics.error_report(_np(yl), _np(tl), low, atol, rtol)
-                rows.append(_row(op, dev, low.name, 2, "trusted low vs trusted fp32", r2, shape))
-                rows.append(_row(op, dev, low.name, 3, "yours low vs trusted low", r3, shape))
-                _verdict(row1, rows[-2], rows[-1])
+            base = make_inputs(op, shape, cfg.seed, dev, scale=cfg.scale)
+            if cfg.from_file:
+                base = inputs_from_file(op, cfg.from_file, base, dev, cfg.seed)
+            for case in cases:
+                args = case.build(base, shape, cfg.seed)
+                cshape = _shape_of(op, args)
+                t32 = ref(*args)
+                t64 = ref(*_cast(args, torch.float64))
+                y32 = _call_case(yours, args, cfg.impl, case)
+                rtol, atol = _tols(fp32, cfg)
+                row0 = _compare_row(op, dev, case, fp32, 0, "trusted fp32 vs trusted fp64", t32, t64, atol, rtol, cshape)
+                row0["verdict"] = "the cost of fp32: the yardstick for (1)"
+                row1 = _compare_row(op, dev, case, fp32, 1, "yours fp32 vs trusted fp32", y32, t32, atol, rtol, cshape,
+                                    expect=tdt[(out_dtype or fp32).name] if out_dtype else torch.float32)
+                if not row1["flagged"]:
+                    _judge(row1, row0, "fp32")
+                rows += [row0, row1]
                 advance()
+                for low in lows:
+                    largs = _cast(args, tdt[low.name])
+                    tl = ref(*largs)
+                    yl = _call_case(yours, largs, cfg.impl, case)
+                    rtol, atol = _tols(low, cfg)
+                    r2 = _compare_row(op, dev, case, low, 2, "trusted low vs trusted fp32", tl, t32, atol, rtol, cshape)
+                    r3 = _compare_row(op, dev, case, low, 3, "yours low vs trusted low", yl, tl, atol, rtol, cshape,
+                                      expect=tdt[out_dtype.name] if out_dtype else tdt[low.name])
+                    rows += [r2, r3]
+                    r2["verdict"] = "the cost of the format"
+                    if not r3["flagged"]:
+                        _verdict(row1, r2, r3)
+                    if case is op_harness.RANDOM and not r3["flagged"]:
+                        advice.append(_advice(op, dev, low, args, largs, yl, tl))
+                    advance()
+            for name in ["fp32"] + [f.name for f in lows]:
+                big, take = op_harness.batched_inputs(op, shape, cfg.seed, dev, make_inputs)
+                for c in op_harness.contracts(yours, lambda f, a: _call(f, a, cfg.impl), _cast(big, tdt[name]), take,
+                                              name):
+                    c["device"] = dev
+                    c["flagged"] = not c["passed"]
+                    contract_rows.append(c)
+                advance()
+    any_failed = any(r["flagged"] for r in rows) or any(c["flagged"] for c in contract_rows)
     return CompareResult(
         params={"op": op, "shape": list(shape), "dtypes": [f.name for f in lows], "impl": cfg.impl or "precisionlab",
                 "device": cfg.device, "seed": cfg.seed, "ratio_threshold": RATIO_THRESHOLD,
-                "atol": cfg.atol, "rtol": cfg.rtol, "cuda_unavailable": plan.cuda_unavailable or None},
-        rows=rows, flags=flags, takeaways=_takeaways(rows, cfg.impl), any_failed=any(r["flagged"] for r in rows))
+                "atol": cfg.atol, "rtol": cfg.rtol, "masked": cfg.masked, "scale": cfg.scale,
+                "out_dtype": cfg.out_dtype, "from": cfg.from_file,
+                "cases": {c.name: c.what for c in cases}, "batch_sizes": list(op_harness.BATCH_SIZES),
+                "cuda_unavailable": plan.cuda_unavailable or None},
+        rows=rows, flags=flags, takeaways=_takeaways(rows, cfg.impl) + _contract_takeaways(contract_rows),
+        any_failed=any_failed, contracts=contract_rows, advice=advice)
+
+
+# The names --from files may give each argument (one unnamed tensor is the first).
+ARG_NAMES = {"softmax": ("x",), "logsumexp": ("x",), "rmsnorm": ("x", "weight"), "layernorm": ("x", "weight", "bias"),
+             "matmul": ("a", "b"), "rope": ("x", "positions"), "attention": ("q", "k", "v", "kv_start"),
+             "swiglu": ("gate", "up")}
+_INTEGER_ARGS = {"positions", "kv_start"}
+
+
+def inputs_from_file(op: str, path: str, base: tuple, device: str, seed: int = 0) -> tuple:
+    """The op's inputs from a tensor file: tensors named after the arguments
+    (ARG_NAMES), or one tensor standing for the first; the rest are generated
+    to fit its shape, as for random inputs."""
+    torch = _torch()
+    tensors = load_tensors(path)
+    names = ARG_NAMES[op]
+    if len(tensors) == 1:
+        pick = {names[0]: next(iter(tensors.values()))[0]}
+    else:
+        pick = {n: tensors[n][0] for n in names if n in tensors}
+        if names[0] not in pick:
+            raise UsageError(f"--from {path}: name the tensors {', '.join(names)} (or give one tensor); "
+                             f"found {', '.join(sorted(tensors)[:8])}")
+    first = pick[names[0]]
+    want = SHAPE_FORMS.get(op, "ROWSxCOLS").count("x") + (0 if op == "matmul" else 1)
+    if first.ndim != want or first.size == 0:
+        raise UsageError(f"--from {path}: {names[0]} must be a non-empty {want}-D tensor for {op}, got shape "
+                         f"{first.shape}")
+    shape = tuple(first.shape)
+    if op == "matmul":
+        shape = (shape[0], shape[1], pick["b"].shape[1] if "b" in pick and pick["b"].ndim == 2 else DEFAULT_SHAPES[op][2])
+    args = list(make_inputs(op, parse_shape(op, "x".join(map(str, shape))), seed, device))
+    for i, n in enumerate(names):
+        if n in pick:
+            dt = torch.int64 if n in _INTEGER_ARGS else torch.float32
+            if n == "kv_start":
+                dt = torch.int32
+            t = torch.from_numpy(np.ascontiguousarray(pick[n])).to(dt).to(device)
+            if tuple(t.shape) != tuple(args[i].shape):
+                raise UsageError(f"--from {path}: {n} has shape {tuple(t.shape)}, {op} needs {tuple(args[i].shape)} here")
+            args[i] = t
+    return tuple(args)
+
+
+@dataclass(frozen=True)
+class _Raised:
+    """What a call of yours raised on an edge case: a flagged row, not an abort."""
+
+    message: str
+
+
+def _call_case(fn, args, impl, case):
+    """On the random case a kernel that raises ends the run (exit 1, one line);
+    on an edge case the exception is that case's flagged row."""
+    if case is op_harness.RANDOM:
+        return _call(fn, args, impl)
+    try:
+        return _call(fn, args, impl)
+    except RunError as e:
+        return _Raised(str(e))
+
+
+def _policy(fn, op: str, masked: str):
+    """softmax and logsumexp under --masked zero: a row of all -inf gives
+    zeros (log-sum-exp -inf) instead of the textbook NaN."""
+    if masked == "nan" or op not in ("softmax", "logsumexp"):
+        return fn
+
+    def wrapped(x):
+        torch = _torch()
+        y = fn(x)
+        dead = torch.isneginf(x).all(-1)
+        if op == "softmax":
+            return torch.where(dead[..., None], torch.zeros((), dtype=y.dtype, device=y.device), y)
+        return torch.where(dead, torch.full((), -math.inf, dtype=y.dtype, device=y.device), y)
+    return wrapped
+
+
+def _shape_of(op: str, args: tuple) -> tuple:
+    if op == "matmul":
+        return (args[0].shape[0], args[0].shape[1], args[1].shape[1])
+    return tuple(args[0].shape)
+
+
+def _compare_row(op, dev, case, fmt, idx, label, got, want, atol, rtol, shape, expect=None) -> dict:
+    """One comparison of `got` against `want`. When `expect` (the dtype the
+    output must have) is given, a result that is not a tensor of want's shape
+    and that dtype is a flagged row with the reason, not an error. Non-finite
+    reference values must be matched (the same NaN or infinity: torch's
+    equal_nan); the finite rest is measured as usual."""
+    problem = op_harness.output_problem(got, want, expect) if expect is not None else None
+    if isinstance(got, _Raised):
+        problem = got.message
+    if problem is not None:
+        row = _row(op, dev, fmt.name, idx, label, metrics.error_report(np.zeros(0), np.zeros(0), fmt, atol, rtol), shape)
+        row.update(case=case.name, flagged=True, ratio=math.inf, verdict=f"output contract: {problem}",
+                   rel_l2=math.nan, max_abs=math.nan, nonfinite_pattern_mismatch=None)
+        return row
+    g, w = _np(got), _np(want)
+    agree, ref_nonfinite, mismatch = op_harness.nonfinite_split(g, w)
+    keep = ~agree
+    rep = metrics.error_report(g[keep], w[keep], fmt, atol, rtol)
+    row = _row(op, dev, fmt.name, idx, label, rep, shape)
+    row.update(case=case.name, reference_nonfinite=ref_nonfinite, nonfinite_pattern_mismatch=mismatch)
+    if mismatch and idx in (1, 3):
+        row.update(flagged=True, ratio=math.inf,
+                   verdict=f"{mismatch} element(s) non-finite where the reference is not, or finite where it is not")
+    return row
+
+
+def _advice(op, dev, low, args, largs, yl, tl) -> dict:
+    g, w = _np(yl), _np(tl)
+    out = {"device": dev, "dtype": low.name, "comparison": 3, **op_harness.advise(g, w)}
+    if op == "matmul":
+        out.update(op_harness.matmul_bound(_np(largs[0]), _np(largs[1]), g, low.unit_roundoff))
+    return out
+
+
+def _contract_takeaways(contract_rows) -> list[str]:
+    out = []
+    for c in contract_rows:
+        if c["flagged"] and c["contract"] == "batch_invariance":
+            out.append(f"{c['device']} {c['dtype']}: not batch-invariant: a row's bits change first at batch size "
+                       f"{c['first_batch_changed']} ({c['detail']})")
+        elif c["flagged"]:
+            out.append(f"{c['device']} {c['dtype']}: not deterministic: {c['detail']}")
+    return out
 
 
 def _tols(fmt, cfg) -> tuple[float, float]:

@@ -59,3 +59,36 @@ def attention_without_the_padding_mask(q, k, v, kv_start):
     t = q.shape[1]
     mask = torch.ones(t, t, dtype=torch.bool).tril()
     return torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=q.shape[-1] ** -0.5)
+
+
+def softmax_without_max_subtraction(x):
+    # the textbook formula: fine for small logits, inf / inf = NaN past exp's range
+    e = torch.exp(x.float())
+    return (e / e.sum(-1, keepdim=True)).to(x.dtype)
+
+
+def rmsnorm_returns_fp32(x, weight, eps):
+    ms = x.float().pow(2).mean(-1, keepdim=True)
+    return x.float() * torch.rsqrt(ms + eps) * weight.float()  # forgot .to(x.dtype)
+
+
+def softmax_returns_numpy(x):
+    return torch.softmax(x, -1).float().numpy()
+
+
+def softmax_wrong_shape(x):
+    return torch.softmax(x, -1)[:, :-1]
+
+
+def softmax_batch_variant(x):
+    # a split reduction chosen from the batch size, as launch heuristics do:
+    # past 64 rows the sum runs over two halves, so a row's bits depend on
+    # how many rows came with it
+    xf = x.float()
+    e = torch.exp(xf - xf.amax(-1, keepdim=True))
+    if x.shape[0] > 64 and e.shape[-1] % 2 == 0:
+        h = e.shape[-1] // 2
+        s = e[:, :h].sum(-1, keepdim=True) + e[:, h:].sum(-1, keepdim=True)
+    else:
+        s = e.sum(-1, keepdim=True)
+    return (e / s).to(x.dtype)
