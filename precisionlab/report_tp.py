@@ -21,7 +21,7 @@ def _pct(share) -> str:
 def _layout(r: dict, prefix: str) -> str:
     if r[f"{prefix}segments"] is None:
         return "-"
-    return f"{r[f'{prefix}segments']} x {r[f'{prefix}segment_bytes']} B, chunk {r[f'{prefix}chunk_elements']}"
+    return f"{r[f'{prefix}segments']}x{r[f'{prefix}segment_bytes']}B->{r[f'{prefix}chunk_elements']}"
 
 
 def tp_table(rows: list[dict], takeaway: str | None) -> None:
@@ -39,17 +39,17 @@ def tp_table(rows: list[dict], takeaway: str | None) -> None:
                       f"{_yes(r['repeat_identical'])} ({r['distinct']} of {r['runs']})", _yes(r["all_ranks_agree"]),
                       "yes" if r["big_same_bits"] else f"no ({_pct(r['big_differs'])} differ)")
         stdout.print(t)
-        o = Table(title="the order: gloo's result vs the library's replay (pl_allreduce_cpu) of a ring, "
-                        f"{r0['elements']} elements alone and inside a buffer of {r0['big_elements']}; "
-                        "ulps at the output's scale",
+        o = Table(title="the order: gloo's result = the library's ring replay (pl_allreduce_cpu)? for "
+                        f"{r0['elements']} elements alone / inside a buffer of {r0['big_elements']}; chunking: "
+                        "segments x bytes -> elements a rank finishes; ulps at the output's scale",
                   title_justify="left")
-        for col in ("dtype", "P", "algorithm", "= replay", "larger buffer = replay", "ring chunks (segments x bytes)",
-                    "larger buffer chunks", "tree differs from ring", "ring-tree max (ulps)", "tree mean err"):
+        for col in ("dtype", "P", "algorithm", "= replay", "chunking", "larger buffer", "tree differs",
+                    "ring-tree ulps", "tree mean err"):
             o.add_column(col, justify="left" if col in ("dtype", "algorithm") else "right")
         for r in done:
-            o.add_row(r["dtype"], str(r["world_size"]), escape(r["algorithm"]), _yes(r["replay_matches"]),
-                      _yes(r["big_replay_matches"]), _layout(r, ""), _layout(r, "big_"),
-                      _pct(r["tree_differs_from_ring"]), num(r["ring_tree_max_ulps"], 3),
+            o.add_row(r["dtype"], str(r["world_size"]), escape(r["algorithm"]),
+                      f"{_yes(r['replay_matches'])}/{_yes(r['big_replay_matches'])}", _layout(r, ""),
+                      _layout(r, "big_"), _pct(r["tree_differs_from_ring"]), num(r["ring_tree_max_ulps"], 3),
                       sci(r["tree_mean_abs_error"]))
         stdout.print(o)
     for r in rows:

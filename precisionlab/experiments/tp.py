@@ -333,7 +333,7 @@ def _analyse(ranks: dict, dtype: str, cfg: TpConfig) -> list[dict]:
             error_ratio_to_ws1=_mean(err) / base_err if base_err else math.nan,
             big_elements=big_n, big_offset=offset,
             big_same_bits=bool(_same(big, out).all()), big_differs=float(np.mean(~_same(big, out))),
-            algorithm=next((a for a, ok in matches.items() if ok), "unidentified") if p > 1 else "copy (size 1)",
+            algorithm=_algorithm(p, matches),
             replay_matches=bool(_same(ring, out).all()), replay_mismatches=int(np.sum(~_same(ring, out))),
             big_replay_matches=bool(_same(ring_big, big).all()),
             big_replay_2018_matches=bool(_same(ring_old, big).all()),
@@ -349,6 +349,16 @@ def _analyse(ranks: dict, dtype: str, cfg: TpConfig) -> list[dict]:
             tree_max_abs_error=float(np.max(tree_err)), tree_mean_abs_error=_mean(tree_err),
         ))
     return rows
+
+
+def _algorithm(p: int, matches: dict[str, bool]) -> str:
+    """The replay(s) that gloo's bits match."""
+    if p == 1:
+        return "copy (size 1)"
+    found = [a for a, ok in matches.items() if ok]
+    if len(found) > 1:
+        return " = ".join(found)  # 2 ranks: one addition per element, a + b in any order
+    return found[0] if found else "unidentified"
 
 
 def takeaways(rows: list[dict]) -> dict[str, str]:
