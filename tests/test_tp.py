@@ -227,10 +227,12 @@ def _rank_pids(parent: int) -> list[int]:
 
 
 def test_failed_rank_is_one_line_naming_it():
+    """Rank 2 fails; ranks 0, 1 and 3 then fail in their all_reduce. The line
+    names rank 2, the first to fail, not the lowest."""
     with pytest.raises(RunError) as e:
-        tp.launch(tp.TpConfig(world_sizes=(1, 2), fail_rank=1, timeout_s=60))
+        tp.launch(tp.TpConfig(world_sizes=(1, 2, 4), fail_rank=2, timeout_s=60))
     msg = str(e.value)
-    assert "rank 1 of 2 failed" in msg and "injected failure" in msg and "\n" not in msg
+    assert "rank 2 of 4 failed" in msg and "injected failure" in msg and "\n" not in msg, msg
     assert _rank_pids(os.getpid()) == []
 
 

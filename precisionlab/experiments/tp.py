@@ -67,7 +67,7 @@ class TpConfig:
     k: int = SHAPE["k"]
     n: int = SHAPE["n"]
     timeout_s: float = TIMEOUT_S
-    fail_rank: int | None = None  # tests: this rank raises at start
+    fail_rank: int | None = None  # tests: this rank raises once its process group is up
     hang_rank: int | None = None  # tests: this rank sleeps past the timeout
 
 
@@ -139,7 +139,11 @@ def _last_line(path: str) -> str:
             lines = [ln.strip() for ln in f if ln.strip()]
     except OSError:
         return ""
-    line = lines[-1] if lines else ""
+    return _printable(lines[-1] if lines else "")
+
+
+def _printable(line: str) -> str:
+    """A line from a rank, shown as text: control characters escaped, cut short."""
     return "".join(c if c.isprintable() else f"\\x{ord(c):02x}" for c in line)[:300]
 
 
@@ -209,8 +213,10 @@ def _wait(procs, tmp: str, timeout_s: float, advance) -> None:
             if r in done or p.poll() is None:
                 continue
             if p.returncode != 0:
-                why = _last_line(os.path.join(tmp, f"{r}.err"))
-                raise RunError(f"tp: rank {r} of {len(procs)} failed ({_exit_text(p.returncode)})"
+                time.sleep(0.5)  # let the ranks it took down report too, then blame the first to fail
+                r = _first_failure(procs, tmp)
+                why = _failure_line(tmp, r)
+                raise RunError(f"tp: rank {r} of {len(procs)} failed ({_exit_text(procs[r].returncode)})"
                                + (f": {why}" if why else "") + "; the other ranks were stopped")
             done.add(r)
             advance()
@@ -219,6 +225,29 @@ def _wait(procs, tmp: str, timeout_s: float, advance) -> None:
             raise RunError(f"tp: rank{'s' if len(late) > 1 else ''} {', '.join(map(str, late))} of {len(procs)} "
                            f"did not finish within {timeout_s:g} s; all ranks were stopped")
         time.sleep(0.05)
+
+
+def _failure_record(tmp: str, r: int) -> tuple[float, str] | None:
+    """(when, line) from the rank's own failure report, if it wrote one."""
+    try:
+        with open(os.path.join(tmp, f"{r}.fail"), errors="replace") as f:
+            when, line = f.read().rstrip("\n").split("\t", 1)
+        return float(when), _printable(line)
+    except (OSError, ValueError):
+        return None
+
+
+def _first_failure(procs, tmp: str) -> int:
+    """The rank that failed first: the earliest self-reported failure, else
+    the lowest rank that exited non-zero (killed by a signal, say)."""
+    failed = [r for r, p in enumerate(procs) if p.poll() is not None and p.returncode != 0]
+    reported = [(rec[0], r) for r in failed if (rec := _failure_record(tmp, r))]
+    return min(reported)[1] if reported else failed[0]
+
+
+def _failure_line(tmp: str, r: int) -> str:
+    rec = _failure_record(tmp, r)
+    return rec[1] if rec else _last_line(os.path.join(tmp, f"{r}.err"))
 
 
 def _load(path: str, rank: int) -> dict[str, np.ndarray]:

@@ -46,6 +46,8 @@ def _work(job: dict, rank: int) -> None:
     world = job["world"]
     dist.init_process_group("gloo", store=store, rank=rank, world_size=world, timeout=timeout)
     groups = {p: dist.new_group(list(range(p))) for p in job["world_sizes"]}  # every rank takes part in each
+    if job.get("fail_rank") == rank:  # tests: its peers then fail in their next all_reduce
+        raise RuntimeError("injected failure (test)")
     m, k, n = job["m"], job["k"], job["n"]
     x32, w32 = tp_inputs(job["seed"], m, k, n)
     out: dict[str, np.ndarray] = {}
@@ -95,14 +97,17 @@ def main(argv: list[str]) -> int:
     if os.getppid() != job["parent_pid"]:  # the parent died before prctl took effect
         return 1
     try:
-        if job.get("fail_rank") == rank:
-            raise RuntimeError("injected failure (test)")
         if job.get("hang_rank") == rank:
             time.sleep(3600)
         _work(job, rank)
-    except Exception as e:  # one line for the parent to show
-        msg = " ".join(str(e).split())[:300]
-        print(f"{type(e).__name__}: {msg}", file=sys.stderr, flush=True)
+    except Exception as e:  # one line for the parent to show, with when it happened
+        line = f"{type(e).__name__}: {' '.join(str(e).split())[:300]}"
+        print(line, file=sys.stderr, flush=True)
+        try:
+            with open(os.path.join(job["dir"], f"{rank}.fail"), "w") as f:
+                f.write(f"{time.time()!r}\t{line}\n")
+        except OSError:
+            pass
         return 1
     return 0
 
