@@ -265,3 +265,9 @@ def test_ctrl_c_leaves_no_ranks():
     assert "Traceback" not in err and len(err.strip().splitlines()) <= 1, err
     for pid in seen:
         assert not os.path.exists(f"/proc/{pid}"), f"rank process {pid} survived Ctrl-C"
+
+
+@pytest.mark.parametrize("kw", [{"seed": -1}, {"runs": 0}, {"runs": tp.MAX_RUNS + 1}])
+def test_bad_config_is_a_usage_error(kw):
+    with pytest.raises(UsageError):
+        tp.run(tp.TpConfig(**kw))

@@ -43,7 +43,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from precisionlab import formats, native
-from precisionlab.errors import RunError
+from precisionlab.errors import RunError, UsageError
 
 WORLD_SIZES = (1, 2, 4, 8)
 DTYPES = ("fp32", "bf16")
@@ -308,6 +308,10 @@ def run(cfg: TpConfig, advance=lambda k=1: None) -> list[dict]:
     """The section's rows: gloo per dtype and world size, and NCCL's absence."""
     from precisionlab import inputs
 
+    if cfg.seed < 0:
+        raise UsageError(f"--seed must be >= 0 (got {cfg.seed})")
+    if not 1 <= cfg.runs <= MAX_RUNS:
+        raise UsageError(f"tp runs must be in [1, {MAX_RUNS}] (got {cfg.runs})")
     why_nccl = why_no_nccl()
     why_gloo = _why_no_gloo()
     if why_gloo:
