@@ -216,7 +216,12 @@ def _wait(procs, tmp: str, timeout_s: float, advance) -> None:
                 time.sleep(0.5)  # let the ranks it took down report too, then blame the first to fail
                 r = _first_failure(procs, tmp)
                 why = _failure_line(tmp, r)
-                raise RunError(f"tp: rank {r} of {len(procs)} failed ({_exit_text(procs[r].returncode)})"
+                try:
+                    procs[r].wait(timeout=5)
+                    status = _exit_text(procs[r].returncode)
+                except subprocess.TimeoutExpired:
+                    status = "reported, still exiting"
+                raise RunError(f"tp: rank {r} of {len(procs)} failed ({status})"
                                + (f": {why}" if why else "") + "; the other ranks were stopped")
             done.add(r)
             advance()
@@ -238,11 +243,13 @@ def _failure_record(tmp: str, r: int) -> tuple[float, str] | None:
 
 
 def _first_failure(procs, tmp: str) -> int:
-    """The rank that failed first: the earliest self-reported failure, else
-    the lowest rank that exited non-zero (killed by a signal, say)."""
-    failed = [r for r, p in enumerate(procs) if p.poll() is not None and p.returncode != 0]
-    reported = [(rec[0], r) for r in failed if (rec := _failure_record(tmp, r))]
-    return min(reported)[1] if reported else failed[0]
+    """The rank that failed first: the earliest self-reported failure (a rank
+    may report and still be exiting while a peer it took down is already
+    gone), else the lowest rank that exited non-zero (killed by a signal, say)."""
+    reported = [(rec[0], r) for r in range(len(procs)) if (rec := _failure_record(tmp, r))]
+    if reported:
+        return min(reported)[1]
+    return next(r for r, p in enumerate(procs) if p.poll() is not None and p.returncode != 0)
 
 
 def _failure_line(tmp: str, r: int) -> str:
