@@ -248,6 +248,18 @@ int pl_matmul_workspace_bytes(int64_t m, int64_t n, int version, int splits, siz
 int pl_matmul_cuda(const void* a_dev, const void* b_dev, int64_t m, int64_t n, int64_t k, int dtype, int version,
                    int splits, void* work_dev, size_t work_bytes, void* c_dev);
 
+/* ---- all-reduce order: CPU replay (allreduce.cu) ------------------------------
+ * partials: ranks * n doubles, rank r's vector at partials[r * n]; each must be
+ *    a value of `format` (NaN allowed). out: n doubles, the sums.
+ * Every addition is rounded once to `format`. order PL_ALLREDUCE_RING: element i
+ *    sits at position offset + i of a buffer cut into chunks of `chunk`
+ *    elements, chunk c finished by rank c and begun at rank c + step (step 1 or
+ *    -1; gloo's ring is -1); (offset + n - 1) / chunk must be < ranks.
+ *    PL_ALLREDUCE_TREE: adjacent pairs level by level (offset, chunk, step unused). */
+enum pl_allreduce_order { PL_ALLREDUCE_RING = 0, PL_ALLREDUCE_TREE = 1, PL_ALLREDUCE_ORDER_COUNT_ = 2 };
+int pl_allreduce_cpu(const double* partials, int ranks, int64_t n, int format, int order, int64_t offset,
+                     int64_t chunk, int step, double* out);
+
 #ifdef __cplusplus
 }
 #endif

@@ -145,13 +145,13 @@ def compare_model(
 def nondeterminism(
     runs: Annotated[int, typer.Option("--runs", help="Repetitions of each computation (at least 2).")] = 100,
     n: Annotated[int, typer.Option("--n", help="Values in the summed array.")] = 1 << 24,
-    sections: Annotated[Optional[str], typer.Option("--sections", help="Comma list: atomics, splitk, batch, torch_ops, threads.")] = None,
+    sections: Annotated[Optional[str], typer.Option("--sections", help="Comma list: atomics, splitk, batch, torch_ops, threads, tp.")] = None,
     plot: Annotated[Optional[str], typer.Option("--plot", help="Histogram of the atomic results, in ulps around fsum, to this PNG.")] = None,
     device: DeviceOpt = "auto",
     seed: SeedOpt = 0,
     json_out: JsonOpt = False,
 ):
-    """Run-to-run and batch-size variation: atomics, split-K, batch invariance, torch ops, threads."""
+    """Run-to-run and batch-size variation: atomics, split-K, batch invariance, torch ops, threads, tensor parallel."""
     from precisionlab import report
     from precisionlab.experiments import nondeterminism as exp
 

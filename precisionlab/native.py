@@ -130,6 +130,9 @@ _PROTOTYPES = {
     #                    int version, int splits, void* work_dev, size_t work_bytes, void* c_dev)
     "pl_matmul_cuda": (c_int, [c_void_p, c_void_p, c_int64, c_int64, c_int64, c_int, c_int, c_int, c_void_p, c_size_t,
                                c_void_p]),
+    # int pl_allreduce_cpu(const double* partials, int ranks, int64_t n, int format, int order, int64_t offset,
+    #                      int64_t chunk, int step, double* out)
+    "pl_allreduce_cpu": (c_int, [_d, c_int, c_int64, c_int, c_int, c_int64, c_int64, c_int, _d]),
 }
 
 
@@ -531,3 +534,19 @@ def rmsnorm_cpu_lanes(x: np.ndarray, dtype_code: int, w: np.ndarray | None, eps:
 
 def adaptive_lanes(rows: int, cols: int, sm_count: int) -> int:
     return _load().pl_adaptive_lanes(rows, cols, sm_count)
+
+
+ALLREDUCE_ORDERS = {"ring": 0, "tree": 1}  # pl_allreduce_order
+
+
+def allreduce_cpu(partials: np.ndarray, format_code: int, order: str, offset: int = 0, chunk: int = 1,
+                  step: int = -1) -> np.ndarray:
+    """The ranks' partials (ranks x n, values of the format) summed in an
+    all-reduce's order, every addition rounded to the format (allreduce.cu)."""
+    p = _as_f64(partials)
+    if p.ndim != 2 or p.shape[1] == 0:
+        raise UsageError(f"partials must be ranks x n with n > 0 (got shape {p.shape})")
+    out = np.empty(p.shape[1], dtype=np.float64)
+    _call("pl_allreduce_cpu", _dptr(p), p.shape[0], p.shape[1], format_code, ALLREDUCE_ORDERS[order], offset, chunk,
+          step, _dptr(out))
+    return out

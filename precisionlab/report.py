@@ -558,6 +558,11 @@ def nondeterminism_table(res) -> None:
         rows = [r for r in res.rows if r["section"] == section]
         if not rows:
             continue
+        if section == "tp":
+            from precisionlab.report_tp import tp_table
+
+            tp_table(rows, res.takeaways.get("tp"))
+            continue
         t = Table(title=_NONDET_TITLES[section], title_justify="left")
         t.add_column("device")
         t.add_column("variant", overflow="fold")

@@ -13,6 +13,8 @@ Sections
               then the same under torch.use_deterministic_algorithms(True),
               which needs CUBLAS_WORKSPACE_CONFIG for the mm.
   threads     a CPU sum chunked by thread count, for 1, 2, 4 and 8 threads.
+  tp          a row-parallel linear layer over 1, 2, 4 and 8 real processes,
+              summed by torch.distributed's gloo all_reduce (experiments/tp.py).
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ import numpy as np
 from precisionlab import devices, formats, inputs, metrics, native
 from precisionlab.errors import UsageError
 
-SECTIONS = ("atomics", "splitk", "batch", "torch_ops", "threads")
+SECTIONS = ("atomics", "splitk", "batch", "torch_ops", "threads", "tp")
 BATCH_SIZES = [1, 2, 17, 33, 128, 257, 1024]
 H200_SMS = 132  # the CPU emulation's stand-in for the GPU's SM count
 EMULATED_BLOCKS = H200_SMS * 4  # the accumulate tree's grid on an H200: 4 blocks per SM
@@ -101,6 +103,10 @@ def run(cfg: NondetConfig, advance=lambda k=1: None) -> NondetResult:
                 advance()
     if "threads" in sections and plan.cpu:
         rows += _threads(x, exact)
+    if "tp" in sections:
+        from precisionlab.experiments import tp
+
+        rows += tp.run(tp.TpConfig(seed=cfg.seed, runs=min(cfg.runs, tp.MAX_RUNS)), advance)
     return NondetResult(
         params={"runs": cfg.runs, "n": cfg.n, "device": cfg.device, "seed": cfg.seed, "sections": sections,
                 "batch_sizes": BATCH_SIZES, "splitk": SPLITK, "emulated_blocks": EMULATED_BLOCKS,
@@ -463,4 +469,7 @@ def takeaways(rows: list[dict]) -> dict[str, str]:
         vals = {r["variant"]: r["result"] for r in th}
         out["threads"] = (f"{len(set(vals.values()))} different sums from {len(vals)} thread counts: the chunking "
                           "follows the thread count, and so does the order of the additions.")
+    from precisionlab.experiments import tp
+
+    out.update(tp.takeaways(rows))
     return out
