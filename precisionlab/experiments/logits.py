@@ -236,6 +236,7 @@ def run_model(cfg: MetricsConfig, advance=lambda k=1: None) -> LogitsResult:
     targets_all = np.asarray(ids[1:], dtype=np.int64)
     rngs = {d: np.random.default_rng([cfg.seed, DTYPES.index(d)]) for d in lows}
     parts: dict[str, list] = {d: [] for d in lows}
+    expected: list[np.ndarray] = []  # sigma^2/2 (1 - sum p^2) per position, the small-noise KL
     saved: dict[str, np.ndarray | None] = {d: None for d in saves}
     t1 = time.perf_counter()
     with restored_flags(), torch.no_grad():
@@ -246,6 +247,8 @@ def run_model(cfg: MetricsConfig, advance=lambda k=1: None) -> LogitsResult:
             targets = targets_all[start:start + k * length]
             outs = {d: _tensor_to_numpy(_forward(runner, m, x).reshape(k * length, -1)) for d, m in models.items()}
             ref = outs["fp32"].astype(np.float64)
+            if sigma:
+                expected.append(distribution.expected_kl_gaussian_noise(ref, sigma))
             keep = {"fp32": outs["fp32"]}  # --save-logits fp32 is always the clean reference
             for d in lows:
                 low = outs[d].astype(np.float64)
@@ -266,6 +269,10 @@ def run_model(cfg: MetricsConfig, advance=lambda k=1: None) -> LogitsResult:
         logits_file.write(path, saved[d], targets_all, meta)
     stats = {d: distribution.PositionStats.concat(parts[d]) for d in lows}
     rows = [{"dtype": d, **distribution.summarize(stats[d])} for d in lows]
+    if sigma:
+        e = np.concatenate(expected)
+        for r in rows:
+            r["noise_kld_expected"] = math.fsum(e.tolist()) / e.size
     params = {"model": cfg.model or "embedded", "text": cfg.text or "held-out Shakespeare (last 5 %)",
               "tokens": n, "window": window, "dtypes": lows, "device": device, "seed": cfg.seed,
               "inject": [str(s) for s in cfg.inject], "noise_sigma": sigma, "saved": saves}
@@ -330,6 +337,9 @@ def takeaways(rows: list[dict]) -> list[str]:
         if r["kld_inf_positions"]:
             lines.append(f"{d}: KL is inf at {r['kld_inf_positions']} positions: fp32 gives probability to tokens "
                          f"this run gives none (a -inf logit).")
+        if "noise_kld_expected" in r:
+            lines.append(f"{d}: with the injected noise, small-noise theory expects a mean KLD of "
+                         f"sigma^2/2 (1 - sum p^2) = {r['noise_kld_expected']:.3g}; measured {r['kld_mean']:.3g}.")
         if r["kld_max"] == 0:
             lines.append(f"{d}: the same distributions as fp32 at every position (KL exactly 0).")
             continue
