@@ -65,8 +65,9 @@ def table(res) -> None:
     stdout.print("KLD: KL(P_fp32 || P_run) per position in nats; percentiles are nearest-rank. Δp: the run's "
                  "probability of the text's next token minus fp32's.", style="dim", highlight=False)
     if "load_s" in res.timing:
-        stdout.print(f"load {res.timing['load_s']:.2f} s, run {res.timing['run_s']:.2f} s (after the torch import)",
-                     style="dim", highlight=False)
+        t = res.timing
+        stdout.print(f"load {t['load_s']:.2f} s, run {t['run_s']:.2f} s ({t['run_cpu_s']:.2f} s of CPU on "
+                     f"{t['torch_threads']} torch threads), after the torch import", style="dim", highlight=False)
     _footer(None, res.takeaways)
 
 

@@ -192,9 +192,12 @@ def test_saved_reference_round_trips_bit_for_bit(saved_pair):
     assert tokens.tolist() == ids[1:]
     # Batched as the tool batches (23 full windows together, then the last 56):
     # a matmul's rounding may depend on its row count, which is not this test's subject.
+    threads = torch.get_num_threads()
+    torch.set_num_threads(exp.EMBEDDED_THREADS)  # as the tool runs it
     with torch.no_grad():
         full = m(torch.tensor(ids[:2944]).view(23, 128))[0].reshape(2944, -1).numpy()
         rest = m(torch.tensor([ids[2944:3000]]))[0][0].numpy()
+    torch.set_num_threads(threads)
     want = np.concatenate([full, rest])
     assert np.array_equal(logits.view(np.uint32), want.view(np.uint32))
     # The bf16 file holds bf16 values; read back and written again, the bytes are the same.
@@ -338,3 +341,21 @@ def test_metrics_options_need_metrics(tmp_path):
     bad.write_bytes(b"\xff\xfe" * 100)
     r = cli("compare", "model", "--metrics", "--text", str(bad), "--tokens", "50")
     assert r.code == 2 and "not UTF-8" in r.err
+
+
+def test_compare_logits_needs_no_torch(tmp_path):
+    import subprocess
+    import sys
+
+    from helpers import ROOT
+
+    x = np.random.default_rng(0).standard_normal((8, 5)).astype(np.float32)
+    a = _file(tmp_path, "a.st", logits=x, tokens=np.arange(8) % 5)
+    b = _file(tmp_path, "b.st", logits=x + np.float32(0.01), tokens=np.arange(8) % 5)
+    code = ("import sys, runpy\n"
+            f"sys.argv = ['precisionlab', 'compare', 'logits', {a!r}, {b!r}, '--json']\n"
+            "try:\n    runpy.run_module('precisionlab', run_name='__main__')\n"
+            "except SystemExit:\n    pass\n"
+            "sys.stderr.write('TORCH=' + str('torch' in sys.modules))\n")
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
+    assert "TORCH=False" in p.stderr and '"kld_mean"' in p.stdout

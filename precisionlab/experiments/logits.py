@@ -13,6 +13,7 @@ from __future__ import annotations
 import math
 import os
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -31,6 +32,10 @@ HF_WINDOW = 1024
 # The held-out part of the shipped text: scripts/train_model.py trains on the
 # first 95 % of its (character) tokens and validates on the rest.
 HELD_OUT_FROM = 0.95
+# torch threads for the embedded model: its matrices are 128 wide, so a second
+# thread mostly waits; on this 2-core machine 8192 positions in fp32, bf16 and
+# fp16 took 2.6 s of CPU on one thread and 6.9 s on two, for no gain in wall time.
+EMBEDDED_THREADS = 1
 # Positions processed together: bounds the float64 working set for a large
 # vocabulary (about ten (positions x vocab) float64 arrays live at once).
 WORKING_BYTES = 256 << 20
@@ -192,6 +197,17 @@ def _batches(n: int, window: int, per_batch: int):
         yield full * window, 1, n % window
 
 
+@contextmanager
+def _torch_threads(torch, n: int | None):
+    before = torch.get_num_threads()
+    if n:
+        torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
 def run_model(cfg: MetricsConfig, advance=lambda k=1: None) -> LogitsResult:
     from precisionlab import inject
     from precisionlab.experiments import model as mexp
@@ -238,8 +254,9 @@ def run_model(cfg: MetricsConfig, advance=lambda k=1: None) -> LogitsResult:
     parts: dict[str, list] = {d: [] for d in lows}
     expected: list[np.ndarray] = []  # sigma^2/2 (1 - sum p^2) per position, the small-noise KL
     saved: dict[str, np.ndarray | None] = {d: None for d in saves}
-    t1 = time.perf_counter()
-    with restored_flags(), torch.no_grad():
+    t1, c1 = time.perf_counter(), time.process_time()
+    with _torch_threads(torch, None if cfg.model else EMBEDDED_THREADS), restored_flags(), torch.no_grad():
+        used_threads = torch.get_num_threads()
         torch.backends.cuda.matmul.allow_tf32 = False  # fp32 means IEEE fp32 here
         torch.backends.cudnn.allow_tf32 = False
         for start, k, length in _batches(n, window, per_batch):
@@ -262,7 +279,9 @@ def run_model(cfg: MetricsConfig, advance=lambda k=1: None) -> LogitsResult:
                     saved[d] = np.empty((n, keep[d].shape[1]), dtype=keep[d].dtype)
                 saved[d][start:start + k * length] = keep[d]
             advance()
-    t_run = time.perf_counter() - t1
+    # CPU seconds beside wall seconds: on a shared machine the wall clock
+    # measures the neighbours as much as this run.
+    t_run, c_run = time.perf_counter() - t1, time.process_time() - c1
     for d, path in saves.items():
         meta = {"dtype": d, "model": cfg.model or "embedded", "text": cfg.text or "held-out Shakespeare",
                 "window": window, "noise_sigma": sigma if d != "fp32" else 0.0}
@@ -278,7 +297,8 @@ def run_model(cfg: MetricsConfig, advance=lambda k=1: None) -> LogitsResult:
               "inject": [str(s) for s in cfg.inject], "noise_sigma": sigma, "saved": saves}
     failures = _gate(rows, cfg.max_kld, cfg.min_top1)
     return LogitsResult("compare model", params, runner.info(), rows, {d: stats[d].kl for d in lows}, failures,
-                        takeaways(rows), {"load_s": t_load, "run_s": t_run})
+                        takeaways(rows), {"load_s": t_load, "run_s": t_run, "run_cpu_s": c_run,
+                                                 "torch_threads": used_threads})
 
 
 # ---------------------------------------------------------------------------
