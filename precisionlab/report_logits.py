@@ -10,16 +10,21 @@ from rich.table import Table
 from precisionlab.report import _footer, emit_json, hint, num, sci, stdout
 
 # Rows of the main table: (label, key, formatter), one line per statistic.
-_PCT = lambda x: "-" if x is None else f"{x:.4g} %"  # noqa: E731
+_PCT = lambda x: "-" if x is None else f"{x:.2f} %"  # noqa: E731
 STATS = (
     ("KLD mean", "kld_mean", sci), ("KLD median", "kld_median", sci), ("KLD p90", "kld_p90", sci),
     ("KLD p99", "kld_p99", sci), ("KLD p99.9", "kld_p99_9", sci), ("KLD max", "kld_max", sci),
-    ("top-1 agreement", "top1_agree_pct", _PCT),
+    ("top-1 agreement", "top1_agree", None),
     ("fp32 top-1 in its top 5", "fp32_top1_in_top5_pct", _PCT),
     ("its top-1 in fp32 top 5", "top1_in_fp32_top5_pct", _PCT),
     ("Δp mean", "dp_mean", sci), ("Δp RMS", "dp_rms", sci),
     ("perplexity", "ppl", lambda x: num(x, 6)), ("ln(PPL / PPL fp32)", "ln_ppl_ratio", sci),
 )
+
+
+def _printable(text: str) -> str:
+    """Control characters (from a file name) shown escaped, never sent to the terminal."""
+    return "".join(c if c.isprintable() else c.encode("unicode_escape").decode("ascii") for c in text)
 
 
 def show(res, plot: str | None, json_out: bool) -> None:
@@ -39,12 +44,17 @@ def table(res) -> None:
             title += f", logits + N(0, {p['noise_sigma']:g}²)"
     else:
         title = f"compare logits: {p['yours']} ({p['yours_dtype']}) against {p['ref']} ({p['ref_dtype']}), {p['tokens']} positions"
-    t = Table(title=escape(title), title_justify="left")
+    stdout.print(escape(_printable(title)), highlight=False)
+    t = Table(title="next-token distributions" + (" against fp32" if res.command == "compare model" else " against REF"),
+              title_justify="left")
     t.add_column("statistic")
     for r in res.rows:
         t.add_column(escape(r["dtype"]), justify="right")
     for label, key, fmt in STATS:
-        t.add_row(label, *[fmt(r[key]) for r in res.rows])
+        if fmt is None:  # agreement: the count, then the percentage
+            t.add_row(label, *[f"{r[key]}/{r['positions']} ({r['top1_agree_pct']:.2f} %)" for r in res.rows])
+        else:
+            t.add_row(label, *[fmt(r[key]) for r in res.rows])
     stdout.print(t)
     ref = res.rows[0]
     name = "fp32" if res.command == "compare model" else "REF"
@@ -66,8 +76,8 @@ def table(res) -> None:
                  "probability of the text's next token minus fp32's.", style="dim", highlight=False)
     if "load_s" in res.timing:
         t = res.timing
-        stdout.print(f"load {t['load_s']:.2f} s, run {t['run_s']:.2f} s ({t['run_cpu_s']:.2f} s of CPU on "
-                     f"{t['torch_threads']} torch threads), after the torch import", style="dim", highlight=False)
+        stdout.print(f"load {t['load_s']:.2f} s, run {t['run_s']:.2f} s ({t['run_cpu_s']:.2f} s of CPU; torch "
+                     f"threads: {t['torch_threads']}), after the torch import", style="dim", highlight=False)
     _footer(None, res.takeaways)
 
 

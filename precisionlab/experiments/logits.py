@@ -333,7 +333,8 @@ def compare_files(cfg: LogitsConfig, advance=lambda k=1: None) -> LogitsResult:
         parts.append(distribution.position_stats(ref.rows(s, e), yours.rows(s, e), ref.tokens[s:e]))
         advance()
     stats = distribution.PositionStats.concat(parts)
-    label = yours.metadata.get("dtype") or "yours"
+    label = yours.metadata.get("dtype")
+    label = label if label in DTYPES else "yours"  # metadata is a stranger's text: only a known name is shown
     rows = [{"dtype": label, **distribution.summarize(stats)}]
     params = {"ref": cfg.ref, "yours": cfg.yours, "tokens": n, "vocab": vocab,
               "ref_dtype": ref.dtype, "yours_dtype": yours.dtype}
