@@ -38,8 +38,8 @@ def show(res, plot: str | None, json_out: bool) -> None:
 def table(res) -> None:
     p = res.params
     if res.command == "compare model":
-        title = (f"compare model --metrics: {res.model_info['name']}, {p['tokens']} positions of {p['text']} "
-                 f"(teacher-forced, windows of {p['window']}), against fp32")
+        title = (f"{res.model_info['name']}: {p['tokens']} positions of {p['text']}, "
+                 f"teacher-forced in windows of {p['window']}")
         if p["noise_sigma"]:
             title += f", logits + N(0, {p['noise_sigma']:g}²)"
     else:
