@@ -72,7 +72,7 @@ def open_file(path: str, what: str) -> LogitsFile:
 
     p = Path(path)
     if not p.is_file():
-        raise UsageError(f"{what} {path!r}: no such file")
+        raise UsageError(f"{what} {path!r}: " + ("not a file" if p.exists() else "no such file"))
     try:
         with safe_open(path, framework="np") as f:
             keys = set(f.keys())

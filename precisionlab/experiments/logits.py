@@ -133,8 +133,11 @@ def default_text() -> str:
 
 def read_text(path: str) -> str:
     p = Path(path)
-    if not p.is_file():
+    if not p.exists():
         raise UsageError(f"--text {path!r}: no such file")
+    if not p.is_file():
+        raise UsageError(f"--text {path!r}: not a file")
+    inputs.check_memory(4 * p.stat().st_size, f"--text {path!r}")  # the bytes and the decoded str
     try:
         return p.read_text("utf-8")
     except UnicodeDecodeError as e:
@@ -220,7 +223,10 @@ def run_model(cfg: MetricsConfig, advance=lambda k=1: None) -> LogitsResult:
     if cfg.seed < 0:
         raise UsageError(f"--seed must be >= 0 (got {cfg.seed})")
     sigma = 0.0
-    for inj in inject.parse_all(cfg.inject, {"noise"}):
+    injections = inject.parse_all(cfg.inject, {"noise"})
+    if len(injections) > 1:
+        raise UsageError("--inject logits:noise=SIGMA: give it once")
+    for inj in injections:
         if inj.target != "logits":
             raise UsageError(f"--inject {inj}: noise applies to the target 'logits' only")
         sigma = inj.params["noise"]
