@@ -157,9 +157,11 @@ def test_top1_agreement_falls_as_noise_grows(noise_runs):
     assert kl[0] < kl[1] < kl[2]
 
 
-def test_fp32_against_fp32_is_exact():
-    r = cli("compare", "model", "--metrics", "--dtypes", "fp32", "--tokens", "1000", "--json")
+def test_fp32_against_fp32_is_exact(tmp_path):
+    png = tmp_path / "m.png"
+    r = cli("compare", "model", "--metrics", "--dtypes", "fp32", "--tokens", "1000", "--json", "--plot", str(png))
     assert r.code == 0, r.err
+    assert png.read_bytes()[:4] == b"\x89PNG" and [p.name for p in tmp_path.iterdir()] == ["m.png"]
     row = strict_json(r.out)["rows"][0]
     for k in ("kld_mean", "kld_median", "kld_p90", "kld_p99", "kld_p99_9", "kld_max", "dp_mean", "dp_rms",
               "ln_ppl_ratio"):
