@@ -124,6 +124,20 @@ def compare_model(
     dtypes: Annotated[str, typer.Option("--dtypes", help="Low precisions against fp32: bf16, fp16.")] = "bf16,fp16",
     plot: Annotated[Optional[str], typer.Option("--plot", help="Write rel-L2 per step, divergence marked, to this PNG.")] = None,
     device: Annotated[str, typer.Option("--device", help="cpu (default) | cuda | auto.")] = "cpu",
+    metrics: Annotated[bool, typer.Option("--metrics", help="Instead: next-token distribution statistics over a text, "
+                                          "teacher-forced (KL divergence, top-1/top-5 agreement, Δp, perplexity, flips "
+                                          "by margin); --dtypes may include fp32; --plot draws KLD and flips.")] = False,
+    text: Annotated[Optional[str], typer.Option("--text", help="--metrics: a UTF-8 text file (default: the held-out "
+                                                "part of the shipped Shakespeare text).")] = None,
+    tokens: Annotated[Optional[int], typer.Option("--tokens", help="--metrics: positions scored (default 8192).")] = None,
+    save_logits: Annotated[Optional[list[str]], typer.Option("--save-logits", help="--metrics: write a run's logits and "
+                                                             "token ids as safetensors: FILE (fp32) or DTYPE=FILE; "
+                                                             "repeatable.")] = None,
+    inject: Annotated[Optional[list[str]], typer.Option("--inject", help="--metrics: logits:noise=SIGMA adds seeded "
+                                                        "Gaussian noise to the compared runs' logits.")] = None,
+    max_kld: Annotated[Optional[float], typer.Option("--max-kld", help="--metrics: exit 1 when a mean KLD is above this.")] = None,
+    min_top1: Annotated[Optional[float], typer.Option("--min-top1", help="--metrics: exit 1 when a top-1 agreement (%) "
+                                                      "is below this.")] = None,
     seed: SeedOpt = 0,
     json_out: JsonOpt = False,
 ):
@@ -133,6 +147,23 @@ def compare_model(
 
     if plot:
         report.require_matplotlib()
+    if metrics:
+        from precisionlab import report_logits
+        from precisionlab.experiments import logits as lexp
+
+        mcfg = lexp.MetricsConfig(model=model, text=text, tokens=lexp.DEFAULT_TOKENS if tokens is None else tokens,
+                                  dtypes=dtypes, device=device, seed=seed, inject=inject or [],
+                                  save_logits=save_logits or [], plot=plot, max_kld=max_kld, min_top1=min_top1)
+        with report.progress("compare model --metrics", enabled=not json_out) as advance:
+            mres = lexp.run_model(mcfg, advance)
+        report_logits.show(mres, plot, json_out)
+        if mres.failures:
+            raise typer.Exit(1)
+        return
+    given = [o for o, v in (("--text", text), ("--tokens", tokens), ("--save-logits", save_logits),
+                            ("--inject", inject), ("--max-kld", max_kld), ("--min-top1", min_top1)) if v not in (None, [])]
+    if given:
+        raise UsageError(f"{', '.join(given)} need --metrics")
     cfg = exp.ModelConfig(model=model, steps=steps, prompt=prompt, dtypes=dtypes, device=device, seed=seed)
     with report.progress("compare model", enabled=not json_out) as advance:
         result = exp.run(cfg, advance)
@@ -248,6 +279,32 @@ def compare_op(
         result = exp.compare_op(cfg, advance)
     (report.compare_op_json if json_out else report.compare_op_table)(result)
     if result.any_failed:
+        raise typer.Exit(1)
+
+
+@compare_app.command("logits")
+def compare_logits(
+    ref: Annotated[str, typer.Argument(help="The reference logits file (safetensors: 'logits' positions x vocab, "
+                                       "'tokens' positions), e.g. from compare model --metrics --save-logits.")],
+    yours: Annotated[str, typer.Argument(help="Your engine's logits file, same layout and the same tokens.")],
+    plot: Annotated[Optional[str], typer.Option("--plot", help="Write KLD per position and flips by margin to this PNG.")] = None,
+    max_kld: Annotated[Optional[float], typer.Option("--max-kld", help="Exit 1 when the mean KLD is above this.")] = None,
+    min_top1: Annotated[Optional[float], typer.Option("--min-top1", help="Exit 1 when top-1 agreement (%) is below this.")] = None,
+    json_out: JsonOpt = False,
+):
+    """Next-token distribution statistics between two logits files: KL divergence, agreement, Δp, perplexity.
+
+    Exit 1 when --max-kld or --min-top1 is not met."""
+    from precisionlab import report, report_logits
+    from precisionlab.experiments import logits as exp
+
+    if plot:
+        report.require_matplotlib()
+    cfg = exp.LogitsConfig(ref=ref, yours=yours, plot=plot, max_kld=max_kld, min_top1=min_top1)
+    with report.progress("compare logits", enabled=not json_out) as advance:
+        result = exp.compare_files(cfg, advance)
+    report_logits.show(result, plot, json_out)
+    if result.failures:
         raise typer.Exit(1)
 
 

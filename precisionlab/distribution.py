@@ -1,0 +1,238 @@
+"""How far one next-token distribution moved from another: per-position
+statistics between two logit matrices, and their summary over a text.
+
+Everything is float64 and numpy (no torch), so `compare logits` on two files
+and `compare model --metrics` on live runs share one code path, row by row:
+a statistic at a position depends on that position's two rows only, never on
+how the rows were batched, which is what makes the two commands agree exactly.
+
+Conventions, declared once here:
+- P is the reference (fp32) distribution, Q the one under test. Both come from
+  log-softmax of the logits with a float64 log-sum-exp.
+- A -inf logit is a token with zero probability. A row holding a NaN or a +inf
+  logit, or only -inf, has no distribution: every statistic at that position is
+  NaN (so the means are NaN and said so) and its argmax agrees with nothing.
+- KL(P||Q) is +inf where P gives mass to a token Q gives none (a -inf logit).
+- Percentiles are nearest-rank: the q-th is the smallest observed KL with at
+  least q % of positions at or below it, never an interpolation.
+- Sums over positions are math.fsum; sums over the vocabulary are numpy's
+  pairwise sums of non-negative terms (log-sum-exp and KL), whose error is a
+  few ulps of the result.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from fractions import Fraction
+
+import numpy as np
+
+# Buckets of fp32's top-1 minus top-2 logit, [lo, hi): argmax flips
+# concentrate where this margin is below the low precision's logit error.
+MARGIN_EDGES = (0.0, 0.01, 0.03, 0.1, 0.3, 1.0, 3.0, 10.0, math.inf)
+PERCENTILES = (50.0, 90.0, 99.0, 99.9)
+TOP_K = 5
+
+# Below this |u|, phi(u) = expm1(u) - u comes from its Taylor series (through
+# u^14/14!, a relative truncation error below 2*0.25^13/15! ~ 1e-20): the
+# subtraction would cancel leading digits, a factor 2/|u| of them. Above it the
+# subtraction loses at most a factor ~8, a few ulps.
+_SERIES_BELOW = 0.25
+_SERIES = tuple(1.0 / math.factorial(k) for k in range(2, 15))  # 1/2!, 1/3!, ..., 1/14!
+
+
+@dataclass
+class PositionStats:
+    """One value per position (row) for each statistic."""
+
+    kl: np.ndarray            # KL(P||Q), nats
+    top1: np.ndarray          # bool: the two argmaxes agree
+    ref_in_top5: np.ndarray   # bool: P's argmax is among Q's top 5
+    low_in_top5: np.ndarray   # bool: Q's argmax is among P's top 5
+    nll_ref: np.ndarray       # -log P(next token)
+    nll_low: np.ndarray       # -log Q(next token)
+    dp: np.ndarray            # Q(next) - P(next)
+    margin: np.ndarray        # P's top-1 minus top-2 logit (inf for a 1-token vocabulary)
+
+    @staticmethod
+    def concat(parts: list["PositionStats"]) -> "PositionStats":
+        return PositionStats(**{k: np.concatenate([getattr(p, k) for p in parts])
+                                for k in PositionStats.__dataclass_fields__})
+
+
+def valid_rows(x: np.ndarray) -> np.ndarray:
+    """Rows that define a distribution: no NaN, no +inf, not all -inf."""
+    return ~np.isnan(x).any(axis=1) & ~(x == np.inf).any(axis=1) & (x > -np.inf).any(axis=1)
+
+
+def log_softmax(x: np.ndarray) -> np.ndarray:
+    """Row-wise log-softmax in float64 through a max-shifted log-sum-exp.
+    Invalid rows come out all NaN."""
+    x = np.asarray(x, dtype=np.float64)
+    ok = valid_rows(x)
+    m = np.where(ok, np.max(np.where(ok[:, None], x, 0.0), axis=1), 0.0)
+    with np.errstate(invalid="ignore", over="ignore"):
+        z = x - m[:, None]                      # -inf stays -inf; the max row entry becomes exactly 0
+        lse = np.log(np.sum(np.exp(np.where(ok[:, None], z, 0.0)), axis=1))
+        out = z - lse[:, None]
+    out[~ok] = np.nan
+    return out
+
+
+def phi(u: np.ndarray) -> np.ndarray:
+    """expm1(u) - u, which is >= 0 for every u (+inf at u = -inf), accurate for small |u|."""
+    u = np.asarray(u, dtype=np.float64)
+    small = np.abs(u) < _SERIES_BELOW
+    s = np.where(small, u, 0.0)
+    acc = np.full_like(s, _SERIES[-1])
+    for c in _SERIES[-2::-1]:  # Horner, from the smallest term up
+        acc = c + s * acc
+    series = s * s * acc
+    with np.errstate(invalid="ignore", over="ignore"):
+        direct = np.expm1(u) - u
+    return np.where(small, series, direct)
+
+
+def kl_rows(lp: np.ndarray, lq: np.ndarray) -> np.ndarray:
+    """KL(P||Q) per row from log-probabilities.
+
+    Written as sum_i p_i * phi(lq_i - lp_i) with phi(u) = expm1(u) - u, which
+    equals sum_i p_i (lp_i - lq_i) because sum p = sum q = 1 (each term is
+    p (lp - lq) + q - p; where p = 0 it is q alone). Every term is
+    >= 0, so the sum never cancels, never goes negative, and is exactly 0 when
+    the rows are equal. Where Q/P is large (u > 1) the term is q - p - p*u,
+    which cannot overflow the way p * expm1(u) would for a tiny p.
+    """
+    with np.errstate(invalid="ignore", over="ignore"):
+        p = np.exp(lp)
+        u = lq - lp
+        big = u > 1.0
+        term = np.where(big, np.exp(lq) - p - p * np.where(big, u, 0.0), p * phi(np.where(big, 0.0, u)))
+        term = np.where(lp == -np.inf, np.exp(lq), term)                    # no mass in P: the q - p part alone
+        term = np.where((lp > -np.inf) & (lq == -np.inf), np.inf, term)     # mass in P, none in Q
+        kl = np.sum(term, axis=1)
+    bad = np.isnan(lp).any(axis=1) | np.isnan(lq).any(axis=1)
+    kl[bad] = np.nan
+    return kl
+
+
+def _in_top_k(x: np.ndarray, idx: np.ndarray, k: int) -> np.ndarray:
+    """x[r, idx[r]] is among row r's top k: fewer than k entries strictly above
+    it (ties count in its favour)."""
+    v = x[np.arange(x.shape[0]), idx]
+    return np.sum(x > v[:, None], axis=1) < k
+
+
+def _margin(x: np.ndarray) -> np.ndarray:
+    if x.shape[1] < 2:
+        return np.full(x.shape[0], np.inf)
+    top2 = np.partition(x, x.shape[1] - 2, axis=1)[:, -2:]
+    with np.errstate(invalid="ignore"):
+        return top2[:, 1] - top2[:, 0]
+
+
+def position_stats(ref: np.ndarray, low: np.ndarray, targets: np.ndarray) -> PositionStats:
+    """Every per-position statistic between two (positions x vocab) logit
+    matrices; targets[i] is the token that followed position i."""
+    ref = np.asarray(ref, dtype=np.float64)
+    low = np.asarray(low, dtype=np.float64)
+    ok = valid_rows(ref) & valid_rows(low)
+    lp, lq = log_softmax(ref), log_softmax(low)
+    rows = np.arange(ref.shape[0])
+    a_ref = np.argmax(np.where(ok[:, None], ref, 0.0), axis=1)
+    a_low = np.argmax(np.where(ok[:, None], low, 0.0), axis=1)
+    nll_ref, nll_low = -lp[rows, targets], -lq[rows, targets]
+    margin = _margin(ref)
+    margin[~valid_rows(ref)] = np.nan
+    return PositionStats(
+        kl=kl_rows(lp, lq),
+        top1=ok & (a_ref == a_low),
+        ref_in_top5=ok & _in_top_k(low, a_ref, TOP_K),
+        low_in_top5=ok & _in_top_k(ref, a_low, TOP_K),
+        nll_ref=nll_ref, nll_low=nll_low,
+        dp=np.exp(-nll_low) - np.exp(-nll_ref),
+        margin=margin,
+    )
+
+
+def _fsum(x: np.ndarray) -> float:
+    """math.fsum, with IEEE semantics for non-finite terms (fsum raises on inf - inf)."""
+    if not np.isfinite(x).all():
+        return float(np.sum(x))
+    return math.fsum(x.tolist())
+
+
+def _mean(x: np.ndarray) -> float:
+    return _fsum(x) / x.size
+
+
+def _exp(x: float) -> float:
+    try:
+        return math.exp(x)
+    except OverflowError:  # math.exp raises where IEEE gives inf
+        return math.inf
+
+
+def nearest_rank(q: float, n: int) -> int:
+    """The 1-based rank of the q-th percentile of n values: the smallest k with
+    k/n >= q/100, in exact rationals (numpy's float arithmetic turns 99.9 % of
+    1000 into 999.0000000000001 and so picks the 1000th value)."""
+    return max(1, math.ceil(Fraction(repr(q)) * n / 100))
+
+
+def _pct(count: int, n: int) -> float:
+    return 100.0 * count / n
+
+
+def summarize(s: PositionStats) -> dict:
+    """The summary row: KL mean and percentiles, agreement, delta-p, perplexity."""
+    n = s.kl.size
+    kl = s.kl
+    nan_kl = int(np.isnan(kl).sum())
+    srt = np.sort(kl)
+    pcts = {f"kld_p{q:g}".replace(".", "_"): (math.nan if nan_kl else float(srt[nearest_rank(q, n) - 1]))
+            for q in PERCENTILES}
+    mean_nll_ref, mean_nll_low = _mean(s.nll_ref), _mean(s.nll_low)
+    # The difference of the two mean NLLs in one exact sum, not two rounded means.
+    ln_ratio = _fsum(np.concatenate([s.nll_low, -s.nll_ref])) / n
+    top1 = int(s.top1.sum())
+    return {
+        "positions": n,
+        "kld_mean": _mean(kl),
+        "kld_median": pcts.pop("kld_p50"),
+        **pcts,
+        "kld_max": math.nan if nan_kl else float(np.max(kl)),
+        "kld_inf_positions": int(np.isinf(kl).sum()),
+        "undefined_positions": nan_kl,
+        "top1_agree": top1,
+        "top1_agree_pct": _pct(top1, n),
+        "fp32_top1_in_top5_pct": _pct(int(s.ref_in_top5.sum()), n),
+        "top1_in_fp32_top5_pct": _pct(int(s.low_in_top5.sum()), n),
+        "dp_mean": _mean(s.dp),
+        "dp_rms": math.sqrt(_mean(s.dp * s.dp)),
+        "ppl_fp32": _exp(mean_nll_ref),
+        "ppl": _exp(mean_nll_low),
+        "ln_ppl_ratio": ln_ratio,
+        "flips_by_margin": flips_by_margin(s),
+    }
+
+
+def flips_by_margin(s: PositionStats) -> list[dict]:
+    out = []
+    for lo, hi in zip(MARGIN_EDGES[:-1], MARGIN_EDGES[1:]):
+        inside = (s.margin >= lo) & (s.margin < hi)
+        if hi == math.inf:
+            inside |= s.margin == math.inf
+        n = int(inside.sum())
+        flips = int((inside & ~s.top1).sum())
+        out.append({"margin_lo": lo, "margin_hi": hi, "positions": n, "flips": flips,
+                    "flip_rate": flips / n if n else None})
+    return out
+
+
+def expected_kl_gaussian_noise(ref: np.ndarray, sigma: float) -> np.ndarray:
+    """Small-noise expectation of KL(P||Q) when Q's logits are P's plus iid
+    N(0, sigma^2): sigma^2/2 * (1 - sum p^2), per row (second order in sigma)."""
+    p = np.exp(log_softmax(ref))
+    return sigma * sigma / 2 * (1.0 - np.sum(p * p, axis=1))

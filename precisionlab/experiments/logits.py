@@ -1,0 +1,381 @@
+"""compare model --metrics and compare logits: how far a low-precision run's
+next-token distributions move from fp32's over a text.
+
+Teacher-forced: every run reads the same tokens, in windows of the model's
+training context, batched, and each position's two logit rows give the
+statistics in precisionlab.distribution. `compare logits` computes the same
+from two logits files (precisionlab.logits_file), through the same
+per-position code, so a saved pair reproduces a live run exactly.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from precisionlab import distribution, inputs, logits_file
+from precisionlab.errors import UsageError
+
+DTYPES = ("fp32", "bf16", "fp16")
+DEFAULT_TOKENS = 8192
+# The embedded model was trained on 128-character windows (scripts/train_model.py
+# --ctx); its RoPE table reaches further, but positions it never saw would
+# measure an untrained model, not a precision.
+EMBEDDED_WINDOW = 128
+HF_WINDOW = 1024
+# The held-out part of the shipped text: scripts/train_model.py trains on the
+# first 95 % of its (character) tokens and validates on the rest.
+HELD_OUT_FROM = 0.95
+# torch threads for the embedded model: its matrices are 128 wide, so a second
+# thread mostly waits; on this 2-core machine 8192 positions in fp32, bf16 and
+# fp16 took 2.6 s of CPU on one thread and 6.9 s on two, for no gain in wall time.
+EMBEDDED_THREADS = 1
+# Positions processed together: bounds the float64 working set for a large
+# vocabulary (about ten (positions x vocab) float64 arrays live at once).
+WORKING_BYTES = 256 << 20
+
+
+@dataclass
+class MetricsConfig:
+    model: str | None = None
+    text: str | None = None
+    tokens: int = DEFAULT_TOKENS
+    dtypes: str = "bf16,fp16"
+    device: str = "cpu"
+    seed: int = 0
+    inject: list[str] = field(default_factory=list)
+    save_logits: list[str] = field(default_factory=list)
+    plot: str | None = None
+    max_kld: float | None = None
+    min_top1: float | None = None
+
+
+@dataclass
+class LogitsResult:
+    command: str
+    params: dict
+    model_info: dict
+    rows: list[dict]                 # one summary per compared run
+    kl: dict[str, np.ndarray]        # per-position KL, for the plot
+    failures: list[str]              # --max-kld / --min-top1 verdicts that failed
+    takeaways: list[str]
+    timing: dict
+
+
+# ---------------------------------------------------------------------------
+# option checks, made before anything runs
+
+
+def check_output_path(path: str, option: str) -> None:
+    """A path we may write: its folder exists and is writable, and it is not a folder."""
+    p = Path(path)
+    if not path or p.is_dir():
+        raise UsageError(f"{option} {path!r}: give a file name, not a folder")
+    parent = p.parent if str(p.parent) else Path(".")
+    if not parent.is_dir():
+        raise UsageError(f"{option} {path!r}: the folder {str(parent)!r} does not exist")
+    if not os.access(parent, os.W_OK) or (p.exists() and not os.access(p, os.W_OK)):
+        raise UsageError(f"{option} {path!r}: not writable")
+
+
+def check_gates(max_kld: float | None, min_top1: float | None) -> None:
+    if max_kld is not None and not (math.isfinite(max_kld) and max_kld >= 0):
+        raise UsageError(f"--max-kld must be a finite number >= 0 (got {max_kld})")
+    if min_top1 is not None and not (0 <= min_top1 <= 100):
+        raise UsageError(f"--min-top1 is a percentage in [0, 100] (got {min_top1})")
+
+
+def parse_save(specs: list[str], lows: list[str]) -> dict[str, str]:
+    """--save-logits FILE (the fp32 run) or DTYPE=FILE, repeatable."""
+    out: dict[str, str] = {}
+    for spec in specs:
+        head, eq, rest = spec.partition("=")
+        dtype, path = (head, rest) if eq and head in DTYPES else ("fp32", spec)
+        if dtype != "fp32" and dtype not in lows:
+            raise UsageError(f"--save-logits {spec!r}: {dtype} is not among --dtypes ({','.join(lows)})")
+        if dtype in out:
+            raise UsageError(f"--save-logits: {dtype} given twice")
+        check_output_path(path, "--save-logits")
+        out[dtype] = path
+    paths = [os.path.realpath(p) for p in out.values()]
+    if len(set(paths)) != len(paths):
+        raise UsageError("--save-logits: two runs would be written to the same file")
+    return out
+
+
+def _gate(rows: list[dict], max_kld: float | None, min_top1: float | None) -> list[str]:
+    """The CI verdicts; a NaN statistic fails (it is not <= anything)."""
+    out = []
+    for r in rows:
+        if max_kld is not None and not r["kld_mean"] <= max_kld:
+            out.append(f"{r['dtype']}: mean KLD {r['kld_mean']!r} > --max-kld {max_kld!r}")
+        if min_top1 is not None and not r["top1_agree_pct"] >= min_top1:
+            out.append(f"{r['dtype']}: top-1 agreement {r['top1_agree_pct']!r} % < --min-top1 {min_top1!r}")
+    return out
+
+
+# ---------------------------------------------------------------------------
+# the text
+
+
+def default_text() -> str:
+    from precisionlab.models import charlm
+
+    text = (charlm.DEFAULT_WEIGHTS.parent / "shakespeare.txt").read_text("utf-8")
+    return text[int(len(text) * HELD_OUT_FROM):]  # one character is one token there
+
+
+def read_text(path: str) -> str:
+    p = Path(path)
+    if not p.exists():
+        raise UsageError(f"--text {path!r}: no such file")
+    if not p.is_file():
+        raise UsageError(f"--text {path!r}: not a file")
+    inputs.check_memory(4 * p.stat().st_size, f"--text {path!r}")  # the bytes and the decoded str
+    try:
+        return p.read_text("utf-8")
+    except UnicodeDecodeError as e:
+        raise UsageError(f"--text {path!r}: not UTF-8 text (byte {e.start})") from None
+    except OSError as e:
+        raise UsageError(f"--text {path!r}: cannot read ({e.strerror})") from None
+
+
+def _token_ids(runner, text: str, need: int, source: str) -> list[int]:
+    from precisionlab.experiments.model import EmbeddedRunner
+
+    if isinstance(runner, EmbeddedRunner):
+        text = text[:need]
+        missing = sorted({c for c in text if c not in runner.tok.index})
+        if missing:
+            raise UsageError(f"{source} has characters the embedded model does not know: {''.join(missing)!r}")
+        ids = runner.tok.encode(text)
+    else:
+        # Tokenise a prefix first: a long file need not be tokenised whole.
+        ids = runner.encode(text[:need * 16])
+        if len(ids) < need and len(text) > need * 16:
+            ids = runner.encode(text)
+    if len(ids) < need:
+        raise UsageError(f"{source} gives {len(ids)} tokens; --tokens {need - 1} needs {need} "
+                         f"(one more than the positions scored)")
+    return ids[:need]
+
+
+# ---------------------------------------------------------------------------
+# compare model --metrics
+
+
+def _tensor_to_numpy(t) -> np.ndarray:
+    """A CPU tensor's values in its own dtype (bf16 through ml_dtypes, exactly)."""
+    import ml_dtypes
+    import torch
+
+    t = t.detach().cpu()
+    if t.dtype == torch.bfloat16:
+        return t.float().numpy().astype(ml_dtypes.bfloat16)  # bf16 -> fp32 -> bf16 is exact
+    return t.numpy()
+
+
+def _forward(runner, model, ids):
+    """(batch, window) token ids -> (batch, window, vocab) logits in the model's dtype."""
+    from precisionlab.experiments.model import EmbeddedRunner
+
+    if isinstance(runner, EmbeddedRunner):
+        return model(ids)[0]
+    return model(input_ids=ids, use_cache=False).logits
+
+
+def _batches(n: int, window: int, per_batch: int):
+    """(start, windows, length): full windows grouped by per_batch, then the remainder window."""
+    full = n // window
+    for s in range(0, full, per_batch):
+        k = min(per_batch, full - s)
+        yield s * window, k, window
+    if n % window:
+        yield full * window, 1, n % window
+
+
+@contextmanager
+def _torch_threads(torch, n: int | None):
+    before = torch.get_num_threads()
+    if n:
+        torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
+def run_model(cfg: MetricsConfig, advance=lambda k=1: None) -> LogitsResult:
+    from precisionlab import inject
+    from precisionlab.experiments import model as mexp
+
+    lows = inputs.parse_choices(cfg.dtypes, DTYPES, "--dtypes")
+    if not lows:
+        raise UsageError(f"--dtypes names no dtype ({cfg.dtypes!r}); choose from {', '.join(DTYPES)}")
+    if cfg.tokens <= 0:
+        raise UsageError(f"--tokens must be > 0 (got {cfg.tokens})")
+    if cfg.seed < 0:
+        raise UsageError(f"--seed must be >= 0 (got {cfg.seed})")
+    sigma = 0.0
+    injections = inject.parse_all(cfg.inject, {"noise"})
+    if len(injections) > 1:
+        raise UsageError("--inject logits:noise=SIGMA: give it once")
+    for inj in injections:
+        if inj.target != "logits":
+            raise UsageError(f"--inject {inj}: noise applies to the target 'logits' only")
+        sigma = inj.params["noise"]
+    check_gates(cfg.max_kld, cfg.min_top1)
+    saves = parse_save(cfg.save_logits, lows)
+    if cfg.plot:
+        check_output_path(cfg.plot, "--plot")
+        if os.path.realpath(cfg.plot) in {os.path.realpath(p) for p in saves.values()}:
+            raise UsageError("--plot and --save-logits name the same file")
+    text = read_text(cfg.text) if cfg.text else default_text()
+    source = f"--text {cfg.text!r}" if cfg.text else "the held-out Shakespeare text"
+
+    device = mexp._device(cfg.device)
+    torch = mexp._torch()
+    t0 = time.perf_counter()
+    runner = mexp.HFRunner(cfg.model, device) if cfg.model else mexp.EmbeddedRunner(device)
+    window = EMBEDDED_WINDOW if not cfg.model else max(1, min(HF_WINDOW, int(runner.max_len)))
+    ids = _token_ids(runner, text, cfg.tokens + 1, source)
+    n = cfg.tokens
+    vocab = runner.info()["vocab"]
+    per_batch = max(1, min(n // window or 1, WORKING_BYTES // (10 * 8 * window * max(vocab, 1))))
+    save_bytes = sum(n * vocab * (8 if (d != "fp32" and sigma) else 4) for d in saves)
+    inputs.check_memory(save_bytes + per_batch * window * vocab * 8 * 10 * (1 + len(lows)), "compare model --metrics")
+    models = {d: runner.model(d) for d in dict.fromkeys(["fp32", *lows])}
+    t_load = time.perf_counter() - t0
+
+    from precisionlab.experiments.tf32 import restored_flags
+
+    targets_all = np.asarray(ids[1:], dtype=np.int64)
+    rngs = {d: np.random.default_rng([cfg.seed, DTYPES.index(d)]) for d in lows}
+    parts: dict[str, list] = {d: [] for d in lows}
+    expected: list[np.ndarray] = []  # sigma^2/2 (1 - sum p^2) per position, the small-noise KL
+    saved: dict[str, np.ndarray | None] = {d: None for d in saves}
+    t1, c1 = time.perf_counter(), time.process_time()
+    with _torch_threads(torch, None if cfg.model else EMBEDDED_THREADS), restored_flags(), torch.no_grad():
+        used_threads = torch.get_num_threads()
+        torch.backends.cuda.matmul.allow_tf32 = False  # fp32 means IEEE fp32 here
+        torch.backends.cudnn.allow_tf32 = False
+        for start, k, length in _batches(n, window, per_batch):
+            x = torch.tensor(ids[start:start + k * length], device=device).view(k, length)
+            targets = targets_all[start:start + k * length]
+            outs = {d: _tensor_to_numpy(_forward(runner, m, x).reshape(k * length, -1)) for d, m in models.items()}
+            ref = outs["fp32"].astype(np.float64)
+            if sigma:
+                expected.append(distribution.expected_kl_gaussian_noise(ref, sigma))
+            keep = {"fp32": outs["fp32"]}  # --save-logits fp32 is always the clean reference
+            for d in lows:
+                low = outs[d].astype(np.float64)
+                if sigma:
+                    low = low + sigma * rngs[d].standard_normal(low.shape)
+                parts[d].append(distribution.position_stats(ref, low, targets))
+                if d != "fp32":
+                    keep[d] = low if sigma else outs[d]  # what was compared is what is saved
+            for d in saves:
+                if saved[d] is None:
+                    saved[d] = np.empty((n, keep[d].shape[1]), dtype=keep[d].dtype)
+                saved[d][start:start + k * length] = keep[d]
+            advance()
+    # CPU seconds beside wall seconds: on a shared machine the wall clock
+    # measures the neighbours as much as this run.
+    t_run, c_run = time.perf_counter() - t1, time.process_time() - c1
+    for d, path in saves.items():
+        meta = {"dtype": d, "model": cfg.model or "embedded", "text": cfg.text or "held-out Shakespeare",
+                "window": window, "noise_sigma": sigma if d != "fp32" else 0.0}
+        logits_file.write(path, saved[d], targets_all, meta)
+    stats = {d: distribution.PositionStats.concat(parts[d]) for d in lows}
+    rows = [{"dtype": d, **distribution.summarize(stats[d])} for d in lows]
+    if sigma:
+        e = np.concatenate(expected)
+        for r in rows:
+            r["noise_kld_expected"] = math.fsum(e.tolist()) / e.size
+    params = {"model": cfg.model or "embedded", "text": cfg.text or "held-out Shakespeare (last 5 %)",
+              "tokens": n, "window": window, "dtypes": lows, "device": device, "seed": cfg.seed,
+              "inject": [str(s) for s in cfg.inject], "noise_sigma": sigma, "saved": saves}
+    failures = _gate(rows, cfg.max_kld, cfg.min_top1)
+    return LogitsResult("compare model", params, runner.info(), rows, {d: stats[d].kl for d in lows}, failures,
+                        takeaways(rows), {"load_s": t_load, "run_s": t_run, "run_cpu_s": c_run,
+                                                 "torch_threads": used_threads})
+
+
+# ---------------------------------------------------------------------------
+# compare logits
+
+
+@dataclass
+class LogitsConfig:
+    ref: str
+    yours: str
+    plot: str | None = None
+    max_kld: float | None = None
+    min_top1: float | None = None
+
+
+def compare_files(cfg: LogitsConfig, advance=lambda k=1: None) -> LogitsResult:
+    check_gates(cfg.max_kld, cfg.min_top1)
+    if cfg.plot:
+        check_output_path(cfg.plot, "--plot")
+        if os.path.realpath(cfg.plot) in {os.path.realpath(cfg.ref), os.path.realpath(cfg.yours)}:
+            raise UsageError("--plot would overwrite an input file")
+    ref = logits_file.open_file(cfg.ref, "REF")
+    yours = logits_file.open_file(cfg.yours, "YOURS")
+    logits_file.check_pair(ref, yours)
+    n, vocab = ref.positions, ref.vocab
+    step = max(1, WORKING_BYTES // (10 * 8 * vocab))
+    inputs.check_memory(step * vocab * 8 * 10, "compare logits")
+    t0 = time.perf_counter()
+    parts = []
+    for s in range(0, n, step):
+        e = min(n, s + step)
+        parts.append(distribution.position_stats(ref.rows(s, e), yours.rows(s, e), ref.tokens[s:e]))
+        advance()
+    stats = distribution.PositionStats.concat(parts)
+    label = yours.metadata.get("dtype")
+    label = label if label in DTYPES else "yours"  # metadata is a stranger's text: only a known name is shown
+    rows = [{"dtype": label, **distribution.summarize(stats)}]
+    params = {"ref": cfg.ref, "yours": cfg.yours, "tokens": n, "vocab": vocab,
+              "ref_dtype": ref.dtype, "yours_dtype": yours.dtype}
+    info = {"name": f"{cfg.yours} against {cfg.ref}", "vocab": vocab}
+    failures = _gate(rows, cfg.max_kld, cfg.min_top1)
+    return LogitsResult("compare logits", params, info, rows, {label: stats.kl}, failures, takeaways(rows),
+                        {"run_s": time.perf_counter() - t0})
+
+
+# ---------------------------------------------------------------------------
+
+
+def takeaways(rows: list[dict]) -> list[str]:
+    lines = []
+    for r in rows:
+        d = r["dtype"]
+        if r["undefined_positions"]:
+            lines.append(f"{d}: {r['undefined_positions']} positions have no distribution (NaN or +inf logits, "
+                         f"or all -inf), so the KL statistics are NaN.")
+            continue
+        if r["kld_inf_positions"]:
+            lines.append(f"{d}: KL is inf at {r['kld_inf_positions']} positions: fp32 gives probability to tokens "
+                         f"this run gives none (a -inf logit).")
+        if "noise_kld_expected" in r:
+            lines.append(f"{d}: with the injected noise, small-noise theory expects a mean KLD of "
+                         f"sigma^2/2 (1 - sum p^2) = {r['noise_kld_expected']:.3g}; measured {r['kld_mean']:.3g}.")
+        if r["kld_max"] == 0:
+            lines.append(f"{d}: the same distributions as fp32 at every position (KL exactly 0).")
+            continue
+        flips = [b for b in r["flips_by_margin"] if b["flips"]]
+        where = ""
+        if flips:
+            top = max(b["margin_hi"] for b in flips)
+            where = f"; every flip sits where fp32's top-2 margin is below {top:g}"
+        lines.append(f"{d}: mean KLD {r['kld_mean']:.3g} nats, top-1 agreement {r['top1_agree_pct']:.2f} %, "
+                     f"perplexity {r['ppl']:.4g} against {r['ppl_fp32']:.4g} (ln ratio {r['ln_ppl_ratio']:+.2e})"
+                     f"{where}.")
+    return lines
