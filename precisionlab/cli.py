@@ -53,7 +53,8 @@ RtolOpt = Annotated[Optional[float], typer.Option("--rtol", help="Relative toler
 @app.command()
 def accumulate(
     dtype: Annotated[str, typer.Option("--dtype", help="Storage format the values are rounded to: "
-                                       "fp64, fp32, fp16, bf16, fp8_e4m3, fp8_e5m2 (aliases: float32, bfloat16, ...).")] = "bf16",
+                                       "fp64, fp32, fp16, bf16, fp8_e4m3, fp8_e5m2, fp6_e2m3, fp6_e3m2, fp4_e2m1 "
+                                       "(aliases: float32, bfloat16, fp4, ...).")] = "bf16",
     n: Annotated[int, typer.Option("--n", help="Number of values.")] = 10_000,
     value: Annotated[float, typer.Option("--value", help="The value repeated n times.")] = 0.1,
     dist: Annotated[Optional[str], typer.Option("--dist", help="Seeded random values instead: uniform | normal | lognormal.")] = None,
@@ -207,7 +208,9 @@ def info(json_out: JsonOpt = False):
 def compare_op(
     name: Annotated[str, typer.Argument(help="softmax | logsumexp | rmsnorm | layernorm | matmul")],
     shape: Annotated[Optional[str], typer.Option("--shape", help="ROWSxCOLS (matmul: MxKxN). Default 64x4096 (256x1024x256).")] = None,
-    dtype: Annotated[str, typer.Option("--dtype", help="Low precision(s) to test: bf16, fp16 or bf16,fp16.")] = "bf16,fp16",
+    dtype: Annotated[str, typer.Option("--dtype", help="Low precision(s) to test: bf16, fp16 or bf16,fp16 (computed in "
+                                       "them); or storage formats fp8_e4m3, fp8_e5m2, fp6_e2m3, fp6_e3m2, fp4_e2m1 "
+                                       "(inputs rounded to them, computed in fp32).")] = "bf16,fp16",
     impl: Annotated[Optional[str], typer.Option("--impl", help="Your implementation, package.module:function, taking and "
                                                 "returning torch tensors: softmax(x); logsumexp(x); rmsnorm(x, weight, eps); "
                                                 "layernorm(x, weight, bias, eps); matmul(a, b). Default: this project's kernels.")] = None,

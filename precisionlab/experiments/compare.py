@@ -99,6 +99,18 @@ def _cast(args: tuple, dtype) -> tuple:
     return tuple(a.to(dtype) if isinstance(a, torch.Tensor) else a for a in args)
 
 
+# Formats compare op takes as storage only: inputs rounded to them (numpy side,
+# Format.round), the op computed in fp32 on the rounded values; rows (2) and
+# (3) then measure what storing the inputs costs, and whether yours adds to it.
+STORAGE_DTYPES = ("fp8_e4m3", "fp8_e5m2", "fp6_e2m3", "fp6_e3m2", "fp4_e2m1")
+
+
+def _stored(args: tuple, fmt) -> tuple:
+    torch = _torch()
+    return tuple(torch.from_numpy(fmt.round(a.detach().double().cpu().numpy())).to(torch.float32).to(a.device)
+                 if isinstance(a, torch.Tensor) else a for a in args)
+
+
 def parse_shape(op: str, text: str | None) -> tuple:
     if text is None:
         return DEFAULT_SHAPES[op]
@@ -137,8 +149,9 @@ def compare_op(cfg: CompareOpConfig, advance=lambda k=1: None) -> CompareResult:
     shape = parse_shape(op, cfg.shape)
     lows = [formats.get(d) for d in cfg.dtypes.split(",") if d.strip()]
     for f in lows:
-        if f.name not in ("bf16", "fp16"):
-            raise UsageError(f"--dtype must be bf16 and/or fp16 (got {f.name})")
+        if f.name not in ("bf16", "fp16") and f.name not in STORAGE_DTYPES:
+            raise UsageError(f"--dtype must be bf16, fp16 or a storage format ({', '.join(STORAGE_DTYPES)}); "
+                             f"got {f.name}")
     if not lows:
         raise UsageError("empty --dtype")
     plan = devices.resolve(cfg.device)
@@ -169,8 +182,8 @@ def compare_op(cfg: CompareOpConfig, advance=lambda k=1: None) -> CompareResult:
             rows += [row0, row1]
             advance()
             for low in lows:
-                tdt = {"bf16": torch.bfloat16, "fp16": torch.float16}[low.name]
-                largs = _cast(args, tdt)
+                largs = (_stored(args, low) if low.name in STORAGE_DTYPES
+                         else _cast(args, {"bf16": torch.bfloat16, "fp16": torch.float16}[low.name]))
                 tl = ref(*largs)
                 yl = _call(yours, largs, cfg.impl)
                 rtol, atol = _tols(low, cfg)
