@@ -282,6 +282,42 @@ def bench(
     (report.bench_json if json_out else report.bench_table)(result)
 
 
+@app.command("formats")
+def formats_cmd(
+    formats: Annotated[Optional[str], typer.Option("--formats", help="Block formats, comma list: mxfp8_e4m3, mxfp8_e5m2, "
+                                                   "mxfp6_e2m3, mxfp6_e3m2, mxfp4, nvfp4 (default: all).")] = None,
+    rules: Annotated[Optional[str], typer.Option("--rules", help="Scale rules, comma list: floor (OCP), rceil (NVIDIA), "
+                                                 "ceil, even for the MX formats; nearest (NVFP4's e4m3 scale). "
+                                                 "Default: all.")] = None,
+    blocks: Annotated[Optional[str], typer.Option("--blocks", help="Block sizes, comma list, 1..1024 (default 16,32).")] = None,
+    dists: Annotated[Optional[str], typer.Option("--dists", help="Data, comma list: normal, student_t, outlier_10x, "
+                                                 "outlier_30x, outlier_100x (one element per block scaled). "
+                                                 "Default: all.")] = None,
+    n: Annotated[int, typer.Option("--n", help="Values per distribution for the element statistics.")] = 65536,
+    shape: Annotated[str, typer.Option("--shape", help="The matmul, MxKxN; blocks run along K.")] = "64x1024x64",
+    baselines: Annotated[bool, typer.Option("--baselines/--no-baselines", help="Also bf16 and per-tensor-scaled fp8 "
+                                            "(e4m3, e5m2).")] = True,
+    plot: Annotated[Optional[str], typer.Option("--plot", help="Write relative RMSE per configuration to this "
+                                                ".png/.pdf/.svg (checked before the run, written atomically).")] = None,
+    device: DeviceOpt = "auto",
+    seed: SeedOpt = 0,
+    json_out: JsonOpt = False,
+):
+    """Block-scaled formats (MXFP8/6/4, NVFP4) by scale rule and block size: error, clipping, flushing, matmul."""
+    from precisionlab import report, report_formats
+    from precisionlab.experiments import formats as exp
+
+    if plot:
+        report_formats.check_plot_path(plot)
+    cfg = exp.FormatsConfig(formats=formats, rules=rules, blocks=blocks, dists=dists, n=n, shape=shape,
+                            baselines=baselines, device=device, seed=seed)
+    with report.progress("formats", enabled=not json_out) as advance:
+        result = exp.run(cfg, advance)
+    if plot:
+        report_formats.formats_plot(result, plot)
+    (report_formats.formats_json if json_out else report_formats.formats_table)(result)
+
+
 def main() -> None:
     """Entry point: run the app, turning every failure into one line and an exit code."""
     debug = os.environ.get("PRECISIONLAB_DEBUG") == "1"

@@ -59,3 +59,13 @@ def test_gpu_entry_points_validate_their_arguments():
         native.blockscale_quantize_cuda(host.ctypes.data, 64, "mxfp4", "floor", c.ptr, c.ptr)
     with pytest.raises(native.UsageError, match="block must be"):
         native.blockscale_dequantize_cuda(c.ptr, c.ptr, 1.0, 64, "mxfp4", d.ptr, block=0)
+
+
+def test_formats_experiment_on_both_devices_agrees_bit_for_bit():
+    """--device all quantizes on the host and the GPU and refuses a run whose bits differ."""
+    from precisionlab.experiments import formats as exp
+
+    cfg = exp.FormatsConfig(formats="mxfp4,nvfp4", blocks="32,7", dists="outlier_30x", n=999, shape="3x70x2",
+                            baselines=False, device="all")
+    rows = exp.run(cfg).rows
+    assert len(rows) == 2 * 5  # mxfp4 x 4 rules + nvfp4, per block size
