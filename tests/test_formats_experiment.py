@@ -93,6 +93,7 @@ def test_cli_json_is_strict_and_complete():
     (["--dists", "cauchy"], 2, "unknown distribution"),
     (["--shape", "4x4"], 2, "MxKxN"),
     (["--n", "0"], 2, "--n"),
+    (["--seed", "-1"], 2, "--seed"),
     (["--device", "cuda"], 3, "no CUDA GPU"),
 ])
 def test_cli_usage_errors(args, code, text):

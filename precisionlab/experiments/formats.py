@@ -198,6 +198,8 @@ def run(cfg: FormatsConfig, advance=lambda k=1: None) -> FormatsResult:
     blocks = _parse_blocks(cfg.blocks)
     dists = inputs.parse_choices(cfg.dists, DISTRIBUTIONS, "distribution")
     inputs.check_n(cfg.n, 1, "--n")
+    if cfg.seed < 0:
+        raise UsageError(f"--seed must be >= 0 (got {cfg.seed})")
     m, k, n = _parse_shape(cfg.shape)
     # the largest live set: one distribution's vector and matmul operands, float64 copies, dequantized values
     inputs.check_memory((cfg.n + m * k + k * n) * 8 * 6 + m * n * 8 * 3, "formats")
