@@ -318,6 +318,33 @@ def formats_cmd(
     (report_formats.formats_json if json_out else report_formats.formats_table)(result)
 
 
+@app.command("kvcache")
+def kvcache_cmd(
+    dtypes: Annotated[Optional[str], typer.Option("--dtypes", help="fp8 cache formats, comma list: fp8_e4m3, fp8_e5m2 "
+                                                  "(default: both). fp32 and bf16 caches are always shown.")] = None,
+    scales: Annotated[Optional[str], typer.Option("--scales", help="KV scales, comma list: unit, calibrated (per "
+                                                  "layer, from a calibration text), dynamic (per head and token). "
+                                                  "Default: all.")] = None,
+    activation_scale: Annotated[float, typer.Option("--activation-scale", help="Multiply K and V by this before they "
+                                                    "are cached and divide after: the same model with large "
+                                                    "activations (try 1000).")] = 1.0,
+    steps: Annotated[int, typer.Option("--steps", help="Greedy steps.")] = 50,
+    prompt: Annotated[str, typer.Option("--prompt", help="Prompt text.")] = "ROMEO:\n",
+    device: DeviceOpt = "cpu",
+    seed: SeedOpt = 0,
+    json_out: JsonOpt = False,
+):
+    """The embedded model with its KV cache in fp8 (unit, calibrated or dynamic scales) against fp32 and bf16 caches."""
+    from precisionlab import report, report_kvcache
+    from precisionlab.experiments import kvcache as exp
+
+    cfg = exp.KVCacheConfig(dtypes=dtypes, scales=scales, activation_scale=activation_scale, steps=steps,
+                            prompt=prompt, device=device, seed=seed)
+    with report.progress("kvcache", enabled=not json_out) as advance:
+        result = exp.run(cfg, advance)
+    (report_kvcache.kvcache_json if json_out else report_kvcache.kvcache_table)(result)
+
+
 def main() -> None:
     """Entry point: run the app, turning every failure into one line and an exit code."""
     debug = os.environ.get("PRECISIONLAB_DEBUG") == "1"
