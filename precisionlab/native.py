@@ -592,6 +592,9 @@ def blockscale_quantize_cpu(x, fmt: str, rule: str, block: int | None = None,
 def blockscale_dequantize_cpu(q: BlockScaled) -> np.ndarray:
     y = np.empty(q.codes.size, np.float32)
     codes, scales = np.ascontiguousarray(q.codes, np.uint8), np.ascontiguousarray(q.scales, np.uint8)
+    if q.block >= 1 and scales.size < -(-codes.size // q.block):  # the C side reads one scale per block
+        raise UsageError(f"{codes.size} codes in blocks of {q.block} need {-(-codes.size // q.block)} scales, "
+                         f"got {scales.size}")
     _call("pl_blockscale_dequantize_cpu", codes.ctypes.data, scales.ctypes.data, q.tensor_scale, codes.size,
           q.format.id, q.block, y.ctypes.data)
     return y

@@ -297,6 +297,9 @@ def test_arguments_are_validated_by_the_library():
                                           None) == native.NULL_POINTER  # NVFP4 without its tensor scale
     assert lib.pl_blockscale_dequantize_cpu(codes.ctypes.data, codes.ctypes.data, 1.0, 8, 0, 0,
                                             x.ctypes.data) == native.INVALID_ARGUMENT
+    short = native.BlockScaled(native.block_formats()["mxfp4"], 4, "floor", codes, codes[:1], 1.0)
+    with pytest.raises(UsageError, match="need 2 scales"):
+        native.blockscale_dequantize_cpu(short)
 
 
 def test_nvfp4_tensor_scale_follows_the_recipe():

@@ -117,3 +117,21 @@ def test_plot_path_is_checked_before_the_run_and_written_atomically(tmp_path):
     assert r.code == 0, r.err
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert sorted(os.listdir(tmp_path)) == ["f.png"]  # no temporary left behind
+
+
+@pytest.mark.parametrize("argv", [["formats", "--help"], ["formats", "--formats", "mxfp4", "--dists", "normal",
+                                                          "--blocks", "32", "--n", "64", "--shape", "2x32x2",
+                                                          "--device", "cpu", "--json"]])
+def test_formats_needs_no_torch(argv):
+    import subprocess
+    import sys
+
+    from helpers import ROOT
+
+    code = ("import sys, runpy\n"
+            f"sys.argv = {['precisionlab', *argv]!r}\n"
+            "try:\n    runpy.run_module('precisionlab', run_name='__main__')\n"
+            "except SystemExit:\n    pass\n"
+            "sys.stderr.write('TORCH=' + str('torch' in sys.modules))\n")
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
+    assert "TORCH=False" in p.stderr
