@@ -259,6 +259,85 @@ int pl_matmul_cuda(const void* a_dev, const void* b_dev, int64_t m, int64_t n, i
 enum pl_allreduce_order { PL_ALLREDUCE_RING = 0, PL_ALLREDUCE_TREE = 1, PL_ALLREDUCE_ORDER_COUNT_ = 2 };
 int pl_allreduce_cpu(const double* partials, int ranks, int64_t n, int format, int order, int64_t offset,
                      int64_t chunk, int step, double* out);
+/* ---- block-scaled formats (blockscale.cu) -----------------------------------
+ * Element formats are minifloats described by bits, not bytes. Codes are
+ * stored one per byte (the low `bits` bits; a packed layout is a storage
+ * detail these experiments do not need); scales one byte per block.
+ * OCP Microscaling (MX) v1.0: element formats e4m3, e5m2, e2m3, e3m2, e2m1
+ * with one e8m0 scale (2^(code - 127), code 255 NaN) per block of 32.
+ * NVFP4 (NVIDIA): e2m1 elements, one e4m3 scale per block of 16, and an fp32
+ * per-tensor decode scale. Each format and rule is declared once, in
+ * blockscale.cu's tables, and exported by the *_info functions below. */
+enum pl_minifloat {
+    PL_MF_E2M1 = 0, /* fp4: bias 1, max 6, no inf, no NaN */
+    PL_MF_E2M3 = 1, /* fp6: bias 1, max 7.5, no inf, no NaN */
+    PL_MF_E3M2 = 2, /* fp6: bias 3, max 28, no inf, no NaN */
+    PL_MF_E4M3 = 3, /* fp8 e4m3fn: bias 7, max 448, NaN = S.1111.111, no inf */
+    PL_MF_E5M2 = 4, /* fp8 e5m2: bias 15, max 57344, IEEE inf and NaN */
+    PL_MF_E8M0 = 5, /* scale: unsigned, 2^(code - 127), code 255 NaN, no zero */
+    PL_MINIFLOAT_COUNT_ = 6
+};
+struct pl_minifloat_desc {
+    const char* name;
+    int bits, ebits, mbits; /* total, exponent and stored mantissa bits (sign = bits - ebits - mbits) */
+    int bias, emin, emax;   /* exponent bias; exponents of the smallest and largest normal */
+    double max;             /* largest finite value */
+    double min_subnormal;   /* smallest positive value */
+    int has_inf, has_nan;
+};
+int pl_minifloat_info(int id, struct pl_minifloat_desc* out);
+
+enum pl_block_format {
+    PL_MXFP8_E4M3 = 0,
+    PL_MXFP8_E5M2 = 1,
+    PL_MXFP6_E2M3 = 2,
+    PL_MXFP6_E3M2 = 3,
+    PL_MXFP4 = 4,
+    PL_NVFP4 = 5,
+    PL_BLOCK_FORMAT_COUNT_ = 6
+};
+struct pl_block_format_desc {
+    const char* name;
+    int element;           /* pl_minifloat of the elements */
+    int block;             /* the format's block size (others may be asked for) */
+    int scale;             /* pl_minifloat of the block scale: PL_MF_E8M0 or PL_MF_E4M3 */
+    int tensor_scale_bits; /* 32: an fp32 per-tensor scale as well (NVFP4); 0: none */
+};
+int pl_block_format_info(int id, struct pl_block_format_desc* out);
+
+/* How a block's scale is chosen from its largest magnitude amax (exact
+ * integer arithmetic on amax's bits; blockscale.cu's header says exactly). */
+enum pl_scale_rule {
+    PL_SCALE_FLOOR = 0,   /* OCP: 2^(floor(log2 amax) - emax_elem) */
+    PL_SCALE_RCEIL = 1,   /* NVIDIA: the smallest 2^e with amax / 2^e <= max_elem */
+    PL_SCALE_CEIL = 2,    /* 2^(ceil(log2 amax) - emax_elem) */
+    PL_SCALE_EVEN = 3,    /* FLOOR of amax rounded to the element's mantissa bits */
+    PL_SCALE_NEAREST = 4, /* NVFP4 only: e4m3 nearest-even of amax / 6 times the tensor scale */
+    PL_SCALE_RULE_COUNT_ = 5
+};
+/* The rule's name (static text) in *name. */
+int pl_scale_rule_info(int id, const char** name);
+
+/* Quantize n fp32 values: codes[n] element codes, scales[ceil(n / block)]
+ * scale codes. block: 1..1024; a last partial block is scaled by its own
+ * elements alone (as if padded with zeros). rule: PL_SCALE_FLOOR..EVEN for
+ * the MX formats, PL_SCALE_NEAREST for NVFP4. tensor_amax (NVFP4 only, else
+ * ignored): the amax the per-tensor scale is computed from, >= 0 or NaN;
+ * tensor_scale (NVFP4: required, host pointer; else may be NULL): the fp32
+ * per-tensor decode scale written. A block holding NaN or inf gets the NaN
+ * scale and zero element codes. */
+int pl_blockscale_quantize_cpu(const float* x, int64_t n, int format, int block, int rule, float tensor_amax,
+                               uint8_t* codes, uint8_t* scales, float* tensor_scale);
+/* y[i] = element(codes[i]) * scale(block of i) (* tensor_scale for NVFP4), fp32. */
+int pl_blockscale_dequantize_cpu(const uint8_t* codes, const uint8_t* scales, float tensor_scale, int64_t n,
+                                 int format, int block, float* y);
+/* Device pointers (tensor_scale: a host pointer); asynchronous on the legacy
+ * default stream. version 1: a thread per block, 2: a warp per block. */
+int pl_blockscale_quantize_cuda(const float* x_dev, int64_t n, int format, int block, int rule, float tensor_amax,
+                                uint8_t* codes_dev, uint8_t* scales_dev, float* tensor_scale, int version);
+/* version 1: a thread per element. */
+int pl_blockscale_dequantize_cuda(const uint8_t* codes_dev, const uint8_t* scales_dev, float tensor_scale, int64_t n,
+                                  int format, int block, float* y_dev, int version);
 
 #ifdef __cplusplus
 }

@@ -53,7 +53,8 @@ RtolOpt = Annotated[Optional[float], typer.Option("--rtol", help="Relative toler
 @app.command()
 def accumulate(
     dtype: Annotated[str, typer.Option("--dtype", help="Storage format the values are rounded to: "
-                                       "fp64, fp32, fp16, bf16, fp8_e4m3, fp8_e5m2 (aliases: float32, bfloat16, ...).")] = "bf16",
+                                       "fp64, fp32, fp16, bf16, fp8_e4m3, fp8_e5m2, fp6_e2m3, fp6_e3m2, fp4_e2m1 "
+                                       "(aliases: float32, bfloat16, fp4, ...).")] = "bf16",
     n: Annotated[int, typer.Option("--n", help="Number of values.")] = 10_000,
     value: Annotated[float, typer.Option("--value", help="The value repeated n times.")] = 0.1,
     dist: Annotated[Optional[str], typer.Option("--dist", help="Seeded random values instead: uniform | normal | lognormal.")] = None,
@@ -240,7 +241,9 @@ def compare_op(
     shape: Annotated[Optional[str], typer.Option("--shape", help="ROWSxCOLS (matmul: MxKxN; attention: BHxTxD). Defaults: "
                                                  "64x4096, matmul 256x1024x256, rope 64x128 (positions 0..32767), "
                                                  "attention 4x128x64.")] = None,
-    dtype: Annotated[str, typer.Option("--dtype", help="Low precision(s) to test: bf16, fp16 or bf16,fp16.")] = "bf16,fp16",
+    dtype: Annotated[str, typer.Option("--dtype", help="Low precision(s) to test: bf16, fp16 or bf16,fp16 (computed in "
+                                       "them); or storage formats fp8_e4m3, fp8_e5m2, fp6_e2m3, fp6_e3m2, fp4_e2m1 "
+                                       "(inputs rounded to them, computed in fp32).")] = "bf16,fp16",
     impl: Annotated[Optional[str], typer.Option("--impl", help="Your implementation, package.module:function, taking and "
                                                 "returning torch tensors: softmax(x); logsumexp(x); rmsnorm(x, weight, eps); "
                                                 "layernorm(x, weight, bias, eps); matmul(a, b); rope(x, positions, base); "
@@ -353,6 +356,69 @@ def bench(
     with report.progress("bench", enabled=not json_out) as advance:
         result = exp.run(cfg, advance)
     (report.bench_json if json_out else report.bench_table)(result)
+
+
+@app.command("formats")
+def formats_cmd(
+    formats: Annotated[Optional[str], typer.Option("--formats", help="Block formats, comma list: mxfp8_e4m3, mxfp8_e5m2, "
+                                                   "mxfp6_e2m3, mxfp6_e3m2, mxfp4, nvfp4 (default: all).")] = None,
+    rules: Annotated[Optional[str], typer.Option("--rules", help="Scale rules, comma list: floor (OCP), rceil (NVIDIA), "
+                                                 "ceil, even for the MX formats; nearest (NVFP4's e4m3 scale). "
+                                                 "Default: all.")] = None,
+    blocks: Annotated[Optional[str], typer.Option("--blocks", help="Block sizes, comma list, 1..1024 (default 16,32).")] = None,
+    dists: Annotated[Optional[str], typer.Option("--dists", help="Data, comma list: normal, student_t, outlier_10x, "
+                                                 "outlier_30x, outlier_100x (one element per block scaled). "
+                                                 "Default: all.")] = None,
+    n: Annotated[int, typer.Option("--n", help="Values per distribution for the element statistics.")] = 65536,
+    shape: Annotated[str, typer.Option("--shape", help="The matmul, MxKxN; blocks run along K.")] = "64x1024x64",
+    baselines: Annotated[bool, typer.Option("--baselines/--no-baselines", help="Also bf16 and per-tensor-scaled fp8 "
+                                            "(e4m3, e5m2).")] = True,
+    plot: Annotated[Optional[str], typer.Option("--plot", help="Write relative RMSE per configuration to this "
+                                                ".png/.pdf/.svg (checked before the run, written atomically).")] = None,
+    device: DeviceOpt = "auto",
+    seed: SeedOpt = 0,
+    json_out: JsonOpt = False,
+):
+    """Block-scaled formats (MXFP8/6/4, NVFP4) by scale rule and block size: error, clipping, flushing, matmul."""
+    from precisionlab import report, report_formats
+    from precisionlab.experiments import formats as exp
+
+    if plot:
+        report_formats.check_plot_path(plot)
+    cfg = exp.FormatsConfig(formats=formats, rules=rules, blocks=blocks, dists=dists, n=n, shape=shape,
+                            baselines=baselines, device=device, seed=seed)
+    with report.progress("formats", enabled=not json_out) as advance:
+        result = exp.run(cfg, advance)
+    if plot:
+        report_formats.formats_plot(result, plot)
+    (report_formats.formats_json if json_out else report_formats.formats_table)(result)
+
+
+@app.command("kvcache")
+def kvcache_cmd(
+    dtypes: Annotated[Optional[str], typer.Option("--dtypes", help="fp8 cache formats, comma list: fp8_e4m3, fp8_e5m2 "
+                                                  "(default: both). fp32 and bf16 caches are always shown.")] = None,
+    scales: Annotated[Optional[str], typer.Option("--scales", help="KV scales, comma list: unit, calibrated (per "
+                                                  "layer, from a calibration text), dynamic (per head and token). "
+                                                  "Default: all.")] = None,
+    activation_scale: Annotated[float, typer.Option("--activation-scale", help="Multiply K and V by this before they "
+                                                    "are cached and divide after: the same model with large "
+                                                    "activations (try 1000).")] = 1.0,
+    steps: Annotated[int, typer.Option("--steps", help="Greedy steps.")] = 50,
+    prompt: Annotated[str, typer.Option("--prompt", help="Prompt text.")] = "ROMEO:\n",
+    device: DeviceOpt = "cpu",
+    seed: SeedOpt = 0,
+    json_out: JsonOpt = False,
+):
+    """The embedded model with its KV cache in fp8 (unit, calibrated or dynamic scales) against fp32 and bf16 caches."""
+    from precisionlab import report, report_kvcache
+    from precisionlab.experiments import kvcache as exp
+
+    cfg = exp.KVCacheConfig(dtypes=dtypes, scales=scales, activation_scale=activation_scale, steps=steps,
+                            prompt=prompt, device=device, seed=seed)
+    with report.progress("kvcache", enabled=not json_out) as advance:
+        result = exp.run(cfg, advance)
+    (report_kvcache.kvcache_json if json_out else report_kvcache.kvcache_table)(result)
 
 
 def main() -> None:

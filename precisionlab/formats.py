@@ -2,7 +2,10 @@
 
 Numbers come from numpy/ml_dtypes' finfo, not from hand-typed tables, and
 numpy-side rounding goes through ml_dtypes. `code` is the pl_format enum of
-cuda/precisionlab.h.
+cuda/precisionlab.h; None for a storage-only format (fp4, fp6): values are
+rounded to it here, and the library's arithmetic kernels never see it (the
+block-scaled kernels of cuda/blockscale.cu declare their own element table,
+which tests/test_blockscale.py checks against these dtypes).
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ from precisionlab.errors import UsageError
 @dataclass(frozen=True)
 class Format:
     name: str
-    code: int
+    code: int | None
     dtype: np.dtype
     aliases: tuple[str, ...] = field(default=())
 
@@ -28,7 +31,13 @@ class Format:
 
     @property
     def bits(self) -> int:
-        return self.dtype.itemsize * 8
+        """Bits per value (fp4 is 4, whatever byte it sits in)."""
+        return int(self.finfo.bits)
+
+    @property
+    def storage_only(self) -> bool:
+        """A format values are stored in but no kernel computes in (fp4, fp6)."""
+        return self.code is None
 
     @property
     def precision(self) -> int:
@@ -70,6 +79,8 @@ class Format:
         x = np.asarray(x, dtype=np.float64)
         if self.code == FP64_CODE:
             return x.copy()
+        if self.storage_only:
+            return _round_saturating(x, self.dtype)
         with np.errstate(over="ignore", invalid="ignore"):
             if self.code == FP32_CODE:
                 return x.astype(np.float32).astype(np.float64)
@@ -96,6 +107,17 @@ def _round_to_odd_fp32(x: np.ndarray) -> np.ndarray:
     return f
 
 
+def _round_saturating(x: np.ndarray, dtype) -> np.ndarray:
+    """Round to a format with neither inf nor NaN (fp4 e2m1, fp6 e2m3/e3m2):
+    nearest even, finite overflow saturating to +-max (OCP MX v1.0's
+    conversion, and ml_dtypes' cast); NaN and +-inf, which it cannot hold,
+    come back NaN (ml_dtypes would give -0 for NaN and +-max for inf)."""
+    with np.errstate(over="ignore", invalid="ignore"):
+        y = _round_to_odd_fp32(x).astype(dtype).astype(np.float64)
+    y[~np.isfinite(x)] = np.nan
+    return y
+
+
 FORMATS: dict[str, Format] = {
     f.name: f
     for f in (
@@ -106,6 +128,10 @@ FORMATS: dict[str, Format] = {
         Format("fp8_e4m3", 4, np.dtype(ml_dtypes.float8_e4m3fn),
                ("e4m3", "float8_e4m3fn", "fp8e4m3", "float8_e4m3")),  # e4m3fn: no inf, overflow is NaN
         Format("fp8_e5m2", 5, np.dtype(ml_dtypes.float8_e5m2), ("e5m2", "float8_e5m2", "fp8e5m2")),
+        # storage-only element formats of the OCP MX block formats: no inf, no NaN
+        Format("fp4_e2m1", None, np.dtype(ml_dtypes.float4_e2m1fn), ("fp4", "e2m1", "float4_e2m1fn")),
+        Format("fp6_e2m3", None, np.dtype(ml_dtypes.float6_e2m3fn), ("e2m3", "float6_e2m3fn")),
+        Format("fp6_e3m2", None, np.dtype(ml_dtypes.float6_e3m2fn), ("e3m2", "float6_e3m2fn")),
     )
 }
 

@@ -164,6 +164,10 @@ def default_tolerances(fmt: Format) -> tuple[float, float]:
     """(rtol, atol) that torch.testing.assert_close uses for this format, read
     from torch itself. torch keeps the table in a private module; if that ever
     moves, we fail loudly rather than guess."""
+    if fmt.storage_only:
+        # torch has no fp4/fp6 tensors. One spacing at 1 relative, and half the
+        # smallest subnormal absolute (the most an input flushed to zero moves).
+        return fmt.eps, float(fmt.finfo.smallest_subnormal) / 2
     import torch
     from torch.testing._comparison import default_tolerances as torch_defaults
 

@@ -133,6 +133,27 @@ _PROTOTYPES = {
     # int pl_allreduce_cpu(const double* partials, int ranks, int64_t n, int format, int order, int64_t offset,
     #                      int64_t chunk, int step, double* out)
     "pl_allreduce_cpu": (c_int, [_d, c_int, c_int64, c_int, c_int, c_int64, c_int64, c_int, _d]),
+    # int pl_minifloat_info(int id, struct pl_minifloat_desc* out)
+    "pl_minifloat_info": (c_int, [c_int, c_void_p]),
+    # int pl_block_format_info(int id, struct pl_block_format_desc* out)
+    "pl_block_format_info": (c_int, [c_int, c_void_p]),
+    # int pl_scale_rule_info(int id, const char** name)
+    "pl_scale_rule_info": (c_int, [c_int, POINTER(c_char_p)]),
+    # int pl_blockscale_quantize_cpu(const float* x, int64_t n, int format, int block, int rule, float tensor_amax,
+    #                                uint8_t* codes, uint8_t* scales, float* tensor_scale)
+    "pl_blockscale_quantize_cpu": (c_int, [c_void_p, c_int64, c_int, c_int, c_int, c_float, c_void_p, c_void_p,
+                                           c_void_p]),
+    # int pl_blockscale_dequantize_cpu(const uint8_t* codes, const uint8_t* scales, float tensor_scale, int64_t n,
+    #                                  int format, int block, float* y)
+    "pl_blockscale_dequantize_cpu": (c_int, [c_void_p, c_void_p, c_float, c_int64, c_int, c_int, c_void_p]),
+    # int pl_blockscale_quantize_cuda(const float* x_dev, int64_t n, int format, int block, int rule,
+    #                                 float tensor_amax, uint8_t* codes_dev, uint8_t* scales_dev,
+    #                                 float* tensor_scale, int version)
+    "pl_blockscale_quantize_cuda": (c_int, [c_void_p, c_int64, c_int, c_int, c_int, c_float, c_void_p, c_void_p,
+                                            c_void_p, c_int]),
+    # int pl_blockscale_dequantize_cuda(const uint8_t* codes_dev, const uint8_t* scales_dev, float tensor_scale,
+    #                                   int64_t n, int format, int block, float* y_dev, int version)
+    "pl_blockscale_dequantize_cuda": (c_int, [c_void_p, c_void_p, c_float, c_int64, c_int, c_int, c_void_p, c_int]),
 }
 
 
@@ -550,3 +571,147 @@ def allreduce_cpu(partials: np.ndarray, format_code: int, order: str, offset: in
     _call("pl_allreduce_cpu", _dptr(p), p.shape[0], p.shape[1], format_code, ALLREDUCE_ORDERS[order], offset, chunk,
           step, _dptr(out))
     return out
+# --- block-scaled formats (cuda/blockscale.cu) -------------------------------
+# The library declares the minifloats, block formats and scale rules once;
+# these records are read from its tables, never restated here.
+
+
+class _MinifloatDesc(ctypes.Structure):  # struct pl_minifloat_desc
+    _fields_ = [("name", c_char_p), ("bits", c_int), ("ebits", c_int), ("mbits", c_int), ("bias", c_int),
+                ("emin", c_int), ("emax", c_int), ("max", c_double), ("min_subnormal", c_double),
+                ("has_inf", c_int), ("has_nan", c_int)]
+
+
+class _BlockFormatDesc(ctypes.Structure):  # struct pl_block_format_desc
+    _fields_ = [("name", c_char_p), ("element", c_int), ("block", c_int), ("scale", c_int),
+                ("tensor_scale_bits", c_int)]
+
+
+@dataclass(frozen=True)
+class Minifloat:
+    id: int
+    name: str
+    bits: int
+    ebits: int
+    mbits: int
+    bias: int
+    emin: int
+    emax: int
+    max: float
+    min_subnormal: float
+    has_inf: bool
+    has_nan: bool
+
+
+@dataclass(frozen=True)
+class BlockFormat:
+    id: int
+    name: str
+    element: Minifloat
+    block: int
+    scale: Minifloat
+    tensor_scale_bits: int
+
+    @property
+    def bits_per_element(self) -> float:
+        """Storage cost with the format's own block size: element bits plus the shared scale's share."""
+        return self.element.bits + self.scale.bits / self.block
+
+
+def _table(count_fn) -> list:
+    out, i = [], 0
+    while True:
+        try:
+            item = count_fn(i)
+        except UsageError:  # the first unknown id ends the table
+            return out
+        out.append(item)
+        i += 1
+
+
+@lru_cache(maxsize=1)
+def minifloats() -> dict[str, Minifloat]:
+    def one(i):
+        d = _MinifloatDesc()
+        _call("pl_minifloat_info", i, ctypes.byref(d))
+        return Minifloat(i, d.name.decode(), d.bits, d.ebits, d.mbits, d.bias, d.emin, d.emax, d.max,
+                         d.min_subnormal, bool(d.has_inf), bool(d.has_nan))
+    return {m.name: m for m in _table(one)}
+
+
+@lru_cache(maxsize=1)
+def block_formats() -> dict[str, BlockFormat]:
+    by_id = {m.id: m for m in minifloats().values()}
+
+    def one(i):
+        d = _BlockFormatDesc()
+        _call("pl_block_format_info", i, ctypes.byref(d))
+        return BlockFormat(i, d.name.decode(), by_id[d.element], d.block, by_id[d.scale], d.tensor_scale_bits)
+    return {f.name: f for f in _table(one)}
+
+
+@lru_cache(maxsize=1)
+def scale_rules() -> dict[str, int]:
+    def one(i):
+        name = c_char_p()
+        _call("pl_scale_rule_info", i, ctypes.byref(name))
+        return name.value.decode(), i
+    return dict(_table(one))
+
+
+@dataclass(frozen=True)
+class BlockScaled:
+    """A tensor in a block-scaled format: one code per byte, one scale code per block."""
+    format: BlockFormat
+    block: int
+    rule: str
+    codes: np.ndarray  # uint8, n
+    scales: np.ndarray  # uint8, ceil(n / block)
+    tensor_scale: float  # NVFP4's fp32 decode scale; 1.0 otherwise
+
+
+def _block_args(fmt: str, block: int | None, rule: str) -> tuple[BlockFormat, int, int]:
+    f = block_formats()[fmt]
+    return f, f.block if block is None else int(block), scale_rules()[rule]
+
+
+def blockscale_quantize_cpu(x, fmt: str, rule: str, block: int | None = None,
+                            tensor_amax: float | None = None) -> BlockScaled:
+    """Quantize fp32 values (x is cast to float32 first). NVFP4's tensor_amax defaults to max |x|."""
+    x = np.ascontiguousarray(x, dtype=np.float32).ravel()
+    f, block, rule_id = _block_args(fmt, block, rule)
+    if tensor_amax is None:
+        tensor_amax = float(np.max(np.abs(x))) if x.size else 0.0
+    codes = np.empty(x.size, np.uint8)
+    scales = np.empty(max(-(-x.size // max(block, 1)), 1), np.uint8)
+    ts = c_float(1.0)
+    _call("pl_blockscale_quantize_cpu", x.ctypes.data, x.size, f.id, block, rule_id, tensor_amax, codes.ctypes.data,
+          scales.ctypes.data, ctypes.byref(ts))
+    return BlockScaled(f, block, rule, codes, scales, float(ts.value))
+
+
+def blockscale_dequantize_cpu(q: BlockScaled) -> np.ndarray:
+    y = np.empty(q.codes.size, np.float32)
+    codes, scales = np.ascontiguousarray(q.codes, np.uint8), np.ascontiguousarray(q.scales, np.uint8)
+    if q.block >= 1 and scales.size < -(-codes.size // q.block):  # the C side reads one scale per block
+        raise UsageError(f"{codes.size} codes in blocks of {q.block} need {-(-codes.size // q.block)} scales, "
+                         f"got {scales.size}")
+    _call("pl_blockscale_dequantize_cpu", codes.ctypes.data, scales.ctypes.data, q.tensor_scale, codes.size,
+          q.format.id, q.block, y.ctypes.data)
+    return y
+
+
+def blockscale_quantize_cuda(x_ptr: int, n: int, fmt: str, rule: str, codes_ptr: int, scales_ptr: int,
+                             block: int | None = None, tensor_amax: float = 0.0, version: int = 2) -> float:
+    """Launch the GPU quantize on device pointers (asynchronous); returns NVFP4's decode scale (1.0 otherwise)."""
+    f, block, rule_id = _block_args(fmt, block, rule)
+    ts = c_float(1.0)
+    _call("pl_blockscale_quantize_cuda", x_ptr, n, f.id, block, rule_id, tensor_amax, codes_ptr, scales_ptr,
+          ctypes.byref(ts), version)
+    return float(ts.value)
+
+
+def blockscale_dequantize_cuda(codes_ptr: int, scales_ptr: int, tensor_scale: float, n: int, fmt: str, y_ptr: int,
+                               block: int | None = None, version: int = 1) -> None:
+    f, block, _ = _block_args(fmt, block, "floor")
+    _call("pl_blockscale_dequantize_cuda", codes_ptr, scales_ptr, tensor_scale, n, f.id, block, y_ptr, version)

@@ -82,6 +82,18 @@ def _device_pointer_kernels(rng) -> int:
             native.attention_cuda(q.ptr, k.ptr, v.ptr, 3, 5, 301, 24, 40, fmt.code, causal, ks.ptr, 0.2, ya.ptr)
         ya.numpy()
         calls += 5
+    for n, block in ((1, 32), (33, 32), (1001, 16), (100_003, 32)):
+        x = rng.standard_normal(n).astype(np.float32)
+        dx, dc, ds = dev(x), native.DeviceArray((n,), np.uint8), native.DeviceArray((-(-n // block),), np.uint8)
+        dy = native.DeviceArray((n,), np.float32)
+        for fmt, f in native.block_formats().items():
+            for rule in (["nearest"] if f.scale.name != "e8m0" else ["floor", "rceil", "ceil", "even"]):
+                for version in (1, 2):
+                    ts = native.blockscale_quantize_cuda(dx.ptr, n, fmt, rule, dc.ptr, ds.ptr, block=block,
+                                                         tensor_amax=float(np.max(np.abs(x))), version=version)
+                    native.blockscale_dequantize_cuda(dc.ptr, ds.ptr, ts, n, fmt, dy.ptr, block=block)
+                    dy.numpy()
+                    calls += 2
     return calls
 
 

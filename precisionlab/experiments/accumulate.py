@@ -67,6 +67,9 @@ def run(cfg: AccumulateConfig, advance=lambda k=1: None) -> AccumulateResult:
     storage = formats.get(cfg.dtype)
     methods = _parse_methods(cfg.methods)
     accumulators = formats.parse_list(cfg.accumulators or ",".join(DEFAULT_ACCUMULATORS))
+    for a in accumulators:
+        if a.storage_only:
+            raise UsageError(f"{a.name} is a storage format, not an accumulator")
     plan = devices.resolve(cfg.device)
     intended, desc = _intended_values(cfg)
     stored = storage.round(intended)
@@ -91,7 +94,7 @@ def run(cfg: AccumulateConfig, advance=lambda k=1: None) -> AccumulateResult:
     gpu_accs = [a for a in accumulators if a.name in GPU_ACCUMULATORS]
     if plan.cuda:
         if gpu_methods and gpu_accs:  # context start-up and module load stay out of the first row's time
-            native.sum_cuda(stored[:1], storage.code, gpu_accs[0].code, gpu_methods[0], runs=1)
+            native.sum_cuda(stored[:1], _device_code(storage), gpu_accs[0].code, gpu_methods[0], runs=1)
         for acc in gpu_accs:
             for m in gpu_methods:
                 rows.append(_run_gpu(stored, storage, acc, m, exact_stored, abs_sum))
@@ -216,10 +219,17 @@ def _run_cpu(orders: _Orders, storage: Format, acc: Format, method: str, cfg: Ac
 
 def _run_gpu(stored, storage: Format, acc: Format, method: str, exact: float, abs_sum: float) -> dict:
     t0 = time.perf_counter()
-    result = float(native.sum_cuda(stored, storage.code, acc.code, method, runs=1)[0])
+    result = float(native.sum_cuda(stored, _device_code(storage), acc.code, method, runs=1)[0])
     elapsed = time.perf_counter() - t0
     return _row("cuda", method, storage, acc, result, exact, abs_sum, stored.size, elapsed,
                 _bound(method, stored.size, acc, storage, abs_sum, exact, gpu=True))
+
+
+def _device_code(storage: Format) -> int:
+    """The pl_format the GPU holds the stored values in: fp4/fp6 values sit in
+    fp32 exactly (the library's sums take no sub-byte storage), so the sum is
+    the one of the fp4/fp6 values."""
+    return formats.get("fp32").code if storage.storage_only else storage.code
 
 
 def _row(device, method, storage, acc, result, exact, abs_sum, n, elapsed, bound) -> dict:

@@ -165,6 +165,23 @@ def _cast(args: tuple, dtype) -> tuple:
     return tuple(a.to(dtype) if isinstance(a, torch.Tensor) and a.is_floating_point() else a for a in args)
 
 
+# Formats compare op takes as storage only: inputs rounded to them (numpy side,
+# Format.round), the op computed in fp32 on the rounded values; rows (2) and
+# (3) then measure what storing the inputs costs, and whether yours adds to it.
+STORAGE_DTYPES = ("fp8_e4m3", "fp8_e5m2", "fp6_e2m3", "fp6_e3m2", "fp4_e2m1")
+
+
+def _stored(args: tuple, fmt) -> tuple:
+    torch = _torch()
+    return tuple(torch.from_numpy(fmt.round(a.detach().double().cpu().numpy())).to(torch.float32).to(a.device)
+                 if isinstance(a, torch.Tensor) and a.is_floating_point() else a for a in args)
+
+
+def _low_args(args: tuple, low, tdt: dict) -> tuple:
+    """The inputs in a low dtype (bf16, fp16), or rounded to a storage format and kept in fp32."""
+    return _stored(args, low) if low.name in STORAGE_DTYPES else _cast(args, tdt[low.name])
+
+
 def parse_shape(op: str, text: str | None) -> tuple:
     if text is None:
         return DEFAULT_SHAPES[op]
@@ -205,8 +222,9 @@ def compare_op(cfg: CompareOpConfig, advance=lambda k=1: None) -> CompareResult:
     shape = parse_shape(op, cfg.shape)
     lows = [formats.get(d) for d in cfg.dtypes.split(",") if d.strip()]
     for f in lows:
-        if f.name not in ("bf16", "fp16"):
-            raise UsageError(f"--dtype must be bf16 and/or fp16 (got {f.name})")
+        if f.name not in ("bf16", "fp16") and f.name not in STORAGE_DTYPES:
+            raise UsageError(f"--dtype must be bf16, fp16 or a storage format ({', '.join(STORAGE_DTYPES)}); "
+                             f"got {f.name}")
     if not lows:
         raise UsageError("empty --dtype")
     if cfg.masked not in ("nan", "zero"):
@@ -214,6 +232,8 @@ def compare_op(cfg: CompareOpConfig, advance=lambda k=1: None) -> CompareResult:
     if not (math.isfinite(cfg.scale) and cfg.scale != 0):
         raise UsageError(f"--scale must be finite and non-zero (got {cfg.scale})")
     out_dtype = formats.get(cfg.out_dtype) if cfg.out_dtype else None
+    if out_dtype is not None and out_dtype.name not in ("fp32", "bf16", "fp16"):
+        raise UsageError(f"--out-dtype must be fp32, bf16 or fp16 (got {out_dtype.name})")
     cases = op_harness.select(op, cfg.cases)
     plan = devices.resolve(cfg.device)
     torch = _torch()
@@ -253,13 +273,13 @@ def compare_op(cfg: CompareOpConfig, advance=lambda k=1: None) -> CompareResult:
                 rows += [row0, row1]
                 advance()
                 for low in lows:
-                    largs = _cast(args, tdt[low.name])
+                    largs = _low_args(args, low, tdt)
                     tl = ref(*largs)
                     yl = _call_case(yours, largs, cfg.impl, case)
                     rtol, atol = _tols(low, cfg)
                     r2 = _compare_row(op, dev, case, low, 2, "trusted low vs trusted fp32", tl, t32, atol, rtol, cshape)
                     r3 = _compare_row(op, dev, case, low, 3, "yours low vs trusted low", yl, tl, atol, rtol, cshape,
-                                      expect=tdt[out_dtype.name] if out_dtype else tdt[low.name])
+                                      expect=tdt[out_dtype.name] if out_dtype else tl.dtype)
                     rows += [r2, r3]
                     r2["verdict"] = "the cost of the format"
                     if not r3["flagged"]:
@@ -269,8 +289,8 @@ def compare_op(cfg: CompareOpConfig, advance=lambda k=1: None) -> CompareResult:
                     advance()
             for name in ["fp32"] + [f.name for f in lows]:
                 big, take = op_harness.batched_inputs(op, shape, cfg.seed, dev, make_inputs)
-                for c in op_harness.contracts(yours, lambda f, a: _call(f, a, cfg.impl), _cast(big, tdt[name]), take,
-                                              name):
+                for c in op_harness.contracts(yours, lambda f, a: _call(f, a, cfg.impl),
+                                              _low_args(big, formats.get(name), tdt), take, name):
                     c["device"] = dev
                     c["flagged"] = not c["passed"]
                     contract_rows.append(c)

@@ -116,6 +116,9 @@ class Attention(nn.Module):
         # also keeps them in a range where bf16 softmax inputs behave.
         self.q_norm = RMSNorm(cfg.head_dim, cfg.norm_eps)
         self.k_norm = RMSNorm(cfg.head_dim, cfg.norm_eps)
+        # Optional (k, v) -> (k, v) for the new tokens: what the KV cache stores
+        # and attention reads back (precisionlab/kvcache.py: fp8 caches).
+        self.kv_store = None
 
     def forward(self, x, cos, sin, past, start_pos):
         b, t, _ = x.shape
@@ -123,6 +126,8 @@ class Attention(nn.Module):
         q = apply_rope(self.q_norm(split(self.wq(x))), cos, sin)
         k = apply_rope(self.k_norm(split(self.wk(x))), cos, sin)
         v = split(self.wv(x))
+        if self.kv_store is not None:
+            k, v = self.kv_store(k, v)
         if past is not None:
             k = torch.cat([past[0], k], dim=2)
             v = torch.cat([past[1], v], dim=2)

@@ -1,0 +1,102 @@
+"""The report of `precisionlab formats`: a table per distribution, strict JSON,
+and a plot written atomically to a path checked before the run."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+
+from rich.table import Table
+
+from precisionlab.errors import UsageError
+from precisionlab.report import _footer, emit_json, hint, require_matplotlib, sci, stdout
+
+PLOT_SUFFIXES = (".png", ".pdf", ".svg")
+
+
+def check_plot_path(path: str) -> None:
+    """Refuse a --plot path that cannot be written, before the run spends any time."""
+    require_matplotlib()
+    p = Path(path)
+    if p.suffix.lower() not in PLOT_SUFFIXES:
+        raise UsageError(f"--plot must end in {', '.join(PLOT_SUFFIXES)} (got {path!r})")
+    if p.is_dir():
+        raise UsageError(f"--plot {path!r} is a directory")
+    parent = p.parent if str(p.parent) else Path(".")
+    if not parent.is_dir():
+        raise UsageError(f"--plot: directory {str(parent)!r} does not exist")
+    if not os.access(parent, os.W_OK):
+        raise UsageError(f"--plot: directory {str(parent)!r} is not writable")
+
+
+def _pct(x) -> str:
+    return "-" if x is None else f"{100 * x:.1f} %"
+
+
+def formats_table(res) -> None:
+    for dist in res.params["dists"]:
+        rows = [r for r in res.rows if r["dist"] == dist]
+        title = f"formats: {dist.replace('_', ' ')}" + (f" (df {res.params['student_df']})" if dist == "student_t" else "")
+        t = Table(title=title, title_justify="left")
+        for col in ("format", "scale", "rule", "block", "bits/elem"):
+            t.add_column(col, overflow="fold")
+        for col in ("rel RMSE", "blocks clipped", "flushed to 0", "matmul rel err"):
+            t.add_column(col, justify="right")
+        for r in rows:
+            t.add_row(r["format"], r["scale"] or "-", r["rule"] or "-", "-" if r["block"] is None else str(r["block"]),
+                      f"{r['bits_per_element']:.4g}", sci(r["rel_rmse"]), _pct(r["clip_share"]),
+                      _pct(r["flush_share"]), sci(r["matmul_error"]))
+        stdout.print(t)
+    m, k, n = res.params["shape"]
+    stdout.print(f"{res.params['n']} values per distribution (fp32); matmul {m}x{k} @ {k}x{n}, operands block-scaled "
+                 "along K, dequantized, fp32 accumulation, against float64 of the unquantized operands. blocks clipped: "
+                 "the block's largest element came back smaller than it went in, at the element's max code. "
+                 "bits/elem: element bits + scale bits / block.", style="dim", highlight=False)
+    _footer(None, res.takeaways)
+
+
+def formats_json(res) -> None:
+    emit_json("formats", {"params": res.params, "devices": res.devices, "rows": res.rows,
+                          "takeaways": res.takeaways})
+
+
+def formats_plot(res, path: str) -> None:
+    """Relative RMSE of every configuration, one line per distribution; written
+    to a temporary file beside `path`, then renamed over it."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    labels = list(dict.fromkeys(_label(r) for r in res.rows))
+    fig, ax = plt.subplots(figsize=(max(8.0, 0.28 * len(labels)), 5.5))
+    for dist in res.params["dists"]:
+        by = {_label(r): r["rel_rmse"] for r in res.rows if r["dist"] == dist}
+        ax.plot(range(len(labels)), [by.get(lb, float("nan")) for lb in labels], marker="o", ms=3, lw=1, label=dist)
+    ax.set_xticks(range(len(labels)))
+    ax.set_xticklabels(labels, rotation=90, fontsize=7)
+    ax.set_yscale("log")
+    ax.set_ylabel("relative RMSE")
+    ax.set_title("block-scaled formats: relative RMSE by format / rule / block")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    p = Path(path)
+    fd, tmp = tempfile.mkstemp(prefix=f".{p.name}.", suffix=p.suffix, dir=str(p.parent) if str(p.parent) else ".")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            fig.savefig(f, format=p.suffix.lstrip(".").lower(), dpi=120)
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)  # mkstemp's 0600 is for the temporary name only
+        os.replace(tmp, path)
+    except BaseException:
+        os.unlink(tmp)
+        raise
+    finally:
+        plt.close(fig)
+    hint(f"plot written to {path}")
+
+
+def _label(r: dict) -> str:
+    return "/".join(str(v) for v in (r["format"], r["rule"], r["block"]) if v is not None)
