@@ -44,7 +44,17 @@ def _root() -> None:
 
 # Options every command shares.
 DeviceOpt = Annotated[str, typer.Option("--device", help="auto (CPU, plus GPU where present) | cpu | cuda | all.")]
-SeedOpt = Annotated[int, typer.Option("--seed", help="Seed for every random draw, passed down to the kernels.")]
+SEED_MAX = 2**64 - 1  # the kernels take the seed as a uint64
+
+
+def _seed_in_range(value: int) -> int:
+    if not 0 <= value <= SEED_MAX:
+        raise typer.BadParameter(f"must be in 0 ... 2^64-1 ({SEED_MAX}), got {value}")
+    return value
+
+
+SeedOpt = Annotated[int, typer.Option("--seed", callback=_seed_in_range,
+                                      help="Seed for every random draw, passed down to the kernels (0 ... 2^64-1).")]
 JsonOpt = Annotated[bool, typer.Option("--json", help="One strict JSON document on stdout (non-finite as strings).")]
 AtolOpt = Annotated[Optional[float], typer.Option("--atol", help="Absolute tolerance (default: torch.testing's for the dtype).")]
 RtolOpt = Annotated[Optional[float], typer.Option("--rtol", help="Relative tolerance (default: torch.testing's for the dtype).")]
@@ -73,8 +83,7 @@ def accumulate(
     from precisionlab import report
     from precisionlab.experiments import accumulate as exp
 
-    if plot:
-        report.require_matplotlib()
+    plot = report.check_plot_path(plot)  # before the run: a bad path must not cost the result
     cfg = exp.AccumulateConfig(dtype=dtype, n=n, value=value, dist=dist, values=values, from_file=from_file,
                                methods=methods, accumulators=accumulators, device=device, seed=seed,
                                trace=plot is not None)
@@ -131,8 +140,7 @@ def compare_model(
     from precisionlab import report
     from precisionlab.experiments import model as exp
 
-    if plot:
-        report.require_matplotlib()
+    plot = report.check_plot_path(plot)  # before the run: a bad path must not cost the result
     cfg = exp.ModelConfig(model=model, steps=steps, prompt=prompt, dtypes=dtypes, device=device, seed=seed)
     with report.progress("compare model", enabled=not json_out) as advance:
         result = exp.run(cfg, advance)
@@ -155,8 +163,7 @@ def nondeterminism(
     from precisionlab import report
     from precisionlab.experiments import nondeterminism as exp
 
-    if plot:
-        report.require_matplotlib()
+    plot = report.check_plot_path(plot)  # before the run: a bad path must not cost the result
     cfg = exp.NondetConfig(runs=runs, n=n, device=device, seed=seed, sections=sections, keep_samples=plot is not None)
     with report.progress("nondeterminism", enabled=not json_out) as advance:
         result = exp.run(cfg, advance)
@@ -181,8 +188,7 @@ def tf32(
     from precisionlab import report
     from precisionlab.experiments import tf32 as exp
 
-    if plot:
-        report.require_matplotlib()
+    plot = report.check_plot_path(plot)  # before the run: a bad path must not cost the result
     cfg = exp.Tf32Config(m=m, n=n, k=k, sweep_mn=sweep_mn, sweep=not no_sweep, device=device, seed=seed)
     with report.progress("tf32", enabled=not json_out) as advance:
         result = exp.run(cfg, advance)
@@ -280,7 +286,56 @@ def bench(
 
 
 def main() -> None:
-    """Entry point: run the app, turning every failure into one line and an exit code."""
+    """Entry point: run the app, turning every failure into one line and an exit code.
+
+    The command runs in a worker thread while the main thread waits on it:
+    Python delivers Ctrl-C to the main thread only between bytecodes, and a
+    long ctypes call (a big matmul or sum) holds the worker for seconds, so
+    the main thread answers at once, removes half-written files and exits 130
+    without waiting for the kernel."""
+    import threading
+
+    from precisionlab import report
+
+    report.tolerate_unencodable()
+    if len(sys.argv) <= 1:  # no arguments: the help, on stdout, and the usage exit code
+        app(["--help"], prog_name="precisionlab", standalone_mode=False)
+        sys.exit(2)
+    outcome: dict = {}
+
+    def work() -> None:
+        try:
+            outcome["code"] = _run()
+        except BaseException as e:  # SystemExit from _fail, or a traceback asked for by PRECISIONLAB_DEBUG
+            outcome["exc"] = e
+
+    worker = threading.Thread(target=work, name="precisionlab-command", daemon=True)
+    try:
+        worker.start()
+        while worker.is_alive():
+            worker.join(0.05)
+    except KeyboardInterrupt:
+        _interrupted()
+    if "exc" in outcome:
+        raise outcome["exc"]
+    sys.exit(outcome.get("code", 0))
+
+
+def _interrupted() -> None:
+    """Ctrl-C: one line, no partial file, exit 130 now (the worker may be inside a kernel)."""
+    from precisionlab import outputs
+
+    outputs.remove_pending()
+    try:
+        sys.stdout.flush()
+    except Exception:  # a closed pipe: nothing more to say there
+        pass
+    os.write(2, b"precisionlab: interrupted\n")
+    os._exit(130)
+
+
+def _run() -> int:
+    """The app, every failure turned into one stderr line and an exit code."""
     debug = os.environ.get("PRECISIONLAB_DEBUG") == "1"
     try:
         rc = app(standalone_mode=False)
@@ -289,12 +344,16 @@ def main() -> None:
             raise
         _fail(str(e), e.exit_code)
     except typer.Exit as e:
+        if e.exit_code == 130 and isinstance(e.__cause__, KeyboardInterrupt):  # typer's own Ctrl-C answer
+            _fail("interrupted", 130)
         sys.exit(e.exit_code)
     except typer.Abort:
         _fail("aborted", 130)
     except ClickException as e:  # option parsing: a usage error
         if debug:
             raise
+        if not e.format_message().strip():  # a group without a command: its help is already printed
+            sys.exit(2)
         _fail(e.format_message(), 2)
     except KeyboardInterrupt:
         _fail("interrupted", 130)
@@ -302,7 +361,7 @@ def main() -> None:
         if debug:
             raise
         _fail(f"internal error: {type(e).__name__}: {e} (PRECISIONLAB_DEBUG=1 shows the traceback)", 1)
-    sys.exit(rc if isinstance(rc, int) else 0)
+    return rc if isinstance(rc, int) else 0
 
 
 def _fail(message: str, code: int) -> None:
