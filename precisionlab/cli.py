@@ -229,6 +229,10 @@ def compare_op(
     from precisionlab import report
     from precisionlab.experiments import compare as exp
 
+    from precisionlab import inputs
+
+    inputs.check_tolerance(atol, "--atol")
+    inputs.check_tolerance(rtol, "--rtol")
     cfg = exp.CompareOpConfig(op=name, shape=shape, dtypes=dtype, impl=impl, device=device, seed=seed, atol=atol,
                               rtol=rtol)
     with report.progress(f"compare {name}", enabled=not json_out) as advance:
@@ -276,9 +280,10 @@ def bench(
     for name, v in (("--cpu-n", cpu_n), ("--gpu-n", gpu_n)):
         if v is not None:
             inputs.check_n(v, 16, name)
-    if section and sections:
+    if section is not None and sections is not None:
         raise UsageError("give the sections once: as an argument or with --sections")
-    cfg = exp.BenchConfig(quick=quick, device=device, sections=section or sections, seed=seed, cpu_n=cpu_n,
+    cfg = exp.BenchConfig(quick=quick, device=device, sections=section if section is not None else sections,
+                          seed=seed, cpu_n=cpu_n,
                           gpu_n=gpu_n)
     with report.progress("bench", enabled=not json_out) as advance:
         result = exp.run(cfg, advance)

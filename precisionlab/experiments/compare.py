@@ -158,7 +158,7 @@ def compare_op(cfg: CompareOpConfig, advance=lambda k=1: None) -> CompareResult:
             args = make_inputs(op, shape, cfg.seed, dev)
             t32 = ref(*args)
             t64 = ref(*_cast(args, torch.float64))
-            y32 = _call(yours, args, cfg.impl)
+            y32 = _checked_output(_call(yours, args, cfg.impl), t32, cfg.impl)
             rtol, atol = _tols(fp32, cfg)
             row0 = _row(op, dev, "fp32", 0, "trusted fp32 vs trusted fp64",
                         metrics.error_report(_np(t32), _np(t64), fp32, atol, rtol), shape)
@@ -172,7 +172,7 @@ def compare_op(cfg: CompareOpConfig, advance=lambda k=1: None) -> CompareResult:
                 tdt = {"bf16": torch.bfloat16, "fp16": torch.float16}[low.name]
                 largs = _cast(args, tdt)
                 tl = ref(*largs)
-                yl = _call(yours, largs, cfg.impl)
+                yl = _checked_output(_call(yours, largs, cfg.impl), tl, cfg.impl)
                 rtol, atol = _tols(low, cfg)
                 r2 = metrics.error_report(_np(tl), _np(t32), low, atol, rtol)
                 r3 = metrics.error_report(_np(yl), _np(tl), low, atol, rtol)
@@ -197,9 +197,31 @@ def _call(fn, args, impl):
         return fn(*args)
     except (UsageError, RunError):
         raise
+    except SystemExit as e:  # an implementation may not end the run for us
+        raise RunError(f"{impl or 'precisionlab'} called sys.exit({e.code!r})") from None
     except Exception as e:
         who = impl or "precisionlab"
         raise RunError(f"{who} raised {type(e).__name__}: {e}") from None
+
+
+def _checked_output(out, trusted_out, impl):
+    """What an implementation returned must be a tensor like torch's: the same
+    shape, dtype and device. Anything else ends the run (exit 1) naming the
+    function and what it returned, before a metric misreads it."""
+    torch = _torch()
+    who = impl or "precisionlab"
+    if not isinstance(out, torch.Tensor):
+        kind = "None" if out is None else f"a {type(out).__module__}.{type(out).__qualname__}"
+        raise RunError(f"{who} returned {kind}, not a torch.Tensor (expected shape {tuple(trusted_out.shape)}, "
+                       f"dtype {trusted_out.dtype})")
+    if tuple(out.shape) != tuple(trusted_out.shape):
+        raise RunError(f"{who} returned shape {tuple(out.shape)}, expected {tuple(trusted_out.shape)} "
+                       f"(what torch returns for these inputs)")
+    if out.dtype != trusted_out.dtype:
+        raise RunError(f"{who} returned dtype {out.dtype} for {trusted_out.dtype} inputs; return the input's dtype")
+    if out.device != trusted_out.device:
+        raise RunError(f"{who} returned a tensor on {out.device} for inputs on {trusted_out.device}")
+    return out
 
 
 def _np(t) -> np.ndarray:
