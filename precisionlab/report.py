@@ -41,8 +41,13 @@ def _escape_char(m) -> str:
 def safe_text(s) -> str:
     """A string from a file, a model or the command line (tensor name, path,
     model name, prompt, decoded token) for a Rich table or line: control
-    characters escaped and Rich markup escaped, so it shows exactly as written."""
-    return escape(printable(s))
+    characters escaped and Rich markup escaped, so it shows exactly as written.
+    A trailing backslash is shown as \\x5c: raw, it would escape whatever tag
+    follows the string, and Rich's own escape doubles it where none follows."""
+    text = printable(s)
+    if text.endswith("\\"):
+        text = text[:-1] + "\\x5c"
+    return escape(text)
 
 
 # Glyphs this module prints, and what they become where the output encoding
@@ -70,11 +75,8 @@ class _Console(Console):
 
     def _fit(self, table: Table):
         from rich.console import Group
-        from rich.measure import Measurement
         from rich.text import Text
 
-        if Measurement.get(self, self.options.update_width(1 << 20), table).minimum <= self.width:
-            return table
         ascii_only = not self.encoding.lower().startswith("utf")
 
         def text(cell) -> Text:
@@ -83,6 +85,9 @@ class _Console(Console):
             if ascii_only:
                 t.plain = t.plain.translate(_ASCII)
             return t
+
+        if _words_fit(self, table, text):
+            return table
 
         columns = table.columns
         n_rows = max((len(list(c.cells)) for c in columns), default=0)
@@ -95,6 +100,30 @@ class _Console(Console):
                 line.overflow = "fold"
                 parts.append(line)
         return Group(*parts)
+
+
+def _longest_word(t) -> int:
+    from rich.cells import cell_len
+
+    return max((cell_len(w) for w in t.plain.split()), default=0)
+
+
+def _words_fit(console, table: Table, text) -> bool:
+    """Whether every word of every cell (a number is one word) fits the width
+    Rich gives its column: then Rich wraps at spaces and cuts nothing.
+    Otherwise a number would be folded, cut to an ellipsis or blanked."""
+    from rich.measure import Measurement
+
+    if Measurement.get(console, console.options.update_width(1 << 20), table).minimum > console.width:
+        return False
+    try:
+        widths = table._calculate_column_widths(console, console.options)  # what Rich will give each column
+    except Exception:  # a Rich without this helper: the minimum width above decides alone
+        return True
+    pad = table.padding[1] + table.padding[3] if len(table.padding) == 4 else 2
+    return all(_longest_word(text(cell)) <= w - pad
+               for col, w in zip(table.columns, widths) for cell in col.cells)
+
 
 
 def _width() -> int | None:

@@ -106,7 +106,7 @@ def run(cfg: SoftmaxConfig, advance=lambda k=1: None) -> SoftmaxResult:
         raise UsageError(f"--masked must be nan or zero (got {cfg.masked!r})")
     methods = _parse_methods(cfg.methods)
     plan = devices.resolve(cfg.device)
-    gpu_only = [m for m in methods if m in native.SOFTMAX_GPU_ONLY]
+    gpu_only = [m for m in methods if m in native.SOFTMAX_GPU_ONLY] if cfg.methods is not None else []
     if gpu_only and (cfg.device.lower() == "cpu" or (not plan.cuda and len(gpu_only) == len(methods))):
         where = "--device cpu" if cfg.device.lower() == "cpu" else f"no GPU here ({plan.cuda_unavailable})"
         raise UsageError(f"--methods {', '.join(gpu_only)}: runs only on the GPU, and {where}; "
