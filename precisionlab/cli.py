@@ -18,7 +18,7 @@ try:  # typer >= 0.20 vendors click
 except ImportError:  # older typer depends on click
     from click.exceptions import ClickException
 
-from precisionlab.errors import PrecisionLabError, UsageError
+from precisionlab.errors import PrecisionLabError, RunError, UsageError
 
 app = typer.Typer(
     name="precisionlab",
@@ -44,7 +44,17 @@ def _root() -> None:
 
 # Options every command shares.
 DeviceOpt = Annotated[str, typer.Option("--device", help="auto (CPU, plus GPU where present) | cpu | cuda | all.")]
-SeedOpt = Annotated[int, typer.Option("--seed", help="Seed for every random draw, passed down to the kernels.")]
+SEED_MAX = 2**64 - 1  # the kernels take the seed as a uint64
+
+
+def _seed_in_range(value: int) -> int:
+    if not 0 <= value <= SEED_MAX:
+        raise typer.BadParameter(f"must be in 0 ... 2^64-1 ({SEED_MAX}), got {value}")
+    return value
+
+
+SeedOpt = Annotated[int, typer.Option("--seed", callback=_seed_in_range,
+                                      help="Seed for every random draw, passed down to the kernels (0 ... 2^64-1).")]
 JsonOpt = Annotated[bool, typer.Option("--json", help="One strict JSON document on stdout (non-finite as strings).")]
 AtolOpt = Annotated[Optional[float], typer.Option("--atol", help="Absolute tolerance (default: torch.testing's for the dtype).")]
 RtolOpt = Annotated[Optional[float], typer.Option("--rtol", help="Relative tolerance (default: torch.testing's for the dtype).")]
@@ -65,7 +75,7 @@ def accumulate(
                                                    "Default: all that apply.")] = None,
     accumulators: Annotated[Optional[str], typer.Option("--accumulators", help="Accumulator formats, comma list. "
                                                         "Default: bf16,fp16,fp32,fp64 (GPU: bf16, fp32, fp64).")] = None,
-    plot: Annotated[Optional[str], typer.Option("--plot", help="Write the running sum against the step to this PNG.")] = None,
+    plot: Annotated[Optional[str], typer.Option("--plot", help="Write the running sum against the step to this file (.png, .svg, .pdf, ...).")] = None,
     device: DeviceOpt = "auto",
     seed: SeedOpt = 0,
     json_out: JsonOpt = False,
@@ -74,8 +84,7 @@ def accumulate(
     from precisionlab import report
     from precisionlab.experiments import accumulate as exp
 
-    if plot:
-        report.require_matplotlib()
+    plot = report.check_plot_path(plot)  # before the run: a bad path must not cost the result
     cfg = exp.AccumulateConfig(dtype=dtype, n=n, value=value, dist=dist, values=values, from_file=from_file,
                                methods=methods, accumulators=accumulators, device=device, seed=seed,
                                trace=plot is not None)
@@ -123,7 +132,7 @@ def compare_model(
     steps: Annotated[int, typer.Option("--steps", help="Greedy decoding steps.")] = 50,
     prompt: Annotated[str, typer.Option("--prompt", help="The text to continue.")] = "ROMEO:\n",
     dtypes: Annotated[str, typer.Option("--dtypes", help="Low precisions against fp32: bf16, fp16.")] = "bf16,fp16",
-    plot: Annotated[Optional[str], typer.Option("--plot", help="Write rel-L2 per step, divergence marked, to this PNG.")] = None,
+    plot: Annotated[Optional[str], typer.Option("--plot", help="Write rel-L2 per step, divergence marked, to this file (.png, .svg, .pdf, ...).")] = None,
     device: Annotated[str, typer.Option("--device", help="cpu (default) | cuda | auto.")] = "cpu",
     metrics: Annotated[bool, typer.Option("--metrics", help="Instead: next-token distribution statistics over a text, "
                                           "teacher-forced (KL divergence, top-1/top-5 agreement, Δp, perplexity, flips "
@@ -146,6 +155,7 @@ def compare_model(
     from precisionlab import report
     from precisionlab.experiments import model as exp
 
+    plot = report.check_plot_path(plot)  # before the run: a bad path must not cost the result
     if plot:
         report.require_matplotlib()
     if metrics:
@@ -178,7 +188,7 @@ def nondeterminism(
     runs: Annotated[int, typer.Option("--runs", help="Repetitions of each computation (at least 2).")] = 100,
     n: Annotated[int, typer.Option("--n", help="Values in the summed array.")] = 1 << 24,
     sections: Annotated[Optional[str], typer.Option("--sections", help="Comma list: atomics, splitk, batch, torch_ops, threads, tp.")] = None,
-    plot: Annotated[Optional[str], typer.Option("--plot", help="Histogram of the atomic results, in ulps around fsum, to this PNG.")] = None,
+    plot: Annotated[Optional[str], typer.Option("--plot", help="Histogram of the atomic results, in ulps around fsum, to this file (.png, .svg, .pdf, ...).")] = None,
     device: DeviceOpt = "auto",
     seed: SeedOpt = 0,
     json_out: JsonOpt = False,
@@ -187,8 +197,7 @@ def nondeterminism(
     from precisionlab import report
     from precisionlab.experiments import nondeterminism as exp
 
-    if plot:
-        report.require_matplotlib()
+    plot = report.check_plot_path(plot)  # before the run: a bad path must not cost the result
     cfg = exp.NondetConfig(runs=runs, n=n, device=device, seed=seed, sections=sections, keep_samples=plot is not None)
     with report.progress("nondeterminism", enabled=not json_out) as advance:
         result = exp.run(cfg, advance)
@@ -204,7 +213,7 @@ def tf32(
     k: Annotated[int, typer.Option("--k", help="Inner dimension.")] = 4096,
     sweep_mn: Annotated[int, typer.Option("--sweep-mn", help="m = n for the error-against-K sweep.")] = 256,
     no_sweep: Annotated[bool, typer.Option("--no-sweep", help="Skip the K sweep (256 ... 16384).")] = False,
-    plot: Annotated[Optional[str], typer.Option("--plot", help="Write error against K to this PNG.")] = None,
+    plot: Annotated[Optional[str], typer.Option("--plot", help="Write error against K to this file (.png, .svg, .pdf, ...).")] = None,
     device: DeviceOpt = "auto",
     seed: SeedOpt = 0,
     json_out: JsonOpt = False,
@@ -213,8 +222,7 @@ def tf32(
     from precisionlab import report
     from precisionlab.experiments import tf32 as exp
 
-    if plot:
-        report.require_matplotlib()
+    plot = report.check_plot_path(plot)  # before the run: a bad path must not cost the result
     cfg = exp.Tf32Config(m=m, n=n, k=k, sweep_mn=sweep_mn, sweep=not no_sweep, device=device, seed=seed)
     with report.progress("tf32", enabled=not json_out) as advance:
         result = exp.run(cfg, advance)
@@ -275,12 +283,18 @@ def compare_op(
     from precisionlab import report
     from precisionlab.experiments import compare as exp
 
+    from precisionlab import inputs
+
+    inputs.check_tolerance(atol, "--atol")
+    inputs.check_tolerance(rtol, "--rtol")
     cfg = exp.CompareOpConfig(op=name, shape=shape, dtypes=dtype, impl=impl, device=device, seed=seed, atol=atol,
                               rtol=rtol, cases=cases, masked=masked, scale=scale, out_dtype=out_dtype,
                               from_file=from_file)
     with report.progress(f"compare {name}", enabled=not json_out) as advance:
         result = exp.compare_op(cfg, advance)
     (report.compare_op_json if json_out else report.compare_op_table)(result)
+    if result.contract_violation:  # the table says it per row; stderr names the function once
+        raise RunError(result.contract_violation)
     if result.any_failed:
         raise typer.Exit(1)
 
@@ -349,9 +363,10 @@ def bench(
     for name, v in (("--cpu-n", cpu_n), ("--gpu-n", gpu_n)):
         if v is not None:
             inputs.check_n(v, 16, name)
-    if section and sections:
+    if section is not None and sections is not None:
         raise UsageError("give the sections once: as an argument or with --sections")
-    cfg = exp.BenchConfig(quick=quick, device=device, sections=section or sections, seed=seed, cpu_n=cpu_n,
+    cfg = exp.BenchConfig(quick=quick, device=device, sections=section if section is not None else sections,
+                          seed=seed, cpu_n=cpu_n,
                           gpu_n=gpu_n)
     with report.progress("bench", enabled=not json_out) as advance:
         result = exp.run(cfg, advance)
@@ -422,7 +437,56 @@ def kvcache_cmd(
 
 
 def main() -> None:
-    """Entry point: run the app, turning every failure into one line and an exit code."""
+    """Entry point: run the app, turning every failure into one line and an exit code.
+
+    The command runs in a worker thread while the main thread waits on it:
+    Python delivers Ctrl-C to the main thread only between bytecodes, and a
+    long ctypes call (a big matmul or sum) holds the worker for seconds, so
+    the main thread answers at once, removes half-written files and exits 130
+    without waiting for the kernel."""
+    import threading
+
+    from precisionlab import report
+
+    report.tolerate_unencodable()
+    if len(sys.argv) <= 1:  # no arguments: the help, on stdout, and the usage exit code
+        app(["--help"], prog_name="precisionlab", standalone_mode=False)
+        sys.exit(2)
+    outcome: dict = {}
+
+    def work() -> None:
+        try:
+            outcome["code"] = _run()
+        except BaseException as e:  # SystemExit from _fail, or a traceback asked for by PRECISIONLAB_DEBUG
+            outcome["exc"] = e
+
+    worker = threading.Thread(target=work, name="precisionlab-command", daemon=True)
+    try:
+        worker.start()
+        while worker.is_alive():
+            worker.join(0.05)
+    except KeyboardInterrupt:
+        _interrupted()
+    if "exc" in outcome:
+        raise outcome["exc"]
+    sys.exit(outcome.get("code", 0))
+
+
+def _interrupted() -> None:
+    """Ctrl-C: one line, no partial file, exit 130 now (the worker may be inside a kernel)."""
+    from precisionlab import outputs
+
+    outputs.remove_pending()
+    try:
+        sys.stdout.flush()
+    except Exception:  # a closed pipe: nothing more to say there
+        pass
+    os.write(2, b"precisionlab: interrupted\n")
+    os._exit(130)
+
+
+def _run() -> int:
+    """The app, every failure turned into one stderr line and an exit code."""
     debug = os.environ.get("PRECISIONLAB_DEBUG") == "1"
     try:
         rc = app(standalone_mode=False)
@@ -431,12 +495,16 @@ def main() -> None:
             raise
         _fail(str(e), e.exit_code)
     except typer.Exit as e:
+        if e.exit_code == 130 and isinstance(e.__cause__, KeyboardInterrupt):  # typer's own Ctrl-C answer
+            _fail("interrupted", 130)
         sys.exit(e.exit_code)
     except typer.Abort:
         _fail("aborted", 130)
     except ClickException as e:  # option parsing: a usage error
         if debug:
             raise
+        if not e.format_message().strip():  # a group without a command: its help is already printed
+            sys.exit(2)
         _fail(e.format_message(), 2)
     except KeyboardInterrupt:
         _fail("interrupted", 130)
@@ -444,7 +512,7 @@ def main() -> None:
         if debug:
             raise
         _fail(f"internal error: {type(e).__name__}: {e} (PRECISIONLAB_DEBUG=1 shows the traceback)", 1)
-    sys.exit(rc if isinstance(rc, int) else 0)
+    return rc if isinstance(rc, int) else 0
 
 
 def _fail(message: str, code: int) -> None:

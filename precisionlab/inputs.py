@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 import os
+import stat
 from pathlib import Path
 
 import numpy as np
@@ -26,13 +27,36 @@ def parse_values(text: str) -> np.ndarray:
         raise UsageError(f"--values: not a number in {text!r}") from None
 
 
+def check_regular_file(path: str, what: str) -> Path:
+    """The path, once it names a regular file (a symlink to one is fine). A FIFO,
+    device or socket is refused before anything opens it: opening a FIFO blocks
+    until a writer comes, and /dev/zero never ends."""
+    p = Path(path)
+    try:
+        st = os.stat(p)  # stat, not open: it never blocks
+    except FileNotFoundError:
+        raise UsageError(f"{what}: no such file: {path}") from None
+    except OSError as e:
+        raise UsageError(f"{what}: cannot read {path} ({e.strerror or e})") from None
+    if stat.S_ISDIR(st.st_mode):
+        raise UsageError(f"{what}: {path} is a directory, not a file")
+    if not stat.S_ISREG(st.st_mode):
+        kind = ("a FIFO" if stat.S_ISFIFO(st.st_mode) else "a socket" if stat.S_ISSOCK(st.st_mode)
+                else "a device" if stat.S_ISCHR(st.st_mode) or stat.S_ISBLK(st.st_mode) else "not a regular file")
+        raise UsageError(f"{what}: {path} is {kind}; give a regular file")
+    return p
+
+
+def check_tolerance(value: float | None, what: str) -> float | None:
+    """A tolerance the user gave: finite and >= 0 (NaN would make every comparison pass). None: the default."""
+    if value is not None and not (math.isfinite(value) and value >= 0):
+        raise UsageError(f"{what} must be a finite number >= 0, got {value}")
+    return value
+
+
 def load_npy(path: str, ndim: int | None = None) -> np.ndarray:
     """A numeric .npy file as float64; ndim=None flattens, else the shape must match."""
-    p = Path(path)
-    if not p.exists():
-        raise UsageError(f"--from: no such file: {path}")
-    if not p.is_file():
-        raise UsageError(f"--from: not a file: {path}")
+    p = check_regular_file(path, "--from")
     try:
         a = np.load(p, allow_pickle=False)
     except Exception as e:  # numpy raises ValueError, OSError, EOFError... for a bad file
@@ -108,10 +132,13 @@ def is_constant(x: np.ndarray) -> bool:
 
 
 def parse_choices(text: str | None, allowed: tuple[str, ...], what: str) -> list[str]:
-    """'a,b' -> ['a', 'b'], each one of `allowed`; None or empty -> all of them."""
-    if not text:
+    """'a,b' -> ['a', 'b'], each one of `allowed`; None -> all of them. A list
+    with no names in it ('', ',,') is a usage error, not a silent no-op."""
+    if text is None:
         return list(allowed)
     out = list(dict.fromkeys(s.strip() for s in text.split(",") if s.strip()))
+    if not out:
+        raise UsageError(f"empty {what} list {text!r}; choose from {', '.join(allowed)}")
     for s in out:
         if s not in allowed:
             raise UsageError(f"unknown {what} {s!r}; choose from {', '.join(allowed)}")

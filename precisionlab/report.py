@@ -5,10 +5,13 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import platform
+import re
 import sys
 from contextlib import contextmanager
 from importlib import metadata
+from pathlib import Path
 
 import numpy as np
 from rich.console import Console
@@ -17,9 +20,140 @@ from rich.table import Table
 
 from precisionlab import __version__
 
+# Control characters a string from outside must not carry to the terminal: C0
+# (ESC, BEL, CR, ...), DEL, C1 (0x80-0x9f, which some terminals read as CSI/OSC)
+# and the bidirectional overrides that reorder a line as it is shown.
+_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069]")
+
+
+def printable(s) -> str:
+    """str(s) with every control character shown as an escape (\\x1b, \\n,
+    \\u202e): what a plain-text line (an error) may print of a string from outside."""
+    return _CONTROL.sub(_escape_char, str(s))
+
+
+def _escape_char(m) -> str:
+    c = m.group()
+    return {"\n": "\\n", "\r": "\\r", "\t": "\\t"}.get(c) or (
+        f"\\x{ord(c):02x}" if ord(c) < 0x100 else f"\\u{ord(c):04x}")
+
+
+def safe_text(s) -> str:
+    """A string from a file, a model or the command line (tensor name, path,
+    model name, prompt, decoded token) for a Rich table or line: control
+    characters escaped and Rich markup escaped, so it shows exactly as written.
+    A trailing backslash is shown as \\x5c: raw, it would escape whatever tag
+    follows the string, and Rich's own escape doubles it where none follows."""
+    text = printable(s)
+    if text.endswith("\\"):
+        text = text[:-1] + "\\x5c"
+    return escape(text)
+
+
+# Glyphs this module prints, and what they become where the output encoding
+# cannot carry them (PYTHONIOENCODING=ascii, a C locale without UTF-8).
+_ASCII = str.maketrans({"•": "*", "│": "|", "⏎": "~", "…": "...", "—": "-", "–": "-", "≥": ">=", "≤": "<=",
+                        "×": "x", "±": "+/-", "→": "->", "≈": "~="})
+
+
+class _Console(Console):
+    """Rich's console made to degrade instead of failing: a table that cannot
+    fit the width even folded is printed one row per block (every number kept
+    whole where the width allows, folded where not, never blanked), and the
+    glyphs above become ASCII where the encoding lacks them."""
+
+    def print(self, *objects, **kwargs):
+        ascii_only = not self.encoding.lower().startswith("utf")
+        out = []
+        for o in objects:
+            if isinstance(o, Table):
+                o = self._fit(o)
+            if ascii_only and isinstance(o, str):
+                o = o.translate(_ASCII)
+            out.append(o)
+        super().print(*out, **kwargs)
+
+    def _fit(self, table: Table):
+        from rich.console import Group
+        from rich.text import Text
+
+        ascii_only = not self.encoding.lower().startswith("utf")
+
+        def text(cell) -> Text:
+            t = self.render_str(cell) if isinstance(cell, str) else cell
+            t = t.copy() if isinstance(t, Text) else Text(str(t))
+            if ascii_only:
+                t.plain = t.plain.translate(_ASCII)
+            return t
+
+        if _words_fit(self, table, text):
+            return table
+
+        columns = table.columns
+        n_rows = max((len(list(c.cells)) for c in columns), default=0)
+        cells = [list(c.cells) for c in columns]
+        parts = [text(table.title)] if table.title else []
+        for i in range(n_rows):
+            parts.append(Text(f"-- row {i + 1} of {n_rows} --", style="dim"))
+            for c, col_cells in zip(columns, cells):
+                line = Text("  ") + text(c.header) + Text(": ") + text(col_cells[i] if i < len(col_cells) else "")
+                line.overflow = "fold"
+                parts.append(line)
+        return Group(*parts)
+
+
+def _longest_word(t) -> int:
+    from rich.cells import cell_len
+
+    return max((cell_len(w) for w in t.plain.split()), default=0)
+
+
+def _words_fit(console, table: Table, text) -> bool:
+    """Whether every word of every cell (a number is one word) fits the width
+    Rich gives its column: then Rich wraps at spaces and cuts nothing.
+    Otherwise a number would be folded, cut to an ellipsis or blanked."""
+    from rich.measure import Measurement
+
+    if Measurement.get(console, console.options.update_width(1 << 20), table).minimum > console.width:
+        return False
+    try:
+        widths = table._calculate_column_widths(console, console.options)  # what Rich will give each column
+    except Exception:  # a Rich without this helper: the minimum width above decides alone
+        return True
+    pad = table.padding[1] + table.padding[3] if len(table.padding) == 4 else 2
+    return all(_longest_word(text(cell)) <= w - pad
+               for col, w in zip(table.columns, widths) for cell in col.cells)
+
+
+
+def _width() -> int | None:
+    """COLUMNS when the user set it (a narrow terminal, or a script asking for
+    one), else the terminal's width, else 160 for a pipe: numbers are never cut."""
+    try:
+        cols = int(os.environ.get("COLUMNS", ""))
+    except ValueError:
+        cols = 0
+    if cols > 0:
+        return cols
+    return None if sys.stdout.isatty() else 160
+
+
+def tolerate_unencodable() -> None:
+    """Characters the output encoding cannot carry (a decoded token in an ASCII
+    terminal) are written as backslash escapes rather than ending the run."""
+    for stream in (sys.stdout, sys.stderr):
+        enc = (getattr(stream, "encoding", None) or "").lower().replace("-", "")
+        if enc != "utf8" and hasattr(stream, "reconfigure"):
+            try:
+                stream.reconfigure(errors="backslashreplace")
+            except (ValueError, OSError):  # a stream that cannot be reconfigured keeps its errors
+                pass
+
+
 # Numbers are never cut: a pipe gets a wide console, a narrow terminal folds.
-stdout = Console(soft_wrap=False, width=None if sys.stdout.isatty() else 160)
-stderr = Console(stderr=True)
+# emoji=False: ":smile:" in a tensor name is text, not a picture.
+stdout = _Console(soft_wrap=False, width=_width(), emoji=False)
+stderr = _Console(stderr=True, emoji=False)
 
 
 # ---------------------------------------------------------------------------
@@ -105,12 +239,13 @@ def progress(description: str, enabled: bool):
 
 
 def hint(text: str) -> None:
-    stderr.print(f"[dim]{text}[/dim]", highlight=False)
+    """A line on stderr; text is plain (no markup), control characters escaped."""
+    stderr.print(safe_text(text), style="dim", highlight=False)
 
 
 def error_line(text: str) -> None:
     """One line on stderr, no markup interpretation."""
-    sys.stderr.write(f"precisionlab: {' '.join(str(text).split())}\n")
+    sys.stderr.write(f"precisionlab: {printable(' '.join(str(text).split()))}\n")
 
 
 # ---------------------------------------------------------------------------
@@ -141,9 +276,9 @@ def _footer(unavailable: str | None, takeaways) -> None:
     """What every experiment table ends with: why GPU rows are missing, then
     the computed takeaways."""
     if unavailable:
-        stdout.print(f"GPU rows unavailable: {unavailable}", style="dim", highlight=False)
-    for line in takeaways:
-        stdout.print(f"• {line}", highlight=False)
+        stdout.print(f"GPU rows unavailable: {safe_text(unavailable)}", style="dim", highlight=False)
+    for line in takeaways:  # plain text that may quote a file name, a token or an --impl
+        stdout.print(f"• {safe_text(line)}", highlight=False)
 
 
 # ---------------------------------------------------------------------------
@@ -151,7 +286,8 @@ def _footer(unavailable: str | None, takeaways) -> None:
 
 
 def accumulate_table(res) -> None:
-    t = Table(title=f"accumulate: {res.input_desc}, stored as {res.storage}, n = {res.n}", title_justify="left")
+    t = Table(title=f"accumulate: {safe_text(res.input_desc)}, stored as {res.storage}, n = {res.n}",
+              title_justify="left")
     for col in ("device", "accum", "method"):
         t.add_column(col, overflow="fold")
     for col in ("result", "abs err", "rel err", "ulps", "bound", "absorbed at (step)", "predicted stall"):
@@ -213,16 +349,41 @@ def _figure(path: str, title: str, xlabel: str, ylabel: str):
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    from precisionlab import outputs
+
     fig, ax = plt.subplots(figsize=(8, 5))
-    yield ax
-    ax.set_xlabel(xlabel)
-    ax.set_ylabel(ylabel)
-    ax.set_title(title)
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    hint(f"plot written to {path}")
+    try:
+        yield ax
+        ax.set_xlabel(xlabel)
+        ax.set_ylabel(ylabel)
+        ax.set_title(title)
+        ax.legend(fontsize=8)
+        fig.tight_layout()
+        # format= from the path the user named: matplotlib then never appends an extension of its own
+        fmt = Path(path).suffix.lower().lstrip(".")
+        written = outputs.atomic_write(path, lambda tmp: fig.savefig(tmp, dpi=120, format=fmt))
+    finally:
+        plt.close(fig)
+    hint(f"plot written to {written}")
+
+
+def plot_kinds() -> tuple[str, ...]:
+    """The extensions --plot accepts: the ones matplotlib can write here."""
+    from matplotlib.backend_bases import FigureCanvasBase
+
+    first = (".png", ".svg", ".pdf")
+    kinds = {f".{k}" for k in FigureCanvasBase.get_supported_filetypes()}
+    return tuple(k for k in first if k in kinds) + tuple(sorted(kinds - set(first)))
+
+
+def check_plot_path(path: str | None) -> str | None:
+    """--plot's path, checked before the run (exit 2 for a path no plot can be written to)."""
+    if path is None:
+        return None
+    from precisionlab import outputs
+
+    require_matplotlib()
+    return str(outputs.check_output_path(path, plot_kinds(), "--plot"))
 
 
 def accumulate_plot(res, path: str) -> None:
@@ -258,7 +419,7 @@ def bench_table(res) -> None:
                  "brackets (v: version, vpt: vectors a thread, t: threads, rpb: rows a block, cl: cluster). "
                  "GB/s: bytes read (sums), read + written (softmax, copy).", style="dim", highlight=False)
     for note in res.notes:
-        stdout.print(note, style="dim", highlight=False)
+        stdout.print(safe_text(note), style="dim", highlight=False)
 
 
 def _bench_time(r) -> str:
@@ -445,7 +606,7 @@ def _flatten(d, prefix=""):
 
 def compare_op_table(res) -> None:
     p = res.params
-    t = Table(title=f"compare op {p['op']} {'x'.join(map(str, p['shape']))}: {escape(p['impl'])} against torch",
+    t = Table(title=f"compare op {p['op']} {'x'.join(map(str, p['shape']))}: {safe_text(p['impl'])} against torch",
               title_justify="left")
     for col in ("case", "device", "dtype", "comparison"):
         t.add_column(col, overflow="fold")
@@ -593,7 +754,7 @@ def nondeterminism_table(res) -> None:
                           sci(r["max_abs_diff"]), sci(r["rel_spread"]), note)
         stdout.print(t)
         if section in res.takeaways:
-            stdout.print(f"• {res.takeaways[section]}", highlight=False)
+            stdout.print(f"• {safe_text(res.takeaways[section])}", highlight=False)
     _footer(res.devices.get("cuda_unavailable"), [])
 
 
@@ -618,16 +779,17 @@ def nondeterminism_plot(res, path: str) -> None:
 
 
 def _marked(text: str, at: int | None) -> str:
-    """The text with everything from the divergence on in red."""
+    """The text with everything from the divergence on in red; split before
+    escaping, so the mark stays at the character where the texts part."""
     if at is None:
-        return escape(text)
-    return escape(text[:at]) + "[bold red]" + escape(text[at:]) + "[/bold red]"
+        return safe_text(text)
+    return safe_text(text[:at]) + "[bold red]" + safe_text(text[at:]) + "[/bold red]"
 
 
 def model_table(res) -> None:
     info = res.model_info
     p = res.params
-    t = Table(title=f"compare model: {info['name']} ({info['parameters']:,} parameters), {p['steps']} greedy steps "
+    t = Table(title=f"compare model: {safe_text(info['name'])} ({info['parameters']:,} parameters), {p['steps']} greedy steps "
                     f"on {p['device']}", title_justify="left")
     for col in ("dtype", "tokens agree", "first divergence", "fp32 top-2 margin there", "teacher-forced rel L2 (mean)",
                 "max rel L2", "max abs", "argmax flips (teacher-forced)"):
@@ -653,7 +815,7 @@ def model_table(res) -> None:
         steps.add_row(str(i), *cells)
     stdout.print(steps)
     stdout.print("* the step where that dtype's free-running tokens first leave fp32's.", style="dim", highlight=False)
-    stdout.print(f"prompt: {p['prompt']!r}", highlight=False)
+    stdout.print(f"prompt: {safe_text(repr(p['prompt']))}", highlight=False)
     for s in [{"dtype": "fp32", "divergence_char": None}, *res.summary]:
         text = res.texts[s["dtype"]].replace("\n", "⏎")  # one character for one, so the mark stays in place
         stdout.print(f"[bold]{s['dtype']:>5}[/bold] │ " + _marked(text, s["divergence_char"]), highlight=False)

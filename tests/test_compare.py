@@ -241,7 +241,8 @@ def test_softmax_without_the_max_subtraction_is_flagged_by_the_large_logits(impl
 def test_output_contracts_are_flagged_rows_with_the_reason(impls_on_path):
     res = run_op("rmsnorm", impl="impls.kernels:rmsnorm_returns_fp32", shape="8x256", dtypes="bf16")
     r3 = [r for r in res.rows if r["comparison"] == 3]
-    assert r3 and all(r["flagged"] and "returned float32 for bfloat16" in r["verdict"] for r in r3)
+    assert r3 and all(r["flagged"] and "returned dtype torch.float32 where torch.bfloat16" in r["verdict"]
+                  for r in r3)
     res = run_op("softmax", impl="impls.kernels:softmax_returns_numpy", shape="8x256", dtypes="bf16")
     assert all("not a torch.Tensor" in r["verdict"] for r in res.rows if r["comparison"] in (1, 3))
     res = run_op("softmax", impl="impls.kernels:softmax_wrong_shape", shape="8x256", dtypes="bf16")
@@ -249,6 +250,7 @@ def test_output_contracts_are_flagged_rows_with_the_reason(impls_on_path):
     r = cli("compare", "op", "softmax", "--device", "cpu", "--shape", "8x256", "--dtype", "bf16", "--cases", "random",
             "--impl", "tests.impls.kernels:softmax_wrong_shape")
     assert r.code == 1 and "returned shape" in r.out and "Traceback" not in r.err
+    assert len(r.err.strip().splitlines()) == 1 and "softmax_wrong_shape returned shape" in r.err
 
 
 def test_a_batch_variant_kernel_is_flagged_with_the_batch_size(impls_on_path):

@@ -66,11 +66,13 @@ class AccumulateResult:
 def run(cfg: AccumulateConfig, advance=lambda k=1: None) -> AccumulateResult:
     storage = formats.get(cfg.dtype)
     methods = _parse_methods(cfg.methods)
-    accumulators = formats.parse_list(cfg.accumulators or ",".join(DEFAULT_ACCUMULATORS))
+    accumulators = formats.parse_list(cfg.accumulators if cfg.accumulators is not None
+                                      else ",".join(DEFAULT_ACCUMULATORS))
     for a in accumulators:
         if a.storage_only:
             raise UsageError(f"{a.name} is a storage format, not an accumulator")
     plan = devices.resolve(cfg.device)
+    _check_methods_run_there(methods, cfg)
     intended, desc = _intended_values(cfg)
     stored = storage.round(intended)
     constant = inputs.is_constant(stored)
@@ -158,6 +160,21 @@ def _parse_methods(text: str | None) -> list[str]:
     if not out:
         raise UsageError("empty --methods")
     return out
+
+
+def _check_methods_run_there(methods: list[str], cfg: AccumulateConfig) -> None:
+    """Methods named for a device that cannot run them: a usage error, not an empty table."""
+    if cfg.methods is None:
+        return
+    device = cfg.device.lower()
+    gpu_only = [m for m in methods if m in GPU_METHODS]
+    cpu_only = [m for m in methods if m not in GPU_METHODS]
+    if device == "cpu" and gpu_only:
+        raise UsageError(f"--methods {', '.join(gpu_only)}: runs only on the GPU (--device cuda, or auto where "
+                         f"one is present); the CPU methods are {', '.join(CPU_METHODS)}")
+    if device == "cuda" and cpu_only:
+        raise UsageError(f"--methods {', '.join(cpu_only)}: runs only on the CPU (--device cpu or auto); "
+                         f"the GPU methods are {', '.join(GPU_METHODS)}")
 
 
 def _cpu_methods_for(methods: list[str], acc: Format, constant: bool, explicit: bool) -> list[str]:

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from precisionlab import devices, formats, inputs, native
+from precisionlab.errors import UsageError
 
 SECTIONS = ("accumulate", "softmax", "matmul")
 SOFTMAX_SHAPES = [(4096, 1024), (4096, 4096), (4096, 16384), (1024, 32768), (512, 151936), (64, 262144)]
@@ -42,6 +43,10 @@ class BenchResult:
 def run(cfg: BenchConfig, advance=lambda k=1: None) -> BenchResult:
     sections = inputs.parse_choices(cfg.sections, SECTIONS, "bench section")
     plan = devices.resolve(cfg.device)
+    gpu_only = [s for s in sections if s in GPU_ONLY_SECTIONS]
+    if cfg.sections is not None and gpu_only and cfg.device.lower() == "cpu":
+        raise UsageError(f"bench {', '.join(gpu_only)} runs only on the GPU (--device cuda or auto); "
+                         f"on the CPU only accumulate is benchmarked")
     cpu_n = cfg.cpu_n or (10**7 if cfg.quick else 10**8)
     gpu_n = cfg.gpu_n or GPU_N
     res = BenchResult(params={"quick": cfg.quick, "device": cfg.device, "sections": sections, "seed": cfg.seed,
@@ -59,6 +64,8 @@ def run(cfg: BenchConfig, advance=lambda k=1: None) -> BenchResult:
         res.notes.append(f"GPU benchmarks skipped: {plan.cuda_unavailable}")
     return res
 
+
+GPU_ONLY_SECTIONS = ("softmax", "matmul")  # this project's CPU kernels there are references, not benchmarks
 
 # vs_baseline is always baseline time / kernel time: above 1 is faster.
 

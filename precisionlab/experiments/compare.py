@@ -66,6 +66,7 @@ class CompareResult:
     any_failed: bool = False
     contracts: list[dict] = field(default_factory=list)
     advice: list[dict] = field(default_factory=list)
+    contract_violation: str | None = None  # the first output-contract row, as one line
 
 
 def _torch():
@@ -296,6 +297,7 @@ def compare_op(cfg: CompareOpConfig, advance=lambda k=1: None) -> CompareResult:
                     contract_rows.append(c)
                 advance()
     any_failed = any(r["flagged"] for r in rows) or any(c["flagged"] for c in contract_rows)
+    broken = next((r for r in rows if r["verdict"].startswith("output contract: ")), None)
     return CompareResult(
         params={"op": op, "shape": list(shape), "dtypes": [f.name for f in lows], "impl": cfg.impl or "precisionlab",
                 "device": cfg.device, "seed": cfg.seed, "ratio_threshold": RATIO_THRESHOLD,
@@ -304,7 +306,10 @@ def compare_op(cfg: CompareOpConfig, advance=lambda k=1: None) -> CompareResult:
                 "cases": {c.name: c.what for c in cases}, "batch_sizes": list(op_harness.BATCH_SIZES),
                 "cuda_unavailable": plan.cuda_unavailable or None},
         rows=rows, flags=flags, takeaways=_takeaways(rows, cfg.impl) + _contract_takeaways(contract_rows),
-        any_failed=any_failed, contracts=contract_rows, advice=advice)
+        any_failed=any_failed, contracts=contract_rows, advice=advice,
+        contract_violation=None if broken is None else
+        f"{cfg.impl or 'precisionlab'} {broken['verdict'].removeprefix('output contract: ')} "
+        f"(case {broken['case']}, {broken['dtype']})")
 
 
 # The names --from files may give each argument (one unnamed tensor is the first).
@@ -444,6 +449,8 @@ def _call(fn, args, impl):
         return fn(*args)
     except (UsageError, RunError):
         raise
+    except SystemExit as e:  # an implementation may not end the run for us
+        raise RunError(f"{impl or 'precisionlab'} called sys.exit({e.code!r})") from None
     except Exception as e:
         who = impl or "precisionlab"
         raise RunError(f"{who} raised {type(e).__name__}: {e}") from None

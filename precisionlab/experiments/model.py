@@ -16,6 +16,7 @@ from __future__ import annotations
 import copy
 import os
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import numpy as np
@@ -73,14 +74,15 @@ class Runner:
     def model(self, dtype: str):
         return copy.deepcopy(self.base).to(_tdtype(dtype))
 
-    def greedy(self, model, prompt: list[int], steps: int):
+    def greedy(self, model, prompt: list[int], steps: int, dtype: str = "fp32"):
         """tokens, and the logits each was chosen from (steps x vocab, float64)."""
         torch = _torch()
         ids, out = list(prompt), []
         with torch.no_grad():
             logits, state = self._prefill(model, torch.tensor([ids], device=self.device))
-            for _ in range(steps):
+            for step in range(steps):
                 last = logits.double().cpu().numpy()
+                check_finite(last, dtype, step, "greedy decoding")
                 out.append(last)
                 ids.append(int(np.argmax(last)))
                 logits, state = self._step(model, torch.tensor([ids[-1:]], device=self.device), state, len(ids) - 1)
@@ -90,6 +92,18 @@ class Runner:
         torch = _torch()
         with torch.no_grad():
             return self._all(model, torch.tensor([ids], device=self.device)).double().cpu().numpy()
+
+
+def check_finite(logits: np.ndarray, dtype: str, step: int, where: str) -> None:
+    """Non-finite logits end the run (exit 1): every figure after them would be
+    NaN, and an argmax over NaN picks token 0 and calls it a prediction."""
+    if np.all(np.isfinite(logits)):
+        return
+    from precisionlab.errors import RunError
+
+    n_nan, n_inf = int(np.isnan(logits).sum()), int(np.isinf(logits).sum())
+    raise RunError(f"{dtype} logits became non-finite at step {step} ({where}): {n_nan} NaN and {n_inf} inf of "
+                   f"{logits.size}; NaN or inf in the weights, or an overflow in {dtype}")
 
 
 class EmbeddedRunner(Runner):
@@ -130,6 +144,66 @@ class EmbeddedRunner(Runner):
         return model(ids)[0][0]
 
 
+# The files of a model folder that can name custom code for transformers to import.
+_CODE_MAPS = ("config.json", "tokenizer_config.json", "processor_config.json", "preprocessor_config.json",
+              "generation_config.json")
+
+
+def refuse_foreign_code(folder) -> None:
+    """Refuse (exit 2) a model folder that could make transformers import code
+    from it: a config with auto_map (custom classes in the folder's .py files).
+    trust_remote_code=False would refuse them too; this says why in one line,
+    before transformers is asked anything. Entries that are not regular files
+    or folders (FIFOs, devices) are refused as well: reading one would hang."""
+    import json
+    import stat
+
+    for entry in sorted(folder.iterdir()):
+        try:
+            mode = entry.stat().st_mode
+        except OSError:
+            continue  # a dangling link: transformers reports it if it needs the file
+        if not (stat.S_ISREG(mode) or stat.S_ISDIR(mode)):
+            raise UsageError(f"--model {str(folder)!r}: {entry.name!r} is not a regular file (a FIFO, device or "
+                             "socket); refused")
+    for name in _CODE_MAPS:
+        f = folder / name
+        if not f.is_file():
+            continue
+        try:
+            doc = json.loads(f.read_text(encoding="utf-8"))
+        except (OSError, ValueError, UnicodeDecodeError):
+            continue  # unreadable: transformers gives the error
+        if isinstance(doc, dict) and doc.get("auto_map"):
+            raise UsageError(f"--model {str(folder)!r}: {name} maps to custom code (auto_map); "
+                             "precisionlab never runs code from a model folder")
+
+
+@contextmanager
+def _quiet_library():
+    """Nothing transformers prints reaches stdout (under --json stdout is the
+    JSON alone), its progress bars and notices go away, and stdin is closed to
+    it: no prompt can wait for, or read, an answer."""
+    import contextlib
+    import io
+    import sys
+
+    try:
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.set_verbosity_error()
+        hf_logging.disable_progress_bar()
+    except Exception:  # an older transformers without these switches
+        pass
+    saved_stdin = sys.stdin
+    sys.stdin = io.StringIO("")  # input() gets EOF at once
+    try:
+        with contextlib.redirect_stdout(sys.stderr):
+            yield
+    finally:
+        sys.stdin = saved_stdin
+
+
 class HFRunner(Runner):
     def __init__(self, spec: str, device: str):
         os.environ.setdefault("HF_HUB_OFFLINE", "1")  # never the network, whatever the cache says
@@ -144,10 +218,21 @@ class HFRunner(Runner):
             raise UsageError(f"--model {spec!r}: no such directory (a repo id looks like org/name)")
         if Path(spec).exists() and not Path(spec).is_dir():
             raise UsageError(f"--model {spec!r} is a file; give the model's directory")
+        if Path(spec).is_dir():
+            refuse_foreign_code(Path(spec))
         try:
-            self.tok = transformers.AutoTokenizer.from_pretrained(spec, local_files_only=True, trust_remote_code=False)
-            self.base = transformers.AutoModelForCausalLM.from_pretrained(spec, local_files_only=True,
-                                                                          trust_remote_code=False)
+            with _quiet_library():
+                config = transformers.AutoConfig.from_pretrained(spec, local_files_only=True, trust_remote_code=False)
+                if getattr(config, "auto_map", None):  # a cached repo id: its config is only readable now
+                    raise UsageError(f"--model {spec!r}: its config maps to custom code (auto_map); "
+                                     "precisionlab never runs code from a model")
+                self.tok = transformers.AutoTokenizer.from_pretrained(spec, local_files_only=True,
+                                                                      trust_remote_code=False)
+                self.base = transformers.AutoModelForCausalLM.from_pretrained(spec, config=config,
+                                                                              local_files_only=True,
+                                                                              trust_remote_code=False)
+        except UsageError:
+            raise
         except Exception as e:  # OSError, ValueError, KeyError... from an unusable directory or cache entry
             msg = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
             raise UsageError(f"--model {spec!r}: not a loadable causal LM offline ({msg})") from None
@@ -210,16 +295,20 @@ def run(cfg: ModelConfig, advance=lambda k=1: None) -> ModelResult:
         torch.backends.cuda.matmul.allow_tf32 = False  # fp32 means IEEE fp32 here
         torch.backends.cudnn.allow_tf32 = False
         ref_model = runner.model("fp32")
-        ref_tokens, ref_step_logits = runner.greedy(ref_model, prompt, cfg.steps)
+        ref_tokens, ref_step_logits = runner.greedy(ref_model, prompt, cfg.steps, "fp32")
         path = prompt + ref_tokens
         ref_tf = runner.forward_all(ref_model, path[:-1])[len(prompt) - 1:]
+        for i, row in enumerate(ref_tf):
+            check_finite(row, "fp32", i, "teacher-forced")
         advance()
         texts = {"fp32": runner.decode(ref_tokens)}
         summary, rows = [], []
         for low in lows:
             m = runner.model(low)
-            tokens, _ = runner.greedy(m, prompt, cfg.steps)
+            tokens, _ = runner.greedy(m, prompt, cfg.steps, low)
             tf = runner.forward_all(m, path[:-1])[len(prompt) - 1:]
+            for i, row in enumerate(tf):
+                check_finite(row, low, i, "teacher-forced, reading fp32's tokens")
             texts[low] = runner.decode(tokens)
             div = next((i for i, (a, b) in enumerate(zip(tokens, ref_tokens)) if a != b), None)
             step_reports = []

@@ -109,7 +109,7 @@ def run(cfg: NondetConfig, advance=lambda k=1: None) -> NondetResult:
         rows += tp.run(tp.TpConfig(seed=cfg.seed, runs=min(cfg.runs, tp.MAX_RUNS)), advance)
     return NondetResult(
         params={"runs": cfg.runs, "n": cfg.n, "device": cfg.device, "seed": cfg.seed, "sections": sections,
-                "batch_sizes": BATCH_SIZES, "splitk": SPLITK, "emulated_blocks": EMULATED_BLOCKS,
+                "batch_sizes": BATCH_SIZES, "splitk": SPLITK, "emulated_blocks": emulated_blocks(cfg.n),
                 "CUBLAS_WORKSPACE_CONFIG": os.environ.get("CUBLAS_WORKSPACE_CONFIG"),
                 "CUBLAS_WORKSPACE_CONFIG_source": cublas_config},
         rows=rows, takeaways=takeaways(rows), samples=samples if cfg.keep_samples else {}, exact=exact,
@@ -144,6 +144,12 @@ def _row(section, variant, device, runs, emulated=False, **kw) -> dict:
 # atomics vs tree
 
 
+def emulated_blocks(n: int) -> int:
+    """The emulated grid: EMULATED_BLOCKS, or one value per block when n is
+    smaller (the kernel's grid never has empty blocks either)."""
+    return min(EMULATED_BLOCKS, n)
+
+
 def block_partials(x: np.ndarray, blocks: int) -> np.ndarray:
     """fp32 sums of `blocks` contiguous slices, each a pairwise sum in the
     library's exact fp32 emulation."""
@@ -153,7 +159,7 @@ def block_partials(x: np.ndarray, blocks: int) -> np.ndarray:
 
 def _atomics_cpu(x, exact, cfg):
     fp32 = formats.get("fp32").code
-    parts = block_partials(x, EMULATED_BLOCKS)
+    parts = block_partials(x, emulated_blocks(x.size))
     rng = np.random.default_rng(cfg.seed)
     atomic = np.array([native.accumulate_cpu(parts[rng.permutation(parts.size)], fp32, "sequential").result
                        for _ in range(cfg.runs)])

@@ -211,7 +211,9 @@ def output_problem(got, ref, expect_dtype) -> str | None:
     if tuple(got.shape) != tuple(ref.shape):
         return f"returned shape {tuple(got.shape)}, the reference's is {tuple(ref.shape)}"
     if got.dtype != expect_dtype:
-        return f"returned {str(got.dtype).replace('torch.', '')} for {str(expect_dtype).replace('torch.', '')}"
+        return f"returned dtype {got.dtype} where {expect_dtype} is expected"
+    if got.device != ref.device:
+        return f"returned a tensor on {got.device} for inputs on {ref.device}"
     return None
 
 

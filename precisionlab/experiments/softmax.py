@@ -106,6 +106,11 @@ def run(cfg: SoftmaxConfig, advance=lambda k=1: None) -> SoftmaxResult:
         raise UsageError(f"--masked must be nan or zero (got {cfg.masked!r})")
     methods = _parse_methods(cfg.methods)
     plan = devices.resolve(cfg.device)
+    gpu_only = [m for m in methods if m in native.SOFTMAX_GPU_ONLY] if cfg.methods is not None else []
+    if gpu_only and (cfg.device.lower() == "cpu" or (not plan.cuda and len(gpu_only) == len(methods))):
+        where = "--device cpu" if cfg.device.lower() == "cpu" else f"no GPU here ({plan.cuda_unavailable})"
+        raise UsageError(f"--methods {', '.join(gpu_only)}: runs only on the GPU, and {where}; "
+                         f"on the CPU: {', '.join(m for m in METHODS if m not in native.SOFTMAX_GPU_ONLY)}")
     cases = _cases(cfg)
     out: list[dict] = []
     for name, x in cases.items():
@@ -116,7 +121,7 @@ def run(cfg: SoftmaxConfig, advance=lambda k=1: None) -> SoftmaxResult:
                         continue
                     out.append(evaluate(name, x, fmt, m, dev, cfg.masked, kind="method"))
                     advance()
-    if cfg.methods is None and cfg.values is None and cfg.rows is None and cfg.from_file is None:
+    if cfg.methods is None and cfg.values is None and cfg.rows is None and cfg.cols is None and cfg.from_file is None:
         rng = np.random.default_rng(cfg.seed)
         extra = {k: f(rng) for k, f in BUG_EXTRA_CASES.items()}
         for bug, case_names in BUG_CASES.items():
@@ -161,8 +166,9 @@ def _cases(cfg: SoftmaxConfig) -> dict[str, np.ndarray]:
             raise UsageError(f"--values rows have different lengths: {[r.size for r in rows]}")
         return {"values": np.stack(rows)}
     if cfg.rows is not None or cfg.cols is not None:
-        r = 1 if cfg.rows is None else cfg.rows
-        c = 1 if cfg.cols is None else cfg.cols
+        if cfg.rows is None or cfg.cols is None:
+            raise UsageError("--rows and --cols go together: a random ROWS x COLS matrix (e.g. --rows 4 --cols 1024)")
+        r, c = cfg.rows, cfg.cols
         if r <= 0 or c <= 0:
             raise UsageError(f"--rows and --cols must be > 0 (got {r} x {c})")
         inputs.check_n(r * c, 8 * 4, "--rows x --cols")

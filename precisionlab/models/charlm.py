@@ -242,7 +242,9 @@ def save(model: CharLM, tokenizer: CharTokenizer, path: str | Path) -> None:
 
     tensors = {k: v.detach().to(torch.bfloat16).contiguous().cpu() for k, v in model.state_dict().items()}
     meta = {"config": json.dumps(asdict(model.cfg)), "vocab": json.dumps(tokenizer.vocab)}
-    save_file(tensors, str(path), metadata=meta)
+    from precisionlab import outputs
+
+    outputs.atomic_write(path, lambda tmp: save_file(tensors, tmp, metadata=meta))
 
 
 def load(path: str | Path, dtype: torch.dtype = torch.float32, device: str = "cpu"):

@@ -1,0 +1,676 @@
+"""Hostile and careless inputs, every command: no foreign code runs, only the
+named files are written, no input ends in an internal error, a hang or a C
+error string, and strings from outside are shown as text.
+
+Most cases run the CLI in process (main() with sys.argv set, output captured),
+which keeps the module fast; the few that need a real process (stdin, a
+signal, the output encoding, a FIFO that would hang) use a subprocess."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+
+import numpy as np
+import pytest
+
+from helpers import ROOT, cli, strict_json
+
+SEED_COMMANDS = [
+    ["accumulate", "--n", "10", "--device", "cpu"],
+    ["softmax", "--values", "1,2", "--device", "cpu"],
+    ["compare", "op", "softmax", "--shape", "2x8", "--device", "cpu"],
+    ["compare", "model", "--steps", "2"],
+    ["nondeterminism", "--n", "100", "--runs", "2", "--sections", "threads", "--device", "cpu"],
+    ["tf32", "--m", "8", "--n", "8", "--k", "8", "--no-sweep", "--device", "cpu"],
+    ["bench", "accumulate", "--cpu-n", "1000", "--device", "cpu", "--quick"],
+]
+
+
+# ---------------------------------------------------------------------------
+# the in-process runner
+
+
+class Result:
+    def __init__(self, code, out, err):
+        self.code, self.out, self.err = code, out, err
+
+    def json(self):
+        return strict_json(self.out)
+
+
+@pytest.fixture
+def run(capsys, monkeypatch):
+    """run(*args) -> Result: precisionlab's main() as the console script runs it."""
+    from precisionlab import cli as cli_mod
+
+    monkeypatch.delenv("PRECISIONLAB_DEBUG", raising=False)
+
+    def _run(*args: str) -> Result:
+        capsys.readouterr()
+        monkeypatch.setattr(sys, "argv", ["precisionlab", *args])
+        with pytest.raises(SystemExit) as e:
+            cli_mod.main()
+        cap = capsys.readouterr()
+        code = e.value.code if isinstance(e.value.code, int) else (0 if e.value.code is None else 1)
+        return Result(code, cap.out, cap.err)
+
+    return _run
+
+
+def one_line(r: Result, code: int, *words: str) -> None:
+    assert r.code == code, (r.code, r.out[-500:], r.err)
+    lines = r.err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("precisionlab: "), r.err
+    assert "internal error" not in r.err and "Traceback" not in r.err
+    assert not re.search(r"\bpl_[a-z_]+:", r.err), f"a C error string reached the user: {r.err}"
+    for w in words:
+        assert w in r.err, (w, r.err)
+
+
+# ---------------------------------------------------------------------------
+# 3. --seed outside 0 ... 2^64-1, in every command
+
+
+@pytest.mark.parametrize("seed", ["-1", str(2**64)])
+@pytest.mark.parametrize("args", SEED_COMMANDS, ids=lambda a: " ".join(a[:2]))
+def test_seed_outside_uint64_exits_2_naming_the_range(run, args, seed):
+    one_line(run(*args, "--seed", seed), 2, "--seed", "2^64-1")
+
+
+def test_the_largest_seed_is_accepted(run):
+    r = run("accumulate", "--n", "10", "--dist", "normal", "--device", "cpu", "--methods", "sequential",
+            "--accumulators", "fp32", "--seed", str(2**64 - 1), "--json")
+    assert r.code == 0, r.err
+    assert r.json()["params"]["seed"] == 2**64 - 1
+
+
+# ---------------------------------------------------------------------------
+# 3. empty lists, GPU-only methods on the CPU, --rows without --cols
+
+
+@pytest.mark.parametrize("args", [
+    ["nondeterminism", "--sections", ",,", "--device", "cpu"],
+    ["nondeterminism", "--sections", "", "--device", "cpu"],
+    ["bench", ",,", "--device", "cpu"],
+    ["bench", "--sections", "", "--device", "cpu"],
+    ["accumulate", "--methods", "", "--device", "cpu"],
+    ["accumulate", "--methods", ",,", "--device", "cpu"],
+    ["accumulate", "--accumulators", "", "--device", "cpu"],
+    ["accumulate", "--accumulators", " , ", "--device", "cpu"],
+    ["softmax", "--methods", ",,", "--device", "cpu"],
+    ["softmax", "--dtype", ",", "--device", "cpu"],
+    ["compare", "op", "softmax", "--dtype", ",", "--device", "cpu"],
+    ["compare", "model", "--dtypes", ","],
+], ids=lambda a: " ".join(a))
+def test_empty_lists_exit_2(run, args):
+    one_line(run(*args), 2)
+
+
+@pytest.mark.parametrize("args,where", [
+    (["accumulate", "--methods", "tree", "--device", "cpu"], "GPU"),
+    (["accumulate", "--methods", "tree_kahan", "--device", "cpu"], "GPU"),
+    (["accumulate", "--methods", "atomic", "--device", "cpu"], "GPU"),
+    (["accumulate", "--methods", "sequential,tree", "--device", "cpu"], "GPU"),
+    (["softmax", "--methods", "single_pass", "--device", "cpu", "--values", "1,2"], "GPU"),
+    (["softmax", "--methods", "online_vec", "--device", "cpu"], "GPU"),
+    (["softmax", "--methods", "stable,single_pass", "--device", "cpu"], "GPU"),
+    (["bench", "softmax", "--device", "cpu"], "GPU"),
+    (["bench", "matmul", "--device", "cpu"], "GPU"),
+    (["bench", "--sections", "accumulate,softmax", "--device", "cpu"], "GPU"),
+], ids=lambda a: " ".join(a) if isinstance(a, list) else a)
+def test_gpu_only_methods_on_the_cpu_exit_2_saying_where_they_run(run, args, where):
+    one_line(run(*args), 2, where)
+
+
+@pytest.mark.parametrize("args", [["--cols", "8"], ["--rows", "3"]])
+def test_softmax_rows_and_cols_go_together(run, args):
+    one_line(run("softmax", *args, "--device", "cpu"), 2, "--rows", "--cols")
+
+
+def test_softmax_rows_and_cols_together_work(run):
+    r = run("softmax", "--rows", "3", "--cols", "8", "--device", "cpu", "--json")
+    assert r.code == 0, r.err
+    assert r.json()["params"]["cases"] == ["random 3x8"]
+
+
+# ---------------------------------------------------------------------------
+# 3. tolerances
+
+
+@pytest.mark.parametrize("opt", ["--atol", "--rtol"])
+@pytest.mark.parametrize("value", ["nan", "inf", "-inf", "-1e-3"])
+def test_tolerances_must_be_finite_and_non_negative(run, opt, value):
+    one_line(run("compare", "op", "softmax", "--shape", "2x8", "--device", "cpu", opt, value), 2, opt)
+
+
+def test_tolerance_validator_is_reusable():
+    from precisionlab import inputs
+    from precisionlab.errors import UsageError
+
+    assert inputs.check_tolerance(None, "--atol") is None and inputs.check_tolerance(0.0, "--atol") == 0.0
+    for bad in (float("nan"), float("inf"), -1.0):
+        with pytest.raises(UsageError):
+            inputs.check_tolerance(bad, "--atol")
+
+
+# ---------------------------------------------------------------------------
+# 3. nondeterminism below its emulated block count
+
+
+@pytest.mark.parametrize("n", [1, 100, 527])
+def test_nondeterminism_small_n_works(run, n):
+    r = run("nondeterminism", "--n", str(n), "--runs", "2", "--sections", "atomics,threads", "--device", "cpu",
+            "--json")
+    assert r.code == 0, r.err
+    d = r.json()
+    assert d["params"]["emulated_blocks"] == min(n, 528)
+    assert {row["section"] for row in d["rows"]} == {"atomics", "threads"}
+
+
+# ---------------------------------------------------------------------------
+# 3. what an --impl returns
+
+
+IMPLS = '''
+import sys
+import numpy as np
+import torch
+
+def returns_none(x): return None
+def returns_numpy(x): return torch.softmax(x.float(), -1).numpy()
+def wrong_shape(x): return torch.softmax(x, -1)[:, :1]
+def wrong_dtype(x): return torch.softmax(x.double(), -1)
+def raises(x): raise ValueError("kernel exploded \\x1b]0;owned\\x07")
+def exits(x): sys.exit(3)
+def returns_list(x): return torch.softmax(x, -1).tolist()
+def correct(x): return torch.softmax(x, -1)
+'''
+
+
+@pytest.fixture
+def impl_module(tmp_path, monkeypatch):
+    (tmp_path / "hostile_impls.py").write_text(IMPLS)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    yield "hostile_impls"
+    sys.modules.pop("hostile_impls", None)
+
+
+@pytest.mark.parametrize("fn,words", [
+    ("returns_none", ["returned None"]),
+    ("returns_numpy", ["numpy.ndarray"]),
+    ("wrong_shape", ["shape (2, 1)", "(2, 8)"]),
+    ("wrong_dtype", ["torch.float64"]),
+    ("raises", ["ValueError", "kernel exploded"]),
+    ("exits", ["sys.exit(3)"]),
+    ("returns_list", ["list"]),
+])
+def test_a_bad_impl_exits_1_naming_it_and_what_it_returned(run, impl_module, fn, words):
+    r = run("compare", "op", "softmax", "--shape", "2x8", "--dtype", "bf16", "--device", "cpu",
+            "--impl", f"{impl_module}:{fn}")
+    one_line(r, 1, f"{impl_module}:{fn}", *words)
+    assert "\x1b" not in r.err and "\x07" not in r.err
+
+
+def test_a_correct_impl_passes(run, impl_module):
+    r = run("compare", "op", "softmax", "--shape", "2x8", "--dtype", "bf16", "--device", "cpu",
+            "--impl", f"{impl_module}:correct", "--json")
+    assert r.code == 0, r.err
+
+
+# ---------------------------------------------------------------------------
+# 1. foreign code never runs: compare model
+
+
+@pytest.fixture(scope="module")
+def tiny_models(tmp_path_factory):
+    """A tiny Qwen3 with a vocabulary of hostile tokens, and three variants:
+    NaN weights, a config with auto_map and the code it names, auto_map in the
+    tokenizer's config."""
+    pytest.importorskip("transformers")
+    import torch
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast, Qwen3Config, Qwen3ForCausalLM
+
+    words = ["[UNK]", "the", "cat", "sat", "[/]", "[bold]x", "\x1b]0;owned\x07", "\x1b[2J", "on", "a", "mat", "it"]
+    root = tmp_path_factory.mktemp("models")
+    marker = root / "PWNED"
+    out = {}
+    for kind in ("good", "nan", "auto_map", "tokenizer_auto_map"):
+        d = root / kind
+        tok = Tokenizer(models.WordLevel(vocab={w: i for i, w in enumerate(words)}, unk_token="[UNK]"))
+        tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+        torch.manual_seed(0)
+        cfg = Qwen3Config(vocab_size=len(words), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                          num_attention_heads=4, num_key_value_heads=2, head_dim=8, max_position_embeddings=64)
+        m = Qwen3ForCausalLM(cfg)
+        if kind == "nan":
+            with torch.no_grad():
+                m.model.layers[1].mlp.down_proj.weight.fill_(float("nan"))
+        m.save_pretrained(d)
+        PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="[UNK]").save_pretrained(d)
+        code = f"open({str(marker)!r}, 'w').write('ran')\nfrom transformers import *\n"
+        if kind == "auto_map":
+            c = json.loads((d / "config.json").read_text())
+            c["model_type"] = "hostile"  # no native class: only the folder's code could load it
+            c["auto_map"] = {"AutoConfig": "evil.Cfg", "AutoModelForCausalLM": "evil.Model"}
+            (d / "config.json").write_text(json.dumps(c))
+            (d / "evil.py").write_text(code)
+        if kind == "tokenizer_auto_map":
+            c = json.loads((d / "tokenizer_config.json").read_text())
+            c["auto_map"] = {"AutoTokenizer": ["evil.Tok", None]}
+            (d / "tokenizer_config.json").write_text(json.dumps(c))
+            (d / "evil.py").write_text(code)
+        out[kind] = d
+    out["marker"] = marker
+    return out
+
+
+@pytest.mark.parametrize("kind", ["auto_map", "tokenizer_auto_map"])
+def test_a_model_folder_with_custom_code_is_refused_without_reading_stdin(run, tiny_models, monkeypatch, kind):
+    import io
+
+    stdin = io.StringIO("y\ny\ny\n")  # the answer a prompt would take
+    monkeypatch.setattr(sys, "stdin", stdin)
+    r = run("compare", "model", "--model", str(tiny_models[kind]), "--steps", "2", "--prompt", "the cat", "--json")
+    one_line(r, 2, "auto_map")
+    assert r.out == ""  # no prompt text, no JSON: nothing on stdout
+    assert stdin.tell() == 0, "stdin was read"
+    assert not tiny_models["marker"].exists(), "the model folder's code ran"
+
+
+def test_every_transformers_loader_gets_trust_remote_code_false(run, tiny_models, monkeypatch):
+    import transformers
+
+    calls = []
+    for cls in (transformers.AutoConfig, transformers.AutoTokenizer, transformers.AutoModelForCausalLM):
+        real = cls.from_pretrained
+
+        def spy(*a, _real=real, _name=cls.__name__, **kw):
+            calls.append((_name, kw.get("trust_remote_code", "missing")))
+            return _real(*a, **kw)
+
+        monkeypatch.setattr(cls, "from_pretrained", spy)
+    r = run("compare", "model", "--model", str(tiny_models["good"]), "--steps", "2", "--prompt", "the cat", "--json")
+    assert r.code == 0, r.err
+    names = {n for n, _ in calls}
+    assert {"AutoTokenizer", "AutoModelForCausalLM"} <= names
+    assert all(v is False for _, v in calls), calls
+
+
+def test_a_model_folder_holding_a_fifo_is_refused_at_once(run, tiny_models, tmp_path):
+    d = tmp_path / "fifo-model"
+    d.mkdir()
+    for f in tiny_models["good"].iterdir():
+        if f.name != "config.json":
+            (d / f.name).symlink_to(f)
+    fifo = d / "config.json"
+    os.mkfifo(fifo)
+    done = threading.Event()
+
+    def unblock():  # a reader stuck on the FIFO gets garbage after 20 s, so a regression fails rather than hangs
+        if not done.wait(20):
+            fd = os.open(fifo, os.O_WRONLY)
+            os.write(fd, b"not json")
+            os.close(fd)
+
+    threading.Thread(target=unblock, daemon=True).start()
+    t0 = time.monotonic()
+    r = run("compare", "model", "--model", str(d), "--steps", "2")
+    done.set()
+    one_line(r, 2, "not a regular file")
+    assert time.monotonic() - t0 < 15
+
+
+def test_non_finite_logits_exit_1_naming_step_and_dtype(run, tiny_models):
+    r = run("compare", "model", "--model", str(tiny_models["nan"]), "--steps", "3", "--prompt", "the cat")
+    one_line(r, 1, "fp32", "step 0", "non-finite")
+
+
+def test_hostile_tokens_and_prompt_are_shown_as_text(run, tiny_models):
+    prompt = "the [/] [bold]x \x1b]0;owned\x07 cat"
+    r = run("compare", "model", "--model", str(tiny_models["good"]), "--steps", "4", "--prompt", prompt)
+    assert r.code == 0, r.err
+    assert "\x1b" not in r.out and "\x07" not in r.out
+    assert "[/]" in r.out and "[bold]x" in r.out and "\\x1b]0;owned\\x07" in r.out
+
+
+# ---------------------------------------------------------------------------
+# 1. .pt weights_only, .npy/.npz without pickles, safetensors through its library
+
+
+class _Payload:
+    def __init__(self, marker):
+        self.marker = marker
+
+    def __reduce__(self):
+        return (open, (self.marker, "w"))
+
+
+def test_pt_with_a_pickled_object_is_refused_and_never_runs(run, tmp_path):
+    import torch
+
+    marker = tmp_path / "PWNED"
+    bad = tmp_path / "bad.pt"
+    torch.save({"x": _Payload(str(marker))}, bad)
+    good = tmp_path / "good.pt"
+    torch.save({"x": torch.ones(3)}, good)
+    one_line(run("compare", "tensors", str(bad), str(good)), 2, "weights_only")
+    assert not marker.exists()
+
+
+@pytest.mark.parametrize("command", [["accumulate", "--from"], ["softmax", "--from"], ["compare", "tensors"]])
+def test_npy_with_pickled_objects_is_refused(run, tmp_path, command):
+    bad = tmp_path / "objects.npy"
+    np.save(bad, np.array([{"a": 1}, None], dtype=object), allow_pickle=True)
+    args = [*command, str(bad)] + ([str(bad)] if command[-1] == "tensors" else ["--device", "cpu"])
+    one_line(run(*args), 2)
+
+
+def test_npz_with_a_pickled_member_is_refused(run, tmp_path):
+    bad = tmp_path / "objects.npz"
+    np.savez(bad, x=np.array([{"a": 1}], dtype=object))
+    one_line(run("compare", "tensors", str(bad), str(bad)), 2)
+
+
+def test_safetensors_load_through_their_library(run, tmp_path):
+    import torch
+    from safetensors.torch import save_file
+
+    a, b = tmp_path / "a.safetensors", tmp_path / "b.safetensors"
+    save_file({"w": torch.arange(6, dtype=torch.float32).reshape(2, 3)}, str(a))
+    save_file({"w": torch.arange(6, dtype=torch.float32).reshape(2, 3)}, str(b))
+    r = run("compare", "tensors", str(a), str(b), "--json")
+    assert r.code == 0, r.err
+    assert [row["name"] for row in r.json()["rows"]] == ["w"]
+
+
+# ---------------------------------------------------------------------------
+# 1. strings from outside are text: report.safe_text / report.printable
+
+HOSTILE = ["[/]", "[bold red]boom[/bold red]", "\x1b]0;owned\x07", "a\rb", "\x9b31mred", "e\u202eRIGHT-TO-LEFT",
+           ":thumbs_up:", "trailing\\", "nul\x00del\x7f", "tab\there\nnewline"]
+
+
+@pytest.mark.parametrize("s", HOSTILE, ids=repr)
+def test_safe_text_shows_the_string_as_written_with_controls_escaped(s):
+    from rich.console import Console
+
+    from precisionlab import report
+
+    shown = report.printable(s)
+    assert not re.search("[\x00-\x1f\x7f-\x9f\u202a-\u202e]", shown)
+    c = Console(width=200, file=open(os.devnull, "w"), emoji=False, record=True, color_system=None)
+    c.print(report.safe_text(s), highlight=False)
+    c.print("[bold]" + report.safe_text(s) + "[/bold]", highlight=False)  # inside markup, too
+    expected = shown[:-1] + "\\x5c" if shown.endswith("\\") else shown  # a trailing backslash is shown escaped
+    assert c.export_text().split("\n")[:2] == [expected, expected]
+
+
+@pytest.mark.parametrize("name", ["[/]", "x\x1b]0;owned\x07y", "[red]z", ":thumbs_up:"], ids=repr)
+def test_a_hostile_file_name_is_shown_as_text(run, tmp_path, name):
+    f = tmp_path / f"{name}.npy"  # "[/]" names a file "]" in a folder "[": the path holds the closing tag
+    f.parent.mkdir(parents=True, exist_ok=True)
+    np.save(f, np.full(10, 0.5))
+    r = run("accumulate", "--from", str(f), "--device", "cpu", "--methods", "sequential", "--accumulators", "fp32")
+    assert r.code == 0, r.err
+    assert "\x1b" not in r.out and "\x07" not in r.out
+    assert report_printable(name) in r.out
+
+
+def report_printable(s):
+    from precisionlab import report
+
+    return report.printable(s)
+
+
+def test_one_line_errors_escape_control_characters(run):
+    r = run("accumulate", "--from", "/nonexistent/\x1b]0;owned\x07.npy")
+    one_line(r, 2)
+    assert "\x1b" not in r.err and "\\x1b" in r.err
+
+
+# ---------------------------------------------------------------------------
+# 2. --plot writes exactly PATH, refused before the run
+
+
+def _no_run(monkeypatch):
+    """Make every experiment fail if it runs: a bad --plot must be refused first."""
+    import importlib
+
+    for mod in ("accumulate", "model", "nondeterminism", "tf32"):
+        m = importlib.import_module(f"precisionlab.experiments.{mod}")
+        monkeypatch.setattr(m, "run", lambda *a, **k: pytest.fail("the experiment ran before --plot was checked"))
+
+
+PLOT_COMMANDS = {
+    "accumulate": ["accumulate", "--n", "10", "--device", "cpu"],
+    "model": ["compare", "model", "--steps", "2"],
+    "nondeterminism": ["nondeterminism", "--n", "100", "--runs", "2", "--device", "cpu"],
+    "tf32": ["tf32", "--m", "8", "--n", "8", "--k", "8", "--device", "cpu"],
+}
+
+
+@pytest.mark.parametrize("bad", ["", "   ", "/dev/null", "DIR", "-", "DIR/missing/x.png", "DIR/x.txt", "DIR/noext",
+                                 "/proc/x.png"])
+@pytest.mark.parametrize("command", list(PLOT_COMMANDS))
+def test_bad_plot_paths_exit_2_before_the_run(run, tmp_path, monkeypatch, command, bad):
+    _no_run(monkeypatch)
+    path = str(tmp_path) if bad == "DIR" else bad.replace("DIR", str(tmp_path))
+    before = set(os.listdir(tmp_path))
+    r = run(*PLOT_COMMANDS[command], "--plot", path)
+    one_line(r, 2, "--plot")
+    assert set(os.listdir(tmp_path)) == before
+    assert not os.path.exists("/dev/null.png") or os.path.getmtime("/dev/null.png") < time.time() - 3600
+
+
+@pytest.mark.parametrize("ext,magic", [(".png", b"\x89PNG"), (".svg", b"<?xml"), (".pdf", b"%PDF")])
+def test_plot_writes_exactly_the_path_named(run, tmp_path, ext, magic):
+    path = tmp_path / f"sum{ext}"
+    r = run("accumulate", "--n", "100", "--device", "cpu", "--methods", "sequential", "--accumulators", "fp32",
+            "--plot", str(path))
+    assert r.code == 0, r.err
+    assert os.listdir(tmp_path) == [path.name]  # no temporary file left, no extension appended
+    assert path.read_bytes().startswith(magic)
+    assert str(path) in r.err  # the hint names the file written
+
+
+def test_atomic_write_leaves_no_partial_file(tmp_path):
+    from precisionlab import outputs
+
+    target = tmp_path / "out.bin"
+    target.write_bytes(b"old")
+
+    def dies(tmp):
+        with open(tmp, "wb") as f:
+            f.write(b"half")
+        raise RuntimeError("interrupted")
+
+    with pytest.raises(RuntimeError):
+        outputs.atomic_write(target, dies)
+    assert target.read_bytes() == b"old" and os.listdir(tmp_path) == ["out.bin"]
+
+
+def test_concurrent_atomic_writes_never_mix(tmp_path):
+    from precisionlab import outputs
+
+    target = tmp_path / "out.bin"
+    payloads = [bytes([i]) * 200_000 for i in range(4)]
+    seen = []
+
+    def writer(p):
+        for _ in range(10):
+            outputs.atomic_write(target, p)
+
+    def reader():
+        for _ in range(50):
+            if target.exists():
+                seen.append(target.read_bytes())
+
+    threads = [threading.Thread(target=writer, args=(p,)) for p in payloads] + [threading.Thread(target=reader)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert target.read_bytes() in payloads and all(s in payloads for s in seen)
+    assert os.listdir(tmp_path) == ["out.bin"]
+
+
+@pytest.mark.parametrize("bad", ["", "DIR", "DIR/missing/a.bin", "DIR/a.exe", "/dev/null"])
+def test_check_output_path_is_reusable(tmp_path, bad):
+    from precisionlab import outputs
+    from precisionlab.errors import UsageError
+
+    path = str(tmp_path) if bad == "DIR" else bad.replace("DIR", str(tmp_path))
+    with pytest.raises(UsageError):
+        outputs.check_output_path(path, (".bin", ".safetensors"), "--dump")
+    assert outputs.check_output_path(str(tmp_path / "a.bin"), (".bin",), "--dump").name == "a.bin"
+
+
+# ---------------------------------------------------------------------------
+# 3. files that are not regular files
+
+
+def test_a_fifo_is_refused_at_once(run, tmp_path):
+    fifo = tmp_path / "values.npy"
+    os.mkfifo(fifo)
+    one_line(run("accumulate", "--from", str(fifo), "--device", "cpu"), 2, "FIFO")
+    one_line(run("softmax", "--from", str(fifo), "--device", "cpu"), 2, "FIFO")
+
+
+def test_a_socket_and_a_device_are_refused(run, tmp_path):
+    sock_path = tmp_path / "s.npy"
+    s = socket.socket(socket.AF_UNIX)
+    s.bind(str(sock_path))
+    try:
+        one_line(run("accumulate", "--from", str(sock_path), "--device", "cpu"), 2, "socket")
+    finally:
+        s.close()
+    one_line(run("accumulate", "--from", "/dev/zero", "--device", "cpu"), 2, "device")
+
+
+def test_check_regular_file_is_reusable(tmp_path):
+    from precisionlab import inputs
+    from precisionlab.errors import UsageError
+
+    f = tmp_path / "a.npy"
+    f.write_bytes(b"x")
+    assert inputs.check_regular_file(str(f), "A") == f
+    os.mkfifo(tmp_path / "fifo")
+    for bad in (tmp_path / "fifo", tmp_path, tmp_path / "missing", "/dev/null"):
+        with pytest.raises(UsageError):
+            inputs.check_regular_file(str(bad), "A")
+
+
+# ---------------------------------------------------------------------------
+# 3. no arguments, Ctrl-C
+
+
+def test_no_arguments_prints_the_help():
+    r = cli()
+    assert "Usage" in r.out and "accumulate" in r.out
+    assert "precisionlab: \n" not in r.err and not r.err.strip().startswith("precisionlab:")
+
+
+def test_ctrl_c_inside_a_long_kernel_answers_within_2_s(tmp_path):
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    env.pop("PRECISIONLAB_DEBUG", None)
+    p = subprocess.Popen([sys.executable, "-m", "precisionlab", "tf32", "--m", "4096", "--n", "4096", "--k", "4096",
+                          "--no-sweep", "--device", "cpu"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                         env=env, cwd=tmp_path)
+    time.sleep(4)  # past the imports, into the matmuls
+    assert p.poll() is None, "the run ended before the signal"
+    t0 = time.monotonic()
+    p.send_signal(signal.SIGINT)
+    out, err = p.communicate(timeout=60)
+    elapsed = time.monotonic() - t0
+    assert p.returncode == 130 and err.decode() == "precisionlab: interrupted\n", (p.returncode, err)
+    assert elapsed < 2.0, elapsed
+    assert os.listdir(tmp_path) == []
+
+
+# ---------------------------------------------------------------------------
+# 3. output that cannot encode Unicode, narrow terminals
+
+
+def test_ascii_only_output_degrades():
+    r = cli("accumulate", "--n", "100", "--device", "cpu", "--methods", "sequential,kahan", "--accumulators",
+            "fp32,bf16", env={"PYTHONIOENCODING": "ascii", "LANG": "C", "LC_ALL": "C"})
+    assert r.code == 0, r.err
+    r.out.encode("ascii")
+    assert "internal error" not in r.err and "\n* " in r.out  # ASCII bullets
+
+
+@pytest.mark.parametrize("args", [
+    ["compare", "model", "--steps", "3"],
+    ["softmax", "--values", "1,2", "--device", "cpu"],
+    ["nondeterminism", "--n", "100", "--runs", "2", "--sections", "threads", "--device", "cpu"],
+], ids=lambda a: a[0] if a[0] != "compare" else "compare model")
+def test_an_ascii_stdout_gets_ascii(run, monkeypatch, args):
+    import io
+
+    raw = io.BytesIO()
+    ascii_out = io.TextIOWrapper(raw, encoding="ascii", errors="strict", write_through=True)
+    monkeypatch.setattr(sys, "stdout", ascii_out)
+    r = run(*args)
+    assert r.code == 0, r.err
+    text = raw.getvalue().decode("ascii")  # raises on anything else
+    assert "internal error" not in r.err and "\n* " in text
+
+
+NARROW = {
+    "accumulate": ["accumulate", "--n", "100", "--device", "cpu", "--methods", "sequential,kahan,pairwise",
+                   "--accumulators", "fp32,bf16"],
+    "softmax": ["softmax", "--values", "1,2,3;-inf,-inf,-inf", "--device", "cpu", "--methods", "naive,stable"],
+    "compare op": ["compare", "op", "rmsnorm", "--shape", "2x16", "--device", "cpu"],
+    "tf32": ["tf32", "--m", "16", "--n", "16", "--k", "32", "--no-sweep", "--device", "cpu"],
+    "nondeterminism": ["nondeterminism", "--n", "100", "--runs", "2", "--sections", "atomics,threads",
+                       "--device", "cpu"],
+}
+_NUMBER = re.compile(r"-?\d+(?:\.\d+)?(?:e[+-]\d+)?")
+
+
+@pytest.mark.parametrize("width", [20, 30, 40, 50, 60])
+@pytest.mark.parametrize("command", list(NARROW))
+def test_narrow_terminals_keep_every_number(run, monkeypatch, command, width):
+    """Every number of the wide table is in the narrow output (folding may
+    break a line, never drop a digit)."""
+    from precisionlab import report
+
+    def table_numbers(text):
+        """Numbers in the table cells, except timings (they change from run to run)."""
+        out, header = [], []
+        for line in text.splitlines():
+            if line.startswith("┃"):
+                header = [h.strip() for h in line.strip("┃").split("┃")]
+            elif line.startswith("│"):
+                cells = [c.strip() for c in line.strip("│").split("│")]
+                out += [m for h, c in zip(header, cells) if not re.search(r"time|/s", h)
+                        for m in _NUMBER.findall(c)]
+        return out
+
+    monkeypatch.setattr(report.stdout, "width", 400)
+    wide = run(*NARROW[command])
+    assert wide.code in (0, 1), wide.err
+    numbers = table_numbers(wide.out)
+    assert numbers
+    monkeypatch.setattr(report.stdout, "width", width)
+    narrow = run(*NARROW[command])
+    assert narrow.code == wide.code, narrow.err
+    assert max(len(line) for line in narrow.out.splitlines()) <= width
+    flat = "".join(narrow.out.split())
+    missing = [n for n in numbers if n not in flat]
+    assert not missing, missing
+
+
+def test_columns_sets_the_width_of_a_pipe():
+    r = cli(*NARROW["accumulate"], env={"COLUMNS": "40"})
+    assert r.code == 0, r.err
+    assert max(len(line) for line in r.out.splitlines()) <= 40
