@@ -629,7 +629,7 @@ def compare_op_table(res) -> None:
                  f"with TF32 off: " + ", ".join(f"{k}={v}" for k, v in res.flags.items() if "tf32" in k.lower()),
                  style="dim", highlight=False)
     for name, what in (p.get("cases") or {}).items():
-        stdout.print(f"  {name}: {what}", style="dim", highlight=False)
+        stdout.print(safe_text(f"  {name}: {what}"), style="dim", highlight=False)
     _compare_op_contracts(res)
     _compare_op_advice(res)
     _footer(p.get("cuda_unavailable"), res.takeaways)
