@@ -1,0 +1,123 @@
+"""compare tensors and compare model --layers: tables on stdout, JSON, progress
+on stderr. Uses report.py's consoles and number formats."""
+
+from __future__ import annotations
+
+import unicodedata
+from contextlib import contextmanager
+
+from rich.markup import escape
+from rich.table import Table
+
+from precisionlab import report
+from precisionlab.report import emit_json, num, sci, stdout
+
+
+def safe_text(s) -> str:
+    """Text from files or the command line, shown as text: control characters
+    (C0, DEL, C1: an ESC could retitle the terminal) escaped as \\xNN, then Rich
+    markup escaped. (A private stand-in until report.safe_text exists.)"""
+    out = []
+    for ch in str(s):
+        if unicodedata.category(ch) == "Cc":
+            out.append(f"\\x{ord(ch):02x}" if ord(ch) < 0x100 else f"\\u{ord(ch):04x}")
+        else:
+            out.append(ch)
+    return escape("".join(out))
+
+
+@contextmanager
+def bar(description: str, total: int, enabled: bool):
+    """A progress bar with a known total on stderr (tensors compared); no-op
+    under --json or when stderr is not a terminal."""
+    if not enabled or not report.stderr.is_terminal:
+        yield lambda k=1: None
+        return
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                  console=report.stderr, transient=True) as p:
+        task = p.add_task(description, total=total)
+        yield lambda k=1: p.advance(task, k)
+
+
+def _shape(r) -> str:
+    shapes = [s for s in r["shapes"] if s is not None]
+    if shapes and all(s == shapes[0] for s in shapes):
+        return "x".join(map(str, shapes[0])) or "scalar"
+    return " vs ".join("-" if s is None else "x".join(map(str, s)) or "scalar" for s in r["shapes"])
+
+
+def _dtypes(r) -> str:
+    ds = [d or "-" for d in r["dtypes"]]
+    return ds[0] if len(set(ds)) == 1 else " / ".join(ds)
+
+
+def _worst(r) -> str:
+    if r.get("worst_index") is None:
+        return "-"
+    return f"{r['worst_index']}: {num(r['worst_a'], 8)} vs {num(r['worst_b'], 8)}"
+
+
+def _cos(r) -> str:
+    return "undefined" if r.get("cosine") is None else f"{r['cosine']:.6f}"
+
+
+def _status(r) -> str:
+    text = safe_text(r["status"])
+    return f"[red]{text}[/red]" if r["flagged"] else f"[green]{text}[/green]"
+
+
+def compare_tensors_table(res) -> None:
+    p = res.params
+    three = p["mode"] == "three-way"
+    files = ", ".join(f"{lab}={safe_text(f)}" for lab, f in zip(p["labels"], p["files"]))
+    t = Table(title=f"compare tensors ({p['mode']}): {files}", title_justify="left", highlight=False)
+    for col in ("name", "status", "shape", "dtype"):
+        t.add_column(col, overflow="fold")
+    cols = (("(2) low vs fp32", "(3) yours vs low", "ratio", "yours vs fp32") if three else ("rel L2",)) + \
+        ("max abs", "cosine", "p50 / p99 abs", "max ulps", "worst at: " + ("yours vs low" if three else "A vs B"),
+         "outside tol", "rtol / atol")
+    for col in cols:
+        t.add_column(col, justify="right", overflow="fold")
+    for r in res.rows:
+        head = [safe_text(r["name"]), _status(r), _shape(r), _dtypes(r)]
+        if "rel_l2" not in r:
+            t.add_row(*head, *([""] * len(cols)))
+            continue
+        errs = [sci(r["yardstick"]), sci(r["rel_l2"]), _ratio(r["ratio"]), sci(r["accumulated"])] if three else \
+            [sci(r["rel_l2"]) + (" (B=0)" if r["reference_all_zero"] and r["rel_l2"] else "")]
+        t.add_row(*head, *errs, sci(r["max_abs"]), _cos(r), f"{sci(r['p50_abs'])} / {sci(r['p99_abs'])}",
+                  report._ulps(r["max_ulps"]) + (f" {r['ulp_format']}" if r["ulp_format"] else ""),
+                  escape(_worst(r)), f"{r['n_outside']}/{r['n']}",
+                  f"{r['rtol']:g} / {r['atol']:g} ({r['tolerance_format'] or 'exact'})")
+    stdout.print(t)
+    if three:
+        stdout.print(f"flagged when (3) YOURS vs REF_LOW exceeds {p['ratio_threshold']:g}x (2) REF_LOW vs REF_FP32, "
+                     "what the low precision itself costs at that tensor (compare op's rule); 'outside tol' is "
+                     "shown, not judged.", style="dim", highlight=False)
+    else:
+        stdout.print("a tensor passes when every |a-b| <= atol + rtol*max(|a|,|b|), tolerances from the "
+                     "lower-precision side (torch.testing's defaults), so swapping A and B changes nothing; "
+                     "identical infinities agree, NaN never does" + (" (--equal-nan: NaN agrees with NaN)"
+                                                                    if p["equal_nan"] else "")
+                     + ". rel L2 is against the higher-precision side (B on a tie); inf against an all-zero one.",
+                     style="dim", highlight=False)
+    stdout.print("max ulps: the largest |difference| in units of the lower-precision format's spacing at the "
+                 "reference value; 1 ulp is one step of that format there, so about 0.5 is a single rounding.",
+                 style="dim", highlight=False)
+    if p["mapped_side"]:
+        stdout.print(f"--map renamed {p['mapped_side']}'s tensors.", style="dim", highlight=False)
+    for line in res.takeaways:
+        stdout.print(f"• {safe_text(line)}", highlight=False)
+
+
+def _ratio(x) -> str:
+    if x is None:
+        return "-"
+    return num(x) if x != x or x in (float("inf"), float("-inf")) else f"{x:.2f}x"
+
+
+def compare_tensors_json(res) -> None:
+    emit_json("compare tensors", {"params": res.params, "first_divergence": res.flags["first_divergence"],
+                                  "rows": res.rows, "takeaways": res.takeaways})
