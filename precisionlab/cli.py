@@ -124,6 +124,16 @@ def compare_model(
     dtypes: Annotated[str, typer.Option("--dtypes", help="Low precisions against fp32: bf16, fp16.")] = "bf16,fp16",
     plot: Annotated[Optional[str], typer.Option("--plot", help="Write rel-L2 per step, divergence marked, to this PNG.")] = None,
     device: Annotated[str, typer.Option("--device", help="cpu (default) | cuda | auto.")] = "cpu",
+    layers: Annotated[bool, typer.Option("--layers", help="Module by module: each module's accumulated and local "
+                                         "error against what rounding alone costs there; names the first "
+                                         "divergence.")] = False,
+    inject: Annotated[Optional[list[str]], typer.Option("--inject", help="With --layers/--dump: perturb one module of "
+                                                        "the low-precision run, TARGET:KEY=VALUE with scale=F, eps=F "
+                                                        "(a norm) or rope=bf16|fp16 (the RoPE module; 'rope' in the "
+                                                        "embedded model). Repeatable.")] = None,
+    dump: Annotated[Optional[str], typer.Option("--dump", help="Write each run's per-module outputs to "
+                                                "DIR/fp32.safetensors, DIR/bf16.safetensors, ... (execution order "
+                                                "and token ids in the metadata), for compare tensors.")] = None,
     seed: SeedOpt = 0,
     json_out: JsonOpt = False,
 ):
@@ -131,6 +141,20 @@ def compare_model(
     from precisionlab import report
     from precisionlab.experiments import model as exp
 
+    if layers or dump is not None:
+        from precisionlab import report_tensors
+        from precisionlab.experiments import layers as lexp
+
+        lcfg = lexp.LayersConfig(model=model, steps=steps, prompt=prompt, dtypes=dtypes, device=device, seed=seed,
+                                 inject=inject or [], dump=dump)
+        with report.progress("compare model --layers", enabled=not json_out) as advance:
+            lres = lexp.run(lcfg, advance)
+        (report_tensors.layers_json if json_out else report_tensors.layers_table)(lres)
+        if lres.first_divergence is not None:
+            raise typer.Exit(1)
+        return
+    if inject:
+        raise UsageError("--inject scale/eps/rope perturbs modules: use it with --layers or --dump")
     if plot:
         report.require_matplotlib()
     cfg = exp.ModelConfig(model=model, steps=steps, prompt=prompt, dtypes=dtypes, device=device, seed=seed)

@@ -49,14 +49,16 @@ def _shape(r) -> str:
 
 
 def _dtypes(r) -> str:
-    ds = [d or "-" for d in r["dtypes"]]
-    return ds[0] if len(set(ds)) == 1 else " / ".join(ds)
+    from precisionlab.tensorfiles import DTYPE_TO_FORMAT
+
+    ds = [DTYPE_TO_FORMAT.get(d, d) if d else "-" for d in r["dtypes"]]
+    return ds[0] if len(set(ds)) == 1 else "/".join(ds)
 
 
 def _worst(r) -> str:
-    if r.get("worst_index") is None:
+    if r.get("worst_index") is None or (r["max_abs"] == 0 and not r.get("nonfinite_mismatch")):
         return "-"
-    return f"{r['worst_index']}: {num(r['worst_a'], 8)} vs {num(r['worst_b'], 8)}"
+    return f"[{','.join(map(str, r['worst_index']))}] {num(r['worst_a'], 6)} vs {num(r['worst_b'], 6)}"
 
 
 def _cos(r) -> str:
@@ -75,33 +77,37 @@ def compare_tensors_table(res) -> None:
     t = Table(title=f"compare tensors ({p['mode']}): {files}", title_justify="left", highlight=False)
     for col in ("name", "status", "shape", "dtype"):
         t.add_column(col, overflow="fold")
-    cols = (("(2) low vs fp32", "(3) yours vs low", "ratio", "yours vs fp32") if three else ("rel L2",)) + \
-        ("max abs", "cosine", "p50 / p99 abs", "max ulps", "worst at: " + ("yours vs low" if three else "A vs B"),
-         "outside tol", "rtol / atol")
+    cols = (("(2) low vs fp32", "(3) yours vs low", "ratio") if three else ("rel L2",)) + \
+        ("max abs", "cosine", "p50 / p99 abs", "max ulps", "worst: " + ("yours vs low" if three else "A vs B")) + \
+        (() if three else ("outside tol",))
     for col in cols:
         t.add_column(col, justify="right", overflow="fold")
+    tols = {}
     for r in res.rows:
         head = [safe_text(r["name"]), _status(r), _shape(r), _dtypes(r)]
         if "rel_l2" not in r:
             t.add_row(*head, *([""] * len(cols)))
             continue
-        errs = [sci(r["yardstick"]), sci(r["rel_l2"]), _ratio(r["ratio"]), sci(r["accumulated"])] if three else \
-            [sci(r["rel_l2"]) + (" (B=0)" if r["reference_all_zero"] and r["rel_l2"] else "")]
+        tols[r["tolerance_format"] or "exact"] = (r["rtol"], r["atol"])
+        errs = [sci(r["yardstick"]), sci(r["rel_l2"]), _ratio(r["ratio"])] if three else \
+            [sci(r["rel_l2"]) + (" (ref=0)" if r["reference_all_zero"] and r["rel_l2"] else "")]
         t.add_row(*head, *errs, sci(r["max_abs"]), _cos(r), f"{sci(r['p50_abs'])} / {sci(r['p99_abs'])}",
-                  report._ulps(r["max_ulps"]) + (f" {r['ulp_format']}" if r["ulp_format"] else ""),
-                  escape(_worst(r)), f"{r['n_outside']}/{r['n']}",
-                  f"{r['rtol']:g} / {r['atol']:g} ({r['tolerance_format'] or 'exact'})")
+                  report._ulps(r["max_ulps"]), escape(_worst(r)),
+                  *(() if three else (f"{r['n_outside']}/{r['n']}",)))
     stdout.print(t)
     if three:
         stdout.print(f"flagged when (3) YOURS vs REF_LOW exceeds {p['ratio_threshold']:g}x (2) REF_LOW vs REF_FP32, "
-                     "what the low precision itself costs at that tensor (compare op's rule); 'outside tol' is "
-                     "shown, not judged.", style="dim", highlight=False)
+                     "what the low precision itself costs at that tensor (compare op's rule); elementwise "
+                     "tolerances are in the JSON, shown, not judged.", style="dim", highlight=False)
     else:
         stdout.print("a tensor passes when every |a-b| <= atol + rtol*max(|a|,|b|), tolerances from the "
                      "lower-precision side (torch.testing's defaults), so swapping A and B changes nothing; "
                      "identical infinities agree, NaN never does" + (" (--equal-nan: NaN agrees with NaN)"
                                                                     if p["equal_nan"] else "")
                      + ". rel L2 is against the higher-precision side (B on a tie); inf against an all-zero one.",
+                     style="dim", highlight=False)
+    if tols:
+        stdout.print("tolerances used: " + ", ".join(f"{k} rtol {v[0]:g} atol {v[1]:g}" for k, v in tols.items()),
                      style="dim", highlight=False)
     stdout.print("max ulps: the largest |difference| in units of the lower-precision format's spacing at the "
                  "reference value; 1 ulp is one step of that format there, so about 0.5 is a single rounding.",
@@ -121,3 +127,49 @@ def _ratio(x) -> str:
 def compare_tensors_json(res) -> None:
     emit_json("compare tensors", {"params": res.params, "first_divergence": res.flags["first_divergence"],
                                   "rows": res.rows, "takeaways": res.takeaways})
+
+
+# ---------------------------------------------------------------------------
+# compare model --layers
+
+
+def layers_table(res) -> None:
+    p, info = res.params, res.model_info
+    inj = f", injected {safe_text('; '.join(p['inject']))}" if p["inject"] else ""
+    for dtype in p["dtypes"]:
+        t = Table(title=f"compare model --layers: {safe_text(info['name'])}, {dtype} vs fp32 on {p['tokens']} "
+                        f"teacher-forced tokens{inj}", title_justify="left", highlight=False)
+        for col in ("#", "module", "kind", "shape"):
+            t.add_column(col, overflow="fold", justify="right" if col == "#" else "left")
+        for col in ("accumulated", "local", "(2) yardstick", "(3) yours vs clean", "ratio"):
+            t.add_column(col, justify="right")
+        t.add_column("verdict", overflow="fold")
+        first = res.first_divergence_by_dtype.get(dtype)
+        for r in (r for r in res.rows if r["dtype"] == dtype):
+            if r["flagged"]:
+                verdict = "[bold red]first divergence[/bold red]" if r["module"] == first else "[red]flagged[/red]"
+            else:
+                verdict = "rounding"
+            t.add_row(str(r["order"]), safe_text(r["module"]), r["kind"], "x".join(map(str, r["shape"])),
+                      sci(r["accumulated"]), sci(r["local"]), sci(r["yardstick"]), sci(r["yours_vs_trusted"]),
+                      _ratio(r["ratio"]), verdict)
+        stdout.print(t)
+    stdout.print(f"accumulated: the {'/'.join(p['dtypes'])} run's output vs fp32's (rel L2). local: the module as the "
+                 "low run has it, on fp32's input rounded to the low dtype, vs fp32's output. (2): the same module "
+                 "clean in the same dtype (RoPE: fp32's phases rounded once): what rounding alone costs there. "
+                 f"Flagged when (3) > {p['ratio_threshold']:g}x (2), compare op's rule.", style="dim", highlight=False)
+    stdout.print(f"load {res.timing['load_s']:.2f} s, run {res.timing['run_s']:.2f} s (after the torch import)",
+                 style="dim", highlight=False)
+    for path in res.dumped:
+        report.hint(f"dump written to {path}")
+    stdout.print(f"first divergence: {safe_text(res.first_divergence) if res.first_divergence else 'none'}",
+                 highlight=False)
+    for line in res.takeaways:
+        stdout.print(f"• {safe_text(line)}", highlight=False)
+
+
+def layers_json(res) -> None:
+    emit_json("compare model --layers", {
+        "params": res.params, "model": res.model_info, "first_divergence": res.first_divergence,
+        "first_divergence_by_dtype": res.first_divergence_by_dtype, "pitfalls": res.pitfalls,
+        "dumped": res.dumped, "timing": res.timing, "rows": res.rows, "takeaways": res.takeaways})

@@ -330,6 +330,9 @@ def _dump(dir_: Path, label: str, cap: _Run, order, ids, runner, injections) -> 
     os.close(fd)
     try:
         save_file(tensors, tmp, metadata=meta)
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)  # mkstemp's 0600 is for the temporary name only
         os.replace(tmp, final)
     except BaseException:
         if os.path.exists(tmp):
