@@ -30,6 +30,7 @@ import math
 import os
 import tempfile
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -46,6 +47,7 @@ INJECT_KEYS = {"scale", "eps", "rope"}
 # A final norm + LM head in the low dtype is called out when running them in
 # fp32 (on the low run's own input) would cut the logits' rel-L2 by this much.
 HEAD_SHARE = 2.0
+SMALL_MODEL = 20_000_000  # parameters; see _threads_for
 
 
 @dataclass
@@ -127,7 +129,7 @@ def run(cfg: LayersConfig, advance=lambda k=1: None) -> LayersResult:
 
     t1 = time.perf_counter()
     rows, pitfalls, dumped, first_by = [], [], [], {}
-    with restored_flags(), torch.no_grad():
+    with restored_flags(), torch.no_grad(), _threads_for(runner.base):
         torch.backends.cuda.matmul.allow_tf32 = False  # fp32 means IEEE fp32 here
         torch.backends.cudnn.allow_tf32 = False
         ref = runner.base
@@ -172,6 +174,22 @@ def run(cfg: LayersConfig, advance=lambda k=1: None) -> LayersResult:
         rows=rows, first_divergence=first, first_divergence_by_dtype=first_by, pitfalls=pitfalls,
         model_info=info, takeaways=_takeaways(first, first_by, pitfalls, injections, targets),
         timing={"load_s": t_load, "run_s": t_run}, dumped=dumped)
+
+
+@contextmanager
+def _threads_for(model):
+    """One intra-op thread for a small model: its ops touch a few thousand
+    elements, and thread hand-offs cost more than they save (measured on the
+    embedded model, 2 busy cores: 1.3 s with one thread, 14 s with two)."""
+    import torch
+
+    before = torch.get_num_threads()
+    if sum(p.numel() for p in model.parameters()) < SMALL_MODEL:
+        torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
 
 
 def _low_copy(runner, tdt):
