@@ -58,7 +58,7 @@ def _dtypes(r) -> str:
 def _worst(r) -> str:
     if r.get("worst_index") is None or (r["max_abs"] == 0 and not r.get("nonfinite_mismatch")):
         return "-"
-    return f"[{','.join(map(str, r['worst_index']))}] {num(r['worst_a'], 6)} vs {num(r['worst_b'], 6)}"
+    return f"[{','.join(map(str, r['worst_index']))}] {num(r['worst_a'], 6)}, {num(r['worst_b'], 6)}"
 
 
 def _cos(r) -> str:
@@ -75,16 +75,19 @@ def compare_tensors_table(res) -> None:
     three = p["mode"] == "three-way"
     files = ", ".join(f"{lab}={safe_text(f)}" for lab, f in zip(p["labels"], p["files"]))
     t = Table(title=f"compare tensors ({p['mode']}): {files}", title_justify="left", highlight=False)
-    for col in ("name", "status", "shape", "dtype"):
+    t.add_column("name", overflow="fold")
+    kinds = {_dtypes(r) for r in res.rows}
+    one_dtype = kinds.pop() if len(kinds) == 1 else None   # then said once, below the table
+    for col in ("status", "shape") + (() if one_dtype else ("dtype",)):
         t.add_column(col, overflow="fold")
-    cols = (("(2) low vs fp32", "(3) yours vs low", "ratio") if three else ("rel L2",)) + \
-        ("max abs", "cosine", "p50 / p99 abs", "max ulps", "worst: " + ("yours vs low" if three else "A vs B")) + \
+    cols = (("(2) low-fp32", "(3) yours-low", "ratio") if three else ("rel L2",)) + \
+        ("max abs", "cosine", "p50 / p99 abs", "max ulps", "worst: " + ("yours, low" if three else "A, B")) + \
         (() if three else ("outside tol",))
-    for col in cols:
+    for col in cols:  # everything folds: on a narrow terminal every number stays visible
         t.add_column(col, justify="right", overflow="fold")
     tols = {}
     for r in res.rows:
-        head = [safe_text(r["name"]), _status(r), _shape(r), _dtypes(r)]
+        head = [safe_text(r["name"]), _status(r), _shape(r)] + ([] if one_dtype else [_dtypes(r)])
         if "rel_l2" not in r:
             t.add_row(*head, *([""] * len(cols)))
             continue
@@ -106,11 +109,14 @@ def compare_tensors_table(res) -> None:
                                                                     if p["equal_nan"] else "")
                      + ". rel L2 is against the higher-precision side (B on a tie); inf against an all-zero one.",
                      style="dim", highlight=False)
+    if one_dtype:
+        stdout.print(f"dtypes ({'/'.join(p['labels'])}): {one_dtype}", style="dim", highlight=False)
     if tols:
         stdout.print("tolerances used: " + ", ".join(f"{k} rtol {v[0]:g} atol {v[1]:g}" for k, v in tols.items()),
                      style="dim", highlight=False)
     stdout.print("max ulps: the largest |difference| in units of the lower-precision format's spacing at the "
-                 "reference value; 1 ulp is one step of that format there, so about 0.5 is a single rounding.",
+                 "reference value; 1 ulp is one step of that format there, so about 0.5 is a single rounding (huge where the "
+                 "reference is 0: the spacing there is the smallest subnormal).",
                  style="dim", highlight=False)
     if p["mapped_side"]:
         stdout.print(f"--map renamed {p['mapped_side']}'s tensors.", style="dim", highlight=False)

@@ -99,11 +99,18 @@ def _apply_maps(files: list[TensorFile], rules) -> tuple[list[dict[str, str]], s
         return ident, None
     sides = [[0], [1]] if len(files) == 2 else [[0, 1], [2]]
     best, best_side = None, None
+    error = None
     for side in reversed(sides):
-        maps = [rename(f.names, rules, f.path) if i in side else ident[i] for i, f in enumerate(files)]
+        try:
+            maps = [rename(f.names, rules, f.path) if i in side else ident[i] for i, f in enumerate(files)]
+        except UsageError as e:  # the rules merge names on this side: it is not the side they were meant for
+            error = error or e
+            continue
         common = len(set.intersection(*(set(m) for m in maps)))
         if best is None or common > best[0]:
             best, best_side = (common, maps), side
+    if best is None:
+        raise error
     side_label = ", ".join(labels(len(files))[i] for i in best_side)
     return best[1], side_label
 
