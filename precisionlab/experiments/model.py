@@ -145,8 +145,9 @@ class HFRunner(Runner):
         if Path(spec).exists() and not Path(spec).is_dir():
             raise UsageError(f"--model {spec!r} is a file; give the model's directory")
         try:
-            self.tok = transformers.AutoTokenizer.from_pretrained(spec, local_files_only=True)
-            self.base = transformers.AutoModelForCausalLM.from_pretrained(spec, local_files_only=True)
+            self.tok = transformers.AutoTokenizer.from_pretrained(spec, local_files_only=True, trust_remote_code=False)
+            self.base = transformers.AutoModelForCausalLM.from_pretrained(spec, local_files_only=True,
+                                                                          trust_remote_code=False)
         except Exception as e:  # OSError, ValueError, KeyError... from an unusable directory or cache entry
             msg = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
             raise UsageError(f"--model {spec!r}: not a loadable causal LM offline ({msg})") from None
