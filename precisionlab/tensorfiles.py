@@ -220,6 +220,10 @@ def _open_pt(p: Path) -> TensorFile:
 
     import torch
 
+    from precisionlab import inputs
+
+    # A .pt is read whole: its tensors plus their float64 copies, one at a time, bound the peak.
+    inputs.check_memory(p.stat().st_size * 2, f"reading {p}")
     try:
         with warnings.catch_warnings():  # torch warns about odd pickles before refusing them
             warnings.simplefilter("ignore")

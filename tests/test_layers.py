@@ -123,6 +123,8 @@ def test_cli_layers_json_and_exit_codes(tmp_path):
     ["--layers", "--inject", "layers.1.mlp:eps=1e-3"],          # not a norm
     ["--layers", "--inject", "layers.1.mlp:rope=bf16"],         # not the rope
     ["--layers", "--inject", "rope:rope=fp8"],
+    ["--layers", "--inject", "lm_head:eps=1"],                  # the tied head is no module
+    ["--layers", "--inject", "rope:scale=2"],
     ["--layers", "--inject", "logits:noise=1"],                 # not applied by --layers
     ["--inject", "layers.1.mlp:scale=2"],                       # needs --layers or --dump
     ["--dump", "/nonexistent/dir/x"],

@@ -179,6 +179,10 @@ def _low(name: str):
 def apply(model, inj, target: str, site_by_name: dict) -> None:
     """One --inject spec on this model copy (the low-precision run's)."""
     p = inj.params
+    site = site_by_name.get(target)
+    if site is not None and site.pseudo and set(p) - {"rope"}:
+        raise UsageError(f"--inject {inj}: {target!r} is computed outside any module here; "
+                         f"{'use rope=bf16' if site.kind == 'rope' else 'perturb the final norm or a block instead'}")
     if "rope" in p:
         low = _low(p["rope"])
         site = site_by_name.get(target)
@@ -197,8 +201,6 @@ def apply(model, inj, target: str, site_by_name: dict) -> None:
             raise UsageError(f"--inject eps: {target!r} is a {type(mod).__name__}, not an RMSNorm/LayerNorm")
         setattr(mod, attr, p["eps"])
     if "scale" in p:
-        if target in site_by_name and site_by_name[target].pseudo:
-            raise UsageError(f"--inject scale: {target!r} is not a module; scale one of its modules")
         s = p["scale"]
         model.get_submodule(target).register_forward_hook(lambda _m, _a, out: _scaled(out, s))
 
