@@ -143,11 +143,20 @@ def compare_model(
     save_logits: Annotated[Optional[list[str]], typer.Option("--save-logits", help="--metrics: write a run's logits and "
                                                              "token ids as safetensors: FILE (fp32) or DTYPE=FILE; "
                                                              "repeatable.")] = None,
-    inject: Annotated[Optional[list[str]], typer.Option("--inject", help="--metrics: logits:noise=SIGMA adds seeded "
-                                                        "Gaussian noise to the compared runs' logits.")] = None,
     max_kld: Annotated[Optional[float], typer.Option("--max-kld", help="--metrics: exit 1 when a mean KLD is above this.")] = None,
     min_top1: Annotated[Optional[float], typer.Option("--min-top1", help="--metrics: exit 1 when a top-1 agreement (%) "
                                                       "is below this.")] = None,
+    layers: Annotated[bool, typer.Option("--layers", help="Module by module: each module's accumulated and local "
+                                         "error against what rounding alone costs there; names the first "
+                                         "divergence.")] = False,
+    inject: Annotated[Optional[list[str]], typer.Option("--inject", help="TARGET:KEY=VALUE, repeatable. With --metrics: "
+                                                        "logits:noise=SIGMA adds seeded Gaussian noise to the compared "
+                                                        "runs' logits. With --layers/--dump: perturb one module of the "
+                                                        "low-precision run: scale=F, eps=F (a norm) or rope=bf16|fp16 "
+                                                        "(the RoPE module; 'rope' in the embedded model).")] = None,
+    dump: Annotated[Optional[str], typer.Option("--dump", help="Write each run's per-module outputs to "
+                                                "DIR/fp32.safetensors, DIR/bf16.safetensors, ... (execution order "
+                                                "and token ids in the metadata), for compare tensors.")] = None,
     seed: SeedOpt = 0,
     json_out: JsonOpt = False,
 ):
@@ -156,6 +165,20 @@ def compare_model(
     from precisionlab.experiments import model as exp
 
     plot = report.check_plot_path(plot)  # before the run: a bad path must not cost the result
+    if metrics and (layers or dump is not None):
+        raise UsageError("--metrics and --layers/--dump are separate runs: give one")
+    if layers or dump is not None:
+        from precisionlab import report_tensors
+        from precisionlab.experiments import layers as lexp
+
+        lcfg = lexp.LayersConfig(model=model, steps=steps, prompt=prompt, dtypes=dtypes, device=device, seed=seed,
+                                 inject=inject or [], dump=dump)
+        with report.progress("compare model --layers", enabled=not json_out) as advance:
+            lres = lexp.run(lcfg, advance)
+        (report_tensors.layers_json if json_out else report_tensors.layers_table)(lres)
+        if lres.first_divergence is not None:
+            raise typer.Exit(1)
+        return
     if plot:
         report.require_matplotlib()
     if metrics:
@@ -172,9 +195,11 @@ def compare_model(
             raise typer.Exit(1)
         return
     given = [o for o, v in (("--text", text), ("--tokens", tokens), ("--save-logits", save_logits),
-                            ("--inject", inject), ("--max-kld", max_kld), ("--min-top1", min_top1)) if v not in (None, [])]
+                            ("--max-kld", max_kld), ("--min-top1", min_top1)) if v not in (None, [])]
     if given:
         raise UsageError(f"{', '.join(given)} need --metrics")
+    if inject:
+        raise UsageError("--inject needs --metrics (logits:noise) or --layers/--dump (scale, eps, rope)")
     cfg = exp.ModelConfig(model=model, steps=steps, prompt=prompt, dtypes=dtypes, device=device, seed=seed)
     with report.progress("compare model", enabled=not json_out) as advance:
         result = exp.run(cfg, advance)
@@ -327,19 +352,35 @@ def compare_logits(
 
 @compare_app.command("tensors")
 def compare_tensors(
-    a: Annotated[str, typer.Argument(help="Your dump: .npy, .npz, .pt (a tensor or dict of tensors) or .safetensors.")],
-    b: Annotated[str, typer.Argument(help="The reference dump, same formats.")],
-    only: Annotated[Optional[str], typer.Option("--only", help="Compare this tensor name only.")] = None,
+    files: Annotated[list[str], typer.Argument(help="A B (two dumps), or REF_FP32 REF_LOW YOURS (three-way). Each: "
+                                               ".npy, .npz, .pt (nested containers flattened; weights_only) or "
+                                               ".safetensors.", show_default=False)],
+    maps: Annotated[Optional[list[str]], typer.Option("--map", help="Rename one side's tensors: 'REGEX=REPLACEMENT' "
+                                                      "(re.sub; repeatable; applied to the side where it makes more "
+                                                      "names match, YOURS/B on a tie).")] = None,
+    only: Annotated[Optional[list[str]], typer.Option("--only", help="Compare only names matching this glob "
+                                                      "(repeatable).")] = None,
+    a_dtype: Annotated[Optional[str], typer.Option("--a-dtype", help="The first file's values were this format "
+                                                   "before dumping (bf16, fp16, ...): its tolerances apply.")] = None,
+    b_dtype: Annotated[Optional[str], typer.Option("--b-dtype", help="The same for the second file.")] = None,
+    c_dtype: Annotated[Optional[str], typer.Option("--c-dtype", help="The same for the third file (YOURS).")] = None,
+    sort: Annotated[str, typer.Option("--sort", help="order (execution order, else natural) | error.")] = "order",
+    fail_fast: Annotated[bool, typer.Option("--fail-fast", help="Stop at the first failing (flagged) tensor.")] = False,
+    equal_nan: Annotated[bool, typer.Option("--equal-nan", help="NaN agrees with NaN at the same place.")] = False,
     atol: AtolOpt = None,
     rtol: RtolOpt = None,
     json_out: JsonOpt = False,
 ):
-    """Compare two tensor dumps name by name. Exit 0 when all pass, 1 when any fails."""
-    from precisionlab import report
-    from precisionlab.experiments import compare as exp
+    """Compare tensor dumps name by name; with three files, tell your engine's error from what the precision costs.
 
-    result = exp.compare_tensors(exp.CompareTensorsConfig(a=a, b=b, only=only, atol=atol, rtol=rtol))
-    (report.compare_tensors_json if json_out else report.compare_tensors_table)(result)
+    Exit 0 when all pass, 1 when any fails, is flagged or is in one file only."""
+    from precisionlab import report_tensors as rep
+    from precisionlab.experiments import tensors as exp
+
+    cfg = exp.CompareTensorsConfig(files=files, maps=maps or [], only=only or [], dtypes=[a_dtype, b_dtype, c_dtype],
+                                   atol=atol, rtol=rtol, equal_nan=equal_nan, sort=sort, fail_fast=fail_fast)
+    result = exp.compare(cfg, progress_factory=lambda total: rep.bar("compare tensors", total, not json_out))
+    (rep.compare_tensors_json if json_out else rep.compare_tensors_table)(result)
     if result.any_failed:
         raise typer.Exit(1)
 

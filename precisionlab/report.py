@@ -677,31 +677,6 @@ def compare_op_json(res) -> None:
                              "advice": res.advice, "takeaways": res.takeaways})
 
 
-def compare_tensors_table(res) -> None:
-    t = Table(title=f"compare tensors {res.params['a']} vs {res.params['b']}", title_justify="left")
-    for col in ("name", "status", "shape", "dtype"):
-        t.add_column(col, overflow="fold")
-    for col in ("max abs", "rel L2", "max ulps", "worst at", "outside tol", "non-finite A/B"):
-        t.add_column(col, justify="right", overflow="fold")
-    for r in res.rows:
-        status = f"[green]{r['status']}[/green]" if r["passed"] else f"[red]{escape(r['status'])}[/red]"
-        shape = "x".join(map(str, r["shape_a"])) if r["shape_a"] == r["shape_b"] else \
-            f"{r['shape_a']} vs {r['shape_b']}"
-        dtype = r["dtype_a"] if r["dtype_a"] == r["dtype_b"] else f"{r['dtype_a']} / {r['dtype_b']}"
-        if "max_abs" in r:
-            t.add_row(r["name"], status, escape(str(shape)), str(dtype), sci(r["max_abs"]), sci(r["rel_l2"]),
-                      _ulps(r["max_ulps"]), escape(str(r["worst_index"])), f"{r['n_outside']}/{r['n']}",
-                      f"{r['nonfinite_actual']}/{r['nonfinite_reference']}")
-        else:
-            t.add_row(r["name"], status, escape(str(shape)), str(dtype), "", "", "", "", "", "")
-    stdout.print(t)
-    _footer(None, res.takeaways)
-
-
-def compare_tensors_json(res) -> None:
-    emit_json("compare tensors", {"params": res.params, "rows": res.rows, "takeaways": res.takeaways})
-
-
 # ---------------------------------------------------------------------------
 # nondeterminism
 

@@ -1,5 +1,5 @@
-"""compare op: the three-comparison discipline, and compare tensors: two dumps,
-tensor by tensor.
+"""compare op: the three-comparison discipline (compare tensors lives in
+experiments/tensors.py and reuses RATIO_THRESHOLD from here).
 
 For an op and a low-precision dtype L:
   (1) yours fp32 vs trusted fp32   is your implementation right?
@@ -20,7 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
-from precisionlab import devices, formats, metrics
+from precisionlab import devices, formats, inputs, metrics
 from precisionlab.errors import RunError, UsageError
 from precisionlab.experiments import op_harness
 
@@ -323,16 +323,20 @@ def inputs_from_file(op: str, path: str, base: tuple, device: str, seed: int = 0
     """The op's inputs from a tensor file: tensors named after the arguments
     (ARG_NAMES), or one tensor standing for the first; the rest are generated
     to fit its shape, as for random inputs."""
+    from precisionlab import tensorfiles
+
     torch = _torch()
-    tensors = load_tensors(path)
+    tf = tensorfiles.open_tensor_file(path)
     names = ARG_NAMES[op]
-    if len(tensors) == 1:
-        pick = {names[0]: next(iter(tensors.values()))[0]}
+    need = sum(tf.nbytes(n) for n in tf.names if len(tf.names) == 1 or n in names)
+    inputs.check_memory(8 * need, f"--from {path}")  # read as float64
+    if len(tf.names) == 1:
+        pick = {names[0]: tf.get(tf.names[0]).astype(np.float64)}
     else:
-        pick = {n: tensors[n][0] for n in names if n in tensors}
+        pick = {n: tf.get(n).astype(np.float64) for n in names if n in tf.names}
         if names[0] not in pick:
             raise UsageError(f"--from {path}: name the tensors {', '.join(names)} (or give one tensor); "
-                             f"found {', '.join(sorted(tensors)[:8])}")
+                             f"found {', '.join(tf.names[:8])}")
     first = pick[names[0]]
     want = SHAPE_FORMS.get(op, "ROWSxCOLS").count("x") + (0 if op == "matmul" else 1)
     if first.ndim != want or first.size == 0:
@@ -509,116 +513,3 @@ def _takeaways(rows, impl) -> list[str]:
     if not flagged:
         return [f"{who}: every comparison within {RATIO_THRESHOLD:g}x of what the precision itself costs."]
     return [f"{who}: {r['device']} {r['dtype']}: {r['verdict']}" for r in flagged if r["comparison"] in (1, 3)]
-
-
-# ---------------------------------------------------------------------------
-# compare tensors
-
-LOADABLE = (".npy", ".npz", ".pt", ".pth", ".safetensors")
-
-
-def load_tensors(path: str) -> dict[str, tuple[np.ndarray, str]]:
-    """name -> (float64 values, dtype name). A single-tensor file holds one
-    tensor named 'tensor'."""
-    p = Path(path)
-    if not p.exists():
-        raise UsageError(f"no such file: {path}")
-    if p.is_dir():
-        raise UsageError(f"{path} is a directory, not a tensor file")
-    ext = p.suffix.lower()
-    if ext not in LOADABLE:
-        raise UsageError(f"{path}: unsupported extension {ext!r} (use {', '.join(LOADABLE)})")
-    try:
-        if ext == ".npy":
-            return {"tensor": _from_np(np.load(p, allow_pickle=False))}
-        if ext == ".npz":
-            with np.load(p, allow_pickle=False) as z:
-                return {k: _from_np(z[k]) for k in z.files}
-        if ext == ".safetensors":
-            from safetensors.torch import load_file
-
-            return {k: _from_torch(v) for k, v in load_file(str(p)).items()}
-        return _load_pt(p)
-    except UsageError:
-        raise
-    except Exception as e:
-        raise UsageError(f"cannot read {path}: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}") from None
-
-
-def _load_pt(p: Path) -> dict:
-    import warnings
-
-    torch = _torch()
-    try:
-        with warnings.catch_warnings():  # torch warns about odd pickles before refusing them
-            warnings.simplefilter("ignore")
-            obj = torch.load(p, map_location="cpu", weights_only=True)  # never unpickle arbitrary objects
-    except Exception as e:
-        msg = str(e).splitlines()[0] if str(e) else type(e).__name__
-        raise UsageError(f"{p}: refused or unreadable .pt (weights_only=True): {msg}") from None
-    if isinstance(obj, torch.Tensor):
-        return {"tensor": _from_torch(obj)}
-    if isinstance(obj, dict) and all(isinstance(v, torch.Tensor) for v in obj.values()):
-        return {str(k): _from_torch(v) for k, v in obj.items()}
-    raise UsageError(f"{p}: holds a {type(obj).__name__}, not a tensor or a dict of tensors")
-
-
-def _from_np(a: np.ndarray) -> tuple[np.ndarray, str]:
-    if a.dtype.kind not in "biuf" and a.dtype.name not in ("bfloat16", "float8_e4m3fn", "float8_e5m2"):
-        raise UsageError(f"non-numeric array of dtype {a.dtype}")
-    return a.astype(np.float64), a.dtype.name
-
-
-def _from_torch(t) -> tuple[np.ndarray, str]:
-    if t.is_complex():
-        raise UsageError(f"complex tensors are not compared (dtype {t.dtype})")
-    return t.detach().to(_torch().float64).cpu().numpy(), str(t.dtype).removeprefix("torch.")
-
-
-_DTYPE_TO_FORMAT = {"float64": "fp64", "float32": "fp32", "float16": "fp16", "bfloat16": "bf16",
-                    "float8_e4m3fn": "fp8_e4m3", "float8_e5m2": "fp8_e5m2"}
-
-
-@dataclass
-class CompareTensorsConfig:
-    a: str
-    b: str
-    only: str | None = None
-    atol: float | None = None
-    rtol: float | None = None
-
-
-def compare_tensors(cfg: CompareTensorsConfig) -> CompareResult:
-    ta, tb = load_tensors(cfg.a), load_tensors(cfg.b)
-    names = list(dict.fromkeys([*ta, *tb]))
-    if cfg.only is not None:
-        if cfg.only not in names:
-            raise UsageError(f"--only {cfg.only!r}: no such tensor in either file")
-        names = [cfg.only]
-    rows = []
-    for name in names:
-        row = {"name": name, "status": "", "shape_a": None, "shape_b": None, "dtype_a": None, "dtype_b": None,
-               "passed": False}
-        if name not in ta or name not in tb:
-            row["status"] = f"missing in {'A' if name not in ta else 'B'}"
-            rows.append(row)
-            continue
-        (a, da), (b, db) = ta[name], tb[name]
-        row.update(shape_a=list(a.shape), shape_b=list(b.shape), dtype_a=da, dtype_b=db)
-        if a.shape != b.shape:
-            row["status"] = "shape mismatch"
-            rows.append(row)
-            continue
-        fmt_name = _DTYPE_TO_FORMAT.get(da)
-        fmt = formats.get(fmt_name) if fmt_name else None
-        rtol, atol = metrics.default_tolerances(fmt) if fmt else (0.0, 0.0)
-        rtol = cfg.rtol if cfg.rtol is not None else rtol
-        atol = cfg.atol if cfg.atol is not None else atol
-        rep = metrics.error_report(a, b, fmt, atol, rtol)
-        row.update(rep.as_dict())
-        row["status"] = ("ok" if rep.passed else "fail") + ("" if da == db else f" (dtype {da} vs {db})")
-        rows.append(row)
-    failed = any(not r["passed"] for r in rows)
-    n_ok = sum(r["passed"] for r in rows)
-    return CompareResult(params={"a": cfg.a, "b": cfg.b, "only": cfg.only, "atol": cfg.atol, "rtol": cfg.rtol},
-                         rows=rows, takeaways=[f"{n_ok} of {len(rows)} tensors within tolerance."], any_failed=failed)

@@ -1,0 +1,376 @@
+"""compare model --layers: where in the model a low-precision run leaves fp32,
+module by module, and whether a module adds more than rounding.
+
+Every dtype reads the same tokens (the prompt and fp32's greedy continuation,
+teacher-forced). For each watched module (models/hooks.py), in execution order:
+
+  accumulated  the low run's output vs the fp32 run's output: what a dump
+               comparison sees, every upstream error included;
+  local        the module as the low run has it ("yours", --inject applied),
+               fed the fp32 run's input rounded to the low dtype, vs the fp32
+               output: what the module itself adds;
+  (2)          yardstick: the same module, clean ("trusted"), in the same
+               dtype on the same input, vs the fp32 output: what rounding
+               alone costs there. For the RoPE phases the trusted low value
+               is fp32's phases rounded once (how HF and engines build them);
+  (3)          yours vs trusted, both low, same input.
+
+compare op's rule decides: (3) above RATIO_THRESHOLD x (2) is flagged, and the
+first flagged module in execution order is the first divergence. The classic
+pitfalls are named by module beside it: RoPE phases not built in fp32, a final
+norm + LM head in the low dtype costing most of the logit error, fp16 values
+past 65504.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import math
+import os
+import tempfile
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from precisionlab import inject as inject_mod
+from precisionlab.errors import UsageError
+from precisionlab.experiments.compare import RATIO_THRESHOLD
+from precisionlab.experiments.tensors import _ratio, rel_l2
+from precisionlab.tensorfiles import ORDER_KEY, TOKENS_KEY
+
+FP16_MAX = 65504.0
+INJECT_KEYS = {"scale", "eps", "rope"}
+# A final norm + LM head in the low dtype is called out when running them in
+# fp32 (on the low run's own input) would cut the logits' rel-L2 by this much.
+HEAD_SHARE = 2.0
+SMALL_MODEL = 20_000_000  # parameters; see _threads_for
+
+
+@dataclass
+class LayersConfig:
+    model: str | None = None
+    steps: int = 50
+    prompt: str = "ROMEO:\n"
+    dtypes: str = "bf16,fp16"
+    device: str = "cpu"
+    seed: int = 0
+    inject: list[str] = field(default_factory=list)
+    dump: str | None = None
+
+
+@dataclass
+class LayersResult:
+    params: dict
+    rows: list[dict]
+    first_divergence: str | None
+    first_divergence_by_dtype: dict
+    pitfalls: list[dict]
+    model_info: dict
+    takeaways: list[str]
+    timing: dict
+    dumped: list[str]
+
+
+def check_dump_dir(path: str) -> Path:
+    """--dump DIR: an existing directory, or a new one in an existing parent; checked before the run."""
+    if not path:
+        raise UsageError("--dump needs a directory")
+    p = Path(path)
+    if p.exists() and not p.is_dir():
+        raise UsageError(f"--dump {path}: exists and is not a directory")
+    if not p.exists() and not p.parent.is_dir():
+        raise UsageError(f"--dump {path}: its parent folder does not exist")
+    if not os.access(p if p.exists() else p.parent, os.W_OK):
+        raise UsageError(f"--dump {path}: not writable")
+    return p
+
+
+def run(cfg: LayersConfig, advance=lambda k=1: None) -> LayersResult:
+    from precisionlab.experiments import model as mexp
+
+    if cfg.steps <= 0:
+        raise UsageError(f"--steps must be > 0 (got {cfg.steps})")
+    if not cfg.prompt:
+        raise UsageError("--prompt is empty: greedy decoding needs at least one token to start from")
+    lows = [d.strip() for d in cfg.dtypes.split(",") if d.strip()]
+    if not lows or any(d not in mexp.LOW_DTYPES for d in lows):
+        raise UsageError(f"--dtypes must be a comma list of {', '.join(mexp.LOW_DTYPES)} (got {cfg.dtypes!r})")
+    injections = inject_mod.parse_all(cfg.inject, INJECT_KEYS)
+    dump_dir = check_dump_dir(cfg.dump) if cfg.dump is not None else None
+    device = mexp._device(cfg.device)
+    import torch
+
+    from precisionlab.models import hooks
+
+    torch.manual_seed(cfg.seed)
+    t0 = time.perf_counter()
+    runner = mexp.HFRunner(cfg.model, device) if cfg.model else mexp.EmbeddedRunner(device)
+    prompt = runner.encode(cfg.prompt)
+    if not prompt:
+        raise UsageError("--prompt encodes to no tokens")
+    if len(prompt) + cfg.steps > runner.max_len:
+        raise UsageError(f"prompt ({len(prompt)} tokens) + --steps {cfg.steps} exceeds the model's "
+                         f"{runner.max_len} positions")
+    site_list = hooks.sites(runner.base)
+    pseudo = [s.name for s in site_list if s.pseudo]
+    targets = [hooks.resolve(runner.base, inj.target, pseudo) for inj in injections]
+    by_name = {s.name: s for s in site_list}
+    for t in targets:  # an injected module that is not watched becomes a site of its own
+        if t not in by_name:
+            by_name[t] = hooks.Site(t, "module")
+            site_list.append(by_name[t])
+    t_load = time.perf_counter() - t0
+
+    from precisionlab.experiments.tf32 import restored_flags
+
+    t1 = time.perf_counter()
+    rows, pitfalls, dumped, first_by = [], [], [], {}
+    with restored_flags(), torch.no_grad(), _threads_for(runner.base):
+        torch.backends.cuda.matmul.allow_tf32 = False  # fp32 means IEEE fp32 here
+        torch.backends.cudnn.allow_tf32 = False
+        ref = runner.base
+        ref_tokens, _ = runner.greedy(ref, prompt, cfg.steps)
+        ids = (prompt + ref_tokens)[:-1]
+        x = torch.tensor([ids], device=device)
+        ref_cap = _captured_run(runner, ref, site_list, x)
+        order = ref_cap.order
+        if dump_dir is not None:
+            dumped.append(_dump(dump_dir, "fp32", ref_cap, order, ids, runner, []))
+        advance()
+        for low in lows:
+            tdt = mexp._tdtype(low)
+            trusted = _low_copy(runner, tdt)
+            yours = _low_copy(runner, tdt)
+            for inj, target in zip(injections, targets):
+                hooks.apply(yours, inj, target, by_name)
+            cap = _captured_run(runner, yours, site_list, x)
+            if dump_dir is not None:
+                dumped.append(_dump(dump_dir, low, cap, order, ids, runner, injections))
+            touched = _touched(targets, order)
+            dtype_rows = []
+            for i, name in enumerate(order):
+                site = by_name[name]
+                row = _site_row(runner, site, i, low, tdt, ref_cap, cap, trusted, yours, name in touched)
+                dtype_rows.append(row)
+            rows += dtype_rows
+            first_by[low] = next((r["module"] for r in dtype_rows if r["flagged"]), None)
+            pitfalls += _pitfalls(low, dtype_rows, runner, ref_cap, cap, ref)
+            del trusted, yours, cap
+            advance()
+    t_run = time.perf_counter() - t1
+    first = None
+    flagged = [r for r in rows if r["flagged"]]
+    if flagged:
+        first = min(flagged, key=lambda r: r["order"])["module"]
+    info = runner.info()
+    return LayersResult(
+        params={"model": cfg.model or "embedded", "steps": cfg.steps, "prompt": cfg.prompt, "dtypes": lows,
+                "device": device, "seed": cfg.seed, "tokens": len(ids), "inject": [str(i) for i in injections],
+                "inject_targets": targets, "ratio_threshold": RATIO_THRESHOLD, "dump": cfg.dump},
+        rows=rows, first_divergence=first, first_divergence_by_dtype=first_by, pitfalls=pitfalls,
+        model_info=info, takeaways=_takeaways(first, first_by, pitfalls, injections, targets),
+        timing={"load_s": t_load, "run_s": t_run}, dumped=dumped)
+
+
+@contextmanager
+def _threads_for(model):
+    """One intra-op thread for a small model: its ops touch a few thousand
+    elements, and thread hand-offs cost more than they save (measured on the
+    embedded model, 2 busy cores: 1.3 s with one thread, 14 s with two)."""
+    import torch
+
+    before = torch.get_num_threads()
+    if sum(p.numel() for p in model.parameters()) < SMALL_MODEL:
+        torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
+def _low_copy(runner, tdt):
+    from precisionlab.models import hooks
+
+    m = copy.deepcopy(runner.base).to(tdt)
+    if not hooks._is_charlm(m):
+        hooks.keep_rope_fp32(m, runner.base)
+    return m
+
+
+class _Run:
+    def __init__(self, order, outputs, records, t):
+        self.order, self.outputs, self.records, self.t = order, outputs, records, t
+
+
+def _captured_run(runner, model, site_list, x) -> _Run:
+    from precisionlab.models import hooks
+
+    cap = hooks.Capture(model, site_list)
+    try:
+        if hooks._is_charlm(model):
+            model(x)
+        else:  # no KV cache: a module re-run for its local error must not append to one
+            model(input_ids=x, use_cache=False)
+    finally:
+        cap.close()
+    outputs = {n: rec[2] for n, rec in cap.records.items()}
+    order = list(cap.order)
+    if hooks._is_charlm(model):  # the rope tables are sliced before the embedding runs
+        outputs["rope"] = hooks.charlm_rope(model, x.shape[1], model.dtype)
+        order.insert(0, "rope")
+    return _Run(order, outputs, cap.records, x.shape[1])
+
+
+def _touched(targets, order) -> set:
+    """Sites whose module is an injected one or holds one: there yours and trusted differ."""
+    out = set()
+    for name in order:
+        for t in targets:
+            if t == name or t.startswith(name + "."):
+                out.add(name)
+    return out
+
+
+def _np(t):
+    return t.detach().double().cpu().numpy()
+
+
+def _local(runner, site, model, ref_cap, low_cap, tdt):
+    """The site's module in `model` (low dtype) on the fp32 run's input rounded
+    to the low dtype; the other arguments (masks, RoPE phases) as the low run had them."""
+    import torch
+
+    from precisionlab.models import hooks
+
+    if site.name == "rope" and site.pseudo:
+        return hooks.charlm_rope(model, ref_cap.t, tdt)
+    if site.name == "lm_head" and site.pseudo:  # tied head on the final norm's fp32 output
+        return ref_cap.outputs["norm"].to(tdt) @ model.embed.weight.T
+    args32, kwargs32, _ = ref_cap.records[site.name]
+    args_l, kwargs_l, _ = low_cap.records[site.name]
+    args, kwargs = list(args_l), dict(kwargs_l)
+    if args32 and isinstance(args32[0], torch.Tensor):
+        if args32[0].is_floating_point():
+            args[0] = args32[0].to(tdt)
+    elif "hidden_states" in kwargs32:
+        kwargs["hidden_states"] = kwargs32["hidden_states"].to(tdt)
+    out = model.get_submodule(site.name)(*args, **kwargs)
+    return hooks.output_tensor(out, site.kind)
+
+
+def _site_row(runner, site, i, low, tdt, ref_cap, cap, trusted, yours, touched) -> dict:
+    from precisionlab.models import hooks
+
+    out32, out_low = ref_cap.outputs[site.name], cap.outputs[site.name]
+    y_local = _local(runner, site, yours, ref_cap, cap, tdt)
+    if site.kind == "rope":
+        t_local = out32.to(tdt)  # phases built in fp32, rounded once
+    else:
+        t_local = _local(runner, site, trusted, ref_cap, cap, tdt) if touched else y_local
+    r32, rl, ry, rt = _np(out32), _np(out_low), _np(y_local), _np(t_local)
+    yard, diff = rel_l2(rt, r32), rel_l2(ry, rt)
+    ratio = _ratio(diff, yard)
+    flagged = ratio > RATIO_THRESHOLD
+    return {"dtype": low, "order": i, "module": site.name, "kind": site.kind, "shape": list(out32.shape),
+            "accumulated": rel_l2(rl, r32), "local": rel_l2(ry, r32), "yardstick": yard, "yours_vs_trusted": diff,
+            "ratio": ratio, "flagged": flagged, "injected": touched,
+            "max_abs_fp32": hooks.max_abs(out32), "nonfinite_low": int((~np.isfinite(rl)).sum()),
+            "worst_position": _worst_position(ry, rt) if flagged else None}
+
+
+def _worst_position(a, b):
+    """The token position (second-to-last axis) of the largest |a - b|."""
+    d = np.abs(a - b)
+    d[~np.isfinite(d)] = np.inf
+    idx = np.unravel_index(int(np.argmax(d)), d.shape)
+    return int(idx[-2]) if len(idx) >= 2 else int(idx[0])
+
+
+def _pitfalls(low, rows, runner, ref_cap, cap, ref) -> list[dict]:
+    import torch
+
+    out = []
+    for r in rows:
+        if r["kind"] == "rope" and r["flagged"]:
+            out.append({"dtype": low, "module": r["module"], "pitfall": "rope_phases_low_precision",
+                        "detail": f"RoPE phases not built in fp32: {r['ratio']:.3g}x the rounding of fp32's phases, "
+                                  f"worst at position {r['worst_position']}"})
+    if low == "fp16":
+        for r in rows:
+            if r["nonfinite_low"] or (math.isfinite(r["max_abs_fp32"]) and r["max_abs_fp32"] > FP16_MAX):
+                out.append({"dtype": low, "module": r["module"], "pitfall": "fp16_overflow",
+                            "detail": f"fp32 reaches |x| = {r['max_abs_fp32']:.6g} here (fp16 max {FP16_MAX:g}); "
+                                      f"{r['nonfinite_low']} non-finite values in the fp16 run"})
+                break
+    # Final norm + LM head in fp32 on the low run's own input: what keeping them in fp32 would leave.
+    norm_name = next((r["module"] for r in rows if r["kind"] == "final_norm"), None)
+    head = next((r for r in rows if r["kind"] == "lm_head"), None)
+    if norm_name and head and norm_name in cap.records:
+        x_low = _first_input(cap.records[norm_name])
+        if x_low is not None:
+            with torch.no_grad():
+                h = ref.get_submodule(norm_name)(x_low.float())
+                logits = h @ ref.embed.weight.T if head["module"] == "lm_head" and not hasattr(ref, "lm_head") \
+                    else ref.get_submodule(head["module"])(h)
+            kept = rel_l2(_np(logits), _np(ref_cap.outputs[head["module"]]))
+            head["logits_rel_l2_head_in_fp32"] = kept
+            if head["accumulated"] > HEAD_SHARE * kept:
+                out.append({"dtype": low, "module": f"{norm_name} + {head['module']}", "pitfall": "head_low_precision",
+                            "detail": f"the final norm and LM head in {low} leave logits at rel-L2 "
+                                      f"{head['accumulated']:.3g}; in fp32 on the same input {kept:.3g}"})
+    return out
+
+
+def _first_input(rec):
+    import torch
+
+    args, kwargs, _ = rec
+    if args and isinstance(args[0], torch.Tensor):
+        return args[0]
+    return kwargs.get("hidden_states")
+
+
+def _dump(dir_: Path, label: str, cap: _Run, order, ids, runner, injections) -> str:
+    """DIR/<dtype>.safetensors: each module's output in its run's dtype, the
+    execution order and the token ids in the metadata; written atomically."""
+    from safetensors.torch import save_file
+
+    dir_.mkdir(exist_ok=True)
+    tensors = {n: cap.outputs[n].detach().contiguous().clone().cpu() for n in order}
+    meta = {ORDER_KEY: json.dumps(order), TOKENS_KEY: json.dumps(ids), "precisionlab.model": str(runner.name),
+            "precisionlab.dtype": label, "precisionlab.inject": json.dumps([str(i) for i in injections])}
+    final = dir_ / f"{label}.safetensors"
+    fd, tmp = tempfile.mkstemp(prefix=f".{label}.", suffix=".tmp", dir=dir_)
+    os.close(fd)
+    try:
+        save_file(tensors, tmp, metadata=meta)
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)  # mkstemp's 0600 is for the temporary name only
+        os.replace(tmp, final)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+    return str(final)
+
+
+def _takeaways(first, first_by, pitfalls, injections, targets) -> list[str]:
+    out = []
+    if first is None:
+        out.append(f"no module adds more than {RATIO_THRESHOLD:g}x what rounding alone costs there: "
+                   "the differences from fp32 are the precision's.")
+    else:
+        for d, m in first_by.items():
+            if m:
+                out.append(f"{d}: first divergence at {m}: beyond {RATIO_THRESHOLD:g}x what the same module costs "
+                           f"in {d} when computed cleanly.")
+    for p in pitfalls:
+        out.append(f"{p['dtype']} pitfall at {p['module']}: {p['detail']}.")
+    if injections:
+        out.append("injected: " + "; ".join(f"{i} (as {t})" for i, t in zip(injections, targets)))
+    return out

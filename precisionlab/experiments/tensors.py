@@ -1,0 +1,386 @@
+"""compare tensors: two dumps name by name, or three (REF_FP32 REF_LOW YOURS)
+with the three-comparison verdict, so rounding is told from a bug.
+
+Two files A B: each tensor passes when every element satisfies
+    |a - b| <= atol + rtol * max(|a|, |b|)          (math.isclose's symmetric rule)
+with torch.testing's default tolerances for the LOWER-precision side, whichever
+argument it is, so swapping A and B never changes a verdict. Identical
+infinities agree (as in torch.testing.assert_close); NaN never agrees unless
+--equal-nan. rel-L2 is measured against the higher-precision side (B on a tie).
+
+Three files: per tensor, (2) REF_LOW vs REF_FP32 is what the low precision
+costs there (the yardstick) and (3) YOURS vs REF_LOW is what your engine adds;
+(3) above compare op's RATIO_THRESHOLD times (2) is flagged, and the first
+flagged tensor in execution order is the first divergence.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import math
+import re
+from contextlib import nullcontext
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from precisionlab import formats, inputs
+from precisionlab.errors import UsageError
+from precisionlab.experiments.compare import RATIO_THRESHOLD, CompareResult
+from precisionlab.tensorfiles import DTYPE_TO_FORMAT, TensorFile, natural_key, open_tensor_file
+
+# torch.testing.assert_close's defaults (rtol, atol), kept here so comparing
+# .npz or .safetensors files never imports torch; tests check them against
+# torch's own table. torch has no fp8 entry: there the format's epsilon.
+ASSERT_CLOSE_DEFAULTS = {"fp64": (1e-7, 1e-7), "fp32": (1.3e-6, 1e-5), "fp16": (1e-3, 1e-5), "bf16": (1.6e-2, 1e-5)}
+LOW_DTYPES = ("fp32", "fp16", "bf16", "fp8_e4m3", "fp8_e5m2")
+SORTS = ("order", "error")
+
+
+@dataclass
+class CompareTensorsConfig:
+    files: list[str]
+    maps: list[str] = field(default_factory=list)
+    only: list[str] = field(default_factory=list)
+    dtypes: list[str | None] = field(default_factory=list)   # per file: the values' format before dumping
+    atol: float | None = None
+    rtol: float | None = None
+    equal_nan: bool = False
+    sort: str = "order"
+    fail_fast: bool = False
+
+
+def labels(n: int) -> list[str]:
+    return ["A", "B"] if n == 2 else ["REF_FP32", "REF_LOW", "YOURS"]
+
+
+# --- options -------------------------------------------------------------------------
+
+
+def check_tolerance(name: str, v: float | None) -> None:
+    if v is not None and not (math.isfinite(v) and v >= 0):
+        raise UsageError(f"{name} must be a finite number >= 0 (got {v})")
+
+
+def parse_maps(specs: list[str]) -> list[tuple[re.Pattern, str]]:
+    out = []
+    for spec in specs:
+        pat, eq, rep = spec.partition("=")
+        if not eq or not pat:
+            raise UsageError(f"--map needs 'REGEX=REPLACEMENT', got {spec!r}")
+        try:
+            rx = re.compile(pat)
+            rx.sub(rep, "")  # a bad group reference in the replacement fails here, not mid-run
+        except re.error as e:
+            raise UsageError(f"--map {spec!r}: {e}") from None
+        out.append((rx, rep))
+    return out
+
+
+def rename(names: list[str], rules, where: str) -> dict[str, str]:
+    """new name -> stored name, each rule applied in turn."""
+    out: dict[str, str] = {}
+    for n in names:
+        new = n
+        for rx, rep in rules:
+            new = rx.sub(rep, new)
+        if new in out:
+            raise UsageError(f"--map makes two tensors of {where} one name: {out[new]!r} and {n!r} -> {new!r}")
+        out[new] = n
+    return out
+
+
+def _apply_maps(files: list[TensorFile], rules) -> tuple[list[dict[str, str]], str | None]:
+    """Each file's names after --map. The rules rename one side: the one on which
+    they make more names match (the last file, YOURS or B, on a tie); in three-way
+    mode the two references are one side."""
+    ident = [{n: n for n in f.names} for f in files]
+    if not rules:
+        return ident, None
+    sides = [[0], [1]] if len(files) == 2 else [[0, 1], [2]]
+    best, best_side = None, None
+    error = None
+    for side in reversed(sides):
+        try:
+            maps = [rename(f.names, rules, f.path) if i in side else ident[i] for i, f in enumerate(files)]
+        except UsageError as e:  # the rules merge names on this side: it is not the side they were meant for
+            error = error or e
+            continue
+        common = len(set.intersection(*(set(m) for m in maps)))
+        if best is None or common > best[0]:
+            best, best_side = (common, maps), side
+    if best is None:
+        raise error
+    side_label = ", ".join(labels(len(files))[i] for i in best_side)
+    return best[1], side_label
+
+
+def _ordered(files: list[TensorFile], maps: list[dict[str, str]]) -> list[str]:
+    """The first file that records an execution order gives it (dumps of this tool,
+    .pt and .npz order); names it lacks follow in natural order."""
+    union = list(dict.fromkeys(n for m in maps for n in m))
+    for f, m in zip(files, maps):
+        if f.order_recorded:
+            back = {stored: new for new, stored in m.items()}
+            first = [back[n] for n in f.names if n in back]
+            seen = set(first)
+            return first + sorted((n for n in union if n not in seen), key=natural_key)
+    return sorted(union, key=natural_key)
+
+
+# --- statistics -------------------------------------------------------------------------
+
+
+def tolerances(fmt_name: str | None, cfg) -> tuple[float, float]:
+    if fmt_name is None:  # integers: exact
+        rtol, atol = 0.0, 0.0
+    elif fmt_name in ASSERT_CLOSE_DEFAULTS:
+        rtol, atol = ASSERT_CLOSE_DEFAULTS[fmt_name]
+    else:
+        rtol, atol = formats.get(fmt_name).eps, 1e-5
+    return (cfg.rtol if cfg.rtol is not None else rtol), (cfg.atol if cfg.atol is not None else atol)
+
+
+def _precision(fmt_name: str | None) -> float:
+    return math.inf if fmt_name is None else formats.get(fmt_name).precision
+
+
+def rel_l2(x: np.ndarray, ref: np.ndarray, equal_nan: bool = False) -> float:
+    """||x - ref|| / ||ref|| over float64 values. Equal elements (the same
+    infinity included) add nothing; any other non-finite pair makes it inf; an
+    all-zero reference gives inf for any difference (0 when equal)."""
+    fx, fr = np.isfinite(x), np.isfinite(ref)
+    if not (fx.all() and fr.all()):
+        same = x == ref
+        if equal_nan:
+            same |= np.isnan(x) & np.isnan(ref)
+        if np.any(~(fx & fr) & ~same):
+            return math.inf
+        both = fx & fr
+        x, ref = x[both], ref[both]
+    num = float(np.linalg.norm(x - ref))
+    den = float(np.linalg.norm(ref))
+    if den == 0.0:
+        return 0.0 if num == 0.0 else math.inf
+    return num / den
+
+
+def pair_stats(a: np.ndarray, b: np.ndarray, fmt_a: str | None, fmt_b: str | None, cfg) -> dict:
+    """Everything one row shows for A against B (float64 arrays, same shape)."""
+    low = fmt_a if _precision(fmt_a) <= _precision(fmt_b) else fmt_b
+    ref_is_a = _precision(fmt_a) > _precision(fmt_b)
+    rtol, atol = tolerances(low, cfg)
+    ref = a if ref_is_a else b
+    fa, fb = np.isfinite(a), np.isfinite(b)
+    all_finite = bool(fa.all() and fb.all())
+    n = a.size
+    if all_finite:
+        both, bad = None, None
+        d = np.subtract(a, b)
+        np.abs(d, out=d)
+        av, bv, dv, rv = a.ravel(), b.ravel(), d.ravel(), ref.ravel()
+    else:
+        both = fa & fb
+        same = (a == b) & ~both
+        if cfg.equal_nan:
+            same |= np.isnan(a) & np.isnan(b)
+        bad = ~both & ~same
+        av, bv, rv = a[both], b[both], ref[both]
+        dv = np.subtract(av, bv)
+        np.abs(dv, out=dv)
+    # in place, one temporary: these arrays hold millions of elements
+    tol = np.abs(av)
+    np.maximum(tol, np.abs(bv), out=tol)
+    tol *= rtol
+    tol += atol
+    n_out = int(np.count_nonzero(dv > tol)) + (0 if bad is None else int(np.count_nonzero(bad)))
+    del tol
+    if dv.size:
+        k = int(np.argmax(dv))
+        max_abs = float(dv[k])
+        flat = k if both is None else int(np.flatnonzero(both.ravel())[k])
+        num, den = float(np.linalg.norm(dv)), float(np.linalg.norm(rv))
+        na, nb = float(np.linalg.norm(av)), float(np.linalg.norm(bv))
+        cosine = float(np.dot(av, bv)) / (na * nb) if na > 0 and nb > 0 else None  # undefined for a zero vector
+        ulps = max_ulps(dv, rv, formats.get(low)) if low is not None else None
+        p50, p99 = (float(x) for x in np.percentile(dv, [50, 99], overwrite_input=True))  # dv's last use: reordered
+    else:
+        k = flat = None
+        max_abs = p50 = p99 = num = den = 0.0
+        cosine, ulps = None, None if low is None else 0.0
+    n_bad = 0 if bad is None else int(np.count_nonzero(bad))
+    if n_bad:
+        flat = int(np.flatnonzero(bad.ravel())[0])  # a non-finite mismatch is the worst there is
+        rel = math.inf
+    elif den == 0.0:
+        rel = 0.0 if num == 0.0 else math.inf     # against an all-zero reference: inf, never a huge number
+    else:
+        rel = num / den
+    worst = None if flat is None else tuple(int(i) for i in np.unravel_index(flat, a.shape))
+    return {
+        "n": n, "n_outside": n_out, "passed": n_out == 0, "max_abs": max_abs, "rel_l2": rel,
+        "rel_l2_against": "A" if ref_is_a else "B", "reference_all_zero": bool(den == 0.0 and n_bad == 0 and n > 0),
+        "cosine": cosine, "p50_abs": p50, "p99_abs": p99, "max_ulps": ulps, "ulp_format": low,
+        "worst_index": None if worst is None else list(worst),
+        "worst_a": None if worst is None else float(a[worst]), "worst_b": None if worst is None else float(b[worst]),
+        "nonfinite_a": int(n - np.count_nonzero(fa)), "nonfinite_b": int(n - np.count_nonzero(fb)),
+        "nonfinite_mismatch": n_bad, "rtol": rtol, "atol": atol, "tolerance_format": low,
+    }
+
+
+def max_ulps(d: np.ndarray, ref: np.ndarray, fmt) -> float:
+    """max |d| / spacing(fmt, ref): formats.Format.spacing, in one exponent
+    pass (the exponent of |ref| floored at emin; zero has spacing 2^(emin-p+1))."""
+    _, e = np.frexp(ref)
+    e -= 1
+    np.maximum(e, fmt.emin, out=e)
+    e[ref == 0] = fmt.emin
+    np.subtract(fmt.precision - 1, e, out=e)
+    return float(np.max(np.ldexp(d, e)))
+
+
+# --- the comparison ----------------------------------------------------------------------
+
+
+def _ratio(got: float, base: float) -> float:
+    """(3) / (2) as compare op computes it: a non-finite (3) is inf; a zero
+    yardstick makes any difference inf."""
+    if not math.isfinite(got):
+        return math.inf
+    if base > 0 and math.isfinite(base):
+        return got / base
+    if not math.isfinite(base):
+        return 0.0
+    return 0.0 if got == 0 else math.inf
+
+
+def _as64(x: np.ndarray) -> np.ndarray:
+    return np.asarray(x).astype(np.float64)
+
+
+def _fmt(dtype_name: str, declared: str | None) -> str | None:
+    if declared is not None:
+        return declared
+    return DTYPE_TO_FORMAT.get(dtype_name)
+
+
+def compare(cfg: CompareTensorsConfig, progress_factory=None) -> CompareResult:
+    n_files = len(cfg.files)
+    if n_files not in (2, 3):
+        raise UsageError(f"compare tensors takes two files (A B) or three (REF_FP32 REF_LOW YOURS), got {n_files}")
+    check_tolerance("--atol", cfg.atol)
+    check_tolerance("--rtol", cfg.rtol)
+    if cfg.sort not in SORTS:
+        raise UsageError(f"--sort must be one of {', '.join(SORTS)} (got {cfg.sort!r})")
+    declared = list(cfg.dtypes) + [None] * (n_files - len(cfg.dtypes))
+    for d in declared:
+        if d is not None and d not in LOW_DTYPES:
+            raise UsageError(f"--a-dtype/--b-dtype/--c-dtype must be one of {', '.join(LOW_DTYPES)} (got {d!r})")
+    rules = parse_maps(cfg.maps)
+    files = [open_tensor_file(p, d) for p, d in zip(cfg.files, declared)]
+    maps, mapped_side = _apply_maps(files, rules)
+    names = _ordered(files, maps)
+    if cfg.only:
+        names = [n for n in names if any(fnmatch.fnmatchcase(n, g) for g in cfg.only)]
+        if not names:
+            raise UsageError(f"--only {' '.join(cfg.only)}: matches no tensor in the files")
+    lab = labels(n_files)
+    plan = []
+    for name in names:
+        where = [i for i, m in enumerate(maps) if name in m]
+        shapes = [files[i].shapes[maps[i][name]] if i in where else None for i in range(n_files)]
+        plan.append((name, where, shapes))
+    _check_memory(files, maps, plan)
+    with (progress_factory(len(plan)) if progress_factory else nullcontext(lambda k=1: None)) as progress:
+        rows, stopped = _compare_all(cfg, files, maps, declared, plan, progress)
+    first = next((r["name"] for r in rows if r["flagged"]), None)
+    if cfg.sort == "error":
+        key = "ratio" if n_files == 3 else "rel_l2"
+        rows.sort(key=lambda r: (key in r, -(r.get(key) if r.get(key) is not None else 0.0)))
+    skipped = [f"{f.path}: {len(f.skipped)} non-tensor entries skipped" for f in files if f.skipped]
+    return CompareResult(
+        params={"files": cfg.files, "labels": lab, "mode": "three-way" if n_files == 3 else "two-way",
+                "maps": cfg.maps, "mapped_side": mapped_side, "only": cfg.only, "declared_dtypes": declared,
+                "atol": cfg.atol, "rtol": cfg.rtol, "equal_nan": cfg.equal_nan, "sort": cfg.sort,
+                "fail_fast": cfg.fail_fast, "ratio_threshold": RATIO_THRESHOLD,
+                "order": "recorded" if any(f.order_recorded for f in files) else "natural",
+                "not_compared": None if stopped is None else len(plan) - stopped},
+        rows=rows, flags={"first_divergence": first},
+        takeaways=_takeaways(rows, n_files, first, stopped, len(plan), skipped),
+        any_failed=any(r["flagged"] for r in rows),
+    )
+
+
+def _compare_all(cfg, files, maps, declared, plan, progress) -> tuple[list[dict], int | None]:
+    n_files, lab = len(files), labels(len(files))
+    rows: list[dict] = []
+    stopped = None
+    for idx, (name, where, shapes) in enumerate(plan):
+        row = {"name": name, "stored_names": [maps[i].get(name) for i in range(n_files)], "shapes":
+               [None if s is None else list(s) for s in shapes],
+               "dtypes": [files[i].dtypes[maps[i][name]] if i in where else None for i in range(n_files)]}
+        if len(where) < n_files:
+            row.update(status="only in " + ", ".join(lab[i] for i in where), passed=False, flagged=True)
+        elif len(set(shapes)) > 1:
+            row.update(status="shape mismatch", passed=False, flagged=True)
+        else:
+            fmts = [_fmt(files[i].dtypes[maps[i][name]], declared[i]) for i in range(n_files)]
+            vals = [_as64(files[i].get(maps[i][name])) for i in range(n_files)]
+            if n_files == 2:
+                row.update(pair_stats(vals[0], vals[1], fmts[0], fmts[1], cfg))
+                row["status"] = "ok" if row["passed"] else "fail"
+                row["flagged"] = not row["passed"]
+            else:
+                y2 = rel_l2(vals[1], vals[0], cfg.equal_nan)   # (2) ref low vs ref fp32: the yardstick
+                row.update(pair_stats(vals[2], vals[1], fmts[2], fmts[1], cfg))  # (3) yours vs ref low
+                y3 = row["rel_l2"]
+                row.update(yardstick=y2, rel_l2=y3, rel_l2_against="REF_LOW",
+                           accumulated=rel_l2(vals[2], vals[0], cfg.equal_nan), ratio=_ratio(y3, y2))
+                row["flagged"] = row["ratio"] > RATIO_THRESHOLD
+                row["status"] = "flagged" if row["flagged"] else "ok"
+            row["formats"] = fmts
+            del vals
+        rows.append(row)
+        progress(1)
+        if cfg.fail_fast and row["flagged"]:
+            stopped = idx + 1
+            break
+    return rows, stopped
+
+
+def _check_memory(files, maps, plan) -> None:
+    """Peak: one tensor from each file in its stored dtype, its float64 copies,
+    and the statistics' float64 temporaries (difference, tolerance, ratio)."""
+    peak, what = 0, ""
+    for name, where, shapes in plan:
+        if len(where) < len(files) or len(set(shapes)) > 1:
+            continue
+        n = int(np.prod(shapes[0], dtype=np.int64))
+        stored = sum(files[i].nbytes(maps[i][name]) for i in where)
+        need = stored + n * 8 * (len(files) + 4)
+        if need > peak:
+            peak, what = need, name
+    if peak:
+        inputs.check_memory(peak, f"comparing {what!r}")
+
+
+def _takeaways(rows, n_files, first, stopped, total, skipped) -> list[str]:
+    out = []
+    compared = [r for r in rows if "rel_l2" in r]
+    one_sided = [r for r in rows if r["status"].startswith("only in")]
+    shapes = [r for r in rows if r["status"] == "shape mismatch"]
+    if n_files == 2:
+        n_ok = sum(r["passed"] for r in compared)
+        out.append(f"{n_ok} of {len(compared)} compared tensors within tolerance"
+                   + (f"; first failing in order: {first}." if first else "."))
+    else:
+        n_flag = sum(r["flagged"] for r in compared)
+        out.append(f"{n_flag} of {len(compared)} tensors beyond {RATIO_THRESHOLD:g}x what the low precision costs "
+                   f"there" + (f"; first divergence: {first}." if first else ": YOURS is as close as REF_LOW."))
+    if one_sided:
+        out.append(f"{len(one_sided)} tensors are in some files only (rename with --map 'REGEX=REPLACEMENT').")
+    if shapes:
+        out.append(f"{len(shapes)} tensors differ in shape.")
+    if stopped is not None and stopped < total:
+        out.append(f"--fail-fast: stopped after {stopped} of {total} tensors.")
+    return out + skipped

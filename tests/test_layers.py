@@ -1,0 +1,141 @@
+"""compare model --layers, --inject and --dump: a clean bf16 run flags nothing
+beyond the yardstick; each injected perturbation is named as the first
+divergence, by the layer comparison and by a three-way compare tensors over
+the dumps (the buggy side renamed through --map); on the embedded model and on
+a tiny Qwen3 and Llama built offline."""
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from helpers import cli, strict_json
+from precisionlab.experiments import layers as lexp
+from precisionlab.experiments import tensors as texp
+
+WORDS = ["[UNK]", "the", "cat", "sat", "on", "a", "mat", "and", "dog", "ran", "to", "it"]
+
+
+def _tiny(out, arch):
+    pytest.importorskip("transformers")
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import (LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast, Qwen3Config,
+                              Qwen3ForCausalLM)
+
+    tok = Tokenizer(models.WordLevel(vocab={w: i for i, w in enumerate(WORDS)}, unk_token="[UNK]"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    torch.manual_seed(0)
+    common = dict(vocab_size=len(WORDS), hidden_size=64, intermediate_size=128, num_hidden_layers=3,
+                  num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512)
+    model = Qwen3ForCausalLM(Qwen3Config(head_dim=16, **common)) if arch == "qwen3" else \
+        LlamaForCausalLM(LlamaConfig(**common))
+    model.save_pretrained(out)
+    PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="[UNK]").save_pretrained(out)
+    return str(out)
+
+
+@pytest.fixture(scope="module", params=["embedded", "qwen3", "llama"])
+def model(request, tmp_path_factory):
+    """(model dir or None, prompt, steps, injections that must be found, expected module names)."""
+    if request.param == "embedded":
+        return None, "ROMEO:\n", 60, {"layers.2.mlp:scale=1.1": "layers.2.mlp",
+                                      "layers.1.attn_norm:eps=1": "layers.1.attn_norm",
+                                      "rope:rope=bf16": "rope"}
+    path = _tiny(tmp_path_factory.mktemp(request.param), request.param)
+    return path, "the cat sat", 60, {"layers.2.mlp:scale=1.1": "model.layers.2.mlp",
+                                      "layers.1.input_layernorm:eps=1e-2": "model.layers.1.input_layernorm",
+                                      "rotary_emb:rope=bf16": "model.rotary_emb"}
+
+
+def _run(model, inject=(), dump=None, dtypes="bf16"):
+    path, prompt, steps, _ = model
+    return lexp.run(lexp.LayersConfig(model=path, prompt=prompt, steps=steps, dtypes=dtypes, inject=list(inject),
+                                      dump=dump))
+
+
+def _renamed(src, dst):
+    """An engine's dump: other names, no recorded order."""
+    from safetensors.torch import load_file, save_file
+
+    save_file({f"engine.{k}": v for k, v in load_file(src).items()}, dst)
+
+
+def test_clean_run_flags_nothing_and_injections_are_found(model, tmp_path):
+    clean = _run(model, dump=str(tmp_path / "clean"))
+    assert clean.first_divergence is None and not any(r["flagged"] for r in clean.rows)
+    kinds = [r["kind"] for r in clean.rows]
+    assert {"embed", "rope", "norm", "attn", "mlp", "block", "final_norm", "lm_head"} <= set(kinds)
+    assert kinds[-1] == "lm_head" and all(r["yardstick"] > 0 for r in clean.rows if r["kind"] in ("mlp", "attn"))
+    # accumulated error grows past the local one somewhere downstream: the columns measure different things
+    assert any(r["accumulated"] > 2 * r["local"] for r in clean.rows)
+    for spec, module in model[3].items():
+        res = _run(model, inject=[spec], dump=str(tmp_path / "bug"))
+        assert res.first_divergence == module, (spec, [(r["module"], r["ratio"]) for r in res.rows if r["flagged"]])
+        row = next(r for r in res.rows if r["module"] == module)
+        assert row["flagged"] and row["ratio"] > lexp.RATIO_THRESHOLD
+        before = [r for r in res.rows if r["order"] < row["order"]]
+        assert not any(r["flagged"] for r in before)
+        _renamed(str(tmp_path / "bug" / "bf16.safetensors"), str(tmp_path / "engine.safetensors"))
+        three = texp.compare(texp.CompareTensorsConfig(
+            files=[str(tmp_path / "clean" / "fp32.safetensors"), str(tmp_path / "clean" / "bf16.safetensors"),
+                   str(tmp_path / "engine.safetensors")], maps=[r"^engine\.="]))
+        assert three.flags["first_divergence"] == module, spec
+        assert [r["name"] for r in three.rows] == [r["module"] for r in clean.rows if r["dtype"] == "bf16"]
+
+
+def test_dump_files_hold_order_tokens_and_run_dtypes(tmp_path):
+    from safetensors import safe_open
+
+    res = lexp.run(lexp.LayersConfig(steps=8, dump=str(tmp_path / "d")))
+    assert sorted(p.name for p in (tmp_path / "d").iterdir()) == ["bf16.safetensors", "fp16.safetensors",
+                                                                   "fp32.safetensors"]
+    order = [r["module"] for r in res.rows if r["dtype"] == "bf16"]
+    for name, dt in (("fp32", torch.float32), ("bf16", torch.bfloat16), ("fp16", torch.float16)):
+        with safe_open(str(tmp_path / "d" / f"{name}.safetensors"), "pt") as f:
+            meta = f.metadata()
+            assert json.loads(meta["precisionlab.order"]) == order
+            assert len(json.loads(meta["precisionlab.token_ids"])) == res.params["tokens"]
+            assert f.get_tensor("layers.0.mlp").dtype == dt
+    r = cli("compare", "tensors", str(tmp_path / "d" / "bf16.safetensors"), str(tmp_path / "d" / "fp32.safetensors"),
+            "--json")
+    assert [row["name"] for row in strict_json(r.out)["rows"]] == order
+
+
+def test_fp16_overflow_is_named_where_it_first_happens():
+    res = lexp.run(lexp.LayersConfig(steps=8, dtypes="fp16", inject=["layers.1.mlp:scale=1e5"]))
+    pit = [p for p in res.pitfalls if p["pitfall"] == "fp16_overflow"]
+    assert res.first_divergence == "layers.1.mlp"
+    assert pit and pit[0]["module"] == "layers.1.mlp"
+
+
+def test_cli_layers_json_and_exit_codes(tmp_path):
+    r = cli("compare", "model", "--layers", "--steps", "10", "--dtypes", "bf16", "--json")
+    assert r.code == 0, r.err
+    d = strict_json(r.out)
+    assert d["first_divergence"] is None and d["rows"] and d["first_divergence_by_dtype"] == {"bf16": None}
+    r = cli("compare", "model", "--layers", "--steps", "10", "--dtypes", "bf16", "--inject", "layers.3.mlp:scale=1.5")
+    assert r.code == 1 and "first divergence: layers.3.mlp" in r.out
+
+
+@pytest.mark.parametrize("args", [
+    ["--layers", "--inject", "nosuch.module:scale=2"],
+    ["--layers", "--inject", "layers.1.mlp:eps=1e-3"],          # not a norm
+    ["--layers", "--inject", "layers.1.mlp:rope=bf16"],         # not the rope
+    ["--layers", "--inject", "rope:rope=fp8"],
+    ["--layers", "--inject", "lm_head:eps=1"],                  # the tied head is no module
+    ["--layers", "--inject", "rope:scale=2"],
+    ["--layers", "--inject", "logits:noise=1"],                 # not applied by --layers
+    ["--inject", "layers.1.mlp:scale=2"],                       # needs --layers or --dump
+    ["--dump", "/nonexistent/dir/x"],
+])
+def test_bad_layers_input_exits_2(args):
+    r = cli("compare", "model", "--steps", "4", *args)
+    assert r.code == 2 and len(r.err.strip().splitlines()) == 1 and "Traceback" not in r.err, r.err
+
+
+def test_dump_into_a_file_is_refused(tmp_path):
+    f = tmp_path / "file"
+    f.write_text("x")
+    r = cli("compare", "model", "--steps", "4", "--dump", str(f))
+    assert r.code == 2 and f.read_text() == "x"
