@@ -160,7 +160,7 @@ def accumulate_table(res) -> None:
         if not r["available"]:
             continue
         bound = sci(r["bound"]) if r["bound_kind"] == "rigorous" else (
-            "vacuous" if r["bound_kind"] == "vacuous" else f"~{sci(r['bound'])}")
+            r["bound_kind"] if r["bound_kind"] in ("vacuous", "overflow") else f"~{sci(r['bound'])}")
         if r["bound_kind"] == "rigorous" and not r["within_bound"]:
             bound = f"[red]{bound} EXCEEDED[/red]"
         stall = "-" if r["stall_step"] is None else f"{num(r['stall_value'])} ({r['stall_step']})"
@@ -171,8 +171,10 @@ def accumulate_table(res) -> None:
     stdout.print(f"exact sum of stored values (fsum): {num(res.exact_stored)}    "
                  f"of intended values: {num(res.exact_intended)}    representation error: {num(rep)}",
                  highlight=False)
-    stdout.print("bound: Higham's a-priori bound on |abs err|; vacuous once (n-1)u >= 1; "
-                 "~ marks a first-order estimate (compensated methods), not a rigorous bound.\n"
+    stdout.print("bound: Higham's a-priori bound on |abs err|, each rounding also allowed half the smallest "
+                 "subnormal spacing (underflow); vacuous once (n-1)u >= 1; ~ marks a first-order estimate "
+                 "(compensated methods, only while n u < 1), not a rigorous bound; overflow: a partial sum passed "
+                 "the accumulator's largest value.\n"
                  "absorbed at: the sum before the first addition (1-based step) that left it unchanged; "
                  "for a constant input that is where it stalls for good. predicted: the first power of two "
                  "whose spacing is >= 2|value|.", style="dim", highlight=False)
