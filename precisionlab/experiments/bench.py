@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from precisionlab import devices, formats, inputs, native
+from precisionlab import devices, formats, inputs, memory, native
 
 SECTIONS = ("accumulate", "softmax", "matmul")
 SOFTMAX_SHAPES = [(4096, 1024), (4096, 4096), (4096, 16384), (1024, 32768), (512, 151936), (64, 262144)]
@@ -45,6 +45,8 @@ def run(cfg: BenchConfig, advance=lambda k=1: None) -> BenchResult:
     gpu_n = cfg.gpu_n or (1 << 26 if cfg.quick else 1 << 28)
     res = BenchResult(params={"quick": cfg.quick, "device": cfg.device, "sections": sections, "seed": cfg.seed,
                               "cpu_n": cpu_n, "gpu_n": gpu_n})
+    if "accumulate" in sections and plan.cpu:
+        inputs.check_memory(memory.bench_cpu(cpu_n), f"bench accumulate --cpu-n {cpu_n}")
     if "accumulate" in sections:
         if plan.cpu:
             res.rows += accumulate_cpu(cpu_n, cfg.seed, advance)

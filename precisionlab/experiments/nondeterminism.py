@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from precisionlab import devices, formats, inputs, metrics, native
+from precisionlab import devices, formats, inputs, memory, metrics, native
 from precisionlab.errors import UsageError
 
 SECTIONS = ("atomics", "splitk", "batch", "torch_ops", "threads")
@@ -62,8 +62,10 @@ def run(cfg: NondetConfig, advance=lambda k=1: None) -> NondetResult:
         raise UsageError(f"--runs must be at least 2 to compare runs (got {cfg.runs})")
     if cfg.runs > 100_000:
         raise UsageError(f"--runs {cfg.runs} is absurd here (at most 100000)")
-    inputs.check_n(cfg.n, 8 * 3)
+    if cfg.n <= 0:
+        raise UsageError(f"--n must be > 0, got {cfg.n}")
     sections = inputs.parse_choices(cfg.sections, SECTIONS, "section")
+    inputs.check_memory(memory.nondeterminism(cfg.n, sections), f"nondeterminism --n {cfg.n}")
     plan = devices.resolve(cfg.device)
     cublas_config = "from the environment" if "CUBLAS_WORKSPACE_CONFIG" in os.environ else None
     if plan.cuda and cublas_config is None and "torch_ops" in sections:
