@@ -114,3 +114,80 @@ def compare_op(op: str, shape: tuple) -> int:
     if op == "logsumexp":
         return 28 * rows * cols + COMPARE_FIXED
     return (4 + 4 + 8 + 4 + 8 + 8 + 2 + 2 + 2 + 8 + 8 + ERROR_REPORT) * rows * cols + COMPARE_FIXED
+
+
+# compare model: the code imported on first use, measured: transformers itself
+# (about 28 MiB), its model classes and tokenizer; or the embedded model's.
+MODEL_FIXED = {"hf": 160 * MiB, "embedded": 64 * MiB}
+
+
+def compare_model(params: int, seq: int, vocab: int, hidden: int, layers: int, heads: int, kind: str) -> int:
+    """Weights: the loaded model in fp32 (4 per parameter), the fp32 reference
+    copy (4), and each low-precision copy made as an fp32 deep copy then cast
+    (4 + 2): 14 per parameter. Activations over seq positions: the logits of
+    every step and of the teacher-forced pass in float64 and their fp32
+    originals (about 6 float64 arrays of seq x vocab), the attention scores of
+    one layer (seq^2 per head, fp32) and the hidden states and KV cache of
+    every layer (about 4 fp32 arrays of seq x hidden each)."""
+    return (14 * params + 48 * seq * vocab + 4 * seq * seq * heads + 16 * seq * hidden * layers
+            + MODEL_FIXED[kind])
+
+
+def safetensors_parameters(paths) -> int:
+    """Parameters declared in safetensors headers, without reading the tensors."""
+    import math
+
+    from safetensors import safe_open
+
+    total = 0
+    for path in paths:
+        with safe_open(str(path), framework="pt") as f:
+            total += sum(math.prod(f.get_slice(k).get_shape()) for k in f.keys())
+    return total
+
+
+def compare_model_for(model: str | None, steps: int, prompt: str) -> int:
+    """compare_model for the embedded model or a Hugging Face folder, read from
+    the checkpoint's headers and config.json before anything is loaded. A repo
+    id resolves to its local snapshot; where none is found the loader's own
+    error follows, and 0 is returned here."""
+    import json
+    from pathlib import Path
+
+    seq = len(prompt.encode()) + steps  # a token is at least one byte of the prompt
+    if model is None:
+        from safetensors import safe_open
+
+        from precisionlab.models import charlm
+
+        with safe_open(str(charlm.DEFAULT_WEIGHTS), framework="pt") as f:
+            cfg = json.loads(f.metadata()["config"])
+        return compare_model(safetensors_parameters([charlm.DEFAULT_WEIGHTS]), seq, cfg["vocab_size"],
+                             cfg["d_model"], cfg["n_layers"], cfg["n_heads"], "embedded")
+    folder = Path(model)
+    if not folder.is_dir():
+        try:
+            from huggingface_hub import snapshot_download
+
+            folder = Path(snapshot_download(model, local_files_only=True))
+        except Exception:  # not in the cache, or no huggingface_hub: the loader says so
+            return 0
+    try:
+        cfg = json.loads((folder / "config.json").read_text())
+    except (OSError, ValueError):
+        cfg = {}
+    cfg = cfg if isinstance(cfg, dict) else {}
+    cfg = cfg["text_config"] if isinstance(cfg.get("text_config"), dict) else cfg  # multimodal configs nest it
+    try:
+        params = safetensors_parameters(sorted(folder.glob("*.safetensors")))
+    except Exception:  # a header safetensors cannot read: the loader will refuse the folder
+        params = 0
+    if params == 0:  # pickled checkpoints (.bin): their bytes, as if 2 per parameter
+        params = sum(p.stat().st_size for p in folder.glob("*.bin")) // 2
+
+    def num(key: str) -> int:
+        v = cfg.get(key)
+        return int(v) if isinstance(v, (int, float)) and v > 0 else 0
+
+    return compare_model(params, seq, num("vocab_size"), num("hidden_size"), num("num_hidden_layers"),
+                         num("num_attention_heads"), "hf")

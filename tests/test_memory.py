@@ -74,6 +74,32 @@ def _npy(tmp_path: Path, rows: int, cols: int) -> str:
     return str(path)
 
 
+def _tiny_qwen(out: Path, hidden: int) -> str:
+    """A 4-layer Qwen3 of the given width (0.6M, 2.4M, 9.5M parameters for 128,
+    256, 512) with a word-level tokenizer, saved as a local folder."""
+    import torch
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast, Qwen3Config, Qwen3ForCausalLM
+
+    words = ["[UNK]", "the", "cat", "sat", "on", "a", "mat", "and", "dog", "ran", "to", "it"]
+    tok = Tokenizer(models.WordLevel(vocab={w: i for i, w in enumerate(words)}, unk_token="[UNK]"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    torch.manual_seed(0)
+    cfg = Qwen3Config(vocab_size=len(words), hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=4,
+                      num_attention_heads=4, num_key_value_heads=2, head_dim=hidden // 4, max_position_embeddings=64)
+    folder = out / f"qwen3-{hidden}"
+    Qwen3ForCausalLM(cfg).save_pretrained(folder)
+    PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="[UNK]").save_pretrained(folder)
+    return str(folder)
+
+
+def _models(tmp_path: Path):
+    pytest.importorskip("transformers")
+    return [(["compare", "model", "--model", folder, "--steps", "8", "--prompt", "the cat sat", "--json"],
+             memory.compare_model_for(folder, 8, "the cat sat"))
+            for folder in (_tiny_qwen(tmp_path, h) for h in (128, 256, 512))]
+
+
 # (label, [(argv, estimate in bytes)] at three ascending sizes)
 def _families(tmp_path: Path):
     MiB = memory.MiB
@@ -95,18 +121,20 @@ def _families(tmp_path: Path):
                                  "cpu", "--json"], memory.compare_op("softmax", (r, 4096))) for r in (64, 128, 256)],
         "compare op matmul": [(["compare", "op", "matmul", "--shape", f"{s}x{s}x{s}", "--dtype", "bf16", "--device",
                                 "cpu", "--json"], memory.compare_op("matmul", (s, s, s))) for s in (256, 512, 768)],
+        "compare model": lambda: _models(tmp_path),
     }
 
 
 # Families that share their first-use state run in one child, one after the other.
 GROUPS = [["softmax", "softmax --from"], ["nondeterminism"], ["tf32", "tf32 --sweep-mn"], ["bench"],
-          ["compare op matmul", "compare op softmax"]]
+          ["compare op matmul", "compare op softmax"], ["compare model"]]
 
 # What a process pays once, on a command's first run, and keeps (BLAS buffers,
 # thread pools, the library's first-use state): each estimate's size-free term.
 FIRST_USE = {"softmax": memory.softmax(0, 0), "softmax --from": memory.softmax(0, 0), "nondeterminism": 0,
              "tf32": memory.tf32(0, 0, 0, None), "tf32 --sweep-mn": memory.BLAS_FIXED, "bench": memory.bench_cpu(0),
-             "compare op softmax": memory.COMPARE_FIXED, "compare op matmul": memory.COMPARE_FIXED}
+             "compare op softmax": memory.COMPARE_FIXED, "compare op matmul": memory.COMPARE_FIXED,
+             "compare model": memory.MODEL_FIXED["hf"]}
 
 
 @pytest.mark.parametrize("group", GROUPS, ids=lambda g: " + ".join(g))
@@ -116,7 +144,8 @@ def test_estimate_tracks_the_measured_peak(group, tmp_path):
     run in the same child against the estimate less that state, which it finds
     in place."""
     families = _families(tmp_path)
-    cases = [(family, argv, est) for family in group for argv, est in families[family]]
+    cases = [(family, argv, est) for family in group
+             for argv, est in (families[family]() if callable(families[family]) else families[family])]
     measured = _measure([argv for _, argv, _ in cases])
     report, ratios = [], []
     for i, ((family, argv, est), m) in enumerate(zip(cases, measured)):
