@@ -291,8 +291,8 @@ def _kernel_row(name, device, variant, alone: np.ndarray, batched: dict[int, np.
     per_row = {i: {alone[i].tobytes()} for i in range(min(CHECK_ROWS, max(batched)))}
     for i, bs in pairs:
         per_row[i].add(np.ascontiguousarray(batched[bs][i]).tobytes())
-    diff = max(float(np.max(np.abs(batched[bs][:min(bs, CHECK_ROWS)].astype(np.float64) - alone[:min(bs, CHECK_ROWS)])))
-               for bs in batched)
+    diff = max(float(np.max(np.abs(out[:min(bs, CHECK_ROWS)].astype(np.float64) - alone[:min(bs, CHECK_ROWS)])))
+               for bs, out in batched.items())
     return _row("batch", f"{name}: {variant}", device, len(batched), emulated,
                 distinct=None, distinct_per_row_max=max(len(v) for v in per_row.values()), max_abs_diff=diff,
                 rel_spread=diff / float(np.max(np.abs(alone))),

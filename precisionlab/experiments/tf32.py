@@ -51,8 +51,8 @@ def run(cfg: Tf32Config, advance=lambda k=1: None) -> Tf32Result:
             raise UsageError(f"{name} must be > 0 (got {v})")
         if v > MAX_DIM:
             raise UsageError(f"{name} {v} is absurd here (at most {MAX_DIM})")
-    inputs.check_memory(memory.tf32(cfg.m, cfg.n, cfg.k, cfg.sweep_mn if cfg.sweep else None),
-                        f"tf32 --m {cfg.m} --n {cfg.n} --k {cfg.k}" + (f" --sweep-mn {cfg.sweep_mn}" if cfg.sweep else ""))
+    what = f"tf32 --m {cfg.m} --n {cfg.n} --k {cfg.k}" + (f" --sweep-mn {cfg.sweep_mn}" if cfg.sweep else "")
+    inputs.check_memory(memory.tf32(cfg.m, cfg.n, cfg.k, cfg.sweep_mn if cfg.sweep else None), what)
     plan = devices.resolve(cfg.device)
     flags = torch_flags()
     rows: list[dict] = []
