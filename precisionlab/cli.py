@@ -552,8 +552,23 @@ def _run() -> int:
     except Exception as e:  # a bug: still one line, unless debugging
         if debug:
             raise
+        if _out_of_memory(e):  # the estimate fit, the allocation failed anyway: a failed run
+            first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+            _fail(f"out of memory: {first[:200]} (the memory estimate made before the run fit; free memory or "
+                  "choose smaller sizes)", 1)
         _fail(f"internal error: {type(e).__name__}: {e} (PRECISIONLAB_DEBUG=1 shows the traceback)", 1)
     return rc if isinstance(rc, int) else 0
+
+
+def _out_of_memory(e: BaseException) -> bool:
+    """MemoryError, torch's OutOfMemoryError, or torch's CPU allocator refusing."""
+    if isinstance(e, MemoryError):
+        return True
+    torch = sys.modules.get("torch")
+    oom = getattr(torch, "OutOfMemoryError", None) if torch is not None else None
+    if oom is not None and isinstance(e, oom):
+        return True
+    return isinstance(e, RuntimeError) and "can't allocate memory" in str(e)
 
 
 def _fail(message: str, code: int) -> None:

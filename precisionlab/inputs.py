@@ -54,9 +54,15 @@ def check_tolerance(value: float | None, what: str) -> float | None:
     return value
 
 
-def load_npy(path: str, ndim: int | None = None) -> np.ndarray:
-    """A numeric .npy file as float64; ndim=None flattens, else the shape must match."""
+def load_npy(path: str, ndim: int | None = None, bytes_per_value: int = 0) -> np.ndarray:
+    """A numeric .npy file as float64; ndim=None flattens, else the shape must match.
+
+    Memory is checked from the header before anything is read: the file's
+    array and its float64 copy, or bytes_per_value for each value (what the
+    command then holds per value) if that is more."""
     p = check_regular_file(path, "--from")
+    dtype, count = _npy_header(path)
+    check_memory(max((dtype.itemsize + 8) * count, bytes_per_value * count), f"--from {path}")
     try:
         a = np.load(p, allow_pickle=False)
     except Exception as e:  # numpy raises ValueError, OSError, EOFError... for a bad file
@@ -102,8 +108,22 @@ def memory_limit() -> int:
     have = available_memory()
     soft, _ = resource.getrlimit(resource.RLIMIT_AS)
     if soft != resource.RLIM_INFINITY:
-        have = min(have, soft)
+        # the limit counts the address space already mapped (Python, numpy,
+        # the library, torch where imported): only the rest is left to allocate
+        have = min(have, max(soft - _address_space_used(), 0))
     return have
+
+
+def _address_space_used() -> int:
+    """This process's mapped address space (VmSize), 0 where /proc is missing."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmSize:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 0
 
 
 def check_memory(need: int, what: str) -> None:
@@ -117,10 +137,7 @@ def check_n(n: int, bytes_per_element: int, what: str = "--n") -> None:
     """n must be positive and its arrays must fit in memory: checked before allocating."""
     if n <= 0:
         raise UsageError(f"{what} must be > 0, got {n}")
-    need = n * bytes_per_element
-    have = available_memory()
-    if need > have:
-        raise UsageError(f"{what} {n} needs about {_gib(need)} of memory, {_gib(have)} is available")
+    check_memory(n * bytes_per_element, f"{what} {n}")
 
 
 def _gib(b: float) -> str:
@@ -143,3 +160,59 @@ def parse_choices(text: str | None, allowed: tuple[str, ...], what: str) -> list
         if s not in allowed:
             raise UsageError(f"unknown {what} {s!r}; choose from {', '.join(allowed)}")
     return out
+
+
+# ---------------------------------------------------------------------------
+# declared sizes, read from headers before anything is loaded or decompressed
+
+
+def _npy_header(f) -> tuple[np.dtype, int]:
+    """(dtype, element count) from a .npy header; f is a path or an open binary
+    stream positioned at the start of the array. Pickled (object) arrays are
+    refused: they are never loaded."""
+    from numpy.lib import format as npy_format
+
+    if isinstance(f, (str, os.PathLike)):
+        with open(f, "rb") as fh:
+            return _npy_header(fh)
+    name = getattr(f, "name", "the array")
+    try:
+        version = npy_format.read_magic(f)
+        if version == (1, 0):
+            shape, _, dtype = npy_format.read_array_header_1_0(f)
+        elif version in ((2, 0), (3, 0)):
+            shape, _, dtype = npy_format.read_array_header_2_0(f)
+        else:
+            raise ValueError(f"unknown .npy version {version}")
+    except Exception as e:  # ValueError, EOFError, OSError from a file that is not .npy
+        raise UsageError(f"{name}: not a readable .npy header ({type(e).__name__}: {e})") from None
+    if dtype.hasobject:
+        raise UsageError(f"{name}: holds Python objects (a pickle), which are never loaded")
+    return dtype, math.prod(shape)
+
+
+def npy_declared_bytes(path) -> int:
+    """The bytes a .npy file's array takes once loaded, from its header alone
+    (path: a file name or an open binary stream at the array's start)."""
+    dtype, count = _npy_header(path)
+    return dtype.itemsize * count
+
+
+def npz_declared_bytes(path) -> int:
+    """The bytes every array of a .npz takes once loaded, summed from each
+    member's header before anything is decompressed: a small archive that
+    expands to gigabytes is measured by what it declares, not by its size."""
+    import zipfile
+
+    try:
+        zf = zipfile.ZipFile(path)
+    except (OSError, zipfile.BadZipFile) as e:
+        raise UsageError(f"{path}: not a readable .npz ({type(e).__name__}: {e})") from None
+    total = 0
+    with zf:
+        for info in zf.infolist():
+            if info.is_dir():
+                continue
+            with zf.open(info) as member:  # decompresses only the header's bytes
+                total += npy_declared_bytes(member)
+    return total

@@ -33,8 +33,31 @@ def exact_sum(values: np.ndarray) -> float:
         return float(bad[0])
     try:
         return math.fsum(_chunked(v))
+    except OverflowError:  # a partial sum left the double range; the total may not have
+        return _exact_sum_wide(v)
+
+
+def _exact_sum_wide(v: np.ndarray) -> float:
+    """exact_sum where fsum overflowed. Scaled by 2^-64 the partial sums fit,
+    and the scaling is exact while no value or result falls below 2^-958
+    (then 2^-64 of it is still normal); otherwise, rare, sum exactly in
+    rationals. Rounding back: the correctly rounded double, inf past it."""
+    from fractions import Fraction
+
+    tiny = 2.0**-958
+    scaled = math.fsum(_chunked(v * 2.0**-64))
+    if abs(scaled) >= tiny * 2.0**-64 and not np.any((v != 0) & (np.abs(v) < tiny)):
+        try:
+            return math.ldexp(scaled, 64)
+        except OverflowError:
+            return math.copysign(math.inf, scaled)
+    total = Fraction(0)
+    for x in v.tolist():
+        total += Fraction(x)
+    try:
+        return float(total)
     except OverflowError:
-        return math.copysign(math.inf, math.fsum(_chunked(v * 2.0**-64)))
+        return math.copysign(math.inf, total)
 
 
 def _chunked(v: np.ndarray, size: int = 1 << 20):

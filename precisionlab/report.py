@@ -296,7 +296,7 @@ def accumulate_table(res) -> None:
         if not r["available"]:
             continue
         bound = sci(r["bound"]) if r["bound_kind"] == "rigorous" else (
-            "vacuous" if r["bound_kind"] == "vacuous" else f"~{sci(r['bound'])}")
+            r["bound_kind"] if r["bound_kind"] in ("vacuous", "overflow") else f"~{sci(r['bound'])}")
         if r["bound_kind"] == "rigorous" and not r["within_bound"]:
             bound = f"[red]{bound} EXCEEDED[/red]"
         stall = "-" if r["stall_step"] is None else f"{num(r['stall_value'])} ({r['stall_step']})"
@@ -307,8 +307,10 @@ def accumulate_table(res) -> None:
     stdout.print(f"exact sum of stored values (fsum): {num(res.exact_stored)}    "
                  f"of intended values: {num(res.exact_intended)}    representation error: {num(rep)}",
                  highlight=False)
-    stdout.print("bound: Higham's a-priori bound on |abs err|; vacuous once (n-1)u >= 1; "
-                 "~ marks a first-order estimate (compensated methods), not a rigorous bound.\n"
+    stdout.print("bound: Higham's a-priori bound on |abs err|, each rounding also allowed half the smallest "
+                 "subnormal spacing (underflow); vacuous once (n-1)u >= 1; ~ marks a first-order estimate "
+                 "(compensated methods, only while n u < 1), not a rigorous bound; overflow: a partial sum passed "
+                 "the accumulator's largest value.\n"
                  "absorbed at: the sum before the first addition (1-based step) that left it unchanged; "
                  "for a constant input that is where it stalls for good. predicted: the first power of two "
                  "whose spacing is >= 2|value|.", style="dim", highlight=False)
@@ -683,7 +685,7 @@ def compare_op_json(res) -> None:
 _NONDET_TITLES = {
     "atomics": "atomics vs tree: one fp32 sum, run after run",
     "splitk": "split-K matmul",
-    "batch": "batch invariance: rows alone vs inside batches of 1 ... 1024 (torch: row 0; kernels: first 64 rows)",
+    "batch": "batch invariance: the first 64 rows, each alone vs inside every batch (1 ... 1024) that holds it",
     "torch_ops": "torch's nondeterministic ops",
     "threads": "CPU threads: chunking follows the thread count",
 }
@@ -708,6 +710,8 @@ def nondeterminism_table(res) -> None:
             for r in rows:
                 t.add_row(r["device"], r["variant"], num(r["result"]), sci(r["abs_error"]),
                           ", ".join(map(str, r["matches"])) or "-")
+        elif section == "batch":
+            _nondeterminism_batch_rows(t, rows)
         else:
             for col in ("runs", "distinct", "spread (ulps)", "max diff", "relative", "note"):
                 t.add_column(col, justify="right" if col != "note" else "left", overflow="fold")
@@ -728,9 +732,31 @@ def nondeterminism_table(res) -> None:
                           "-" if r["max_spread_ulps"] is None else _ulps(r["max_spread_ulps"]),
                           sci(r["max_abs_diff"]), sci(r["rel_spread"]), note)
         stdout.print(t)
+        if section == "batch":
+            stdout.print("rows changed: of the first 64 rows, those whose result in some batch differs from the row "
+                         "computed alone; pairs changed: (row, batch size) pairs that differ; most distinct: the most "
+                         "different results one row took, alone and in every batch (1: invariant); max diff and "
+                         "relative: over the same pairs.", style="dim", highlight=False)
         if section in res.takeaways:
             stdout.print(f"• {safe_text(res.takeaways[section])}", highlight=False)
     _footer(res.devices.get("cuda_unavailable"), [])
+
+
+def _nondeterminism_batch_rows(t: Table, rows) -> None:
+    """Batch invariance: every count covers the same rows (the first 64, each
+    alone vs in every batch that holds it), and each header says what it counts."""
+    for col in ("batch sizes", "rows changed", "pairs changed", "most distinct", "max diff", "relative", "note"):
+        t.add_column(col, justify="right" if col != "note" else "left", overflow="fold")
+    for r in rows:
+        label = r["variant"] + (" [emulated]" if r["emulated"] else "")
+        if r.get("refused"):
+            t.add_row(r["device"], escape(label), "-", "-", "-", "-", "-", "-", escape(f"refused: {r['refused']}"))
+            continue
+        note = ("differs at batch " + ", ".join(map(str, r["differs_at"]))) if r["differs_at"] else \
+            "identical at every batch size"
+        t.add_row(r["device"], escape(label), str(len(r["batch_sizes"])),
+                  f"{r['rows_changed']} of {r['rows_compared']}", f"{r['pairs_changed']} of {r['pairs_compared']}",
+                  str(r["distinct_per_row_max"]), sci(r["max_abs_diff"]), sci(r["rel_spread"]), note)
 
 
 def nondeterminism_json(res) -> None:

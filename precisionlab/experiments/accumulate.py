@@ -106,7 +106,16 @@ def run(cfg: AccumulateConfig, advance=lambda k=1: None) -> AccumulateResult:
             for m in gpu_methods:
                 rows.append(_unavailable_row(storage, acc, m, plan.cuda_unavailable))
 
+    # NaN propagates through min and max, and an infinity is one of them: no copy.
+    finite_inputs = bool(np.isfinite(stored.min()) and np.isfinite(stored.max()))
     for row in rows:
+        if row["available"] and finite_inputs and not math.isfinite(row["result"]):
+            # A partial sum passed the accumulator's largest value: no rounding
+            # bound covers that, and the row says so rather than EXCEEDED.
+            # The exact sum of finite values is finite, so an infinite result
+            # is infinitely wrong (even where the exact sum's double is inf).
+            err = math.inf if math.isinf(row["result"]) else math.nan
+            row.update(bound=None, bound_kind="overflow", within_bound=None, abs_error=err, rel_error=err, ulps=err)
         row["predicted_stall"] = (
             _predicted_stall(float(stored[0]), formats.get(row["accumulator"]))
             if constant and row["method"] in SEQUENTIAL_KIND - {"stochastic"} else None
@@ -279,34 +288,68 @@ def gamma(k: int, u: float) -> float:
     return k * u / (1 - k * u) if k * u < 1 else math.inf
 
 
+def underflow_error(fmt: Format) -> float:
+    """The absolute error one round-to-nearest may add on top of u|x|: half the
+    smallest subnormal spacing, 2^(emin - p). Where the result lands among the
+    subnormals the relative error is unbounded, and this term is what holds."""
+    return math.ldexp(1.0, fmt.emin - fmt.precision)
+
+
 def _bound(method: str, n: int, acc: Format, storage: Format, abs_sum: float, exact: float,
            gpu: bool = False) -> tuple[float, str]:
     """A-priori bound on |result - exact| and its kind: 'rigorous', 'first-order'
-    (the O(n u^2) term dropped; meaningful only while n u << 1) or 'vacuous'."""
+    (the O(n u^2) term dropped; meaningful only while n u << 1), 'vacuous'
+    (k u >= 1, or a non-finite input: no finite bound).
+
+    Every rounding obeys fl(x) = x (1 + d) + e with |d| <= u and |e| <= eta,
+    eta = underflow_error(acc) (Higham, 2nd ed., eq. 2.8 with gradual
+    underflow). Treating each e as one more addend carried through the later
+    roundings of its path (at most k of them) gives
+        |E| <= gamma_k sum|x| + (number of roundings) eta (1 + gamma_k).
+    The bound assumes no partial sum overflows; run() labels a row whose
+    finite inputs gave a non-finite result 'overflow' instead."""
+    if not math.isfinite(abs_sum):
+        return math.inf, "vacuous"
     u = acc.unit_roundoff
+    eta = underflow_error(acc)
     if gpu and acc.name == "bf16":
         # fp32 add, then bf16 rounding: two roundings per operation.
-        u = u + formats.get("fp32").unit_roundoff * (1 + u)
+        fp32 = formats.get("fp32")
+        u = u + fp32.unit_roundoff * (1 + u)
+        eta = eta + underflow_error(fp32) * (1 + u)
     # When the stored values are wider than the accumulator, the first use of
     # each value rounds too: one more rounding along every path.
     extra = 1 if storage.precision > acc.precision else 0
+    roundings = n + n * extra  # n - 1 additions (n with the first 0 + x), n conversions
     if method == "stochastic":
-        # Each stochastic rounding errs by less than one spacing: 2u relative.
-        k, u = n - 1 + extra, 2 * u
+        # Each stochastic rounding errs by less than one spacing: 2u relative,
+        # and below the normals less than one subnormal spacing, 2 eta.
+        k, u, eta = n - 1 + extra, 2 * u, 2 * eta
     elif method == "pairwise":
         k = math.ceil(math.log2(n)) + extra if n > 1 else extra
     elif method in ("kahan", "neumaier") and not gpu:
         # Kahan: |E| <= (2u + O(n u^2)) sum|x| (Higham eq. 4.8); Neumaier:
         # |E| <= u |S| + O(n u^2) sum|x|. Only the first-order term is known in
-        # closed form here, so it is reported as such.
+        # closed form here, so it is reported as such; once n u >= 1 the
+        # dropped term dominates and there is no estimate at all.
+        if n * u >= 1:
+            return math.inf, "vacuous"
         first = 2 * u * abs_sum if method == "kahan" else u * abs(exact)
-        return first, "first-order" if n * u < 1 else "first-order (n u >= 1: not a bound)"
+        return _round_up(first + 4 * roundings * eta), "first-order"
     else:
         # sequential and its orders; the GPU's trees and atomics are some other
         # summation order, and every order is covered by gamma_{n-1}.
         k = n - 1 + extra
     g = gamma(k, u)
-    return (g * abs_sum if g != math.inf else math.inf), ("rigorous" if g != math.inf else "vacuous")
+    if g == math.inf:
+        return math.inf, "vacuous"
+    return _round_up(g * abs_sum + roundings * eta * (1 + g)), "rigorous"
+
+
+def _round_up(b: float) -> float:
+    """The bound's own few double operations each round by at most 2^-53
+    relative: widen past them so a computed bound is never below the true one."""
+    return math.nextafter(b * (1 + 2.0**-48), math.inf) if math.isfinite(b) else b
 
 
 # ---------------------------------------------------------------------------
@@ -316,14 +359,19 @@ def _bound(method: str, n: int, acc: Format, storage: Format, abs_sum: float, ex
 def _predicted_stall(v: float, acc: Format) -> float | None:
     """Where a sum of a constant v stops growing: the first power of two whose
     spacing is at least 2|v|, so that |v| is at most half a spacing there and
-    rounds away (ties go to the even value, which 2^e is)."""
+    rounds away (ties go to the even value, which 2^e is). When even the
+    smallest spacing (the subnormals') is at least 2|v|, the first addition
+    already rounds to 0 and the sum never leaves it. None when the sum would
+    overflow before stalling."""
     if v == 0 or not math.isfinite(v):
         return None
-    e = math.ceil(math.log2(2 * abs(v))) + acc.precision - 1
-    if e < acc.emin:
-        e = acc.emin
-    s = math.ldexp(1.0, e)
-    return math.copysign(s, v) if s <= acc.max else None
+    m, x = math.frexp(abs(v))  # |v| = m 2^x, 0.5 <= m < 1: log2(2|v|) = x + log2(2m)
+    e = (x if m == 0.5 else x + 1) + acc.precision - 1
+    if e <= acc.emin:  # spacing 2^(emin - p + 1) >= 2|v|
+        return 0.0
+    if e > math.frexp(acc.max)[1] - 1:  # 2^e is past the largest finite value
+        return None
+    return math.copysign(math.ldexp(1.0, e), v)
 
 
 # ---------------------------------------------------------------------------
@@ -331,9 +379,17 @@ def _predicted_stall(v: float, acc: Format) -> float | None:
 
 
 def takeaways(rows, storage: Format, exact_stored, exact_intended, stored, desc) -> list[str]:
-    done = [r for r in rows if r["available"] and r["abs_error"] is not None and not math.isnan(r["abs_error"])]
+    over = [r for r in rows if r["bound_kind"] == "overflow"]
+    over_line = [] if not over else [
+        f"Overflow in {', '.join(dict.fromkeys(r['accumulator'] for r in over))} "
+        f"({len(over)} row{'s' if len(over) > 1 else ''}): a partial sum passed the accumulator's largest value "
+        f"({', '.join(dict.fromkeys(_g(formats.get(r['accumulator']).max) for r in over))}), so the result is "
+        f"{', '.join(dict.fromkeys(str(r['result']) for r in over))} although every input is finite "
+        f"(exact sum {_g(exact_stored)})."]
+    done = [r for r in rows if r["available"] and r["abs_error"] is not None and not math.isnan(r["abs_error"])
+            and r["bound_kind"] != "overflow"]
     if not done:
-        return ["Every result is NaN: a NaN, or +inf beside -inf, in the input propagates through any sum."]
+        return over_line or ["Every result is NaN: a NaN, or +inf beside -inf, in the input propagates through any sum."]
     rep = metrics.abs_error(exact_stored, exact_intended)
     worst = max(done, key=lambda r: r["abs_error"])
     best = min(done, key=lambda r: r["abs_error"])
@@ -353,6 +409,7 @@ def takeaways(rows, storage: Format, exact_stored, exact_intended, stored, desc)
             parts = ", ".join(f"{r['method']} {_g(r['result'])}" for r in orders)
             lines.append(f"Order matters in {acc_name}: the same values summed in different orders give {parts}.")
             break
+    lines += over_line
     stalled = [r for r in done if r.get("stall_step") is not None]
     if stalled:
         r = max(stalled, key=lambda r: r["abs_error"])

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from precisionlab import devices, formats, inputs, native
+from precisionlab import devices, formats, inputs, memory, native
 from precisionlab.errors import UsageError
 
 SECTIONS = ("accumulate", "softmax", "matmul")
@@ -51,6 +51,8 @@ def run(cfg: BenchConfig, advance=lambda k=1: None) -> BenchResult:
     gpu_n = cfg.gpu_n or GPU_N
     res = BenchResult(params={"quick": cfg.quick, "device": cfg.device, "sections": sections, "seed": cfg.seed,
                               "cpu_n": cpu_n, "gpu_n": gpu_n})
+    if "accumulate" in sections and plan.cpu:
+        inputs.check_memory(memory.bench_cpu(cpu_n), f"bench accumulate --cpu-n {cpu_n}")
     if "accumulate" in sections:
         if plan.cpu:
             res.rows += accumulate_cpu(cpu_n, cfg.seed, advance)
@@ -78,21 +80,24 @@ ACCUMULATE_CPU_ACCS = ["bf16", "fp32"]
 
 def accumulate_cpu(n: int, seed: int, advance) -> list[dict]:
     """Each CPU kernel once over n fp32-stored normal values, beside numpy.sum
-    of the same float32 array (median of 5)."""
+    of the same float32 array (median of 5). GB/s counts the bytes each one
+    reads: numpy.sum the float32 array (4 bytes a value), the kernels the
+    float64 array they take (8 bytes a value)."""
     x32 = np.random.default_rng(seed).standard_normal(n, dtype=np.float32)
     x64 = x32.astype(np.float64)
     t_np = statistics.median(_wall(lambda: np.sum(x32)) for _ in range(5))
     advance()
     rows = [{"section": "accumulate", "device": "cpu", "kernel": "numpy.sum", "dtype": "fp32", "accumulator": "fp32",
-             "n": n, "time_ms": t_np * 1e3, "gbps": x32.nbytes / t_np / 1e9, "vs_baseline": 1.0,
-             "baseline": "numpy.sum"}]
+             "n": n, "time_ms": t_np * 1e3, "bytes_read": x32.nbytes, "gbps": x32.nbytes / t_np / 1e9,
+             "vs_baseline": 1.0, "baseline": "numpy.sum"}]
     for acc in ACCUMULATE_CPU_ACCS:
         code = formats.get(acc).code
         for m in ACCUMULATE_CPU_METHODS:
             t = _wall(lambda: native.accumulate_cpu(x64, code, m))
             advance()
             rows.append({"section": "accumulate", "device": "cpu", "kernel": m, "dtype": "fp32", "accumulator": acc,
-                         "n": n, "time_ms": t * 1e3, "gbps": x32.nbytes / t / 1e9, "vs_baseline": t_np / t,
+                         "n": n, "time_ms": t * 1e3, "bytes_read": x64.nbytes, "gbps": x64.nbytes / t / 1e9,
+                         "vs_baseline": t_np / t,
                          "baseline": "numpy.sum"})
     return rows
 

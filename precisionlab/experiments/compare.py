@@ -20,7 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
-from precisionlab import devices, formats, inputs, metrics
+from precisionlab import devices, formats, inputs, memory, metrics
 from precisionlab.errors import RunError, UsageError
 from precisionlab.experiments import op_harness
 
@@ -221,6 +221,7 @@ def compare_op(cfg: CompareOpConfig, advance=lambda k=1: None) -> CompareResult:
     if op not in OPS:
         raise UsageError(f"unknown op {cfg.op!r}; choose from {', '.join(OPS)}")
     shape = parse_shape(op, cfg.shape)
+    inputs.check_memory(memory.compare_op(op, shape), f"compare op {op} --shape {'x'.join(map(str, shape))}")
     lows = [formats.get(d) for d in cfg.dtypes.split(",") if d.strip()]
     for f in lows:
         if f.name not in ("bf16", "fp16") and f.name not in STORAGE_DTYPES:

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from precisionlab import devices, metrics
+from precisionlab import devices, inputs, memory, metrics
 from precisionlab.errors import NoDeviceError, UsageError
 
 DEFAULT_PROMPT = "ROMEO:\n"
@@ -278,6 +278,8 @@ def run(cfg: ModelConfig, advance=lambda k=1: None) -> ModelResult:
     device = _device(cfg.device)
     torch = _torch()
     torch.manual_seed(cfg.seed)
+    inputs.check_memory(memory.compare_model_for(cfg.model, cfg.steps, cfg.prompt),
+                        f"compare model {cfg.model or '(embedded)'} --steps {cfg.steps}")
     t0 = time.perf_counter()
     runner = HFRunner(cfg.model, device) if cfg.model else EmbeddedRunner(device)
     prompt = runner.encode(cfg.prompt)

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from precisionlab import devices, formats, inputs, metrics, native
+from precisionlab import devices, formats, inputs, memory, metrics, native
 from precisionlab.errors import UsageError
 
 SECTIONS = ("atomics", "splitk", "batch", "torch_ops", "threads", "tp")
@@ -35,6 +35,7 @@ H200_SMS = 132  # the CPU emulation's stand-in for the GPU's SM count
 EMULATED_BLOCKS = H200_SMS * 4  # the accumulate tree's grid on an H200: 4 blocks per SM
 SPLITK = dict(m=128, n=128, k=8192, splits=8)
 BATCH_COLS = 4096
+CHECK_ROWS = 64  # rows compared with themselves computed alone, in every batch section row
 CUBLAS_DETERMINISTIC = ":4096:8"
 
 
@@ -63,8 +64,10 @@ def run(cfg: NondetConfig, advance=lambda k=1: None) -> NondetResult:
         raise UsageError(f"--runs must be at least 2 to compare runs (got {cfg.runs})")
     if cfg.runs > 100_000:
         raise UsageError(f"--runs {cfg.runs} is absurd here (at most 100000)")
-    inputs.check_n(cfg.n, 8 * 3)
+    if cfg.n <= 0:
+        raise UsageError(f"--n must be > 0, got {cfg.n}")
     sections = inputs.parse_choices(cfg.sections, SECTIONS, "section")
+    inputs.check_memory(memory.nondeterminism(cfg.n, sections), f"nondeterminism --n {cfg.n}")
     plan = devices.resolve(cfg.device)
     cublas_config = "from the environment" if "CUBLAS_WORKSPACE_CONFIG" in os.environ else None
     if plan.cuda and cublas_config is None and "torch_ops" in sections:
@@ -109,7 +112,8 @@ def run(cfg: NondetConfig, advance=lambda k=1: None) -> NondetResult:
         rows += tp.run(tp.TpConfig(seed=cfg.seed, runs=min(cfg.runs, tp.MAX_RUNS)), advance)
     return NondetResult(
         params={"runs": cfg.runs, "n": cfg.n, "device": cfg.device, "seed": cfg.seed, "sections": sections,
-                "batch_sizes": BATCH_SIZES, "splitk": SPLITK, "emulated_blocks": emulated_blocks(cfg.n),
+                "batch_sizes": BATCH_SIZES, "batch_check_rows": CHECK_ROWS,
+                "splitk": SPLITK, "emulated_blocks": emulated_blocks(cfg.n),
                 "CUBLAS_WORKSPACE_CONFIG": os.environ.get("CUBLAS_WORKSPACE_CONFIG"),
                 "CUBLAS_WORKSPACE_CONFIG_source": cublas_config},
         rows=rows, takeaways=takeaways(rows), samples=samples if cfg.keep_samples else {}, exact=exact,
@@ -251,16 +255,6 @@ def _batch_inputs(seed: int, cols: int):
     return big
 
 
-def _batch_row(name, device, variant, row0s: dict[int, np.ndarray], emulated=False, **kw) -> dict:
-    base = row0s[1].astype(np.float64)
-    diffs = {bs: float(np.max(np.abs(r.astype(np.float64) - base))) for bs, r in row0s.items()}
-    return _row("batch", f"{name}: {variant}", device, len(row0s), emulated,
-                distinct=len(set(_bits(row0s.values()))), max_abs_diff=max(diffs.values()),
-                rel_spread=max(diffs.values()) / float(np.max(np.abs(base))),
-                differs_at=[bs for bs, d in diffs.items() if d > 0 or not np.array_equal(row0s[bs], row0s[1])],
-                batch_sizes=list(row0s), **kw)
-
-
 def _torch_lacks(device: str) -> str | None:
     """Why torch cannot run on `device` (a CPU build on a GPU machine), or None.
     This project's kernels do not need it; torch's own sections do."""
@@ -287,29 +281,37 @@ def _batch_torch(device: str, seed: int) -> list[dict]:
         torch.set_float32_matmul_precision("highest")
         for dtype, name in ((torch.float32, "fp32, TF32 off"), (torch.bfloat16, "bf16")):
             a, b = big.to(dtype), w.to(dtype)
-            row0s = {bs: (a[:bs] @ b)[0].float().cpu().numpy() for bs in BATCH_SIZES}
-            rows.append(_batch_row("torch matmul", device, name, row0s))
+            alone = np.stack([(a[i:i + 1] @ b)[0].float().cpu().numpy() for i in range(CHECK_ROWS)])
+            batched = {bs: (a[:bs] @ b)[:CHECK_ROWS].float().cpu().numpy() for bs in BATCH_SIZES}
+            rows.append(_kernel_row("torch matmul", device, name, alone, batched))
     return rows
 
 
-CHECK_ROWS = 64  # rows compared with themselves computed alone
-
-
 def _kernel_row(name, device, variant, alone: np.ndarray, batched: dict[int, np.ndarray], emulated=False, **kw):
-    """Each of the first CHECK_ROWS rows computed alone vs inside each batch."""
-    changed, diffs, differs_at = 0, [], []
-    for bs, out in batched.items():
-        k = min(bs, CHECK_ROWS)
-        neq = [not np.array_equal(out[i], alone[i]) for i in range(k)]
-        changed += sum(neq)
-        diffs.append(float(np.max(np.abs(out[:k].astype(np.float64) - alone[:k]))))
-        if any(neq):
-            differs_at.append(bs)
+    """Each of the first CHECK_ROWS rows computed alone vs inside each batch
+    that holds it (batch size bs holds rows 0 .. bs-1). Every count covers the
+    same (row, batch) pairs:
+      rows_changed / rows_compared        rows whose result in some batch differs
+                                          in any bit from the row computed alone
+      pairs_changed / pairs_compared      (row, batch size) pairs that differ
+      distinct_per_row_max                most distinct bit patterns one row took,
+                                          alone and in every batch (1: invariant)
+      differs_at                          batch sizes where some row differs
+      max_abs_diff                        largest |batched - alone| element"""
+    pairs = [(i, bs) for bs in batched for i in range(min(bs, CHECK_ROWS))]
+    changed_pairs = [(i, bs) for i, bs in pairs if not np.array_equal(batched[bs][i], alone[i])]
+    per_row = {i: {alone[i].tobytes()} for i in range(min(CHECK_ROWS, max(batched)))}
+    for i, bs in pairs:
+        per_row[i].add(np.ascontiguousarray(batched[bs][i]).tobytes())
+    diff = max(float(np.max(np.abs(out[:min(bs, CHECK_ROWS)].astype(np.float64) - alone[:min(bs, CHECK_ROWS)])))
+               for bs, out in batched.items())
     return _row("batch", f"{name}: {variant}", device, len(batched), emulated,
-                distinct=len(set(_bits(out[0] for out in batched.values()))), max_abs_diff=max(diffs),
-                rel_spread=max(diffs) / float(np.max(np.abs(alone))),
-                differs_at=differs_at, rows_changed=changed,
-                rows_compared=sum(min(bs, CHECK_ROWS) for bs in batched), batch_sizes=list(batched), **kw)
+                distinct=None, distinct_per_row_max=max(len(v) for v in per_row.values()), max_abs_diff=diff,
+                rel_spread=diff / float(np.max(np.abs(alone))),
+                differs_at=sorted({bs for _, bs in changed_pairs}),
+                rows_changed=len({i for i, _ in changed_pairs}), rows_compared=len(per_row),
+                pairs_changed=len(changed_pairs), pairs_compared=len(pairs),
+                batch_sizes=list(batched), **kw)
 
 
 def _batch_kernels(device: str, seed: int) -> list[dict]:

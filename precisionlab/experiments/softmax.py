@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from precisionlab import devices, formats, inputs, metrics, native
+from precisionlab import devices, formats, inputs, memory, metrics, native
 from precisionlab.errors import UsageError
 from precisionlab.formats import Format
 
@@ -171,15 +171,14 @@ def _cases(cfg: SoftmaxConfig) -> dict[str, np.ndarray]:
         r, c = cfg.rows, cfg.cols
         if r <= 0 or c <= 0:
             raise UsageError(f"--rows and --cols must be > 0 (got {r} x {c})")
-        inputs.check_n(r * c, 8 * 4, "--rows x --cols")
+        inputs.check_memory(memory.softmax(r, c), f"softmax --rows {r} --cols {c}")
         if cfg.dist not in ("normal", "uniform"):
             raise UsageError(f"--dist must be normal or uniform (got {cfg.dist!r})")
         rng = np.random.default_rng(cfg.seed)
         x = rng.standard_normal((r, c)) if cfg.dist == "normal" else rng.random((r, c))
         return {f"random {r}x{c}": x * cfg.scale}
     if cfg.from_file is not None:
-        x = inputs.load_npy(cfg.from_file, ndim=2)
-        inputs.check_n(x.size, 8 * 4, "--from")
+        x = inputs.load_npy(cfg.from_file, ndim=2, bytes_per_value=memory.SOFTMAX_PER_ELEMENT)
         return {"file": x}
     return named_cases(cfg.seed)
 
@@ -209,7 +208,9 @@ def evaluate(case: str, x: np.ndarray, fmt: Format, method: str, device: str, ma
     ref, ref_lse = reference(stored, masked)
     rep = metrics.error_report(y64, ref, fmt, atol_for(fmt, x.shape[1]), RTOL[fmt.name])
     target = np.where(np.all(np.isneginf(stored), axis=1) & (masked == "zero"), 0.0, 1.0)
-    sums = np.array([math.fsum(r) if np.all(np.isfinite(r)) else math.nan for r in y64.tolist()])
+    # exact row sums a chunk of Python floats at a time (y64.tolist() would hold
+    # 32 bytes of float objects per element at once)
+    sums = np.array([metrics.exact_sum(r) if np.all(np.isfinite(r)) else math.nan for r in y64])
     with np.errstate(invalid="ignore"):
         lse_err = np.abs(lse - ref_lse)
     return {

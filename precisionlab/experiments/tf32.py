@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from precisionlab import devices, formats, inputs, metrics, native
+from precisionlab import devices, formats, inputs, memory, metrics, native
 from precisionlab.errors import UsageError
 
 K_SWEEP = [256, 512, 1024, 2048, 4096, 8192, 16384]
@@ -51,8 +51,8 @@ def run(cfg: Tf32Config, advance=lambda k=1: None) -> Tf32Result:
             raise UsageError(f"{name} must be > 0 (got {v})")
         if v > MAX_DIM:
             raise UsageError(f"{name} {v} is absurd here (at most {MAX_DIM})")
-    # A, B, the float64 reference and a product, at 8 bytes each
-    inputs.check_n(cfg.m * cfg.k + cfg.k * cfg.n + 3 * cfg.m * cfg.n, 8, "--m x --n x --k")
+    what = f"tf32 --m {cfg.m} --n {cfg.n} --k {cfg.k}" + (f" --sweep-mn {cfg.sweep_mn}" if cfg.sweep else "")
+    inputs.check_memory(memory.tf32(cfg.m, cfg.n, cfg.k, cfg.sweep_mn if cfg.sweep else None), what)
     plan = devices.resolve(cfg.device)
     flags = torch_flags()
     rows: list[dict] = []

@@ -1,0 +1,193 @@
+"""Each command's peak memory, estimated before anything large is allocated.
+
+Every estimate is the bytes the run adds at its peak, past the interpreter,
+numpy, the library and torch already loaded: the arrays alive at the worst
+moment, counted per element from the code that allocates them, plus a fixed
+term for work whose size does not follow the options. tests/test_memory.py
+measures the real peak (resident set growth) at three sizes per command and
+holds each estimate within 1.5x of it; change the allocations, change the
+estimate.
+
+The commands call inputs.check_memory with these numbers, which refuses
+(exit 2) when the estimate exceeds what the process may still allocate.
+accumulate keeps its own estimate (experiments/accumulate.py).
+"""
+
+from __future__ import annotations
+
+MiB = 1 << 20
+
+# metrics.error_report at its peak, per compared element: float64 diff, the
+# masks (finite, both, outside), |reference|, the compared subset, and inside
+# the ulp computation its |x|, frexp's mantissa and exponent, the spacing and
+# the ulps, then median's partition copy: about seven float64 arrays.
+ERROR_REPORT = 56
+
+# BLAS work buffers and the like, allocated on first use.
+BLAS_FIXED = 16 * MiB
+
+
+def exact_sum(n: int) -> int:
+    """math.fsum fed 2^20 Python floats at a time (metrics.exact_sum): 24-byte
+    float objects and 8-byte list slots."""
+    return min(n, 1 << 20) * 40
+
+
+# One evaluation at a time (experiments/softmax.evaluate): the case's float64
+# logits (8) held for the run, the stored copy (8), the kernel's input (4 at
+# most) and output (4), the output as float64 (8), the float64 reference (8),
+# then error_report on them.
+SOFTMAX_PER_ELEMENT = 8 + 8 + 4 + 4 + 8 + 8 + ERROR_REPORT
+
+
+def softmax(rows: int, cols: int) -> int:
+    return SOFTMAX_PER_ELEMENT * rows * cols + 16 * MiB
+
+
+# nondeterminism's sections of fixed size (experiments/nondeterminism.py),
+# measured: batch holds a 1024 x 4096 fp32 matrix, every batch's outputs
+# (1462 rows) and torch's 1024 x 1024 matmuls; torch_ops 2^20-element index
+# adds and a 16 x 65536 mm, run after run; split-K a 128 x 8192 x 128 matmul
+# in slices. The first torch section also starts torch's thread pools.
+NONDET_SECTION_FIXED = {"atomics": 0, "threads": 0, "splitk": 40 * MiB, "batch": 110 * MiB,
+                        "torch_ops": 130 * MiB}
+
+
+def nondeterminism(n: int, sections) -> int:
+    """x in float64 (8 n) for the whole run; drawing it briefly holds the
+    float32 copy too (4 n); then fsum's chunk, or the largest section."""
+    return 8 * n + max([4 * n, exact_sum(n)] + [NONDET_SECTION_FIXED[s] for s in sections])
+
+
+def _matmul_modes(m: int, n: int, k: int) -> int:
+    """tf32's CPU emulation of one m x k @ k x n matmul in every mode, with a
+    (4 mk) and b (4 kn) in fp32 held throughout:
+      the float64 reference: a, b in float64 and the product (8 each);
+      rounding an input to bf16/fp16 (formats.round: float64 copy, float32
+      round-to-odd, its float64 back, masks, the result; about 33 bytes each)
+      beside the other input's rounded copy;
+      the output: fp32 product (4), float64 copy (8) and error_report against
+      the float64 reference (8 mn) held."""
+    a, b, c = m * k, k * n, m * n
+    held = 4 * a + 4 * b
+    return held + max(8 * a + 8 * b + 8 * c,
+                      8 * c + 4 * max(a, b) + 33 * max(a, b),
+                      8 * c + 4 * c + 8 * c + ERROR_REPORT * c)
+
+
+K_SWEEP_MAX = 16384  # experiments/tf32.K_SWEEP's largest K
+
+
+def tf32(m: int, n: int, k: int, sweep_mn: int | None) -> int:
+    """The modes at m x k x n, then (sweep_mn given) the K sweep at
+    sweep_mn x K x sweep_mn up to its largest K, with the first A and B still
+    held, plus the four modes' results of one K (4 bytes each)."""
+    modes = _matmul_modes(m, n, k)
+    if sweep_mn is None:
+        return modes + BLAS_FIXED
+    sweep = 4 * m * k + 4 * k * n + _matmul_modes(sweep_mn, sweep_mn, K_SWEEP_MAX) + 16 * sweep_mn * sweep_mn
+    return max(modes, sweep) + BLAS_FIXED
+
+
+def bench_cpu(n: int) -> int:
+    """The CPU accumulate bench: n values in float32 (4) and float64 (8), plus
+    the kernels' and numpy's small fixed state."""
+    return 12 * n + 12 * MiB
+
+
+COMPARE_FIXED = 16 * MiB
+
+
+def compare_op(op: str, shape: tuple) -> int:
+    """compare op on the CPU, for this project's kernels (an --impl's own
+    allocations are its business): per output element the fp32 input (4), the
+    trusted fp32, float64 and this project's outputs (4 + 8 + 4) and their
+    float64 copies for the comparison (8 + 8), error_report, and the
+    low-precision inputs, outputs and copies of one dtype (2 + 2 + 2 + 8 + 8);
+    matmul's inputs take their fp32, float64 and low copies (20 per element);
+    logsumexp compares one value a row, its inputs cost 28 per element (fp32,
+    the scaled draw, float64 and exp's temporary)."""
+    if op == "matmul":
+        m, k, n = shape
+        return (4 + 8 + 4 + 8 + 8 + 2 + 2 + 8 + 8 + ERROR_REPORT) * m * n + 20 * (m * k + k * n) + COMPARE_FIXED
+    rows, cols = shape
+    if op == "logsumexp":
+        return 28 * rows * cols + COMPARE_FIXED
+    return (4 + 4 + 8 + 4 + 8 + 8 + 2 + 2 + 2 + 8 + 8 + ERROR_REPORT) * rows * cols + COMPARE_FIXED
+
+
+# compare model: the code imported on first use, measured: transformers itself
+# (about 28 MiB), its model classes and tokenizer; or the embedded model's.
+MODEL_FIXED = {"hf": 160 * MiB, "embedded": 64 * MiB}
+
+
+def compare_model(params: int, seq: int, vocab: int, hidden: int, layers: int, heads: int, kind: str) -> int:
+    """Weights: the loaded model in fp32 (4 per parameter), the fp32 reference
+    copy (4), and each low-precision copy made as an fp32 deep copy then cast
+    (4 + 2): 14 per parameter. Activations over seq positions: the logits of
+    every step and of the teacher-forced pass in float64 and their fp32
+    originals (about 6 float64 arrays of seq x vocab), the attention scores of
+    one layer (seq^2 per head, fp32) and the hidden states and KV cache of
+    every layer (about 4 fp32 arrays of seq x hidden each)."""
+    return (14 * params + 48 * seq * vocab + 4 * seq * seq * heads + 16 * seq * hidden * layers
+            + MODEL_FIXED[kind])
+
+
+def safetensors_parameters(paths) -> int:
+    """Parameters declared in safetensors headers, without reading the tensors."""
+    import math
+
+    from safetensors import safe_open
+
+    total = 0
+    for path in paths:
+        with safe_open(str(path), framework="pt") as f:
+            total += sum(math.prod(f.get_slice(k).get_shape()) for k in f.keys())
+    return total
+
+
+def compare_model_for(model: str | None, steps: int, prompt: str) -> int:
+    """compare_model for the embedded model or a Hugging Face folder, read from
+    the checkpoint's headers and config.json before anything is loaded. A repo
+    id resolves to its local snapshot; where none is found the loader's own
+    error follows, and 0 is returned here."""
+    import json
+    from pathlib import Path
+
+    seq = len(prompt.encode()) + steps  # a token is at least one byte of the prompt
+    if model is None:
+        from safetensors import safe_open
+
+        from precisionlab.models import charlm
+
+        with safe_open(str(charlm.DEFAULT_WEIGHTS), framework="pt") as f:
+            cfg = json.loads(f.metadata()["config"])
+        return compare_model(safetensors_parameters([charlm.DEFAULT_WEIGHTS]), seq, cfg["vocab_size"],
+                             cfg["d_model"], cfg["n_layers"], cfg["n_heads"], "embedded")
+    folder = Path(model)
+    if not folder.is_dir():
+        try:
+            from huggingface_hub import snapshot_download
+
+            folder = Path(snapshot_download(model, local_files_only=True))
+        except Exception:  # not in the cache, or no huggingface_hub: the loader says so
+            return 0
+    try:
+        cfg = json.loads((folder / "config.json").read_text())
+    except (OSError, ValueError):
+        cfg = {}
+    cfg = cfg if isinstance(cfg, dict) else {}
+    cfg = cfg["text_config"] if isinstance(cfg.get("text_config"), dict) else cfg  # multimodal configs nest it
+    try:
+        params = safetensors_parameters(sorted(folder.glob("*.safetensors")))
+    except Exception:  # a header safetensors cannot read: the loader will refuse the folder
+        params = 0
+    if params == 0:  # pickled checkpoints (.bin): their bytes, as if 2 per parameter
+        params = sum(p.stat().st_size for p in folder.glob("*.bin")) // 2
+
+    def num(key: str) -> int:
+        v = cfg.get(key)
+        return int(v) if isinstance(v, (int, float)) and v > 0 else 0
+
+    return compare_model(params, seq, num("vocab_size"), num("hidden_size"), num("num_hidden_layers"),
+                         num("num_attention_heads"), "hf")

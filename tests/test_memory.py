@@ -1,0 +1,298 @@
+"""Memory is checked before it is spent: each command's estimate
+(precisionlab/memory.py) against the peak it really reaches, refusals under an
+address-space limit that name both numbers, one line and exit 1 when an
+allocation fails anyway, and sizes read from .npy/.npz headers alone.
+
+The peak is measured in a child process that has already imported precisionlab,
+numpy and torch: /proc/self/clear_refs resets its peak resident set (VmHWM) to
+what is resident now, the command runs in-process, and the growth is VmHWM
+minus that baseline. Sizes are tens of MB, ascending, one child per command."""
+
+import json
+import math
+import os
+import resource
+import subprocess
+import sys
+import textwrap
+import zipfile
+import zlib
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from helpers import ROOT
+from precisionlab import inputs, memory
+from precisionlab.errors import UsageError
+
+RATIO = 1.5  # the estimate must lie within 1.5x of the measured growth, either way
+
+CHILD = textwrap.dedent("""
+    import ctypes, gc, json, os, sys
+    import numpy, torch
+    import precisionlab.cli, precisionlab.native, precisionlab.report
+    precisionlab.native._load()  # the library loaded: part of the baseline
+
+    def status(key):
+        for line in open("/proc/self/status"):
+            if line.startswith(key + ":"):
+                return int(line.split()[1]) * 1024
+
+    libc = ctypes.CDLL("libc.so.6")
+    out, devnull = sys.stdout, open(os.devnull, "w")
+    results = []
+    for argv in json.loads(sys.argv[1]):
+        gc.collect()
+        libc.malloc_trim(0)  # what earlier runs freed goes back before the baseline
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")  # VmHWM := VmRSS
+        base = status("VmRSS")
+        sys.argv, sys.stdout = ["precisionlab", *argv], devnull
+        try:
+            precisionlab.cli.main()
+        except SystemExit as e:
+            rc = e.code
+        sys.stdout = out
+        results.append({"argv": argv, "rc": rc, "growth": status("VmHWM") - base})
+    print(json.dumps(results))
+""")
+
+
+def _measure(cases: list[list[str]]) -> list[dict]:
+    env = {k: v for k, v in os.environ.items() if k != "PRECISIONLAB_DEBUG"}
+    env["PYTHONPATH"] = str(ROOT)
+    p = subprocess.run([sys.executable, "-c", CHILD, json.dumps(cases)], capture_output=True, text=True, env=env,
+                       timeout=600, cwd=ROOT)
+    assert p.returncode == 0, p.stderr[-2000:]
+    return json.loads(p.stdout.strip().splitlines()[-1])
+
+
+def _npy(tmp_path: Path, rows: int, cols: int) -> str:
+    path = tmp_path / f"logits_{rows}x{cols}.npy"
+    np.save(path, np.random.default_rng(0).standard_normal((rows, cols)).astype(np.float32))
+    return str(path)
+
+
+def _tiny_qwen(out: Path, hidden: int) -> str:
+    """A 4-layer Qwen3 of the given width (0.6M, 2.4M, 9.5M parameters for 128,
+    256, 512) with a word-level tokenizer, saved as a local folder."""
+    import torch
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast, Qwen3Config, Qwen3ForCausalLM
+
+    words = ["[UNK]", "the", "cat", "sat", "on", "a", "mat", "and", "dog", "ran", "to", "it"]
+    tok = Tokenizer(models.WordLevel(vocab={w: i for i, w in enumerate(words)}, unk_token="[UNK]"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    torch.manual_seed(0)
+    cfg = Qwen3Config(vocab_size=len(words), hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=4,
+                      num_attention_heads=4, num_key_value_heads=2, head_dim=hidden // 4, max_position_embeddings=64)
+    folder = out / f"qwen3-{hidden}"
+    Qwen3ForCausalLM(cfg).save_pretrained(folder)
+    PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="[UNK]").save_pretrained(folder)
+    return str(folder)
+
+
+def _models(tmp_path: Path):
+    pytest.importorskip("transformers")
+    return [(["compare", "model", "--model", folder, "--steps", "8", "--prompt", "the cat sat", "--json"],
+             memory.compare_model_for(folder, 8, "the cat sat"))
+            for folder in (_tiny_qwen(tmp_path, h) for h in (128, 256, 512))]
+
+
+# (label, [(argv, estimate in bytes)] at three ascending sizes)
+def _families(tmp_path: Path):
+    MiB = memory.MiB
+    return {
+        "softmax": [(["softmax", "--rows", str(r), "--cols", "4096", "--device", "cpu", "--json"],
+                     memory.softmax(r, 4096)) for r in (64, 128, 256)],
+        "softmax --from": [(["softmax", "--from", _npy(tmp_path, r, 4096), "--device", "cpu", "--json"],
+                            memory.softmax(r, 4096)) for r in (64, 128, 256)],
+        "nondeterminism": [(["nondeterminism", "--n", str(n), "--runs", "2", "--sections", "atomics,threads",
+                             "--device", "cpu", "--json"], memory.nondeterminism(n, ["atomics", "threads"]))
+                           for n in (1 << 20, 1 << 21, 1 << 22)]
+        # and once with every section, whose fixed-size work (batch, torch_ops, splitk) sets the peak
+        + [(["nondeterminism", "--n", str(1 << 20), "--runs", "2", "--device", "cpu", "--json"],
+            memory.nondeterminism(1 << 20, ["atomics", "splitk", "batch", "torch_ops", "threads"]))],
+        "tf32": [(["tf32", "--m", str(s), "--n", str(s), "--k", str(s), "--no-sweep", "--device", "cpu", "--json"],
+                  memory.tf32(s, s, s, None)) for s in (512, 768, 1024)],
+        "tf32 --sweep-mn": [(["tf32", "--m", "64", "--n", "64", "--k", "64", "--sweep-mn", str(s), "--device", "cpu",
+                              "--json"], memory.tf32(64, 64, 64, s)) for s in (16, 32, 64)],
+        "bench": [(["bench", "accumulate", "--cpu-n", str(n), "--device", "cpu", "--json"], memory.bench_cpu(n))
+                  for n in (1_000_000, 2_000_000, 4_000_000)],
+        "compare op softmax": [(["compare", "op", "softmax", "--shape", f"{r}x4096", "--dtype", "bf16", "--device",
+                                 "cpu", "--json"], memory.compare_op("softmax", (r, 4096))) for r in (64, 128, 256)],
+        "compare op matmul": [(["compare", "op", "matmul", "--shape", f"{s}x{s}x{s}", "--dtype", "bf16", "--device",
+                                "cpu", "--json"], memory.compare_op("matmul", (s, s, s))) for s in (256, 512, 768)],
+        "compare model": lambda: _models(tmp_path),
+    }
+
+
+# Families that share their first-use state run in one child, one after the other.
+GROUPS = [["softmax", "softmax --from"], ["nondeterminism"], ["tf32", "tf32 --sweep-mn"], ["bench"],
+          ["compare op matmul", "compare op softmax"], ["compare model"]]
+
+# What a process pays once, on a command's first run, and keeps (BLAS buffers,
+# thread pools, the library's first-use state): each estimate's size-free term.
+FIRST_USE = {"softmax": memory.softmax(0, 0), "softmax --from": memory.softmax(0, 0), "nondeterminism": 0,
+             "tf32": memory.tf32(0, 0, 0, None), "tf32 --sweep-mn": memory.BLAS_FIXED, "bench": memory.bench_cpu(0),
+             "compare op softmax": memory.COMPARE_FIXED, "compare op matmul": memory.COMPARE_FIXED,
+             "compare model": memory.MODEL_FIXED["hf"]}
+
+
+@pytest.mark.parametrize("group", GROUPS, ids=lambda g: " + ".join(g))
+def test_estimate_tracks_the_measured_peak(group, tmp_path):
+    """Three ascending sizes per command. The first run of a fresh child pays
+    the first-use state and is held against the whole estimate; every later
+    run in the same child against the estimate less that state, which it finds
+    in place."""
+    families = _families(tmp_path)
+    cases = [(family, argv, est) for family in group
+             for argv, est in (families[family]() if callable(families[family]) else families[family])]
+    measured = _measure([argv for _, argv, _ in cases])
+    report, ratios = [], []
+    for i, ((family, argv, est), m) in enumerate(zip(cases, measured)):
+        assert m["rc"] in (0, 1), m  # 1: compare op flags a comparison; the run itself completed
+        want = est if i == 0 else est - FIRST_USE[family]
+        ratios.append(want / m["growth"])
+        report.append(f"{' '.join(argv[:7])}: estimate {want / 2**20:.1f} MiB, measured {m['growth'] / 2**20:.1f} MiB, "
+                      f"ratio {ratios[-1]:.2f}")
+    print("\n".join(report))
+    assert all(1 / RATIO <= r <= RATIO for r in ratios), "\n".join(report)
+
+
+# ---------------------------------------------------------------------------
+# refusals and failures
+
+
+def _run_limited(args: list[str], limit: int, prelude: str = "") -> subprocess.CompletedProcess:
+    """The CLI in a child whose address space is capped at `limit` bytes."""
+    env = {k: v for k, v in os.environ.items() if k != "PRECISIONLAB_DEBUG"}
+    env["PYTHONPATH"] = str(ROOT)
+    code = prelude + "\nimport sys\nfrom precisionlab.cli import main\nsys.argv = ['precisionlab', *sys.argv[1:]]\nmain()"
+    return subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, env=env, timeout=120,
+                          cwd=ROOT, preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_AS, (limit, limit)))
+
+
+def _numbers_in(line: str) -> list[str]:
+    import re
+
+    return re.findall(r"\d+(?:\.\d+)? (?:GiB|MiB)", line)
+
+
+BIG_SOFTMAX = ["softmax", "--rows", "4096", "--cols", "8192", "--device", "cpu"]  # about 3 GiB estimated
+
+
+def test_address_space_limit_refuses_naming_both_numbers():
+    need = memory.softmax(4096, 8192)
+    if need >= inputs.available_memory():
+        pytest.skip("this machine has too little RAM to tell the limits apart")
+    r = _run_limited(BIG_SOFTMAX, 1 << 30)
+    assert r.returncode == 2, r.stderr
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and "memory" in lines[0] and not r.stdout, r.stderr
+    got = _numbers_in(lines[0])
+    assert len(got) == 2, lines[0]
+    # the need, and what the 1 GiB address space has left once Python and numpy are mapped
+    assert got[0] == inputs._gib(need)
+    left = float(got[1].split()[0]) * (2**30 if got[1].endswith("GiB") else 2**20)
+    assert 0 < left < 2**30
+
+
+@pytest.mark.parametrize("args", [
+    ["tf32", "--m", "16384", "--n", "16384", "--k", "16384", "--no-sweep", "--device", "cpu"],
+    ["tf32", "--m", "64", "--n", "64", "--k", "64", "--sweep-mn", "8192", "--device", "cpu"],
+    ["nondeterminism", "--n", str(1 << 28), "--device", "cpu"],
+    ["bench", "accumulate", "--cpu-n", str(3 * 10**8), "--device", "cpu"],
+    ["compare", "op", "softmax", "--shape", "8192x8192", "--device", "cpu"],
+    ["compare", "op", "matmul", "--shape", "8192x8192x8192", "--device", "cpu"],
+])
+def test_every_command_refuses_under_the_limit(args):
+    r = _run_limited(args, 2 << 30)
+    assert r.returncode == 2, (r.returncode, r.stderr[-500:])
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and len(_numbers_in(lines[0])) == 2, r.stderr
+
+
+def test_from_file_refused_from_its_header(tmp_path):
+    # a header declaring 2^31 float64 values, and no data: only the header is read
+    path = tmp_path / "huge.npy"
+    with open(path, "wb") as f:
+        np.lib.format.write_array_header_1_0(f, {"descr": "<f8", "fortran_order": False, "shape": (1 << 16, 1 << 15)})
+    assert inputs.npy_declared_bytes(str(path)) == 8 << 31
+    r = _run_limited(["softmax", "--from", str(path), "--device", "cpu"], 2 << 30)
+    assert r.returncode == 2 and "--from" in r.stderr and len(_numbers_in(r.stderr)) == 2, r.stderr
+
+
+def test_failed_allocation_is_one_line_and_exit_1():
+    # the check told that plenty is available: the allocation itself fails
+    prelude = "import precisionlab.inputs as i\ni.memory_limit = lambda: 1 << 62"
+    r = _run_limited(BIG_SOFTMAX, 1 << 30, prelude)
+    assert r.returncode == 1, r.stderr
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("precisionlab: out of memory") and "Traceback" not in r.stderr
+
+
+def test_out_of_memory_covers_torch_allocators():
+    from precisionlab import cli
+
+    torch = pytest.importorskip("torch")
+    assert cli._out_of_memory(MemoryError())
+    assert cli._out_of_memory(torch.OutOfMemoryError("CUDA out of memory"))
+    assert cli._out_of_memory(RuntimeError("[enforce fail at alloc_cpu.cpp:117] . DefaultCPUAllocator: can't allocate "
+                                           "memory: you tried to allocate 1099511627776 bytes."))
+    assert not cli._out_of_memory(RuntimeError("shape mismatch"))
+
+
+# ---------------------------------------------------------------------------
+# sizes from headers
+
+
+def test_npy_declared_bytes(tmp_path):
+    for shape, dtype in (((3, 5), np.float32), ((7,), np.int8), ((2, 3, 4), np.float64), ((0,), np.float16)):
+        path = tmp_path / "a.npy"
+        np.save(path, np.zeros(shape, dtype))
+        assert inputs.npy_declared_bytes(str(path)) == math.prod(shape) * np.dtype(dtype).itemsize
+
+
+def test_npy_with_objects_is_refused_unread(tmp_path):
+    path = tmp_path / "o.npy"
+    np.save(path, np.array([{"a": 1}], dtype=object), allow_pickle=True)
+    with pytest.raises(UsageError, match="pickle"):
+        inputs.npy_declared_bytes(str(path))
+
+
+def _zip_bomb(path: Path, count: int) -> None:
+    """A .npz whose one member is `count` float64 zeros, deflated while
+    streamed, so neither the test nor the archive holds them."""
+    with zipfile.ZipFile(path, "w", compression=zipfile.ZIP_DEFLATED, compresslevel=1) as zf:
+        with zf.open("logits.npy", "w", force_zip64=True) as f:
+            np.lib.format.write_array_header_1_0(f, {"descr": "<f8", "fortran_order": False, "shape": (count,)})
+            chunk = bytes(1 << 24)
+            left = count * 8
+            while left:
+                f.write(chunk[:min(left, len(chunk))])
+                left -= min(left, len(chunk))
+
+
+def test_npz_declared_bytes_sees_through_compression(tmp_path, monkeypatch):
+    small = tmp_path / "small.npz"
+    np.savez_compressed(small, a=np.zeros((100, 10)), b=np.arange(7, dtype=np.int16))
+    assert inputs.npz_declared_bytes(str(small)) == 100 * 10 * 8 + 7 * 2
+
+    bomb = tmp_path / "bomb.npz"
+    count = 1_500_000_000 // 8
+    _zip_bomb(bomb, count)
+    size = bomb.stat().st_size
+    assert size < 8 * 2**20  # megabytes on disk
+    assert inputs.npz_declared_bytes(str(bomb)) == count * 8  # 1.5 GB declared, read from the header
+    monkeypatch.setattr(inputs, "memory_limit", lambda: 1 << 30)
+    with pytest.raises(UsageError, match="needs about 1.4 GiB"):
+        inputs.check_memory(inputs.npz_declared_bytes(str(bomb)), str(bomb))
+
+
+def test_npz_that_is_not_a_zip_is_a_usage_error(tmp_path):
+    path = tmp_path / "x.npz"
+    path.write_bytes(b"not a zip")
+    with pytest.raises(UsageError):
+        inputs.npz_declared_bytes(str(path))
