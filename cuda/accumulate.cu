@@ -179,7 +179,10 @@ fast_fmt make_fast(const pl_format_info& f) {
 // its sign, as the exact path does.
 inline bool fast_ok(uint64_t vb, const fast_fmt& ff) {
     const uint64_t a = vb & ~kSign;
-    return ((a - ff.minb < ff.span) & ((a & ff.low) != ff.half)) | (a == 0);
+    // integer flags, not bools: short-circuit branches here would be taken at random
+    const uint64_t in_range = (uint64_t)(a - ff.minb < ff.span) | (uint64_t)(a == 0);
+    const uint64_t midpoint = (uint64_t)((a & ff.low) == ff.half);  // never 0
+    return (in_range & ~midpoint) & 1;
 }
 inline uint64_t fast_round_bits(uint64_t vb, const fast_fmt& ff) { return (vb + ff.half) & ff.keep; }
 
