@@ -184,7 +184,6 @@ inline bool fast_ok(uint64_t vb, const fast_fmt& ff) {
     const uint64_t midpoint = (uint64_t)((a & ff.low) == ff.half);  // never 0
     return (in_range & ~midpoint) & 1;
 }
-inline uint64_t fast_round_bits(uint64_t vb, const fast_fmt& ff) { return (vb + ff.half) & ff.keep; }
 
 // Off the fast path: v = RN_53(a + b) on a midpoint is a true tie when the
 // double sum was exact (then ties go to even, on v's bits); every other case
@@ -322,8 +321,8 @@ constexpr int kPairBlock = 1 << kPairLog;
 template <bool NATIVE>
 double fast_pairwise(const double* x, int64_t n, const pl_format_info& f) {
     const fast_acc<NATIVE> acc(f);
-    double val[66];
-    int level[66];
+    double val[66] = {};
+    int level[66] = {};
     int top = 0;
     auto op = [&](double a, double b) { return r_get(acc.add(r_set(a), r_set(b))); };
     auto push = [&](double v, int l) {
@@ -411,7 +410,7 @@ int accumulate_cpu(const double* x, int64_t n, int accumulator, int method, uint
                    int64_t* stall_step, double* stall_value, double* trace, bool exact, const char* func) {
     if (x == nullptr) return pl_fail(PL_ERR_NULL_POINTER, func, "x is NULL");
     if (result == nullptr) return pl_fail(PL_ERR_NULL_POINTER, func, "result is NULL");
-    size_t bytes;
+    size_t bytes = 0;
     if (int st = pl_checked_bytes(n, sizeof(double), &bytes, func)) return st;
     if (!pl_valid_format(accumulator))
         return pl_fail(PL_ERR_INVALID_ARGUMENT, func, "unknown accumulator format %d", accumulator);
@@ -460,6 +459,60 @@ extern "C" int pl_accumulate_cpu(const double* x, int64_t n, int accumulator, in
 extern "C" int pl_accumulate_cpu_exact(const double* x, int64_t n, int accumulator, int method, uint64_t seed,
                                        double* result, int64_t* stall_step, double* stall_value, double* trace) {
     return accumulate_cpu(x, n, accumulator, method, seed, result, stall_step, stall_value, trace, true, __func__);
+}
+
+// Stable sort by magnitude, for the sorted summation orders: LSD radix sort
+// on |x|'s bits (a byte per pass; a byte that is the same in every value, as
+// the low bytes of narrow stored formats are, costs no pass). O(n) time, and
+// exactly two arrays: out and one work array of n doubles. NaN goes last in
+// both directions, in its input order, as numpy's stable argsort of |x| and of
+// -|x| puts it.
+namespace {
+inline uint64_t magnitude_key(double v, bool descending) {
+    if (std::isnan(v)) return ~0ull;
+    const uint64_t a = pl_bits(v) & ~kSign;
+    return descending ? 0x7FF0000000000000ull - a : a;  // 0 for inf, never above NaN's key
+}
+}  // namespace
+
+extern "C" int pl_sort_by_magnitude(const double* x, int64_t n, int descending, double* out, double* work) {
+    PL_REQUIRE_PTR(x);
+    PL_REQUIRE_PTR(out);
+    PL_REQUIRE_PTR(work);
+    size_t bytes = 0;
+    if (int st = pl_checked_bytes(n, sizeof(double), &bytes, __func__)) return st;
+    PL_REQUIRE(descending == 0 || descending == 1, PL_ERR_INVALID_ARGUMENT, "descending must be 0 or 1 (got %d)",
+               descending);
+    const bool desc = descending == 1;
+    std::vector<int64_t> count(8 * 256, 0);
+    for (int64_t i = 0; i < n; ++i) {
+        const uint64_t k = magnitude_key(x[i], desc);
+        for (int d = 0; d < 8; ++d) ++count[(size_t)(d * 256 + ((k >> (8 * d)) & 255))];
+    }
+    int passes[8], np_ = 0;
+    for (int d = 0; d < 8; ++d) {
+        bool trivial = false;
+        for (int b = 0; b < 256; ++b) trivial |= count[(size_t)(d * 256 + b)] == n;
+        if (!trivial) passes[np_++] = d;
+    }
+    if (np_ == 0) {
+        std::memcpy(out, x, bytes);
+        return PL_OK;
+    }
+    const double* src = x;
+    double* dst = (np_ % 2 == 1) ? out : work;  // the last pass lands in out
+    for (int p = 0; p < np_; ++p) {
+        const int d = passes[p];
+        int64_t pos[256], acc = 0;
+        for (int b = 0; b < 256; ++b) {
+            pos[b] = acc;
+            acc += count[(size_t)(d * 256 + b)];
+        }
+        for (int64_t i = 0; i < n; ++i) dst[pos[(magnitude_key(src[i], desc) >> (8 * d)) & 255]++] = src[i];
+        src = dst;
+        dst = (dst == out) ? work : out;
+    }
+    return PL_OK;
 }
 
 extern "C" int pl_sum_cpu_threads(const double* x, int64_t n, int threads, double* result) {

@@ -68,6 +68,8 @@ _PROTOTYPES = {
     "pl_accumulate_cpu": (c_int, [_d, c_int64, c_int, c_int, c_uint64, _d, _i64, _d, _d]),
     # int pl_accumulate_cpu_exact(...): pl_accumulate_cpu's arguments, exact path only
     "pl_accumulate_cpu_exact": (c_int, [_d, c_int64, c_int, c_int, c_uint64, _d, _i64, _d, _d]),
+    # int pl_sort_by_magnitude(const double* x, int64_t n, int descending, double* out, double* work)
+    "pl_sort_by_magnitude": (c_int, [_d, c_int64, c_int, _d, _d]),
     # int pl_sum_cpu_threads(const double* x, int64_t n, int threads, double* result)
     "pl_sum_cpu_threads": (c_int, [_d, c_int64, c_int, _d]),
     # int pl_softmax_cpu_lanes(const void* x, int64_t rows, int64_t cols, int dtype, void* y, int lanes)
@@ -313,6 +315,17 @@ def accumulate_cpu(x, accumulator: int, method: str, seed: int = 0, trace: bool 
     _call("pl_accumulate_cpu_exact" if exact_path else "pl_accumulate_cpu", _dptr(x), x.size, accumulator, CPU_METHODS[method], seed & (2**64 - 1),
           ctypes.byref(out), ctypes.byref(step), ctypes.byref(value), _dptr(tr) if trace else None)
     return CpuSum(out.value, step.value, value.value, tr)
+
+
+def sort_by_magnitude(x: np.ndarray, descending: bool = False) -> np.ndarray:
+    """x stably sorted by |x| (increasing, or decreasing), NaN last: the sorted
+    summation orders. Allocates the result and one work array of x's size."""
+    x = _as_f64(x)
+    out = np.empty_like(x)
+    work = np.empty_like(x)
+    if x.size:
+        _call("pl_sort_by_magnitude", _dptr(x), x.size, int(descending), _dptr(out), _dptr(work))
+    return out
 
 
 def sum_cuda(x, storage: int, accumulator: int, method: str, runs: int = 1) -> np.ndarray:
