@@ -48,6 +48,8 @@ SeedOpt = Annotated[int, typer.Option("--seed", help="Seed for every random draw
 JsonOpt = Annotated[bool, typer.Option("--json", help="One strict JSON document on stdout (non-finite as strings).")]
 AtolOpt = Annotated[Optional[float], typer.Option("--atol", help="Absolute tolerance (default: torch.testing's for the dtype).")]
 RtolOpt = Annotated[Optional[float], typer.Option("--rtol", help="Relative tolerance (default: torch.testing's for the dtype).")]
+ThreadsOpt = Annotated[Optional[int], typer.Option("--threads", help="CPU threads for torch work (default: sized for "
+                                                   "the work, one for small matrices).")]
 
 
 @app.command()
@@ -126,6 +128,7 @@ def compare_model(
     device: Annotated[str, typer.Option("--device", help="cpu (default) | cuda | auto.")] = "cpu",
     seed: SeedOpt = 0,
     json_out: JsonOpt = False,
+    threads: ThreadsOpt = None,
 ):
     """A whole model in fp32 vs bf16/fp16: where greedy decoding diverges, and the logit error per step."""
     from precisionlab import report
@@ -133,7 +136,8 @@ def compare_model(
 
     if plot:
         report.require_matplotlib()
-    cfg = exp.ModelConfig(model=model, steps=steps, prompt=prompt, dtypes=dtypes, device=device, seed=seed)
+    cfg = exp.ModelConfig(model=model, steps=steps, prompt=prompt, dtypes=dtypes, device=device, seed=seed,
+                          threads=threads)
     with report.progress("compare model", enabled=not json_out) as advance:
         result = exp.run(cfg, advance)
     if plot:
@@ -176,6 +180,7 @@ def tf32(
     device: DeviceOpt = "auto",
     seed: SeedOpt = 0,
     json_out: JsonOpt = False,
+    threads: ThreadsOpt = None,
 ):
     """TF32, bf16 and fp16 matmuls against float64: error, speed, integer exactness, error against K."""
     from precisionlab import report
@@ -183,7 +188,8 @@ def tf32(
 
     if plot:
         report.require_matplotlib()
-    cfg = exp.Tf32Config(m=m, n=n, k=k, sweep_mn=sweep_mn, sweep=not no_sweep, device=device, seed=seed)
+    cfg = exp.Tf32Config(m=m, n=n, k=k, sweep_mn=sweep_mn, sweep=not no_sweep, device=device, seed=seed,
+                         threads=threads)
     with report.progress("tf32", enabled=not json_out) as advance:
         result = exp.run(cfg, advance)
     if plot:
@@ -216,6 +222,7 @@ def compare_op(
     device: DeviceOpt = "auto",
     seed: SeedOpt = 0,
     json_out: JsonOpt = False,
+    threads: ThreadsOpt = None,
 ):
     """Three comparisons: yours fp32 vs torch fp32, torch low vs torch fp32, yours low vs torch low.
 
@@ -224,7 +231,7 @@ def compare_op(
     from precisionlab.experiments import compare as exp
 
     cfg = exp.CompareOpConfig(op=name, shape=shape, dtypes=dtype, impl=impl, device=device, seed=seed, atol=atol,
-                              rtol=rtol)
+                              rtol=rtol, threads=threads)
     with report.progress(f"compare {name}", enabled=not json_out) as advance:
         result = exp.compare_op(cfg, advance)
     (report.compare_op_json if json_out else report.compare_op_table)(result)

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
-from precisionlab import devices, formats, metrics
+from precisionlab import devices, formats, metrics, threads
 from precisionlab.errors import RunError, UsageError
 
 # (3) more than this many times (2), or (1) more than this many times (0), is
@@ -46,6 +46,7 @@ class CompareOpConfig:
     seed: int = 0
     atol: float | None = None
     rtol: float | None = None
+    threads: int | None = None  # torch CPU threads; None: sized for the op (precisionlab.threads)
 
 
 @dataclass
@@ -131,6 +132,21 @@ def load_impl(spec: str):
 
 
 def compare_op(cfg: CompareOpConfig, advance=lambda k=1: None) -> CompareResult:
+    threads.check(cfg.threads)
+    with threads.torch_scope():
+        return _compare_op(cfg, advance)
+
+
+def op_flops(op: str, shape: tuple) -> float:
+    """Floating-point operations of one call of `op` on `shape`, roughly: what sizes its thread count."""
+    if op == "matmul":
+        m, k, n = shape
+        return 2.0 * m * k * n
+    rows, cols = shape
+    return 10.0 * rows * cols  # a few passes over the row: max, exp, sum, scale
+
+
+def _compare_op(cfg: CompareOpConfig, advance) -> CompareResult:
     op = cfg.op.lower()
     if op not in OPS:
         raise UsageError(f"unknown op {cfg.op!r}; choose from {', '.join(OPS)}")
@@ -143,6 +159,7 @@ def compare_op(cfg: CompareOpConfig, advance=lambda k=1: None) -> CompareResult:
         raise UsageError("empty --dtype")
     plan = devices.resolve(cfg.device)
     torch = _torch()
+    threads.fit_torch(cfg.threads, op_flops(op, shape))
     from precisionlab import torch_ops
     from precisionlab.experiments.tf32 import restored_flags, torch_flags
 
