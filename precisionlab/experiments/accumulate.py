@@ -195,7 +195,7 @@ def _check_memory(cfg: AccumulateConfig, n: int, methods, accumulators, plan, st
     traced = (sum(1 for a in accumulators for m in _cpu_methods_for(methods, a, constant, explicit)
                   if m in SEQUENTIAL_KIND) if cfg.trace and plan.cpu else 0)
     what = "--from" if cfg.from_file is not None else f"--n {n}"
-    accumulate_cpu.check_memory(n, orders, traced, what)
+    accumulate_cpu.check_memory(n, orders, traced, what, constant)
 
 
 def _cpu_row(r: native.CpuSum, elapsed: float, storage: Format, acc: Format, method: str, exact: float,

@@ -35,20 +35,23 @@ from precisionlab.formats import Format
 
 ORDERS = ("reverse", "sorted", "sorted_desc")  # data permutations run through the sequential kernel
 CHUNK = 1 << 18  # values per chunk of rounding / fsum: 2 MiB of float64
-# Fixed costs beside the per-element ones: fsum's Python floats for one chunk
-# (about 32 bytes each), a rounding chunk's temporaries, thread stacks.
-FIXED_BYTES = 64 * CHUNK + (16 << 20)
+# Fixed costs beside the per-element ones: a rounding chunk's temporaries and
+# thread stacks; and, unless the input is constant (its sums are products),
+# fsum's Python floats for about two chunks (32 bytes each).
+FIXED_BYTES = 16 << 20
+FSUM_BYTES = 64 * CHUNK
 
 
-def memory_estimate(n: int, orders: bool, traced_rows: int) -> int:
+def memory_estimate(n: int, orders: bool, traced_rows: int, constant: bool = False) -> int:
     """Peak bytes accumulate allocates for n values (see the module docstring)."""
     making = 16 * n                                 # intended + stored
     running = 8 * n + (16 * n if orders else 0) + n  # stored + an order and its work + isfinite's mask
-    return max(making, running) + 8 * n * traced_rows + FIXED_BYTES
+    fixed = FIXED_BYTES + (0 if constant else FSUM_BYTES)
+    return max(making, running) + 8 * n * traced_rows + fixed
 
 
-def check_memory(n: int, orders: bool, traced_rows: int, what: str) -> None:
-    inputs.check_memory(memory_estimate(n, orders, traced_rows), what)
+def check_memory(n: int, orders: bool, traced_rows: int, what: str, constant: bool = False) -> None:
+    inputs.check_memory(memory_estimate(n, orders, traced_rows, constant), what)
 
 
 # ---------------------------------------------------------------------------
@@ -68,12 +71,12 @@ def exact_sum(x: np.ndarray, constant: bool | None = None) -> float:
     """metrics.exact_sum(x). For n copies of one finite value v it is n * v: a
     float64 product is the correctly rounded exact product, which is what fsum
     of the n copies returns (n < 2^53, exact as a double), and an overflow is
-    inf with v's sign, as exact_sum says."""
+    inf with v's sign, as exact_sum says. (+ 0.0: fsum gives 0.0 for -0.0s.)"""
     if constant is None:
         constant = inputs.is_constant(x)
     if constant and x.size < 2**53:
         with np.errstate(over="ignore"):
-            return float(np.float64(x.size) * np.float64(x[0]))
+            return float(np.float64(x.size) * np.float64(x[0])) + 0.0
     return metrics.exact_sum(x)
 
 
