@@ -257,6 +257,9 @@ def bench_table(res) -> None:
                  "batched runs over rotating buffers. GB/s: bytes read (sums), read + written (softmax, copy).", style="dim", highlight=False)
     for note in res.notes:
         stdout.print(note, style="dim", highlight=False)
+    from precisionlab.report_bench_cpu import per_element_table
+
+    per_element_table(res, stdout)
 
 
 def bench_json(res) -> None:
