@@ -389,17 +389,42 @@ double fast_kahan(const double* x, int64_t n, const pl_format_info& f) {
 }
 
 // Neumaier: the running sum and the compensation are two chains of one
-// rounded addition each; the lost part is off both chains.
-template <bool NATIVE>
+// rounded addition each; the lost part is off both chains. In the usual case
+// |s| >= |x| it needs fewer roundings: when x is a (normal) value of the
+// format, lost = (s - t) + x is exact (Fast2Sum), so neither rounds; else, when
+// |t| >= |s| / 2, s - t is exact in the format (Sterbenz), so only the second
+// one rounds.
+// Whether every x is 0 or a normal value of the format (one pass, decides the loop).
+bool all_in_format(const double* x, int64_t n, const fast_fmt& ff) {
+    uint64_t bad = 0;
+    for (int64_t i = 0; i < n; ++i) {
+        const uint64_t a = pl_bits(x[i]) & ~kSign;
+        bad |= (uint64_t)(((a - ff.minb > ff.maxb - ff.minb) | ((a & ff.low) != 0)) & (a != 0));
+    }
+    return bad == 0;
+}
+
+template <bool NATIVE, bool X_IN_FORMAT>
 double fast_neumaier(const double* x, int64_t n, const pl_format_info& f) {
     const fast_acc<NATIVE> acc(f);
     reg s = r_set(0.0), c = r_set(0.0);
     for (int64_t i = 0; i < n; ++i) {
         const reg xi = r_set(x[i]);
         const reg t = acc.add(s, xi);
-        const bool big_s = std::fabs(r_get(s)) >= std::fabs(x[i]);
-        const reg big = big_s ? s : xi, small = big_s ? xi : s;
-        const reg lost = acc.add(acc.sub(big, t), small);
+        const double as = std::fabs(r_get(s)), ax = std::fabs(x[i]);
+        reg lost;
+        if constexpr (NATIVE) {
+            const reg big = as >= ax ? s : xi, small = as >= ax ? xi : s;
+            lost = r_add(r_sub(big, t), small);
+        } else if (X_IN_FORMAT && PL_LIKELY(as >= ax)) {
+            lost = r_add(r_sub(s, t), xi);
+        } else if (PL_LIKELY(as >= ax && 2.0 * std::fabs(r_get(t)) >= as)) {
+            lost = acc.add(r_sub(s, t), xi);
+        } else {
+            const bool big_s = as >= ax;
+            const reg big = big_s ? s : xi, small = big_s ? xi : s;
+            lost = acc.add(acc.sub(big, t), small);
+        }
         c = acc.add(c, lost);
         s = t;
     }
@@ -444,7 +469,11 @@ int accumulate_cpu(const double* x, int64_t n, int accumulator, int method, uint
             break;
         case PL_PAIRWISE: *result = native ? fast_pairwise<true>(x, n, f) : fast_pairwise<false>(x, n, f); break;
         case PL_KAHAN: *result = native ? fast_kahan<true>(x, n, f) : fast_kahan<false>(x, n, f); break;
-        case PL_NEUMAIER: *result = native ? fast_neumaier<true>(x, n, f) : fast_neumaier<false>(x, n, f); break;
+        case PL_NEUMAIER:
+            if (native) *result = fast_neumaier<true, false>(x, n, f);
+            else if (all_in_format(x, n, make_fast(f))) *result = fast_neumaier<false, true>(x, n, f);
+            else *result = fast_neumaier<false, false>(x, n, f);
+            break;
     }
     return PL_OK;
 }
