@@ -206,12 +206,19 @@ inline reg r_add(reg a, reg b) { return _mm_add_sd(a, b); }
 inline reg r_sub(reg a, reg b) { return _mm_sub_sd(a, b); }
 inline uint64_t r_bits(reg r) { return (uint64_t)_mm_cvtsi128_si64(_mm_castpd_si128(r)); }
 struct r_consts {
-    __m128i half, keep;
+    __m128i half, keep, half_1, one, drop;
     explicit r_consts(const fast_fmt& ff)
-        : half(_mm_set1_epi64x((long long)ff.half)), keep(_mm_set1_epi64x((long long)ff.keep)) {}
+        : half(_mm_set1_epi64x((long long)ff.half)), keep(_mm_set1_epi64x((long long)ff.keep)),
+          half_1(_mm_set1_epi64x((long long)ff.half - 1)), one(_mm_set1_epi64x(1)), drop(_mm_cvtsi32_si128(53 - ff.p)) {}
 };
 inline reg r_round(reg v, const r_consts& k) {
     return _mm_castsi128_pd(_mm_and_si128(_mm_add_epi64(_mm_castpd_si128(v), k.half), k.keep));
+}
+// Ties to even on the bits: two more integer ops than r_round.
+inline reg r_round_even(reg v, const r_consts& k) {
+    const __m128i b = _mm_castpd_si128(v);
+    const __m128i lsb = _mm_and_si128(_mm_srl_epi64(b, k.drop), k.one);
+    return _mm_castsi128_pd(_mm_and_si128(_mm_add_epi64(_mm_add_epi64(b, k.half_1), lsb), k.keep));
 }
 #else
 using reg = double;
@@ -222,37 +229,49 @@ inline reg r_sub(reg a, reg b) { return a - b; }
 inline uint64_t r_bits(reg r) { return pl_bits(r); }
 struct r_consts {
     uint64_t half, keep;
-    explicit r_consts(const fast_fmt& ff) : half(ff.half), keep(ff.keep) {}
+    int drop;
+    explicit r_consts(const fast_fmt& ff) : half(ff.half), keep(ff.keep), drop(53 - ff.p) {}
 };
 inline reg r_round(reg v, const r_consts& k) { return pl_from_bits((pl_bits(v) + k.half) & k.keep); }
+inline reg r_round_even(reg v, const r_consts& k) {
+    const uint64_t b = pl_bits(v);
+    return pl_from_bits((b + k.half - 1 + ((b >> k.drop) & 1)) & k.keep);
+}
 #endif
 
-// The accumulator's two operations on the fast path; NATIVE: fp64, plain double.
-template <bool NATIVE>
+// The accumulator's two operations on the fast path (formats below 53 bits).
 struct fast_acc {
     fast_fmt ff;
     r_consts k;
-    explicit fast_acc(const pl_format_info& f) : ff(make_fast(NATIVE ? PL_FORMATS[PL_FP32] : f)), k(ff) { ff.f = &f; }
+    explicit fast_acc(const pl_format_info& f) : ff(make_fast(f)), k(ff) {}
     inline reg add(reg a, reg b) const {
         const reg v = r_add(a, b);
-        if constexpr (NATIVE) return v;
         const reg r = r_round(v, k);
         if (PL_LIKELY(fast_ok(r_bits(v), ff))) return r;
         return r_set(slow_add(r_get(a), r_get(b), r_get(v), ff));
     }
     inline reg sub(reg a, reg b) const {
         const reg v = r_sub(a, b);
-        if constexpr (NATIVE) return v;
         const reg r = r_round(v, k);
         if (PL_LIKELY(fast_ok(r_bits(v), ff))) return r;
         return r_set(slow_add(r_get(a), -r_get(b), r_get(v), ff));
+    }
+    // a + b where both are values of the format: then a double sum on a
+    // midpoint is exact (53 >= 2p + 2, Figueroa), so ties go to even on the
+    // bits and only the range is tested. Narrow operands meet exact ties often,
+    // and a branch that fails that often costs more than the two integer ops.
+    inline reg add_in(reg a, reg b) const {
+        const reg v = r_add(a, b);
+        const reg r = r_round_even(v, k);
+        const uint64_t m = r_bits(v) & ~kSign;
+        if (PL_LIKELY((uint64_t)(m - ff.minb < ff.span) | (uint64_t)(m == 0))) return r;
+        return r_set(pl_add(r_get(a), r_get(b), *ff.f));
     }
     // Branch-free form for the pairwise tree, which has throughput to spare but
     // meets exact ties often (two values of one binade): ties to even on the
     // bits, and ok cleared only by a midpoint that was not exact, or by the range.
     inline double add_flag(double a, double b, bool& ok) const {
         const double v = a + b;
-        if constexpr (NATIVE) return v;
         const uint64_t vb = pl_bits(v), m = vb & ~kSign;
         const bool in_range = (m - ff.minb < ff.span) | (m == 0);
         const bool inexact_tie = ((m & ff.low) == ff.half) & ((v - a != b) | (v - b != a));
@@ -261,10 +280,9 @@ struct fast_acc {
     }
 };
 
-template <bool NATIVE>
 void fast_sequential(const double* x, int64_t n, const pl_format_info& f, double* result, int64_t* stall_step,
                      double* stall_value, double* trace) {
-    const fast_acc<NATIVE> acc(f);
+    const fast_acc acc(f);
     reg s = r_set(0.0);
     int64_t stall = -1;
     double stall_at = std::numeric_limits<double>::quiet_NaN();
@@ -318,9 +336,8 @@ void fast_stochastic(const double* x, int64_t n, const pl_format_info& f, uint64
 constexpr int kPairLog = 6;
 constexpr int kPairBlock = 1 << kPairLog;
 
-template <bool NATIVE>
 double fast_pairwise(const double* x, int64_t n, const pl_format_info& f) {
-    const fast_acc<NATIVE> acc(f);
+    const fast_acc acc(f);
     double val[66] = {};
     int level[66] = {};
     int top = 0;
@@ -360,40 +377,27 @@ double fast_pairwise(const double* x, int64_t n, const pl_format_info& f) {
 // c = (t - s) - y, are exact whenever |s| >= |y| (Fast2Sum: s and y are
 // values of the format), and then equal t - v when v = s + y is exact in
 // double too, which (v - s) == y tells (Dekker). One double subtraction then
-// stands for two roundings.
-template <bool NATIVE>
+// stands for two roundings. (add_in's ties to even would spare the branch on
+// exact ties, but its two integer ops sit on this chain twice: slower.)
 double fast_kahan(const double* x, int64_t n, const pl_format_info& f) {
-    const fast_acc<NATIVE> acc(f);
+    const fast_acc acc(f);
     reg s = r_set(0.0), c = r_set(0.0);
     for (int64_t i = 0; i < n; ++i) {
         const reg y = acc.sub(r_set(x[i]), c);
         const reg v = r_add(s, y);
-        reg t;
-        bool ok = true;
-        if constexpr (NATIVE) {
-            t = v;
-            c = r_sub(r_sub(t, s), y);
-        } else {
-            t = r_round(v, acc.k);
-            ok = fast_ok(r_bits(v), acc.ff);
-            if (!PL_LIKELY(ok)) t = r_set(slow_add(r_get(s), r_get(y), r_get(v), acc.ff));
-            const double sd = r_get(s), yd = r_get(y);
-            if (PL_LIKELY(ok && std::fabs(sd) >= std::fabs(yd) && r_get(r_sub(v, s)) == yd))
-                c = r_sub(t, v);
-            else
-                c = r_set(pl_sub(pl_sub(r_get(t), sd, f), yd, f));
-        }
+        reg t = r_round(v, acc.k);
+        const bool ok = fast_ok(r_bits(v), acc.ff);
+        if (!PL_LIKELY(ok)) t = r_set(slow_add(r_get(s), r_get(y), r_get(v), acc.ff));
+        const double sd = r_get(s), yd = r_get(y);
+        if (PL_LIKELY(ok && std::fabs(sd) >= std::fabs(yd) && r_get(r_sub(v, s)) == yd))
+            c = r_sub(t, v);
+        else
+            c = r_set(pl_sub(pl_sub(r_get(t), sd, f), yd, f));
         s = t;
     }
     return r_get(s);
 }
 
-// Neumaier: the running sum and the compensation are two chains of one
-// rounded addition each; the lost part is off both chains. In the usual case
-// |s| >= |x| it needs fewer roundings: when x is a (normal) value of the
-// format, lost = (s - t) + x is exact (Fast2Sum), so neither rounds; else, when
-// |t| >= |s| / 2, s - t is exact in the format (Sterbenz), so only the second
-// one rounds.
 // Whether every x is 0 or a normal value of the format (one pass, decides the loop).
 bool all_in_format(const double* x, int64_t n, const fast_fmt& ff) {
     uint64_t bad = 0;
@@ -404,19 +408,22 @@ bool all_in_format(const double* x, int64_t n, const fast_fmt& ff) {
     return bad == 0;
 }
 
-template <bool NATIVE, bool X_IN_FORMAT>
+// Neumaier: the running sum and the compensation are two chains of one
+// rounded addition each; the lost part is off both chains. In the usual case
+// |s| >= |x| it needs fewer roundings: when x is a (normal) value of the
+// format, lost = (s - t) + x is exact (Fast2Sum), so neither rounds; else, when
+// |t| >= |s| / 2, s - t is exact in the format (Sterbenz), so only the second
+// one rounds. c and lost are always values of the format (add_in).
+template <bool X_IN_FORMAT>
 double fast_neumaier(const double* x, int64_t n, const pl_format_info& f) {
-    const fast_acc<NATIVE> acc(f);
+    const fast_acc acc(f);
     reg s = r_set(0.0), c = r_set(0.0);
     for (int64_t i = 0; i < n; ++i) {
         const reg xi = r_set(x[i]);
-        const reg t = acc.add(s, xi);
+        const reg t = X_IN_FORMAT ? acc.add_in(s, xi) : acc.add(s, xi);
         const double as = std::fabs(r_get(s)), ax = std::fabs(x[i]);
         reg lost;
-        if constexpr (NATIVE) {
-            const reg big = as >= ax ? s : xi, small = as >= ax ? xi : s;
-            lost = r_add(r_sub(big, t), small);
-        } else if (X_IN_FORMAT && PL_LIKELY(as >= ax)) {
+        if (X_IN_FORMAT && PL_LIKELY(as >= ax)) {
             lost = r_add(r_sub(s, t), xi);
         } else if (PL_LIKELY(as >= ax && 2.0 * std::fabs(r_get(t)) >= as)) {
             lost = acc.add(r_sub(s, t), xi);
@@ -425,10 +432,89 @@ double fast_neumaier(const double* x, int64_t n, const pl_format_info& f) {
             const reg big = big_s ? s : xi, small = big_s ? xi : s;
             lost = acc.add(acc.sub(big, t), small);
         }
-        c = acc.add(c, lost);
+        c = acc.add_in(c, lost);
         s = t;
     }
-    return r_get(acc.add(s, c));
+    return r_get(acc.add_in(s, c));
+}
+
+// Hardware arithmetic where it is the accumulator's: fp64 always, and fp32 when
+// every x is an fp32 value (checked once per call). An IEEE float addition is
+// the exact sum rounded once to nearest-even, with fp32's subnormals and
+// overflow, which is the definition; nothing is left to emulate.
+template <typename T>
+void plain_sequential(const double* x, int64_t n, double* result, int64_t* stall_step, double* stall_value,
+                      double* trace) {
+    T s = 0;
+    int64_t stall = -1;
+    double stall_at = std::numeric_limits<double>::quiet_NaN();
+    for (int64_t i = 0; i < n; ++i) {
+        const T t = s + (T)x[i];
+        if (stall < 0 && t == s && x[i] != 0.0 && std::isfinite(x[i])) {
+            stall = i;
+            stall_at = s;
+        }
+        s = t;
+        if (trace) trace[i] = s;
+    }
+    *result = s;
+    if (stall_step) *stall_step = stall;
+    if (stall_value) *stall_value = stall_at;
+}
+
+template <typename T>
+double plain_pairwise(const double* x, int64_t n) {
+    T val[66] = {};
+    int level[66] = {};
+    int top = 0;
+    auto push = [&](T v, int l) {
+        while (top > 0 && level[top - 1] == l) {
+            v = val[--top] + v;
+            ++l;
+        }
+        val[top] = v;
+        level[top++] = l;
+    };
+    T tmp[kPairBlock / 2];
+    int64_t i = 0;
+    for (; i + kPairBlock <= n; i += kPairBlock) {
+        const double* b = x + i;
+        for (int j = 0; j < kPairBlock / 2; ++j) tmp[j] = (T)b[2 * j] + (T)b[2 * j + 1];
+        for (int w = kPairBlock / 4; w >= 1; w /= 2)
+            for (int j = 0; j < w; ++j) tmp[j] = tmp[2 * j] + tmp[2 * j + 1];
+        push(tmp[0], kPairLog);
+    }
+    for (; i < n; ++i) push((T)x[i], 0);
+    while (top > 1) {
+        const T r = val[--top];
+        val[top - 1] = val[top - 1] + r;
+    }
+    return val[0];
+}
+
+template <typename T>
+double plain_kahan(const double* x, int64_t n) {
+    T s = 0, c = 0;
+    for (int64_t i = 0; i < n; ++i) {
+        const T y = (T)x[i] - c;
+        const T t = s + y;
+        c = (t - s) - y;
+        s = t;
+    }
+    return s;
+}
+
+template <typename T>
+double plain_neumaier(const double* x, int64_t n) {
+    T s = 0, c = 0;
+    for (int64_t i = 0; i < n; ++i) {
+        const T xi = (T)x[i];
+        const T t = s + xi;
+        const bool big_s = std::fabs(s) >= std::fabs(xi);
+        c = c + (big_s ? (s - t) + xi : (xi - t) + s);
+        s = t;
+    }
+    return s + c;
 }
 
 int accumulate_cpu(const double* x, int64_t n, int accumulator, int method, uint64_t seed, double* result,
@@ -458,21 +544,28 @@ int accumulate_cpu(const double* x, int64_t n, int accumulator, int method, uint
         }
         return PL_OK;
     }
+    if (native || (accumulator == PL_FP32 && method != PL_STOCHASTIC && all_in_format(x, n, make_fast(f)))) {
+        switch (method) {
+            case PL_SEQUENTIAL:
+                if (native) plain_sequential<double>(x, n, result, stall_step, stall_value, trace);
+                else plain_sequential<float>(x, n, result, stall_step, stall_value, trace);
+                break;
+            // fp64 has no wider format to draw a stochastic rounding from: plain RNE
+            case PL_STOCHASTIC: plain_sequential<double>(x, n, result, nullptr, nullptr, trace); break;
+            case PL_PAIRWISE: *result = native ? plain_pairwise<double>(x, n) : plain_pairwise<float>(x, n); break;
+            case PL_KAHAN: *result = native ? plain_kahan<double>(x, n) : plain_kahan<float>(x, n); break;
+            case PL_NEUMAIER: *result = native ? plain_neumaier<double>(x, n) : plain_neumaier<float>(x, n); break;
+        }
+        return PL_OK;
+    }
     switch (method) {
-        case PL_SEQUENTIAL:
-            if (native) fast_sequential<true>(x, n, f, result, stall_step, stall_value, trace);
-            else fast_sequential<false>(x, n, f, result, stall_step, stall_value, trace);
-            break;
-        case PL_STOCHASTIC:  // fp64 has no wider format to draw the rounding from: plain RNE
-            if (native) fast_sequential<true>(x, n, f, result, nullptr, nullptr, trace);
-            else fast_stochastic(x, n, f, seed, result, trace);
-            break;
-        case PL_PAIRWISE: *result = native ? fast_pairwise<true>(x, n, f) : fast_pairwise<false>(x, n, f); break;
-        case PL_KAHAN: *result = native ? fast_kahan<true>(x, n, f) : fast_kahan<false>(x, n, f); break;
+        case PL_SEQUENTIAL: fast_sequential(x, n, f, result, stall_step, stall_value, trace); break;
+        case PL_STOCHASTIC: fast_stochastic(x, n, f, seed, result, trace); break;
+        case PL_PAIRWISE: *result = fast_pairwise(x, n, f); break;
+        case PL_KAHAN: *result = fast_kahan(x, n, f); break;
         case PL_NEUMAIER:
-            if (native) *result = fast_neumaier<true, false>(x, n, f);
-            else if (all_in_format(x, n, make_fast(f))) *result = fast_neumaier<false, true>(x, n, f);
-            else *result = fast_neumaier<false, false>(x, n, f);
+            if (all_in_format(x, n, make_fast(f))) *result = fast_neumaier<true>(x, n, f);
+            else *result = fast_neumaier<false>(x, n, f);
             break;
     }
     return PL_OK;
