@@ -517,6 +517,14 @@ double plain_neumaier(const double* x, int64_t n) {
     return s + c;
 }
 
+bool fpu_is_ieee_default() {
+#if defined(__SSE2__)
+    return (_mm_getcsr() & 0xE040u) == 0;  // rounding control (bits 13-14), FTZ (15), DAZ (6)
+#else
+    return true;
+#endif
+}
+
 int accumulate_cpu(const double* x, int64_t n, int accumulator, int method, uint64_t seed, double* result,
                    int64_t* stall_step, double* stall_value, double* trace, bool exact, const char* func) {
     if (x == nullptr) return pl_fail(PL_ERR_NULL_POINTER, func, "x is NULL");
@@ -534,6 +542,10 @@ int accumulate_cpu(const double* x, int64_t n, int accumulator, int method, uint
     if (stall_step) *stall_step = -1;
     if (stall_value) *stall_value = std::numeric_limits<double>::quiet_NaN();
     const bool native = f.precision == 53;
+    // The fast path trusts the FPU's defaults: round to nearest even, no
+    // flush-to-zero or denormals-are-zero (which a library built with
+    // -ffast-math can switch on for the whole process). Otherwise: exact path.
+    if (!fpu_is_ieee_default()) exact = true;
     if (exact) {
         switch (method) {
             case PL_SEQUENTIAL: cpu_sequential(x, n, f, false, seed, result, stall_step, stall_value, trace); break;
