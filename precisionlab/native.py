@@ -317,12 +317,16 @@ def accumulate_cpu(x, accumulator: int, method: str, seed: int = 0, trace: bool 
     return CpuSum(out.value, step.value, value.value, tr)
 
 
-def sort_by_magnitude(x: np.ndarray, descending: bool = False) -> np.ndarray:
+def sort_by_magnitude(x: np.ndarray, descending: bool = False, out: np.ndarray | None = None,
+                      work: np.ndarray | None = None) -> np.ndarray:
     """x stably sorted by |x| (increasing, or decreasing), NaN last: the sorted
-    summation orders. Allocates the result and one work array of x's size."""
+    summation orders. out and work (float64, x's size) are allocated when not given."""
     x = _as_f64(x)
-    out = np.empty_like(x)
-    work = np.empty_like(x)
+    out = np.empty_like(x) if out is None else out
+    work = np.empty_like(x) if work is None else work
+    if out.shape != x.shape or work.shape != x.shape or out.dtype != np.float64 or work.dtype != np.float64 \
+            or not (out.flags.c_contiguous and work.flags.c_contiguous):
+        raise ValueError("sort_by_magnitude: out and work must be contiguous float64 arrays of x's size")
     if x.size:
         _call("pl_sort_by_magnitude", _dptr(x), x.size, int(descending), _dptr(out), _dptr(work))
     return out
