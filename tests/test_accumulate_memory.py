@@ -18,18 +18,20 @@ from precisionlab.errors import UsageError
 from precisionlab.experiments import accumulate as A
 from precisionlab.experiments import accumulate_cpu as C
 
-# A fresh interpreter per size: ru_maxrss is a high-water mark for the process.
+# A fresh interpreter per size, and its VmHWM, the high-water mark of its own
+# address space: ru_maxrss would not do, Linux carries it across fork and exec
+# from the parent (pytest, torch loaded: 220 MiB more than the child ever held).
 MEASURE = textwrap.dedent("""
-    import json, resource, sys
+    import json, sys
     from precisionlab.experiments import accumulate as A
-    def rss():
+    def status(key):
         for line in open("/proc/self/status"):
-            if line.startswith("VmRSS:"):
+            if line.startswith(key + ":"):
                 return int(line.split()[1]) * 1024
     cfg = A.AccumulateConfig(**json.loads(sys.argv[1]))
-    base = rss()
+    base = status("VmRSS")
     A.run(cfg)
-    print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 - base)
+    print(status("VmHWM") - base)
 """)
 
 
