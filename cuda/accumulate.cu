@@ -9,6 +9,10 @@
  *   kahan       compensated summation in the accumulator's own precision
  *   neumaier    Kahan-Babuska-Neumaier, which also survives |x| > |sum|
  *   stochastic  sequential with stochastic rounding (seeded, counter-based)
+ * Each comes twice: the exact path (pl_add: round to odd, then an integer
+ * rounding), kept as the definition, and a fast path that gives the same bits
+ * at hardware speed (see "CPU fast path" below; pl_accumulate_cpu_exact forces
+ * the exact one, and the tests hold the two equal bit for bit).
  *
  * GPU kernels:
  *   version 1, tree        each thread sums a grid-strided slice (16-byte loads,
@@ -34,6 +38,10 @@
 #include <cstdlib>
 #include <thread>
 #include <vector>
+
+#if defined(__SSE2__)
+#include <emmintrin.h>
+#endif
 
 #include "common.cuh"
 
@@ -114,27 +122,529 @@ double cpu_neumaier(const double* x, int64_t n, const pl_format_info& f) {
 
 }  // namespace
 
-extern "C" int pl_accumulate_cpu(const double* x, int64_t n, int accumulator, int method, uint64_t seed,
-                                 double* result, int64_t* stall_step, double* stall_value, double* trace) {
-    PL_REQUIRE_PTR(x);
-    PL_REQUIRE_PTR(result);
-    PL_REQUIRE_N(n);
-    size_t bytes;
-    if (int st = pl_checked_bytes(n, sizeof(double), &bytes, __func__)) return st;
-    PL_REQUIRE(pl_valid_format(accumulator), PL_ERR_INVALID_ARGUMENT, "unknown accumulator format %d", accumulator);
-    PL_REQUIRE(method >= 0 && method < PL_CPU_METHOD_COUNT_, PL_ERR_INVALID_ARGUMENT, "unknown CPU method %d", method);
+// ---------------------------------------------------------------------------
+// CPU fast path: the same bits as the exact path, at hardware speed.
+//
+// Every accumulator operation is RN_p(a + b), the exact sum rounded once to the
+// p-bit format. The fast path computes v = a + b in double (RN_53) and rounds v
+// to p bits with two integer operations on its bits (add half a quantum to the
+// magnitude, clear the dropped bits). That is RN_p(a + b) exactly, for any
+// operands, narrower or wider than the accumulator, whenever
+//   - v is in the format's normal range and rounds below the overflow
+//     threshold (so the quantum is the one the bits say), and
+//   - v is not a midpoint between two p-bit values.
+// Why: every p-bit midpoint and the overflow threshold are doubles (p <= 51),
+// and RN_53 is monotone, so a + b and v lie on the same side of each of them
+// unless v *is* one; then both round alike (Figueroa's double-rounding argument
+// without needing 53 >= 2p + 2: the midpoint case is simply sent to the exact
+// path, which is the cheap round-to-odd step for wide operands, taken only
+// there). Zeros, subnormals of the format, overflow, Inf and NaN fail the
+// range test and take the exact path too. The test is a predicted branch off
+// the dependency chain, so the chain costs one FP add and two integer ops.
+// fp64 accumulators are native double arithmetic on both paths.
+
+namespace {
+
+#define PL_LIKELY(c) __builtin_expect(!!(c), 1)
+
+constexpr uint64_t kSign = 0x8000000000000000ull;
+
+struct fast_fmt {
+    uint64_t half;  // half a quantum of a normal value, in the double's bits
+    uint64_t low;   // the bits a p-bit significand drops
+    uint64_t keep;  // ~low
+    uint64_t minb;  // bits of 2^emin
+    uint64_t maxb;  // bits of the largest finite value
+    uint64_t span;  // minb <= |bits| < minb + span: RN_p is normal and finite
+    int p;
+    const pl_format_info* f;
+};
+
+fast_fmt make_fast(const pl_format_info& f) {
+    fast_fmt r;
+    const int d = 53 - f.precision;
+    r.half = 1ull << (d - 1);
+    r.low = (1ull << d) - 1;
+    r.keep = ~r.low;
+    r.minb = (uint64_t)(f.emin + 1023) << 52;
+    r.maxb = pl_bits(f.max);
+    r.span = r.maxb + r.half - r.minb;
+    r.p = f.precision;
+    r.f = &f;
+    return r;
+}
+
+// v's bits: may the two-op rounding stand for RN_p of the exact sum? A zero
+// may: a sum that rounds to zero in double is exact, and the rounding keeps
+// its sign, as the exact path does.
+inline bool fast_ok(uint64_t vb, const fast_fmt& ff) {
+    const uint64_t a = vb & ~kSign;
+    // integer flags, not bools: short-circuit branches here would be taken at random
+    const uint64_t in_range = (uint64_t)(a - ff.minb < ff.span) | (uint64_t)(a == 0);
+    const uint64_t midpoint = (uint64_t)((a & ff.low) == ff.half);  // never 0
+    return (in_range & ~midpoint) & 1;
+}
+
+// Off the fast path: v = RN_53(a + b) on a midpoint is a true tie when the
+// double sum was exact (then ties go to even, on v's bits); every other case
+// is the exact path's. (v - a == b and v - b == a hold both exactly when v is
+// exact: the one with the larger operand is an exact subtraction, Dekker.)
+inline double slow_add(double a, double b, double v, const fast_fmt& ff) {
+    const uint64_t vb = pl_bits(v), a_ = vb & ~kSign;
+    if ((a_ - ff.minb < ff.span) && (a_ & ff.low) == ff.half && v - a == b && v - b == a)
+        return pl_from_bits((vb + ff.half - 1 + ((vb >> (53 - ff.p)) & 1)) & ff.keep);
+    return pl_add(a, b, *ff.f);
+}
+
+// A double in an SSE register: the rounding's integer ops stay in the vector
+// domain (a move to a general register and back costs more than the add).
+#if defined(__SSE2__)
+using reg = __m128d;
+inline reg r_set(double x) { return _mm_set_sd(x); }
+inline double r_get(reg r) { return _mm_cvtsd_f64(r); }
+inline reg r_add(reg a, reg b) { return _mm_add_sd(a, b); }
+inline reg r_sub(reg a, reg b) { return _mm_sub_sd(a, b); }
+inline uint64_t r_bits(reg r) { return (uint64_t)_mm_cvtsi128_si64(_mm_castpd_si128(r)); }
+struct r_consts {
+    __m128i half, keep, half_1, one, drop;
+    explicit r_consts(const fast_fmt& ff)
+        : half(_mm_set1_epi64x((long long)ff.half)), keep(_mm_set1_epi64x((long long)ff.keep)),
+          half_1(_mm_set1_epi64x((long long)ff.half - 1)), one(_mm_set1_epi64x(1)), drop(_mm_cvtsi32_si128(53 - ff.p)) {}
+};
+inline reg r_round(reg v, const r_consts& k) {
+    return _mm_castsi128_pd(_mm_and_si128(_mm_add_epi64(_mm_castpd_si128(v), k.half), k.keep));
+}
+// Ties to even on the bits: two more integer ops than r_round.
+inline reg r_round_even(reg v, const r_consts& k) {
+    const __m128i b = _mm_castpd_si128(v);
+    const __m128i lsb = _mm_and_si128(_mm_srl_epi64(b, k.drop), k.one);
+    return _mm_castsi128_pd(_mm_and_si128(_mm_add_epi64(_mm_add_epi64(b, k.half_1), lsb), k.keep));
+}
+#else
+using reg = double;
+inline reg r_set(double x) { return x; }
+inline double r_get(reg r) { return r; }
+inline reg r_add(reg a, reg b) { return a + b; }
+inline reg r_sub(reg a, reg b) { return a - b; }
+inline uint64_t r_bits(reg r) { return pl_bits(r); }
+struct r_consts {
+    uint64_t half, keep;
+    int drop;
+    explicit r_consts(const fast_fmt& ff) : half(ff.half), keep(ff.keep), drop(53 - ff.p) {}
+};
+inline reg r_round(reg v, const r_consts& k) { return pl_from_bits((pl_bits(v) + k.half) & k.keep); }
+inline reg r_round_even(reg v, const r_consts& k) {
+    const uint64_t b = pl_bits(v);
+    return pl_from_bits((b + k.half - 1 + ((b >> k.drop) & 1)) & k.keep);
+}
+#endif
+
+// The accumulator's two operations on the fast path (formats below 53 bits).
+struct fast_acc {
+    fast_fmt ff;
+    r_consts k;
+    explicit fast_acc(const pl_format_info& f) : ff(make_fast(f)), k(ff) {}
+    inline reg add(reg a, reg b) const {
+        const reg v = r_add(a, b);
+        const reg r = r_round(v, k);
+        if (PL_LIKELY(fast_ok(r_bits(v), ff))) return r;
+        return r_set(slow_add(r_get(a), r_get(b), r_get(v), ff));
+    }
+    inline reg sub(reg a, reg b) const {
+        const reg v = r_sub(a, b);
+        const reg r = r_round(v, k);
+        if (PL_LIKELY(fast_ok(r_bits(v), ff))) return r;
+        return r_set(slow_add(r_get(a), -r_get(b), r_get(v), ff));
+    }
+    // a + b where both are values of the format: then a double sum on a
+    // midpoint is exact (53 >= 2p + 2, Figueroa), so ties go to even on the
+    // bits and only the range is tested. Narrow operands meet exact ties often,
+    // and a branch that fails that often costs more than the two integer ops.
+    inline reg add_in(reg a, reg b) const {
+        const reg v = r_add(a, b);
+        const reg r = r_round_even(v, k);
+        const uint64_t m = r_bits(v) & ~kSign;
+        if (PL_LIKELY((uint64_t)(m - ff.minb < ff.span) | (uint64_t)(m == 0))) return r;
+        return r_set(pl_add(r_get(a), r_get(b), *ff.f));
+    }
+    // Branch-free form for the pairwise tree, which has throughput to spare but
+    // meets exact ties often (two values of one binade): ties to even on the
+    // bits, and ok cleared only by a midpoint that was not exact, or by the range.
+    inline double add_flag(double a, double b, bool& ok) const {
+        const double v = a + b;
+        const uint64_t vb = pl_bits(v), m = vb & ~kSign;
+        const bool in_range = (m - ff.minb < ff.span) | (m == 0);
+        const bool inexact_tie = ((m & ff.low) == ff.half) & ((v - a != b) | (v - b != a));
+        ok &= in_range & !inexact_tie;
+        return pl_from_bits((vb + ff.half - 1 + ((vb >> (53 - ff.p)) & 1)) & ff.keep);
+    }
+};
+
+void fast_sequential(const double* x, int64_t n, const pl_format_info& f, double* result, int64_t* stall_step,
+                     double* stall_value, double* trace) {
+    const fast_acc acc(f);
+    reg s = r_set(0.0);
+    int64_t stall = -1;
+    double stall_at = std::numeric_limits<double>::quiet_NaN();
+    for (int64_t i = 0; i < n; ++i) {
+        const reg xi = r_set(x[i]);
+        const reg t = acc.add(s, xi);
+        if (stall < 0 && r_get(t) == r_get(s) && x[i] != 0.0 && std::isfinite(x[i])) {
+            stall = i;
+            stall_at = r_get(s);
+        }
+        s = t;
+        if (trace) trace[i] = r_get(s);
+    }
+    *result = r_get(s);
+    if (stall_step) *stall_step = stall;
+    if (stall_value) *stall_value = stall_at;
+}
+
+// Stochastic rounding of v = RN_53(s + x): the exact path rounds the round-to-
+// odd double w instead, which differs from v by at most one double ulp. With d
+// the dropped bits of v and k the draw in the same units, "round up" is k < d,
+// and w's draw differs only when k is d - 1 or d, or when d is 0 (w may sit
+// in the grid point below): those, and everything outside the normal range,
+// take the exact path.
+void fast_stochastic(const double* x, int64_t n, const pl_format_info& f, uint64_t seed, double* result,
+                     double* trace) {
+    const fast_fmt ff = make_fast(f);
+    const uint64_t q = ff.low + 1;
+    double s = 0.0;
+    for (int64_t i = 0; i < n; ++i) {
+        const uint64_t draw = pl_splitmix64(seed, (uint64_t)i) >> 11;  // pl_uniform's 53 bits
+        const uint64_t kk = draw >> ff.p;
+        const double v = s + x[i];
+        const uint64_t vb = pl_bits(v);
+        const uint64_t a = vb & ~kSign;
+        const uint64_t d = a & ff.low;
+        const uint64_t tb = (vb & ff.keep) + (kk < d ? q : 0);
+        if (PL_LIKELY((a - ff.minb < ff.maxb - ff.minb) & (d != 0) & (kk - d + 1 > 1)))
+            s = pl_from_bits(tb);
+        else
+            s = pl_round_stochastic(pl_add_round_odd(s, x[i]), f, pl_uniform(seed, (uint64_t)i));
+        if (trace) trace[i] = s;
+    }
+    *result = s;
+}
+
+// Level-by-level pairwise in blocks of 2^kPairLog: at a block boundary the
+// streaming counter holds only levels >= kPairLog, so a block's tree is one
+// node of that level, computed level by level without branches; a block where
+// any operation leaves the fast path is recomputed on the exact path.
+constexpr int kPairLog = 6;
+constexpr int kPairBlock = 1 << kPairLog;
+
+double fast_pairwise(const double* x, int64_t n, const pl_format_info& f) {
+    const fast_acc acc(f);
+    double val[66] = {};
+    int level[66] = {};
+    int top = 0;
+    auto op = [&](double a, double b) { return r_get(acc.add(r_set(a), r_set(b))); };
+    auto push = [&](double v, int l) {
+        while (top > 0 && level[top - 1] == l) {
+            v = op(val[--top], v);
+            ++l;
+        }
+        val[top] = v;
+        level[top++] = l;
+    };
+    double tmp[kPairBlock / 2];
+    int64_t i = 0;
+    for (; i + kPairBlock <= n; i += kPairBlock) {
+        const double* b = x + i;
+        bool ok = true;
+        for (int j = 0; j < kPairBlock / 2; ++j) tmp[j] = acc.add_flag(b[2 * j], b[2 * j + 1], ok);
+        for (int w = kPairBlock / 4; w >= 1; w /= 2)
+            for (int j = 0; j < w; ++j) tmp[j] = acc.add_flag(tmp[2 * j], tmp[2 * j + 1], ok);
+        if (!ok) {
+            for (int j = 0; j < kPairBlock / 2; ++j) tmp[j] = pl_add(b[2 * j], b[2 * j + 1], f);
+            for (int w = kPairBlock / 4; w >= 1; w /= 2)
+                for (int j = 0; j < w; ++j) tmp[j] = pl_add(tmp[2 * j], tmp[2 * j + 1], f);
+        }
+        push(tmp[0], kPairLog);
+    }
+    for (; i < n; ++i) push(x[i], 0);
+    while (top > 1) {
+        const double r = val[--top];
+        val[top - 1] = op(val[top - 1], r);
+    }
+    return pl_round_to(val[0], f);
+}
+
+// Kahan. The chain c -> y -> t -> c is the cost; its last two operations,
+// c = (t - s) - y, are exact whenever |s| >= |y| (Fast2Sum: s and y are
+// values of the format), and then equal t - v when v = s + y is exact in
+// double too, which (v - s) == y tells (Dekker). One double subtraction then
+// stands for two roundings. (add_in's ties to even would spare the branch on
+// exact ties, but its two integer ops sit on this chain twice: slower.)
+double fast_kahan(const double* x, int64_t n, const pl_format_info& f) {
+    const fast_acc acc(f);
+    reg s = r_set(0.0), c = r_set(0.0);
+    for (int64_t i = 0; i < n; ++i) {
+        const reg y = acc.sub(r_set(x[i]), c);
+        const reg v = r_add(s, y);
+        reg t = r_round(v, acc.k);
+        const bool ok = fast_ok(r_bits(v), acc.ff);
+        if (!PL_LIKELY(ok)) t = r_set(slow_add(r_get(s), r_get(y), r_get(v), acc.ff));
+        const double sd = r_get(s), yd = r_get(y);
+        if (PL_LIKELY(ok && std::fabs(sd) >= std::fabs(yd) && r_get(r_sub(v, s)) == yd))
+            c = r_sub(t, v);
+        else
+            c = r_set(pl_sub(pl_sub(r_get(t), sd, f), yd, f));
+        s = t;
+    }
+    return r_get(s);
+}
+
+// Whether every x is 0 or a normal value of the format (one pass, decides the loop).
+bool all_in_format(const double* x, int64_t n, const fast_fmt& ff) {
+    uint64_t bad = 0;
+    for (int64_t i = 0; i < n; ++i) {
+        const uint64_t a = pl_bits(x[i]) & ~kSign;
+        bad |= (uint64_t)(((a - ff.minb > ff.maxb - ff.minb) | ((a & ff.low) != 0)) & (a != 0));
+    }
+    return bad == 0;
+}
+
+// Neumaier: the running sum and the compensation are two chains of one
+// rounded addition each; the lost part is off both chains. In the usual case
+// |s| >= |x| it needs fewer roundings: when x is a (normal) value of the
+// format, lost = (s - t) + x is exact (Fast2Sum), so neither rounds; else, when
+// |t| >= |s| / 2, s - t is exact in the format (Sterbenz), so only the second
+// one rounds. c and lost are always values of the format (add_in).
+template <bool X_IN_FORMAT>
+double fast_neumaier(const double* x, int64_t n, const pl_format_info& f) {
+    const fast_acc acc(f);
+    reg s = r_set(0.0), c = r_set(0.0);
+    for (int64_t i = 0; i < n; ++i) {
+        const reg xi = r_set(x[i]);
+        const reg t = X_IN_FORMAT ? acc.add_in(s, xi) : acc.add(s, xi);
+        const double as = std::fabs(r_get(s)), ax = std::fabs(x[i]);
+        reg lost;
+        if (X_IN_FORMAT && PL_LIKELY(as >= ax)) {
+            lost = r_add(r_sub(s, t), xi);
+        } else if (PL_LIKELY(as >= ax && 2.0 * std::fabs(r_get(t)) >= as)) {
+            lost = acc.add(r_sub(s, t), xi);
+        } else {
+            const bool big_s = as >= ax;
+            const reg big = big_s ? s : xi, small = big_s ? xi : s;
+            lost = acc.add(acc.sub(big, t), small);
+        }
+        c = acc.add_in(c, lost);
+        s = t;
+    }
+    return r_get(acc.add_in(s, c));
+}
+
+// Hardware arithmetic where it is the accumulator's: fp64 always, and fp32 when
+// every x is an fp32 value (checked once per call). An IEEE float addition is
+// the exact sum rounded once to nearest-even, with fp32's subnormals and
+// overflow, which is the definition; nothing is left to emulate.
+template <typename T>
+void plain_sequential(const double* x, int64_t n, double* result, int64_t* stall_step, double* stall_value,
+                      double* trace) {
+    T s = 0;
+    int64_t stall = -1;
+    double stall_at = std::numeric_limits<double>::quiet_NaN();
+    for (int64_t i = 0; i < n; ++i) {
+        const T t = s + (T)x[i];
+        if (stall < 0 && t == s && x[i] != 0.0 && std::isfinite(x[i])) {
+            stall = i;
+            stall_at = s;
+        }
+        s = t;
+        if (trace) trace[i] = s;
+    }
+    *result = s;
+    if (stall_step) *stall_step = stall;
+    if (stall_value) *stall_value = stall_at;
+}
+
+template <typename T>
+double plain_pairwise(const double* x, int64_t n) {
+    T val[66] = {};
+    int level[66] = {};
+    int top = 0;
+    auto push = [&](T v, int l) {
+        while (top > 0 && level[top - 1] == l) {
+            v = val[--top] + v;
+            ++l;
+        }
+        val[top] = v;
+        level[top++] = l;
+    };
+    T tmp[kPairBlock / 2];
+    int64_t i = 0;
+    for (; i + kPairBlock <= n; i += kPairBlock) {
+        const double* b = x + i;
+        for (int j = 0; j < kPairBlock / 2; ++j) tmp[j] = (T)b[2 * j] + (T)b[2 * j + 1];
+        for (int w = kPairBlock / 4; w >= 1; w /= 2)
+            for (int j = 0; j < w; ++j) tmp[j] = tmp[2 * j] + tmp[2 * j + 1];
+        push(tmp[0], kPairLog);
+    }
+    for (; i < n; ++i) push((T)x[i], 0);
+    while (top > 1) {
+        const T r = val[--top];
+        val[top - 1] = val[top - 1] + r;
+    }
+    return val[0];
+}
+
+template <typename T>
+double plain_kahan(const double* x, int64_t n) {
+    T s = 0, c = 0;
+    for (int64_t i = 0; i < n; ++i) {
+        const T y = (T)x[i] - c;
+        const T t = s + y;
+        c = (t - s) - y;
+        s = t;
+    }
+    return s;
+}
+
+template <typename T>
+double plain_neumaier(const double* x, int64_t n) {
+    T s = 0, c = 0;
+    for (int64_t i = 0; i < n; ++i) {
+        const T xi = (T)x[i];
+        const T t = s + xi;
+        const bool big_s = std::fabs(s) >= std::fabs(xi);
+        c = c + (big_s ? (s - t) + xi : (xi - t) + s);
+        s = t;
+    }
+    return s + c;
+}
+
+bool fpu_is_ieee_default() {
+#if defined(__SSE2__)
+    return (_mm_getcsr() & 0xE040u) == 0;  // rounding control (bits 13-14), FTZ (15), DAZ (6)
+#else
+    return true;
+#endif
+}
+
+int accumulate_cpu(const double* x, int64_t n, int accumulator, int method, uint64_t seed, double* result,
+                   int64_t* stall_step, double* stall_value, double* trace, bool exact, const char* func) {
+    if (x == nullptr) return pl_fail(PL_ERR_NULL_POINTER, func, "x is NULL");
+    if (result == nullptr) return pl_fail(PL_ERR_NULL_POINTER, func, "result is NULL");
+    size_t bytes = 0;
+    if (int st = pl_checked_bytes(n, sizeof(double), &bytes, func)) return st;
+    if (!pl_valid_format(accumulator))
+        return pl_fail(PL_ERR_INVALID_ARGUMENT, func, "unknown accumulator format %d", accumulator);
+    if (method < 0 || method >= PL_CPU_METHOD_COUNT_)
+        return pl_fail(PL_ERR_INVALID_ARGUMENT, func, "unknown CPU method %d", method);
     const bool sequential_kind = method == PL_SEQUENTIAL || method == PL_STOCHASTIC;
-    PL_REQUIRE(trace == nullptr || sequential_kind, PL_ERR_UNSUPPORTED,
-               "a running-sum trace exists for sequential and stochastic only");
+    if (trace != nullptr && !sequential_kind)
+        return pl_fail(PL_ERR_UNSUPPORTED, func, "a running-sum trace exists for sequential and stochastic only");
     const pl_format_info& f = PL_FORMATS[accumulator];
     if (stall_step) *stall_step = -1;
     if (stall_value) *stall_value = std::numeric_limits<double>::quiet_NaN();
+    const bool native = f.precision == 53;
+    // The fast path trusts the FPU's defaults: round to nearest even, no
+    // flush-to-zero or denormals-are-zero (which a library built with
+    // -ffast-math can switch on for the whole process). Otherwise: exact path.
+    if (!fpu_is_ieee_default()) exact = true;
+    if (exact) {
+        switch (method) {
+            case PL_SEQUENTIAL: cpu_sequential(x, n, f, false, seed, result, stall_step, stall_value, trace); break;
+            case PL_STOCHASTIC: cpu_sequential(x, n, f, true, seed, result, stall_step, stall_value, trace); break;
+            case PL_PAIRWISE: *result = cpu_pairwise(x, n, f); break;
+            case PL_KAHAN: *result = cpu_kahan(x, n, f); break;
+            case PL_NEUMAIER: *result = cpu_neumaier(x, n, f); break;
+        }
+        return PL_OK;
+    }
+    if (native || (accumulator == PL_FP32 && method != PL_STOCHASTIC && all_in_format(x, n, make_fast(f)))) {
+        switch (method) {
+            case PL_SEQUENTIAL:
+                if (native) plain_sequential<double>(x, n, result, stall_step, stall_value, trace);
+                else plain_sequential<float>(x, n, result, stall_step, stall_value, trace);
+                break;
+            // fp64 has no wider format to draw a stochastic rounding from: plain RNE
+            case PL_STOCHASTIC: plain_sequential<double>(x, n, result, nullptr, nullptr, trace); break;
+            case PL_PAIRWISE: *result = native ? plain_pairwise<double>(x, n) : plain_pairwise<float>(x, n); break;
+            case PL_KAHAN: *result = native ? plain_kahan<double>(x, n) : plain_kahan<float>(x, n); break;
+            case PL_NEUMAIER: *result = native ? plain_neumaier<double>(x, n) : plain_neumaier<float>(x, n); break;
+        }
+        return PL_OK;
+    }
     switch (method) {
-        case PL_SEQUENTIAL: cpu_sequential(x, n, f, false, seed, result, stall_step, stall_value, trace); break;
-        case PL_STOCHASTIC: cpu_sequential(x, n, f, true, seed, result, stall_step, stall_value, trace); break;
-        case PL_PAIRWISE: *result = cpu_pairwise(x, n, f); break;
-        case PL_KAHAN: *result = cpu_kahan(x, n, f); break;
-        case PL_NEUMAIER: *result = cpu_neumaier(x, n, f); break;
+        case PL_SEQUENTIAL: fast_sequential(x, n, f, result, stall_step, stall_value, trace); break;
+        case PL_STOCHASTIC: fast_stochastic(x, n, f, seed, result, trace); break;
+        case PL_PAIRWISE: *result = fast_pairwise(x, n, f); break;
+        case PL_KAHAN: *result = fast_kahan(x, n, f); break;
+        case PL_NEUMAIER:
+            if (all_in_format(x, n, make_fast(f))) *result = fast_neumaier<true>(x, n, f);
+            else *result = fast_neumaier<false>(x, n, f);
+            break;
+    }
+    return PL_OK;
+}
+
+}  // namespace
+
+extern "C" int pl_accumulate_cpu(const double* x, int64_t n, int accumulator, int method, uint64_t seed,
+                                 double* result, int64_t* stall_step, double* stall_value, double* trace) {
+    return accumulate_cpu(x, n, accumulator, method, seed, result, stall_step, stall_value, trace, false, __func__);
+}
+
+extern "C" int pl_accumulate_cpu_exact(const double* x, int64_t n, int accumulator, int method, uint64_t seed,
+                                       double* result, int64_t* stall_step, double* stall_value, double* trace) {
+    return accumulate_cpu(x, n, accumulator, method, seed, result, stall_step, stall_value, trace, true, __func__);
+}
+
+// Stable sort by magnitude, for the sorted summation orders: LSD radix sort
+// on |x|'s bits (a byte per pass; a byte that is the same in every value, as
+// the low bytes of narrow stored formats are, costs no pass). O(n) time, and
+// exactly two arrays: out and one work array of n doubles. NaN goes last in
+// both directions, in its input order, as numpy's stable argsort of |x| and of
+// -|x| puts it.
+namespace {
+inline uint64_t magnitude_key(double v, bool descending) {
+    if (std::isnan(v)) return ~0ull;
+    const uint64_t a = pl_bits(v) & ~kSign;
+    return descending ? 0x7FF0000000000000ull - a : a;  // 0 for inf, never above NaN's key
+}
+}  // namespace
+
+extern "C" int pl_sort_by_magnitude(const double* x, int64_t n, int descending, double* out, double* work) {
+    PL_REQUIRE_PTR(x);
+    PL_REQUIRE_PTR(out);
+    PL_REQUIRE_PTR(work);
+    size_t bytes = 0;
+    if (int st = pl_checked_bytes(n, sizeof(double), &bytes, __func__)) return st;
+    PL_REQUIRE(descending == 0 || descending == 1, PL_ERR_INVALID_ARGUMENT, "descending must be 0 or 1 (got %d)",
+               descending);
+    const bool desc = descending == 1;
+    std::vector<int64_t> count(8 * 256, 0);
+    for (int64_t i = 0; i < n; ++i) {
+        const uint64_t k = magnitude_key(x[i], desc);
+        for (int d = 0; d < 8; ++d) ++count[(size_t)(d * 256 + ((k >> (8 * d)) & 255))];
+    }
+    int passes[8], np_ = 0;
+    for (int d = 0; d < 8; ++d) {
+        bool trivial = false;
+        for (int b = 0; b < 256; ++b) trivial |= count[(size_t)(d * 256 + b)] == n;
+        if (!trivial) passes[np_++] = d;
+    }
+    if (np_ == 0) {
+        std::memcpy(out, x, bytes);
+        return PL_OK;
+    }
+    const double* src = x;
+    double* dst = (np_ % 2 == 1) ? out : work;  // the last pass lands in out
+    for (int p = 0; p < np_; ++p) {
+        const int d = passes[p];
+        int64_t pos[256], acc = 0;
+        for (int b = 0; b < 256; ++b) {
+            pos[b] = acc;
+            acc += count[(size_t)(d * 256 + b)];
+        }
+        for (int64_t i = 0; i < n; ++i) dst[pos[(magnitude_key(src[i], desc) >> (8 * d)) & 255]++] = src[i];
+        src = dst;
+        dst = (dst == out) ? work : out;
     }
     return PL_OK;
 }

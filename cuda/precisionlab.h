@@ -122,6 +122,18 @@ int pl_accumulate_cpu(const double* x, int64_t n, int accumulator, int method,
                       uint64_t seed, double* result, int64_t* stall_step,
                       double* stall_value, double* trace);
 
+/* pl_accumulate_cpu on its exact path only (every operation through the
+ * general round-to-odd rounding): the same bits, slower; kept to test the fast
+ * path against. */
+int pl_accumulate_cpu_exact(const double* x, int64_t n, int accumulator, int method,
+                            uint64_t seed, double* result, int64_t* stall_step,
+                            double* stall_value, double* trace);
+
+/* x sorted by increasing |x| (descending = 1: decreasing), stably, NaN last
+ * in both directions, into out; work: n doubles of scratch. O(n) time and no
+ * memory beyond out and work (the sorted summation orders). */
+int pl_sort_by_magnitude(const double* x, int64_t n, int descending, double* out, double* work);
+
 /* ---- accumulate: CUDA kernels --------------------------------------------
  * storage: format the values are held in on the device (any pl_format).
  * accumulator: PL_FP32, PL_BF16 or PL_FP64 (PL_GPU_ATOMIC: PL_FP32, PL_BF16,

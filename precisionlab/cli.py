@@ -58,6 +58,8 @@ SeedOpt = Annotated[int, typer.Option("--seed", callback=_seed_in_range,
 JsonOpt = Annotated[bool, typer.Option("--json", help="One strict JSON document on stdout (non-finite as strings).")]
 AtolOpt = Annotated[Optional[float], typer.Option("--atol", help="Absolute tolerance (default: torch.testing's for the dtype).")]
 RtolOpt = Annotated[Optional[float], typer.Option("--rtol", help="Relative tolerance (default: torch.testing's for the dtype).")]
+ThreadsOpt = Annotated[Optional[int], typer.Option("--threads", help="CPU threads for torch work (default: sized for "
+                                                   "the work, one for small matrices).")]
 
 
 @app.command()
@@ -159,6 +161,7 @@ def compare_model(
                                                 "and token ids in the metadata), for compare tensors.")] = None,
     seed: SeedOpt = 0,
     json_out: JsonOpt = False,
+    threads: ThreadsOpt = None,
 ):
     """A whole model in fp32 vs bf16/fp16: where greedy decoding diverges, and the logit error per step."""
     from precisionlab import report
@@ -200,7 +203,8 @@ def compare_model(
         raise UsageError(f"{', '.join(given)} need --metrics")
     if inject:
         raise UsageError("--inject needs --metrics (logits:noise) or --layers/--dump (scale, eps, rope)")
-    cfg = exp.ModelConfig(model=model, steps=steps, prompt=prompt, dtypes=dtypes, device=device, seed=seed)
+    cfg = exp.ModelConfig(model=model, steps=steps, prompt=prompt, dtypes=dtypes, device=device, seed=seed,
+                          threads=threads)
     with report.progress("compare model", enabled=not json_out) as advance:
         result = exp.run(cfg, advance)
     if plot:
@@ -242,13 +246,15 @@ def tf32(
     device: DeviceOpt = "auto",
     seed: SeedOpt = 0,
     json_out: JsonOpt = False,
+    threads: ThreadsOpt = None,
 ):
     """TF32, bf16 and fp16 matmuls against float64: error, speed, integer exactness, error against K."""
     from precisionlab import report
     from precisionlab.experiments import tf32 as exp
 
     plot = report.check_plot_path(plot)  # before the run: a bad path must not cost the result
-    cfg = exp.Tf32Config(m=m, n=n, k=k, sweep_mn=sweep_mn, sweep=not no_sweep, device=device, seed=seed)
+    cfg = exp.Tf32Config(m=m, n=n, k=k, sweep_mn=sweep_mn, sweep=not no_sweep, device=device, seed=seed,
+                         threads=threads)
     with report.progress("tf32", enabled=not json_out) as advance:
         result = exp.run(cfg, advance)
     if plot:
@@ -300,6 +306,7 @@ def compare_op(
     device: DeviceOpt = "auto",
     seed: SeedOpt = 0,
     json_out: JsonOpt = False,
+    threads: ThreadsOpt = None,
 ):
     """Three comparisons: yours fp32 vs torch fp32, torch low vs torch fp32, yours low vs torch low, on every
     input case; batch invariance and determinism; the tolerance that would pass.
@@ -314,7 +321,7 @@ def compare_op(
     inputs.check_tolerance(rtol, "--rtol")
     cfg = exp.CompareOpConfig(op=name, shape=shape, dtypes=dtype, impl=impl, device=device, seed=seed, atol=atol,
                               rtol=rtol, cases=cases, masked=masked, scale=scale, out_dtype=out_dtype,
-                              from_file=from_file)
+                              from_file=from_file, threads=threads)
     with report.progress(f"compare {name}", enabled=not json_out) as advance:
         result = exp.compare_op(cfg, advance)
     (report.compare_op_json if json_out else report.compare_op_table)(result)

@@ -98,7 +98,14 @@ def bench_cpu(n: int) -> int:
 COMPARE_FIXED = 16 * MiB
 
 
-def compare_op(op: str, shape: tuple) -> int:
+def compare_op(op: str, shape: tuple, more_shapes: tuple = ()) -> int:
+    """The peak over the shapes a run works on one at a time: --shape, and the
+    harness's own (op_harness.shapes_used: fixed-size cases such as the
+    vocabulary row or the long K, and the batch-invariance batch)."""
+    return max(_compare_op_one(op, s) for s in (shape, *more_shapes))
+
+
+def _compare_op_one(op: str, shape: tuple) -> int:
     """compare op on the CPU, for this project's kernels (an --impl's own
     allocations are its business): per output element the fp32 input (4), the
     trusted fp32, float64 and this project's outputs (4 + 8 + 4) and their
@@ -110,6 +117,10 @@ def compare_op(op: str, shape: tuple) -> int:
     if op == "matmul":
         m, k, n = shape
         return (4 + 8 + 4 + 8 + 8 + 2 + 2 + 8 + 8 + ERROR_REPORT) * m * n + 20 * (m * k + k * n) + COMPARE_FIXED
+    if op == "attention":  # q, k, v and the output as a row op each, and fp64 scores bh x t x t (SDPA's reference)
+        bh, t, d = shape
+        per = (4 + 4 + 8 + 4 + 8 + 8 + 2 + 2 + 2 + 8 + 8 + ERROR_REPORT)
+        return 4 * per * bh * t * d + 3 * 8 * bh * t * t + COMPARE_FIXED
     rows, cols = shape
     if op == "logsumexp":
         return 28 * rows * cols + COMPARE_FIXED

@@ -66,6 +66,10 @@ _PROTOTYPES = {
     # int pl_accumulate_cpu(const double* x, int64_t n, int accumulator, int method, uint64_t seed,
     #                       double* result, int64_t* stall_step, double* stall_value, double* trace)
     "pl_accumulate_cpu": (c_int, [_d, c_int64, c_int, c_int, c_uint64, _d, _i64, _d, _d]),
+    # int pl_accumulate_cpu_exact(...): pl_accumulate_cpu's arguments, exact path only
+    "pl_accumulate_cpu_exact": (c_int, [_d, c_int64, c_int, c_int, c_uint64, _d, _i64, _d, _d]),
+    # int pl_sort_by_magnitude(const double* x, int64_t n, int descending, double* out, double* work)
+    "pl_sort_by_magnitude": (c_int, [_d, c_int64, c_int, _d, _d]),
     # int pl_sum_cpu_threads(const double* x, int64_t n, int threads, double* result)
     "pl_sum_cpu_threads": (c_int, [_d, c_int64, c_int, _d]),
     # int pl_softmax_cpu_lanes(const void* x, int64_t rows, int64_t cols, int dtype, void* y, int lanes)
@@ -343,14 +347,31 @@ class CpuSum:
     trace: np.ndarray | None
 
 
-def accumulate_cpu(x, accumulator: int, method: str, seed: int = 0, trace: bool = False) -> CpuSum:
-    """Sum float64 values (already stored values) with an emulated accumulator format."""
+def accumulate_cpu(x, accumulator: int, method: str, seed: int = 0, trace: bool = False,
+                   exact_path: bool = False) -> CpuSum:
+    """Sum float64 values (already stored values) with an emulated accumulator format.
+    exact_path: the library's general rounding on every operation (same bits, slower)."""
     x = _as_f64(x)
     out, step, value = c_double(), c_int64(), c_double()
     tr = np.empty_like(x) if trace else None
-    _call("pl_accumulate_cpu", _dptr(x), x.size, accumulator, CPU_METHODS[method], seed & (2**64 - 1),
+    _call("pl_accumulate_cpu_exact" if exact_path else "pl_accumulate_cpu", _dptr(x), x.size, accumulator, CPU_METHODS[method], seed & (2**64 - 1),
           ctypes.byref(out), ctypes.byref(step), ctypes.byref(value), _dptr(tr) if trace else None)
     return CpuSum(out.value, step.value, value.value, tr)
+
+
+def sort_by_magnitude(x: np.ndarray, descending: bool = False, out: np.ndarray | None = None,
+                      work: np.ndarray | None = None) -> np.ndarray:
+    """x stably sorted by |x| (increasing, or decreasing), NaN last: the sorted
+    summation orders. out and work (float64, x's size) are allocated when not given."""
+    x = _as_f64(x)
+    out = np.empty_like(x) if out is None else out
+    work = np.empty_like(x) if work is None else work
+    if out.shape != x.shape or work.shape != x.shape or out.dtype != np.float64 or work.dtype != np.float64 \
+            or not (out.flags.c_contiguous and work.flags.c_contiguous):
+        raise ValueError("sort_by_magnitude: out and work must be contiguous float64 arrays of x's size")
+    if x.size:
+        _call("pl_sort_by_magnitude", _dptr(x), x.size, int(descending), _dptr(out), _dptr(work))
+    return out
 
 
 def sum_cuda(x, storage: int, accumulator: int, method: str, runs: int = 1) -> np.ndarray:

@@ -422,6 +422,9 @@ def bench_table(res) -> None:
                  "GB/s: bytes read (sums), read + written (softmax, copy).", style="dim", highlight=False)
     for note in res.notes:
         stdout.print(safe_text(note), style="dim", highlight=False)
+    from precisionlab.report_bench_cpu import per_element_table
+
+    per_element_table(res, stdout)
 
 
 def _bench_time(r) -> str:

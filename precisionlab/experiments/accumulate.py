@@ -16,10 +16,11 @@ import numpy as np
 
 from precisionlab import devices, formats, inputs, metrics, native
 from precisionlab.errors import UsageError
+from precisionlab.experiments import accumulate_cpu
 from precisionlab.formats import Format
 
 # Orders are data permutations run through the sequential kernel.
-ORDERS = {"reverse", "sorted", "sorted_desc"}
+ORDERS = set(accumulate_cpu.ORDERS)
 CPU_METHODS = ["sequential", "reverse", "sorted", "sorted_desc", "pairwise", "kahan", "neumaier", "stochastic"]
 GPU_METHODS = list(native.GPU_METHODS)
 ALL_METHODS = CPU_METHODS + GPU_METHODS
@@ -28,9 +29,9 @@ GPU_ACCUMULATORS = {"bf16", "fp32", "fp64"}
 STOCHASTIC_ACCUMULATORS = {"bf16", "fp16"}  # the default; others only when asked
 SEQUENTIAL_KIND = {"sequential", "reverse", "sorted", "sorted_desc", "stochastic"}
 
-# Bytes per element held at once: intended, stored, a permuted copy, its sort
-# indices, the trace, and a float64 temporary.
-BYTES_PER_ELEMENT = 6 * 8
+# Bytes per element while the input is made: intended and stored values. The
+# whole run's peak is accumulate_cpu.memory_estimate, checked in run().
+BYTES_PER_ELEMENT = 2 * 8
 
 
 @dataclass
@@ -46,6 +47,7 @@ class AccumulateConfig:
     device: str = "auto"
     seed: int = 0
     trace: bool = False  # keep running sums for the plot
+    workers: int | None = None  # threads for the CPU rows; None: one per core
 
 
 @dataclass
@@ -73,25 +75,29 @@ def run(cfg: AccumulateConfig, advance=lambda k=1: None) -> AccumulateResult:
             raise UsageError(f"{a.name} is a storage format, not an accumulator")
     plan = devices.resolve(cfg.device)
     _check_methods_run_there(methods, cfg)
+    if cfg.values is None and cfg.from_file is None:  # the size is known: check before allocating
+        _check_memory(cfg, cfg.n, methods, accumulators, plan, storage)
     intended, desc = _intended_values(cfg)
-    stored = storage.round(intended)
+    if cfg.from_file is not None:  # known once the file is read: check before the rest
+        _check_memory(cfg, intended.size, methods, accumulators, plan, storage)
+    stored = accumulate_cpu.round_chunked(storage, intended)
+    exact_intended = accumulate_cpu.exact_sum(intended)
+    del intended  # memory stays flat: see accumulate_cpu
     constant = inputs.is_constant(stored)
 
-    exact_stored = metrics.exact_sum(stored)
-    exact_intended = metrics.exact_sum(intended)
-    abs_sum = metrics.exact_sum(np.abs(stored))
+    cpu_jobs = [(acc, m) for acc in accumulators
+                for m in _cpu_methods_for(methods, acc, constant, explicit=cfg.methods is not None)] if plan.cpu else []
+    cpu_rows = accumulate_cpu.CpuRows(stored, cpu_jobs, cfg.seed, cfg.trace, SEQUENTIAL_KIND, cfg.workers)
+    # the exact sums run here while the rows run on the worker threads
+    exact_stored = accumulate_cpu.exact_sum(stored, constant)
+    abs_sum = accumulate_cpu.exact_abs_sum(stored, exact_stored)
     rows: list[dict] = []
     traces: dict[str, np.ndarray] = {}
 
-    if plan.cpu:
-        ordered = _Orders(stored)
-        for acc in accumulators:
-            for m in _cpu_methods_for(methods, acc, constant, explicit=cfg.methods is not None):
-                row, trace = _run_cpu(ordered, storage, acc, m, cfg, exact_stored, abs_sum)
-                rows.append(row)
-                advance()
-                if trace is not None:
-                    traces[f"cpu {m} {acc.name}"] = trace
+    for (acc, m), (r, elapsed) in cpu_rows.results(advance):
+        rows.append(_cpu_row(r, elapsed, storage, acc, m, exact_stored, abs_sum, stored.size))
+        if r.trace is not None:
+            traces[f"cpu {m} {acc.name}"] = r.trace
     gpu_methods = [m for m in methods if m in GPU_METHODS]
     gpu_accs = [a for a in accumulators if a.name in GPU_ACCUMULATORS]
     if plan.cuda:
@@ -205,42 +211,30 @@ def _cpu_methods_for(methods: list[str], acc: Format, constant: bool, explicit: 
 # running
 
 
-class _Orders:
-    """The stored values in each order, each permutation made once per run."""
-
-    def __init__(self, stored: np.ndarray):
-        self.stored = stored
-        self._cache: dict[str, np.ndarray] = {}
-
-    def __getitem__(self, method: str) -> np.ndarray:
-        if method not in ORDERS:
-            return self.stored
-        if method not in self._cache:
-            s = self.stored
-            if method == "reverse":
-                self._cache[method] = np.ascontiguousarray(s[::-1])
-            elif method == "sorted":  # increasing |x|: best when the terms share a sign
-                self._cache[method] = s[np.argsort(np.abs(s), kind="stable")]
-            else:  # sorted_desc, decreasing |x|: best under heavy cancellation
-                self._cache[method] = s[np.argsort(-np.abs(s), kind="stable")]
-        return self._cache[method]
+def _check_memory(cfg: AccumulateConfig, n: int, methods, accumulators, plan, storage: Format) -> None:
+    """The run's estimated peak against the machine, before it is allocated."""
+    if n <= 0:
+        return  # _intended_values says what is wrong with it
+    explicit = cfg.methods is not None
+    # The --value input is constant (unless it rounds to inf or NaN), and then
+    # the orders are skipped unless asked for by name.
+    constant = (cfg.dist is None and cfg.values is None and cfg.from_file is None
+                and bool(np.isfinite(storage.round(np.array([cfg.value]))[0])))
+    orders = plan.cpu and any(m in ORDERS for m in methods) and (explicit or not constant)
+    traced = (sum(1 for a in accumulators for m in _cpu_methods_for(methods, a, constant, explicit)
+                  if m in SEQUENTIAL_KIND) if cfg.trace and plan.cpu else 0)
+    what = "--from" if cfg.from_file is not None else f"--n {n}"
+    accumulate_cpu.check_memory(n, orders, traced, what, constant)
 
 
-def _run_cpu(orders: _Orders, storage: Format, acc: Format, method: str, cfg: AccumulateConfig, exact: float,
-             abs_sum: float) -> tuple[dict, np.ndarray | None]:
-    stored = orders.stored
-    x = orders[method]
-    kernel = "sequential" if method in ORDERS else method
-    want_trace = cfg.trace and method in SEQUENTIAL_KIND
-    t0 = time.perf_counter()
-    r = native.accumulate_cpu(x, acc.code, kernel, seed=cfg.seed, trace=want_trace)
-    elapsed = time.perf_counter() - t0
-    row = _row("cpu", method, storage, acc, r.result, exact, abs_sum, stored.size, elapsed,
-               _bound(method, stored.size, acc, storage, abs_sum, exact))
+def _cpu_row(r: native.CpuSum, elapsed: float, storage: Format, acc: Format, method: str, exact: float,
+             abs_sum: float, n: int) -> dict:
+    row = _row("cpu", method, storage, acc, r.result, exact, abs_sum, n, elapsed,
+               _bound(method, n, acc, storage, abs_sum, exact))
     if r.stall_step >= 0:  # 1-based: the k-th addition was the first absorbed
         row["stall_step"] = r.stall_step + 1
         row["stall_value"] = r.stall_value
-    return row, r.trace
+    return row
 
 
 def _run_gpu(stored, storage: Format, acc: Format, method: str, exact: float, abs_sum: float) -> dict:

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
-from precisionlab import devices, formats, inputs, memory, metrics
+from precisionlab import devices, formats, inputs, memory, metrics, threads
 from precisionlab.errors import RunError, UsageError
 from precisionlab.experiments import op_harness
 
@@ -55,6 +55,7 @@ class CompareOpConfig:
     scale: float = 1.0            # multiplies the random inputs
     out_dtype: str | None = None  # the dtype your low-precision output is declared to have
     from_file: str | None = None  # inputs from a .npy / .pt / .safetensors file
+    threads: int | None = None  # torch CPU threads; None: sized for the op (precisionlab.threads)
 
 
 @dataclass
@@ -217,11 +218,30 @@ def load_impl(spec: str):
 
 
 def compare_op(cfg: CompareOpConfig, advance=lambda k=1: None) -> CompareResult:
+    threads.check(cfg.threads)
+    with threads.torch_scope():
+        return _compare_op(cfg, advance)
+
+
+def op_flops(op: str, shape: tuple) -> float:
+    """Floating-point operations of one call of `op` on `shape`, roughly: what sizes its thread count."""
+    if op == "matmul":
+        m, k, n = shape
+        return 2.0 * m * k * n
+    if op == "attention":
+        bh, t, d = shape
+        return 4.0 * bh * t * t * d
+    rows, cols = shape
+    return 10.0 * rows * cols  # a few passes over the row: max, exp, sum, scale
+
+
+def _compare_op(cfg: CompareOpConfig, advance) -> CompareResult:
     op = cfg.op.lower()
     if op not in OPS:
         raise UsageError(f"unknown op {cfg.op!r}; choose from {', '.join(OPS)}")
     shape = parse_shape(op, cfg.shape)
-    inputs.check_memory(memory.compare_op(op, shape), f"compare op {op} --shape {'x'.join(map(str, shape))}")
+    inputs.check_memory(memory.compare_op(op, shape, op_harness.shapes_used(op, shape)),
+                        f"compare op {op} --shape {'x'.join(map(str, shape))}")
     lows = [formats.get(d) for d in cfg.dtypes.split(",") if d.strip()]
     for f in lows:
         if f.name not in ("bf16", "fp16") and f.name not in STORAGE_DTYPES:
@@ -239,6 +259,7 @@ def compare_op(cfg: CompareOpConfig, advance=lambda k=1: None) -> CompareResult:
     cases = op_harness.select(op, cfg.cases)
     plan = devices.resolve(cfg.device)
     torch = _torch()
+    threads.fit_torch(cfg.threads, op_flops(op, shape))
     from precisionlab import torch_ops
     from precisionlab.experiments.tf32 import restored_flags, torch_flags
 

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from precisionlab import devices, inputs, memory, metrics
+from precisionlab import devices, inputs, memory, metrics, threads
 from precisionlab.errors import NoDeviceError, UsageError
 
 DEFAULT_PROMPT = "ROMEO:\n"
@@ -36,6 +36,7 @@ class ModelConfig:
     dtypes: str = "bf16,fp16"
     device: str = "cpu"
     seed: int = 0
+    threads: int | None = None  # torch CPU threads; None: sized for the model (precisionlab.threads)
 
 
 @dataclass
@@ -268,6 +269,12 @@ class HFRunner(Runner):
 
 
 def run(cfg: ModelConfig, advance=lambda k=1: None) -> ModelResult:
+    threads.check(cfg.threads)
+    with threads.torch_scope():
+        return _run(cfg, advance)
+
+
+def _run(cfg: ModelConfig, advance) -> ModelResult:
     if cfg.steps <= 0:
         raise UsageError(f"--steps must be > 0 (got {cfg.steps})")
     if not cfg.prompt:
@@ -289,6 +296,8 @@ def run(cfg: ModelConfig, advance=lambda k=1: None) -> ModelResult:
         raise UsageError(f"prompt ({len(prompt)} tokens) + --steps {cfg.steps} exceeds the model's "
                          f"{runner.max_len} positions")
     t_load = time.perf_counter() - t0
+    # One decoding step is ~2 flops per parameter: the work each torch call does.
+    n_threads = threads.fit_torch(cfg.threads, 2.0 * runner.info()["parameters"]) if device == "cpu" else None
 
     from precisionlab.experiments.tf32 import restored_flags
 
@@ -344,7 +353,7 @@ def run(cfg: ModelConfig, advance=lambda k=1: None) -> ModelResult:
         params={"model": cfg.model or "embedded", "steps": cfg.steps, "prompt": cfg.prompt, "dtypes": lows,
                 "device": device, "seed": cfg.seed, "prompt_tokens": len(prompt)},
         rows=rows, summary=summary, texts=texts, model_info=info, takeaways=takeaways(summary, info),
-        timing={"load_s": t_load, "run_s": t_run},
+        timing={"load_s": t_load, "run_s": t_run, "cpu_threads": n_threads},
     )
 
 

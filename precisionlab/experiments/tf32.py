@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from precisionlab import devices, formats, inputs, memory, metrics, native
+from precisionlab import devices, formats, inputs, memory, metrics, native, threads
 from precisionlab.errors import UsageError
 
 K_SWEEP = [256, 512, 1024, 2048, 4096, 8192, 16384]
@@ -34,6 +34,7 @@ class Tf32Config:
     sweep: bool = True
     device: str = "auto"
     seed: int = 0
+    threads: int | None = None  # torch CPU threads; None: sized per matmul (precisionlab.threads)
 
 
 @dataclass
@@ -46,6 +47,12 @@ class Tf32Result:
 
 
 def run(cfg: Tf32Config, advance=lambda k=1: None) -> Tf32Result:
+    threads.check(cfg.threads)
+    with threads.torch_scope():
+        return _run(cfg, advance)
+
+
+def _run(cfg: Tf32Config, advance) -> Tf32Result:
     for name, v in (("--m", cfg.m), ("--n", cfg.n), ("--k", cfg.k), ("--sweep-mn", cfg.sweep_mn)):
         if v <= 0:
             raise UsageError(f"{name} must be > 0 (got {v})")
@@ -61,9 +68,11 @@ def run(cfg: Tf32Config, advance=lambda k=1: None) -> Tf32Result:
     b = rng.standard_normal((cfg.k, cfg.n)).astype(np.float32)
     with restored_flags():
         if plan.cpu:
+            threads.fit_torch(cfg.threads, 2.0 * cfg.m * cfg.n * cfg.k)
             rows += _modes_cpu(a, b, advance)
             rows += _integer_cpu()
             if cfg.sweep:
+                threads.fit_torch(cfg.threads, 2.0 * cfg.sweep_mn**2 * max(K_SWEEP))
                 rows += _sweep(cfg, "cpu", advance)
         if plan.cuda:
             rows += _modes_gpu(a, b, advance)
