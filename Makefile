@@ -6,7 +6,9 @@
 
 PYTHON ?= .venv/bin/python
 TORCH  ?= torch==2.13.0
-NVCC   ?= nvcc
+# nvcc on PATH, else the toolkit's usual place (a pip build runs with the
+# user's PATH, which often lacks it).
+NVCC   ?= $(if $(shell command -v nvcc 2>/dev/null),nvcc,$(or $(wildcard $(or $(CUDA_HOME),/usr/local/cuda)/bin/nvcc),nvcc))
 CXX    ?= g++
 
 LIB      := build/libprecisionlab.so
