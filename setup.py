@@ -41,7 +41,12 @@ class BuildPyWithLibrary(build_py):
             return
         # make prints which compiler it uses ("nvcc not found: ... host-only" otherwise); pip shows it with -v.
         print(f"precisionlab: building {LIB} with the Makefile's rule (make build/{LIB})", file=sys.stderr)
-        subprocess.run(["make", "-C", ROOT, f"build/{LIB}"], check=True)
+        try:
+            subprocess.run(["make", "-C", ROOT, f"build/{LIB}"], check=True)
+        except FileNotFoundError:
+            sys.exit(f"precisionlab: building {LIB} needs `make` and a C++ compiler (g++), and nvcc for the GPU kernels")
+        except subprocess.CalledProcessError as e:
+            sys.exit(f"precisionlab: building {LIB} failed (make exited {e.returncode}); the compiler's messages are above")
         dest = os.path.join(self.build_lib, "precisionlab", "lib")
         os.makedirs(dest, exist_ok=True)
         shutil.copy2(os.path.join(ROOT, "build", LIB), os.path.join(dest, LIB))

@@ -11,6 +11,8 @@ root=$(cd "$(dirname "$0")/.." && pwd)
 dist=$(cd "${1:-$root/dist}" && pwd)
 py=$root/.venv/bin/python   # the same interpreter as .venv, so its site-packages fit
 shared=$("$py" -c 'import sysconfig; print(sysconfig.get_path("purelib"))')
+# the build `make lib` gave this tree: every installed library must match it
+want=$(cd "$root" && "$py" -m precisionlab --version | grep "^library: ")
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 cd "$work"   # outside the source tree: nothing can be imported from it
@@ -37,7 +39,9 @@ for what, path in (("package", precisionlab.__file__), ("library", native.librar
     if venv not in Path(path).resolve().parents:
         sys.exit(f"check_install: the {what} was loaded from {path}, not from {venv}")
 PY
-    PATH=$venv/bin:$PATH precisionlab --version
+    got=$(PATH=$venv/bin:$PATH precisionlab --version)
+    echo "$got"
+    grep -qxF "$want" <<< "$got" || { echo "check_install: $name's library differs from make lib's: $want" >&2; exit 1; }
     PATH=$venv/bin:$PATH precisionlab accumulate --dtype bf16 --n 10000
 done
 echo "check_install: the wheel and the sdist install and run"
