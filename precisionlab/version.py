@@ -36,7 +36,7 @@ def parse_build_info(text: str) -> LibraryBuild:
 
 def describe_build(b: LibraryBuild) -> str:
     if b.host_only:
-        return f"host-only ({b.compiler}: built without nvcc, no GPU kernels)"
+        return "host-only (built without nvcc: no GPU kernels)"
     archs = " + ".join([f"{a} SASS" for a in b.sass] + [f"{a} PTX" for a in b.ptx]) or "archs unknown"
     return f"{b.compiler}, {archs}"
 

@@ -25,7 +25,8 @@ for artifact in "$dist"/precisionlab-*.whl "$dist"/precisionlab-*.tar.gz; do
     "$py" -m venv "$venv"
     site=$("$venv/bin/python" -c 'import sysconfig; print(sysconfig.get_path("purelib"))')
     echo "$shared" > "$site/zz_reuse_precisionlab_dev_venv.pth"   # zz: after the venv's own packages
-    "$venv/bin/pip" install -q "$artifact" 2>&1 | grep -v "^WARNING: Location" || true
+    # --no-cache-dir: the sdist really compiles (pip would reuse a wheel it built before)
+    "$venv/bin/pip" install -q --no-cache-dir "$artifact" 2> >(grep -v "^WARNING: Location" >&2)
     [ -x "$venv/bin/precisionlab" ] || { echo "check_install: $name installed no precisionlab command" >&2; exit 1; }
     [ ! -e "$site/torch" ] || { echo "check_install: $name downloaded torch instead of reusing it" >&2; exit 1; }
     # The package and its library come from the new venv, not from the checkout.

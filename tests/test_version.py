@@ -24,7 +24,7 @@ def test_build_info_is_parsed_into_archs():
     assert describe_build(b) == "nvcc 13.0, sm_90 SASS + sm_100 SASS + compute_90 PTX"
     h = parse_build_info(HOST_INFO)
     assert (h.host_only, h.sass, h.ptx) == (True, (), ())
-    assert describe_build(h).startswith("host-only (c++ (host only)")
+    assert describe_build(h) == "host-only (built without nvcc: no GPU kernels)"
 
 
 def test_version_names_package_library_and_build():
