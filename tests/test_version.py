@@ -49,8 +49,10 @@ def _run_in_process(argv: list[str], pre: str = "") -> subprocess.CompletedProce
             "try:\n    runpy.run_module('precisionlab', run_name='__main__')\n"
             "except SystemExit:\n    pass\n"
             "sys.stderr.write('TORCH=' + str('torch' in sys.modules))\n")
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "SHELL": "/bin/bash"}  # --show-completion reads $SHELL
-    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, env=env)
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    # from a bash, as a user types it: typer's --show-completion names the shell it was started from
+    return subprocess.run(["bash", "-c", '"$0" -c "$1"; exit $?', sys.executable, code], capture_output=True, text=True,
+                          cwd=ROOT, env=env)
 
 
 @pytest.mark.parametrize("argv", [["--version"], ["--show-completion"], ["--help"]])
@@ -67,8 +69,8 @@ def test_version_names_torch_when_it_is_already_imported():
 def test_completion_is_offered_for_the_command():
     r = cli("--help")
     assert "--install-completion" in r.out and "--show-completion" in r.out
-    script = cli("--show-completion", env={"SHELL": "/bin/bash"})  # typer names the shell from $SHELL
-    assert script.code == 0 and "complete -o default -F _precisionlab_completion precisionlab" in script.out
+    script = _run_in_process(["--show-completion"])
+    assert "complete -o default -F _precisionlab_completion precisionlab" in script.stdout
     env = {"_PRECISIONLAB_COMPLETE": "complete_bash", "COMP_WORDS": "precisionlab accumulate --dt", "COMP_CWORD": "2"}
     assert cli(env=env).out.split() == ["--dtype"]
 
