@@ -35,6 +35,8 @@ def parse_build_info(text: str) -> LibraryBuild:
 
 
 def describe_build(b: LibraryBuild) -> str:
+    if b.flags.startswith("pl_emu"):  # make emu-test's library: the CUDA kernels compiled for the CPU
+        return "the CPU emulator of the CUDA kernels (tests/cuda_emu), not a GPU build"
     if b.host_only:
         return "host-only (built without nvcc: no GPU kernels)"
     archs = " + ".join([f"{a} SASS" for a in b.sass] + [f"{a} PTX" for a in b.ptx]) or "archs unknown"

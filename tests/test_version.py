@@ -25,6 +25,9 @@ def test_build_info_is_parsed_into_archs():
     h = parse_build_info(HOST_INFO)
     assert (h.host_only, h.sass, h.ptx) == (True, (), ())
     assert describe_build(h) == "host-only (built without nvcc: no GPU kernels)"
+    emu = parse_build_info("compiler=nvcc __CUDACC_VER_MAJOR__.__CUDACC_VER_MINOR__; "
+                           "flags=pl_emu: the CUDA kernels on the CPU; cuda_archs=none")
+    assert describe_build(emu).startswith("the CPU emulator of the CUDA kernels")
 
 
 def test_version_names_package_library_and_build():
