@@ -6,7 +6,9 @@
 
 PYTHON ?= .venv/bin/python
 TORCH  ?= torch==2.13.0
-NVCC   ?= nvcc
+# nvcc on PATH, else the toolkit's usual place (a pip build runs with the
+# user's PATH, which often lacks it).
+NVCC   ?= $(if $(shell command -v nvcc 2>/dev/null),nvcc,$(or $(wildcard $(or $(CUDA_HOME),/usr/local/cuda)/bin/nvcc),nvcc))
 CXX    ?= g++
 
 LIB      := build/libprecisionlab.so
@@ -37,7 +39,7 @@ endif
 HOST_FLAGS := -O2 -std=c++17 -fPIC -ffp-contract=off -Wall -Wextra
 NVCC_FLAGS := -O3 -std=c++17 --threads 0 --fmad=false -cudart static $(GENCODE) -Xcompiler -fPIC,-ffp-contract=off,-Wall
 
-.PHONY: setup lib demo test gpu-test emu-test sanitize sass-check bench clean
+.PHONY: setup lib demo test gpu-test emu-test sanitize sass-check bench clean dist
 
 setup: $(SETUP)
 
@@ -60,6 +62,13 @@ else
 	@echo "precisionlab: nvcc not found: building the host-only library; GPU experiments are unavailable." >&2
 	$(CXX) $(HOST_FLAGS) -DPL_BUILD_FLAGS='"$(CXX) $(HOST_FLAGS)"' -x c++ -shared -o $@ $(SOURCES) -lpthread
 endif
+
+# The sdist and the wheel, built from this tree into dist/ (the wheel's build
+# runs the $(LIB) rule above; setup.py says why). scripts/check_install.sh
+# installs each into a fresh venv and runs it.
+dist: setup
+	rm -rf dist build/lib.* build/bdist.*  # setuptools keeps stale modules there
+	$(PYTHON) -m build --sdist --wheel --outdir dist
 
 demo: setup lib
 	$(PYTHON) -m precisionlab accumulate --dtype bf16 --n 10000
@@ -106,4 +115,4 @@ bench: setup lib
 	$(PYTHON) -m precisionlab bench
 
 clean:
-	rm -rf build $(PKG_LIB) .pytest_cache .hypothesis
+	rm -rf build dist $(PKG_LIB) .pytest_cache .hypothesis

@@ -25,7 +25,7 @@ app = typer.Typer(
     help="A command-line lab for numerical precision: floating-point formats and reduction orders, "
     "shown, measured and explained.",
     no_args_is_help=True,
-    add_completion=False,
+    add_completion=True,  # --install-completion / --show-completion (typer's, no torch)
     pretty_exceptions_enable=False,
     context_settings={"help_option_names": ["-h", "--help"]},
 )
@@ -36,8 +36,20 @@ compare_app = typer.Typer(help="Error reports: the three comparisons for an op, 
 app.add_typer(compare_app, name="compare")
 
 
+def _version(value: bool) -> None:
+    if value:
+        from precisionlab import version
+        from precisionlab.report_version import version_lines
+
+        version_lines(version.collect())
+        raise typer.Exit()
+
+
 @app.callback()
-def _root() -> None:
+def _root(
+    _v: Annotated[Optional[bool], typer.Option("--version", callback=_version, is_eager=True,
+                                               help="The package, the library's ABI and build, and exit.")] = None,
+) -> None:
     """A command-line lab for numerical precision: floating-point formats and reduction orders,
     shown, measured and explained. Every command takes --json, --device and --seed."""
 
@@ -537,7 +549,8 @@ def _run() -> int:
     """The app, every failure turned into one stderr line and an exit code."""
     debug = os.environ.get("PRECISIONLAB_DEBUG") == "1"
     try:
-        rc = app(standalone_mode=False)
+        # the command's name, also under `python -m`: shell completion is for `precisionlab`
+        rc = app(standalone_mode=False, prog_name="precisionlab")
     except PrecisionLabError as e:
         if debug:
             raise

@@ -205,10 +205,15 @@ def cpu_name() -> str:
     return platform.processor() or platform.machine()
 
 
+# Every --json document's "schema_version": bumped when a field is renamed,
+# removed or changes meaning (adding a field keeps it), so scripts can check.
+SCHEMA_VERSION = 1
+
+
 def emit_json(command: str, doc: dict) -> None:
     from precisionlab import native
 
-    head = {"command": command, "versions": versions(), "cpu_name": cpu_name()}
+    head = {"schema_version": SCHEMA_VERSION, "command": command, "versions": versions(), "cpu_name": cpu_name()}
     try:
         head["library"] = {"path": native.library_path(), "abi": native.ABI_VERSION}
     except Exception:  # the JSON of a command that never needed the library
