@@ -534,8 +534,9 @@ def main() -> None:
 
 def _interrupted() -> None:
     """Ctrl-C: one line, no partial file, exit 130 now (the worker may be inside a kernel)."""
-    from precisionlab import outputs
+    from precisionlab import interrupt, outputs
 
+    interrupt.run_all()  # child processes and the like, owned by the worker's command
     outputs.remove_pending()
     try:
         sys.stdout.flush()

@@ -15,6 +15,8 @@ accumulate keeps its own estimate (experiments/accumulate.py).
 
 from __future__ import annotations
 
+import math
+
 MiB = 1 << 20
 
 # metrics.error_report at its peak, per compared element: float64 diff, the
@@ -49,8 +51,10 @@ def softmax(rows: int, cols: int) -> int:
 # (1462 rows) and torch's 1024 x 1024 matmuls; torch_ops 2^20-element index
 # adds and a 16 x 65536 mm, run after run; split-K a 128 x 8192 x 128 matmul
 # in slices. The first torch section also starts torch's thread pools.
+# tp: the ranks are processes of their own, each checked by tp itself
+# (tp.RANK_BYTES); the parent holds their results and the replays.
 NONDET_SECTION_FIXED = {"atomics": 0, "threads": 0, "splitk": 40 * MiB, "batch": 110 * MiB,
-                        "torch_ops": 130 * MiB}
+                        "torch_ops": 130 * MiB, "tp": 40 * MiB}
 
 
 def nondeterminism(n: int, sections) -> int:
@@ -90,19 +94,35 @@ def tf32(m: int, n: int, k: int, sweep_mn: int | None) -> int:
 
 
 def bench_cpu(n: int) -> int:
-    """The CPU accumulate bench: n values in float32 (4) and float64 (8), plus
-    the kernels' and numpy's small fixed state."""
-    return 12 * n + 12 * MiB
+    """The CPU accumulate bench: n values in float32 (4) and float64 (8); then
+    the orders section, which holds float64 values (8), their reversed or
+    |x|-sorted copy (8) and the radix sort's work (8), with the float32 draw
+    (4) while it is converted; plus the kernels' and numpy's small fixed state."""
+    return 28 * n + 12 * MiB
 
 
 COMPARE_FIXED = 16 * MiB
 
 
-def compare_op(op: str, shape: tuple, more_shapes: tuple = ()) -> int:
-    """The peak over the shapes a run works on one at a time: --shape, and the
-    harness's own (op_harness.shapes_used: fixed-size cases such as the
-    vocabulary row or the long K, and the batch-invariance batch)."""
-    return max(_compare_op_one(op, s) for s in (shape, *more_shapes))
+def compare_op(op: str, shape: tuple, case_shapes: tuple = (), contract_shape: tuple | None = None) -> int:
+    """The peak over the stages a run goes through one at a time: the cases
+    (--shape, and the harness's fixed-size ones such as the vocabulary rows or
+    the long K: op_harness.shapes_used), each the three comparisons below, and
+    the batch-invariance contract on its batch, which holds the fp32 batch,
+    its low-precision copy, one output and the bit patterns compared (4 + 4 +
+    4 + 4 bytes per element, plus matmul's or attention's other operands)."""
+    peak = max(_compare_op_one(op, s) for s in (shape, *case_shapes))
+    if contract_shape is not None:
+        n = math.prod(contract_shape[:2]) if op != "attention" else math.prod(contract_shape)
+        if op == "matmul":
+            m, k, nn = contract_shape
+            n = 16 * (m * k) + 16 * (m * nn) + 8 * k * nn
+        elif op == "attention":
+            n = 16 * 3 * n + 8 * contract_shape[0] * contract_shape[1] ** 2
+        else:
+            n = 16 * n * (2 if op in ("swiglu", "layernorm") else 1)
+        peak = max(peak, n + COMPARE_FIXED)
+    return peak
 
 
 def _compare_op_one(op: str, shape: tuple) -> int:

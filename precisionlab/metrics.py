@@ -56,8 +56,8 @@ def _exact_sum_wide(v: np.ndarray) -> float:
         total += Fraction(x)
     try:
         return float(total)
-    except OverflowError:
-        return math.copysign(math.inf, total)
+    except OverflowError:  # rounds past the double range (float() of the Fraction itself would raise again)
+        return math.inf if total > 0 else -math.inf
 
 
 def _chunked(v: np.ndarray, size: int = 1 << 20):

@@ -24,6 +24,7 @@ import pytest
 
 from helpers import ROOT
 from precisionlab import inputs, memory
+from precisionlab.experiments.op_harness import shapes_used
 from precisionlab.errors import UsageError
 
 RATIO = 1.5  # the estimate must lie within 1.5x of the measured growth, either way
@@ -112,7 +113,8 @@ def _families(tmp_path: Path):
                              "--device", "cpu", "--json"], memory.nondeterminism(n, ["atomics", "threads"]))
                            for n in (1 << 20, 1 << 21, 1 << 22)]
         # and once with every section, whose fixed-size work (batch, torch_ops, splitk) sets the peak
-        + [(["nondeterminism", "--n", str(1 << 20), "--runs", "2", "--device", "cpu", "--json"],
+        + [(["nondeterminism", "--n", str(1 << 20), "--runs", "2", "--device", "cpu", "--json",
+             "--sections", "atomics,splitk,batch,torch_ops,threads"],
             memory.nondeterminism(1 << 20, ["atomics", "splitk", "batch", "torch_ops", "threads"]))],
         "tf32": [(["tf32", "--m", str(s), "--n", str(s), "--k", str(s), "--no-sweep", "--device", "cpu", "--json"],
                   memory.tf32(s, s, s, None)) for s in (512, 768, 1024)],
@@ -121,9 +123,11 @@ def _families(tmp_path: Path):
         "bench": [(["bench", "accumulate", "--cpu-n", str(n), "--device", "cpu", "--json"], memory.bench_cpu(n))
                   for n in (1_000_000, 2_000_000, 4_000_000)],
         "compare op softmax": [(["compare", "op", "softmax", "--shape", f"{r}x4096", "--dtype", "bf16", "--device",
-                                 "cpu", "--json"], memory.compare_op("softmax", (r, 4096))) for r in (64, 128, 256)],
+                                 "cpu", "--json"], memory.compare_op("softmax", (r, 4096), *shapes_used("softmax", (r, 4096))))
+                               for r in (256, 512, 1024)],
         "compare op matmul": [(["compare", "op", "matmul", "--shape", f"{s}x{s}x{s}", "--dtype", "bf16", "--device",
-                                "cpu", "--json"], memory.compare_op("matmul", (s, s, s))) for s in (256, 512, 768)],
+                                "cpu", "--json"], memory.compare_op("matmul", (s, s, s), *shapes_used("matmul", (s, s, s))))
+                              for s in (256, 512, 768)],
         "compare model": lambda: _models(tmp_path),
     }
 

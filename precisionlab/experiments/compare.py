@@ -240,7 +240,7 @@ def _compare_op(cfg: CompareOpConfig, advance) -> CompareResult:
     if op not in OPS:
         raise UsageError(f"unknown op {cfg.op!r}; choose from {', '.join(OPS)}")
     shape = parse_shape(op, cfg.shape)
-    inputs.check_memory(memory.compare_op(op, shape, op_harness.shapes_used(op, shape)),
+    inputs.check_memory(memory.compare_op(op, shape, *op_harness.shapes_used(op, shape)),
                         f"compare op {op} --shape {'x'.join(map(str, shape))}")
     lows = [formats.get(d) for d in cfg.dtypes.split(",") if d.strip()]
     for f in lows:

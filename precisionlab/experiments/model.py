@@ -19,6 +19,8 @@ import time
 from contextlib import contextmanager
 from dataclasses import dataclass
 
+from pathlib import Path
+
 import numpy as np
 
 from precisionlab import devices, inputs, memory, metrics, threads
@@ -285,6 +287,8 @@ def _run(cfg: ModelConfig, advance) -> ModelResult:
     device = _device(cfg.device)
     torch = _torch()
     torch.manual_seed(cfg.seed)
+    if cfg.model and Path(cfg.model).is_dir():
+        refuse_foreign_code(Path(cfg.model))  # first: the estimate below opens config.json (a FIFO would block)
     inputs.check_memory(memory.compare_model_for(cfg.model, cfg.steps, cfg.prompt),
                         f"compare model {cfg.model or '(embedded)'} --steps {cfg.steps}")
     t0 = time.perf_counter()

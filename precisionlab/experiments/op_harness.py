@@ -281,19 +281,16 @@ def matmul_bound(a: np.ndarray, b: np.ndarray, got: np.ndarray, out_unit_roundof
 # contracts: batch invariance and determinism
 
 
-def shapes_used(op: str, shape: tuple) -> tuple:
-    """The shapes the cases and the contracts work on besides --shape (for the
-    memory estimate made before anything is allocated)."""
+def shapes_used(op: str, shape: tuple) -> tuple[tuple, tuple]:
+    """(the fixed-size cases' shapes besides --shape, the contract's batch
+    shape): what the memory estimate made before anything is allocated needs."""
     big = BATCH_SIZES[-1]
     if op == "matmul":
         _, k, n = shape
-        return ((16, 16384, 16), (big, min(k, 1024), min(n, 256)))
+        return ((16, 16384, 16),), (big, min(k, 1024), min(n, 256))
     if op == "attention":
-        return ((big, 32, 32),)
-    out = ((big, min(shape[1], 1024)),)
-    if op in ("softmax", "logsumexp"):
-        out += ((2, VOCAB),)
-    return out
+        return (), (big, 32, 32)
+    return (((2, VOCAB),) if op in ("softmax", "logsumexp") else ()), (big, min(shape[1], 1024))
 
 
 def batched_inputs(op: str, shape: tuple, seed: int, device: str, make_inputs) -> tuple[tuple, Callable]:

@@ -43,6 +43,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from precisionlab import formats, native
+from precisionlab import interrupt
 from precisionlab.errors import RunError, UsageError
 
 WORLD_SIZES = (1, 2, 4, 8)
@@ -186,19 +187,20 @@ def launch(cfg: TpConfig, advance=lambda k=1: None) -> dict[int, dict[str, np.nd
             json.dump(job, f)
         env = {**os.environ, "GLOO_SOCKET_IFNAME": "lo", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1",
                "PYTHONPATH": os.pathsep.join(p for p in [_package_root(), os.environ.get("PYTHONPATH")] if p)}
-        try:
-            for r in range(world):
-                err = open(os.path.join(tmp, f"{r}.err"), "w")
-                procs.append(subprocess.Popen(
-                    [sys.executable, "-m", "precisionlab.experiments.tp_rank", job_path, str(r)],
-                    stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err, env=env,
-                    start_new_session=True))  # Ctrl-C reaches the parent only; it stops the ranks
-                err.close()
-            _wait(procs, tmp, cfg.timeout_s, advance)
-            return {r: _load(os.path.join(tmp, f"{r}.npz"), r) for r in range(world)}
-        finally:
-            _stop(procs)
-            del store
+        with interrupt.cleanup(lambda: _stop(procs)):  # Ctrl-C (cli._interrupted) leaves no rank behind
+            try:
+                for r in range(world):
+                    err = open(os.path.join(tmp, f"{r}.err"), "w")
+                    procs.append(subprocess.Popen(
+                        [sys.executable, "-m", "precisionlab.experiments.tp_rank", job_path, str(r)],
+                        stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err, env=env,
+                        start_new_session=True))  # Ctrl-C reaches the parent only; it stops the ranks
+                    err.close()
+                _wait(procs, tmp, cfg.timeout_s, advance)
+                return {r: _load(os.path.join(tmp, f"{r}.npz"), r) for r in range(world)}
+            finally:
+                _stop(procs)
+                del store
 
 
 def _package_root() -> str:
