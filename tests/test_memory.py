@@ -119,7 +119,7 @@ def _families(tmp_path: Path):
         "tf32": [(["tf32", "--m", str(s), "--n", str(s), "--k", str(s), "--no-sweep", "--device", "cpu", "--json"],
                   memory.tf32(s, s, s, None)) for s in (512, 768, 1024)],
         "tf32 --sweep-mn": [(["tf32", "--m", "64", "--n", "64", "--k", "64", "--sweep-mn", str(s), "--device", "cpu",
-                              "--json"], memory.tf32(64, 64, 64, s)) for s in (16, 32, 64)],
+                              "--json"], memory.tf32(64, 64, 64, s)) for s in (128, 192, 256)],
         "bench": [(["bench", "accumulate", "--cpu-n", str(n), "--device", "cpu", "--json"], memory.bench_cpu(n))
                   for n in (1_000_000, 2_000_000, 4_000_000)],
         "compare op softmax": [(["compare", "op", "softmax", "--shape", f"{r}x4096", "--dtype", "bf16", "--device",
@@ -138,7 +138,8 @@ GROUPS = [["softmax", "softmax --from"], ["nondeterminism"], ["tf32", "tf32 --sw
 
 # What a process pays once, on a command's first run, and keeps (BLAS buffers,
 # thread pools, the library's first-use state): each estimate's size-free term.
-FIRST_USE = {"softmax": memory.softmax(0, 0), "softmax --from": memory.softmax(0, 0), "nondeterminism": 0,
+FIRST_USE = {"softmax": memory.softmax(0, 0), "softmax --from": memory.softmax(0, 0),
+             "nondeterminism": memory.NONDET_FIXED,
              "tf32": memory.tf32(0, 0, 0, None), "tf32 --sweep-mn": memory.BLAS_FIXED, "bench": memory.bench_cpu(0),
              "compare op softmax": memory.COMPARE_FIXED, "compare op matmul": memory.COMPARE_FIXED,
              "compare model": memory.MODEL_FIXED["hf"]}
