@@ -129,12 +129,25 @@ def _families(tmp_path: Path):
                                 "cpu", "--json"], memory.compare_op("matmul", (s, s, s), *shapes_used("matmul", (s, s, s))))
                               for s in (256, 512, 768)],
         "compare model": lambda: _models(tmp_path),
+        # two files of one fp32 tensor each: both stored tensors (4 + 4), their float64 copies and the
+        # statistics' temporaries (8 x (2 + 4)): experiments/tensors._check_memory's count
+        "compare tensors": [(["compare", "tensors", *_tensor_pair(tmp_path, n), "--json"], 56 * n)
+                            for n in (1 << 20, 1 << 21, 1 << 22)],
     }
+
+
+def _tensor_pair(tmp_path: Path, n: int) -> list[str]:
+    rng = np.random.default_rng(n)
+    a = rng.standard_normal(n).astype(np.float32)
+    paths = [tmp_path / f"a{n}.npy", tmp_path / f"b{n}.npy"]
+    np.save(paths[0], a)
+    np.save(paths[1], a + np.float32(1e-3))
+    return [str(p) for p in paths]
 
 
 # Families that share their first-use state run in one child, one after the other.
 GROUPS = [["softmax", "softmax --from"], ["nondeterminism"], ["tf32", "tf32 --sweep-mn"], ["bench"],
-          ["compare op matmul", "compare op softmax"], ["compare model"]]
+          ["compare op matmul", "compare op softmax"], ["compare model"], ["compare tensors"]]
 
 # What a process pays once, on a command's first run, and keeps (BLAS buffers,
 # thread pools, the library's first-use state): each estimate's size-free term.
@@ -142,7 +155,7 @@ FIRST_USE = {"softmax": memory.softmax(0, 0), "softmax --from": memory.softmax(0
              "nondeterminism": memory.NONDET_FIXED,
              "tf32": memory.tf32(0, 0, 0, None), "tf32 --sweep-mn": memory.BLAS_FIXED, "bench": memory.bench_cpu(0),
              "compare op softmax": memory.COMPARE_FIXED, "compare op matmul": memory.COMPARE_FIXED,
-             "compare model": memory.MODEL_FIXED["hf"]}
+             "compare model": memory.MODEL_FIXED["hf"], "compare tensors": 0}
 
 
 @pytest.mark.parametrize("group", GROUPS, ids=lambda g: " + ".join(g))
