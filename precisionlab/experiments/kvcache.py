@@ -32,7 +32,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from precisionlab import devices, formats, inputs
+from precisionlab import devices, formats, inputs, memory
 from precisionlab.errors import NoDeviceError, RunError, UsageError
 
 DEFAULT_PROMPT = "ROMEO:\n"
@@ -165,6 +165,8 @@ def run(cfg: KVCacheConfig, advance=lambda k=1: None) -> KVCacheResult:
     names = [d for d in plan.names if d == "cpu" or torch.cuda.is_available()]
     if not charlm.DEFAULT_WEIGHTS.is_file():
         raise RunError(f"the embedded model's weights are missing ({charlm.DEFAULT_WEIGHTS})")
+    # the embedded model at prompt + steps positions, as compare model holds it (a few caches more are small)
+    inputs.check_memory(memory.compare_model_for(None, cfg.steps, cfg.prompt), f"kvcache --steps {cfg.steps}")
     rows: list[dict] = []
     info = {}
     for device in names:
