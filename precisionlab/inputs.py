@@ -43,7 +43,7 @@ def check_regular_file(path: str, what: str) -> Path:
     if not stat.S_ISREG(st.st_mode):
         kind = ("a FIFO" if stat.S_ISFIFO(st.st_mode) else "a socket" if stat.S_ISSOCK(st.st_mode)
                 else "a device" if stat.S_ISCHR(st.st_mode) or stat.S_ISBLK(st.st_mode) else "not a regular file")
-        raise UsageError(f"{what}: {path} is {kind}; give a regular file")
+        raise UsageError(f"{what}: {path} is {kind}, not a regular file; give a regular file")
     return p
 
 

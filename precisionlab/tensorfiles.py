@@ -12,9 +12,7 @@ objects: .npy/.npz with allow_pickle=False, .pt with weights_only=True.
 from __future__ import annotations
 
 import json
-import os
 import re
-import stat
 import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,6 +21,7 @@ from typing import Callable
 import ml_dtypes
 import numpy as np
 
+from precisionlab import inputs
 from precisionlab.errors import UsageError
 
 LOADABLE = (".npy", ".npz", ".pt", ".pth", ".safetensors")
@@ -77,25 +76,8 @@ def natural_key(name: str):
     return [(0, int(p), "") if p.isdigit() else (1, 0, p) for p in re.split(r"(\d+)", name) if p != ""]
 
 
-def check_regular_file(path: str) -> Path:
-    """A path that names a regular file, checked without opening it (a FIFO
-    would block an open; a device could be endless)."""
-    p = Path(path)
-    try:
-        st = os.stat(p)
-    except FileNotFoundError:
-        raise UsageError(f"no such file: {path}") from None
-    except OSError as e:
-        raise UsageError(f"cannot read {path}: {e.strerror}") from None
-    if stat.S_ISDIR(st.st_mode):
-        raise UsageError(f"{path} is a directory, not a tensor file")
-    if not stat.S_ISREG(st.st_mode):
-        raise UsageError(f"{path} is not a regular file (a FIFO, device or socket); give a tensor file")
-    return p
-
-
 def open_tensor_file(path: str, void_dtype: str | None = None) -> TensorFile:
-    p = check_regular_file(path)
+    p = inputs.check_regular_file(path, "tensor file")
     ext = p.suffix.lower()
     if ext not in LOADABLE:
         raise UsageError(f"{path}: unsupported extension {ext!r} (use {', '.join(LOADABLE)})")
