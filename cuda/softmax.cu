@@ -451,17 +451,20 @@ template <> __device__ __forceinline__ int4 neg_inf_vec16<__half>() {
     return make_int4(b, b, b, b);
 }
 
+// The register-resident row, shared by versions 2 and 4: a thread's VPT
+// vectors at first, first + stride, ... are all loaded before any arithmetic
+// (out-of-row ones predicated off and padded with -inf), then the thread's max
+// (one max.NaN each) and exp once against it, kept in ex[]. Returns the
+// thread's (max, sum) pair. A thread with nothing but -inf shifts by 0 (-inf -
+// -inf would be NaN) and gets exp(-inf) = 0 everywhere.
 template <typename T, int VPT>
-__global__ void __launch_bounds__(1024) softmax_single_pass(const T* __restrict__ x, T* __restrict__ y, int64_t cols,
-                                                            float* lse, int masked) {
+__device__ __forceinline__ online_pair exp_in_registers(const int4* __restrict__ xr, int64_t first, int64_t stride,
+                                                        int64_t nvec, float (&ex)[VPT * vec16<T>::N]) {
     constexpr int N = vec16<T>::N;
-    const int64_t nvec = cols / N;
-    const int4* xr = reinterpret_cast<const int4*>(x + (int64_t)blockIdx.x * cols);
-    int4* yr = reinterpret_cast<int4*>(y + (int64_t)blockIdx.x * cols);
     vec16<T> v[VPT];
 #pragma unroll
     for (int k = 0; k < VPT; ++k) {  // loads only: all of them in flight together
-        const int64_t i = threadIdx.x + (int64_t)k * blockDim.x;
+        const int64_t i = first + (int64_t)k * stride;
         v[k].raw = i < nvec ? __ldcs(xr + i) : neg_inf_vec16<T>();  // streamed: read once
     }
     float tm = kNegInf;
@@ -469,10 +472,7 @@ __global__ void __launch_bounds__(1024) softmax_single_pass(const T* __restrict_
     for (int k = 0; k < VPT; ++k)
 #pragma unroll
         for (int e = 0; e < N; ++e) tm = max_nan1(tm, v[k].get(e));
-    // -inf - -inf would be NaN: a thread with nothing but -inf shifts by 0 and
-    // gets exp(-inf) = 0 everywhere, and (-inf, 0) drops out of the combine
     const float shift = tm == kNegInf ? 0.0f : tm;
-    float ex[VPT * N];
     float s = 0.0f;
 #pragma unroll
     for (int k = 0; k < VPT; ++k)
@@ -481,14 +481,17 @@ __global__ void __launch_bounds__(1024) softmax_single_pass(const T* __restrict_
             ex[k * N + e] = expf(v[k].get(e) - shift);
             s += ex[k * N + e];
         }
-    online_pair p = block_combine(online_pair{tm, s});
-    const bool zero = masked_row(p.m, masked);
-    if (p.m == kNegInf && !zero) p.s = kNaN;  // masked: the textbook NaN
-    // the thread's rescale; exp(-inf - M) = 0 for an all -inf thread
-    const float c = zero ? 0.0f : expf(tm - p.m) / p.s;
+    return {tm, s};
+}
+
+// Writes ex[] * c back to the thread's vectors of the row.
+template <typename T, int VPT>
+__device__ __forceinline__ void store_scaled(int4* __restrict__ yr, int64_t first, int64_t stride, int64_t nvec,
+                                             const float (&ex)[VPT * vec16<T>::N], float c) {
+    constexpr int N = vec16<T>::N;
 #pragma unroll
     for (int k = 0; k < VPT; ++k) {
-        const int64_t i = threadIdx.x + (int64_t)k * blockDim.x;
+        const int64_t i = first + (int64_t)k * stride;
         if (i < nvec) {
             vec16<T> o;
 #pragma unroll
@@ -496,6 +499,30 @@ __global__ void __launch_bounds__(1024) softmax_single_pass(const T* __restrict_
             __stcs(yr + i, o.raw);
         }
     }
+}
+
+// The thread's rescale once the row's pair p is known: exp(m_thread - M) / S,
+// 0 under the masked-zero policy; a masked row under the nan policy gets the
+// textbook NaN. Returns c, and whether the row is written as zeros.
+__device__ __forceinline__ float row_rescale(online_pair& p, float tm, int masked, bool& zero) {
+    zero = masked_row(p.m, masked);
+    if (p.m == kNegInf && !zero) p.s = kNaN;
+    return zero ? 0.0f : expf(tm - p.m) / p.s;  // exp(-inf - M) = 0 for an all -inf thread
+}
+
+template <typename T, int VPT>
+__global__ void __launch_bounds__(1024) softmax_single_pass(const T* __restrict__ x, T* __restrict__ y, int64_t cols,
+                                                            float* lse, int masked) {
+    constexpr int N = vec16<T>::N;
+    const int64_t nvec = cols / N;
+    const int4* xr = reinterpret_cast<const int4*>(x + (int64_t)blockIdx.x * cols);
+    int4* yr = reinterpret_cast<int4*>(y + (int64_t)blockIdx.x * cols);
+    float ex[VPT * N];
+    const online_pair mine = exp_in_registers<T, VPT>(xr, threadIdx.x, blockDim.x, nvec, ex);
+    online_pair p = block_combine(mine);
+    bool zero;
+    const float c = row_rescale(p, mine.m, masked, zero);
+    store_scaled<T, VPT>(yr, threadIdx.x, blockDim.x, nvec, ex, c);
     if (threadIdx.x == 0 && lse) lse[blockIdx.x] = zero ? kNegInf : p.m + logf(p.s);
 }
 
@@ -510,45 +537,15 @@ __global__ void __launch_bounds__(32 * kWarpRows) softmax_warp_rows(const T* __r
     const int64_t row = (int64_t)blockIdx.x * kWarpRows + threadIdx.y;
     if (row >= rows) return;  // a whole warp leaves together: no barrier below
     const int64_t nvec = cols / N;
-    const int lane = threadIdx.x;
     const int4* xr = reinterpret_cast<const int4*>(x + row * cols);
     int4* yr = reinterpret_cast<int4*>(y + row * cols);
-    vec16<T> v[VPT];
-#pragma unroll
-    for (int k = 0; k < VPT; ++k) {
-        const int64_t i = lane + (int64_t)k * 32;
-        v[k].raw = i < nvec ? __ldcs(xr + i) : neg_inf_vec16<T>();
-    }
-    float tm = kNegInf;
-#pragma unroll
-    for (int k = 0; k < VPT; ++k)
-#pragma unroll
-        for (int e = 0; e < N; ++e) tm = max_nan1(tm, v[k].get(e));
-    const float shift = tm == kNegInf ? 0.0f : tm;
     float ex[VPT * N];
-    float s = 0.0f;
-#pragma unroll
-    for (int k = 0; k < VPT; ++k)
-#pragma unroll
-        for (int e = 0; e < N; ++e) {
-            ex[k * N + e] = expf(v[k].get(e) - shift);
-            s += ex[k * N + e];
-        }
-    online_pair p = pl_warp_allreduce(online_pair{tm, s}, op_combine());
-    const bool zero = masked_row(p.m, masked);
-    if (p.m == kNegInf && !zero) p.s = kNaN;  // masked: the textbook NaN
-    const float c = zero ? 0.0f : expf(tm - p.m) / p.s;
-#pragma unroll
-    for (int k = 0; k < VPT; ++k) {
-        const int64_t i = lane + (int64_t)k * 32;
-        if (i < nvec) {
-            vec16<T> o;
-#pragma unroll
-            for (int e = 0; e < N; ++e) o.set(e, ex[k * N + e] * c);
-            __stcs(yr + i, o.raw);
-        }
-    }
-    if (lane == 0 && lse) lse[row] = zero ? kNegInf : p.m + logf(p.s);
+    const online_pair mine = exp_in_registers<T, VPT>(xr, threadIdx.x, 32, nvec, ex);
+    online_pair p = pl_warp_allreduce(mine, op_combine());
+    bool zero;
+    const float c = row_rescale(p, mine.m, masked, zero);
+    store_scaled<T, VPT>(yr, threadIdx.x, 32, nvec, ex, c);
+    if (threadIdx.x == 0 && lse) lse[row] = zero ? kNegInf : p.m + logf(p.s);
 }
 
 // Version 3: online (max, sum) over 16-byte vectors, then the write pass.

@@ -57,6 +57,14 @@ CEILINGS = {
     ("softmax_online_vec", "*"): 26.0,
 }
 
+# Stack frames that are not spills, each with its reason and the most bytes
+# allowed. CUDA's accurate cosf/sinf reduce a large argument (|x| > 105615)
+# the Payne-Hanek way with a small table on the stack; the alternative would
+# be __cosf/__sinf, the approximate intrinsics this project never uses.
+STACK_ALLOWED = {
+    "rope_v1": (32, "cosf/sinf's Payne-Hanek reduction for |angle| > 105615 rad keeps its table on the stack"),
+}
+
 ELEM_BYTES = {"float": 4, "double": 8, "__nv_bfloat16": 2, "__half": 2, "__nv_fp8_e4m3": 1, "__nv_fp8_e5m2": 1}
 
 
@@ -113,6 +121,7 @@ class Kernel:
     problems: list = field(default_factory=list)
     ipe: float | None = None
     ipe_what: str = ""
+    notes: str = ""
     elems: float = 0.0  # single-pass: elements a thread holds
     body: int = 0       # single-pass: instructions from the first load to the last store
 
@@ -259,8 +268,11 @@ def analyse(lib: Path, tool: str) -> list[Kernel]:
     names = demangle(list(kernels))
     for k in kernels.values():
         k.name = names.get(k.mangled, k.mangled)
-        if k.stack or k.local:
+        allowed, why = STACK_ALLOWED.get(k.family, (0, ""))
+        if k.local or k.stack > allowed:
             k.problems.append(f"stack frame {k.stack} bytes, local memory {k.local} bytes (spills)")
+        elif k.stack:
+            k.notes = f"stack frame {k.stack} bytes allowed: {why}"
         if SINGLE_PASS.search(k.name):
             check_single_pass(k)
         elif STREAMING.search(k.name):
@@ -303,15 +315,18 @@ def main() -> int:
             {k2: v for k2, v in asdict(k).items() if k2 != "sass"} | {"family": k.family, "elem": k.elem}
             for k in kernels]}, indent=1))
     else:
-        shown = [k for k in kernels if args.all or k.problems or k.ipe is not None]
+        shown = [k for k in kernels if args.all or k.problems or k.ipe is not None or k.notes]
         for k in shown:
             status = "FAIL" if k.problems else "ok"
             ipe = f"{k.ipe:6.2f} insn/elem (ceiling {ceiling(k)})" if k.ipe is not None else ""
             print(f"{status:4} REG {k.regs:3} STACK {k.stack} LOCAL {k.local}  {ipe:32} {k.name[:110]}")
             for p in k.problems:
                 print(f"       - {p}")
+            if k.notes:
+                print(f"       ({k.notes})")
         print(f"sass-check: {len(kernels)} kernels, {len(bad)} failing; "
-              f"{sum(1 for k in kernels if k.stack or k.local)} with a stack frame or local memory")
+              f"{sum(1 for k in kernels if (k.stack or k.local) and not k.notes)} with a stack frame or local memory "
+              f"beyond the allowed ({sum(1 for k in kernels if k.notes)} allowed, said above)")
     return 1 if bad else 0
 
 

@@ -64,3 +64,9 @@ def test_streaming_loop_counts_the_trip():
 def test_spills_fail():
     k = sc.parse_resources("Function m:\nREG:64 STACK:16 SHARED:0 LOCAL:8 SAMPLERS:0")["m"]
     assert (k.stack, k.local) == (16, 8)
+
+
+def test_an_allowed_stack_frame_needs_its_reason_and_no_local_memory():
+    assert "rope_v1" in sc.STACK_ALLOWED and sc.STACK_ALLOWED["rope_v1"][1]
+    k = sc.Kernel("m", name="void (anonymous namespace)::rope_v1<float>(float const*)", stack=32)
+    assert k.family == "rope_v1"
