@@ -136,8 +136,6 @@ class ErrorReport:
         return d
 
 
-# ||r|| below this is treated as this, so an all-zero reference gives a finite rel_l2.
-REL_L2_FLOOR = 1e-300
 
 
 def error_report(actual, reference, fmt: Format | None, atol: float, rtol: float) -> ErrorReport:
@@ -163,7 +161,9 @@ def error_report(actual, reference, fmt: Format | None, atol: float, rtol: float
         # Norms of error arrays, not references: numpy's pairwise float64 sum is
         # accurate far beyond what an error figure needs, and fast at 16M elements.
         ref_norm = float(np.linalg.norm(r[both]))
-        rel_l2 = float(np.linalg.norm(d)) / max(ref_norm, REL_L2_FLOOR)
+        d_norm = float(np.linalg.norm(d))
+        # an all-zero reference: any difference is infinitely large relative to it (never a huge finite number)
+        rel_l2 = 0.0 if d_norm == 0 else (d_norm / ref_norm if ref_norm > 0 else math.inf)
         spacing = (fmt.spacing(r[both]) if fmt is not None else np.spacing(np.abs(r[both])))
         ulps = d / spacing
         flat_worst = int(np.flatnonzero(both)[int(np.argmax(d))])
