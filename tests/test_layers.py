@@ -139,3 +139,13 @@ def test_dump_into_a_file_is_refused(tmp_path):
     f.write_text("x")
     r = cli("compare", "model", "--steps", "4", "--dump", str(f))
     assert r.code == 2 and f.read_text() == "x"
+
+
+def test_a_one_percent_scale_in_bf16_is_found_by_its_bias(model):
+    # 3.4x the bf16 MLP's rounding by rel-L2, under the 4x rule; but rounding is
+    # unbiased and a scale is not: the fitted scale is hundreds of its spreads from 1
+    module = model[3]["layers.2.mlp:scale=1.1"]
+    res = _run(model, inject=["layers.2.mlp:scale=1.01"])
+    assert res.first_divergence == module, [(r["module"], r["ratio"], r["bias_z"]) for r in res.rows if r["injected"]]
+    row = next(r for r in res.rows if r["module"] == module)
+    assert abs(row["scale_fit"] - 1.01) < 0.002 and row["bias_z"] > lexp.BIAS_Z
