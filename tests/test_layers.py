@@ -149,3 +149,27 @@ def test_a_one_percent_scale_in_bf16_is_found_by_its_bias(model):
     assert res.first_divergence == module, [(r["module"], r["ratio"], r["bias_z"]) for r in res.rows if r["injected"]]
     row = next(r for r in res.rows if r["module"] == module)
     assert abs(row["scale_fit"] - 1.01) < 0.002 and row["bias_z"] > lexp.BIAS_Z
+
+
+def test_an_lm_head_that_overflows_fp16_is_the_head_pitfall(tmp_path):
+    # logits past 65504: the head in fp16 gives inf where fp32 on the same input
+    # stays finite, which is why engines keep the LM head in fp32
+    from transformers import AutoModelForCausalLM
+
+    path = _tiny(tmp_path / "q", "qwen3")
+    m = AutoModelForCausalLM.from_pretrained(path)
+    assert not m.config.tie_word_embeddings
+    with torch.no_grad():
+        m.lm_head.weight.mul_(1e6)
+    m.save_pretrained(path)
+    res = lexp.run(lexp.LayersConfig(model=path, prompt="the cat sat", steps=20, dtypes="fp16"))
+    found = {(p["pitfall"], p["module"]) for p in res.pitfalls}
+    assert ("head_low_precision", "model.norm + lm_head") in found and ("fp16_overflow", "lm_head") in found
+    head = next(r for r in res.rows if r["kind"] == "lm_head")
+    assert head["accumulated"] == float("inf") and head["logits_rel_l2_head_in_fp32"] < 1e-2
+    # not a bug of yours: the trusted fp16 head overflows too
+    assert res.first_divergence is None
+    # the same model in bf16 (fp32's range) keeps its head: no pitfall there
+    assert not any(p["pitfall"] == "head_low_precision"
+                   for p in lexp.run(lexp.LayersConfig(model=path, prompt="the cat sat", steps=20,
+                                                       dtypes="bf16")).pitfalls)
