@@ -229,11 +229,11 @@ class HFRunner(Runner):
                 if getattr(config, "auto_map", None):  # a cached repo id: its config is only readable now
                     raise UsageError(f"--model {spec!r}: its config maps to custom code (auto_map); "
                                      "precisionlab never runs code from a model")
-                self.tok = transformers.AutoTokenizer.from_pretrained(spec, local_files_only=True,
-                                                                      trust_remote_code=False)
-                self.base = transformers.AutoModelForCausalLM.from_pretrained(spec, config=config,
-                                                                              local_files_only=True,
-                                                                              trust_remote_code=False)
+                # trust_remote_code=False on every loader: a model folder never runs its own code
+                self.tok = transformers.AutoTokenizer.from_pretrained(spec, trust_remote_code=False,
+                                                                      local_files_only=True)
+                self.base = transformers.AutoModelForCausalLM.from_pretrained(spec, trust_remote_code=False,
+                                                                              config=config, local_files_only=True)
         except UsageError:
             raise
         except Exception as e:  # OSError, ValueError, KeyError... from an unusable directory or cache entry

@@ -239,7 +239,7 @@ def _hf_rope_in(rot: nn.Module, low) -> None:
 def keep_rope_fp32(low_model, fp32_model) -> None:
     """Hugging Face loads a model in bf16 with its RoPE inverse frequencies kept
     in fp32; model.to(bf16) would round them too (the pitfall --inject rope
-    demonstrates). The low-precision copies here follow from_pretrained."""
+    demonstrates). The low-precision copies here follow transformers' own loader."""
     ref = dict(fp32_model.named_buffers())
     for name, buf in low_model.named_buffers():
         if ("inv_freq" in name.rsplit(".", 1)[-1]) and name in ref:
