@@ -458,8 +458,7 @@ def formats_cmd(
     from precisionlab import report, report_formats
     from precisionlab.experiments import formats as exp
 
-    if plot:
-        report_formats.check_plot_path(plot)
+    plot = report.check_plot_path(plot)  # before the run: a bad path must not cost the result
     cfg = exp.FormatsConfig(formats=formats, rules=rules, blocks=blocks, dists=dists, n=n, shape=shape,
                             baselines=baselines, device=device, seed=seed)
     with report.progress("formats", enabled=not json_out) as advance:

@@ -17,8 +17,6 @@ vocabulary never has to fit in memory at once in float64.
 
 from __future__ import annotations
 
-import os
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -37,16 +35,10 @@ def write(path: str, logits: np.ndarray, tokens: np.ndarray, metadata: dict[str,
     so a reader never sees half a file and a failure leaves the old one."""
     from safetensors.numpy import save_file
 
-    target = Path(path)
-    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent or ".")
-    os.close(fd)
-    try:
-        save_file({LOGITS: np.ascontiguousarray(logits), TOKENS: np.ascontiguousarray(tokens, dtype=np.int64)},
-                  tmp, metadata={k: str(v) for k, v in metadata.items()})
-        os.replace(tmp, target)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    from precisionlab import outputs
+
+    arrays = {LOGITS: np.ascontiguousarray(logits), TOKENS: np.ascontiguousarray(tokens, dtype=np.int64)}
+    outputs.atomic_write(path, lambda tmp: save_file(arrays, tmp, metadata={k: str(v) for k, v in metadata.items()}))
 
 
 @dataclass

@@ -26,14 +26,15 @@ _pending: set[str] = set()  # temporary files being written, for an interrupt to
 _lock = threading.Lock()
 
 
-def check_output_path(path: str | None, kinds: tuple[str, ...] | list[str], what: str) -> Path:
+def check_output_path(path: str | None, kinds: tuple[str, ...] | list[str] | None, what: str) -> Path:
     """The path as given, once it is sure to be writable as one of `kinds`
-    (extensions with the dot, lower case); else UsageError naming why."""
+    (extensions with the dot, lower case; None: any name, for data files);
+    else UsageError naming why."""
     if path is None or not str(path).strip():
-        raise UsageError(f"{what}: empty path; name the file to write (e.g. out{kinds[0]})")
+        raise UsageError(f"{what}: empty path; name the file to write (e.g. out{kinds[0] if kinds else ''})")
     p = Path(path)
     ext = p.suffix.lower()
-    if ext not in kinds:
+    if kinds is not None and ext not in kinds:
         got = f"extension {ext!r}" if ext else "no extension"
         raise UsageError(f"{what} {path!r}: {got}; the file must end in one of {', '.join(kinds)}")
     if os.path.lexists(p):

@@ -3,32 +3,12 @@ and a plot written atomically to a path checked before the run."""
 
 from __future__ import annotations
 
-import os
-import tempfile
 from pathlib import Path
 
 from rich.table import Table
 
-from precisionlab.errors import UsageError
-from precisionlab.report import _footer, emit_json, hint, require_matplotlib, sci, stdout
-
-PLOT_SUFFIXES = (".png", ".pdf", ".svg")
-
-
-def check_plot_path(path: str) -> None:
-    """Refuse a --plot path that cannot be written, before the run spends any time."""
-    require_matplotlib()
-    p = Path(path)
-    if p.suffix.lower() not in PLOT_SUFFIXES:
-        raise UsageError(f"--plot must end in {', '.join(PLOT_SUFFIXES)} (got {path!r})")
-    if p.is_dir():
-        raise UsageError(f"--plot {path!r} is a directory")
-    parent = p.parent if str(p.parent) else Path(".")
-    if not parent.is_dir():
-        raise UsageError(f"--plot: directory {str(parent)!r} does not exist")
-    if not os.access(parent, os.W_OK):
-        raise UsageError(f"--plot: directory {str(parent)!r} is not writable")
-
+from precisionlab import outputs
+from precisionlab.report import _footer, emit_json, hint, sci, stdout
 
 def _pct(x) -> str:
     return "-" if x is None else f"{100 * x:.1f} %"
@@ -62,8 +42,8 @@ def formats_json(res) -> None:
 
 
 def formats_plot(res, path: str) -> None:
-    """Relative RMSE of every configuration, one line per distribution; written
-    to a temporary file beside `path`, then renamed over it."""
+    """Relative RMSE of every configuration, one line per distribution
+    (outputs.atomic_write: a temporary file beside `path`, renamed over it)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -71,31 +51,23 @@ def formats_plot(res, path: str) -> None:
 
     labels = list(dict.fromkeys(_label(r) for r in res.rows))
     fig, ax = plt.subplots(figsize=(max(8.0, 0.28 * len(labels)), 5.5))
-    for dist in res.params["dists"]:
-        by = {_label(r): r["rel_rmse"] for r in res.rows if r["dist"] == dist}
-        ax.plot(range(len(labels)), [by.get(lb, float("nan")) for lb in labels], marker="o", ms=3, lw=1, label=dist)
-    ax.set_xticks(range(len(labels)))
-    ax.set_xticklabels(labels, rotation=90, fontsize=7)
-    ax.set_yscale("log")
-    ax.set_ylabel("relative RMSE")
-    ax.set_title("block-scaled formats: relative RMSE by format / rule / block")
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    p = Path(path)
-    fd, tmp = tempfile.mkstemp(prefix=f".{p.name}.", suffix=p.suffix, dir=str(p.parent) if str(p.parent) else ".")
     try:
-        with os.fdopen(fd, "wb") as f:
-            fig.savefig(f, format=p.suffix.lstrip(".").lower(), dpi=120)
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)  # mkstemp's 0600 is for the temporary name only
-        os.replace(tmp, path)
-    except BaseException:
-        os.unlink(tmp)
-        raise
+        for dist in res.params["dists"]:
+            by = {_label(r): r["rel_rmse"] for r in res.rows if r["dist"] == dist}
+            ax.plot(range(len(labels)), [by.get(lb, float("nan")) for lb in labels], marker="o", ms=3, lw=1,
+                    label=dist)
+        ax.set_xticks(range(len(labels)))
+        ax.set_xticklabels(labels, rotation=90, fontsize=7)
+        ax.set_yscale("log")
+        ax.set_ylabel("relative RMSE")
+        ax.set_title("block-scaled formats: relative RMSE by format / rule / block")
+        ax.legend(fontsize=8)
+        fig.tight_layout()
+        written = outputs.atomic_write(path, lambda tmp: fig.savefig(tmp, dpi=120,
+                                                                     format=Path(path).suffix.lstrip(".").lower()))
     finally:
         plt.close(fig)
-    hint(f"plot written to {path}")
+    hint(f"plot written to {written}")
 
 
 def _label(r: dict) -> str:

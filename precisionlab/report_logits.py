@@ -113,17 +113,13 @@ def draw(res, path: str) -> None:
     b.set_title("flips by margin")
     b.legend(fontsize=8)
     fig.tight_layout()
-    import os
-    import tempfile
     from pathlib import Path
 
-    # Atomically, as every file this tool writes: a temporary file beside it, then os.replace.
-    fd, tmp = tempfile.mkstemp(prefix=f".{Path(path).name}.", suffix=".tmp", dir=Path(path).parent)
-    os.close(fd)
-    try:
-        fig.savefig(tmp, dpi=120, format="png")
-        os.replace(tmp, path)
+    from precisionlab import outputs
+
+    try:  # format from the path the user named, written atomically like every file this tool writes
+        written = outputs.atomic_write(path, lambda tmp: fig.savefig(tmp, dpi=120,
+                                                                     format=Path(path).suffix.lstrip(".").lower()))
     finally:
-        Path(tmp).unlink(missing_ok=True)
         plt.close(fig)
-    hint(f"plot written to {path}")
+    hint(f"plot written to {written}")

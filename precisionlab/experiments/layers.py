@@ -28,7 +28,6 @@ import copy
 import json
 import math
 import os
-import tempfile
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -37,6 +36,7 @@ from pathlib import Path
 import numpy as np
 
 from precisionlab import inject as inject_mod
+from precisionlab import outputs
 from precisionlab.errors import UsageError
 from precisionlab.experiments.compare import RATIO_THRESHOLD
 from precisionlab.experiments.tensors import _ratio, rel_l2
@@ -364,20 +364,7 @@ def _dump(dir_: Path, label: str, cap: _Run, order, ids, runner, injections) -> 
     tensors = {n: cap.outputs[n].detach().contiguous().clone().cpu() for n in order}
     meta = {ORDER_KEY: json.dumps(order), TOKENS_KEY: json.dumps(ids), "precisionlab.model": str(runner.name),
             "precisionlab.dtype": label, "precisionlab.inject": json.dumps([str(i) for i in injections])}
-    final = dir_ / f"{label}.safetensors"
-    fd, tmp = tempfile.mkstemp(prefix=f".{label}.", suffix=".tmp", dir=dir_)
-    os.close(fd)
-    try:
-        save_file(tensors, tmp, metadata=meta)
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)  # mkstemp's 0600 is for the temporary name only
-        os.replace(tmp, final)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
-    return str(final)
+    return str(outputs.atomic_write(dir_ / f"{label}.safetensors", lambda tmp: save_file(tensors, tmp, metadata=meta)))
 
 
 def _takeaways(first, first_by, pitfalls, injections, targets) -> list[str]:

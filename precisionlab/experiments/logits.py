@@ -73,15 +73,17 @@ class LogitsResult:
 
 
 def check_output_path(path: str, option: str) -> None:
-    """A path we may write: its folder exists and is writable, and it is not a folder."""
-    p = Path(path)
-    if not path or p.is_dir():
-        raise UsageError(f"{option} {path!r}: give a file name, not a folder")
-    parent = p.parent if str(p.parent) else Path(".")
-    if not parent.is_dir():
-        raise UsageError(f"{option} {path!r}: the folder {str(parent)!r} does not exist")
-    if not os.access(parent, os.W_OK) or (p.exists() and not os.access(p, os.W_OK)):
-        raise UsageError(f"{option} {path!r}: not writable")
+    """outputs.check_output_path: a --plot with an extension matplotlib writes,
+    a logits file under any name."""
+    from precisionlab import outputs
+
+    kinds = None
+    if option == "--plot":
+        from precisionlab.report import plot_kinds, require_matplotlib
+
+        require_matplotlib()
+        kinds = plot_kinds()
+    outputs.check_output_path(path, kinds, option)
 
 
 def check_gates(max_kld: float | None, min_top1: float | None) -> None:
