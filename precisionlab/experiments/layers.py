@@ -108,13 +108,7 @@ def run(cfg: LayersConfig, advance=lambda k=1: None) -> LayersResult:
 
     torch.manual_seed(cfg.seed)
     t0 = time.perf_counter()
-    runner = mexp.HFRunner(cfg.model, device) if cfg.model else mexp.EmbeddedRunner(device)
-    prompt = runner.encode(cfg.prompt)
-    if not prompt:
-        raise UsageError("--prompt encodes to no tokens")
-    if len(prompt) + cfg.steps > runner.max_len:
-        raise UsageError(f"prompt ({len(prompt)} tokens) + --steps {cfg.steps} exceeds the model's "
-                         f"{runner.max_len} positions")
+    runner, prompt = mexp.open_runner(cfg.model, device, cfg.prompt, cfg.steps)
     site_list = hooks.sites(runner.base)
     pseudo = [s.name for s in site_list if s.pseudo]
     targets = [hooks.resolve(runner.base, inj.target, pseudo) for inj in injections]

@@ -270,6 +270,27 @@ class HFRunner(Runner):
 # ---------------------------------------------------------------------------
 
 
+def open_runner(model: str | None, device: str, prompt: str, steps: int,
+                memory_check: bool = False) -> tuple[Runner, list[int]]:
+    """The model (a Hugging Face folder or repo id, or the embedded one) and
+    the prompt's token ids, checked to fit prompt + steps positions. A folder
+    is refused first if it holds custom code or a FIFO: nothing else, the
+    memory estimate (memory_check) included, may open its files before that."""
+    if model and Path(model).is_dir():
+        refuse_foreign_code(Path(model))
+    if memory_check:
+        inputs.check_memory(memory.compare_model_for(model, steps, prompt),
+                            f"compare model {model or '(embedded)'} --steps {steps}")
+    runner = HFRunner(model, device) if model else EmbeddedRunner(device)
+    ids = runner.encode(prompt)
+    if not ids:
+        raise UsageError("--prompt encodes to no tokens")
+    if len(ids) + steps > runner.max_len:
+        raise UsageError(f"prompt ({len(ids)} tokens) + --steps {steps} exceeds the model's "
+                         f"{runner.max_len} positions")
+    return runner, ids
+
+
 def run(cfg: ModelConfig, advance=lambda k=1: None) -> ModelResult:
     threads.check(cfg.threads)
     with threads.torch_scope():
@@ -287,18 +308,8 @@ def _run(cfg: ModelConfig, advance) -> ModelResult:
     device = _device(cfg.device)
     torch = _torch()
     torch.manual_seed(cfg.seed)
-    if cfg.model and Path(cfg.model).is_dir():
-        refuse_foreign_code(Path(cfg.model))  # first: the estimate below opens config.json (a FIFO would block)
-    inputs.check_memory(memory.compare_model_for(cfg.model, cfg.steps, cfg.prompt),
-                        f"compare model {cfg.model or '(embedded)'} --steps {cfg.steps}")
     t0 = time.perf_counter()
-    runner = HFRunner(cfg.model, device) if cfg.model else EmbeddedRunner(device)
-    prompt = runner.encode(cfg.prompt)
-    if not prompt:
-        raise UsageError("--prompt encodes to no tokens")
-    if len(prompt) + cfg.steps > runner.max_len:
-        raise UsageError(f"prompt ({len(prompt)} tokens) + --steps {cfg.steps} exceeds the model's "
-                         f"{runner.max_len} positions")
+    runner, prompt = open_runner(cfg.model, device, cfg.prompt, cfg.steps, memory_check=True)
     t_load = time.perf_counter() - t0
     # One decoding step is ~2 flops per parameter: the work each torch call does.
     n_threads = threads.fit_torch(cfg.threads, 2.0 * runner.info()["parameters"]) if device == "cpu" else None
