@@ -167,14 +167,21 @@ def parse_choices(text: str | None, allowed: tuple[str, ...], what: str) -> list
 
 
 def _npy_header(f) -> tuple[np.dtype, int]:
-    """(dtype, element count) from a .npy header; f is a path or an open binary
-    stream positioned at the start of the array. Pickled (object) arrays are
-    refused: they are never loaded."""
+    """(dtype, element count) from a .npy header (see npy_header)."""
+    shape, dtype = npy_header(f)
+    return dtype, math.prod(shape)
+
+
+def npy_header(f) -> tuple[tuple, np.dtype]:
+    """(shape, dtype) from a .npy header, without reading the array; f is a
+    path or an open binary stream positioned at the start of the array (an
+    .npz member: only its header is decompressed). Pickled (object) arrays
+    are refused: they are never loaded."""
     from numpy.lib import format as npy_format
 
     if isinstance(f, (str, os.PathLike)):
         with open(f, "rb") as fh:
-            return _npy_header(fh)
+            return npy_header(fh)
     name = getattr(f, "name", "the array")
     try:
         version = npy_format.read_magic(f)
@@ -188,7 +195,7 @@ def _npy_header(f) -> tuple[np.dtype, int]:
         raise UsageError(f"{name}: not a readable .npy header ({type(e).__name__}: {e})") from None
     if dtype.hasobject:
         raise UsageError(f"{name}: holds Python objects (a pickle), which are never loaded")
-    return dtype, math.prod(shape)
+    return tuple(int(d) for d in shape), dtype
 
 
 def npy_declared_bytes(path) -> int:

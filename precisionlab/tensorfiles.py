@@ -98,15 +98,6 @@ def open_tensor_file(path: str, void_dtype: str | None = None) -> TensorFile:
 # --- .npy / .npz: headers first ------------------------------------------------
 
 
-def _read_header(fp) -> tuple[tuple, np.dtype]:
-    version = np.lib.format.read_magic(fp)
-    read = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
-    shape, _fortran, dtype = read(fp)
-    if dtype.hasobject:
-        raise UsageError("holds Python objects (pickles are never loaded)")
-    return tuple(int(s) for s in shape), dtype
-
-
 def _dtype_name(dtype: np.dtype, void_dtype: str | None, where: str) -> str:
     if dtype.kind == "V" and not dtype.names:
         if void_dtype in _FP8 and dtype.itemsize == 1:
@@ -127,7 +118,7 @@ def _as_named(a: np.ndarray, name: str) -> np.ndarray:
 
 def _open_npy(p: Path, void_dtype) -> TensorFile:
     with open(p, "rb") as fp:
-        shape, dtype = _read_header(fp)
+        shape, dtype = inputs.npy_header(fp)
     dname = _dtype_name(dtype, void_dtype, str(p))
 
     def get(_name):
@@ -144,7 +135,7 @@ def _open_npz(p: Path, void_dtype) -> TensorFile:
                 continue
             name = info.filename[:-4]
             with z.open(info) as fp:  # reads the header only: the declared size, before decompressing
-                shape, dtype = _read_header(fp)
+                shape, dtype = inputs.npy_header(fp)
             names.append(name)
             shapes[name] = shape
             dtypes[name] = _dtype_name(dtype, void_dtype, f"{p}:{name}")
