@@ -45,12 +45,42 @@
 
 #include "common.cuh"
 
+// The variants of the sum, declared once (common.cuh, PL_DECLARE_VARIANTS).
+// pl_accumulate_cpu takes the CPU ids, pl_sum_cuda* the GPU ones. The
+// reordered rows run the sequential kernel on x as the caller arranged it
+// (order column): the library sorts with pl_sort_by_magnitude.
+// symbol, id, name, kind, devices, order, batch-invariant, deterministic, default, summary
+#define SUM_VARIANTS(X)                                                                                     \
+    X(PL_SEQUENTIAL, 0, "sequential", ALGORITHM, PL_ON_CPU, AS_GIVEN, -1, 1, 1,                             \
+      "left to right, one rounding per addition")                                                          \
+    X(PL_REVERSE_, 0, "reverse", ALGORITHM, PL_ON_CPU, REVERSED, -1, 1, 1,                                  \
+      "sequential, right to left")                                                                          \
+    X(PL_SORTED_, 0, "sorted", ALGORITHM, PL_ON_CPU, ASCENDING_ABS, -1, 1, 1,                               \
+      "sequential by increasing |x|: best when the terms share a sign")                                     \
+    X(PL_SORTED_DESC_, 0, "sorted_desc", ALGORITHM, PL_ON_CPU, DESCENDING_ABS, -1, 1, 1,                    \
+      "sequential by decreasing |x|: best under heavy cancellation")                                        \
+    X(PL_PAIRWISE, 1, "pairwise", ALGORITHM, PL_ON_CPU, AS_GIVEN, -1, 1, 1,                                 \
+      "adjacent pairs level by level, the odd tail carried up")                                             \
+    X(PL_KAHAN, 2, "kahan", ALGORITHM, PL_ON_CPU, AS_GIVEN, -1, 1, 1,                                       \
+      "compensated, in the accumulator's own precision")                                                    \
+    X(PL_NEUMAIER, 3, "neumaier", ALGORITHM, PL_ON_CPU, AS_GIVEN, -1, 1, 1,                                 \
+      "Kahan-Babuska-Neumaier: survives |x| > |sum|")                                                       \
+    X(PL_STOCHASTIC, 4, "stochastic", ALGORITHM, PL_ON_CPU, AS_GIVEN, -1, 1, 1,                             \
+      "sequential with stochastic rounding (seeded, counter-based)")                                        \
+    X(PL_GPU_TREE, 5, "tree", KERNEL, PL_ON_CUDA, AS_GIVEN, -1, 1, 1,                                       \
+      "warp shuffle + block tree, two passes: the same bits every run")                                     \
+    X(PL_GPU_TREE_KAHAN, 6, "tree_kahan", KERNEL, PL_ON_CUDA, AS_GIVEN, -1, 1, 1,                           \
+      "tree with each thread's serial part compensated")                                                    \
+    X(PL_GPU_ATOMIC, 7, "atomic", KERNEL, PL_ON_CUDA, AS_GIVEN, -1, 0, 1,                                   \
+      "block tree + one atomicAdd a block: the order, and the bits, vary")
+PL_DECLARE_VARIANTS(sum, SUM_VARIANTS);
+
 // ---------------------------------------------------------------------------
 // CPU reference
 
 namespace {
 
-void cpu_sequential(const double* x, int64_t n, const pl_format_info& f, bool stochastic, uint64_t seed,
+void cpu_sequential(const double* x, int64_t n, const pl_fmt& f, bool stochastic, uint64_t seed,
                     double* result, int64_t* stall_step, double* stall_value, double* trace) {
     double s = 0.0;
     int64_t stall = -1;
@@ -76,7 +106,7 @@ void cpu_sequential(const double* x, int64_t n, const pl_format_info& f, bool st
 // with their tree level; equal levels merge as soon as they meet, and what is
 // left merges from the right at the end, exactly as the odd tails are carried
 // up in the level-by-level description.
-double cpu_pairwise(const double* x, int64_t n, const pl_format_info& f) {
+double cpu_pairwise(const double* x, int64_t n, const pl_fmt& f) {
     double val[66];
     int level[66];
     int top = 0;
@@ -97,7 +127,7 @@ double cpu_pairwise(const double* x, int64_t n, const pl_format_info& f) {
     return pl_round_to(val[0], f);  // n == 1: the lone value still lands in the accumulator
 }
 
-double cpu_kahan(const double* x, int64_t n, const pl_format_info& f) {
+double cpu_kahan(const double* x, int64_t n, const pl_fmt& f) {
     double s = 0.0, c = 0.0;
     for (int64_t i = 0; i < n; ++i) {
         const double y = pl_sub(x[i], c, f);
@@ -108,7 +138,7 @@ double cpu_kahan(const double* x, int64_t n, const pl_format_info& f) {
     return s;
 }
 
-double cpu_neumaier(const double* x, int64_t n, const pl_format_info& f) {
+double cpu_neumaier(const double* x, int64_t n, const pl_fmt& f) {
     double s = 0.0, c = 0.0;
     for (int64_t i = 0; i < n; ++i) {
         const double t = pl_add(s, x[i], f);
@@ -157,10 +187,10 @@ struct fast_fmt {
     uint64_t maxb;  // bits of the largest finite value
     uint64_t span;  // minb <= |bits| < minb + span: RN_p is normal and finite
     int p;
-    const pl_format_info* f;
+    const pl_fmt* f;
 };
 
-fast_fmt make_fast(const pl_format_info& f) {
+fast_fmt make_fast(const pl_fmt& f) {
     fast_fmt r;
     const int d = 53 - f.precision;
     r.half = 1ull << (d - 1);
@@ -243,7 +273,7 @@ inline reg r_round_even(reg v, const r_consts& k) {
 struct fast_acc {
     fast_fmt ff;
     r_consts k;
-    explicit fast_acc(const pl_format_info& f) : ff(make_fast(f)), k(ff) {}
+    explicit fast_acc(const pl_fmt& f) : ff(make_fast(f)), k(ff) {}
     inline reg add(reg a, reg b) const {
         const reg v = r_add(a, b);
         const reg r = r_round(v, k);
@@ -280,7 +310,7 @@ struct fast_acc {
     }
 };
 
-void fast_sequential(const double* x, int64_t n, const pl_format_info& f, double* result, int64_t* stall_step,
+void fast_sequential(const double* x, int64_t n, const pl_fmt& f, double* result, int64_t* stall_step,
                      double* stall_value, double* trace) {
     const fast_acc acc(f);
     reg s = r_set(0.0);
@@ -307,7 +337,7 @@ void fast_sequential(const double* x, int64_t n, const pl_format_info& f, double
 // and w's draw differs only when k is d - 1 or d, or when d is 0 (w may sit
 // in the grid point below): those, and everything outside the normal range,
 // take the exact path.
-void fast_stochastic(const double* x, int64_t n, const pl_format_info& f, uint64_t seed, double* result,
+void fast_stochastic(const double* x, int64_t n, const pl_fmt& f, uint64_t seed, double* result,
                      double* trace) {
     const fast_fmt ff = make_fast(f);
     const uint64_t q = ff.low + 1;
@@ -336,7 +366,7 @@ void fast_stochastic(const double* x, int64_t n, const pl_format_info& f, uint64
 constexpr int kPairLog = 6;
 constexpr int kPairBlock = 1 << kPairLog;
 
-double fast_pairwise(const double* x, int64_t n, const pl_format_info& f) {
+double fast_pairwise(const double* x, int64_t n, const pl_fmt& f) {
     const fast_acc acc(f);
     double val[66] = {};
     int level[66] = {};
@@ -379,7 +409,7 @@ double fast_pairwise(const double* x, int64_t n, const pl_format_info& f) {
 // double too, which (v - s) == y tells (Dekker). One double subtraction then
 // stands for two roundings. (add_in's ties to even would spare the branch on
 // exact ties, but its two integer ops sit on this chain twice: slower.)
-double fast_kahan(const double* x, int64_t n, const pl_format_info& f) {
+double fast_kahan(const double* x, int64_t n, const pl_fmt& f) {
     const fast_acc acc(f);
     reg s = r_set(0.0), c = r_set(0.0);
     for (int64_t i = 0; i < n; ++i) {
@@ -415,7 +445,7 @@ bool all_in_format(const double* x, int64_t n, const fast_fmt& ff) {
 // |t| >= |s| / 2, s - t is exact in the format (Sterbenz), so only the second
 // one rounds. c and lost are always values of the format (add_in).
 template <bool X_IN_FORMAT>
-double fast_neumaier(const double* x, int64_t n, const pl_format_info& f) {
+double fast_neumaier(const double* x, int64_t n, const pl_fmt& f) {
     const fast_acc acc(f);
     reg s = r_set(0.0), c = r_set(0.0);
     for (int64_t i = 0; i < n; ++i) {
@@ -533,12 +563,11 @@ int accumulate_cpu(const double* x, int64_t n, int accumulator, int method, uint
     if (int st = pl_checked_bytes(n, sizeof(double), &bytes, func)) return st;
     if (!pl_valid_format(accumulator))
         return pl_fail(PL_ERR_INVALID_ARGUMENT, func, "unknown accumulator format %d", accumulator);
-    if (method < 0 || method >= PL_CPU_METHOD_COUNT_)
-        return pl_fail(PL_ERR_INVALID_ARGUMENT, func, "unknown CPU method %d", method);
+    if (int st = pl_check_variant("sum", method, PL_ON_CPU, func)) return st;
     const bool sequential_kind = method == PL_SEQUENTIAL || method == PL_STOCHASTIC;
     if (trace != nullptr && !sequential_kind)
         return pl_fail(PL_ERR_UNSUPPORTED, func, "a running-sum trace exists for sequential and stochastic only");
-    const pl_format_info& f = PL_FORMATS[accumulator];
+    const pl_fmt& f = PL_FORMATS[accumulator];
     if (stall_step) *stall_step = -1;
     if (stall_value) *stall_value = std::numeric_limits<double>::quiet_NaN();
     const bool native = f.precision == 53;
@@ -834,7 +863,7 @@ int dispatch(const void* x_dev, int64_t n, int storage, int accumulator, int met
 
 // Host doubles (already values of the format) to the device's storage bytes.
 void encode(const double* x, int64_t n, int storage, void* out) {
-    const pl_format_info& f = PL_FORMATS[storage];
+    const pl_fmt& f = PL_FORMATS[storage];
     for (int64_t i = 0; i < n; ++i) {
         const double v = pl_round_to(x[i], f);  // exact when x[i] is already a value of the format
         switch (storage) {
@@ -855,8 +884,7 @@ int check_sum_args(int64_t n, int storage, int accumulator, int method, const ch
     if (storage == PL_TF32) return pl_fail(PL_ERR_UNSUPPORTED, func, "tf32 is a compute format, not a storage one");
     if (!pl_valid_format(accumulator))
         return pl_fail(PL_ERR_INVALID_ARGUMENT, func, "unknown accumulator format %d", accumulator);
-    if (method < 0 || method >= PL_GPU_METHOD_COUNT_)
-        return pl_fail(PL_ERR_INVALID_ARGUMENT, func, "unknown GPU method %d", method);
+    if (int st = pl_check_variant("sum", method, PL_ON_CUDA, func)) return st;
     if (accumulator != PL_FP32 && accumulator != PL_FP64 && accumulator != PL_BF16)
         return pl_fail(PL_ERR_UNSUPPORTED, func, "GPU accumulator must be fp32, fp64 or bf16 (got %s)",
                        PL_FORMATS[accumulator].name);

@@ -24,10 +24,19 @@
 
 #include "common.cuh"
 
+// The orders, declared once (common.cuh, PL_DECLARE_VARIANTS).
+// symbol, id, name, kind, devices, order, batch-invariant, deterministic, default, summary
+#define ALLREDUCE_VARIANTS(X)                                                                             \
+    X(PL_ALLREDUCE_RING, 0, "ring", ALGORITHM, PL_ON_CPU, AS_GIVEN, -1, 1, 1,                             \
+      "reduce-scatter around a ring: each chunk summed from a different starting rank")                   \
+    X(PL_ALLREDUCE_TREE, 1, "tree", ALGORITHM, PL_ON_CPU, AS_GIVEN, -1, 1, 1,                             \
+      "adjacent ranks paired level by level")
+PL_DECLARE_VARIANTS(allreduce, ALLREDUCE_VARIANTS);
+
 namespace {
 
 double ring_sum(const double* partials, int ranks, int64_t n, int64_t i, int64_t chunk_index, int step,
-                const pl_format_info& f) {
+                const pl_fmt& f) {
     const int c = (int)chunk_index;
     int r = ((c + step) % ranks + ranks) % ranks;
     double acc = partials[(int64_t)r * n + i];
@@ -38,7 +47,7 @@ double ring_sum(const double* partials, int ranks, int64_t n, int64_t i, int64_t
     return acc;
 }
 
-double tree_sum(const double* partials, int ranks, int64_t n, int64_t i, const pl_format_info& f) {
+double tree_sum(const double* partials, int ranks, int64_t n, int64_t i, const pl_fmt& f) {
     double level[256];
     for (int r = 0; r < ranks; ++r) level[r] = partials[(int64_t)r * n + i];
     for (int width = ranks; width > 1; width = (width + 1) / 2) {
@@ -57,7 +66,7 @@ extern "C" int pl_allreduce_cpu(const double* partials, int ranks, int64_t n, in
     PL_REQUIRE_N(n);
     PL_REQUIRE(ranks >= 1 && ranks <= 256, PL_ERR_INVALID_ARGUMENT, "ranks must be in [1, 256] (got %d)", ranks);
     PL_REQUIRE(pl_valid_format(format), PL_ERR_INVALID_ARGUMENT, "unknown format %d", format);
-    PL_REQUIRE(order >= 0 && order < PL_ALLREDUCE_ORDER_COUNT_, PL_ERR_INVALID_ARGUMENT, "unknown order %d", order);
+    if (int st = pl_check_variant("allreduce", order, PL_ON_CPU, __func__)) return st;
     size_t bytes;
     if (int s = pl_checked_bytes(n, sizeof(double), &bytes, __func__)) return s;
     PL_REQUIRE((uint64_t)n <= (uint64_t)INT64_MAX / (uint64_t)ranks, PL_ERR_SIZE_OVERFLOW,
@@ -72,7 +81,7 @@ extern "C" int pl_allreduce_cpu(const double* partials, int ranks, int64_t n, in
                    "offset %lld + n %lld exceeds ranks %d * chunk %lld", (long long)offset, (long long)n, ranks,
                    (long long)chunk);
     }
-    const pl_format_info& f = PL_FORMATS[format];
+    const pl_fmt& f = PL_FORMATS[format];
     const int64_t total = (int64_t)ranks * n;
     for (int64_t j = 0; j < total; ++j) {
         const double v = partials[j];

@@ -74,6 +74,19 @@
 
 #include "common.cuh"
 
+// The GPU variants, declared once (common.cuh, PL_DECLARE_VARIANTS).
+// symbol, id, name, kind, devices, order, batch-invariant, deterministic, default, summary
+#define BLOCKSCALE_QUANTIZE_VARIANTS(X)                                                                   \
+    X(BSQ_THREAD_PER_BLOCK, 1, "thread_per_block", KERNEL, PL_ON_CUDA, AS_GIVEN, 1, 1, 0,                 \
+      "one thread per scaling block: its loads are serial")                                               \
+    X(BSQ_WARP_PER_BLOCK, 2, "warp_per_block", KERNEL, PL_ON_CUDA, AS_GIVEN, 1, 1, 1,                     \
+      "one warp per scaling block, amax by a warp all-reduce; coalesced loads")
+PL_DECLARE_VARIANTS(blockscale_quantize, BLOCKSCALE_QUANTIZE_VARIANTS);
+#define BLOCKSCALE_DEQUANTIZE_VARIANTS(X)                                                                 \
+    X(BSD_THREAD_PER_ELEMENT, 1, "thread_per_element", KERNEL, PL_ON_CUDA, AS_GIVEN, 1, 1, 1,             \
+      "one thread per element")
+PL_DECLARE_VARIANTS(blockscale_dequantize, BLOCKSCALE_DEQUANTIZE_VARIANTS);
+
 namespace {
 
 // ---------------------------------------------------------------------------
@@ -453,14 +466,14 @@ extern "C" int pl_blockscale_quantize_cuda(const float* x_dev, int64_t n, int fo
     PL_REQUIRE_PTR(codes_dev);
     PL_REQUIRE_PTR(scales_dev);
     if (int st = check_quantize_args(n, format, block, rule, tensor_amax, tensor_scale, __func__)) return st;
-    PL_REQUIRE(version == 1 || version == 2, PL_ERR_INVALID_ARGUMENT, "unknown quantize version %d", version);
+    if (int st = pl_check_variant("blockscale_quantize", version, PL_ON_CUDA, __func__)) return st;
     if (int st = pl_require_device(x_dev, sizeof(float), "x_dev", __func__)) return st;
     if (int st = pl_require_device(codes_dev, 1, "codes_dev", __func__)) return st;
     if (int st = pl_require_device(scales_dev, 1, "scales_dev", __func__)) return st;
     const float g_enc = nv_tensor_encode(tensor_amax);
     if (format == PL_NVFP4) *tensor_scale = 1.0f / g_enc;
     const int64_t nb = num_blocks(n, block);
-    if (version == 1)
+    if (version == BSQ_THREAD_PER_BLOCK)
         quantize_thread_per_block<<<grid_for(nb, kThreads), kThreads>>>(x_dev, n, format, block, rule, g_enc,
                                                                         codes_dev, scales_dev, nb);
     else
@@ -476,7 +489,7 @@ extern "C" int pl_blockscale_dequantize_cuda(const uint8_t* codes_dev, const uin
     PL_REQUIRE_PTR(scales_dev);
     PL_REQUIRE_PTR(y_dev);
     if (int st = check_args(n, format, block, 0, __func__)) return st;
-    PL_REQUIRE(version == 1, PL_ERR_INVALID_ARGUMENT, "unknown dequantize version %d", version);
+    if (int st = pl_check_variant("blockscale_dequantize", version, PL_ON_CUDA, __func__)) return st;
     if (int st = pl_require_device(codes_dev, 1, "codes_dev", __func__)) return st;
     if (int st = pl_require_device(scales_dev, 1, "scales_dev", __func__)) return st;
     if (int st = pl_require_device(y_dev, sizeof(float), "y_dev", __func__)) return st;

@@ -66,23 +66,25 @@ int pl_cuda_fail(cudaError_t err, const char* func, const char* what);
 // ---------------------------------------------------------------------------
 // formats
 
-struct pl_format_info {
+struct pl_fmt {
     const char* name;
+    int bits;        // bits of a value (tf32: the 19 that carry information)
     int precision;   // significand bits, the implicit bit included
     int emin;        // exponent of the smallest normal
     double max;      // largest finite value
     bool has_inf;    // false: overflow gives NaN (OCP e4m3fn)
-    size_t bytes;
+    size_t bytes;    // bytes a value takes in the library's buffers
 };
 
-static const pl_format_info PL_FORMATS[PL_FORMAT_COUNT_] = {
-    {"fp64", 53, -1022, 1.7976931348623157e308, true, 8},
-    {"fp32", 24, -126, 3.4028234663852886e38, true, 4},
-    {"fp16", 11, -14, 65504.0, true, 2},
-    {"bf16", 8, -126, 3.3895313892515355e38, true, 2},
-    {"fp8_e4m3", 4, -6, 448.0, false, 1},
-    {"fp8_e5m2", 3, -14, 57344.0, true, 1},
-    {"tf32", 11, -126, 3.4011621342146535e38, true, 4},  // stored in 32 bits; max = (2 - 2^-10) 2^127
+// The arithmetic formats, declared once: pl_fmt exports this table.
+static const pl_fmt PL_FORMATS[PL_FORMAT_COUNT_] = {
+    {"fp64", 64, 53, -1022, 1.7976931348623157e308, true, 8},
+    {"fp32", 32, 24, -126, 3.4028234663852886e38, true, 4},
+    {"fp16", 16, 11, -14, 65504.0, true, 2},
+    {"bf16", 16, 8, -126, 3.3895313892515355e38, true, 2},
+    {"fp8_e4m3", 8, 4, -6, 448.0, false, 1},
+    {"fp8_e5m2", 8, 3, -14, 57344.0, true, 1},
+    {"tf32", 19, 11, -126, 3.4011621342146535e38, true, 4},  // stored in 32 bits; max = (2 - 2^-10) 2^127
 };
 
 static inline bool pl_valid_format(int f) { return f >= 0 && f < PL_FORMAT_COUNT_; }
@@ -95,7 +97,7 @@ static inline double pl_pow2(int q) { return pl_from_bits((uint64_t)(q + 1023) <
 
 // Round x (a double) to format f, to nearest with ties to even, exactly:
 // integer arithmetic on the significand, no intermediate format.
-static inline double pl_round_to(double x, const pl_format_info& f) {
+static inline double pl_round_to(double x, const pl_fmt& f) {
     if (f.precision == 53 || std::isnan(x)) return x;
     if (std::isinf(x)) return f.has_inf ? x : std::numeric_limits<double>::quiet_NaN();  // e4m3fn: no Inf
     const uint64_t b = pl_bits(x);
@@ -138,11 +140,11 @@ static inline double pl_add_round_odd(double a, double b) {
 }
 
 // One accumulator operation: a + b, exact result rounded once to f.
-static inline double pl_add(double a, double b, const pl_format_info& f) {
+static inline double pl_add(double a, double b, const pl_fmt& f) {
     if (f.precision == 53) return a + b;
     return pl_round_to(pl_add_round_odd(a, b), f);
 }
-static inline double pl_sub(double a, double b, const pl_format_info& f) { return pl_add(a, -b, f); }
+static inline double pl_sub(double a, double b, const pl_fmt& f) { return pl_add(a, -b, f); }
 
 // ---------------------------------------------------------------------------
 // host access to fp32 / bf16 / fp16 tensors (bf16, fp16 as raw 16-bit patterns)
@@ -265,7 +267,7 @@ PL_HD static inline double pl_uniform(uint64_t seed, uint64_t counter) {
 // in f (q the quantum of |v|'s binade), round up with probability
 // (|v| - lo) / q. v is the round-to-odd double of the exact result; scaling by
 // q and the subtraction are exact, so the probability is exactly as stated.
-static inline double pl_round_stochastic(double v, const pl_format_info& f, double u) {
+static inline double pl_round_stochastic(double v, const pl_fmt& f, double u) {
     if (f.precision == 53 || v == 0.0) return v;
     if (!std::isfinite(v)) return pl_round_to(v, f);
     const double a = std::fabs(v);
@@ -431,3 +433,37 @@ static inline int pl_sm_count(int* sms, const char* func) {
 }
 
 #endif  // __CUDACC__
+
+// ---------------------------------------------------------------------------
+// the catalog (precisionlab.h, pl_variant_desc): each cuda/<op>.cu declares
+// its variants once, as an X-macro list beside their code,
+//
+//   #define SOFTMAX_VARIANTS(X)
+//       X(PL_SOFTMAX_NAIVE, 0, "naive", ALGORITHM, PL_ON_CPU | PL_ON_CUDA, AS_GIVEN, 1, 1, 1, "summary")
+//   PL_DECLARE_VARIANTS(softmax, SOFTMAX_VARIANTS);
+//
+// which makes the enum the code switches on and the table rows, and registers
+// the rows when the library loads. Columns: symbol, id, name, kind, devices,
+// input order, batch-invariant (1/0/-1), deterministic, default, summary.
+struct pl_variant_row {
+    int32_t id;
+    const char* name;
+    int32_t kind, devices, order, batch_invariant, deterministic, is_default;
+    const char* summary;
+};
+// Registers op's rows (called once per op, at load); returns 0.
+int pl_catalog_register(const char* op, const pl_variant_row* rows, int count);
+// The row of op with this id, or NULL.
+const pl_variant_row* pl_catalog_find(const char* op, int id);
+// PL_OK when op has a variant `id` that runs on `device` (PL_ON_CPU / PL_ON_CUDA), else a status naming it.
+int pl_check_variant(const char* op, int id, int device, const char* func);
+
+#define PL_VARIANT_ENUM_(sym, id, ...) sym = id,
+#define PL_VARIANT_ROW_(sym, id, name, kind, devices, order, binv, det, dflt, summary) \
+    {id, name, PL_KIND_##kind, devices, PL_ORDER_##order, binv, det, dflt, summary},
+#define PL_DECLARE_VARIANTS(op, LIST)                                                      \
+    enum op##_variant { LIST(PL_VARIANT_ENUM_) };                                          \
+    static const pl_variant_row pl_rows_##op[] = {LIST(PL_VARIANT_ROW_)};                  \
+    static const int pl_registered_##op =                                                  \
+        pl_catalog_register(#op, pl_rows_##op, (int)(sizeof pl_rows_##op / sizeof pl_rows_##op[0]))
+

@@ -26,6 +26,19 @@
 
 #include "common.cuh"
 
+// The variants of pl_matmul_cuda, declared once (common.cuh, PL_DECLARE_VARIANTS).
+// symbol, id, name, kind, devices, order, batch-invariant, deterministic, default, summary
+#define MATMUL_VARIANTS(X)                                                                                \
+    X(PL_MATMUL_NAIVE, 1, "naive", KERNEL, PL_ON_CUDA, AS_GIVEN, 1, 1, 0,                                 \
+      "a thread per element, ascending k, fp32 FMA")                                                      \
+    X(PL_MATMUL_TILED, 2, "tiled", KERNEL, PL_ON_CUDA, AS_GIVEN, 1, 1, 1,                                 \
+      "16 x 16 shared-memory tiles, the same ascending-k FMA chain")                                      \
+    X(PL_MATMUL_SPLITK_ATOMIC, 3, "splitk_atomic", KERNEL, PL_ON_CUDA, AS_GIVEN, 1, 0, 0,                 \
+      "K slices combined by atomicAdd: the order, and the bits, vary")                                    \
+    X(PL_MATMUL_SPLITK_ORDERED, 4, "splitk_ordered", KERNEL, PL_ON_CUDA, AS_GIVEN, 1, 1, 0,               \
+      "K slices combined in slice order: fixed bits, not the unsplit ones")
+PL_DECLARE_VARIANTS(matmul, MATMUL_VARIANTS);
+
 namespace {
 
 constexpr int64_t kBlockK = 128;
@@ -156,8 +169,7 @@ int launch(const void* av, const void* bv, void* cv, int64_t m, int64_t n, int64
 extern "C" int pl_matmul_workspace_bytes(int64_t m, int64_t n, int version, int splits, size_t* bytes) {
     PL_REQUIRE_PTR(bytes);
     PL_REQUIRE(m > 0 && n > 0, PL_ERR_INVALID_ARGUMENT, "m and n must be > 0");
-    PL_REQUIRE(version >= PL_MATMUL_NAIVE && version <= PL_MATMUL_SPLITK_ORDERED, PL_ERR_INVALID_ARGUMENT,
-               "unknown matmul version %d", version);
+    if (int st = pl_check_variant("matmul", version, PL_ON_CUDA, __func__)) return st;
     const bool split = version == PL_MATMUL_SPLITK_ATOMIC || version == PL_MATMUL_SPLITK_ORDERED;
     PL_REQUIRE(!split || (splits >= 1 && splits <= 1024), PL_ERR_INVALID_ARGUMENT,
                "splits must be in [1, 1024] (got %d)", splits);
@@ -170,8 +182,7 @@ extern "C" int pl_matmul_workspace_bytes(int64_t m, int64_t n, int version, int 
 extern "C" int pl_matmul_cuda(const void* a_dev, const void* b_dev, int64_t m, int64_t n, int64_t k, int dtype,
                               int version, int splits, void* work_dev, size_t work_bytes, void* c_dev) {
     if (int st = check_matmul_args(a_dev, b_dev, c_dev, m, n, k, dtype, __func__)) return st;
-    PL_REQUIRE(version >= PL_MATMUL_NAIVE && version <= PL_MATMUL_SPLITK_ORDERED, PL_ERR_INVALID_ARGUMENT,
-               "unknown matmul version %d", version);
+    if (int st = pl_check_variant("matmul", version, PL_ON_CUDA, __func__)) return st;
     size_t need = 0;
     if (int st = pl_matmul_workspace_bytes(m, n, version, splits, &need)) return st;
     PL_REQUIRE(need == 0 || (work_dev && work_bytes >= need), PL_ERR_INVALID_ARGUMENT,

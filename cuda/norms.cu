@@ -21,6 +21,15 @@
 
 #include "common.cuh"
 
+// The variants of pl_rmsnorm_cuda, declared once (common.cuh, PL_DECLARE_VARIANTS).
+// symbol, id, name, kind, devices, order, batch-invariant, deterministic, default, summary
+#define RMSNORM_VARIANTS(X)                                                                               \
+    X(PL_NORM_BLOCK, 1, "block", KERNEL, PL_ON_CUDA, AS_GIVEN, 1, 1, 1,                                   \
+      "threads from cols alone: a row's bits never depend on the batch")                                  \
+    X(PL_NORM_ADAPTIVE, 2, "adaptive", KERNEL, PL_ON_CUDA, AS_GIVEN, 0, 1, 0,                              \
+      "threads chosen from the batch size too: not batch-invariant")
+PL_DECLARE_VARIANTS(rmsnorm, RMSNORM_VARIANTS);
+
 namespace {
 
 int check_norm_args(const void* x, const void* y, int64_t rows, int64_t cols, int dtype, float eps, const char* func) {
@@ -184,8 +193,7 @@ int check_devptrs(const void* x, const void* w, const void* b, const void* y, in
 extern "C" int pl_rmsnorm_cuda(const void* x_dev, int64_t rows, int64_t cols, int dtype, const void* w_dev, float eps,
                                void* y_dev, int version) {
     if (int st = check_norm_args(x_dev, y_dev, rows, cols, dtype, eps, __func__)) return st;
-    PL_REQUIRE(version == PL_NORM_BLOCK || version == PL_NORM_ADAPTIVE, PL_ERR_INVALID_ARGUMENT,
-               "unknown rmsnorm version %d", version);
+    if (int st = pl_check_variant("rmsnorm", version, PL_ON_CUDA, __func__)) return st;
     PL_REQUIRE(rows <= 0x7FFFFFFF, PL_ERR_UNSUPPORTED, "at most 2^31 - 1 rows (one block per row)");
     if (int st = check_devptrs(x_dev, w_dev, nullptr, y_dev, dtype, __func__)) return st;
     switch (dtype) {

@@ -23,7 +23,7 @@
 extern "C" {
 #endif
 
-#define PL_ABI_VERSION 2
+#define PL_ABI_VERSION 3
 
 enum pl_status {
     PL_OK = 0,
@@ -49,27 +49,51 @@ enum pl_format {
     PL_FORMAT_COUNT_ = 7
 };
 
-/* CPU summation methods (pl_accumulate_cpu). */
-enum pl_cpu_method {
-    PL_SEQUENTIAL = 0, /* left to right, one rounding per addition */
-    PL_PAIRWISE = 1,   /* adjacent pairs level by level, odd tail carried up */
-    PL_KAHAN = 2,      /* compensated, in the accumulator's own precision */
-    PL_NEUMAIER = 3,   /* Kahan-Babuska-Neumaier */
-    PL_STOCHASTIC = 4, /* sequential, stochastic rounding (counter-based RNG) */
-    PL_CPU_METHOD_COUNT_ = 5
-};
-
 /* CPU fp32 sum split into `threads` equal chunks summed by that many threads,
  * the chunk sums added in order: the bits depend on the thread count. */
 int pl_sum_cpu_threads(const double* x, int64_t n, int threads, double* result);
 
-/* GPU summation methods (pl_sum_cuda*). */
-enum pl_gpu_method {
-    PL_GPU_TREE = 0,       /* warp shuffle + block tree, two passes: deterministic */
-    PL_GPU_TREE_KAHAN = 1, /* as TREE, each thread's serial part compensated */
-    PL_GPU_ATOMIC = 2,     /* block tree + one atomicAdd per block: order varies */
-    PL_GPU_METHOD_COUNT_ = 3
-};
+/* ---- the catalog: every kernel variant and format, declared once ---------
+ * A variant is one way the library computes an op (an algorithm, a kernel,
+ * or a deliberate bug kept to show its error). Each is declared once, as a row
+ * of the table beside its code in cuda/<op>.cu; pl_variant_info walks every
+ * row. An op's entry points take a row's `id` as their `method` / `version`
+ * argument: look it up by (op, name), never by a literal.
+ * Formats: pl_format_info describes each pl_format code by its bits. */
+enum pl_variant_kind { PL_KIND_ALGORITHM = 0, PL_KIND_KERNEL = 1, PL_KIND_BUG = 2 };
+enum pl_device_bits { PL_ON_CPU = 1, PL_ON_CUDA = 2 };
+/* How the caller arranges x before the call (the sum's reordered variants). */
+enum pl_input_order { PL_ORDER_AS_GIVEN = 0, PL_ORDER_REVERSED = 1, PL_ORDER_ASCENDING_ABS = 2,
+                      PL_ORDER_DESCENDING_ABS = 3 };
+typedef struct {
+    const char* op;          /* "sum", "softmax", "rmsnorm", "matmul", ... */
+    const char* name;        /* lower_snake identifier, unique within op */
+    int32_t id;              /* what the op's entry points take */
+    int32_t kind;            /* pl_variant_kind */
+    int32_t devices;         /* pl_device_bits */
+    int32_t order;           /* pl_input_order */
+    int32_t batch_invariant; /* 1: a row's bits never depend on the batch; 0: they may; -1: no batch */
+    int32_t deterministic;   /* 1: the same bits on every run (stochastic: for a seed) */
+    int32_t is_default;      /* 1: run when the user names none */
+    const char* summary;     /* one line, for --help and info */
+} pl_variant_desc;
+int pl_variant_count(int* count);
+/* Row `index` (0 <= index < count), ops in name order, rows in their file's order. */
+int pl_variant_info(int index, pl_variant_desc* out);
+
+/* The arithmetic formats (pl_format codes). The block-scaled formats' element
+ * and scale formats are pl_minifloat_info's (blockscale.cu). */
+typedef struct {
+    const char* name;
+    int32_t bits;           /* bits of a value (tf32: 19) */
+    int32_t precision;      /* significand bits, the implicit one included */
+    int32_t emin, emax;     /* exponents of the smallest and largest normal */
+    double max;             /* largest finite value */
+    double min_subnormal;   /* smallest positive value */
+    int32_t has_inf, has_nan;
+    int32_t bytes;          /* bytes a value takes in the library's buffers */
+} pl_format_desc;
+int pl_format_info(int code, pl_format_desc* out);
 
 /* ---- library ------------------------------------------------------------ */
 int pl_abi_version(void);                 /* returns PL_ABI_VERSION */
@@ -118,14 +142,14 @@ int pl_round(const double* x, int64_t n, int format, double* y);
  *    other methods (a stochastic sum only pauses: it has no stall).
  * trace (may be NULL): n doubles, the running sum after each step
  *    (PL_SEQUENTIAL and PL_STOCHASTIC only; PL_ERR_UNSUPPORTED otherwise). */
-int pl_accumulate_cpu(const double* x, int64_t n, int accumulator, int method,
+int pl_accumulate_cpu(const double* x, int64_t n, int accumulator, int variant,
                       uint64_t seed, double* result, int64_t* stall_step,
                       double* stall_value, double* trace);
 
 /* pl_accumulate_cpu on its exact path only (every operation through the
  * general round-to-odd rounding): the same bits, slower; kept to test the fast
  * path against. */
-int pl_accumulate_cpu_exact(const double* x, int64_t n, int accumulator, int method,
+int pl_accumulate_cpu_exact(const double* x, int64_t n, int accumulator, int variant,
                             uint64_t seed, double* result, int64_t* stall_step,
                             double* stall_value, double* trace);
 
@@ -141,66 +165,54 @@ int pl_sort_by_magnitude(const double* x, int64_t n, int descending, double* out
  */
 
 /* Bytes of device workspace pl_sum_cuda_device needs for n elements. */
-int pl_sum_workspace_bytes(int64_t n, int storage, int method, size_t* bytes);
+int pl_sum_workspace_bytes(int64_t n, int storage, int variant, size_t* bytes);
 
 /* Asynchronous, on the legacy default stream: sums x_dev (n values of
  * `storage`) and writes the result as one double to out_dev.
  * x_dev, work_dev, out_dev are device pointers. */
 int pl_sum_cuda_device(const void* x_dev, int64_t n, int storage, int accumulator,
-                       int method, void* work_dev, size_t work_bytes, double* out_dev);
+                       int variant, void* work_dev, size_t work_bytes, double* out_dev);
 
 /* Synchronous convenience: converts host doubles x to `storage`, uploads them
  * once, runs the sum `runs` times and writes the runs results (host). */
-int pl_sum_cuda(const double* x, int64_t n, int storage, int accumulator, int method,
+int pl_sum_cuda(const double* x, int64_t n, int storage, int accumulator, int variant,
                 int runs, double* results);
 
 /* ---- softmax -------------------------------------------------------------
  * x, y: rows x cols, row-major, in `dtype` (PL_FP32, PL_BF16 or PL_FP16; bf16
  * and fp16 as raw 16-bit patterns). Arithmetic is fp32 except in
- * PL_SOFTMAX_LOWP_ACCUM. lse (may be NULL): rows log-sum-exp values, each as
+ * the lowp_accum variant. lse (may be NULL): rows log-sum-exp values, each as
  * the method computes it (double on the host API, float on the device API).
  * masked: what a row of all -inf gives: PL_MASKED_NAN (the textbook formula's
  * NaN) or PL_MASKED_ZERO (zeros, log-sum-exp -inf).
  */
-enum pl_softmax_method {
-    PL_SOFTMAX_NAIVE = 0,             /* exp(x) / sum exp(x), no shift */
-    PL_SOFTMAX_STABLE = 1,            /* max, sum exp(x - max), normalise */
-    PL_SOFTMAX_ONLINE = 2,            /* running max + rescaled sum, then normalise */
-    PL_SOFTMAX_BUG_ZERO_IDENTITY = 3, /* idle lanes feed 0 to the max reduction */
-    PL_SOFTMAX_BUG_ZERO_START = 4,    /* max started at 0 */
-    PL_SOFTMAX_BUG_NO_RESCALE = 5,    /* exps against the running max, never rescaled */
-    PL_SOFTMAX_LOWP_ACCUM = 6,        /* exps and sum rounded to the input format */
-    PL_SOFTMAX_SINGLE_PASS = 7,       /* GPU only: row in registers, one read one write */
-    PL_SOFTMAX_ONLINE_VEC = 8,        /* GPU only: vectorised online, two reads one write */
-    PL_SOFTMAX_STABLE_ADAPTIVE = 9,   /* GPU only: stable, threads chosen from the batch size too */
-    PL_SOFTMAX_METHOD_COUNT_ = 10
-};
+/* Variants: the catalog's op "softmax" (softmax.cu declares them). */
 enum pl_masked_policy { PL_MASKED_NAN = 0, PL_MASKED_ZERO = 1 };
 
 /* Threads per row of the simple GPU kernels: cols rounded up to a warp,
  * between 32 and 1024. The CPU's bug_zero_identity emulates these lanes. */
 int pl_softmax_lanes(int64_t cols);
 
-int pl_softmax_cpu(const void* x, int64_t rows, int64_t cols, int dtype, int method, int masked, void* y,
+int pl_softmax_cpu(const void* x, int64_t rows, int64_t cols, int dtype, int variant, int masked, void* y,
                    double* lse);
 /* Stable softmax with the sum in the order of a `lanes`-thread GPU block (1..1024). */
 int pl_softmax_cpu_lanes(const void* x, int64_t rows, int64_t cols, int dtype, void* y, int lanes);
 /* Threads per row the adaptive GPU kernels use: 1024 while rows < sm_count, else
  * 32, at most cols rounded up to a warp. */
 int pl_adaptive_lanes(int64_t rows, int64_t cols, int sm_count);
-/* The launch a GPU call of `method` on rows x cols gets (16-byte aligned
- * pointers assumed): the method actually run (a fallback may differ), its
- * kernel version, vectors a thread (0: not vectorised), threads a block, rows
+/* The launch a GPU call of `variant` on rows x cols gets (16-byte aligned
+ * pointers assumed): the variant actually run (a fallback may differ), the
+ * kernel (softmax.cu's numbered versions) it launches, vectors a thread (0: not vectorised), threads a block, rows
  * a block and thread blocks a cluster. sm_count: the device's SMs. */
 typedef struct {
-    int32_t method, version, vpt, threads, rows_per_block, cluster;
+    int32_t variant, kernel, vpt, threads, rows_per_block, cluster;
 } pl_softmax_plan;
-int pl_softmax_cuda_plan(int64_t rows, int64_t cols, int dtype, int method, int sm_count, pl_softmax_plan* plan);
+int pl_softmax_cuda_plan(int64_t rows, int64_t cols, int dtype, int variant, int sm_count, pl_softmax_plan* plan);
 /* Host pointers; uploads, runs, downloads. */
-int pl_softmax_cuda(const void* x, int64_t rows, int64_t cols, int dtype, int method, int masked, void* y,
+int pl_softmax_cuda(const void* x, int64_t rows, int64_t cols, int dtype, int variant, int masked, void* y,
                     double* lse);
 /* Device pointers; asynchronous on the legacy default stream. lse_dev may be NULL. */
-int pl_softmax_cuda_device(const void* x_dev, int64_t rows, int64_t cols, int dtype, int method, int masked,
+int pl_softmax_cuda_device(const void* x_dev, int64_t rows, int64_t cols, int dtype, int variant, int masked,
                            void* y_dev, float* lse_dev);
 
 /* ---- the ops engines most often get wrong in precision ---------------------
@@ -230,10 +242,7 @@ int pl_attention_cuda(const void* q_dev, const void* k_dev, const void* v_dev, i
 /* ---- RMSNorm and LayerNorm over the last dimension --------------------------
  * x, y: rows x cols; w, b: cols (may be NULL: no scale / no shift); all in
  * `dtype` (fp32, bf16, fp16). Statistics in fp32. */
-enum pl_norm_version {
-    PL_NORM_BLOCK = 1,    /* threads from cols alone: batch-invariant */
-    PL_NORM_ADAPTIVE = 2  /* threads from the batch size too: not batch-invariant */
-};
+/* Variants of pl_rmsnorm_cuda: the catalog's op "rmsnorm" (norms.cu). */
 int pl_rmsnorm_cpu(const void* x, int64_t rows, int64_t cols, int dtype, const void* w, float eps, void* y);
 int pl_layernorm_cpu(const void* x, int64_t rows, int64_t cols, int dtype, const void* w, const void* b, float eps,
                      void* y);
@@ -242,33 +251,28 @@ int pl_rmsnorm_cpu_lanes(const void* x, int64_t rows, int64_t cols, int dtype, c
                          int lanes);
 /* Device pointers; asynchronous on the legacy default stream. */
 int pl_rmsnorm_cuda(const void* x_dev, int64_t rows, int64_t cols, int dtype, const void* w_dev, float eps,
-                    void* y_dev, int version);
+                    void* y_dev, int variant);
 int pl_layernorm_cuda(const void* x_dev, int64_t rows, int64_t cols, int dtype, const void* w_dev,
                       const void* b_dev, float eps, void* y_dev);
 
 /* ---- matmul: C = A @ B, row-major, fp32 accumulation ------------------------ */
-enum pl_matmul_version {
-    PL_MATMUL_NAIVE = 1,
-    PL_MATMUL_TILED = 2,
-    PL_MATMUL_SPLITK_ATOMIC = 3,  /* K slices combined by atomicAdd: order varies */
-    PL_MATMUL_SPLITK_ORDERED = 4  /* K slices combined in slice order: fixed */
-};
+/* Variants of pl_matmul_cuda: the catalog's op "matmul" (matmul.cu). */
 int pl_matmul_cpu(const void* a, const void* b, int64_t m, int64_t n, int64_t k, int dtype, void* c);
 /* fp32 workspace the split-K versions need (0 for the others). */
-int pl_matmul_workspace_bytes(int64_t m, int64_t n, int version, int splits, size_t* bytes);
+int pl_matmul_workspace_bytes(int64_t m, int64_t n, int variant, int splits, size_t* bytes);
 /* Device pointers; asynchronous on the legacy default stream. */
-int pl_matmul_cuda(const void* a_dev, const void* b_dev, int64_t m, int64_t n, int64_t k, int dtype, int version,
+int pl_matmul_cuda(const void* a_dev, const void* b_dev, int64_t m, int64_t n, int64_t k, int dtype, int variant,
                    int splits, void* work_dev, size_t work_bytes, void* c_dev);
 
 /* ---- all-reduce order: CPU replay (allreduce.cu) ------------------------------
  * partials: ranks * n doubles, rank r's vector at partials[r * n]; each must be
  *    a value of `format` (NaN allowed). out: n doubles, the sums.
- * Every addition is rounded once to `format`. order PL_ALLREDUCE_RING: element i
+ * Every addition is rounded once to `format`. order ring: element i
  *    sits at position offset + i of a buffer cut into chunks of `chunk`
  *    elements, chunk c finished by rank c and begun at rank c + step (step 1 or
  *    -1; gloo's ring is -1); (offset + n - 1) / chunk must be < ranks.
- *    PL_ALLREDUCE_TREE: adjacent pairs level by level (offset, chunk, step unused). */
-enum pl_allreduce_order { PL_ALLREDUCE_RING = 0, PL_ALLREDUCE_TREE = 1, PL_ALLREDUCE_ORDER_COUNT_ = 2 };
+ *    tree: adjacent pairs level by level (offset, chunk, step unused). */
+/* order: the catalog's op "allreduce" (allreduce.cu declares ring and tree). */
 int pl_allreduce_cpu(const double* partials, int ranks, int64_t n, int format, int order, int64_t offset,
                      int64_t chunk, int step, double* out);
 /* ---- block-scaled formats (blockscale.cu) -----------------------------------
@@ -346,10 +350,10 @@ int pl_blockscale_dequantize_cpu(const uint8_t* codes, const uint8_t* scales, fl
 /* Device pointers (tensor_scale: a host pointer); asynchronous on the legacy
  * default stream. version 1: a thread per block, 2: a warp per block. */
 int pl_blockscale_quantize_cuda(const float* x_dev, int64_t n, int format, int block, int rule, float tensor_amax,
-                                uint8_t* codes_dev, uint8_t* scales_dev, float* tensor_scale, int version);
+                                uint8_t* codes_dev, uint8_t* scales_dev, float* tensor_scale, int variant);
 /* version 1: a thread per element. */
 int pl_blockscale_dequantize_cuda(const uint8_t* codes_dev, const uint8_t* scales_dev, float tensor_scale, int64_t n,
-                                  int format, int block, float* y_dev, int version);
+                                  int format, int block, float* y_dev, int variant);
 
 #ifdef __cplusplus
 }

@@ -80,7 +80,7 @@ int pl_round(const double* x, int64_t n, int format, double* y) {
     size_t bytes;
     if (int st = pl_checked_bytes(n, sizeof(double), &bytes, __func__)) return st;
     PL_REQUIRE(pl_valid_format(format), PL_ERR_INVALID_ARGUMENT, "unknown format %d", format);
-    const pl_format_info& f = PL_FORMATS[format];
+    const pl_fmt& f = PL_FORMATS[format];
     for (int64_t i = 0; i < n; ++i) y[i] = pl_round_to(x[i], f);
     return PL_OK;
 }

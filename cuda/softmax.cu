@@ -3,7 +3,7 @@
  * bf16 or fp16, with fp32 arithmetic (one method keeps the sum in the input
  * format, to show why not).
  *
- * Methods (pl_softmax_method), on the CPU and the GPU alike (the CPU sums its
+ * Variants (the catalog rows below), on the CPU and the GPU alike (the CPU sums its
  * exponentials pairwise, and its online method runs 64-wide leaves combined
  * pairwise, so its error grows like the GPU tree's, with log2(cols)):
  *   naive            exp(x) / sum exp(x): no shift, overflows past x ~ 88
@@ -50,6 +50,32 @@
 
 #include "common.cuh"
 
+// The variants, declared once (common.cuh, PL_DECLARE_VARIANTS): the catalog
+// rows the CLI, --help, bench, info and the tests iterate.
+// symbol, id, name, kind, devices, order, batch-invariant, deterministic, default, summary
+#define SOFTMAX_VARIANTS(X)                                                                                      \
+    X(PL_SOFTMAX_NAIVE, 0, "naive", ALGORITHM, PL_ON_CPU | PL_ON_CUDA, AS_GIVEN, 1, 1, 1,                       \
+      "exp(x) / sum exp(x), no shift: overflows past x ~ 88")                                                    \
+    X(PL_SOFTMAX_STABLE, 1, "stable", ALGORITHM, PL_ON_CPU | PL_ON_CUDA, AS_GIVEN, 1, 1, 1,                     \
+      "max, sum of exp(x - max), normalise: three passes")                                                       \
+    X(PL_SOFTMAX_ONLINE, 2, "online", ALGORITHM, PL_ON_CPU | PL_ON_CUDA, AS_GIVEN, 1, 1, 1,                     \
+      "running max and rescaled sum in one pass, then normalise")                                                \
+    X(PL_SOFTMAX_BUG_ZERO_IDENTITY, 3, "bug_zero_identity", BUG, PL_ON_CPU | PL_ON_CUDA, AS_GIVEN, 1, 1, 0,     \
+      "the max reduction's idle slots feed 0, not -inf")                                                         \
+    X(PL_SOFTMAX_BUG_ZERO_START, 4, "bug_zero_start", BUG, PL_ON_CPU | PL_ON_CUDA, AS_GIVEN, 1, 1, 0,           \
+      "the max starts at 0 instead of x[0]")                                                                     \
+    X(PL_SOFTMAX_BUG_NO_RESCALE, 5, "bug_no_rescale", BUG, PL_ON_CPU | PL_ON_CUDA, AS_GIVEN, 1, 1, 0,           \
+      "exps against the running max, never rescaled")                                                            \
+    X(PL_SOFTMAX_LOWP_ACCUM, 6, "lowp_accum", BUG, PL_ON_CPU | PL_ON_CUDA, AS_GIVEN, 1, 1, 0,                   \
+      "exps and their sum rounded to the input format")                                                          \
+    X(PL_SOFTMAX_SINGLE_PASS, 7, "single_pass", KERNEL, PL_ON_CUDA, AS_GIVEN, 1, 1, 1,                          \
+      "row in registers: one read, one write, one (max, sum) reduction")                                         \
+    X(PL_SOFTMAX_ONLINE_VEC, 8, "online_vec", KERNEL, PL_ON_CUDA, AS_GIVEN, 1, 1, 1,                            \
+      "16-byte loads, per-thread online (max, sum): two reads, one write")                                       \
+    X(PL_SOFTMAX_STABLE_ADAPTIVE, 9, "stable_adaptive", KERNEL, PL_ON_CUDA, AS_GIVEN, 0, 1, 0,                  \
+      "stable, threads chosen from the batch size too: not batch-invariant")
+PL_DECLARE_VARIANTS(softmax, SOFTMAX_VARIANTS);
+
 namespace {
 
 int check_softmax_args(int64_t rows, int64_t cols, int dtype, int method, int masked, const char* func) {
@@ -59,8 +85,8 @@ int check_softmax_args(int64_t rows, int64_t cols, int dtype, int method, int ma
     if (dtype != PL_FP32 && dtype != PL_BF16 && dtype != PL_FP16)
         return pl_fail(pl_valid_format(dtype) ? PL_ERR_UNSUPPORTED : PL_ERR_INVALID_ARGUMENT, func,
                        "softmax dtype must be fp32, bf16 or fp16 (got %d)", dtype);
-    if (method < 0 || method >= PL_SOFTMAX_METHOD_COUNT_)
-        return pl_fail(PL_ERR_INVALID_ARGUMENT, func, "unknown softmax method %d", method);
+    if (!pl_catalog_find("softmax", method))
+        return pl_fail(PL_ERR_INVALID_ARGUMENT, func, "unknown softmax variant %d", method);
     if (masked != PL_MASKED_NAN && masked != PL_MASKED_ZERO)
         return pl_fail(PL_ERR_INVALID_ARGUMENT, func, "unknown masked-row policy %d", masked);
     if ((uint64_t)rows > (uint64_t)INT64_MAX / (uint64_t)cols)
@@ -106,7 +132,7 @@ cpu_pair online_range(F X, int64_t lo, int64_t hi) {
 // One row on the CPU. Writes y (storage format) and returns the log-sum-exp.
 float cpu_row(const void* x, void* y, int64_t off, int64_t cols, int dtype, int method, int masked) {
     auto X = [&](int64_t j) { return pl_load_host(x, off + j, dtype); };
-    const pl_format_info& f = PL_FORMATS[dtype];
+    const pl_fmt& f = PL_FORMATS[dtype];
     // A masked row: every logit -inf. NaN logits make the row NaN whatever the policy.
     bool all_masked = true;
     for (int64_t j = 0; j < cols && all_masked; ++j) all_masked = X(j) == kNegInf;
@@ -200,9 +226,7 @@ extern "C" int pl_softmax_cpu(const void* x, int64_t rows, int64_t cols, int dty
     PL_REQUIRE_PTR(x);
     PL_REQUIRE_PTR(y);
     if (int st = check_softmax_args(rows, cols, dtype, method, masked, __func__)) return st;
-    PL_REQUIRE(method != PL_SOFTMAX_SINGLE_PASS && method != PL_SOFTMAX_ONLINE_VEC &&
-                   method != PL_SOFTMAX_STABLE_ADAPTIVE,
-               PL_ERR_UNSUPPORTED, "single_pass, online_vec and stable_adaptive are GPU kernels");
+    if (int st = pl_check_variant("softmax", method, PL_ON_CPU, __func__)) return st;
     for (int64_t r = 0; r < rows; ++r) {
         const float l = cpu_row(x, y, r * cols, cols, dtype, method, masked);
         if (lse) lse[r] = (double)l;
@@ -222,7 +246,7 @@ pl_softmax_plan plan_softmax(int64_t rows, int64_t cols, int elem_bytes, int met
     const int64_t nvec = cols / (16 / elem_bytes);
     pl_softmax_plan p{method, 1, 0, pl_lanes_for(cols), 1, 1};
     if ((method == PL_SOFTMAX_SINGLE_PASS || method == PL_SOFTMAX_ONLINE_VEC) && !vec_ok) {
-        p.method = PL_SOFTMAX_ONLINE;  // ragged rows: the scalar online kernel is the honest fallback
+        p.variant = PL_SOFTMAX_ONLINE;  // ragged rows: the scalar online kernel is the honest fallback
         return p;
     }
     if (method == PL_SOFTMAX_STABLE_ADAPTIVE) p.threads = pl_adaptive_lanes_for(rows, cols, sms);
@@ -601,7 +625,7 @@ int launch(const void* xv, void* yv, int64_t rows, int64_t cols, int method, int
         if (int st = pl_sm_count(&sms, "pl_softmax_cuda")) return st;
     const pl_softmax_plan p = plan_softmax(rows, cols, (int)sizeof(T), method, vec_ok, sms);
     const unsigned grid = (unsigned)rows, t = (unsigned)p.threads;
-    switch (p.method) {
+    switch (p.variant) {
         case PL_SOFTMAX_NAIVE: launch_v1<T, PL_SOFTMAX_NAIVE>(x, y, rows, cols, lse, masked, t); break;
         case PL_SOFTMAX_STABLE:
         case PL_SOFTMAX_STABLE_ADAPTIVE: launch_v1<T, PL_SOFTMAX_STABLE>(x, y, rows, cols, lse, masked, t); break;
@@ -611,7 +635,7 @@ int launch(const void* xv, void* yv, int64_t rows, int64_t cols, int method, int
         case PL_SOFTMAX_BUG_NO_RESCALE: launch_v1<T, PL_SOFTMAX_BUG_NO_RESCALE>(x, y, rows, cols, lse, masked, t); break;
         case PL_SOFTMAX_LOWP_ACCUM: launch_v1<T, PL_SOFTMAX_LOWP_ACCUM>(x, y, rows, cols, lse, masked, t); break;
         case PL_SOFTMAX_SINGLE_PASS:
-            if (p.version == 4) {
+            if (p.kernel == 4) {
                 const dim3 wgrid((unsigned)((rows + kWarpRows - 1) / kWarpRows)), wblock(32, kWarpRows);
                 switch (p.vpt) {
                     case 1: softmax_warp_rows<T, 1><<<wgrid, wblock>>>(x, y, rows, cols, lse, masked); break;

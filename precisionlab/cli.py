@@ -54,6 +54,39 @@ def _root(
     shown, measured and explained. Every command takes --json, --device and --seed."""
 
 
+def _names(op: str, device: str | None = None, kinds: tuple[str, ...] = ("algorithm", "kernel", "bug"),
+           default: bool | None = None) -> str:
+    """The op's variant names from the library's catalog, for help text: the
+    help lists what the library implements, never a copy of it."""
+    try:
+        from precisionlab import native
+
+        return ", ".join(v.name for v in native.variants(op, device) if v.kind in kinds
+                         and (default is None or v.default == default))
+    except PrecisionLabError:  # no library: --help and --version still work
+        return "(the library's catalog: build it with `make lib`)"
+
+
+def _formats(storage_only: bool | None = None) -> str:
+    """Format names from the registry, which the library's table declares."""
+    try:
+        from precisionlab import formats
+
+        return ", ".join(f.name for f in formats.FORMATS.values()
+                         if storage_only is None or f.storage_only == storage_only)
+    except PrecisionLabError:
+        return "(the library's formats: build it with `make lib`)"
+
+
+def _block_formats() -> str:
+    try:
+        from precisionlab import native
+
+        return ", ".join(native.block_formats())
+    except PrecisionLabError:
+        return "(the library's block formats: build it with `make lib`)"
+
+
 # Options every command shares.
 DeviceOpt = Annotated[str, typer.Option("--device", help="auto (CPU, plus GPU where present) | cpu | cuda | all.")]
 SEED_MAX = 2**64 - 1  # the kernels take the seed as a uint64
@@ -76,16 +109,15 @@ ThreadsOpt = Annotated[Optional[int], typer.Option("--threads", help="CPU thread
 
 @app.command()
 def accumulate(
-    dtype: Annotated[str, typer.Option("--dtype", help="Storage format the values are rounded to: "
-                                       "fp64, fp32, fp16, bf16, fp8_e4m3, fp8_e5m2, fp6_e2m3, fp6_e3m2, fp4_e2m1 "
+    dtype: Annotated[str, typer.Option("--dtype", help=f"Storage format the values are rounded to: {_formats()} "
                                        "(aliases: float32, bfloat16, fp4, ...).")] = "bf16",
     n: Annotated[int, typer.Option("--n", help="Number of values.")] = 10_000,
     value: Annotated[float, typer.Option("--value", help="The value repeated n times.")] = 0.1,
     dist: Annotated[Optional[str], typer.Option("--dist", help="Seeded random values instead: uniform | normal | lognormal.")] = None,
     values: Annotated[Optional[str], typer.Option("--values", help="Explicit values, comma-separated (e.g. 1e8,1,-1e8).")] = None,
     from_file: Annotated[Optional[str], typer.Option("--from", help="Values from a numeric .npy file (flattened).")] = None,
-    methods: Annotated[Optional[str], typer.Option("--methods", help="Comma list: sequential, reverse, sorted, sorted_desc, "
-                                                   "pairwise, kahan, neumaier, stochastic (CPU); tree, tree_kahan, atomic (GPU). "
+    methods: Annotated[Optional[str], typer.Option("--variants", "--methods", help=f"Comma list of sum variants: "
+                                                   f"{_names('sum', 'cpu')} (CPU); {_names('sum', 'cuda')} (GPU). "
                                                    "Default: all that apply.")] = None,
     accumulators: Annotated[Optional[str], typer.Option("--accumulators", help="Accumulator formats, comma list. "
                                                         "Default: bf16,fp16,fp32,fp64 (GPU: bf16, fp32, fp64).")] = None,
@@ -112,10 +144,12 @@ def accumulate(
 @app.command()
 def softmax(
     dtype: Annotated[str, typer.Option("--dtype", help="Input format(s), comma list: fp32, bf16, fp16. Arithmetic is fp32.")] = "fp32",
-    methods: Annotated[Optional[str], typer.Option("--methods", help="Comma list: naive, stable, online, single_pass, "
-                                                   "online_vec (GPU), and the named bugs bug_zero_identity, bug_zero_start, "
-                                                   "bug_no_rescale, lowp_accum. Default: the correct ones, with the bugs in "
-                                                   "their own table.")] = None,
+    methods: Annotated[Optional[str], typer.Option("--variants", "--methods", help=f"Comma list of softmax variants: "
+                                                   f"{_names('softmax', 'cpu', ('algorithm',))} (CPU and GPU); "
+                                                   f"{_names('softmax', 'cuda', ('kernel',))} (GPU); the named bugs "
+                                                   f"{_names('softmax', kinds=('bug',))}. Default: "
+                                                   f"{_names('softmax', default=True)}, with the bugs in their own "
+                                                   "table.")] = None,
     masked: Annotated[str, typer.Option("--masked", help="A row of all -inf gives: nan (textbook) | zero.")] = "nan",
     values: Annotated[Optional[str], typer.Option("--values", help="Logits, comma-separated; rows separated by ';'.")] = None,
     rows: Annotated[Optional[int], typer.Option("--rows", help="Random matrix rows.")] = None,
@@ -435,8 +469,8 @@ def bench(
 
 @app.command("formats")
 def formats_cmd(
-    formats: Annotated[Optional[str], typer.Option("--formats", help="Block formats, comma list: mxfp8_e4m3, mxfp8_e5m2, "
-                                                   "mxfp6_e2m3, mxfp6_e3m2, mxfp4, nvfp4 (default: all).")] = None,
+    formats: Annotated[Optional[str], typer.Option("--formats", help=f"Block formats, comma list: {_block_formats()} "
+                                                   "(default: all).")] = None,
     rules: Annotated[Optional[str], typer.Option("--rules", help="Scale rules, comma list: floor (OCP), rceil (NVIDIA), "
                                                  "ceil, even for the MX formats; nearest (NVFP4's e4m3 scale). "
                                                  "Default: all.")] = None,

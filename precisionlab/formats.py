@@ -1,16 +1,19 @@
 """The dtype registry: names, aliases, bits, unit roundoff, spacing, max.
 
-Numbers come from numpy/ml_dtypes' finfo, not from hand-typed tables, and
-numpy-side rounding goes through ml_dtypes. `code` is the pl_format enum of
-cuda/precisionlab.h; None for a storage-only format (fp4, fp6): values are
-rounded to it here, and the library's arithmetic kernels never see it (the
-block-scaled kernels of cuda/blockscale.cu declare their own element table,
-which tests/test_blockscale.py checks against these dtypes).
+The facts are the library's: each format is declared once, in its table
+(pl_format_info for the arithmetic formats, pl_minifloat_info for the
+storage-only element formats fp4 and fp6 of the block-scaled formats), and
+Format records are built from it, joined in TWINS below to their numpy /
+ml_dtypes and torch dtypes and their aliases. tests/test_catalog.py holds the
+library's numbers equal to ml_dtypes' finfo. `code` is the pl_format code the
+arithmetic kernels take; None for a storage-only format: values are rounded
+to it here (through ml_dtypes), and the arithmetic kernels never see it.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import lru_cache
 
 import ml_dtypes
 import numpy as np
@@ -24,15 +27,19 @@ class Format:
     code: int | None
     dtype: np.dtype
     aliases: tuple[str, ...] = field(default=())
+    bits: int = 0        # bits a value (fp4: 4, whatever byte it sits in)
+    precision: int = 0   # significand bits, the implicit one included (p)
+    emin: int = 0        # exponent of the smallest normal
+    emax: int = 0        # exponent of the largest normal
+    max: float = 0.0     # largest finite value
+    has_inf: bool = True
+    has_nan: bool = True
+    torch_name: str | None = None  # the torch dtype's attribute name, where torch has one
 
     @property
     def finfo(self):
+        """ml_dtypes' / numpy's finfo of the numpy twin."""
         return ml_dtypes.finfo(self.dtype)
-
-    @property
-    def bits(self) -> int:
-        """Bits per value (fp4 is 4, whatever byte it sits in)."""
-        return int(self.finfo.bits)
 
     @property
     def storage_only(self) -> bool:
@@ -40,22 +47,16 @@ class Format:
         return self.code is None
 
     @property
-    def precision(self) -> int:
-        """Significand bits, the implicit one included (p)."""
-        return int(self.finfo.nmant) + 1
-
-    @property
-    def emin(self) -> int:
-        """Exponent of the smallest normal number."""
-        return int(self.finfo.minexp)
-
-    @property
-    def max(self) -> float:
-        return float(self.finfo.max)
+    def torch_dtype(self):
+        """The torch dtype (imports torch: call it only on torch paths)."""
+        if self.torch_name is None:
+            raise UsageError(f"torch has no {self.name} dtype")
+        import torch
+        return getattr(torch, self.torch_name)
 
     @property
     def smallest_normal(self) -> float:
-        return float(self.finfo.smallest_normal)
+        return 2.0 ** self.emin
 
     @property
     def unit_roundoff(self) -> float:
@@ -77,12 +78,12 @@ class Format:
     def round(self, x) -> np.ndarray:
         """Round float64 values to this format (nearest, ties to even), back as float64."""
         x = np.asarray(x, dtype=np.float64)
-        if self.code == FP64_CODE:
+        if self.dtype == np.float64:
             return x.copy()
         if self.storage_only:
             return _round_saturating(x, self.dtype)
         with np.errstate(over="ignore", invalid="ignore"):
-            if self.code == FP32_CODE:
+            if self.dtype == np.float32:
                 return x.astype(np.float32).astype(np.float64)
             # ml_dtypes casts float64 to bf16/fp16/fp8 through float32, rounding
             # twice: 1 + 2^-8 + 2^-30 becomes 1.0 in bf16, where the correct
@@ -93,8 +94,6 @@ class Format:
     def __str__(self) -> str:
         return self.name
 
-
-FP64_CODE, FP32_CODE = 0, 1
 
 
 def _round_to_odd_fp32(x: np.ndarray) -> np.ndarray:
@@ -118,32 +117,75 @@ def _round_saturating(x: np.ndarray, dtype) -> np.ndarray:
     return y
 
 
-FORMATS: dict[str, Format] = {
-    f.name: f
-    for f in (
-        Format("fp64", 0, np.dtype(np.float64), ("float64", "f64", "double")),
-        Format("fp32", 1, np.dtype(np.float32), ("float32", "f32", "float", "single")),
-        Format("fp16", 2, np.dtype(np.float16), ("float16", "f16", "half")),
-        Format("bf16", 3, np.dtype(ml_dtypes.bfloat16), ("bfloat16",)),
-        Format("fp8_e4m3", 4, np.dtype(ml_dtypes.float8_e4m3fn),
-               ("e4m3", "float8_e4m3fn", "fp8e4m3", "float8_e4m3")),  # e4m3fn: no inf, overflow is NaN
-        Format("fp8_e5m2", 5, np.dtype(ml_dtypes.float8_e5m2), ("e5m2", "float8_e5m2", "fp8e5m2")),
-        # storage-only element formats of the OCP MX block formats: no inf, no NaN
-        Format("fp4_e2m1", None, np.dtype(ml_dtypes.float4_e2m1fn), ("fp4", "e2m1", "float4_e2m1fn")),
-        Format("fp6_e2m3", None, np.dtype(ml_dtypes.float6_e2m3fn), ("e2m3", "float6_e2m3fn")),
-        Format("fp6_e3m2", None, np.dtype(ml_dtypes.float6_e3m2fn), ("e3m2", "float6_e3m2fn")),
-    )
+# The numpy / torch twins and aliases of the library's formats, by the
+# library's name: the one map from a format to its dtypes. A library format
+# without a numpy twin (tf32, a compute mode of the tensor cores) is not a
+# format values can be held in here.
+TWINS: dict[str, tuple[np.dtype, str | None, tuple[str, ...]]] = {
+    "fp64": (np.dtype(np.float64), "float64", ("float64", "f64", "double")),
+    "fp32": (np.dtype(np.float32), "float32", ("float32", "f32", "float", "single")),
+    "fp16": (np.dtype(np.float16), "float16", ("float16", "f16", "half")),
+    "bf16": (np.dtype(ml_dtypes.bfloat16), "bfloat16", ("bfloat16",)),
+    # e4m3fn: no inf, overflow is NaN
+    "fp8_e4m3": (np.dtype(ml_dtypes.float8_e4m3fn), "float8_e4m3fn",
+                 ("e4m3", "float8_e4m3fn", "fp8e4m3", "float8_e4m3")),
+    "fp8_e5m2": (np.dtype(ml_dtypes.float8_e5m2), "float8_e5m2", ("e5m2", "float8_e5m2", "fp8e5m2")),
+    # storage-only element formats of the OCP MX block formats: no inf, no NaN
+    "fp4_e2m1": (np.dtype(ml_dtypes.float4_e2m1fn), None, ("fp4", "e2m1", "float4_e2m1fn")),
+    "fp6_e2m3": (np.dtype(ml_dtypes.float6_e2m3fn), None, ("e2m3", "float6_e2m3fn")),
+    "fp6_e3m2": (np.dtype(ml_dtypes.float6_e3m2fn), None, ("e3m2", "float6_e3m2fn")),
 }
 
-_LOOKUP = {alias: f for f in FORMATS.values() for alias in (f.name, *f.aliases)}
+
+@lru_cache(maxsize=1)
+def _formats() -> dict[str, Format]:
+    from precisionlab import native  # the library's tables
+
+    out: dict[str, Format] = {}
+    for d in native.format_table():
+        if d.name in TWINS:
+            dt, tn, al = TWINS[d.name]
+            out[d.name] = Format(d.name, d.code, dt, al, d.bits, d.precision, d.emin, d.emax, d.max, d.has_inf, d.has_nan,
+                                 tn)
+    for m in native.minifloats().values():
+        if m.name in TWINS and m.name not in out:
+            dt, tn, al = TWINS[m.name]
+            out[m.name] = Format(m.name, None, dt, al, m.bits, m.mbits + 1, m.emin, m.emax, m.max, m.has_inf,
+                                 m.has_nan, tn)
+    return {name: out[name] for name in TWINS if name in out}
+
+
+@lru_cache(maxsize=1)
+def _lookup() -> dict[str, Format]:
+    return {alias: f for f in _formats().values() for alias in (f.name, *f.aliases)}
+
+
+def __getattr__(name: str):
+    # FORMATS is built from the library on first use, so importing this module
+    # (and --help) never needs the library.
+    if name == "FORMATS":
+        return _formats()
+    raise AttributeError(name)
+
+
+def from_numpy(dtype) -> Format | None:
+    """The format whose numpy twin is dtype, or None."""
+    dtype = np.dtype(dtype)
+    return next((f for f in _formats().values() if f.dtype == dtype), None)
+
+
+def from_torch(dtype) -> Format | None:
+    """The format whose torch twin is dtype (a torch.dtype), or None."""
+    name = str(dtype).removeprefix("torch.")
+    return next((f for f in _formats().values() if f.torch_name == name), None)
 
 
 def get(name: str) -> Format:
     """A format by name or alias, case-insensitive; UsageError when unknown."""
     key = name.strip().lower().replace("-", "_")
-    if key not in _LOOKUP:
-        raise UsageError(f"unknown dtype {name!r}; choose from {', '.join(FORMATS)}")
-    return _LOOKUP[key]
+    if key not in _lookup():
+        raise UsageError(f"unknown dtype {name!r}; choose from {', '.join(_formats())}")
+    return _lookup()[key]
 
 
 def parse_list(text: str) -> list[Format]:

@@ -194,7 +194,5 @@ def default_tolerances(fmt: Format) -> tuple[float, float]:
     import torch
     from torch.testing._comparison import default_tolerances as torch_defaults
 
-    dtype = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32, "fp64": torch.float64,
-             "fp8_e4m3": torch.float8_e4m3fn, "fp8_e5m2": torch.float8_e5m2}[fmt.name]
-    rtol, atol = torch_defaults(torch.empty(0, dtype=dtype))
+    rtol, atol = torch_defaults(torch.empty(0, dtype=fmt.torch_dtype))
     return float(rtol), float(atol)

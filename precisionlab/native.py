@@ -21,22 +21,13 @@ import numpy as np
 from precisionlab.errors import NoDeviceError, RunError, UsageError
 
 LIB_NAME = "libprecisionlab.so"
-ABI_VERSION = 2  # PL_ABI_VERSION in cuda/precisionlab.h
+ABI_VERSION = 3  # PL_ABI_VERSION in cuda/precisionlab.h
 
 # pl_status
 OK, INVALID_ARGUMENT, NULL_POINTER, SIZE_OVERFLOW, UNSUPPORTED = 0, 1, 2, 3, 4
 NO_DEVICE, NO_CUDA, CUDA_ERROR, OUT_OF_MEMORY = 5, 6, 7, 8
 
-# pl_cpu_method / pl_gpu_method
-CPU_METHODS = {"sequential": 0, "pairwise": 1, "kahan": 2, "neumaier": 3, "stochastic": 4}
-GPU_METHODS = {"tree": 0, "tree_kahan": 1, "atomic": 2}
-# pl_softmax_method, pl_masked_policy
-SOFTMAX_METHODS = {"naive": 0, "stable": 1, "online": 2, "bug_zero_identity": 3, "bug_zero_start": 4,
-                   "bug_no_rescale": 5, "lowp_accum": 6, "single_pass": 7, "online_vec": 8, "stable_adaptive": 9}
-SOFTMAX_GPU_ONLY = {"single_pass", "online_vec", "stable_adaptive"}
-MASKED = {"nan": 0, "zero": 1}
-NORM_VERSIONS = {"block": 1, "adaptive": 2}
-MATMUL_VERSIONS = {"naive": 1, "tiled": 2, "splitk_atomic": 3, "splitk_ordered": 4}
+MASKED = {"nan": 0, "zero": 1}  # pl_masked_policy: what an all -inf row gives (a policy, not a variant)
 
 _d = POINTER(c_double)
 _i64 = POINTER(c_int64)
@@ -49,6 +40,9 @@ _PROTOTYPES = {
     "pl_error_string": (c_char_p, [c_int]),  # const char* pl_error_string(int status)
     "pl_last_error": (c_char_p, []),  # const char* pl_last_error(void)
     "pl_build_info": (c_char_p, []),  # const char* pl_build_info(void)
+    "pl_variant_count": (c_int, [_int]),  # int pl_variant_count(int* count)
+    "pl_variant_info": (c_int, [c_int, c_void_p]),  # int pl_variant_info(int index, pl_variant_desc* out)
+    "pl_format_info": (c_int, [c_int, c_void_p]),  # int pl_format_info(int code, pl_format_desc* out)
     "pl_cuda_device_count": (c_int, [_int]),  # int pl_cuda_device_count(int* count)
     # int pl_cuda_versions(int* runtime, int* driver)
     "pl_cuda_versions": (c_int, [_int, _int]),
@@ -121,17 +115,17 @@ _PROTOTYPES = {
     #                      float eps, void* y)
     "pl_layernorm_cpu": (c_int, [c_void_p, c_int64, c_int64, c_int, c_void_p, c_void_p, c_float, c_void_p]),
     # int pl_rmsnorm_cuda(const void* x_dev, int64_t rows, int64_t cols, int dtype, const void* w_dev, float eps,
-    #                     void* y_dev, int version)
+    #                     void* y_dev, int variant)
     "pl_rmsnorm_cuda": (c_int, [c_void_p, c_int64, c_int64, c_int, c_void_p, c_float, c_void_p, c_int]),
     # int pl_layernorm_cuda(const void* x_dev, int64_t rows, int64_t cols, int dtype, const void* w_dev,
     #                       const void* b_dev, float eps, void* y_dev)
     "pl_layernorm_cuda": (c_int, [c_void_p, c_int64, c_int64, c_int, c_void_p, c_void_p, c_float, c_void_p]),
     # int pl_matmul_cpu(const void* a, const void* b, int64_t m, int64_t n, int64_t k, int dtype, void* c)
     "pl_matmul_cpu": (c_int, [c_void_p, c_void_p, c_int64, c_int64, c_int64, c_int, c_void_p]),
-    # int pl_matmul_workspace_bytes(int64_t m, int64_t n, int version, int splits, size_t* bytes)
+    # int pl_matmul_workspace_bytes(int64_t m, int64_t n, int variant, int splits, size_t* bytes)
     "pl_matmul_workspace_bytes": (c_int, [c_int64, c_int64, c_int, c_int, _sz]),
     # int pl_matmul_cuda(const void* a_dev, const void* b_dev, int64_t m, int64_t n, int64_t k, int dtype,
-    #                    int version, int splits, void* work_dev, size_t work_bytes, void* c_dev)
+    #                    int variant, int splits, void* work_dev, size_t work_bytes, void* c_dev)
     "pl_matmul_cuda": (c_int, [c_void_p, c_void_p, c_int64, c_int64, c_int64, c_int, c_int, c_int, c_void_p, c_size_t,
                                c_void_p]),
     # int pl_allreduce_cpu(const double* partials, int ranks, int64_t n, int format, int order, int64_t offset,
@@ -152,11 +146,11 @@ _PROTOTYPES = {
     "pl_blockscale_dequantize_cpu": (c_int, [c_void_p, c_void_p, c_float, c_int64, c_int, c_int, c_void_p]),
     # int pl_blockscale_quantize_cuda(const float* x_dev, int64_t n, int format, int block, int rule,
     #                                 float tensor_amax, uint8_t* codes_dev, uint8_t* scales_dev,
-    #                                 float* tensor_scale, int version)
+    #                                 float* tensor_scale, int variant)
     "pl_blockscale_quantize_cuda": (c_int, [c_void_p, c_int64, c_int, c_int, c_int, c_float, c_void_p, c_void_p,
                                             c_void_p, c_int]),
     # int pl_blockscale_dequantize_cuda(const uint8_t* codes_dev, const uint8_t* scales_dev, float tensor_scale,
-    #                                   int64_t n, int format, int block, float* y_dev, int version)
+    #                                   int64_t n, int format, int block, float* y_dev, int variant)
     "pl_blockscale_dequantize_cuda": (c_int, [c_void_p, c_void_p, c_float, c_int64, c_int, c_int, c_void_p, c_int]),
 }
 
@@ -237,6 +231,112 @@ def _dptr(a: np.ndarray):
 
 def _as_f64(x) -> np.ndarray:
     return np.ascontiguousarray(x, dtype=np.float64)
+
+
+# ---------------------------------------------------------------------------
+# the catalog: the library's own table of its variants and formats
+
+
+class _VariantDesc(ctypes.Structure):  # pl_variant_desc
+    _fields_ = [("op", c_char_p), ("name", c_char_p), ("id", ctypes.c_int32), ("kind", ctypes.c_int32),
+                ("devices", ctypes.c_int32), ("order", ctypes.c_int32), ("batch_invariant", ctypes.c_int32),
+                ("deterministic", ctypes.c_int32), ("is_default", ctypes.c_int32), ("summary", c_char_p)]
+
+
+class _FormatDesc(ctypes.Structure):  # pl_format_desc
+    _fields_ = [("name", c_char_p), ("bits", ctypes.c_int32), ("precision", ctypes.c_int32),
+                ("emin", ctypes.c_int32), ("emax", ctypes.c_int32), ("max", c_double), ("min_subnormal", c_double),
+                ("has_inf", ctypes.c_int32), ("has_nan", ctypes.c_int32), ("bytes", ctypes.c_int32)]
+
+
+KINDS = ("algorithm", "kernel", "bug")                                       # pl_variant_kind
+INPUT_ORDERS = ("as_given", "reversed", "ascending_abs", "descending_abs")   # pl_input_order
+_DEVICE_BITS = (("cpu", 1), ("cuda", 2))                                     # pl_device_bits
+
+
+@dataclass(frozen=True)
+class Variant:
+    """One row of the library's catalog (pl_variant_desc)."""
+    op: str
+    name: str
+    id: int
+    kind: str  # algorithm | kernel | bug
+    devices: tuple[str, ...]  # of "cpu", "cuda"
+    order: str  # how the caller arranges the input (the sum's reordered variants)
+    batch_invariant: bool | None  # None: the op has no batch
+    deterministic: bool
+    default: bool
+    summary: str
+
+    def to_json(self) -> dict:
+        return {"op": self.op, "name": self.name, "id": self.id, "kind": self.kind, "devices": list(self.devices),
+                "order": self.order, "batch_invariant": self.batch_invariant, "deterministic": self.deterministic,
+                "default": self.default, "summary": self.summary}
+
+
+@lru_cache(maxsize=1)
+def catalog() -> tuple[Variant, ...]:
+    """Every variant the library implements, in its order (ops by name, rows as declared)."""
+    count = c_int()
+    _call("pl_variant_count", ctypes.byref(count))
+    out = []
+    for i in range(count.value):
+        d = _VariantDesc()
+        _call("pl_variant_info", i, ctypes.byref(d))
+        out.append(Variant(d.op.decode(), d.name.decode(), d.id, KINDS[d.kind],
+                           tuple(n for n, bit in _DEVICE_BITS if d.devices & bit), INPUT_ORDERS[d.order],
+                           None if d.batch_invariant < 0 else bool(d.batch_invariant), bool(d.deterministic),
+                           bool(d.is_default), d.summary.decode()))
+    return tuple(out)
+
+
+def variants(op: str, device: str | None = None, kind: str | None = None) -> list[Variant]:
+    """The op's variants, optionally only those on a device ("cpu", "cuda") or of a kind."""
+    return [v for v in catalog() if v.op == op and (device is None or device in v.devices)
+            and (kind is None or v.kind == kind)]
+
+
+def variant(op: str, name: str) -> Variant:
+    """The op's variant by name (case-insensitive); UsageError naming the choices."""
+    key = name.strip().lower()
+    for v in variants(op):
+        if v.name == key:
+            return v
+    raise UsageError(f"unknown {op} variant {name!r}; choose from {', '.join(v.name for v in variants(op))}")
+
+
+def _variant_id(op: str, name: str, device: str | None = None) -> int:
+    v = variant(op, name)
+    if device is not None and device not in v.devices:
+        raise UsageError(f"{op} variant {v.name} runs on {' and '.join(v.devices)} only, not {device}")
+    return v.id
+
+
+@dataclass(frozen=True)
+class FormatDesc:
+    """One arithmetic format as the library declares it (pl_format_desc)."""
+    code: int
+    name: str
+    bits: int
+    precision: int
+    emin: int
+    emax: int
+    max: float
+    min_subnormal: float
+    has_inf: bool
+    has_nan: bool
+    bytes: int
+
+
+@lru_cache(maxsize=1)
+def format_table() -> tuple[FormatDesc, ...]:
+    """The library's arithmetic formats (pl_format codes), in code order."""
+    def one(i):
+        d = _FormatDesc()
+        _call("pl_format_info", i, ctypes.byref(d))
+        return FormatDesc(i, d.name.decode(), d.bits, d.precision, d.emin, d.emax, d.max, d.min_subnormal,
+                          bool(d.has_inf), bool(d.has_nan), d.bytes)
+    return tuple(_table(one))
 
 
 # ---------------------------------------------------------------------------
@@ -354,7 +454,7 @@ def accumulate_cpu(x, accumulator: int, method: str, seed: int = 0, trace: bool 
     x = _as_f64(x)
     out, step, value = c_double(), c_int64(), c_double()
     tr = np.empty_like(x) if trace else None
-    _call("pl_accumulate_cpu_exact" if exact_path else "pl_accumulate_cpu", _dptr(x), x.size, accumulator, CPU_METHODS[method], seed & (2**64 - 1),
+    _call("pl_accumulate_cpu_exact" if exact_path else "pl_accumulate_cpu", _dptr(x), x.size, accumulator, _variant_id("sum", method, "cpu"), seed & (2**64 - 1),
           ctypes.byref(out), ctypes.byref(step), ctypes.byref(value), _dptr(tr) if trace else None)
     return CpuSum(out.value, step.value, value.value, tr)
 
@@ -378,20 +478,20 @@ def sum_cuda(x, storage: int, accumulator: int, method: str, runs: int = 1) -> n
     """Upload float64 values as `storage`, sum them `runs` times on the GPU; the results."""
     x = _as_f64(x)
     results = np.empty(runs, dtype=np.float64)
-    _call("pl_sum_cuda", _dptr(x), x.size, storage, accumulator, GPU_METHODS[method], runs, _dptr(results))
+    _call("pl_sum_cuda", _dptr(x), x.size, storage, accumulator, _variant_id("sum", method, "cuda"), runs, _dptr(results))
     return results
 
 
 def sum_workspace_bytes(n: int, storage: int, method: str) -> int:
     out = c_size_t()
-    _call("pl_sum_workspace_bytes", n, storage, GPU_METHODS[method], ctypes.byref(out))
+    _call("pl_sum_workspace_bytes", n, storage, _variant_id("sum", method, "cuda"), ctypes.byref(out))
     return out.value
 
 
 def sum_cuda_device(x_ptr: int, n: int, storage: int, accumulator: int, method: str, work_ptr: int,
                     work_bytes: int, out_ptr: int) -> None:
     """Launch a GPU sum on device pointers (e.g. torch data_ptr()); asynchronous."""
-    _call("pl_sum_cuda_device", x_ptr, n, storage, accumulator, GPU_METHODS[method], work_ptr, work_bytes, out_ptr)
+    _call("pl_sum_cuda_device", x_ptr, n, storage, accumulator, _variant_id("sum", method, "cuda"), work_ptr, work_bytes, out_ptr)
 
 
 def _softmax(fn: str, x: np.ndarray, dtype_code: int, method: str, masked: str) -> tuple[np.ndarray, np.ndarray]:
@@ -400,7 +500,7 @@ def _softmax(fn: str, x: np.ndarray, dtype_code: int, method: str, masked: str) 
     rows, cols = x.shape
     y = np.empty_like(x)
     lse = np.empty(rows, dtype=np.float64)
-    _call(fn, x.ctypes.data, rows, cols, dtype_code, SOFTMAX_METHODS[method], MASKED[masked], y.ctypes.data, _dptr(lse))
+    _call(fn, x.ctypes.data, rows, cols, dtype_code, _variant_id("softmax", method), MASKED[masked], y.ctypes.data, _dptr(lse))
     return y, lse
 
 
@@ -417,20 +517,21 @@ def softmax_cuda(x: np.ndarray, dtype_code: int, method: str, masked: str = "nan
 def softmax_cuda_device(x_ptr: int, rows: int, cols: int, dtype_code: int, method: str, y_ptr: int,
                         masked: str = "nan", lse_ptr: int | None = None) -> None:
     """Launch a GPU softmax on device pointers; asynchronous."""
-    _call("pl_softmax_cuda_device", x_ptr, rows, cols, dtype_code, SOFTMAX_METHODS[method], MASKED[masked], y_ptr,
+    _call("pl_softmax_cuda_device", x_ptr, rows, cols, dtype_code, _variant_id("softmax", method), MASKED[masked], y_ptr,
           lse_ptr)
 
 
-SOFTMAX_PLAN_FIELDS = ("method", "version", "vpt", "threads", "rows_per_block", "cluster")  # pl_softmax_plan
+SOFTMAX_PLAN_FIELDS = ("variant", "kernel", "vpt", "threads", "rows_per_block", "cluster")  # pl_softmax_plan
 
 
 def softmax_cuda_plan(rows: int, cols: int, dtype_code: int, method: str, sm_count: int) -> dict:
-    """The launch a GPU softmax call gets (aligned pointers): the method actually
-    run, kernel version, vectors a thread, threads, rows a block, cluster size."""
+    """The launch a GPU softmax call gets (aligned pointers): the variant actually
+    run, the kernel (softmax.cu's version number), vectors a thread, threads,
+    rows a block, cluster size."""
     plan = (ctypes.c_int32 * len(SOFTMAX_PLAN_FIELDS))()
-    _call("pl_softmax_cuda_plan", rows, cols, dtype_code, SOFTMAX_METHODS[method], sm_count, ctypes.addressof(plan))
+    _call("pl_softmax_cuda_plan", rows, cols, dtype_code, _variant_id("softmax", method), sm_count, ctypes.addressof(plan))
     out = dict(zip(SOFTMAX_PLAN_FIELDS, plan))
-    out["method"] = {v: k for k, v in SOFTMAX_METHODS.items()}[out["method"]]
+    out["variant"] = next(v.name for v in variants("softmax") if v.id == out["variant"])
     return out
 
 
@@ -528,8 +629,8 @@ def matmul_cpu(a: np.ndarray, b: np.ndarray, dtype_code: int) -> np.ndarray:
 
 
 def rmsnorm_cuda(x_ptr: int, rows: int, cols: int, dtype_code: int, w_ptr: int | None, eps: float, y_ptr: int,
-                 version: str = "block") -> None:
-    _call("pl_rmsnorm_cuda", x_ptr, rows, cols, dtype_code, w_ptr, eps, y_ptr, NORM_VERSIONS[version])
+                 variant: str = "block") -> None:
+    _call("pl_rmsnorm_cuda", x_ptr, rows, cols, dtype_code, w_ptr, eps, y_ptr, _variant_id("rmsnorm", variant))
 
 
 def layernorm_cuda(x_ptr: int, rows: int, cols: int, dtype_code: int, w_ptr: int | None, b_ptr: int | None,
@@ -537,15 +638,15 @@ def layernorm_cuda(x_ptr: int, rows: int, cols: int, dtype_code: int, w_ptr: int
     _call("pl_layernorm_cuda", x_ptr, rows, cols, dtype_code, w_ptr, b_ptr, eps, y_ptr)
 
 
-def matmul_workspace_bytes(m: int, n: int, version: str, splits: int = 1) -> int:
+def matmul_workspace_bytes(m: int, n: int, variant: str, splits: int = 1) -> int:
     out = c_size_t()
-    _call("pl_matmul_workspace_bytes", m, n, MATMUL_VERSIONS[version], splits, ctypes.byref(out))
+    _call("pl_matmul_workspace_bytes", m, n, _variant_id("matmul", variant), splits, ctypes.byref(out))
     return out.value
 
 
-def matmul_cuda(a_ptr: int, b_ptr: int, m: int, n: int, k: int, dtype_code: int, c_ptr: int, version: str = "tiled",
+def matmul_cuda(a_ptr: int, b_ptr: int, m: int, n: int, k: int, dtype_code: int, c_ptr: int, variant: str = "tiled",
                 splits: int = 1, work_ptr: int | None = None, work_bytes: int = 0) -> None:
-    _call("pl_matmul_cuda", a_ptr, b_ptr, m, n, k, dtype_code, MATMUL_VERSIONS[version], splits, work_ptr, work_bytes,
+    _call("pl_matmul_cuda", a_ptr, b_ptr, m, n, k, dtype_code, _variant_id("matmul", variant), splits, work_ptr, work_bytes,
           c_ptr)
 
 
@@ -578,9 +679,6 @@ def adaptive_lanes(rows: int, cols: int, sm_count: int) -> int:
     return _load().pl_adaptive_lanes(rows, cols, sm_count)
 
 
-ALLREDUCE_ORDERS = {"ring": 0, "tree": 1}  # pl_allreduce_order
-
-
 def allreduce_cpu(partials: np.ndarray, format_code: int, order: str, offset: int = 0, chunk: int = 1,
                   step: int = -1) -> np.ndarray:
     """The ranks' partials (ranks x n, values of the format) summed in an
@@ -589,7 +687,7 @@ def allreduce_cpu(partials: np.ndarray, format_code: int, order: str, offset: in
     if p.ndim != 2 or p.shape[1] == 0:
         raise UsageError(f"partials must be ranks x n with n > 0 (got shape {p.shape})")
     out = np.empty(p.shape[1], dtype=np.float64)
-    _call("pl_allreduce_cpu", _dptr(p), p.shape[0], p.shape[1], format_code, ALLREDUCE_ORDERS[order], offset, chunk,
+    _call("pl_allreduce_cpu", _dptr(p), p.shape[0], p.shape[1], format_code, _variant_id("allreduce", order), offset, chunk,
           step, _dptr(out))
     return out
 # --- block-scaled formats (cuda/blockscale.cu) -------------------------------
@@ -723,16 +821,18 @@ def blockscale_dequantize_cpu(q: BlockScaled) -> np.ndarray:
 
 
 def blockscale_quantize_cuda(x_ptr: int, n: int, fmt: str, rule: str, codes_ptr: int, scales_ptr: int,
-                             block: int | None = None, tensor_amax: float = 0.0, version: int = 2) -> float:
+                             block: int | None = None, tensor_amax: float = 0.0,
+                             variant: str = "warp_per_block") -> float:
     """Launch the GPU quantize on device pointers (asynchronous); returns NVFP4's decode scale (1.0 otherwise)."""
     f, block, rule_id = _block_args(fmt, block, rule)
     ts = c_float(1.0)
     _call("pl_blockscale_quantize_cuda", x_ptr, n, f.id, block, rule_id, tensor_amax, codes_ptr, scales_ptr,
-          ctypes.byref(ts), version)
+          ctypes.byref(ts), _variant_id("blockscale_quantize", variant))
     return float(ts.value)
 
 
 def blockscale_dequantize_cuda(codes_ptr: int, scales_ptr: int, tensor_scale: float, n: int, fmt: str, y_ptr: int,
-                               block: int | None = None, version: int = 1) -> None:
+                               block: int | None = None, variant: str = "thread_per_element") -> None:
     f, block, _ = _block_args(fmt, block, "floor")
-    _call("pl_blockscale_dequantize_cuda", codes_ptr, scales_ptr, tensor_scale, n, f.id, block, y_ptr, version)
+    _call("pl_blockscale_dequantize_cuda", codes_ptr, scales_ptr, tensor_scale, n, f.id, block, y_ptr,
+          _variant_id("blockscale_dequantize", variant))

@@ -207,7 +207,7 @@ def cpu_name() -> str:
 
 # Every --json document's "schema_version": bumped when a field is renamed,
 # removed or changes meaning (adding a field keeps it), so scripts can check.
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # 2: "method" / "kernel" became "variant" (the catalog)
 
 
 def emit_json(command: str, doc: dict) -> None:
@@ -293,7 +293,7 @@ def _footer(unavailable: str | None, takeaways) -> None:
 def accumulate_table(res) -> None:
     t = Table(title=f"accumulate: {safe_text(res.input_desc)}, stored as {res.storage}, n = {res.n}",
               title_justify="left")
-    for col in ("device", "accum", "method"):
+    for col in ("device", "accum", "variant"):
         t.add_column(col, overflow="fold")
     for col in ("result", "abs err", "rel err", "ulps", "bound", "absorbed at (step)", "predicted stall"):
         t.add_column(col, justify="right", overflow="fold")
@@ -305,7 +305,7 @@ def accumulate_table(res) -> None:
         if r["bound_kind"] == "rigorous" and not r["within_bound"]:
             bound = f"[red]{bound} EXCEEDED[/red]"
         stall = "-" if r["stall_step"] is None else f"{num(r['stall_value'])} ({r['stall_step']})"
-        t.add_row(r["device"], r["accumulator"], r["method"], num(r["result"]), sci(r["abs_error"]),
+        t.add_row(r["device"], r["accumulator"], r["variant"], num(r["result"]), sci(r["abs_error"]),
                   sci(r["rel_error"]), _ulps(r["ulps"]), bound, stall, num(r["predicted_stall"]))
     stdout.print(t)
     rep = res.exact_stored - res.exact_intended if math.isfinite(res.exact_stored - res.exact_intended) else math.nan
@@ -319,7 +319,7 @@ def accumulate_table(res) -> None:
                  "absorbed at: the sum before the first addition (1-based step) that left it unchanged; "
                  "for a constant input that is where it stalls for good. predicted: the first power of two "
                  "whose spacing is >= 2|value|.", style="dim", highlight=False)
-    missing = sorted({r["method"] for r in res.rows if not r["available"]})
+    missing = sorted({r["variant"] for r in res.rows if not r["available"]})
     _footer(f"({', '.join(missing)}) {res.devices['cuda_unavailable']}" if missing else None, res.takeaways)
 
 
@@ -409,7 +409,7 @@ def accumulate_plot(res, path: str) -> None:
 
 def bench_table(res) -> None:
     t = Table(title="bench" + (" (quick)" if res.params["quick"] else ""), title_justify="left")
-    for col in ("section", "device", "kernel", "dtype", "accum", "size"):
+    for col in ("section", "device", "variant", "dtype", "accum", "size"):
         t.add_column(col, overflow="fold")
     for col in ("time (ms)", "GB/s", "TFLOP/s", "vs baseline", "% of copy"):
         t.add_column(col, justify="right")
@@ -439,10 +439,16 @@ def _bench_time(r) -> str:
 
 
 def _bench_kernel(r) -> str:
-    if r.get("plan_version") is None:
-        return r["kernel"]
-    ran = r["plan_method"] if r["plan_method"] != r["kernel"] else ""
-    return escape(f"{r['kernel']} [{ran + ' ' if ran else ''}v{r['plan_version']} vpt {r['plan_vpt']} "
+    """The row's variant as shown: with the launch a GPU softmax got, the split
+    count of a split-K matmul, or torch's matmul mode."""
+    if r.get("mode"):
+        return escape(f"{r['variant']} {r['mode']}")
+    if r.get("splits") is not None:
+        return escape(f"{r['variant']} (splits {r['splits']})")
+    if r.get("plan_kernel") is None:
+        return escape(r["variant"])
+    ran = r["plan_variant"] if r["plan_variant"] != r["variant"] else ""
+    return escape(f"{r['variant']} [{ran + ' ' if ran else ''}v{r['plan_kernel']} vpt {r['plan_vpt']} "
                   f"t {r['plan_threads']} rpb {r['plan_rows_per_block']} cl {r['plan_cluster']}]")
 
 
@@ -468,12 +474,12 @@ def _verdict(r) -> str:
 
 def softmax_table(res) -> None:
     t = Table(title=f"softmax vs float64 (masked rows: {res.params['masked']})", title_justify="left")
-    for col in ("case", "dtype", "device", "method", "probabilities"):
+    for col in ("case", "dtype", "device", "variant", "probabilities"):
         t.add_column(col, overflow="fold")
     for col in ("max abs", "rel L2", "row-sum err", "log-sum-exp", "verdict"):
         t.add_column(col, justify="right", overflow="fold")
-    for r in (r for r in res.rows if r["kind"] == "method"):
-        t.add_row(r["case"], r["dtype"], r["device"], r["method"], _probs(r), sci(r["max_abs"]), sci(r["rel_l2"]),
+    for r in (r for r in res.rows if r["kind"] == "variant"):
+        t.add_row(r["case"], r["dtype"], r["device"], r["variant"], _probs(r), sci(r["max_abs"]), sci(r["rel_l2"]),
                   sci(r["row_sum_error"]), num(r["lse"], 8), _verdict(r))
     stdout.print(t)
     bugs = [r for r in res.rows if r["kind"] in ("bug", "bug-reference")]
@@ -591,6 +597,33 @@ def info_table(d: dict) -> None:
         t.add_row("torch CUDA", f"{tc['version']} (available: {tc['available']}, cuDNN {tc['cudnn']})")
     for k, v in d["flags"].items():
         t.add_row(k, str(v))
+    stdout.print(t)
+    if "catalog" in d:
+        _catalog_tables(d["catalog"])
+
+
+def _catalog_tables(c: dict) -> None:
+    yes = lambda b: "-" if b is None else ("yes" if b else "no")
+    t = Table(title="kernel variants (the library's catalog)", title_justify="left")
+    for col in ("op", "variant", "kind", "devices", "batch-invariant", "deterministic", "default", "what it does"):
+        t.add_column(col, overflow="fold")
+    for v in c["variants"]:
+        t.add_row(v["op"], v["name"], v["kind"], ", ".join(v["devices"]), yes(v["batch_invariant"]),
+                  yes(v["deterministic"]), yes(v["default"]), escape(v["summary"]))
+    stdout.print(t)
+    t = Table(title="formats", title_justify="left")
+    for col in ("format", "bits", "p", "emin", "emax", "max", "inf", "NaN", "pl_format code"):
+        t.add_column(col, justify="right" if col in ("bits", "p", "emin", "emax", "max") else "left")
+    for f in c["formats"]:
+        t.add_row(f["name"], str(f["bits"]), str(f["precision"]), str(f["emin"]), str(f["emax"]), f"{f['max']:g}",
+                  yes(f["has_inf"]), yes(f["has_nan"]), "storage only" if f["code"] is None else str(f["code"]))
+    stdout.print(t)
+    t = Table(title="block-scaled formats", title_justify="left")
+    for col in ("format", "element", "block", "scale", "tensor scale", "bits/element"):
+        t.add_column(col)
+    for b in c["block_formats"]:
+        t.add_row(b["name"], b["element"], str(b["block"]), b["scale"],
+                  f"fp{b['tensor_scale_bits']}" if b["tensor_scale_bits"] else "-", f"{b['bits_per_element']:g}")
     stdout.print(t)
 
 

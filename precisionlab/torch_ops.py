@@ -23,16 +23,17 @@ import ml_dtypes
 import numpy as np
 import torch
 
-from precisionlab import native
+from precisionlab import formats, native
 from precisionlab.errors import UsageError
 
-CODES = {torch.float32: 1, torch.float16: 2, torch.bfloat16: 3}
+KERNEL_DTYPES = ("fp32", "bf16", "fp16")  # what the op kernels take
 
 
 def _code(t: torch.Tensor) -> int:
-    if t.dtype not in CODES:
+    fmt = formats.from_torch(t.dtype)
+    if fmt is None or fmt.name not in KERNEL_DTYPES:
         raise UsageError(f"this project's kernels take fp32, bf16 or fp16, not {t.dtype}")
-    return CODES[t.dtype]
+    return fmt.code
 
 
 def to_numpy(t: torch.Tensor) -> np.ndarray:
@@ -132,7 +133,7 @@ def matmul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
         c = torch.empty(a.shape[0], b.shape[1], dtype=a.dtype, device=a.device)
         with _library_launch(a):
             native.matmul_cuda(a.data_ptr(), b.data_ptr(), a.shape[0], b.shape[1], a.shape[1], _code(a),
-                               c.data_ptr(), version="tiled")
+                               c.data_ptr(), variant="tiled")
         return c
     return from_numpy(native.matmul_cpu(to_numpy(a), to_numpy(b), _code(a)))
 
@@ -146,10 +147,10 @@ def rope(x: torch.Tensor, positions: torch.Tensor, base: float) -> torch.Tensor:
         y = torch.empty_like(x2)
         pos = pos.to(x.device)
         with _library_launch(x):
-            native.rope_cuda(x2.data_ptr(), x2.shape[0], x2.shape[1], _code(x), pos.data_ptr(), base, CODES[torch.float32],
+            native.rope_cuda(x2.data_ptr(), x2.shape[0], x2.shape[1], _code(x), pos.data_ptr(), base, formats.get("fp32").code,
                              y.data_ptr())
         return y.view(x.shape)
-    y = native.rope_cpu(to_numpy(x2), _code(x), pos.cpu().numpy(), base, CODES[torch.float32])
+    y = native.rope_cpu(to_numpy(x2), _code(x), pos.cpu().numpy(), base, formats.get("fp32").code)
     return from_numpy(y).view(x.shape)
 
 

@@ -22,10 +22,10 @@ def main() -> int:
     calls = 0
     for n in (1, 33, 1025, 100_003):
         x = rng.standard_normal(n)
-        for storage in formats.FORMATS.values():
+        for storage in (f for f in formats.FORMATS.values() if not f.storage_only):
             xs = storage.round(x)
             for acc in ("fp32", "bf16", "fp64"):
-                for method in native.GPU_METHODS:
+                for method in (v.name for v in native.variants("sum", "cuda")):
                     native.sum_cuda(xs, storage.code, formats.get(acc).code, method, runs=2)
                     calls += 1
     for rows, cols in ((1, 1), (3, 33), (2, 1000), (2, 4096), (1, 40000), (1, 151936)):
@@ -33,7 +33,7 @@ def main() -> int:
         for name in ("fp32", "bf16", "fp16"):
             fmt = formats.get(name)
             xs = np.ascontiguousarray(fmt.round(x).astype(fmt.dtype))
-            for method in native.SOFTMAX_METHODS:
+            for method in (v.name for v in native.variants("softmax", "cuda")):
                 for masked in native.MASKED:
                     native.softmax_cuda(xs, fmt.code, method, masked)
                     calls += 1
@@ -52,7 +52,7 @@ def _device_pointer_kernels(rng) -> int:
             x, w, b = (np.ascontiguousarray(fmt.round(rng.standard_normal(shape)).astype(fmt.dtype))
                        for shape in ((rows, cols), (cols,), (cols,)))
             dx, dw, db, dy = dev(x), dev(w), dev(b), native.DeviceArray(x.shape, x.dtype)
-            for version in native.NORM_VERSIONS:
+            for version in (v.name for v in native.variants("rmsnorm", "cuda")):
                 native.rmsnorm_cuda(dx.ptr, rows, cols, fmt.code, dw.ptr, 1e-6, dy.ptr, version)
             native.layernorm_cuda(dx.ptr, rows, cols, fmt.code, dw.ptr, db.ptr, 1e-5, dy.ptr)
             native.softmax_cuda_device(dx.ptr, rows, cols, fmt.code, "stable_adaptive", dy.ptr)
@@ -61,10 +61,10 @@ def _device_pointer_kernels(rng) -> int:
     for m, k, n in ((1, 1, 1), (17, 33, 45), (128, 1000, 96)):
         a, bm = dev(rng.standard_normal((m, k)).astype(np.float32)), dev(rng.standard_normal((k, n)).astype(np.float32))
         c = native.DeviceArray((m, n), np.float32)
-        for version in native.MATMUL_VERSIONS:
+        for version in (v.name for v in native.variants("matmul", "cuda")):
             splits = 3 if version.startswith("splitk") else 1
             work = native.DeviceArray((max(4, native.matmul_workspace_bytes(m, n, version, splits)),), np.uint8)
-            native.matmul_cuda(a.ptr, bm.ptr, m, n, k, 1, c.ptr, version=version, splits=splits, work_ptr=work.ptr,
+            native.matmul_cuda(a.ptr, bm.ptr, m, n, k, 1, c.ptr, variant=version, splits=splits, work_ptr=work.ptr,
                                work_bytes=work.nbytes)
             c.numpy()
             calls += 1
@@ -88,9 +88,9 @@ def _device_pointer_kernels(rng) -> int:
         dy = native.DeviceArray((n,), np.float32)
         for fmt, f in native.block_formats().items():
             for rule in (["nearest"] if f.scale.name != "e8m0" else ["floor", "rceil", "ceil", "even"]):
-                for version in (1, 2):
+                for version in (v.name for v in native.variants("blockscale_quantize", "cuda")):
                     ts = native.blockscale_quantize_cuda(dx.ptr, n, fmt, rule, dc.ptr, ds.ptr, block=block,
-                                                         tensor_amax=float(np.max(np.abs(x))), version=version)
+                                                         tensor_amax=float(np.max(np.abs(x))), variant=version)
                     native.blockscale_dequantize_cuda(dc.ptr, ds.ptr, ts, n, fmt, dy.ptr, block=block)
                     dy.numpy()
                     calls += 2

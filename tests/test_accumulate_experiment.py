@@ -15,7 +15,7 @@ def run(**kw):
 
 
 def row(res, accumulator, method, device="cpu"):
-    (r,) = [r for r in res.rows if r["accumulator"] == accumulator and r["method"] == method and r["device"] == device]
+    (r,) = [r for r in res.rows if r["accumulator"] == accumulator and r["variant"] == method and r["device"] == device]
     return r
 
 
@@ -57,11 +57,11 @@ def test_predicted_stall_is_where_the_sum_stops(value, accumulator):
 
 def test_defaults_apply_only_what_applies():
     const = run(dtype="bf16", n=100)
-    methods = {(r["accumulator"], r["method"]) for r in const.rows}
+    methods = {(r["accumulator"], r["variant"]) for r in const.rows}
     assert ("bf16", "stochastic") in methods and ("fp32", "stochastic") not in methods
     assert not any(m in acc.ORDERS for _, m in methods)  # orders do nothing to a constant input
     rand = run(dtype="bf16", n=100, dist="normal")
-    assert {"reverse", "sorted", "sorted_desc"} <= {r["method"] for r in rand.rows}
+    assert {"reverse", "sorted", "sorted_desc"} <= {r["variant"] for r in rand.rows}
 
 
 @pytest.mark.parametrize("storage", ["fp32", "bf16", "fp16", "fp8_e4m3"])
@@ -82,7 +82,7 @@ def test_bound_is_vacuous_where_nu_reaches_one():
 
 def test_order_dependence_is_shown():
     res = run(dtype="fp32", values="1e8,1,-1e8", accumulators="fp32")
-    got = {r["method"]: r["result"] for r in res.rows}
+    got = {r["variant"]: r["result"] for r in res.rows}
     assert got["sequential"] == 0.0 and got["sorted_desc"] == 1.0 and got["neumaier"] == 1.0
     assert got["reverse"] == 0.0 and got["pairwise"] == 0.0
     assert any(t.startswith("Order matters in fp32") for t in res.takeaways)
@@ -114,4 +114,4 @@ def test_gpu_rows_are_marked_unavailable_under_auto():
     res = run(dtype="bf16", n=100, device="auto")
     gpu = [r for r in res.rows if r["device"] == "cuda"]
     assert gpu and all(not r["available"] and r["note"] for r in gpu)
-    assert {r["method"] for r in gpu} == {"tree", "tree_kahan", "atomic"}
+    assert {r["variant"] for r in gpu} == {"tree", "tree_kahan", "atomic"}

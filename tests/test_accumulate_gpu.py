@@ -96,7 +96,8 @@ def test_out_of_memory_is_a_status():
 
     with pytest.raises(RunError, match="out of memory|cudaMalloc|allocation"):
         # 2^40 fp64 values: 8 TiB, more than any GPU; the host buffer fails first or the device one does
-        native._call("pl_sum_cuda", native._dptr(np.ones(1)), 1 << 40, 0, 0, 0, 1, native._dptr(np.ones(1)))
+        native._call("pl_sum_cuda", native._dptr(np.ones(1)), 1 << 40, 0, 0, native.variant("sum", "tree").id, 1,
+                     native._dptr(np.ones(1)))
 
 
 def test_fp8_storage_keeps_infinities():
@@ -110,8 +111,8 @@ def test_fp8_storage_keeps_infinities():
         assert np.isnan(native.sum_cuda(np.array([1e6]), e4m3, fp32, method)[0])
 
 
-def test_matmul_workspace_validates_its_version():
-    with pytest.raises(UsageError, match="version"):
+def test_matmul_workspace_validates_its_variant():
+    with pytest.raises(UsageError, match="unknown matmul variant 99"):
         native._call("pl_matmul_workspace_bytes", 4, 4, 99, 1, native.ctypes.byref(native.c_size_t()))
     assert native.matmul_workspace_bytes(4, 4, "tiled", 0) == 0  # splits do not apply to unsplit versions
 
@@ -142,6 +143,6 @@ def test_the_command_on_the_gpu():
     from helpers import cli, strict_json
 
     rows = strict_json(cli("accumulate", "--dtype", "bf16", "--n", "10000", "--device", "cuda", "--json").out)["rows"]
-    gpu = {(r["method"], r["accumulator"]): r["result"] for r in rows if r["device"] == "cuda"}
+    gpu = {(r["variant"], r["accumulator"]): r["result"] for r in rows if r["device"] == "cuda"}
     assert {m for m, _ in gpu} == {"tree", "tree_kahan", "atomic"}
     assert all(gpu[m, "fp32"] == 1000.9765625 for m in ("tree", "tree_kahan", "atomic"))

@@ -72,15 +72,15 @@ def test_rows_on_threads_equal_rows_one_at_a_time():
     cfg = dict(n=30_011, dist="lognormal", dtype="bf16", device="cpu", trace=True, seed=5)
     one = A.run(A.AccumulateConfig(**cfg, workers=1))
     two = A.run(A.AccumulateConfig(**cfg, workers=2))
-    assert [(r["accumulator"], r["method"]) for r in one.rows] == [(r["accumulator"], r["method"]) for r in two.rows]
+    assert [(r["accumulator"], r["variant"]) for r in one.rows] == [(r["accumulator"], r["variant"]) for r in two.rows]
     for a, b in zip(one.rows, two.rows):
-        assert a["result"] == b["result"] and a["stall_step"] == b["stall_step"], (a["accumulator"], a["method"])
+        assert a["result"] == b["result"] and a["stall_step"] == b["stall_step"], (a["accumulator"], a["variant"])
     assert one.traces.keys() == two.traces.keys()
     for k in one.traces:
         assert np.array_equal(one.traces[k], two.traces[k])
     # and each row is the kernel on the order the method names
     stored = formats.get("bf16").round(inputs.generate(cfg["n"], "lognormal", 5))
-    by = {(r["accumulator"], r["method"]): r["result"] for r in two.rows}
+    by = {(r["accumulator"], r["variant"]): r["result"] for r in two.rows}
     order = stored[np.argsort(-np.abs(stored), kind="stable")]
     assert by[("fp16", "sorted_desc")] == native.accumulate_cpu(order, formats.get("fp16").code, "sequential").result
     assert by[("bf16", "reverse")] == native.accumulate_cpu(stored[::-1], formats.get("bf16").code, "sequential").result

@@ -14,6 +14,6 @@ def test_cpu_gbps_counts_the_bytes_read():
     # what the kernels read is what native hands them: float64, however x is stored
     assert native._as_f64(np.zeros(n, dtype=np.float32)).dtype == np.float64
     for r in rows:
-        per_value = 4 if r["kernel"] == "numpy.sum" else 8
+        per_value = 4 if r["variant"] == "numpy.sum" else 8
         assert r["bytes_read"] == per_value * n, r
         assert r["gbps"] == pytest.approx(per_value * n / (r["time_ms"] * 1e-3) / 1e9, rel=1e-12), r

@@ -23,24 +23,24 @@ def _data(n: int, seed: int) -> np.ndarray:
     return x
 
 
-def _gpu(x: np.ndarray, fmt: str, rule: str, block: int, version: int):
+def _gpu(x: np.ndarray, fmt: str, rule: str, block: int, version: str):
     n = x.size
     nb = -(-n // block)
     dx = native.DeviceArray.from_numpy(x)
     dc, ds = native.DeviceArray((n,), np.uint8), native.DeviceArray((nb,), np.uint8)
     amax = float(np.max(np.abs(x)))
     ts = native.blockscale_quantize_cuda(dx.ptr, n, fmt, rule, dc.ptr, ds.ptr, block=block, tensor_amax=amax,
-                                         version=version)
+                                         variant=version)
     dy = native.DeviceArray((n,), np.float32)
     native.blockscale_dequantize_cuda(dc.ptr, ds.ptr, ts, n, fmt, dy.ptr, block=block)
     return dc.numpy(), ds.numpy(), ts, dy.numpy()
 
 
-@pytest.mark.parametrize("version", [1, 2])
+@pytest.mark.parametrize("version", [v.name for v in native.variants("blockscale_quantize", "cuda")])
 @pytest.mark.parametrize("fmt, rule", CASES)
 def test_gpu_quantize_dequantize_match_the_host_bit_for_bit(fmt, rule, version):
     for n, block in [(1, 32), (33, 32), (1001, 16), (517, 17), (300, 1)]:
-        x = _data(n, n + version)
+        x = _data(n, n + len(version))
         q = native.blockscale_quantize_cpu(x, fmt, rule, block)
         codes, scales, ts, y = _gpu(x, fmt, rule, block, version)
         assert np.array_equal(codes, q.codes), (fmt, rule, n, block)
@@ -52,8 +52,8 @@ def test_gpu_quantize_dequantize_match_the_host_bit_for_bit(fmt, rule, version):
 def test_gpu_entry_points_validate_their_arguments():
     d = native.DeviceArray((64,), np.float32)
     c = native.DeviceArray((64,), np.uint8)
-    with pytest.raises(native.UsageError, match="version"):
-        native.blockscale_quantize_cuda(d.ptr, 64, "mxfp4", "floor", c.ptr, c.ptr, version=3)
+    with pytest.raises(native.UsageError, match="variant"):
+        native.blockscale_quantize_cuda(d.ptr, 64, "mxfp4", "floor", c.ptr, c.ptr, variant="thread_per_tensor")
     with pytest.raises(native.UsageError, match="not a device pointer"):
         host = np.zeros(64, np.float32)
         native.blockscale_quantize_cuda(host.ctypes.data, 64, "mxfp4", "floor", c.ptr, c.ptr)

@@ -5,7 +5,7 @@ import emulate_gpu
 import pytest
 import torch
 
-from precisionlab import native, torch_ops
+from precisionlab import formats, native, torch_ops
 from precisionlab.experiments import compare
 
 pytestmark = [pytest.mark.gpu, pytest.mark.torch_cuda]
@@ -27,7 +27,7 @@ def test_matmul_versions_match_float64(version, dtype):
     splits = 4 if version.startswith("splitk") else 1
     nbytes = native.matmul_workspace_bytes(m, n, version, splits)
     work = torch.empty(max(nbytes, 4), dtype=torch.uint8, device="cuda")
-    native.matmul_cuda(a.data_ptr(), b.data_ptr(), m, n, k, torch_ops.CODES[dtype], c.data_ptr(), version=version,
+    native.matmul_cuda(a.data_ptr(), b.data_ptr(), m, n, k, formats.from_torch(dtype).code, c.data_ptr(), variant=version,
                        splits=splits, work_ptr=work.data_ptr(), work_bytes=work.numel())
     ref = a.double() @ b.double()
     tol = {torch.float32: 1e-5, torch.bfloat16: 1e-2, torch.float16: 2e-3}[dtype]
@@ -48,7 +48,7 @@ def test_norms_match_torch(rows, cols):
 def test_matmul_device_api_checks():
     a = torch.randn(8, 8, device="cuda")
     with pytest.raises(native.UsageError, match="workspace"):
-        native.matmul_cuda(a.data_ptr(), a.data_ptr(), 8, 8, 8, 1, a.data_ptr(), version="splitk_ordered", splits=2)
+        native.matmul_cuda(a.data_ptr(), a.data_ptr(), 8, 8, 8, 1, a.data_ptr(), variant="splitk_ordered", splits=2)
     host = torch.randn(8, 8)
     with pytest.raises(native.UsageError, match="not a device pointer"):
         native.matmul_cuda(host.data_ptr(), a.data_ptr(), 8, 8, 8, 1, a.data_ptr())
@@ -64,7 +64,7 @@ def test_matmul_matches_a_step_by_step_emulation(version, splits, dtype):
     a, b = a.cuda(), b.cuda()
     c = torch.empty(9, 7, device="cuda", dtype=dtype)
     work = torch.empty(max(native.matmul_workspace_bytes(9, 7, version, splits), 4), dtype=torch.uint8, device="cuda")
-    native.matmul_cuda(a.data_ptr(), b.data_ptr(), 9, 7, 70, torch_ops.CODES[dtype], c.data_ptr(), version=version,
+    native.matmul_cuda(a.data_ptr(), b.data_ptr(), 9, 7, 70, formats.from_torch(dtype).code, c.data_ptr(), variant=version,
                        splits=splits, work_ptr=work.data_ptr(), work_bytes=work.numel())
     got = torch_ops.to_numpy(c.cpu())
     assert got.tobytes() == want.tobytes()

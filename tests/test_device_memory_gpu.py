@@ -37,7 +37,7 @@ def matmul(a, b, code, version, splits=1):
     da, db, dc = Dev(a), Dev(b), Dev(like=np.empty((m, n), a.dtype))
     nbytes = native.matmul_workspace_bytes(m, n, version, splits)
     work = Dev(nbytes=max(nbytes, 4))
-    native.matmul_cuda(da.ptr, db.ptr, m, n, k, code, dc.ptr, version=version, splits=splits, work_ptr=work.ptr,
+    native.matmul_cuda(da.ptr, db.ptr, m, n, k, code, dc.ptr, variant=version, splits=splits, work_ptr=work.ptr,
                        work_bytes=work.nbytes)
     return dc.numpy()
 
@@ -142,7 +142,7 @@ def test_misaligned_device_pointers_are_refused():
     with pytest.raises(native.UsageError, match="aligned"):
         native.sum_cuda_device(x.ptr + 2, 8, 1, 1, "tree", work.ptr, work.nbytes, x.ptr)
     with pytest.raises(native.UsageError, match="aligned"):
-        native.matmul_cuda(x.ptr + 2, x.ptr, 2, 2, 2, 1, x.ptr, version="naive")
+        native.matmul_cuda(x.ptr + 2, x.ptr, 2, 2, 2, 1, x.ptr, variant="naive")
 
 
 @pytest.mark.emulator

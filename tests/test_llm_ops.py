@@ -16,9 +16,9 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from precisionlab import native
+from precisionlab import formats, native
 
-CODES = {"fp32": 1, "fp16": 2, "bf16": 3}
+CODES = {name: formats.get(name).code for name in ("fp32", "fp16", "bf16")}
 NP = {"fp32": np.float32, "fp16": np.float16, "bf16": ml_dtypes.bfloat16}
 REL = {"fp32": 1e-6, "bf16": 1e-2, "fp16": 2e-3}
 

@@ -37,7 +37,7 @@ def test_abi_and_strings():
     ((buf, -3, 2, 0, 0, ctypes.byref(out), None, None, None), native.INVALID_ARGUMENT, "n must be > 0"),
     ((buf, 2**62, 2, 0, 0, ctypes.byref(out), None, None, None), native.SIZE_OVERFLOW, "overflows"),
     ((buf, 4, 17, 0, 0, ctypes.byref(out), None, None, None), native.INVALID_ARGUMENT, "unknown accumulator"),
-    ((buf, 4, 2, 9, 0, ctypes.byref(out), None, None, None), native.INVALID_ARGUMENT, "unknown CPU method"),
+    ((buf, 4, 2, 9, 0, ctypes.byref(out), None, None, None), native.INVALID_ARGUMENT, "unknown sum variant"),
     ((buf, 4, 2, 2, 0, ctypes.byref(out), None, None, buf), native.UNSUPPORTED, "trace"),
 ])
 def test_accumulate_cpu_validates(args, status, words):

@@ -185,8 +185,10 @@ def test_c_side_validates():
     x = np.zeros((2, 3), np.float32)
     with pytest.raises(sm.UsageError, match="softmax dtype"):
         native.softmax_cpu(x, formats.get("fp64").code, "stable")
-    with pytest.raises(sm.UsageError, match="GPU kernels"):
-        native.softmax_cpu(x, 1, "single_pass")
+    for v in native.variants("softmax"):  # every GPU-only row of the catalog is refused on the CPU
+        if "cpu" not in v.devices:
+            with pytest.raises(sm.UsageError, match=f"{v.name} does not run on the CPU"):
+                native.softmax_cpu(x, formats.get("fp32").code, v.name)
     lib = native._load()
     assert lib.pl_softmax_cpu(None, 2, 3, 1, 1, 0, x.ctypes.data, None) == native.NULL_POINTER
     assert lib.pl_softmax_cpu(x.ctypes.data, 0, 3, 1, 1, 0, x.ctypes.data, None) == native.INVALID_ARGUMENT
@@ -202,11 +204,11 @@ def test_default_run_json():
     assert r.code == 0
     d = strict_json(r.out)
     rows = d["rows"]
-    for key in ("case", "method", "device", "dtype", "finite", "max_abs", "rel_l2", "row_sum_error"):
+    for key in ("case", "variant", "device", "dtype", "finite", "max_abs", "rel_l2", "row_sum_error"):
         assert all(key in row for row in rows)
     cases = {row["case"] for row in rows}
     assert {"ordinary", "equal", "shifted", "large", "very_negative", "masked", "nan", "vocab"} <= cases
-    naive_large = [x for x in rows if x["case"] == "large" and x["method"] == "naive" and x["device"] == "cpu"]
+    naive_large = [x for x in rows if x["case"] == "large" and x["variant"] == "naive" and x["device"] == "cpu"]
     assert naive_large and not naive_large[0]["finite"]
     bugs = {x["bug"] for x in rows if x["kind"] == "bug"}
     assert bugs == set(sm.BUGS)

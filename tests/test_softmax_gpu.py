@@ -5,11 +5,11 @@ import pytest
 
 from test_softmax import (COLS, SHIFTED, check_close, check_non_finite_rows, check_partly_masked,
                           check_no_rescale_bug, check_zero_identity_bug, run)
-from precisionlab import native
+from precisionlab import formats, native
 
 pytestmark = pytest.mark.gpu
 
-GPU_METHODS = ["naive", "stable", "online", "single_pass", "online_vec"]
+GPU_METHODS = [v.name for v in native.variants("softmax", "cuda") if v.default]  # what the command runs
 
 
 # plus the single-pass kernel's register tiers: 1, 2, 4 and 8 (fp32) vectors a thread
@@ -112,10 +112,10 @@ def test_the_command_on_the_gpu():
     from helpers import cli, strict_json
 
     rows = strict_json(cli("softmax", "--device", "cuda", "--json").out)["rows"]
-    gpu = [r for r in rows if r["device"] == "cuda" and r["kind"] == "method"]
-    assert {r["method"] for r in gpu} == set(GPU_METHODS)
+    gpu = [r for r in rows if r["device"] == "cuda" and r["kind"] == "variant"]
+    assert {r["variant"] for r in gpu} == set(GPU_METHODS)
     for r in gpu:  # every shifted kernel passes every case with a finite reference
-        if r["method"] != "naive" and r["case"] not in ("masked", "nan"):
+        if r["variant"] != "naive" and r["case"] not in ("masked", "nan"):
             assert r["passed"] and r["finite"], r
         if r["case"] in ("masked", "nan"):
             assert not r["passed"]  # a non-finite output never passes
@@ -158,18 +158,18 @@ def test_warp_per_row_single_pass(rows, cols, dtype):
 
 def test_launch_plan_tiers():
     # what bench records beside each figure is what the launcher runs: one plan
-    fp32, bf16 = 1, 3
+    fp32, bf16 = formats.get("fp32").code, formats.get("bf16").code
     assert native.softmax_cuda_plan(8, 32768, fp32, "single_pass", 132)["vpt"] == 8
     assert native.softmax_cuda_plan(8, 32768, bf16, "single_pass", 132)["vpt"] == 4
     assert native.softmax_cuda_plan(8, 4096, fp32, "single_pass", 132) == {
-        "method": "single_pass", "version": 2, "vpt": 1, "threads": 1024, "rows_per_block": 1, "cluster": 1}
-    assert native.softmax_cuda_plan(8, 151936, bf16, "single_pass", 132)["method"] == "online_vec"
+        "variant": "single_pass", "kernel": 2, "vpt": 1, "threads": 1024, "rows_per_block": 1, "cluster": 1}
+    assert native.softmax_cuda_plan(8, 151936, bf16, "single_pass", 132)["variant"] == "online_vec"
     # short rows: a warp per row, four rows a block
     assert native.softmax_cuda_plan(8, 1024, fp32, "single_pass", 132) == {
-        "method": "single_pass", "version": 4, "vpt": 8, "threads": 128, "rows_per_block": 4, "cluster": 1}
+        "variant": "single_pass", "kernel": 4, "vpt": 8, "threads": 128, "rows_per_block": 4, "cluster": 1}
     assert native.softmax_cuda_plan(8, 1024, bf16, "single_pass", 132)["vpt"] == 4
-    assert native.softmax_cuda_plan(8, 2048, bf16, "single_pass", 132)["version"] == 2
-    assert native.softmax_cuda_plan(8, 1001, bf16, "single_pass", 132)["method"] == "online"  # ragged rows
+    assert native.softmax_cuda_plan(8, 2048, bf16, "single_pass", 132)["kernel"] == 2
+    assert native.softmax_cuda_plan(8, 1001, bf16, "single_pass", 132)["variant"] == "online"  # ragged rows
     assert native.softmax_cuda_plan(8, 1000, fp32, "stable_adaptive", 132)["threads"] == 1024
     assert native.softmax_cuda_plan(200, 1000, fp32, "stable_adaptive", 132)["threads"] == 32
     with pytest.raises(native.UsageError):

@@ -19,15 +19,18 @@ from precisionlab.errors import UsageError
 from precisionlab.experiments import accumulate_cpu
 from precisionlab.formats import Format
 
-# Orders are data permutations run through the sequential kernel.
-ORDERS = set(accumulate_cpu.ORDERS)
-CPU_METHODS = ["sequential", "reverse", "sorted", "sorted_desc", "pairwise", "kahan", "neumaier", "stochastic"]
-GPU_METHODS = list(native.GPU_METHODS)
+# The variants are the library's catalog (op "sum"); the reordered ones run the
+# sequential kernel on a permutation of the input (accumulate_cpu._order).
+CPU_METHODS = [v.name for v in native.variants("sum", "cpu")]
+GPU_METHODS = [v.name for v in native.variants("sum", "cuda")]
 ALL_METHODS = CPU_METHODS + GPU_METHODS
+ORDERS = {v.name for v in native.variants("sum") if v.order != "as_given"}
 DEFAULT_ACCUMULATORS = ["bf16", "fp16", "fp32", "fp64"]
 GPU_ACCUMULATORS = {"bf16", "fp32", "fp64"}
 STOCHASTIC_ACCUMULATORS = {"bf16", "fp16"}  # the default; others only when asked
-SEQUENTIAL_KIND = {"sequential", "reverse", "sorted", "sorted_desc", "stochastic"}
+# Rows whose kernel keeps a running sum (a trace, a stall): sequential and stochastic, in any order.
+SEQUENTIAL_KIND = {v.name for v in native.variants("sum", "cpu")
+                   if v.id in (native.variant("sum", "sequential").id, native.variant("sum", "stochastic").id)}
 
 # Bytes per element while the input is made: intended and stored values. The
 # whole run's peak is accumulate_cpu.memory_estimate, checked in run().
@@ -124,10 +127,10 @@ def run(cfg: AccumulateConfig, advance=lambda k=1: None) -> AccumulateResult:
             row.update(bound=None, bound_kind="overflow", within_bound=None, abs_error=err, rel_error=err, ulps=err)
         row["predicted_stall"] = (
             _predicted_stall(float(stored[0]), formats.get(row["accumulator"]))
-            if constant and row["method"] in SEQUENTIAL_KIND - {"stochastic"} else None
+            if constant and row["variant"] in SEQUENTIAL_KIND - {"stochastic"} else None
         )
     return AccumulateResult(
-        params={"dtype": storage.name, "n": int(stored.size), "input": desc, "methods": methods,
+        params={"dtype": storage.name, "n": int(stored.size), "input": desc, "variants": methods,
                 "accumulators": [a.name for a in accumulators], "device": cfg.device, "seed": cfg.seed},
         storage=storage.name,
         n=int(stored.size),
@@ -256,7 +259,7 @@ def _row(device, method, storage, acc, result, exact, abs_sum, n, elapsed, bound
     abs_err = metrics.abs_error(result, exact)
     value, kind = bound
     return {
-        "device": device, "available": True, "method": method, "storage": storage.name,
+        "device": device, "available": True, "variant": method, "storage": storage.name,
         "accumulator": acc.name, "result": result,
         "abs_error": abs_err, "rel_error": metrics.rel_error(result, exact),
         "ulps": metrics.ulp_error(result, exact, acc),
@@ -267,7 +270,7 @@ def _row(device, method, storage, acc, result, exact, abs_sum, n, elapsed, bound
 
 
 def _unavailable_row(storage: Format, acc: Format, method: str, reason: str) -> dict:
-    return {"device": "cuda", "available": False, "method": method, "storage": storage.name,
+    return {"device": "cuda", "available": False, "variant": method, "storage": storage.name,
             "accumulator": acc.name, "result": None, "abs_error": None, "rel_error": None, "ulps": None,
             "bound": None, "bound_kind": None, "within_bound": None, "stall_step": None, "stall_value": None,
             "time_s": None, "note": reason}
@@ -387,7 +390,7 @@ def takeaways(rows, storage: Format, exact_stored, exact_intended, stored, desc)
     rep = metrics.abs_error(exact_stored, exact_intended)
     worst = max(done, key=lambda r: r["abs_error"])
     best = min(done, key=lambda r: r["abs_error"])
-    label = lambda r: f"{r['accumulator']} {r['method']}" + (" (GPU)" if r["device"] == "cuda" else "")
+    label = lambda r: f"{r['accumulator']} {r['variant']}" + (" (GPU)" if r["device"] == "cuda" else "")
     n_acc = sum(1 for r in done if r["abs_error"] > rep)
     lines = [
         f"Storing the inputs as {storage.name} moved the exact sum by {_g(rep)}; accumulation errors run from "
@@ -397,10 +400,10 @@ def takeaways(rows, storage: Format, exact_stored, exact_intended, stored, desc)
     ]
     for acc_name in dict.fromkeys(r["accumulator"] for r in done):
         orders = [r for r in done if r["accumulator"] == acc_name and r["device"] == "cpu"
-                  and r["method"] in ORDERS | {"sequential", "pairwise"}]
+                  and r["variant"] in ORDERS | {"sequential", "pairwise"}]
         results = {r["result"] for r in orders}
         if len(results) > 1:
-            parts = ", ".join(f"{r['method']} {_g(r['result'])}" for r in orders)
+            parts = ", ".join(f"{r['variant']} {_g(r['result'])}" for r in orders)
             lines.append(f"Order matters in {acc_name}: the same values summed in different orders give {parts}.")
             break
     lines += over_line
@@ -410,7 +413,7 @@ def takeaways(rows, storage: Format, exact_stored, exact_intended, stored, desc)
         acc = formats.get(r["accumulator"])
         s = r["stall_value"]
         spacing = float(acc.spacing(s))
-        addend = float(stored[r["stall_step"] - 1]) if r["method"] == "sequential" else None
+        addend = float(stored[r["stall_step"] - 1]) if r["variant"] == "sequential" else None
         what = f"an addend of {_g(addend)}" if addend is not None else "the next addend"
         pred = r.get("predicted_stall")
         verb = "stalled for good at" if inputs.is_constant(stored) else "first absorbed an addend at"
@@ -420,11 +423,11 @@ def takeaways(rows, storage: Format, exact_stored, exact_intended, stored, desc)
             + (f"; the spacing predicts {_g(pred)}." if pred is not None else ".")
         )
     else:
-        comp = [r for r in done if r["method"] in ("kahan", "neumaier", "pairwise") and r["accumulator"] == worst["accumulator"]]
+        comp = [r for r in done if r["variant"] in ("kahan", "neumaier", "pairwise") and r["accumulator"] == worst["accumulator"]]
         if comp and worst["abs_error"] > 0:
             c = min(comp, key=lambda r: r["abs_error"])
             lines.append(
-                f"In the same {worst['accumulator']} accumulator, {c['method']} cuts the error from "
+                f"In the same {worst['accumulator']} accumulator, {c['variant']} cuts the error from "
                 f"{_g(worst['abs_error'])} to {_g(c['abs_error'])}: the order and compensation of the additions "
                 f"matter as much as the format."
             )

@@ -33,7 +33,9 @@ import numpy as np
 from precisionlab import inputs, metrics, native, threads
 from precisionlab.formats import Format
 
-ORDERS = ("reverse", "sorted", "sorted_desc")  # data permutations run through the sequential kernel
+# The reordered variants (the catalog's order column) by name: each runs its
+# kernel on the input as permuted by _order.
+ORDERS = {v.name: v.order for v in native.variants("sum", "cpu") if v.order != "as_given"}
 CHUNK = 1 << 18  # values per chunk of rounding / fsum: 2 MiB of float64
 # Fixed costs beside the per-element ones: a rounding chunk's temporaries and
 # thread stacks; and, unless the input is constant (its sums are products),
@@ -104,7 +106,7 @@ def exact_abs_sum(x: np.ndarray, exact: float) -> float:
 def _order(stored: np.ndarray, order: str, out: np.ndarray, work: list) -> np.ndarray:
     """The permutation written into out; work[0] is the sort's work array, made once
     (fresh pages for every order cost seconds of page faults at 10^8)."""
-    if order == "reverse":
+    if order == "reversed":
         np.copyto(out, stored[::-1])
         return out
     if not work:
@@ -112,7 +114,12 @@ def _order(stored: np.ndarray, order: str, out: np.ndarray, work: list) -> np.nd
     # sorted: increasing |x|, best when the terms share a sign; sorted_desc:
     # decreasing |x|, best under heavy cancellation. Stable, NaN last, as
     # numpy's stable argsort of |x| and of -|x| order them.
-    return native.sort_by_magnitude(stored, descending=order == "sorted_desc", out=out, work=work[0])
+    return native.sort_by_magnitude(stored, descending=order == "descending_abs", out=out, work=work[0])
+
+
+def permuted(stored: np.ndarray, name: str) -> np.ndarray:
+    """The reordered variant `name`'s permutation of stored, in a new array."""
+    return _order(stored, ORDERS[name], np.empty_like(stored), [])
 
 
 class CpuRows:
@@ -132,9 +139,8 @@ class CpuRows:
     def _run(self, idx: int, x: np.ndarray, acc: Format, method: str) -> None:
         _, seed, trace, sequential_kind = self._args
         try:
-            kernel = "sequential" if method in ORDERS else method
-            t0 = time.perf_counter()
-            r = native.accumulate_cpu(x, acc.code, kernel, seed=seed, trace=trace and method in sequential_kind)
+            t0 = time.perf_counter()  # x: already in the variant's order
+            r = native.accumulate_cpu(x, acc.code, method, seed=seed, trace=trace and method in sequential_kind)
             self._done.put((idx, (r, time.perf_counter() - t0)))
         except BaseException as e:  # handed to the main thread, which raises it
             self._done.put((idx, e))
@@ -156,7 +162,7 @@ class CpuRows:
                     f.result()
             try:
                 buf = np.empty_like(stored) if buf is None else buf
-                x = _order(stored, order, buf, work)
+                x = _order(stored, ORDERS[order], buf, work)
             except BaseException as e:
                 for i, _, _ in jobs:
                     self._done.put((i, e))

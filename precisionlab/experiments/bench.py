@@ -18,10 +18,14 @@ import numpy as np
 
 from precisionlab import devices, formats, inputs, memory, native
 from precisionlab.errors import UsageError
+from precisionlab.experiments import accumulate_cpu as accumulate_cpu_exp
 
 SECTIONS = ("accumulate", "softmax", "matmul")
 SOFTMAX_SHAPES = [(4096, 1024), (4096, 4096), (4096, 16384), (1024, 32768), (512, 151936), (64, 262144)]
-SOFTMAX_KERNELS = ["stable", "online", "online_vec", "single_pass"]
+# What bench times comes from the library's catalog: every GPU variant that is
+# not a deliberate bug and gives a row the same bits in any batch.
+SOFTMAX_KERNELS = [v.name for v in native.variants("softmax", "cuda") if v.kind != "bug" and v.batch_invariant]
+SUM_KERNELS = [v.name for v in native.variants("sum", "cuda")]
 GPU_N = 1 << 28  # the tree sum's target size: 1 GiB of fp32, far past any L2
 
 
@@ -78,11 +82,11 @@ GPU_ONLY_SECTIONS = ("softmax", "matmul")  # this project's CPU kernels there ar
 # ---------------------------------------------------------------------------
 # accumulate, CPU
 
-ACCUMULATE_CPU_METHODS = ["sequential", "pairwise", "kahan", "neumaier", "stochastic"]
+ACCUMULATE_CPU_METHODS = [v.name for v in native.variants("sum", "cpu") if v.order == "as_given"]
 ACCUMULATE_CPU_ACCS = ["bf16", "fp16", "fp32", "fp64"]
-# The permuted orders run the sequential kernel; their rows time that kernel on
-# the permuted data (making the permutation is not in the time).
-ACCUMULATE_CPU_ORDERS = ["reverse", "sorted"]
+# The reordered variants run their kernel on the permuted data; their rows
+# time that kernel (making the permutation is not in the time).
+ACCUMULATE_CPU_ORDERS = [v.name for v in native.variants("sum", "cpu") if v.order != "as_given"]
 
 
 def accumulate_cpu(n: int, seed: int, advance) -> list[dict]:
@@ -94,7 +98,7 @@ def accumulate_cpu(n: int, seed: int, advance) -> list[dict]:
     x64 = x32.astype(np.float64)
     t_np = statistics.median(_wall(lambda: np.sum(x32)) for _ in range(5))
     advance()
-    rows = [{"section": "accumulate", "device": "cpu", "kernel": "numpy.sum", "dtype": "fp32", "accumulator": "fp32",
+    rows = [{"section": "accumulate", "device": "cpu", "variant": "numpy.sum", "dtype": "fp32", "accumulator": "fp32",
              "n": n, "time_ms": t_np * 1e3, "bytes_read": x32.nbytes, "gbps": x32.nbytes / t_np / 1e9,
              "vs_baseline": 1.0, "baseline": "numpy.sum"}]
     for acc in ACCUMULATE_CPU_ACCS:
@@ -102,7 +106,7 @@ def accumulate_cpu(n: int, seed: int, advance) -> list[dict]:
         for m in ACCUMULATE_CPU_METHODS:
             t = _wall(lambda: native.accumulate_cpu(x64, code, m))
             advance()
-            rows.append({"section": "accumulate", "device": "cpu", "kernel": m, "dtype": "fp32", "accumulator": acc,
+            rows.append({"section": "accumulate", "device": "cpu", "variant": m, "dtype": "fp32", "accumulator": acc,
                          "n": n, "time_ms": t * 1e3, "bytes_read": x64.nbytes, "gbps": x64.nbytes / t / 1e9,
                          "vs_baseline": t_np / t,
                          "baseline": "numpy.sum"})
@@ -110,19 +114,19 @@ def accumulate_cpu(n: int, seed: int, advance) -> list[dict]:
 
 
 def accumulate_cpu_orders(n: int, seed: int, rows: list[dict], advance) -> list[dict]:
-    """The sequential kernel over the reversed and the |x|-sorted fp32 values,
+    """Each reordered variant's kernel over its permutation of the fp32 values,
     beside the numpy.sum row accumulate_cpu measured on the same values."""
-    base = next(r for r in rows if r["device"] == "cpu" and r["kernel"] == "numpy.sum")
+    base = next(r for r in rows if r["device"] == "cpu" and r["variant"] == "numpy.sum")
     t_np = base["time_ms"] / 1e3
     x64 = np.random.default_rng(seed).standard_normal(n, dtype=np.float32).astype(np.float64)
     out = []
     for order in ACCUMULATE_CPU_ORDERS:
-        x = np.ascontiguousarray(x64[::-1]) if order == "reverse" else native.sort_by_magnitude(x64)
+        x = accumulate_cpu_exp.permuted(x64, order)
         for acc in ACCUMULATE_CPU_ACCS:
             code = formats.get(acc).code
-            t = _wall(lambda: native.accumulate_cpu(x, code, "sequential"))
+            t = _wall(lambda: native.accumulate_cpu(x, code, order))
             advance()
-            out.append({"section": "accumulate", "device": "cpu", "kernel": order, "dtype": "fp32", "accumulator": acc,
+            out.append({"section": "accumulate", "device": "cpu", "variant": order, "dtype": "fp32", "accumulator": acc,
                         "n": n, "time_ms": t * 1e3, "gbps": base["gbps"] * t_np / t, "vs_baseline": t_np / t,
                         "baseline": "numpy.sum"})
         del x
@@ -133,7 +137,7 @@ def per_element(rows: list[dict]) -> None:
     """Adds ns_per_element and x_numpy_sum (kernel time / numpy.sum time, one run
     each, same values) to the CPU accumulate rows: what the speed targets are in."""
     cpu = [r for r in rows if r["section"] == "accumulate" and r["device"] == "cpu"]
-    base = next((r for r in cpu if r["kernel"] == "numpy.sum"), None)
+    base = next((r for r in cpu if r["variant"] == "numpy.sum"), None)
     for r in cpu:
         r["ns_per_element"] = r["time_ms"] * 1e6 / r["n"]
         r["x_numpy_sum"] = r["time_ms"] / base["time_ms"] if base else None
@@ -164,7 +168,7 @@ def accumulate_gpu(n: int, seed: int, quick: bool, advance) -> list[dict]:
     rows = []
     copy = ct.copy_bandwidth(n * 4, iters)
     advance()
-    rows.append({"section": "accumulate", "device": "cuda", "kernel": "copy (device to device)", "dtype": "fp32",
+    rows.append({"section": "accumulate", "device": "cuda", "variant": "copy", "dtype": "fp32",
                  "accumulator": None, "n": n, "time_ms": copy.ms, "gbps": copy.gbps, "vs_baseline": None,
                  "baseline": None, "pct_of_copy": 100.0})
     for storage, tdtype in (("fp32", torch.float32), ("bf16", torch.bfloat16)):
@@ -180,7 +184,7 @@ def accumulate_gpu(n: int, seed: int, quick: bool, advance) -> list[dict]:
         work = torch.empty(native.sum_workspace_bytes(n, code, "tree"), dtype=torch.uint8, device="cuda")
         dsts = [torch.empty(1, dtype=torch.float64, device="cuda") for _ in bufs]
         for acc in ("fp32", "bf16"):
-            for method in ("tree", "tree_kahan", "atomic"):
+            for method in SUM_KERNELS:
                 acode = formats.get(acc).code
                 t = ct.time_ms(lambda i: native.sum_cuda_device(bufs[i % len(bufs)].data_ptr(), n, code, acode,
                                                                 method, work.data_ptr(), work.numel(),
@@ -192,7 +196,7 @@ def accumulate_gpu(n: int, seed: int, quick: bool, advance) -> list[dict]:
 
 def _gpu_row(kernel, storage, acc, n, t, nbytes, torch_ms, copy_gbps) -> dict:
     gbps = nbytes / (t.median * 1e-3) / 1e9
-    return {"section": "accumulate", "device": "cuda", "kernel": kernel, "dtype": storage, "accumulator": acc,
+    return {"section": "accumulate", "device": "cuda", "variant": kernel, "dtype": storage, "accumulator": acc,
             "n": n, **t.fields(), "gbps": gbps, "vs_baseline": torch_ms / t.median, "baseline": "torch.sum",
             "pct_of_copy": 100.0 * gbps / copy_gbps}
 
@@ -223,9 +227,9 @@ def softmax_gpu(seed: int, quick: bool, advance) -> list[dict]:
             advance()
             base = {"section": "softmax", "device": "cuda", "dtype": storage, "accumulator": "fp32",
                     "n": r * c, "shape": [r, c], "baseline": "torch.softmax"}
-            rows.append({**base, "kernel": "copy (device to device)", "time_ms": copy.ms, "gbps": copy.gbps,
+            rows.append({**base, "variant": "copy", "time_ms": copy.ms, "gbps": copy.gbps,
                          "vs_baseline": None, "baseline": None, "pct_of_copy": 100.0})
-            rows.append({**base, "kernel": "torch.softmax", **t_torch.fields(),
+            rows.append({**base, "variant": "torch.softmax", **t_torch.fields(),
                          "gbps": nbytes / (t_torch.median * 1e-3) / 1e9, "vs_baseline": 1.0,
                          "pct_of_copy": 100.0 * nbytes / (t_torch.median * 1e-3) / 1e9 / copy.gbps})
             code = formats.get(storage).code
@@ -235,7 +239,7 @@ def softmax_gpu(seed: int, quick: bool, advance) -> list[dict]:
                 advance()
                 gbps = nbytes / (t.median * 1e-3) / 1e9
                 plan = native.softmax_cuda_plan(r, c, code, k, sms)  # the launch actually run
-                rows.append({**base, "kernel": k, **t.fields(), "gbps": gbps, "vs_baseline": t_torch.median / t.median,
+                rows.append({**base, "variant": k, **t.fields(), "gbps": gbps, "vs_baseline": t_torch.median / t.median,
                              "pct_of_copy": 100.0 * gbps / copy.gbps,
                              **{f"plan_{f}": v for f, v in plan.items()}})
     return rows
@@ -267,7 +271,7 @@ def matmul_gpu(seed: int, quick: bool, advance) -> list[dict]:
             ms = t.median
         advance()
         base_ms = base_ms or ms
-        rows.append({"section": "matmul", "device": "cuda", "kernel": f"torch matmul {mode}", "dtype": mode.split()[0],
+        rows.append({"section": "matmul", "device": "cuda", "variant": "torch.matmul", "mode": mode, "dtype": mode.split()[0],
                      "accumulator": "fp32", "n": n, "shape": [n, n, n], **t.fields(),
                      "gbps": 3 * n * n * xa.element_size() / (ms * 1e-3) / 1e9, "tflops": 2 * n**3 / (ms * 1e-3) / 1e12,
                      "vs_baseline": base_ms / ms, "baseline": "fp32 (tf32 off)"})
@@ -293,13 +297,13 @@ def splitk_gpu(seed: int, quick: bool, advance) -> list[dict]:
                        device="cuda")
     rows, base = [], None
     for version, splits in (("splitk_atomic", SPLITK_SPLITS), ("splitk_ordered", SPLITK_SPLITS), ("tiled", 1)):
-        t = ct.time_ms(lambda i: native.matmul_cuda(a.data_ptr(), b.data_ptr(), m, n, k, 1, c.data_ptr(),
-                                                    version=version, splits=splits, work_ptr=work.data_ptr(),
+        t = ct.time_ms(lambda i: native.matmul_cuda(a.data_ptr(), b.data_ptr(), m, n, k, formats.get("fp32").code, c.data_ptr(),
+                                                    variant=version, splits=splits, work_ptr=work.data_ptr(),
                                                     work_bytes=work.numel()), 20, reps=3)
         ms = t.median
         advance()
         base = base or ms
-        rows.append({"section": "matmul", "device": "cuda", "kernel": f"{version} (splits {splits})", "dtype": "fp32",
+        rows.append({"section": "matmul", "device": "cuda", "variant": version, "splits": splits, "dtype": "fp32",
                      "accumulator": "fp32", "n": m * n, "shape": [m, k, n], **t.fields(),
                      "gbps": (m * k + k * n + m * n) * 4 / (ms * 1e-3) / 1e9,
                      "tflops": 2 * m * n * k / (ms * 1e-3) / 1e12, "vs_baseline": base / ms,

@@ -179,9 +179,9 @@ def _stored(args: tuple, fmt) -> tuple:
                  if isinstance(a, torch.Tensor) and a.is_floating_point() else a for a in args)
 
 
-def _low_args(args: tuple, low, tdt: dict) -> tuple:
+def _low_args(args: tuple, low) -> tuple:
     """The inputs in a low dtype (bf16, fp16), or rounded to a storage format and kept in fp32."""
-    return _stored(args, low) if low.name in STORAGE_DTYPES else _cast(args, tdt[low.name])
+    return _stored(args, low) if low.name in STORAGE_DTYPES else _cast(args, low.torch_dtype)
 
 
 def parse_shape(op: str, text: str | None) -> tuple:
@@ -271,7 +271,6 @@ def _compare_op(cfg: CompareOpConfig, advance) -> CompareResult:
     contract_rows: list[dict] = []
     advice: list[dict] = []
     fp32 = formats.get("fp32")
-    tdt = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
     with restored_flags():
         torch.backends.cuda.matmul.allow_tf32 = False  # trusted fp32 is IEEE fp32, stated
         torch.backends.cudnn.allow_tf32 = False
@@ -290,19 +289,19 @@ def _compare_op(cfg: CompareOpConfig, advance) -> CompareResult:
                 row0 = _compare_row(op, dev, case, fp32, 0, "trusted fp32 vs trusted fp64", t32, t64, atol, rtol, cshape)
                 row0["verdict"] = "the cost of fp32: the yardstick for (1)"
                 row1 = _compare_row(op, dev, case, fp32, 1, "yours fp32 vs trusted fp32", y32, t32, atol, rtol, cshape,
-                                    expect=tdt[(out_dtype or fp32).name] if out_dtype else torch.float32)
+                                    expect=(out_dtype or fp32).torch_dtype if out_dtype else torch.float32)
                 if not row1["flagged"]:
                     _judge(row1, row0, "fp32")
                 rows += [row0, row1]
                 advance()
                 for low in lows:
-                    largs = _low_args(args, low, tdt)
+                    largs = _low_args(args, low)
                     tl = ref(*largs)
                     yl = _call_case(yours, largs, cfg.impl, case)
                     rtol, atol = _tols(low, cfg)
                     r2 = _compare_row(op, dev, case, low, 2, "trusted low vs trusted fp32", tl, t32, atol, rtol, cshape)
                     r3 = _compare_row(op, dev, case, low, 3, "yours low vs trusted low", yl, tl, atol, rtol, cshape,
-                                      expect=tdt[out_dtype.name] if out_dtype else tl.dtype)
+                                      expect=out_dtype.torch_dtype if out_dtype else tl.dtype)
                     rows += [r2, r3]
                     r2["verdict"] = "the cost of the format"
                     if not r3["flagged"]:
@@ -313,7 +312,7 @@ def _compare_op(cfg: CompareOpConfig, advance) -> CompareResult:
             for name in ["fp32"] + [f.name for f in lows]:
                 big, take = op_harness.batched_inputs(op, shape, cfg.seed, dev, make_inputs)
                 for c in op_harness.contracts(yours, lambda f, a: _call(f, a, cfg.impl),
-                                              _low_args(big, formats.get(name), tdt), take, name):
+                                              _low_args(big, formats.get(name)), take, name):
                     c["device"] = dev
                     c["flagged"] = not c["passed"]
                     contract_rows.append(c)

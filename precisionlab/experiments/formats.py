@@ -174,7 +174,8 @@ def _clip_share(y: np.ndarray, x: np.ndarray, codes: np.ndarray, block: int, ele
 
 
 def _matmul_error(a_hat: np.ndarray, b_hat: np.ndarray, ref: np.ndarray) -> float:
-    c = native.matmul_cpu(np.ascontiguousarray(a_hat, np.float32), np.ascontiguousarray(b_hat, np.float32), 1)
+    c = native.matmul_cpu(np.ascontiguousarray(a_hat, np.float32), np.ascontiguousarray(b_hat, np.float32),
+                         formats.get("fp32").code)
     return _rel_rmse(c, ref)
 
 

@@ -24,6 +24,7 @@ def run() -> dict:
         out["library"] = {"path": native.library_path(), "abi": native.ABI_VERSION, "build": native.build_info()}
         gpu = native.gpu_status()
         runtime, driver = native.cuda_versions()
+        out["catalog"] = catalog()
     except RunError as e:
         out["library"] = {"error": str(e)}
         gpu, runtime, driver = None, 0, 0
@@ -35,6 +36,21 @@ def run() -> dict:
     if t:
         out["torch_cuda"] = t
     return out
+
+
+def catalog() -> dict:
+    """What the library implements, from its own tables: every kernel variant,
+    every format (bits, precision, exponent range, max, inf/NaN), and the
+    block-scaled formats (element, block size, scale format)."""
+    from precisionlab import formats
+
+    fmts = [{"name": f.name, "code": f.code, "bits": f.bits, "precision": f.precision, "emin": f.emin,
+             "emax": f.emax, "max": f.max, "has_inf": f.has_inf, "has_nan": f.has_nan,
+             "storage_only": f.storage_only} for f in formats.FORMATS.values()]
+    blocks = [{"name": b.name, "element": b.element.name, "block": b.block, "scale": b.scale.name,
+               "tensor_scale_bits": b.tensor_scale_bits, "bits_per_element": b.bits_per_element}
+              for b in native.block_formats().values()]
+    return {"variants": [v.to_json() for v in native.catalog()], "formats": fmts, "block_formats": blocks}
 
 
 def _torch_cuda() -> dict | None:

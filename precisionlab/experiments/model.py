@@ -23,7 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
-from precisionlab import devices, inputs, memory, metrics, threads
+from precisionlab import devices, formats, inputs, memory, metrics, threads
 from precisionlab.errors import NoDeviceError, UsageError
 
 DEFAULT_PROMPT = "ROMEO:\n"
@@ -59,8 +59,8 @@ def _torch():
 
 
 def _tdtype(name: str):
-    torch = _torch()
-    return {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[name]
+    _torch()
+    return formats.get(name).torch_dtype
 
 
 # ---------------------------------------------------------------------------

@@ -29,6 +29,8 @@ import numpy as np
 from precisionlab import devices, formats, inputs, memory, metrics, native
 from precisionlab.errors import UsageError
 
+FP32 = formats.get("fp32").code  # the kernels' format code for fp32
+
 SECTIONS = ("atomics", "splitk", "batch", "torch_ops", "threads", "tp")
 BATCH_SIZES = [1, 2, 17, 33, 128, 257, 1024]
 H200_SMS = 132  # the CPU emulation's stand-in for the GPU's SM count
@@ -157,12 +159,12 @@ def emulated_blocks(n: int) -> int:
 def block_partials(x: np.ndarray, blocks: int) -> np.ndarray:
     """fp32 sums of `blocks` contiguous slices, each a pairwise sum in the
     library's exact fp32 emulation."""
-    fp32 = formats.get("fp32").code
+    fp32 = FP32
     return np.array([native.accumulate_cpu(part, fp32, "pairwise").result for part in np.array_split(x, blocks)])
 
 
 def _atomics_cpu(x, exact, cfg):
-    fp32 = formats.get("fp32").code
+    fp32 = FP32
     parts = block_partials(x, emulated_blocks(x.size))
     rng = np.random.default_rng(cfg.seed)
     atomic = np.array([native.accumulate_cpu(parts[rng.permutation(parts.size)], fp32, "sequential").result
@@ -176,7 +178,7 @@ def _atomics_cpu(x, exact, cfg):
 
 
 def _atomics_gpu(x, exact, cfg):
-    fp32 = formats.get("fp32").code
+    fp32 = FP32
     rows, samples = [], {}
     for method, label in (("atomic", "atomic (atomicAdd per block)"), ("tree", "two-pass tree")):
         r = native.sum_cuda(x, fp32, fp32, method, runs=cfg.runs)
@@ -235,7 +237,7 @@ def _splitk_gpu(a, b, s, runs):
 
     def run_version(version, splits):
         work = native.DeviceArray((max(native.matmul_workspace_bytes(m, n, version, splits), 4),), np.uint8)
-        native.matmul_cuda(da.ptr, db.ptr, m, n, k, 1, c.ptr, version=version, splits=splits, work_ptr=work.ptr,
+        native.matmul_cuda(da.ptr, db.ptr, m, n, k, FP32, c.ptr, variant=version, splits=splits, work_ptr=work.ptr,
                            work_bytes=work.nbytes)
         return c.numpy()
 
@@ -321,8 +323,8 @@ def _batch_kernels(device: str, seed: int) -> list[dict]:
     w = np.ones(BATCH_COLS, dtype=np.float32)
     rows = []
     if device == "cpu":
-        for name, fn in (("softmax", lambda x, lanes: native.softmax_cpu_lanes(x, 1, lanes)),
-                         ("rmsnorm", lambda x, lanes: native.rmsnorm_cpu_lanes(x, 1, w, 1e-6, lanes))):
+        for name, fn in (("softmax", lambda x, lanes: native.softmax_cpu_lanes(x, FP32, lanes)),
+                         ("rmsnorm", lambda x, lanes: native.rmsnorm_cpu_lanes(x, FP32, w, 1e-6, lanes))):
             for variant, lanes_of in (("batch-dependent launch",
                                        lambda bs: native.adaptive_lanes(bs, BATCH_COLS, H200_SMS)),
                                       ("batch-invariant", lambda bs: native.softmax_lanes(BATCH_COLS))):
@@ -335,12 +337,12 @@ def _batch_kernels(device: str, seed: int) -> list[dict]:
     y = native.DeviceArray(big.shape, big.dtype)
     calls = {
         ("softmax", "batch-dependent launch"): lambda xp, yp, bs: native.softmax_cuda_device(
-            xp, bs, BATCH_COLS, 1, "stable_adaptive", yp),
-        ("softmax", "batch-invariant"): lambda xp, yp, bs: native.softmax_cuda_device(xp, bs, BATCH_COLS, 1, "stable", yp),
+            xp, bs, BATCH_COLS, FP32, "stable_adaptive", yp),
+        ("softmax", "batch-invariant"): lambda xp, yp, bs: native.softmax_cuda_device(xp, bs, BATCH_COLS, FP32, "stable", yp),
         ("rmsnorm", "batch-dependent launch"): lambda xp, yp, bs: native.rmsnorm_cuda(
-            xp, bs, BATCH_COLS, 1, tw.ptr, 1e-6, yp, "adaptive"),
+            xp, bs, BATCH_COLS, FP32, tw.ptr, 1e-6, yp, "adaptive"),
         ("rmsnorm", "batch-invariant"): lambda xp, yp, bs: native.rmsnorm_cuda(
-            xp, bs, BATCH_COLS, 1, tw.ptr, 1e-6, yp, "block"),
+            xp, bs, BATCH_COLS, FP32, tw.ptr, 1e-6, yp, "block"),
     }
     row_bytes = BATCH_COLS * 4
     for (name, variant), call in calls.items():

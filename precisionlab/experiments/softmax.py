@@ -17,9 +17,12 @@ from precisionlab.errors import UsageError
 from precisionlab.formats import Format
 
 DTYPES = ("fp32", "bf16", "fp16")
-METHODS = list(native.SOFTMAX_METHODS)
-BUGS = ["bug_zero_identity", "bug_zero_start", "bug_no_rescale", "lowp_accum"]
-DEFAULT_METHODS = ["naive", "stable", "online", "single_pass", "online_vec"]
+# The variants are the library's catalog (op "softmax"): the defaults run in the
+# main table, the deliberate bugs beside the stable variant in their own.
+METHODS = [v.name for v in native.variants("softmax")]
+BUGS = [v.name for v in native.variants("softmax", kind="bug")]
+DEFAULT_METHODS = [v.name for v in native.variants("softmax") if v.default]
+CPU_METHODS = [v.name for v in native.variants("softmax", "cpu")]
 VOCAB = 151_936  # Qwen's vocabulary width
 
 # Tolerances against the float64 reference, chosen from the formats before any
@@ -106,20 +109,20 @@ def run(cfg: SoftmaxConfig, advance=lambda k=1: None) -> SoftmaxResult:
         raise UsageError(f"--masked must be nan or zero (got {cfg.masked!r})")
     methods = _parse_methods(cfg.methods)
     plan = devices.resolve(cfg.device)
-    gpu_only = [m for m in methods if m in native.SOFTMAX_GPU_ONLY] if cfg.methods is not None else []
+    gpu_only = [m for m in methods if m not in CPU_METHODS] if cfg.methods is not None else []
     if gpu_only and (cfg.device.lower() == "cpu" or (not plan.cuda and len(gpu_only) == len(methods))):
         where = "--device cpu" if cfg.device.lower() == "cpu" else f"no GPU here ({plan.cuda_unavailable})"
         raise UsageError(f"--methods {', '.join(gpu_only)}: runs only on the GPU, and {where}; "
-                         f"on the CPU: {', '.join(m for m in METHODS if m not in native.SOFTMAX_GPU_ONLY)}")
+                         f"on the CPU: {', '.join(CPU_METHODS)}")
     cases = _cases(cfg)
     out: list[dict] = []
     for name, x in cases.items():
         for fmt in dtypes:
             for dev in plan.names:
                 for m in methods:
-                    if dev == "cpu" and m in native.SOFTMAX_GPU_ONLY:
+                    if dev == "cpu" and m not in CPU_METHODS:
                         continue
-                    out.append(evaluate(name, x, fmt, m, dev, cfg.masked, kind="method"))
+                    out.append(evaluate(name, x, fmt, m, dev, cfg.masked, kind="variant"))
                     advance()
     if cfg.methods is None and cfg.values is None and cfg.rows is None and cfg.cols is None and cfg.from_file is None:
         rng = np.random.default_rng(cfg.seed)
@@ -132,7 +135,7 @@ def run(cfg: SoftmaxConfig, advance=lambda k=1: None) -> SoftmaxResult:
                     out.append(evaluate(case, x, fmt, "stable", dev, cfg.masked, kind="bug-reference", bug=bug))
                     out.append(evaluate(case, x, fmt, bug, dev, cfg.masked, kind="bug", bug=bug))
     return SoftmaxResult(
-        params={"dtype": [d.name for d in dtypes], "methods": methods, "masked": cfg.masked, "device": cfg.device,
+        params={"dtype": [d.name for d in dtypes], "variants": methods, "masked": cfg.masked, "device": cfg.device,
                 "seed": cfg.seed, "cases": list(cases), "rows": cfg.rows, "cols": cfg.cols, "dist": cfg.dist,
                 "scale": cfg.scale},
         rows=out,
@@ -214,7 +217,7 @@ def evaluate(case: str, x: np.ndarray, fmt: Format, method: str, device: str, ma
     with np.errstate(invalid="ignore"):
         lse_err = np.abs(lse - ref_lse)
     return {
-        "case": case, "kind": kind, "bug": bug, "method": method, "device": device, "dtype": fmt.name,
+        "case": case, "kind": kind, "bug": bug, "variant": method, "device": device, "dtype": fmt.name,
         "masked": masked, "shape": list(x.shape),
         "output": y64[0, :4].tolist() if y64.shape[1] <= 4 and y64.shape[0] == 1 else None,
         "finite": bool(np.all(np.isfinite(y64))),
@@ -234,20 +237,20 @@ def evaluate(case: str, x: np.ndarray, fmt: Format, method: str, device: str, ma
 
 def takeaways(rows: list[dict], cases: dict, dtypes: list[Format], masked: str) -> list[str]:
     lines = []
-    main = [r for r in rows if r["kind"] == "method"]
+    main = [r for r in rows if r["kind"] == "variant"]
     broke = {}
     for r in main:
         ref_finite = r["case"] not in ("masked", "nan") or (r["case"] == "masked" and masked == "zero")
         if ref_finite and not r["finite"]:
-            broke.setdefault(r["method"], set()).add(r["case"])
+            broke.setdefault(r["variant"], set()).add(r["case"])
     for m, cs in broke.items():
         lines.append(f"{m} gives non-finite probabilities on {', '.join(sorted(cs))}: exp of a large logit "
                      f"overflows fp32 (past ~88.7) and exp of a very negative one underflows to 0, so 0/0 or inf/inf.")
-    good = [r for r in main if r["method"] not in broke and r["finite"]]
+    good = [r for r in main if r["variant"] not in broke and r["finite"]]
     if good:
         worst = max(good, key=lambda r: r["max_abs"])
         lines.append(f"Where finite, the worst error against float64 is {worst['max_abs']:.2e} "
-                     f"({worst['method']}, {worst['dtype']}, {worst['case']}, {worst['device']}); "
+                     f"({worst['variant']}, {worst['dtype']}, {worst['case']}, {worst['device']}); "
                      f"{sum(r['passed'] for r in good)} of {len(good)} finite rows are within tolerance.")
     changed = sorted({(r["case"], r["dtype"]) for r in main if r["storage_changed"] and r["dtype"] != "fp32"})
     if changed:

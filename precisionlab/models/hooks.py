@@ -18,6 +18,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from precisionlab import formats
 from precisionlab.errors import UsageError
 
 KINDS = ("embed", "rope", "norm", "attn", "mlp", "block", "final_norm", "lm_head", "module")
@@ -170,10 +171,10 @@ def charlm_rope(model, t: int, dtype) -> torch.Tensor:
 
 
 def _low(name: str):
-    try:
-        return {"bf16": torch.bfloat16, "fp16": torch.float16}[name.lower()]
-    except KeyError:
-        raise UsageError(f"--inject rope={name}: the phases' dtype must be bf16 or fp16") from None
+    fmt = formats.get(name) if name.lower() in ("bf16", "fp16") else None
+    if fmt is None:
+        raise UsageError(f"--inject rope={name}: the phases' dtype must be bf16 or fp16")
+    return fmt.torch_dtype
 
 
 def apply(model, inj, target: str, site_by_name: dict) -> None:

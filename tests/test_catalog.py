@@ -1,0 +1,132 @@
+"""One catalog: the library declares each kernel variant and each format once,
+and the CLI's choices, --help, info's JSON, bench and the tests read it.
+
+These tests hold the places that read the catalog to the library's table, and
+the table's numbers to ml_dtypes' (an independent implementation)."""
+
+import ctypes
+import re
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+from helpers import cli, strict_json
+from precisionlab import formats, native
+from precisionlab.errors import UsageError
+from precisionlab.experiments import accumulate, bench, softmax
+
+OPS_WITH_A_CLI_CHOICE = {"sum": "accumulate", "softmax": "softmax"}
+
+
+def test_variant_names_are_identifiers_unique_within_their_op():
+    seen = set()
+    for v in native.catalog():
+        assert re.fullmatch(r"[a-z][a-z0-9_]*", v.name), v
+        assert (v.op, v.name) not in seen, v
+        seen.add((v.op, v.name))
+        assert v.kind in ("algorithm", "kernel", "bug") and v.devices and v.summary
+
+
+def test_every_entry_point_takes_the_ids_of_its_rows_and_refuses_others():
+    """The C side validates against the same table: an id no row has is refused."""
+    for op in {v.op for v in native.catalog()}:
+        ids = {v.id for v in native.variants(op)}
+        assert native.variant(op, native.variants(op)[0].name).id in ids
+        stray = max(ids) + 1
+        with pytest.raises(UsageError, match="unknown|variant"):
+            if op == "softmax":
+                native._call("pl_softmax_cpu", np.zeros(3, np.float32).ctypes.data, 1, 3, 1, stray, 0,
+                             np.zeros(3, np.float32).ctypes.data, None)
+            elif op == "sum":
+                native._call("pl_accumulate_cpu", native._dptr(np.ones(3)), 3, 1, stray, 0,
+                             ctypes.byref(ctypes.c_double()), None, None, None)
+            elif op == "allreduce":
+                native._call("pl_allreduce_cpu", native._dptr(np.ones(4)), 2, 2, 1, stray, 0, 1, -1,
+                             native._dptr(np.ones(2)))
+            else:  # GPU-only ops: refused before any device is touched
+                native._call({"rmsnorm": "pl_rmsnorm_cuda", "matmul": "pl_matmul_workspace_bytes",
+                              "blockscale_quantize": "pl_blockscale_quantize_cuda",
+                              "blockscale_dequantize": "pl_blockscale_dequantize_cuda"}[op],
+                             *_gpu_args(op, stray))
+
+
+def _gpu_args(op: str, vid: int) -> tuple:
+    p = ctypes.c_void_p(8)  # never dereferenced: the variant is checked first
+    if op == "rmsnorm":
+        return (p, 1, 4, 1, p, ctypes.c_float(1e-6), p, vid)
+    if op == "matmul":
+        return (4, 4, vid, 1, ctypes.byref(ctypes.c_size_t()))
+    if op == "blockscale_quantize":
+        return (p, 32, 4, 32, 0, ctypes.c_float(0.0), p, p, ctypes.byref(ctypes.c_float()), vid)
+    return (p, p, ctypes.c_float(1.0), 32, 4, 32, p, vid)
+
+
+def test_the_cpu_refuses_the_gpu_only_rows():
+    x = np.zeros((1, 4), np.float32)
+    for v in native.variants("softmax"):
+        if "cpu" not in v.devices:
+            with pytest.raises(UsageError, match="does not run on the CPU"):
+                native.softmax_cpu(x, formats.get("fp32").code, v.name)
+
+
+@pytest.mark.parametrize("op, command", sorted(OPS_WITH_A_CLI_CHOICE.items()))
+def test_help_lists_every_variant_of_the_library(op, command):
+    r = cli(command, "--help", env={"COLUMNS": "400"})
+    assert r.code == 0
+    text = " ".join(r.out.split())
+    for v in native.variants(op):
+        assert re.search(rf"\b{v.name}\b", text), (op, v.name)
+
+
+def test_cli_choices_are_the_catalog():
+    assert accumulate.ALL_METHODS == [v.name for v in native.variants("sum")]
+    assert softmax.METHODS == [v.name for v in native.variants("softmax")]
+    assert set(softmax.BUGS) == {v.name for v in native.variants("softmax", kind="bug")}
+    assert set(softmax.BUG_CASES) == set(softmax.BUGS)  # every bug has the case that shows it
+    assert set(bench.SOFTMAX_KERNELS) <= {v.name for v in native.variants("softmax", "cuda")}
+    assert bench.SUM_KERNELS == [v.name for v in native.variants("sum", "cuda")]
+    r = cli("softmax", "--variants", "no_such_kernel")
+    assert r.code == 2 and all(v.name in r.err for v in native.variants("softmax"))
+
+
+def test_every_cpu_variant_runs_from_the_cli():
+    r = cli("softmax", "--variants", ",".join(v.name for v in native.variants("softmax", "cpu")), "--device", "cpu",
+            "--json")
+    assert r.code == 0, r.err
+    doc = strict_json(r.out)
+    assert {row["variant"] for row in doc["rows"]} == {v.name for v in native.variants("softmax", "cpu")}
+
+
+def test_info_json_carries_the_librarys_table():
+    r = cli("info", "--json")
+    assert r.code == 0, r.err
+    cat = strict_json(r.out)["catalog"]
+    assert cat["variants"] == [v.to_json() for v in native.catalog()]
+    assert [f["name"] for f in cat["formats"]] == list(formats.FORMATS)
+    assert [b["name"] for b in cat["block_formats"]] == list(native.block_formats())
+
+
+@pytest.mark.parametrize("name", ["fp64", "fp32", "fp16", "bf16", "fp8_e4m3", "fp8_e5m2", "fp4_e2m1", "fp6_e2m3",
+                                  "fp6_e3m2"])
+def test_library_format_facts_agree_with_ml_dtypes(name):
+    f = formats.get(name)
+    fi = ml_dtypes.finfo(f.dtype)
+    assert f.bits == fi.bits
+    assert f.precision == fi.nmant + 1
+    assert (f.emin, f.emax) == (fi.minexp, fi.maxexp - 1)
+    assert f.max == float(fi.max)
+    # inf: does the numpy twin hold one? NaN likewise.
+    with np.errstate(over="ignore", invalid="ignore"):
+        assert f.has_inf == bool(np.isinf(np.array(np.inf).astype(f.dtype)))
+        assert f.has_nan == bool(np.isnan(np.array(np.nan).astype(f.dtype).astype(np.float64)))
+
+
+def test_the_arithmetic_formats_are_the_librarys_codes():
+    table = {d.name: d for d in native.format_table()}
+    for f in formats.FORMATS.values():
+        if f.code is not None:
+            assert table[f.name].code == f.code and table[f.name].bits == f.bits
+        else:  # storage-only: the element formats of the block formats, bits not bytes
+            assert f.name not in table and f.bits < 8
+    assert "tf32" in table and table["tf32"].precision == 11  # a compute mode: no numpy twin, not a storage format
