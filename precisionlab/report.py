@@ -749,7 +749,7 @@ def nondeterminism_table(res) -> None:
             for col in ("result", "error vs fsum", "same bits as"):
                 t.add_column(col, justify="right")
             for r in rows:
-                t.add_row(r["device"], r["variant"], num(r["result"]), sci(r["abs_error"]),
+                t.add_row(r["device"], escape(r["label"]), num(r["result"]), sci(r["abs_error"]),
                           ", ".join(map(str, r["matches"])) or "-")
         elif section == "batch":
             _nondeterminism_batch_rows(t, rows)
@@ -767,7 +767,7 @@ def nondeterminism_table(res) -> None:
                         "identical at every batch size"
                     if r.get("rows_changed") is not None:
                         note += f"; rows changed {r['rows_changed']} of {r['rows_compared']}"
-                label = r["variant"] + (" [emulated]" if r["emulated"] else "")
+                label = r["label"] + (" [emulated]" if r["emulated"] else "")
                 t.add_row(r["device"], escape(label), str(r["runs"]),
                           "-" if r["distinct"] is None else f"{r['distinct']} of {r['runs']}",
                           "-" if r["max_spread_ulps"] is None else _ulps(r["max_spread_ulps"]),
@@ -789,7 +789,7 @@ def _nondeterminism_batch_rows(t: Table, rows) -> None:
     for col in ("batch sizes", "rows changed", "pairs changed", "most distinct", "max diff", "relative", "note"):
         t.add_column(col, justify="right" if col != "note" else "left", overflow="fold")
     for r in rows:
-        label = r["variant"] + (" [emulated]" if r["emulated"] else "")
+        label = r["label"] + (" [emulated]" if r["emulated"] else "")
         if r.get("refused"):
             t.add_row(r["device"], escape(label), "-", "-", "-", "-", "-", "-", escape(f"refused: {r['refused']}"))
             continue

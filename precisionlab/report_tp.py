@@ -54,7 +54,7 @@ def tp_table(rows: list[dict], takeaway: str | None) -> None:
         stdout.print(o)
     for r in rows:
         if r["refused"]:
-            stdout.print(escape(f"{r['variant']} on {r['device']}: absent: {r['refused']}"), style="dim",
+            stdout.print(escape(f"{r['label']} on {r['device']}: absent: {r['refused']}"), style="dim",
                          highlight=False)
     if takeaway:
         stdout.print(f"• {escape(takeaway)}", highlight=False)

@@ -130,3 +130,18 @@ def test_the_arithmetic_formats_are_the_librarys_codes():
         else:  # storage-only: the element formats of the block formats, bits not bytes
             assert f.name not in table and f.bits < 8
     assert "tf32" in table and table["tf32"].precision == 11  # a compute mode: no numpy twin, not a storage format
+
+
+def test_rows_name_their_variant_by_identifier_not_by_label():
+    """Display labels are never identifiers: a row's variant is a catalog name
+    (or "torch" for torch's own op), and its text is a separate label."""
+    from precisionlab.experiments import nondeterminism as nd
+
+    res = nd.run(nd.NondetConfig(runs=3, n=1000, device="cpu", sections="atomics,splitk,batch,threads"))
+    ops = {v.op for v in native.catalog()}
+    for r in res.rows:
+        assert re.fullmatch(r"[a-z][a-z0-9_]*", r["variant"]), r["variant"]
+        if r["op"] in ops and r["variant"] != "torch":
+            assert native.variant(r["op"], r["variant"]), r
+    assert {r["variant"] for r in res.rows if r["section"] == "batch" and r["op"] != "matmul"} == {
+        "stable", "stable_adaptive", "block", "adaptive"}

@@ -16,8 +16,8 @@ def cfg(**kw):
 
 def test_emulated_atomics_vary_and_the_tree_does_not():
     res = nd.run(cfg(runs=30, n=1 << 20, sections="atomics"))
-    atomic = next(r for r in res.rows if r["variant"].startswith("atomic"))
-    tree = next(r for r in res.rows if r["variant"].startswith("two-pass"))
+    atomic = next(r for r in res.rows if r["variant"] == "atomic")
+    tree = next(r for r in res.rows if r["variant"] == "tree")
     assert atomic["emulated"] and atomic["distinct"] > 1 and atomic["max_spread_ulps"] > 0
     assert tree["distinct"] == 1 and tree["max_abs_diff"] == 0
 
@@ -33,17 +33,17 @@ def test_emulated_atomics_on_exact_data_agree():
 
 def test_splitk_fixed_order_is_deterministic_but_not_unsplit():
     res = nd.run(cfg(runs=8, n=1000, sections="splitk"))
-    atomic = next(r for r in res.rows if "atomics" in r["variant"])
-    fixed = next(r for r in res.rows if "fixed" in r["variant"])
+    atomic = next(r for r in res.rows if r["variant"] == "splitk_atomic")
+    fixed = next(r for r in res.rows if r["variant"] == "splitk_ordered")
     assert atomic["distinct"] > 1 and fixed["distinct"] == 1
     assert fixed["diff_vs_unsplit"] > 0
 
 
 def test_batch_invariant_kernels_give_zero_difference():
     res = nd.run(cfg(runs=2, n=1000, sections="batch"))
-    kernels = [r for r in res.rows if r["variant"].startswith(("softmax", "rmsnorm"))]
-    inv = [r for r in kernels if "invariant" in r["variant"]]
-    dep = [r for r in kernels if "dependent" in r["variant"]]
+    kernels = [r for r in res.rows if r["op"] in ("softmax", "rmsnorm")]
+    inv = [r for r in kernels if native.variant(r["op"], r["variant"]).batch_invariant]
+    dep = [r for r in kernels if not native.variant(r["op"], r["variant"]).batch_invariant]
     assert len(inv) == 2 and all(r["max_abs_diff"] == 0 and r["rows_changed"] == 0 for r in inv)
     assert all(r["differs_at"] and set(r["differs_at"]) <= {257, 1024} for r in dep)  # batch >= 132 SMs: a warp per row
 
@@ -104,9 +104,9 @@ def test_gpu_splitk_and_batch_invariance(monkeypatch):
     monkeypatch.setitem(nd.SPLITK, "n", 32)
     monkeypatch.setitem(nd.SPLITK, "k", 1024)
     res = nd.run(nd.NondetConfig(runs=8, n=1000, device="cuda", sections="splitk,batch"))
-    fixed = next(r for r in res.rows if r["section"] == "splitk" and "fixed" in r["variant"])
+    fixed = next(r for r in res.rows if r["section"] == "splitk" and r["variant"] == "splitk_ordered")
     assert fixed["distinct"] == 1
-    inv = [r for r in res.rows if r["section"] == "batch" and "invariant" in r["variant"]]
+    inv = [r for r in res.rows if r["section"] == "batch" and r["variant"] in ("stable", "block")]
     assert len(inv) == 2 and all(r["max_abs_diff"] == 0 and r["rows_changed"] == 0 for r in inv)
 
 
@@ -114,9 +114,9 @@ def test_gpu_splitk_and_batch_invariance(monkeypatch):
 @pytest.mark.torch_cuda
 def test_gpu_torch_ops_deterministic_mode():
     res = nd.run(nd.NondetConfig(runs=50, n=1000, device="cuda", sections="torch_ops"))
-    on = [r for r in res.rows if "deterministic=on" in r["variant"]]
+    on = [r for r in res.rows if r["deterministic"]]
     assert all(r.get("refused") or r["distinct"] == 1 for r in on)
-    mm = next(r for r in on if r["variant"].startswith("mm "))  # CUBLAS_WORKSPACE_CONFIG is set: it must run
+    mm = next(r for r in on if r["op"] == "mm")  # CUBLAS_WORKSPACE_CONFIG is set: it must run
     assert not mm.get("refused") and mm["distinct"] == 1
 
 
@@ -124,7 +124,7 @@ def test_torch_ops_on_the_cpu_are_deterministic_and_restore_the_mode():
     torch = pytest.importorskip("torch")
     res = nd.run(nd.NondetConfig(runs=5, n=1000, device="cpu", sections="torch_ops"))
     rows = [r for r in res.rows if r["section"] == "torch_ops"]
-    assert len(rows) == 6 and any(r["variant"].startswith("mm ") for r in rows)
+    assert len(rows) == 6 and any(r["op"] == "mm" for r in rows)
     assert all(r["distinct"] == 1 and r["max_abs_diff"] == 0 for r in rows)
     assert not torch.are_deterministic_algorithms_enabled()
     assert res.params["CUBLAS_WORKSPACE_CONFIG_source"] in (None, "from the environment")  # cpu: not set by the run

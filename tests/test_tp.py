@@ -180,10 +180,10 @@ def test_repeated_runs_give_identical_bits(rows):
 def test_replay_matches_gloo_bit_for_bit(rows):
     for r in rows:
         if r["backend"] == "gloo":
-            assert r["replay_matches"] and r["replay_mismatches"] == 0, r["variant"]
-            assert r["big_replay_matches"], r["variant"]
+            assert r["replay_matches"] and r["replay_mismatches"] == 0, r["label"]
+            assert r["big_replay_matches"], r["label"]
             want = {1: "copy (size 1)", 2: "ring = tree"}
-            assert r["algorithm"] == want.get(r["world_size"], "ring"), r["variant"]
+            assert r["algorithm"] == want.get(r["world_size"], "ring"), r["label"]
     # the larger buffer tells gloo's current segmenting from the 2018 one (fp32, 4 ranks)
     assert not _by(rows, "fp32")[4]["big_replay_2018_matches"]
 

@@ -141,9 +141,12 @@ def spread(results: np.ndarray, exact: float, fmt_name: str = "fp32") -> dict:
             "rel_spread": diff / abs(exact) if exact else math.nan}
 
 
-def _row(section, variant, device, runs, emulated=False, **kw) -> dict:
-    return {"section": section, "variant": variant, "device": device, "runs": runs, "emulated": emulated,
-            "distinct": None, "max_spread_ulps": None, "max_abs_diff": None, "rel_spread": None, **kw}
+def _row(section, label, device, runs, emulated=False, *, op, variant, **kw) -> dict:
+    """One row: op and variant identify it (catalog names for this project's
+    kernels, "torch" for torch's); label is the text the table shows."""
+    return {"section": section, "op": op, "variant": variant, "label": label, "device": device, "runs": runs,
+            "emulated": emulated, "distinct": None, "max_spread_ulps": None, "max_abs_diff": None,
+            "rel_spread": None, **kw}
 
 
 # ---------------------------------------------------------------------------
@@ -170,10 +173,10 @@ def _atomics_cpu(x, exact, cfg):
     atomic = np.array([native.accumulate_cpu(parts[rng.permutation(parts.size)], fp32, "sequential").result
                        for _ in range(cfg.runs)])
     tree = np.array([native.accumulate_cpu(parts, fp32, "pairwise").result for _ in range(cfg.runs)])
-    rows = [_row("atomics", "atomic (emulated arrival order)", "cpu", cfg.runs, True, **spread(atomic, exact),
-                 mean_error=float(np.mean(atomic) - exact)),
-            _row("atomics", "two-pass tree", "cpu", cfg.runs, True, **spread(tree, exact),
-                 mean_error=float(tree[0] - exact))]
+    rows = [_row("atomics", "atomic (emulated arrival order)", "cpu", cfg.runs, True, op="sum", variant="atomic",
+                 **spread(atomic, exact), mean_error=float(np.mean(atomic) - exact)),
+            _row("atomics", "two-pass tree", "cpu", cfg.runs, True, op="sum", variant="tree",
+                 **spread(tree, exact), mean_error=float(tree[0] - exact))]
     return rows, {"cpu atomic (emulated)": atomic}
 
 
@@ -182,7 +185,8 @@ def _atomics_gpu(x, exact, cfg):
     rows, samples = [], {}
     for method, label in (("atomic", "atomic (atomicAdd per block)"), ("tree", "two-pass tree")):
         r = native.sum_cuda(x, fp32, fp32, method, runs=cfg.runs)
-        rows.append(_row("atomics", label, "cuda", cfg.runs, **spread(r, exact), mean_error=float(np.mean(r) - exact)))
+        rows.append(_row("atomics", label, "cuda", cfg.runs, op="sum", variant=method, **spread(r, exact),
+                         mean_error=float(np.mean(r) - exact)))
         if method == "atomic":
             samples["cuda atomic"] = r
     return rows, samples
@@ -210,12 +214,14 @@ def _splitk(device: str, cfg: NondetConfig) -> list[dict]:
         atomic, ordered, unsplit = _splitk_gpu(a, b, s, cfg.runs)
         emulated = False
     rows = []
-    for label, results in (("split-K, atomics", atomic), ("split-K, fixed order", ordered)):
+    for variant, label, results in (("splitk_atomic", "split-K, atomics", atomic),
+                                    ("splitk_ordered", "split-K, fixed order", ordered)):
         distinct = len(set(_bits(results)))
         diff_runs = max(float(np.max(np.abs(r.astype(np.float64) - results[0]))) for r in results)
         diff_unsplit = float(np.max(np.abs(results[0].astype(np.float64) - unsplit)))
         rel = float(np.linalg.norm(results[0] - ref) / np.linalg.norm(ref))
-        rows.append(_row("splitk", label, device, cfg.runs, emulated, distinct=distinct, max_abs_diff=diff_runs,
+        rows.append(_row("splitk", label, device, cfg.runs, emulated, op="matmul", variant=variant,
+                         distinct=distinct, max_abs_diff=diff_runs,
                          max_spread_ulps=None, rel_spread=diff_runs / float(np.max(np.abs(ref))),
                          diff_vs_unsplit=diff_unsplit, rel_l2_vs_fp64=rel,
                          shape=[m, k, n], splits=s))
@@ -250,6 +256,16 @@ def _splitk_gpu(a, b, s, runs):
 # ---------------------------------------------------------------------------
 # batch invariance
 
+# (op, launch chosen from the batch size?) -> the catalog's variant. The CPU
+# rows replay the same variants' reduction orders (pl_*_cpu_lanes).
+BATCH_VARIANTS = {("softmax", True): ("softmax", "stable_adaptive"), ("softmax", False): ("softmax", "stable"),
+                  ("rmsnorm", True): ("rmsnorm", "adaptive"), ("rmsnorm", False): ("rmsnorm", "block")}
+INVARIANT_BATCH_VARIANTS = {v for (_, a), (_, v) in BATCH_VARIANTS.items() if not a}
+
+
+def _batch_label(name: str, adaptive: bool) -> str:
+    return f"{name}: {'batch-dependent launch' if adaptive else 'batch-invariant'}"
+
 
 def _batch_inputs(seed: int, cols: int):
     rng = np.random.default_rng(seed + 2)
@@ -273,7 +289,7 @@ def _batch_torch(device: str, seed: int) -> list[dict]:
     from precisionlab.experiments.tf32 import restored_flags
 
     if why := _torch_lacks(device):
-        return [_row("batch", "torch matmul", device, 0, refused=why, differs_at=[])]
+        return [_row("batch", "torch matmul", device, 0, op="matmul", variant="torch", refused=why, differs_at=[])]
 
     big = torch.from_numpy(_batch_inputs(seed, 1024)).to(device)
     w = torch.from_numpy(np.random.default_rng(seed + 3).standard_normal((1024, 1024)).astype(np.float32)).to(device)
@@ -282,14 +298,17 @@ def _batch_torch(device: str, seed: int) -> list[dict]:
         torch.backends.cuda.matmul.allow_tf32 = False
         torch.set_float32_matmul_precision("highest")
         for dtype, name in ((torch.float32, "fp32, TF32 off"), (torch.bfloat16, "bf16")):
+            fmt = "fp32" if dtype == torch.float32 else "bf16"
             a, b = big.to(dtype), w.to(dtype)
             alone = np.stack([(a[i:i + 1] @ b)[0].float().cpu().numpy() for i in range(CHECK_ROWS)])
             batched = {bs: (a[:bs] @ b)[:CHECK_ROWS].float().cpu().numpy() for bs in BATCH_SIZES}
-            rows.append(_kernel_row("torch matmul", device, name, alone, batched))
+            rows.append(_kernel_row(("matmul", "torch"), device, f"torch matmul: {name}", alone, batched,
+                                    dtype=fmt))
     return rows
 
 
-def _kernel_row(name, device, variant, alone: np.ndarray, batched: dict[int, np.ndarray], emulated=False, **kw):
+def _kernel_row(op_variant: tuple[str, str], device, label, alone: np.ndarray, batched: dict[int, np.ndarray],
+                emulated=False, **kw):
     """Each of the first CHECK_ROWS rows computed alone vs inside each batch
     that holds it (batch size bs holds rows 0 .. bs-1). Every count covers the
     same (row, batch) pairs:
@@ -307,7 +326,8 @@ def _kernel_row(name, device, variant, alone: np.ndarray, batched: dict[int, np.
         per_row[i].add(np.ascontiguousarray(batched[bs][i]).tobytes())
     diff = max(float(np.max(np.abs(out[:min(bs, CHECK_ROWS)].astype(np.float64) - alone[:min(bs, CHECK_ROWS)])))
                for bs, out in batched.items())
-    return _row("batch", f"{name}: {variant}", device, len(batched), emulated,
+    op, variant = op_variant
+    return _row("batch", label, device, len(batched), emulated, op=op, variant=variant,
                 distinct=None, distinct_per_row_max=max(len(v) for v in per_row.values()), max_abs_diff=diff,
                 rel_spread=diff / float(np.max(np.abs(alone))),
                 differs_at=sorted({bs for _, bs in changed_pairs}),
@@ -325,27 +345,23 @@ def _batch_kernels(device: str, seed: int) -> list[dict]:
     if device == "cpu":
         for name, fn in (("softmax", lambda x, lanes: native.softmax_cpu_lanes(x, FP32, lanes)),
                          ("rmsnorm", lambda x, lanes: native.rmsnorm_cpu_lanes(x, FP32, w, 1e-6, lanes))):
-            for variant, lanes_of in (("batch-dependent launch",
-                                       lambda bs: native.adaptive_lanes(bs, BATCH_COLS, H200_SMS)),
-                                      ("batch-invariant", lambda bs: native.softmax_lanes(BATCH_COLS))):
+            for adaptive, lanes_of in ((True, lambda bs: native.adaptive_lanes(bs, BATCH_COLS, H200_SMS)),
+                                       (False, lambda bs: native.softmax_lanes(BATCH_COLS))):
                 alone = np.stack([fn(big[i:i + 1], lanes_of(1))[0] for i in range(CHECK_ROWS)])
                 batched = {bs: fn(big[:bs], lanes_of(bs)) for bs in BATCH_SIZES}
-                rows.append(_kernel_row(name, "cpu", variant, alone, batched, emulated=True,
-                                        lanes=[lanes_of(bs) for bs in BATCH_SIZES]))
+                rows.append(_kernel_row(BATCH_VARIANTS[name, adaptive], "cpu", _batch_label(name, adaptive), alone,
+                                        batched, emulated=True, lanes=[lanes_of(bs) for bs in BATCH_SIZES]))
         return rows
     x, tw = native.DeviceArray.from_numpy(big), native.DeviceArray.from_numpy(w)
     y = native.DeviceArray(big.shape, big.dtype)
-    calls = {
-        ("softmax", "batch-dependent launch"): lambda xp, yp, bs: native.softmax_cuda_device(
-            xp, bs, BATCH_COLS, FP32, "stable_adaptive", yp),
-        ("softmax", "batch-invariant"): lambda xp, yp, bs: native.softmax_cuda_device(xp, bs, BATCH_COLS, FP32, "stable", yp),
-        ("rmsnorm", "batch-dependent launch"): lambda xp, yp, bs: native.rmsnorm_cuda(
-            xp, bs, BATCH_COLS, FP32, tw.ptr, 1e-6, yp, "adaptive"),
-        ("rmsnorm", "batch-invariant"): lambda xp, yp, bs: native.rmsnorm_cuda(
-            xp, bs, BATCH_COLS, FP32, tw.ptr, 1e-6, yp, "block"),
-    }
+    def call_of(op: str, variant: str):
+        if op == "softmax":
+            return lambda xp, yp, bs: native.softmax_cuda_device(xp, bs, BATCH_COLS, FP32, variant, yp)
+        return lambda xp, yp, bs: native.rmsnorm_cuda(xp, bs, BATCH_COLS, FP32, tw.ptr, 1e-6, yp, variant)
+
     row_bytes = BATCH_COLS * 4
-    for (name, variant), call in calls.items():
+    for (name, adaptive), op_variant in BATCH_VARIANTS.items():
+        call = call_of(*op_variant)
         alone = []
         for i in range(CHECK_ROWS):
             call(x.ptr + i * row_bytes, y.ptr, 1)
@@ -354,7 +370,7 @@ def _batch_kernels(device: str, seed: int) -> list[dict]:
         for bs in BATCH_SIZES:
             call(x.ptr, y.ptr, bs)
             batched[bs] = y.numpy(rows=min(bs, CHECK_ROWS))
-        rows.append(_kernel_row(name, "cuda", variant, np.stack(alone), batched))
+        rows.append(_kernel_row(op_variant, "cuda", _batch_label(name, adaptive), np.stack(alone), batched))
     return rows
 
 
@@ -368,7 +384,7 @@ def _torch_ops(device: str, cfg: NondetConfig) -> list[dict]:
     from precisionlab.experiments.tf32 import restored_flags
 
     if why := _torch_lacks(device):
-        return [_row("torch_ops", "torch ops", device, 0, refused=why)]
+        return [_row("torch_ops", "torch ops", device, 0, op=None, variant="torch", refused=why)]
     g = torch.Generator().manual_seed(cfg.seed)
     n = 1 << 20
     src = torch.randn(n, generator=g).to(device)
@@ -377,10 +393,11 @@ def _torch_ops(device: str, cfg: NondetConfig) -> list[dict]:
     b = torch.randn(1 << 16, 16, generator=g)
     bins = np.array([metrics.exact_sum(src.cpu().double().numpy()[index.cpu().numpy() == i]) for i in range(16)])
     a, b = a.to(device), b.to(device)
-    ops = {  # name: (op, float64 reference for the ulp scale)
-        "index_add_ (16 bins)": (lambda: torch.zeros(16, device=device).index_add_(0, index, src), bins),
-        "scatter_add_ (16 bins)": (lambda: torch.zeros(16, device=device).scatter_add_(0, index, src), bins),
-        "mm 16x65536 @ 65536x16": (lambda: a @ b, (a.cpu().double() @ b.cpu().double()).numpy()),
+    ops = {  # op: (label, op, float64 reference for the ulp scale)
+        "index_add_": ("index_add_ (16 bins)", lambda: torch.zeros(16, device=device).index_add_(0, index, src), bins),
+        "scatter_add_": ("scatter_add_ (16 bins)", lambda: torch.zeros(16, device=device).scatter_add_(0, index, src),
+                         bins),
+        "mm": ("mm 16x65536 @ 65536x16", lambda: a @ b, (a.cpu().double() @ b.cpu().double()).numpy()),
     }
     with restored_flags():
         torch.set_float32_matmul_precision("highest")
@@ -394,19 +411,20 @@ def _torch_ops_runs(torch, ops, device, cfg) -> list[dict]:
     try:
         for mode in (False, True):
             torch.use_deterministic_algorithms(mode)
-            for name, (op, exact) in ops.items():
-                label = f"{name}, deterministic={'on' if mode else 'off'}"
+            for name, (text, op, exact) in ops.items():
+                label = f"{text}, deterministic={'on' if mode else 'off'}"
+                ident = {"op": name, "variant": "torch", "deterministic": mode}
                 try:
                     results = [op().cpu().numpy() for _ in range(cfg.runs)]
                 except RuntimeError as e:
-                    rows.append(_row("torch_ops", label, device, cfg.runs, refused=str(e).splitlines()[0]))
+                    rows.append(_row("torch_ops", label, device, cfg.runs, **ident, refused=str(e).splitlines()[0]))
                     continue
                 distinct = len(set(_bits(results)))
                 diff = max(float(np.max(np.abs(r.astype(np.float64) - results[0]))) for r in results)
                 # ulps at the output's scale: an mm entry that cancels to near 0
                 # has a tiny ulp of its own that would inflate the count
                 ulps = diff / float(formats.get("fp32").spacing(np.max(np.abs(exact))))
-                rows.append(_row("torch_ops", label, device, cfg.runs, distinct=distinct, max_abs_diff=diff,
+                rows.append(_row("torch_ops", label, device, cfg.runs, **ident, distinct=distinct, max_abs_diff=diff,
                                  max_spread_ulps=ulps, rel_spread=diff / float(np.max(np.abs(exact))), refused=None))
     finally:
         torch.use_deterministic_algorithms(was)
@@ -422,7 +440,8 @@ def _threads(x, exact) -> list[dict]:
     rows = []
     for t, r in results.items():
         same = [u for u, v in results.items() if v == r and u != t]
-        rows.append(_row("threads", f"{t} thread{'s' if t > 1 else ''}", "cpu", 1, result=r, matches=same,
+        rows.append(_row("threads", f"{t} thread{'s' if t > 1 else ''}", "cpu", 1, op="sum_cpu_threads", variant="chunked",
+                         threads=t, result=r, matches=same,
                          abs_error=abs(r - exact), distinct=1, max_abs_diff=abs(r - results[1])))
     return rows
 
@@ -432,9 +451,9 @@ def _threads(x, exact) -> list[dict]:
 
 def takeaways(rows: list[dict]) -> dict[str, str]:
     out = {}
-    at = {(r["device"], r["variant"].split(" ")[0]): r for r in rows if r["section"] == "atomics"}
+    at = {(r["device"], r["variant"]): r for r in rows if r["section"] == "atomics"}
     for dev in ("cuda", "cpu"):
-        a, t = at.get((dev, "atomic")), at.get((dev, "two-pass"))
+        a, t = at.get((dev, "atomic")), at.get((dev, "tree"))
         if a and t:
             out["atomics"] = (f"{dev}: atomics gave {a['distinct']} distinct sums in {a['runs']} runs "
                               f"(spread {a['max_spread_ulps']:.1f} ulps), the tree {t['distinct']}: fp32 addition "
@@ -442,8 +461,8 @@ def takeaways(rows: list[dict]) -> dict[str, str]:
             break
     sk = [r for r in rows if r["section"] == "splitk"]
     if sk:
-        atom = next(r for r in sk if "atomics" in r["variant"])
-        fixed = next(r for r in sk if "fixed" in r["variant"])
+        atom = next(r for r in sk if r["variant"] == "splitk_atomic")
+        fixed = next(r for r in sk if r["variant"] == "splitk_ordered")
         out["splitk"] = (f"{atom['device']}: split-K by atomics gave {atom['distinct']} distinct results in "
                          f"{atom['runs']} runs; in fixed order {fixed['distinct']}, yet {fixed['diff_vs_unsplit']:.2e} "
                          "away from the unsplit matmul: determinism is not batch or split invariance.")
@@ -451,32 +470,31 @@ def takeaways(rows: list[dict]) -> dict[str, str]:
     if ba:
         ba = [r for r in ba if not r.get("refused")]
         var = [r for r in ba if r["max_abs_diff"] > 0]
-        inv = [r for r in ba if "invariant" in r["variant"]]
+        inv = [r for r in ba if r["variant"] in INVARIANT_BATCH_VARIANTS]
         out["batch"] = (f"{len(var)} of {len(ba)} computations change rows with the batch size "
-                        + (f"(e.g. {var[0]['variant']} on {var[0]['device']}, up to {var[0]['max_abs_diff']:.2e})"
+                        + (f"(e.g. {var[0]['label']} on {var[0]['device']}, up to {var[0]['max_abs_diff']:.2e})"
                            if var else "")
                         + f"; the batch-invariant kernels (one reduction order per row, whatever the batch) give "
                           f"{'0' if all(r['max_abs_diff'] == 0 for r in inv) else 'nonzero'} difference.")
-    ops = [r for r in rows if r["section"] == "torch_ops" and r["variant"] != "torch ops"]
+    ops = [r for r in rows if r["section"] == "torch_ops" and r["op"] is not None]
     not_run = [f"{r['device']}: not run, {r['refused']}." for r in rows
-               if r["section"] == "torch_ops" and r["variant"] == "torch ops"]  # torch could not run there at all
+               if r["section"] == "torch_ops" and r["op"] is None]  # torch could not run there at all
     if not_run:
         out["torch_ops"] = " ".join(not_run)
     if ops:
-        off = [r for r in ops if "off" in r["variant"] and r.get("distinct")]
-        on = [r for r in ops if "on" in r["variant"]]
-        refused = [r["variant"] for r in on if r.get("refused")]
-        out["torch_ops"] = ("; ".join(f"{r['device']} {r['variant'].split(',')[0]}: {r['distinct']} distinct"
-                                      for r in off)
+        off = [r for r in ops if not r["deterministic"] and r.get("distinct")]
+        on = [r for r in ops if r["deterministic"]]
+        refused = [r["label"] for r in on if r.get("refused")]
+        out["torch_ops"] = ("; ".join(f"{r['device']} {r['op']}: {r['distinct']} distinct" for r in off)
                             + "; with deterministic algorithms: "
-                            + "; ".join(f"{r['device']} {r['variant'].split(',')[0]}: "
+                            + "; ".join(f"{r['device']} {r['op']}: "
                                         + (f"{r['distinct']} distinct" if r.get("distinct") else "refused")
                                         for r in on)
                             + (f" (refused: {', '.join(refused)})" if refused else "") + "."
                             + "".join(" " + t for t in not_run))
     th = [r for r in rows if r["section"] == "threads"]
     if th:
-        vals = {r["variant"]: r["result"] for r in th}
+        vals = {r["threads"]: r["result"] for r in th}
         out["threads"] = (f"{len(set(vals.values()))} different sums from {len(vals)} thread counts: the chunking "
                           "follows the thread count, and so does the order of the additions.")
     from precisionlab.experiments import tp

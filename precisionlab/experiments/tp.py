@@ -294,7 +294,10 @@ def _absent_rows(why_gloo: str | None, why_nccl: str, cfg: TpConfig) -> list[dic
 
 def _row(backend, device, dtype, world_size, runs, **kw) -> dict:
     label = f"{backend} {dtype}" + (f", world size {world_size}" if world_size else "")
-    return {"section": "tp", "variant": label, "device": device, "runs": runs, "emulated": False,
+    # op and variant identify the row (the collective and the backend that ran
+    # it, whose algorithm is its own field); label is the text the table shows
+    return {"section": "tp", "op": "allreduce", "variant": backend, "label": label, "device": device, "runs": runs,
+            "emulated": False,
             "backend": backend, "dtype": dtype, "world_size": world_size, "refused": None,
             "distinct": None, "max_spread_ulps": None, "max_abs_diff": None, "rel_spread": None, **kw}
 
@@ -416,7 +419,7 @@ def takeaways(rows: list[dict]) -> dict[str, str]:
         parts.append(("gloo summed in ring order: the replay matches its result bit for bit at every world size "
                       "and in both buffers" if ok else
                       "gloo's result does NOT match the ring replay everywhere: "
-                      + ", ".join(f"{r['variant']}: {r['replay_mismatches']} mismatches" for r in multi
+                      + ", ".join(f"{r['label']}: {r['replay_mismatches']} mismatches" for r in multi
                                   if not r["replay_matches"])) + ".")
         for dtype in dict.fromkeys(r["dtype"] for r in done):
             d = {r["world_size"]: r for r in done if r["dtype"] == dtype}
