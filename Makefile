@@ -39,7 +39,7 @@ endif
 HOST_FLAGS := -O2 -std=c++17 -fPIC -ffp-contract=off -Wall -Wextra
 NVCC_FLAGS := -O3 -std=c++17 --threads 0 --fmad=false -cudart static $(GENCODE) -Xcompiler -fPIC,-ffp-contract=off,-Wall
 
-.PHONY: setup lib demo test gpu-test emu-test sanitize sass-check bench clean dist
+.PHONY: setup lib demo test gpu-test emu-test sanitize sass-check bench clean dist docs docs-check
 
 setup: $(SETUP)
 
@@ -113,6 +113,15 @@ sass-check: setup lib
 
 bench: setup lib
 	$(PYTHON) -m precisionlab bench
+
+# The examples in README.md and docs/*.md: `docs` re-runs them and pastes their
+# output; `docs-check` (CI) fails when one changed in anything but timings,
+# machine names and paths (scripts/update_docs.py says exactly what it ignores).
+docs: setup lib
+	$(PYTHON) scripts/update_docs.py
+
+docs-check: setup lib
+	$(PYTHON) scripts/update_docs.py --check
 
 clean:
 	rm -rf build dist $(PKG_LIB) .pytest_cache .hypothesis

@@ -99,15 +99,15 @@ def ulp_error(result: float, exact: float, fmt: Format) -> float:
 class ErrorReport:
     """How far `actual` is from `reference`: a report, not a verdict.
 
-    max_abs, mean_abs, rel_l2 and the ulp figures cover the elements finite on
+    max_abs_error, mean_abs_error, rel_l2 and the ulp figures cover the elements finite on
     both sides; every other element is a failure and is counted in
     nonfinite_actual / nonfinite_reference (nan_both counts NaN on both sides,
     which is a failure too: two NaNs never agree).
     """
 
     n: int
-    max_abs: float
-    mean_abs: float
+    max_abs_error: float
+    mean_abs_error: float
     rel_l2: float
     max_ulps: float
     median_ulps: float
@@ -167,16 +167,16 @@ def error_report(actual, reference, fmt: Format | None, atol: float, rtol: float
         spacing = (fmt.spacing(r[both]) if fmt is not None else np.spacing(np.abs(r[both])))
         ulps = d / spacing
         flat_worst = int(np.flatnonzero(both)[int(np.argmax(d))])
-        max_abs, mean_abs = float(d.max()), float(np.mean(d))
+        max_abs_error, mean_abs_error = float(d.max()), float(np.mean(d))
         max_ulps, median_ulps = float(ulps.max()), float(np.median(ulps))
     else:
-        rel_l2 = max_abs = mean_abs = max_ulps = median_ulps = 0.0 if n == 0 else math.nan
+        rel_l2 = max_abs_error = mean_abs_error = max_ulps = median_ulps = 0.0 if n == 0 else math.nan
         flat_worst = None
     if n_out and not np.all(both):  # a non-finite element is the worst there is
         flat_worst = int(np.flatnonzero(~both)[0])
     worst = tuple(int(i) for i in np.unravel_index(flat_worst, a.shape)) if flat_worst is not None else None
     return ErrorReport(
-        n=n, max_abs=max_abs, mean_abs=mean_abs, rel_l2=rel_l2, max_ulps=max_ulps, median_ulps=median_ulps,
+        n=n, max_abs_error=max_abs_error, mean_abs_error=mean_abs_error, rel_l2=rel_l2, max_ulps=max_ulps, median_ulps=median_ulps,
         worst_index=worst, n_outside=n_out, frac_outside=n_out / n if n else 0.0,
         nonfinite_actual=int(n - np.count_nonzero(fa)), nonfinite_reference=int(n - np.count_nonzero(fr)),
         nan_both=nan_both, atol=atol, rtol=rtol,

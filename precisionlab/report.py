@@ -207,7 +207,7 @@ def cpu_name() -> str:
 
 # Every --json document's "schema_version": bumped when a field is renamed,
 # removed or changes meaning (adding a field keeps it), so scripts can check.
-SCHEMA_VERSION = 2  # 2: "method" / "kernel" became "variant" (the catalog)
+SCHEMA_VERSION = 3  # 2: one name per quantity (docs/json.md); 3: "method" / "kernel" became "variant"
 
 
 def emit_json(command: str, doc: dict) -> None:
@@ -433,9 +433,9 @@ def bench_table(res) -> None:
 
 
 def _bench_time(r) -> str:
-    if r.get("p10_ms") is None:
-        return f"{r['time_ms']:.3f}"
-    return f"{r['time_ms']:.3f} ({r['p10_ms']:.3f}-{r['p90_ms']:.3f})"
+    if r.get("p10_s") is None:
+        return f"{r['time_s'] * 1e3:.3f}"
+    return f"{r['time_s'] * 1e3:.3f} ({r['p10_s'] * 1e3:.3f}-{r['p90_s'] * 1e3:.3f})"
 
 
 def _bench_kernel(r) -> str:
@@ -479,7 +479,7 @@ def softmax_table(res) -> None:
     for col in ("max abs", "rel L2", "row-sum err", "log-sum-exp", "verdict"):
         t.add_column(col, justify="right", overflow="fold")
     for r in (r for r in res.rows if r["kind"] == "variant"):
-        t.add_row(r["case"], r["dtype"], r["device"], r["variant"], _probs(r), sci(r["max_abs"]), sci(r["rel_l2"]),
+        t.add_row(r["case"], r["dtype"], r["device"], r["variant"], _probs(r), sci(r["max_abs_error"]), sci(r["rel_l2"]),
                   sci(r["row_sum_error"]), num(r["lse"], 8), _verdict(r))
     stdout.print(t)
     bugs = [r for r in res.rows if r["kind"] in ("bug", "bug-reference")]
@@ -489,7 +489,7 @@ def softmax_table(res) -> None:
             b.add_column(col, overflow="fold")
         for ref, bug in zip(bugs[0::2], bugs[1::2], strict=True):
             b.add_row(bug["bug"], bug["case"], bug["dtype"], bug["device"], _probs(ref), _probs(bug),
-                      sci(bug["max_abs"]), _verdict(bug))
+                      sci(bug["max_abs_error"]), _verdict(bug))
         stdout.print(b)
     tol = ", ".join(f"{k} {v['rtol']:g}" for k, v in res.tolerances.items())
     stdout.print(f"verdict: every element within rtol ({tol}) of a float64 softmax of the stored inputs "
@@ -516,8 +516,8 @@ def tf32_table(res) -> None:
         for col in ("rel L2", "max abs", "time (ms)", "TFLOP/s"):
             t.add_column(col, justify="right")
         for r in modes:
-            t.add_row(r["device"], r["mode"], "yes" if r["emulated"] else "no", sci(r["rel_l2"]), sci(r["max_abs"]),
-                      f"{r['time_ms']:.2f}", f"{r['tflops']:.2f}")
+            t.add_row(r["device"], r["mode"], "yes" if r["emulated"] else "no", sci(r["rel_l2"]), sci(r["max_abs_error"]),
+                      f"{r['time_s'] * 1e3:.2f}", f"{r['tflops']:.2f}")
         stdout.print(t)
     ints = [r for r in res.rows if r["section"] == "integer"]
     if ints:
@@ -526,7 +526,7 @@ def tf32_table(res) -> None:
         for col in ("device", "mode", "wrong entries", "max abs"):
             t.add_column(col, justify="right" if col != "mode" else "left")
         for r in ints:
-            t.add_row(r["device"], r["mode"], f"{r['wrong']} / {r['entries']}", num(r["max_abs"], 6))
+            t.add_row(r["device"], r["mode"], f"{r['wrong']} / {r['entries']}", num(r["max_abs_error"], 6))
         stdout.print(t)
     sweep = [r for r in res.rows if r["section"] == "k_sweep"]
     if sweep:
@@ -663,7 +663,7 @@ def compare_op_table(res) -> None:
             nonfinite = f"{r['reference_nonfinite']} matched" if not r.get("nonfinite_pattern_mismatch") else \
                 f"{r['nonfinite_pattern_mismatch']} mismatched"
         t.add_row(r.get("case", "random"), r["device"], r["dtype"], f"({r['comparison']}) {r['label']}",
-                  sci(r["rel_l2"]), sci(r["max_abs"]), _ulps(r["max_ulps"]), f"{r['n_outside']}/{r['n']}", nonfinite,
+                  sci(r["rel_l2"]), sci(r["max_abs_error"]), _ulps(r["max_ulps"]), f"{r['n_outside']}/{r['n']}", nonfinite,
                   verdict)
     stdout.print(t)
     stdout.print(f"flagged when (1) > {p['ratio_threshold']:g}x (0) or (3) > {p['ratio_threshold']:g}x (2); 'outside tol' "
@@ -761,7 +761,7 @@ def nondeterminism_table(res) -> None:
                 if r.get("refused"):
                     note = escape(f"refused: {r['refused']}")
                 elif section == "splitk":
-                    note = f"{sci(r['diff_vs_unsplit'])} from unsplit; rel L2 vs fp64 {sci(r['rel_l2_vs_fp64'])}"
+                    note = f"{sci(r['max_abs_diff_vs_unsplit'])} from unsplit; rel L2 vs fp64 {sci(r['rel_l2_vs_fp64'])}"
                 elif section == "batch":
                     note = ("differs at batch " + ", ".join(map(str, r["differs_at"]))) if r["differs_at"] else \
                         "identical at every batch size"
@@ -840,7 +840,7 @@ def model_table(res) -> None:
         t.add_row(s["dtype"], "yes" if s["agree"] else "no",
                   "-" if s["diverged_at"] is None else f"step {s['diverged_at']}",
                   num(s["fp32_margin_at_divergence"], 4), sci(s["mean_rel_l2"]), sci(s["max_rel_l2"]),
-                  sci(s["max_abs"]), str(s["teacher_forced_argmax_flips"]))
+                  sci(s["max_abs_error"]), str(s["teacher_forced_argmax_flips"]))
     stdout.print(t)
     steps = Table(title="teacher-forced logit error per step (every dtype reads the fp32 path)", title_justify="left")
     steps.add_column("step", justify="right")
@@ -853,7 +853,7 @@ def model_table(res) -> None:
         for s in res.summary:
             r = by[(s["dtype"], i)]
             mark = "*" if s["diverged_at"] == i else ""
-            cells += [sci(r["rel_l2"]) + mark, sci(r["max_abs"])]
+            cells += [sci(r["rel_l2"]) + mark, sci(r["max_abs_error"])]
         steps.add_row(str(i), *cells)
     stdout.print(steps)
     stdout.print("* the step where that dtype's free-running tokens first leave fp32's.", style="dim", highlight=False)

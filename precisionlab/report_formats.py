@@ -26,7 +26,7 @@ def formats_table(res) -> None:
         for r in rows:
             t.add_row(r["format"], r["scale"] or "-", r["rule"] or "-", "-" if r["block"] is None else str(r["block"]),
                       f"{r['bits_per_element']:.4g}", sci(r["rel_rmse"]), _pct(r["clip_share"]),
-                      _pct(r["flush_share"]), sci(r["matmul_error"]))
+                      _pct(r["flush_share"]), sci(r["matmul_rel_l2"]))
         stdout.print(t)
     m, k, n = res.params["shape"]
     stdout.print(f"{res.params['n']} values per distribution (fp32); matmul {m}x{k} @ {k}x{n}, operands block-scaled "

@@ -16,7 +16,7 @@ def kvcache_table(res) -> None:
     for col in ("logit rel L2 (mean)", "max", "vs bf16 cache", "saturated entries", "first divergence", "flag"):
         t.add_column(col, justify="right")
     for r in res.rows:
-        t.add_row(r["device"], r["cache"], r["scale"] or "-", sci(r["rel_l2_mean"]), sci(r["rel_l2_max"]),
+        t.add_row(r["device"], r["cache"], r["scale"] or "-", sci(r["mean_rel_l2"]), sci(r["max_rel_l2"]),
                   "-" if r["vs_bf16"] is None else f"{r['vs_bf16']:.3g}x", f"{r['saturated']} / {r['entries']}",
                   "-" if r["first_divergence"] is None else f"step {r['first_divergence']}", r["flag"] or "-")
     stdout.print(t)

@@ -37,7 +37,8 @@ def show(res, plot: str | None, json_out: bool) -> None:
 
 def table(res) -> None:
     p = res.params
-    if res.command == "compare model":
+    model = res.command == "compare model --metrics"  # else compare logits
+    if model:
         title = (f"{res.model_info['name']}: {p['tokens']} positions of {p['text']}, "
                  f"teacher-forced in windows of {p['window']}")
         if p["noise_sigma"]:
@@ -45,7 +46,7 @@ def table(res) -> None:
     else:
         title = f"compare logits: {p['yours']} ({p['yours_dtype']}) against {p['ref']} ({p['ref_dtype']}), {p['tokens']} positions"
     stdout.print(escape(_printable(title)), highlight=False)
-    t = Table(title="next-token distributions" + (" against fp32" if res.command == "compare model" else " against REF"),
+    t = Table(title="next-token distributions" + (" against fp32" if model else " against REF"),
               title_justify="left")
     t.add_column("statistic")
     for r in res.rows:
@@ -57,7 +58,7 @@ def table(res) -> None:
             t.add_row(label, *[fmt(r[key]) for r in res.rows])
     stdout.print(t)
     ref = res.rows[0]
-    name = "fp32" if res.command == "compare model" else "REF"
+    name = "fp32" if model else "REF"
     stdout.print(f"{name} perplexity {num(ref['ppl_fp32'], 6)} over {ref['positions']} positions", highlight=False)
 
     m = Table(title="top-1 flips by fp32's top-1 minus top-2 logit margin", title_justify="left")

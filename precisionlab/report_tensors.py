@@ -42,7 +42,7 @@ def _dtypes(r) -> str:
 
 
 def _worst(r) -> str:
-    if r.get("worst_index") is None or (r["max_abs"] == 0 and not r.get("nonfinite_mismatch")):
+    if r.get("worst_index") is None or (r["max_abs_error"] == 0 and not r.get("nonfinite_mismatch")):
         return "-"
     return f"[{','.join(map(str, r['worst_index']))}] {num(r['worst_a'], 6)}, {num(r['worst_b'], 6)}"
 
@@ -80,7 +80,7 @@ def compare_tensors_table(res) -> None:
         tols[r["tolerance_format"] or "exact"] = (r["rtol"], r["atol"])
         errs = [sci(r["yardstick"]), sci(r["rel_l2"]), _ratio(r["ratio"])] if three else \
             [sci(r["rel_l2"]) + (" (ref=0)" if r["reference_all_zero"] and r["rel_l2"] else "")]
-        t.add_row(*head, *errs, sci(r["max_abs"]), _cos(r), f"{sci(r['p50_abs'])} / {sci(r['p99_abs'])}",
+        t.add_row(*head, *errs, sci(r["max_abs_error"]), _cos(r), f"{sci(r['p50_abs_error'])} / {sci(r['p99_abs_error'])}",
                   report._ulps(r["max_ulps"]), escape(_worst(r)),
                   *(() if three else (f"{r['n_outside']}/{r['n']}",)))
     stdout.print(t)

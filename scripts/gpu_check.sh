@@ -61,7 +61,7 @@ for r in rows:
     shape = "x".join(map(str, r.get("shape") or [r["n"]]))
     plan = (f" v{r['plan_kernel']} vpt{r['plan_vpt']} t{r['plan_threads']} rpb{r['plan_rows_per_block']} "
             f"cl{r['plan_cluster']} ran={r['plan_variant']}") if r.get("plan_kernel") is not None else ""
-    spread = f" p10-p90 {r['p10_ms']:.4f}-{r['p90_ms']:.4f}" if r.get("p10_ms") is not None else ""
+    spread = f" p10-p90 ms {r['p10_s'] * 1e3:.4f}-{r['p90_s'] * 1e3:.4f}" if r.get("p10_s") is not None else ""
     label = r["variant"] + (" " + r["mode"] if r.get("mode") else "") + (" s%d" % r["splits"] if r.get("splits") else "")
     print(f"{r['section']:>10} {label:>24} {r['dtype']:>5} {str(r['accumulator']):>5} {shape:>12} "
           f"{r['gbps']:8.1f} GB/s vs={r['vs_baseline'] or 0:.3f} copy%={r.get('pct_of_copy') or 0:.1f}{spread}{plan}")

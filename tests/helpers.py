@@ -2,6 +2,7 @@
 
 import json
 import os
+import re
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -33,3 +34,48 @@ def strict_json(text: str):
     def bad(c):
         raise ValueError(f"non-strict JSON constant {c}")
     return json.loads(text, parse_constant=bad)
+
+
+# The JSON field glossary (docs/json.md), as rules a document can be checked
+# against: one name for each quantity, so no document may use a synonym.
+GLOSSARY_FORBIDDEN = {
+    # a time is in seconds and its key ends in _s (time_s, load_s, run_s, p10_s)
+    "seconds": "time_s", "time": "time_s", "elapsed": "time_s", "duration": "time_s",
+    # the largest |yours - reference| is max_abs_error; between two runs or variants, max_abs_diff
+    "max_abs": "max_abs_error", "max_abs_err": "max_abs_error", "max_err": "max_abs_error",
+    "max_error": "max_abs_error", "maxabs": "max_abs_error", "mean_abs": "mean_abs_error",
+    # the statistic first: mean_rel_l2, max_rel_l2
+    "rel_l2_mean": "mean_rel_l2", "rel_l2_max": "max_rel_l2",
+    # a row's format is its dtype; a second format has its role's name (accumulator, cache, element, scale)
+    "storage": "dtype", "storage_dtype": "dtype", "format_name": "dtype",
+    "cpu_threads": "torch_threads",
+    # one word for a way of computing an op: the catalog's variant
+    "method": "variant", "methods": "variants", "kernel": "variant",
+    "plan_method": "plan_variant", "plan_version": "plan_kernel",
+}
+_TIME_UNIT = re.compile(r"(^|_)(ms|us|ns|sec|secs|seconds|millis)$")
+_ABS = re.compile(r"max_abs(?!_error|_diff)|(^|_)(mean|median|p\d+)_abs$")
+
+
+def json_glossary_problems(doc, where: str = "") -> list[str]:
+    """Every key in doc (recursively) that breaks the glossary, with its path and
+    the name to use; also a `dtype` that is not one format or `dtypes` not a list."""
+    out = []
+    if isinstance(doc, dict):
+        for k, v in doc.items():
+            path = f"{where}.{k}" if where else k
+            if k in GLOSSARY_FORBIDDEN:
+                out.append(f"{path}: use {GLOSSARY_FORBIDDEN[k]}")
+            elif _TIME_UNIT.search(k):
+                out.append(f"{path}: a time is in seconds, *_s")
+            elif _ABS.search(k):
+                out.append(f"{path}: *_abs_error (against a reference) or *_abs_diff (between runs)")
+            if k == "dtype" and not (v is None or isinstance(v, str)):
+                out.append(f"{path}: dtype is one format; a list is dtypes")
+            if k == "dtypes" and not (v is None or isinstance(v, list)):
+                out.append(f"{path}: dtypes is a list")
+            out += json_glossary_problems(v, path)
+    elif isinstance(doc, list):
+        for i, v in enumerate(doc):
+            out += json_glossary_problems(v, f"{where}[{i}]")
+    return out

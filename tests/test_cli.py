@@ -79,7 +79,7 @@ def test_json_is_strict_and_alone_on_stdout():
     assert {"command", "versions", "params", "rows", "exact_stored", "exact_intended"} <= d.keys()
     assert d["params"]["seed"] == 0 and "cpu_name" in d
     row = d["rows"][0]
-    for key in ("device", "variant", "storage", "accumulator", "result", "abs_error", "rel_error", "ulps", "bound"):
+    for key in ("device", "variant", "dtype", "accumulator", "result", "abs_error", "rel_error", "ulps", "bound"):
         assert key in row
     assert row["result"] == "nan" and d["exact_stored"] == "nan"
 

@@ -18,7 +18,7 @@ FP32 = formats.get("fp32")
 
 def test_report_hand_computed():
     r = metrics.error_report([1.0, 2.0, 4.0], [1.0, 2.5, 4.0], FP32, atol=0.1, rtol=0.0)
-    assert r.max_abs == 0.5 and r.mean_abs == pytest.approx(0.5 / 3)
+    assert r.max_abs_error == 0.5 and r.mean_abs_error == pytest.approx(0.5 / 3)
     assert r.rel_l2 == pytest.approx(0.5 / math.sqrt(1 + 6.25 + 16))
     assert r.worst_index == (1,) and r.n_outside == 1 and r.frac_outside == pytest.approx(1 / 3)
     assert r.max_ulps == pytest.approx(0.5 / 2.0**-22)  # fp32 spacing at 2.5 is 2^-22
@@ -27,7 +27,7 @@ def test_report_hand_computed():
 
 def test_report_zeros():
     r = metrics.error_report(np.zeros(4), np.zeros(4), FP32, 0.0, 0.0)
-    assert r.passed and r.max_abs == 0 and r.rel_l2 == 0
+    assert r.passed and r.max_abs_error == 0 and r.rel_l2 == 0
     r = metrics.error_report(np.full(4, 1e-3), np.zeros(4), FP32, 0.0, 0.0)
     assert not r.passed and r.rel_l2 == math.inf  # against an all-zero reference: infinite, never a huge finite number
 
@@ -42,12 +42,12 @@ def test_nan_never_agrees():
 
 def test_inf_never_agrees():
     r = metrics.error_report([np.inf, 1.0], [np.inf, 1.0], FP32, 1.0, 1.0)
-    assert not r.passed and r.n_outside == 1 and r.max_abs == 0.0
+    assert not r.passed and r.n_outside == 1 and r.max_abs_error == 0.0
 
 
 def test_empty_is_defined():
     r = metrics.error_report(np.zeros(0), np.zeros(0), FP32, 0.0, 0.0)
-    assert r.n == 0 and r.passed and r.max_abs == 0 and r.worst_index is None
+    assert r.n == 0 and r.passed and r.max_abs_error == 0 and r.worst_index is None
 
 
 def test_default_tolerances_come_from_torch():

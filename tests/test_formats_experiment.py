@@ -63,9 +63,9 @@ def test_rule_orderings_and_outliers():
     assert flush == sorted(flush) and flush[-1] > 0.5  # a 100x outlier pushes most of its block to zero
 
 
-def test_matmul_error_is_against_float64_and_orders_the_formats():
+def test_matmul_rel_l2_is_against_float64_and_orders_the_formats():
     rows = _rows(formats="mxfp8_e4m3,mxfp4", rules="rceil", blocks="32", dists="normal", shape="16x512x16")
-    err = {r["format"]: r["matmul_error"] for r in rows}
+    err = {r["format"]: r["matmul_rel_l2"] for r in rows}
     assert 0 < err["bf16"] < 1e-2  # bf16's u = 2^-9 per operand
     assert err["bf16"] < err["fp8_e4m3 per-tensor"] < err["fp8_e5m2 per-tensor"]
     assert err["mxfp8_e4m3"] < err["mxfp4"]

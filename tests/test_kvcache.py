@@ -45,10 +45,10 @@ def test_activations_x1000_saturate_a_unit_scale_cache_and_dynamic_scales_recove
     unit, dyn, cal = rows[("fp8_e4m3", "unit")], rows[("fp8_e4m3", "dynamic")], rows[("fp8_e4m3", "calibrated")]
     assert unit["flag"] == "saturating" and unit["saturated"] > unit["entries"] // 10
     assert dyn["flag"] == "" and dyn["saturated"] == 0 and cal["saturated"] == 0
-    assert unit["rel_l2_mean"] > 10 * dyn["rel_l2_mean"]
+    assert unit["mean_rel_l2"] > 10 * dyn["mean_rel_l2"]
     # e4m3 keeps 4 significand bits to bf16's 8: 16x the unit roundoff; dynamic scales cost about that, no more
     assert dyn["vs_bf16"] < 32
-    assert rows[("fp32", None)]["rel_l2_mean"] < 1e-6  # x1000 then /1000 in fp32: rounding only
+    assert rows[("fp32", None)]["mean_rel_l2"] < 1e-6  # x1000 then /1000 in fp32: rounding only
     assert any("saturates" in t for t in scaled_run.takeaways)
 
 

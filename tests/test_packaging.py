@@ -78,8 +78,8 @@ def test_sdist_holds_the_sources_build_files_and_tests(sdist):
     top = f"precisionlab-{__version__}/"
     with tarfile.open(sdist) as t:
         names = {m.name.removeprefix(top) for m in t.getmembers() if m.isfile()}
-    # every CUDA source and test of this tree, whatever files have been added since
-    wanted = {str(p.relative_to(ROOT)) for pattern in ("cuda/*", "tests/*.py", "tests/cuda_emu/*")
+    # every CUDA source, test and docs page of this tree (the README links the pages), whatever has been added since
+    wanted = {str(p.relative_to(ROOT)) for pattern in ("cuda/*", "tests/*.py", "tests/cuda_emu/*", "docs/*.md")
               for p in ROOT.glob(pattern) if p.is_file()}
     assert any(n.startswith("cuda/") and n.endswith(".cu") for n in wanted)
     assert not wanted - names, f"missing from the sdist: {sorted(wanted - names)}"

@@ -204,7 +204,7 @@ def test_default_run_json():
     assert r.code == 0
     d = strict_json(r.out)
     rows = d["rows"]
-    for key in ("case", "variant", "device", "dtype", "finite", "max_abs", "rel_l2", "row_sum_error"):
+    for key in ("case", "variant", "device", "dtype", "finite", "max_abs_error", "rel_l2", "row_sum_error"):
         assert all(key in row for row in rows)
     cases = {row["case"] for row in rows}
     assert {"ordinary", "equal", "shifted", "large", "very_negative", "masked", "nan", "vocab"} <= cases

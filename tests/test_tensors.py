@@ -48,7 +48,7 @@ def test_every_format_reads_back(dumps):
     for x, y in (("many.npz", "many.pt"), ("one.npy", "one.pt"), ("many.pt", "many.npz")):
         r = cli("compare", "tensors", str(tmp / x), str(tmp / y), "--json")
         assert r.code == 0, r.out + r.err
-        assert all(row["passed"] and row["max_abs"] == 0 for row in strict_json(r.out)["rows"])
+        assert all(row["passed"] and row["max_abs_error"] == 0 for row in strict_json(r.out)["rows"])
     r = cli("compare", "tensors", str(tmp / "many.safetensors"), str(tmp / "many.npz"), "--json")
     d = strict_json(r.out)
     assert r.code == 0 and all(row["tolerance_format"] == "bf16" for row in d["rows"])
@@ -62,7 +62,7 @@ def test_bf16_npy_saved_with_ml_dtypes(tmp_path):
     row = strict_json(r.out)["rows"][0]
     expect = np.abs(x.astype(ml_dtypes.bfloat16).astype(np.float64) - x.astype(np.float64)).max()
     assert row["dtypes"][0] == "bfloat16" and row["tolerance_format"] == "bf16"
-    assert row["max_abs"] == expect > 0 and r.code == 0
+    assert row["max_abs_error"] == expect > 0 and r.code == 0
 
 
 def test_declared_dtype_sets_tolerances(tmp_path):
@@ -101,7 +101,7 @@ def test_one_sided_names_and_shapes_are_rows(dumps):
         r = cli("compare", "tensors", str(tmp / "many.npz"), str(tmp / "other.npz"), *extra)
         assert r.code == 1 and "Traceback" not in r.err and "internal error" not in r.err
     rows = rows_of(r)
-    assert rows["logits"]["status"] == "fail" and rows["logits"]["max_abs"] == pytest.approx(1e-2, rel=1e-3)
+    assert rows["logits"]["status"] == "fail" and rows["logits"]["max_abs_error"] == pytest.approx(1e-2, rel=1e-3)
     assert rows["h"]["status"] == "shape mismatch" and rows["extra"]["status"] == "only in B"
     r = cli("compare", "tensors", str(tmp / "one.npy"), str(tmp / "many.npz"))  # one .npy against a named dump
     assert r.code == 1 and "only in A" in r.out and "only in B" in r.out
@@ -183,11 +183,11 @@ def test_stats_against_numpy():
     cfg = exp.CompareTensorsConfig(files=[])
     s = exp.pair_stats(a, b, "fp32", "fp32", cfg)
     d = np.abs(a - b)
-    assert s["max_abs"] == d.max() and s["worst_index"] == list(np.unravel_index(np.argmax(d), d.shape))
+    assert s["max_abs_error"] == d.max() and s["worst_index"] == list(np.unravel_index(np.argmax(d), d.shape))
     assert s["worst_a"] == a[tuple(s["worst_index"])] and s["worst_b"] == b[tuple(s["worst_index"])]
     assert s["rel_l2"] == pytest.approx(np.linalg.norm(a - b) / np.linalg.norm(b), rel=1e-14)
     assert s["cosine"] == pytest.approx(float(np.sum(a * b) / np.linalg.norm(a) / np.linalg.norm(b)), rel=1e-14)
-    assert s["p50_abs"] == np.percentile(d, 50) and s["p99_abs"] == np.percentile(d, 99)
+    assert s["p50_abs_error"] == np.percentile(d, 50) and s["p99_abs_error"] == np.percentile(d, 99)
 
 
 def test_three_way_names_first_flagged(tmp_path):

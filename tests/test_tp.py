@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from emulate import round_exact
-from helpers import ROOT
+from helpers import ROOT, json_glossary_problems
 from precisionlab import formats, native
 from precisionlab.errors import RunError, UsageError
 from precisionlab.experiments import tp
@@ -202,6 +202,12 @@ def test_rows_are_flat_and_nccl_says_why_absent(rows):
         assert all(v is None or isinstance(v, (bool, int, float, str)) for v in r.values()), r
     nccl = [r for r in rows if r["backend"] == "nccl"]
     assert nccl and all("GPU" in r["refused"] for r in nccl)
+
+
+def test_rows_follow_the_json_glossary(rows):
+    """tests/test_json_glossary.py checks nondeterminism's other sections; tp's
+    rows, run here anyway, are checked here (docs/json.md)."""
+    assert json_glossary_problems(rows) == []
 
 
 # ---------------------------------------------------------------------------

@@ -259,7 +259,7 @@ def _row(device, method, storage, acc, result, exact, abs_sum, n, elapsed, bound
     abs_err = metrics.abs_error(result, exact)
     value, kind = bound
     return {
-        "device": device, "available": True, "variant": method, "storage": storage.name,
+        "device": device, "available": True, "variant": method, "dtype": storage.name,
         "accumulator": acc.name, "result": result,
         "abs_error": abs_err, "rel_error": metrics.rel_error(result, exact),
         "ulps": metrics.ulp_error(result, exact, acc),
@@ -270,7 +270,7 @@ def _row(device, method, storage, acc, result, exact, abs_sum, n, elapsed, bound
 
 
 def _unavailable_row(storage: Format, acc: Format, method: str, reason: str) -> dict:
-    return {"device": "cuda", "available": False, "variant": method, "storage": storage.name,
+    return {"device": "cuda", "available": False, "variant": method, "dtype": storage.name,
             "accumulator": acc.name, "result": None, "abs_error": None, "rel_error": None, "ulps": None,
             "bound": None, "bound_kind": None, "within_bound": None, "stall_step": None, "stall_value": None,
             "time_s": None, "note": reason}

@@ -99,7 +99,7 @@ def accumulate_cpu(n: int, seed: int, advance) -> list[dict]:
     t_np = statistics.median(_wall(lambda: np.sum(x32)) for _ in range(5))
     advance()
     rows = [{"section": "accumulate", "device": "cpu", "variant": "numpy.sum", "dtype": "fp32", "accumulator": "fp32",
-             "n": n, "time_ms": t_np * 1e3, "bytes_read": x32.nbytes, "gbps": x32.nbytes / t_np / 1e9,
+             "n": n, "time_s": t_np, "bytes_read": x32.nbytes, "gbps": x32.nbytes / t_np / 1e9,
              "vs_baseline": 1.0, "baseline": "numpy.sum"}]
     for acc in ACCUMULATE_CPU_ACCS:
         code = formats.get(acc).code
@@ -107,7 +107,7 @@ def accumulate_cpu(n: int, seed: int, advance) -> list[dict]:
             t = _wall(lambda: native.accumulate_cpu(x64, code, m))
             advance()
             rows.append({"section": "accumulate", "device": "cpu", "variant": m, "dtype": "fp32", "accumulator": acc,
-                         "n": n, "time_ms": t * 1e3, "bytes_read": x64.nbytes, "gbps": x64.nbytes / t / 1e9,
+                         "n": n, "time_s": t, "bytes_read": x64.nbytes, "gbps": x64.nbytes / t / 1e9,
                          "vs_baseline": t_np / t,
                          "baseline": "numpy.sum"})
     return rows
@@ -117,7 +117,7 @@ def accumulate_cpu_orders(n: int, seed: int, rows: list[dict], advance) -> list[
     """Each reordered variant's kernel over its permutation of the fp32 values,
     beside the numpy.sum row accumulate_cpu measured on the same values."""
     base = next(r for r in rows if r["device"] == "cpu" and r["variant"] == "numpy.sum")
-    t_np = base["time_ms"] / 1e3
+    t_np = base["time_s"]
     x64 = np.random.default_rng(seed).standard_normal(n, dtype=np.float32).astype(np.float64)
     out = []
     for order in ACCUMULATE_CPU_ORDERS:
@@ -127,7 +127,7 @@ def accumulate_cpu_orders(n: int, seed: int, rows: list[dict], advance) -> list[
             t = _wall(lambda: native.accumulate_cpu(x, code, order))
             advance()
             out.append({"section": "accumulate", "device": "cpu", "variant": order, "dtype": "fp32", "accumulator": acc,
-                        "n": n, "time_ms": t * 1e3, "gbps": base["gbps"] * t_np / t, "vs_baseline": t_np / t,
+                        "n": n, "time_s": t, "gbps": base["gbps"] * t_np / t, "vs_baseline": t_np / t,
                         "baseline": "numpy.sum"})
         del x
     return out
@@ -139,8 +139,8 @@ def per_element(rows: list[dict]) -> None:
     cpu = [r for r in rows if r["section"] == "accumulate" and r["device"] == "cpu"]
     base = next((r for r in cpu if r["variant"] == "numpy.sum"), None)
     for r in cpu:
-        r["ns_per_element"] = r["time_ms"] * 1e6 / r["n"]
-        r["x_numpy_sum"] = r["time_ms"] / base["time_ms"] if base else None
+        r["ns_per_element"] = r["time_s"] * 1e9 / r["n"]
+        r["x_numpy_sum"] = r["time_s"] / base["time_s"] if base else None
 
 
 def _wall(fn, reps: int = 3) -> float:
@@ -169,7 +169,7 @@ def accumulate_gpu(n: int, seed: int, quick: bool, advance) -> list[dict]:
     copy = ct.copy_bandwidth(n * 4, iters)
     advance()
     rows.append({"section": "accumulate", "device": "cuda", "variant": "copy", "dtype": "fp32",
-                 "accumulator": None, "n": n, "time_ms": copy.ms, "gbps": copy.gbps, "vs_baseline": None,
+                 "accumulator": None, "n": n, "time_s": copy.ms * 1e-3, "gbps": copy.gbps, "vs_baseline": None,
                  "baseline": None, "pct_of_copy": 100.0})
     for storage, tdtype in (("fp32", torch.float32), ("bf16", torch.bfloat16)):
         bufs = ct.rotating_buffers(n, tdtype, seed)
@@ -227,7 +227,7 @@ def softmax_gpu(seed: int, quick: bool, advance) -> list[dict]:
             advance()
             base = {"section": "softmax", "device": "cuda", "dtype": storage, "accumulator": "fp32",
                     "n": r * c, "shape": [r, c], "baseline": "torch.softmax"}
-            rows.append({**base, "variant": "copy", "time_ms": copy.ms, "gbps": copy.gbps,
+            rows.append({**base, "variant": "copy", "time_s": copy.ms * 1e-3, "gbps": copy.gbps,
                          "vs_baseline": None, "baseline": None, "pct_of_copy": 100.0})
             rows.append({**base, "variant": "torch.softmax", **t_torch.fields(),
                          "gbps": nbytes / (t_torch.median * 1e-3) / 1e9, "vs_baseline": 1.0,

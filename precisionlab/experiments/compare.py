@@ -431,7 +431,7 @@ def _compare_row(op, dev, case, fmt, idx, label, got, want, atol, rtol, shape, e
     if problem is not None:
         row = _row(op, dev, fmt.name, idx, label, metrics.error_report(np.zeros(0), np.zeros(0), fmt, atol, rtol), shape)
         row.update(case=case.name, flagged=True, ratio=math.inf, verdict=f"output contract: {problem}",
-                   rel_l2=math.nan, max_abs=math.nan, nonfinite_pattern_mismatch=None)
+                   rel_l2=math.nan, max_abs_error=math.nan, nonfinite_pattern_mismatch=None)
         return row
     g, w = _np(got), _np(want)
     agree, ref_nonfinite, mismatch = op_harness.nonfinite_split(g, w)

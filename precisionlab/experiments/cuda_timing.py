@@ -44,7 +44,9 @@ class Timing:
     samples: int
 
     def fields(self) -> dict:
-        return {"time_ms": self.median, "p10_ms": self.p10, "p90_ms": self.p90, "samples": self.samples}
+        """The JSON row's fields, in seconds like every time in the JSON (docs/json.md)."""
+        return {"time_s": self.median * 1e-3, "p10_s": self.p10 * 1e-3, "p90_s": self.p90 * 1e-3,
+                "samples": self.samples}
 
 
 def _quantile(sorted_times: list[float], q: float) -> float:

@@ -9,7 +9,7 @@ For each configuration and distribution (fp32 inputs, float64 references):
                 magnitude exceeds the element format's max, so it comes back
                 as +-max * scale, smaller than it went in;
   flush_share   the share of non-zero elements that come back as zero;
-  matmul_error  relative Frobenius error of C = A @ B, both operands
+  matmul_rel_l2 relative Frobenius error of C = A @ B, both operands
                 block-scaled along K (A's rows, B's columns), dequantized and
                 multiplied with fp32 accumulation (the library's CPU matmul),
                 against float64 A @ B of the unquantized fp32 operands.
@@ -231,7 +231,7 @@ def run(cfg: FormatsConfig, advance=lambda k=1: None) -> FormatsResult:
                     "format": fmt, "element": f.element.name, "scale": f.scale.name, "rule": rule, "block": block,
                     "dist": dist, "bits_per_element": f.element.bits + f.scale.bits / block,
                     "rel_rmse": _rel_rmse(y, vec), "clip_share": _clip_share(y, vec, codes, block, f.element),
-                    "flush_share": _flush_share(y, vec), "matmul_error": _matmul_error(a_hat, bt_hat.T, ref),
+                    "flush_share": _flush_share(y, vec), "matmul_rel_l2": _matmul_error(a_hat, bt_hat.T, ref),
                 })
                 advance()
             if cfg.baselines and block == blocks[0]:  # no blocks: once per distribution
@@ -242,7 +242,7 @@ def run(cfg: FormatsConfig, advance=lambda k=1: None) -> FormatsResult:
                         "scale": None if name == "bf16" else "fp64 per-tensor", "rule": None, "block": None,
                         "dist": dist, "bits_per_element": float(formats.get(name).bits),
                         "rel_rmse": _rel_rmse(y, vec), "clip_share": None, "flush_share": _flush_share(y, vec),
-                        "matmul_error": _matmul_error(_per_tensor(a, name), _per_tensor(bt, name).T, ref),
+                        "matmul_rel_l2": _matmul_error(_per_tensor(a, name), _per_tensor(bt, name).T, ref),
                     })
                     advance()
     return FormatsResult(
@@ -262,8 +262,8 @@ def takeaways(rows: list[dict]) -> list[str]:
             _find(rows, format=fmt, rule="rceil", block=32, dist="normal")
         if fl and rc:
             out.append(f"{fmt}, Gaussian blocks of 32: FLOOR clips the largest element in {fl['clip_share']:.1%} of "
-                       f"blocks, RCEIL in {rc['clip_share']:.1%} (matmul error {fl['matmul_error']:.3g} vs "
-                       f"{rc['matmul_error']:.3g}).")
+                       f"blocks, RCEIL in {rc['clip_share']:.1%} (matmul error {fl['matmul_rel_l2']:.3g} vs "
+                       f"{rc['matmul_rel_l2']:.3g}).")
     for fmt in ("mxfp4", "nvfp4"):
         o = [r for r in rows if r["format"] == fmt and r["dist"] == "outlier_100x" and r["rule"] in ("rceil", "nearest")]
         g = [r for r in rows if r["format"] == fmt and r["dist"] == "normal" and r["rule"] in ("rceil", "nearest")]
@@ -277,6 +277,6 @@ def takeaways(rows: list[dict]) -> list[str]:
     fp8 = _find(rows, format="fp8_e4m3 per-tensor", dist="normal")
     mx8 = _find(rows, format="mxfp8_e4m3", rule="rceil", block=32, dist="normal")
     if bf and fp8 and mx8:
-        out.append(f"Gaussian matmul error: bf16 {bf['matmul_error']:.3g}, fp8 e4m3 per-tensor "
-                   f"{fp8['matmul_error']:.3g}, MXFP8 e4m3 (RCEIL, 32) {mx8['matmul_error']:.3g}.")
+        out.append(f"Gaussian matmul error: bf16 {bf['matmul_rel_l2']:.3g}, fp8 e4m3 per-tensor "
+                   f"{fp8['matmul_rel_l2']:.3g}, MXFP8 e4m3 (RCEIL, 32) {mx8['matmul_rel_l2']:.3g}.")
     return out

@@ -205,7 +205,7 @@ def run(cfg: KVCacheConfig, advance=lambda k=1: None) -> KVCacheResult:
             first = next((i for i, (a, b) in enumerate(zip(tokens, ref_tokens)) if a != b), None)
             sat, entries = sum(s.saturated for s in stores), sum(s.entries for s in stores)
             rows.append({"device": device, "cache": fmt, "scale": mode, "activation_scale": cfg.activation_scale,
-                         "rel_l2_mean": float(np.mean(err)), "rel_l2_max": float(np.max(err)),
+                         "mean_rel_l2": float(np.mean(err)), "max_rel_l2": float(np.max(err)),
                          "vs_bf16": None, "saturated": sat, "entries": entries,
                          "first_divergence": first, "tokens_agree": first is None,
                          "flag": "saturating" if sat else ""})
@@ -213,7 +213,7 @@ def run(cfg: KVCacheConfig, advance=lambda k=1: None) -> KVCacheResult:
         _install(model, lambda i: None)
         for r in rows:
             if r["device"] == device and bf16_err:
-                r["vs_bf16"] = r["rel_l2_mean"] / bf16_err
+                r["vs_bf16"] = r["mean_rel_l2"] / bf16_err
     return KVCacheResult(
         params={"dtypes": kv_dtypes, "scales": modes, "activation_scale": cfg.activation_scale, "steps": cfg.steps,
                 "prompt": cfg.prompt, "device": cfg.device, "calibration_chars": CALIBRATION_CHARS,
@@ -232,10 +232,10 @@ def takeaways(rows: list[dict]) -> list[str]:
         for r in rs:
             if r["flag"]:
                 out.append(f"{dev}: {r['cache']} {r['scale']} scale saturates {r['saturated']} of {r['entries']} "
-                           f"cache entries: logit error {r['rel_l2_mean']:.3g}, {_x(r['vs_bf16'])} the bf16 "
+                           f"cache entries: logit error {r['mean_rel_l2']:.3g}, {_x(r['vs_bf16'])} the bf16 "
                            "cache's.")
         dyn = [r for r in rs if r["scale"] == "dynamic"]
         for r in dyn:
             out.append(f"{dev}: {r['cache']} with dynamic per-head, per-token scales: logit error "
-                       f"{r['rel_l2_mean']:.3g} ({_x(r['vs_bf16'])} the bf16 cache's), {r['saturated']} saturated.")
+                       f"{r['mean_rel_l2']:.3g} ({_x(r['vs_bf16'])} the bf16 cache's), {r['saturated']} saturated.")
     return out

@@ -273,7 +273,7 @@ def _site_row(runner, site, i, low, tdt, ref_cap, cap, trusted, yours, touched) 
     return {"dtype": low, "order": i, "module": site.name, "kind": site.kind, "shape": list(out32.shape),
             "accumulated": rel_l2(rl, r32), "local": rel_l2(ry, r32), "yardstick": yard, "yours_vs_trusted": diff,
             "ratio": ratio, "scale_fit": scale, "bias_z": bias_z, "flagged": flagged, "injected": touched,
-            "max_abs_fp32": hooks.max_abs(out32), "nonfinite_low": int((~np.isfinite(rl)).sum()),
+            "amax_fp32": hooks.max_abs(out32), "nonfinite_low": int((~np.isfinite(rl)).sum()),
             "worst_position": _worst_position(ry, rt) if flagged else None}
 
 
@@ -316,9 +316,9 @@ def _pitfalls(low, rows, runner, ref_cap, cap, ref) -> list[dict]:
                                   f"worst at position {r['worst_position']}"})
     if low == "fp16":
         for r in rows:
-            if r["nonfinite_low"] or (math.isfinite(r["max_abs_fp32"]) and r["max_abs_fp32"] > FP16_MAX):
+            if r["nonfinite_low"] or (math.isfinite(r["amax_fp32"]) and r["amax_fp32"] > FP16_MAX):
                 out.append({"dtype": low, "module": r["module"], "pitfall": "fp16_overflow",
-                            "detail": f"fp32 reaches |x| = {r['max_abs_fp32']:.6g} here (fp16 max {FP16_MAX:g}); "
+                            "detail": f"fp32 reaches |x| = {r['amax_fp32']:.6g} here (fp16 max {FP16_MAX:g}); "
                                       f"{r['nonfinite_low']} non-finite values in the fp16 run"})
                 break
     # Final norm + LM head in fp32 on the low run's own input: what keeping them in fp32 would leave.

@@ -304,7 +304,7 @@ def run_model(cfg: MetricsConfig, advance=lambda k=1: None) -> LogitsResult:
               "tokens": n, "window": window, "dtypes": lows, "device": device, "seed": cfg.seed,
               "inject": [str(s) for s in cfg.inject], "noise_sigma": sigma, "saved": saves}
     failures = _gate(rows, cfg.max_kld, cfg.min_top1)
-    return LogitsResult("compare model", params, runner.info(), rows, {d: stats[d].kl for d in lows}, failures,
+    return LogitsResult("compare model --metrics", params, runner.info(), rows, {d: stats[d].kl for d in lows}, failures,
                         takeaways(rows), {"load_s": t_load, "run_s": t_run, "run_cpu_s": c_run,
                                                  "torch_threads": used_threads})
 

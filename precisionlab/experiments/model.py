@@ -343,7 +343,7 @@ def _run(cfg: ModelConfig, advance) -> ModelResult:
                 step_reports.append(rep)
                 rows.append({"dtype": low, "step": i, "token_fp32": ref_tokens[i], "token": tokens[i],
                              "agree": tokens[i] == ref_tokens[i] and (div is None or i < div),
-                             "max_abs": rep.max_abs, "rel_l2": rep.rel_l2, "finite": rep.finite,
+                             "max_abs_error": rep.max_abs_error, "rel_l2": rep.rel_l2, "finite": rep.finite,
                              "argmax_agrees": int(np.argmax(tf[i])) == ref_tokens[i]})
             margin = None
             if div is not None:
@@ -356,7 +356,7 @@ def _run(cfg: ModelConfig, advance) -> ModelResult:
                 "fp32_token_at_divergence": None if div is None else runner.decode([ref_tokens[div]]),
                 "token_at_divergence": None if div is None else runner.decode([tokens[div]]),
                 "mean_rel_l2": float(np.mean(rel)), "max_rel_l2": float(np.max(rel)),
-                "max_abs": float(max(r.max_abs for r in step_reports)),
+                "max_abs_error": float(max(r.max_abs_error for r in step_reports)),
                 "teacher_forced_argmax_flips": int(sum(not r["argmax_agrees"] for r in rows if r["dtype"] == low)),
             })
             advance()
@@ -368,7 +368,7 @@ def _run(cfg: ModelConfig, advance) -> ModelResult:
         params={"model": cfg.model or "embedded", "steps": cfg.steps, "prompt": cfg.prompt, "dtypes": lows,
                 "device": device, "seed": cfg.seed, "prompt_tokens": len(prompt)},
         rows=rows, summary=summary, texts=texts, model_info=info, takeaways=takeaways(summary, info),
-        timing={"load_s": t_load, "run_s": t_run, "cpu_threads": n_threads},
+        timing={"load_s": t_load, "run_s": t_run, "torch_threads": n_threads},
     )
 
 
@@ -401,7 +401,7 @@ def takeaways(summary: list[dict], info: dict) -> list[str]:
             lines.append(f"{s['dtype']}: leaves the fp32 path at step {s['diverged_at']} "
                          f"({s['token_at_divergence']!r} for {s['fp32_token_at_divergence']!r}), where fp32's top two "
                          f"logits were {s['fp32_margin_at_divergence']:.3g} apart, below the largest logit error "
-                         f"{s['max_abs']:.2g}; teacher-forced rel-L2 {s['mean_rel_l2']:.1e}.")
-            if s["fp32_margin_at_divergence"] is not None and s["fp32_margin_at_divergence"] > s["max_abs"]:
+                         f"{s['max_abs_error']:.2g}; teacher-forced rel-L2 {s['mean_rel_l2']:.1e}.")
+            if s["fp32_margin_at_divergence"] is not None and s["fp32_margin_at_divergence"] > s["max_abs_error"]:
                 lines[-1] = lines[-1].replace("below the largest", "yet above the largest")
     return lines

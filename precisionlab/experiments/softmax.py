@@ -135,7 +135,7 @@ def run(cfg: SoftmaxConfig, advance=lambda k=1: None) -> SoftmaxResult:
                     out.append(evaluate(case, x, fmt, "stable", dev, cfg.masked, kind="bug-reference", bug=bug))
                     out.append(evaluate(case, x, fmt, bug, dev, cfg.masked, kind="bug", bug=bug))
     return SoftmaxResult(
-        params={"dtype": [d.name for d in dtypes], "variants": methods, "masked": cfg.masked, "device": cfg.device,
+        params={"dtypes": [d.name for d in dtypes], "variants": methods, "masked": cfg.masked, "device": cfg.device,
                 "seed": cfg.seed, "cases": list(cases), "rows": cfg.rows, "cols": cfg.cols, "dist": cfg.dist,
                 "scale": cfg.scale},
         rows=out,
@@ -221,14 +221,14 @@ def evaluate(case: str, x: np.ndarray, fmt: Format, method: str, device: str, ma
         "masked": masked, "shape": list(x.shape),
         "output": y64[0, :4].tolist() if y64.shape[1] <= 4 and y64.shape[0] == 1 else None,
         "finite": bool(np.all(np.isfinite(y64))),
-        "max_abs": rep.max_abs, "rel_l2": rep.rel_l2, "max_ulps": rep.max_ulps,
+        "max_abs_error": rep.max_abs_error, "rel_l2": rep.rel_l2, "max_ulps": rep.max_ulps,
         "n_outside": rep.n_outside, "passed": rep.passed, "rtol": rep.rtol, "atol": rep.atol,
         "row_sum_error": float(np.max(np.abs(sums - target))) if sums.size else 0.0,
         "in_range": bool(np.all((y64 >= 0) & (y64 <= 1))),
         "lse": float(lse[0]) if lse.size == 1 else None,
-        "lse_max_abs": float(np.nanmax(lse_err)) if np.any(~np.isnan(lse_err)) else math.nan,
+        "lse_max_abs_error": float(np.nanmax(lse_err)) if np.any(~np.isnan(lse_err)) else math.nan,
         "lse_finite": bool(np.all(np.isfinite(lse))),
-        "storage_changed": bool(np.any((stored != x) & ~np.isnan(x))),
+        "inputs_rounded": bool(np.any((stored != x) & ~np.isnan(x))),
     }
 
 
@@ -248,11 +248,11 @@ def takeaways(rows: list[dict], cases: dict, dtypes: list[Format], masked: str) 
                      f"overflows fp32 (past ~88.7) and exp of a very negative one underflows to 0, so 0/0 or inf/inf.")
     good = [r for r in main if r["variant"] not in broke and r["finite"]]
     if good:
-        worst = max(good, key=lambda r: r["max_abs"])
-        lines.append(f"Where finite, the worst error against float64 is {worst['max_abs']:.2e} "
+        worst = max(good, key=lambda r: r["max_abs_error"])
+        lines.append(f"Where finite, the worst error against float64 is {worst['max_abs_error']:.2e} "
                      f"({worst['variant']}, {worst['dtype']}, {worst['case']}, {worst['device']}); "
                      f"{sum(r['passed'] for r in good)} of {len(good)} finite rows are within tolerance.")
-    changed = sorted({(r["case"], r["dtype"]) for r in main if r["storage_changed"] and r["dtype"] != "fp32"})
+    changed = sorted({(r["case"], r["dtype"]) for r in main if r["inputs_rounded"] and r["dtype"] != "fp32"})
     if changed:
         c, d = changed[0]
         lines.append(f"Storage alone moves the logits in {len(changed)} case/dtype pairs (e.g. {c} in {d}: "

@@ -218,9 +218,9 @@ def pair_stats(a: np.ndarray, b: np.ndarray, fmt_a: str | None, fmt_b: str | Non
         rel = num / den
     worst = None if flat is None else tuple(int(i) for i in np.unravel_index(flat, a.shape))
     return {
-        "n": n, "n_outside": n_out, "passed": n_out == 0, "max_abs": max_abs, "rel_l2": rel,
+        "n": n, "n_outside": n_out, "passed": n_out == 0, "max_abs_error": max_abs, "rel_l2": rel,
         "rel_l2_against": "A" if ref_is_a else "B", "reference_all_zero": bool(den == 0.0 and n_bad == 0 and n > 0),
-        "cosine": cosine, "p50_abs": p50, "p99_abs": p99, "max_ulps": ulps, "ulp_format": low,
+        "cosine": cosine, "p50_abs_error": p50, "p99_abs_error": p99, "max_ulps": ulps, "ulp_format": low,
         "worst_index": None if worst is None else list(worst),
         "worst_a": None if worst is None else float(a[worst]), "worst_b": None if worst is None else float(b[worst]),
         "nonfinite_a": int(n - np.count_nonzero(fa)), "nonfinite_b": int(n - np.count_nonzero(fb)),

@@ -221,7 +221,7 @@ def matmul_emulated(a: np.ndarray, b: np.ndarray, mode: str) -> np.ndarray:
 
 def _report(c: np.ndarray, ref: np.ndarray) -> dict:
     rep = metrics.error_report(c, ref, None, 0.0, 0.0)
-    return {"rel_l2": rep.rel_l2, "max_abs": rep.max_abs, "finite": rep.finite}
+    return {"rel_l2": rep.rel_l2, "max_abs_error": rep.max_abs_error, "finite": rep.finite}
 
 
 def _modes_cpu(a, b, advance) -> list[dict]:
@@ -236,7 +236,7 @@ def _modes_cpu(a, b, advance) -> list[dict]:
         dt = time.perf_counter() - t0
         advance()
         rows.append({"section": "modes", "device": "cpu", "mode": mode, "emulated": mode != "fp32",
-                     "m": m, "n": n, "k": k, **_report(c, ref), "time_ms": dt * 1e3,
+                     "m": m, "n": n, "k": k, **_report(c, ref), "time_s": dt,
                      "tflops": 2 * m * n * k / dt / 1e12})
     return rows
 
@@ -258,7 +258,7 @@ def _integer_cpu() -> list[dict]:
         c = matmul_emulated(a, b, mode)
         rows.append({"section": "integer", "device": "cpu", "mode": mode, "emulated": mode != "fp32",
                      "wrong": int(np.count_nonzero(c != want)), "entries": int(want.size),
-                     "max_abs": float(np.max(np.abs(c.astype(np.float64) - want)))})
+                     "max_abs_error": float(np.max(np.abs(c.astype(np.float64) - want)))})
     return rows
 
 
@@ -295,7 +295,7 @@ def _modes_gpu(a, b, advance) -> list[dict]:
                 ms = ct.time_ms(lambda i: ta @ tb, 10, reps=3).median
         advance()
         rows.append({"section": "modes", "device": "cuda", "mode": mode, "emulated": False, "m": m, "n": n, "k": k,
-                     **_report(c, ref), "time_ms": ms, "tflops": 2 * m * n * k / (ms * 1e-3) / 1e12})
+                     **_report(c, ref), "time_s": ms * 1e-3, "tflops": 2 * m * n * k / (ms * 1e-3) / 1e12})
     return rows
 
 
@@ -315,7 +315,7 @@ def _integer_gpu() -> list[dict]:
         c = _gpu_matmul(ta, tb, mode).float().cpu().numpy()
         rows.append({"section": "integer", "device": "cuda", "mode": mode, "emulated": False,
                      "wrong": int(np.count_nonzero(c != want)), "entries": int(want.size),
-                     "max_abs": float(np.max(np.abs(c.astype(np.float64) - want)))})
+                     "max_abs_error": float(np.max(np.abs(c.astype(np.float64) - want)))})
     return rows
 
 

@@ -373,7 +373,7 @@ def _analyse(ranks: dict, dtype: str, cfg: TpConfig) -> list[dict]:
             distinct=distinct, repeat_identical=distinct == 1, max_abs_diff=spread, rel_spread=spread / scale,
             all_ranks_agree=all(_same(ranks[r][f"{key}/out"], out).all() for r in range(p)),
             differs_from_ws1=float(np.mean(~_same(out, base))),
-            max_diff_from_ws1=float(np.max(np.abs(out - base))),
+            max_abs_diff_vs_ws1=float(np.max(np.abs(out - base))),
             max_abs_error=float(np.max(err)), mean_abs_error=_mean(err),
             error_ratio_to_ws1=_mean(err) / base_err if base_err else math.nan,
             big_elements=big_n, big_offset=offset,
@@ -389,7 +389,7 @@ def _analyse(ranks: dict, dtype: str, cfg: TpConfig) -> list[dict]:
             big_segment_bytes=big_lay["segment_bytes"] if p > 1 else None,
             big_chunk_elements=big_lay["chunk"] if p > 1 else None,
             tree_differs_from_ring=float(np.mean(~_same(tree, ring))),
-            ring_tree_max_abs=float(np.max(np.abs(tree - ring))),
+            ring_tree_max_abs_diff=float(np.max(np.abs(tree - ring))),
             ring_tree_max_ulps=float(np.max(np.abs(tree - ring)) / ulp),
             tree_max_abs_error=float(np.max(tree_err)), tree_mean_abs_error=_mean(tree_err),
         ))

@@ -1,0 +1,187 @@
+"""Re-run every example in README.md and docs/*.md: paste its real output, or
+(--check) fail when the output changed in anything but timings, machine names
+and paths.
+
+An example is a fenced block whose first line is `$ precisionlab ARGS`,
+optionally piped through `| head -N`; it runs as `python -m precisionlab ARGS`
+from the repository root with COLUMNS=160, and its body is what the command
+printed on stdout. An HTML comment on the line before the fence marks it:
+
+  <!-- example: gpu -->      needs a GPU: skipped (and counted) unless --gpu
+  <!-- example: machine -->  its output is the machine itself (`info`): --check
+                             runs it and wants exit 0, but compares nothing
+
+    .venv/bin/python scripts/update_docs.py            # rewrite the files
+    .venv/bin/python scripts/update_docs.py --check    # CI: exit 1 on a difference
+    .venv/bin/python scripts/update_docs.py --only softmax   # examples whose command matches
+
+What --check ignores (normalise() below, and tests/test_update_docs.py):
+  - timings: a number followed by a time unit (`0.27 s`, `12 ms`, `3 µs`,
+    `1.5 ns`), and every cell of the table columns that hold timings or
+    throughputs, named by their header: TIMING_COLUMNS. Rich sizes columns to
+    their widest cell, so table rows are compared cell by cell, stripped, and
+    border lines without their widths;
+  - machine names: the values of the JSON fields `cpu_name` and `gpu_name`;
+  - paths: the library's folder, the repository root and site-packages before
+    a path the package knows, and temporary folders (`/tmp/tmp...`);
+  - package versions: the values of the JSON `versions` object.
+Every other character counts: a result (an error, a ulp count, a sum, a
+verdict) that changes in one digit is a difference.
+"""
+
+import argparse
+import difflib
+import os
+import re
+import shlex
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+BLOCK = re.compile(r"(?:<!-- example: (?P<mark>\w+) -->\n)?```\n\$ precisionlab (?P<cmd>[^\n]*)\n(?P<body>.*?)```", re.S)
+MARKS = {None, "gpu", "machine"}
+
+# Table columns whose every cell is a timing or a throughput (bench, tf32).
+TIMING_COLUMNS = {"time (ms)", "GB/s", "TFLOP/s", "ns/element", "x numpy.sum", "vs baseline", "% of copy"}
+
+_NUM = r"[-+]?\d+(?:\.\d+)?(?:[eE][-+]?\d+)?"
+_TIME = re.compile(rf"(?<![\w.]){_NUM} ?(?:s|ms|µs|us|ns)\b")
+_JSON_MACHINE = re.compile(r'^(\s*"(?:cpu_name|gpu_name)": )(?:"[^"\n]*"|null)', re.M)
+_VERSIONS = re.compile(r'^(\s*"versions": \{\n)(.*?)(^\s*\})', re.M | re.S)
+_VERSION_VALUE = re.compile(r'^(\s*"[\w.-]+": )(?:"[^"\n]*"|null)', re.M)
+# an absolute path's prefix, up to a part this package knows
+_PATH_PREFIX = re.compile(r"(?<![\w./-])/[^\s\"'│┃]*?/(?=(?:precisionlab/(?:lib|models)/|build/libprecisionlab|"
+                          r"site-packages/|tests/|scripts/))")
+_TMP = re.compile(r"/tmp/tmp[\w-]+")
+# wherever the library was found ($PRECISIONLAB_LIB, the package, build/)
+_LIB = re.compile(r"(?<![\w./-])/[^\s\"'│┃]*/(?=libprecisionlab[\w.-]*\.so)")
+_VERTICAL = "│┃|"
+_BOX = set("━─═┏┓┗┛┡┩┢┪┣┫┳┻╇╋┌┐└┘├┤┬┴┼╞╡╪╭╮╰╯ ") | set(_VERTICAL)
+
+
+def _cells(line: str) -> list[str]:
+    sep = "┃" if "┃" in line else "│"
+    return [c.strip() for c in line.strip().strip(sep).split(sep)]
+
+
+def normalise(text: str) -> str:
+    """The text with timings, machine names and paths replaced by placeholders
+    and tables reduced to their cells (see the module's docstring)."""
+    text = _JSON_MACHINE.sub(r"\1<machine>", text)
+    text = _VERSIONS.sub(lambda m: m.group(1) + _VERSION_VALUE.sub(r"\1<version>", m.group(2)) + m.group(3), text)
+    text = _LIB.sub("<lib>/", text)
+    text = _TMP.sub("<tmp>", text)
+    text = _PATH_PREFIX.sub("<root>/", text)
+    out, header, timing = [], [], set()
+    for line in text.splitlines():
+        s = line.strip()
+        if s and set(s) <= _BOX and not set(s) & set(_VERTICAL):  # a border line: its shape, not its widths
+            if s[0] in "┏┌╭":
+                header, timing = [], set()
+            out.append(re.sub(r"([━─═])\1+", r"\1", s))
+            continue
+        if s[:1] == "┃":  # a header line; a wrapped header name continues on the next one
+            cells = _cells(s)
+            header = cells if not header else [f"{a} {b}".strip() for a, b in zip(header, cells)]
+            timing = {i for i, name in enumerate(header) if name in TIMING_COLUMNS}
+            out.append("┃ " + " ┃ ".join(cells) + " ┃")
+            continue
+        if s[:1] == "│" and s[-1:] == "│":
+            cells = [("~" if i in timing and c else c) for i, c in enumerate(_cells(s))]
+            s = "│ " + " │ ".join(cells) + " │"
+            out.append(_TIME.sub("<time>", s))
+            continue
+        out.append(_TIME.sub("<time>", line.rstrip()))
+    return "\n".join(out) + "\n"
+
+
+def run(cmd: str) -> tuple[str, int]:
+    head = None
+    m = re.search(r"\s*\|\s*head -(\d+)\s*$", cmd)
+    if m:
+        head, cmd = int(m.group(1)), cmd[: m.start()]
+    env = {k: v for k, v in os.environ.items() if k != "PRECISIONLAB_DEBUG"}
+    env.update({"PYTHONPATH": str(ROOT), "COLUMNS": "160"})
+    p = subprocess.run([sys.executable, "-m", "precisionlab", *shlex.split(cmd)], capture_output=True, text=True,
+                       cwd=ROOT, env=env, timeout=900)
+    lines = [line.rstrip() for line in p.stdout.splitlines()]
+    if head is not None:
+        lines = lines[:head]
+    return "\n".join(lines) + "\n", p.returncode
+
+
+def files() -> list[Path]:
+    return [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--check", action="store_true", help="compare instead of rewriting; exit 1 on a difference")
+    ap.add_argument("--gpu", action="store_true", help="also run the examples marked gpu")
+    ap.add_argument("--only", default=None, help="only the examples whose command contains this text")
+    args = ap.parse_args()
+    t_all = time.perf_counter()
+    checked = skipped = machine = 0
+    failures = []
+    for path in files():
+        text = path.read_text()
+        rel = path.relative_to(ROOT)
+
+        def replace(m):
+            nonlocal checked, skipped, machine
+            mark, cmd, body = m.group("mark"), m.group("cmd"), m.group("body")
+            if mark not in MARKS:
+                failures.append(f"{rel}: unknown example mark {mark!r} before `precisionlab {cmd}`")
+                return m.group(0)
+            if args.only and args.only not in cmd:
+                return m.group(0)
+            if mark == "gpu" and not args.gpu:
+                skipped += 1
+                return m.group(0)
+            t0 = time.perf_counter()
+            out, code = run(cmd)
+            dt = time.perf_counter() - t0
+            if args.check:
+                if mark == "machine":
+                    machine += 1
+                    status = "ran" if code == 0 else f"FAILED (exit {code})"
+                    if code != 0:
+                        failures.append(f"{rel}: precisionlab {cmd}: exit {code}")
+                else:
+                    checked += 1
+                    want, got = normalise(body), normalise(out)
+                    status = "ok" if want == got else "DIFFERS"
+                    if want != got:
+                        diff = list(difflib.unified_diff(want.splitlines(), got.splitlines(), f"{rel} (committed)",
+                                                         "regenerated", lineterm="", n=2))
+                        failures.append(f"{rel}: precisionlab {cmd}\n" + "\n".join(diff[:60])
+                                        + (f"\n... {len(diff) - 60} more diff lines" if len(diff) > 60 else ""))
+                print(f"{status:>8} {dt:6.1f} s  {rel}: precisionlab {cmd}", file=sys.stderr)
+                return m.group(0)
+            print(f"{dt:6.1f} s  {rel}: precisionlab {cmd}", file=sys.stderr)
+            prefix = f"<!-- example: {mark} -->\n" if mark else ""
+            return f"{prefix}```\n$ precisionlab {cmd}\n{out}```"
+
+        new = BLOCK.sub(replace, text)
+        if not args.check and new != text:
+            path.write_text(new)
+    total = time.perf_counter() - t_all
+    note = f"{skipped} skipped (need a GPU; --gpu runs them)" if skipped else "none skipped"
+    if args.check:
+        print(f"update_docs --check: {checked} examples compared, {machine} machine-specific run only, {note}; "
+              f"{total:.0f} s", file=sys.stderr)
+    else:
+        print(f"update_docs: examples re-run, {note}; {total:.0f} s", file=sys.stderr)
+    for f in failures:
+        print(f"\n{f}", file=sys.stderr)
+    if failures:
+        print(f"\nupdate_docs: {len(failures)} example(s) differ or failed. If the change is intended, run "
+              "scripts/update_docs.py and commit the regenerated docs.", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,76 @@
+"""Every command's --json follows one glossary (docs/json.md): one name for a
+time in seconds, one for the largest absolute error, `dtype` for a row's
+format, and a schema_version first. Each command runs once at a small size."""
+
+import pytest
+from helpers import cli, json_glossary_problems, strict_json
+
+from precisionlab import report
+
+# (id, argv): every command and subcommand, small; the files compare tensors and
+# compare logits read are written by the runs before them (the fixture below).
+COMMANDS = [
+    ("accumulate", ["accumulate", "--n", "100", "--device", "auto"]),
+    ("softmax", ["softmax", "--values", "1,2,3;0,0,0", "--dtype", "fp32,bf16", "--device", "cpu"]),
+    # torch_ops' rows are atomics' with a `refused` (tp's rows have one too, checked in test_tp)
+    ("nondeterminism", ["nondeterminism", "--runs", "2", "--n", "10000", "--device", "cpu",
+                        "--sections", "atomics,splitk,batch,threads"]),
+    ("tf32", ["tf32", "--m", "64", "--n", "64", "--k", "64", "--sweep-mn", "32", "--device", "cpu"]),
+    ("info", ["info"]),
+    ("bench", ["bench", "--quick", "--device", "cpu", "--cpu-n", "10000"]),
+    ("formats", ["formats", "--n", "4096", "--shape", "16x256x16", "--dists", "normal", "--device", "cpu"]),
+    ("kvcache", ["kvcache", "--steps", "2", "--dtypes", "fp8_e4m3", "--scales", "unit"]),
+    ("compare op", ["compare", "op", "matmul", "--shape", "8x64x8", "--device", "cpu"]),
+    ("compare model", ["compare", "model", "--steps", "3"]),
+    ("compare model --metrics", ["compare", "model", "--metrics", "--tokens", "128",
+                                 "--save-logits", "{tmp}/fp32.safetensors", "--save-logits", "bf16={tmp}/bf16.safetensors"]),
+    ("compare model --layers", ["compare", "model", "--layers", "--steps", "3", "--dtypes", "bf16", "--dump", "{tmp}/dump"]),
+    ("compare logits", ["compare", "logits", "{tmp}/fp32.safetensors", "{tmp}/bf16.safetensors"]),
+    ("compare tensors", ["compare", "tensors", "{tmp}/dump/fp32.safetensors", "{tmp}/dump/bf16.safetensors",
+                         "{tmp}/dump/bf16.safetensors"]),
+]
+
+
+@pytest.fixture(scope="module")
+def docs(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("glossary")
+    out = {}
+    for name, argv in COMMANDS:
+        r = cli(*[a.format(tmp=tmp) for a in argv], "--json")
+        assert r.code == 0, (name, r.err)
+        out[name] = strict_json(r.out)
+    return out
+
+
+@pytest.mark.parametrize("name", [c[0] for c in COMMANDS])
+def test_every_document_carries_the_schema_version_first(docs, name):
+    d = docs[name]
+    assert list(d)[:2] == ["schema_version", "command"] and d["schema_version"] == report.SCHEMA_VERSION
+    assert isinstance(d["rows"], list) and d["rows"]
+
+
+@pytest.mark.parametrize("name", [c[0] for c in COMMANDS])
+def test_no_document_uses_a_synonym(docs, name):
+    assert json_glossary_problems(docs[name]) == []
+
+
+def test_the_glossary_names_are_the_ones_in_use(docs):
+    """The chosen names really occur, so the test above is not vacuous."""
+    rows = {name: d["rows"] for name, d in docs.items()}
+    assert all("time_s" in r for r in rows["bench"]) and any("time_s" in r for r in rows["tf32"])
+    assert all("time_s" in r for r in rows["accumulate"]) and "load_s" in docs["compare model"]["timing"]
+    for name in ("softmax", "tf32", "compare op", "compare model", "compare tensors"):
+        assert all("max_abs_error" in r for r in rows[name]), name
+    assert all(isinstance(r["dtype"], str) for r in rows["accumulate"]) and "dtypes" in docs["softmax"]["params"]
+
+
+def test_the_checker_finds_each_kind_of_synonym():
+    bad = {"schema_version": 2, "rows": [{"time_ms": 1.0, "max_abs": 0.5, "p99_abs": 0.1, "storage": "bf16",
+                                          "dtype": ["fp32"], "nested": {"rel_l2_mean": 1.0, "elapsed": 2},
+                                          "method": "kahan", "kernel": "tree"}]}
+    found = json_glossary_problems(bad)
+    for key in ("time_ms", "max_abs", "p99_abs", "storage", "dtype", "rel_l2_mean", "elapsed", "method", "kernel"):
+        assert any(f".{key}:" in p for p in found), key
+    ok = {"rows": [{"time_s": 1.0, "max_abs_error": 0.5, "max_abs_diff": 0.0, "p99_abs_error": 0.1, "abs_sum": 3.0,
+                    "dtype": "bf16", "dtypes": ["bf16"], "ns_per_element": 1.0, "max_abs_diff_vs_ws1": 0.0}]}
+    assert json_glossary_problems(ok) == []

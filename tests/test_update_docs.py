@@ -1,0 +1,81 @@
+"""scripts/update_docs.py --check's normaliser: timings, machine names and paths
+are ignored, a result's digit never is."""
+
+import importlib.util
+
+from helpers import ROOT
+
+_spec = importlib.util.spec_from_file_location("update_docs", ROOT / "scripts" / "update_docs.py")
+update_docs = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(update_docs)
+normalise = update_docs.normalise
+
+TF32 = """\
+matmul 256x256 @ 256x256 against float64
+┏━━━━━━━━┳━━━━━━┳━━━━━━━━━━┳━━━━━━━━━━┳━━━━━━━━━━┳━━━━━━━━━━━┳━━━━━━━━━┓
+┃ device ┃ mode ┃ emulated ┃   rel L2 ┃  max abs ┃ time (ms) ┃ TFLOP/s ┃
+┡━━━━━━━━╇━━━━━━╇━━━━━━━━━━╇━━━━━━━━━━╇━━━━━━━━━━╇━━━━━━━━━━━╇━━━━━━━━━┩
+│ cpu    │ fp32 │ no       │ 2.96e-07 │ 7.61e-05 │      9.66 │    0.22 │
+│ cpu    │ tf32 │ yes      │ 2.94e-04 │ 4.91e-02 │     32.43 │    0.07 │
+└────────┴──────┴──────────┴──────────┴──────────┴───────────┴─────────┘
+load 0.02 s, run 0.27 s (after the torch import)
+"""
+# the same run, slower: one time wider than its column was, so Rich widened the column
+TF32_SLOWER = """\
+matmul 256x256 @ 256x256 against float64
+┏━━━━━━━━┳━━━━━━┳━━━━━━━━━━┳━━━━━━━━━━┳━━━━━━━━━━┳━━━━━━━━━━━━┳━━━━━━━━━┓
+┃ device ┃ mode ┃ emulated ┃   rel L2 ┃  max abs ┃  time (ms) ┃ TFLOP/s ┃
+┡━━━━━━━━╇━━━━━━╇━━━━━━━━━━╇━━━━━━━━━━╇━━━━━━━━━━╇━━━━━━━━━━━━╇━━━━━━━━━┩
+│ cpu    │ fp32 │ no       │ 2.96e-07 │ 7.61e-05 │   10123.50 │    0.01 │
+│ cpu    │ tf32 │ yes      │ 2.94e-04 │ 4.91e-02 │      31.02 │    0.08 │
+└────────┴──────┴──────────┴──────────┴──────────┴────────────┴─────────┘
+load 1.5 s, run 12 s (after the torch import)
+"""
+
+
+def test_timings_differ_the_texts_normalise_equal():
+    assert TF32 != TF32_SLOWER and normalise(TF32) == normalise(TF32_SLOWER)
+
+
+def test_a_result_digit_differs():
+    for old, new in [("2.96e-07", "2.97e-07"), ("4.91e-02", "4.91e-03"), ("│ tf32 │ yes", "│ tf32 │ no ")]:
+        assert normalise(TF32) != normalise(TF32.replace(old, new, 1)), old
+
+
+def test_numbers_without_a_time_unit_are_results():
+    a = "• bf16 sequential stalled for good at 32.0 (step 277); 50 greedy steps, 8 threads, 4x16384B->8192\n"
+    assert normalise(a) == a
+    assert normalise(a) != normalise(a.replace("277", "278"))
+    assert normalise("run 2.50 s (2.50 s of CPU)") == normalise("run 31 s (0.4 s of CPU)")
+    assert normalise("in 3 ms") == normalise("in 4.5 µs") == normalise("in 9 ns") == "in <time>\n"
+
+
+def test_only_the_timing_columns_are_ignored():
+    bench = ("┏━━━━━━━━━━━━┳━━━━━━━┳━━━━━━━━━━┳━━━━━━━━━━━━┳━━━━━━━━━━━━━┳━━━━━━━━━━━┓\n"
+             "┃ kernel     ┃ dtype ┃ n        ┃ ns/element ┃ x numpy.sum ┃ target ns ┃\n"
+             "┡━━━━━━━━━━━━╇━━━━━━━╇━━━━━━━━━━╇━━━━━━━━━━━━╇━━━━━━━━━━━━━╇━━━━━━━━━━━┩\n"
+             "│ sequential │ fp32  │ 10000000 │      1.291 │        6.74 │         2 │\n"
+             "└────────────┴───────┴──────────┴────────────┴─────────────┴───────────┘\n")
+    assert normalise(bench) == normalise(bench.replace("1.291", "9.876").replace("6.74", "0.12"))
+    assert normalise(bench) != normalise(bench.replace("10000000", "10000001"))  # the size is a parameter
+    assert normalise(bench) != normalise(bench.replace("│         2 │", "│         3 │"))  # target: a constant
+
+
+def test_machine_names_paths_and_versions_are_ignored():
+    a = ('{\n  "versions": {\n    "python": "3.11.7",\n    "torch": "2.13.0+cpu"\n  },\n  "cpu_name": "AMD EPYC",\n'
+         '  "library": {\n    "path": "/work/main/precisionlab/lib/libprecisionlab.so",\n    "abi": 2\n  },\n'
+         '  "gpu_name": null,\n  "exact_stored": 1.0\n}\n')
+    b = (a.replace("3.11.7", "3.12.1").replace("AMD EPYC", "Intel(R) Xeon(R) Gold 6338")
+         .replace("/work/main/", "/home/ci/clone/").replace('"gpu_name": null', '"gpu_name": "NVIDIA H200"'))
+    assert normalise(a) == normalise(b)
+    assert normalise(a) != normalise(a.replace('"abi": 2', '"abi": 3'))
+    assert normalise(a) != normalise(a.replace('"exact_stored": 1.0', '"exact_stored": 1.5'))
+    assert normalise("wrote /tmp/tmpab12_x/fp32.safetensors") == normalise("wrote /tmp/tmpzz99/fp32.safetensors")
+    assert normalise(a) == normalise(a.replace("/work/main/precisionlab/lib/", "/opt/emu/build/"))  # $PRECISIONLAB_LIB
+
+
+def test_examples_are_found_with_their_marks():
+    text = ("```\n$ precisionlab info\nx\n```\n<!-- example: gpu -->\n```\n$ precisionlab bench --device cuda\ny\n```\n"
+            "```\nnot an example\n```\n")
+    found = [(m.group("mark"), m.group("cmd")) for m in update_docs.BLOCK.finditer(text)]
+    assert found == [(None, "info"), ("gpu", "bench --device cuda")]
