@@ -15,14 +15,13 @@ from hypothesis import strategies as st
 
 from precisionlab import formats, native
 
-METHODS = ["sequential", "pairwise", "kahan", "neumaier", "stochastic"]
+# every CPU sum kernel of the library's catalog (the reordered rows run the sequential one)
+METHODS = [v.name for v in native.variants("sum", "cpu") if v.order == "as_given"]
 STORAGES = ["fp64", "fp32", "fp16", "bf16", "fp8_e4m3", "fp8_e5m2"]
-TF32 = 6  # an accumulator the C library has and the Python registry does not
+TF32 = next(d.code for d in native.format_table() if d.name == "tf32")  # the library has it, the registry does not
 ACCUMULATORS = [formats.get(a).code for a in STORAGES] + [TF32]
-# precision, emin, max of each accumulator code (the C table's values)
-ACC_RANGE = {0: (53, -1022, 1.7976931348623157e308), 1: (24, -126, 3.4028234663852886e38), 2: (11, -14, 65504.0),
-             3: (8, -126, 3.3895313892515355e38), 4: (4, -6, 448.0), 5: (3, -14, 57344.0),
-             6: (11, -126, 3.4011621342146535e38)}
+# precision, emin, max of each accumulator code (the library's table; tests/test_catalog.py holds it to ml_dtypes)
+ACC_RANGE = {d.code: (d.precision, d.emin, d.max) for d in native.format_table()}
 KINDS = ["scaled", "ties", "extreme", "specials", "constant", "cancel"]
 
 

@@ -12,7 +12,8 @@ from hypothesis import strategies as st
 import emulate
 from precisionlab import formats, native
 
-CPU_METHODS = ["sequential", "pairwise", "kahan", "neumaier", "stochastic"]
+# every CPU sum kernel of the catalog: a new one fails here until emulate.py knows it
+CPU_METHODS = [v.name for v in native.variants("sum", "cpu") if v.order == "as_given"]
 ACCUMULATORS = ["bf16", "fp16", "fp32", "fp64", "fp8_e4m3", "fp8_e5m2"]
 STORAGES = ["fp64", "fp32", "fp16", "bf16", "fp8_e4m3", "fp8_e5m2"]
 ODD_SIZES = [1, 2, 31, 33, 1025]
