@@ -173,10 +173,10 @@ def _parse_methods(text: str | None) -> list[str]:
     for m in (p.strip().lower() for p in text.split(",")):
         if m and m not in out:
             if m not in ALL_METHODS:
-                raise UsageError(f"unknown method {m!r}; choose from {', '.join(ALL_METHODS)}")
+                raise UsageError(f"unknown sum variant {m!r}; choose from {', '.join(ALL_METHODS)}")
             out.append(m)
     if not out:
-        raise UsageError("empty --methods")
+        raise UsageError("empty --variants")
     return out
 
 
@@ -188,11 +188,11 @@ def _check_methods_run_there(methods: list[str], cfg: AccumulateConfig) -> None:
     gpu_only = [m for m in methods if m in GPU_METHODS]
     cpu_only = [m for m in methods if m not in GPU_METHODS]
     if device == "cpu" and gpu_only:
-        raise UsageError(f"--methods {', '.join(gpu_only)}: runs only on the GPU (--device cuda, or auto where "
-                         f"one is present); the CPU methods are {', '.join(CPU_METHODS)}")
+        raise UsageError(f"--variants {', '.join(gpu_only)}: runs only on the GPU (--device cuda, or auto where "
+                         f"one is present); the CPU variants are {', '.join(CPU_METHODS)}")
     if device == "cuda" and cpu_only:
-        raise UsageError(f"--methods {', '.join(cpu_only)}: runs only on the CPU (--device cpu or auto); "
-                         f"the GPU methods are {', '.join(GPU_METHODS)}")
+        raise UsageError(f"--variants {', '.join(cpu_only)}: runs only on the CPU (--device cpu or auto); "
+                         f"the GPU variants are {', '.join(GPU_METHODS)}")
 
 
 def _cpu_methods_for(methods: list[str], acc: Format, constant: bool, explicit: bool) -> list[str]:

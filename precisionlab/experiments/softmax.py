@@ -112,7 +112,7 @@ def run(cfg: SoftmaxConfig, advance=lambda k=1: None) -> SoftmaxResult:
     gpu_only = [m for m in methods if m not in CPU_METHODS] if cfg.methods is not None else []
     if gpu_only and (cfg.device.lower() == "cpu" or (not plan.cuda and len(gpu_only) == len(methods))):
         where = "--device cpu" if cfg.device.lower() == "cpu" else f"no GPU here ({plan.cuda_unavailable})"
-        raise UsageError(f"--methods {', '.join(gpu_only)}: runs only on the GPU, and {where}; "
+        raise UsageError(f"--variants {', '.join(gpu_only)}: runs only on the GPU, and {where}; "
                          f"on the CPU: {', '.join(CPU_METHODS)}")
     cases = _cases(cfg)
     out: list[dict] = []
@@ -153,9 +153,9 @@ def _parse_methods(text: str | None) -> list[str]:
     out = [m.strip().lower() for m in text.split(",") if m.strip()]
     for m in out:
         if m not in METHODS:
-            raise UsageError(f"unknown softmax method {m!r}; choose from {', '.join(METHODS)}")
+            raise UsageError(f"unknown softmax variant {m!r}; choose from {', '.join(METHODS)}")
     if not out:
-        raise UsageError("empty --methods")
+        raise UsageError("empty --variants")
     return list(dict.fromkeys(out))
 
 
