@@ -114,8 +114,8 @@ def _kvcache_embedded():
     from precisionlab.experiments.kvcache import CALIBRATION_CHARS
 
     # 800 steps: the teacher-forced pass's attention scores outgrow the 512-character calibration pass's
-    return [(["kvcache", "--steps", str(s), "--scales", "dynamic", "--json"],
-             memory.kvcache_for(None, s, "ROMEO:\n", CALIBRATION_CHARS)) for s in (50, 400, 800)]
+    return [(["kvcache", "--steps", str(s), "--dtypes", "fp8_e4m3", "--scales", "dynamic", "--json"],
+             memory.kvcache_for(None, s, "ROMEO:\n", CALIBRATION_CHARS)) for s in (100, 400, 800)]
 
 
 # (label, [(argv, estimate in bytes)] at three ascending sizes)
@@ -169,6 +169,12 @@ GROUPS = [["softmax", "softmax --from"], ["nondeterminism"], ["tf32", "tf32 --sw
           ["compare op matmul", "compare op softmax"], ["compare model"], ["compare tensors"],
           ["kvcache --model"], ["kvcache"]]
 
+# Families measured one case per fresh child, each against its whole estimate. The embedded
+# model's kvcache peaks in its attention scores (tens of MB freed and reallocated pass after pass),
+# and what the allocator kept of one run's left the next run's growth depending on it: 1000 steps
+# after 800 grew 49 MiB in one child and 80 MiB in another. Fresh, the same sizes repeat within 15 %.
+FRESH = {"kvcache"}
+
 # What a process pays once, on a command's first run, and keeps (BLAS buffers,
 # thread pools, the library's first-use state): each estimate's size-free term.
 FIRST_USE = {"softmax": memory.softmax(0, 0), "softmax --from": memory.softmax(0, 0),
@@ -188,11 +194,14 @@ def test_estimate_tracks_the_measured_peak(group, tmp_path):
     families = _families(tmp_path)
     cases = [(family, argv, est) for family in group
              for argv, est in (families[family]() if callable(families[family]) else families[family])]
-    measured = _measure([argv for _, argv, _ in cases])
+    if set(group) <= FRESH:
+        measured = [m for _, argv, _ in cases for m in _measure([argv])]
+    else:
+        measured = _measure([argv for _, argv, _ in cases])
     report, ratios = [], []
     for i, ((family, argv, est), m) in enumerate(zip(cases, measured)):
         assert m["rc"] in (0, 1), m  # 1: compare op flags a comparison; the run itself completed
-        want = est if i == 0 else est - FIRST_USE[family]
+        want = est if i == 0 or family in FRESH else est - FIRST_USE[family]
         ratios.append(want / m["growth"])
         report.append(f"{' '.join(argv[:7])}: estimate {want / 2**20:.1f} MiB, measured {m['growth'] / 2**20:.1f} MiB, "
                       f"ratio {ratios[-1]:.2f}")
