@@ -514,16 +514,20 @@ def kvcache_cmd(
                                                     "activations (try 1000).")] = 1.0,
     steps: Annotated[int, typer.Option("--steps", help="Greedy steps.")] = 50,
     prompt: Annotated[str, typer.Option("--prompt", help="Prompt text.")] = "ROMEO:\n",
+    model: Annotated[Optional[str], typer.Option("--model", help="A Hugging Face causal LM: a local directory or a "
+                                                 "repo id already in the local cache (offline only; needs "
+                                                 "precisionlab[hf]). Default: the embedded char-level model.")] = None,
     device: DeviceOpt = "cpu",
     seed: SeedOpt = 0,
     json_out: JsonOpt = False,
 ):
-    """The embedded model with its KV cache in fp8 (unit, calibrated or dynamic scales) against fp32 and bf16 caches."""
+    """A model (the embedded one, or --model DIR) with its KV cache in fp8 (unit, calibrated or dynamic scales)
+    against fp32 and bf16 caches."""
     from precisionlab import report, report_kvcache
     from precisionlab.experiments import kvcache as exp
 
     cfg = exp.KVCacheConfig(dtypes=dtypes, scales=scales, activation_scale=activation_scale, steps=steps,
-                            prompt=prompt, device=device, seed=seed)
+                            prompt=prompt, device=device, seed=seed, model=model)
     with report.progress("kvcache", enabled=not json_out) as advance:
         result = exp.run(cfg, advance)
     (report_kvcache.kvcache_json if json_out else report_kvcache.kvcache_table)(result)

@@ -16,6 +16,7 @@ accumulate keeps its own estimate (experiments/accumulate.py).
 from __future__ import annotations
 
 import math
+from typing import NamedTuple
 
 MiB = 1 << 20
 
@@ -186,11 +187,22 @@ def safetensors_parameters(paths) -> int:
     return total
 
 
-def compare_model_for(model: str | None, steps: int, prompt: str) -> int:
-    """compare_model for the embedded model or a Hugging Face folder, read from
-    the checkpoint's headers and config.json before anything is loaded. A repo
-    id resolves to its local snapshot; where none is found the loader's own
-    error follows, and 0 is returned here."""
+class ModelShape(NamedTuple):
+    params: int
+    seq: int        # prompt + steps positions
+    vocab: int
+    hidden: int
+    layers: int
+    heads: int
+    kind: str       # "hf" | "embedded"
+    positions: int  # the model's longest sequence (0: not declared)
+
+
+def model_shape(model: str | None, steps: int, prompt: str) -> ModelShape | None:
+    """The sizes of the embedded model or a Hugging Face folder, read from
+    the checkpoint's headers and config.json before anything is loaded. A
+    repo id resolves to its local snapshot; where none is found, None (the
+    loader's own error follows)."""
     import json
     from pathlib import Path
 
@@ -202,8 +214,8 @@ def compare_model_for(model: str | None, steps: int, prompt: str) -> int:
 
         with safe_open(str(charlm.DEFAULT_WEIGHTS), framework="pt") as f:
             cfg = json.loads(f.metadata()["config"])
-        return compare_model(safetensors_parameters([charlm.DEFAULT_WEIGHTS]), seq, cfg["vocab_size"],
-                             cfg["d_model"], cfg["n_layers"], cfg["n_heads"], "embedded")
+        return ModelShape(safetensors_parameters([charlm.DEFAULT_WEIGHTS]), seq, cfg["vocab_size"], cfg["d_model"],
+                          cfg["n_layers"], cfg["n_heads"], "embedded", int(cfg.get("max_seq_len", 1024)))
     folder = Path(model)
     if not folder.is_dir():
         try:
@@ -211,7 +223,7 @@ def compare_model_for(model: str | None, steps: int, prompt: str) -> int:
 
             folder = Path(snapshot_download(model, local_files_only=True))
         except Exception:  # not in the cache, or no huggingface_hub: the loader says so
-            return 0
+            return None
     try:
         cfg = json.loads((folder / "config.json").read_text())
     except (OSError, ValueError):
@@ -229,5 +241,41 @@ def compare_model_for(model: str | None, steps: int, prompt: str) -> int:
         v = cfg.get(key)
         return int(v) if isinstance(v, (int, float)) and v > 0 else 0
 
-    return compare_model(params, seq, num("vocab_size"), num("hidden_size"), num("num_hidden_layers"),
-                         num("num_attention_heads"), "hf")
+    return ModelShape(params, seq, num("vocab_size"), num("hidden_size"), num("num_hidden_layers"),
+                      num("num_attention_heads"), "hf", num("max_position_embeddings"))
+
+
+def compare_model_for(model: str | None, steps: int, prompt: str) -> int:
+    """compare_model for the embedded model or a Hugging Face folder (model_shape); 0 where none is found."""
+    shape = model_shape(model, steps, prompt)
+    return 0 if shape is None else compare_model(*shape[:7])
+
+
+# kvcache's first-use state, measured: transformers as compare model's; for the
+# embedded model less than compare model's (no bf16/fp16 copies, no kernels for them).
+KVCACHE_FIXED = {"hf": MODEL_FIXED["hf"], "embedded": 32 * MiB}
+
+
+def kvcache(shape: ModelShape, calibration: int) -> int:
+    """kvcache (experiments/kvcache.py): the model once, in fp32 (4 per
+    parameter; no copies: a cache changes what attention reads, not the
+    weights). Over the seq positions of the teacher-forced pass, for the cache
+    being measured: its fp32 logits and their float64 copy (4 + 8), the fp32
+    and bf16 caches' float64 logits kept throughout (8 + 8) and
+    distribution.position_stats' working arrays (about ten float64 per logit):
+    112 per logit. The longest single pass, the calibration text's (at most
+    `calibration` tokens: a token is at least one character; at most the
+    model's positions) or the teacher-forced one: every layer's K and V in
+    fp32 (8 per position and hidden unit, an upper bound under GQA) and one
+    layer's attention scores with the copies eager attention makes of them
+    (scaled, masked, softmaxed: 16 bytes per head and pair of positions)."""
+    calib = min(calibration, shape.positions) if shape.positions else calibration
+    longest = max(calib, shape.seq)
+    return (4 * shape.params + 112 * shape.seq * shape.vocab + 16 * shape.heads * longest * longest
+            + 8 * longest * shape.hidden * shape.layers + KVCACHE_FIXED[shape.kind])
+
+
+def kvcache_for(model: str | None, steps: int, prompt: str, calibration: int) -> int:
+    """kvcache for the embedded model or a Hugging Face folder (model_shape); 0 where none is found."""
+    shape = model_shape(model, steps, prompt)
+    return 0 if shape is None else kvcache(shape, calibration)

@@ -273,20 +273,23 @@ def tiny_models(tmp_path_factory):
     return out
 
 
+@pytest.mark.parametrize("command", [["compare", "model"], ["kvcache"]], ids=" ".join)
 @pytest.mark.parametrize("kind", ["auto_map", "tokenizer_auto_map"])
-def test_a_model_folder_with_custom_code_is_refused_without_reading_stdin(run, tiny_models, monkeypatch, kind):
+def test_a_model_folder_with_custom_code_is_refused_without_reading_stdin(run, tiny_models, monkeypatch, kind,
+                                                                          command):
     import io
 
     stdin = io.StringIO("y\ny\ny\n")  # the answer a prompt would take
     monkeypatch.setattr(sys, "stdin", stdin)
-    r = run("compare", "model", "--model", str(tiny_models[kind]), "--steps", "2", "--prompt", "the cat", "--json")
+    r = run(*command, "--model", str(tiny_models[kind]), "--steps", "2", "--prompt", "the cat", "--json")
     one_line(r, 2, "auto_map")
     assert r.out == ""  # no prompt text, no JSON: nothing on stdout
     assert stdin.tell() == 0, "stdin was read"
     assert not tiny_models["marker"].exists(), "the model folder's code ran"
 
 
-def test_every_transformers_loader_gets_trust_remote_code_false(run, tiny_models, monkeypatch):
+@pytest.mark.parametrize("command", [["compare", "model"], ["kvcache", "--scales", "dynamic"]], ids=" ".join)
+def test_every_transformers_loader_gets_trust_remote_code_false(run, tiny_models, monkeypatch, command):
     import transformers
 
     calls = []
@@ -298,7 +301,7 @@ def test_every_transformers_loader_gets_trust_remote_code_false(run, tiny_models
             return _real(*a, **kw)
 
         monkeypatch.setattr(cls, "from_pretrained", spy)
-    r = run("compare", "model", "--model", str(tiny_models["good"]), "--steps", "2", "--prompt", "the cat", "--json")
+    r = run(*command, "--model", str(tiny_models["good"]), "--steps", "2", "--prompt", "the cat", "--json")
     assert r.code == 0, r.err
     names = {n for n, _ in calls}
     assert {"AutoTokenizer", "AutoModelForCausalLM"} <= names

@@ -1,14 +1,16 @@
-"""`precisionlab kvcache`: the embedded model with an fp8 KV cache. The
-stored values are checked against the dtype registry's rounding, saturation is
-counted exactly, and the done-when facts: K and V scaled by 1000 in a
-unit-scale e4m3 cache saturate and are flagged; dynamic scales bring the error
-back to fp8's own cost."""
+"""`precisionlab kvcache`: the embedded model, and a tiny Hugging Face Qwen3
+(--model DIR), with an fp8 KV cache. The stored values are checked against the
+dtype registry's rounding, saturation is counted exactly, and the done-when
+facts on both models: K and V scaled by 1000 in a unit-scale e4m3 cache
+saturate and are flagged; dynamic scales bring the error back to fp8's own
+cost. The distribution statistics are compare model --metrics' own."""
 
 import numpy as np
 import pytest
 from helpers import cli, strict_json
 
 from precisionlab import formats
+from precisionlab.errors import RunError, UsageError
 from precisionlab.experiments import kvcache as exp
 
 torch = pytest.importorskip("torch")
@@ -63,3 +65,175 @@ def test_cli_json_and_usage_errors():
                        (["--prompt", "\u00e9"], "--prompt")):
         r = cli("kvcache", *args)
         assert r.code == 2 and text in r.err and "Traceback" not in r.err, (args, r.err)
+
+
+def test_the_distribution_statistics_are_compare_model_metrics_own(scaled_run):
+    from precisionlab import distribution
+
+    for r in scaled_run.rows:
+        d = r["distribution"]
+        assert set(d) >= {"kld_mean", "kld_p99", "top1_agree_pct", "dp_rms", "ln_ppl_ratio", "flips_by_margin"}
+        assert d["positions"] == 8 and r["kld_mean"] == d["kld_mean"]
+        assert r["distribution_vs_bf16_cache"]["positions"] == 8
+    rows = {(r["cache"], r["scale"]): r for r in scaled_run.rows}
+    assert rows[("bf16", None)]["distribution_vs_bf16_cache"]["kld_max"] == 0  # the bf16 cache against itself
+    assert rows[("fp8_e4m3", "unit")]["kld_mean"] > 100 * rows[("fp8_e4m3", "dynamic")]["kld_mean"]
+    assert distribution.summarize.__module__ == "precisionlab.distribution"
+
+
+# ---------------------------------------------------------------------------
+# --model DIR: a Hugging Face model, its cache a transformers DynamicCache that rounds in update()
+
+
+@pytest.fixture(scope="module")
+def tiny_qwen(tmp_path_factory):
+    """A random 2-layer Qwen3 (GQA: 4 query heads, 2 key/value heads) with a word-level tokenizer."""
+    pytest.importorskip("transformers")
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast, Qwen3Config, Qwen3ForCausalLM
+
+    out = tmp_path_factory.mktemp("tiny-qwen3")
+    words = ["[UNK]", "the", "cat", "sat", "on", "a", "mat", "and", "dog", "ran", "to", "it"]
+    tok = Tokenizer(models.WordLevel(vocab={w: i for i, w in enumerate(words)}, unk_token="[UNK]"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    torch.manual_seed(0)
+    cfg = Qwen3Config(vocab_size=len(words), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, head_dim=8, max_position_embeddings=64)
+    Qwen3ForCausalLM(cfg).save_pretrained(out)
+    PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="[UNK]").save_pretrained(out)
+    return out
+
+
+def _hf_cfg(folder, **kw):
+    return exp.KVCacheConfig(model=str(folder), prompt="the cat sat", **({"steps": 12} | kw))
+
+
+@pytest.fixture(scope="module")
+def hf_scaled_run(tiny_qwen):
+    return exp.run(_hf_cfg(tiny_qwen, activation_scale=1000.0))
+
+
+def test_hf_model_every_scale_mode_runs(hf_scaled_run):
+    rows = {(r["cache"], r["scale"]): r for r in hf_scaled_run.rows}
+    assert list(rows) == [("fp32", None), ("bf16", None)] + [(d, s) for d in exp.FP8 for s in exp.SCALES]
+    # 2 layers x (K, V) x 2 key/value heads x (3 prompt + 12 steps - 1) positions x head_dim 8
+    assert {r["entries"] for r in rows.values()} == {2 * 2 * 2 * 14 * 8}
+    assert all(np.isfinite(r["mean_rel_l2"]) and np.isfinite(r["kld_mean"]) for r in rows.values())
+    info = hf_scaled_run.model_info
+    assert info["architecture"] == "Qwen3ForCausalLM" and info["cache_layers"] == 2 and info["kv_heads"] == 2
+
+
+def test_hf_activations_x1000_saturate_a_unit_scale_cache_and_dynamic_scales_recover(hf_scaled_run):
+    rows = {(r["cache"], r["scale"]): r for r in hf_scaled_run.rows}
+    unit, dyn = rows[("fp8_e4m3", "unit")], rows[("fp8_e4m3", "dynamic")]
+    assert unit["flag"] == "saturating" and unit["saturated"] > unit["entries"] // 10
+    assert dyn["flag"] == "" and dyn["saturated"] == 0
+    assert unit["mean_rel_l2"] > 10 * dyn["mean_rel_l2"]
+    # Set before looking: e4m3 keeps 4 significand bits to bf16's 8, so its relative rounding of each K and V
+    # entry is 16x bf16's, and the logit error, linear in small perturbations, about 16x the bf16 cache's. A
+    # factor 2 either way covers the spread of 14 positions; below 4x the cache would not be read quantized.
+    assert 16 / 4 < dyn["vs_bf16"] < 16 * 2
+    assert rows[("fp32", None)]["mean_rel_l2"] < 1e-6  # x1000 then /1000 in fp32: rounding only
+    assert any("saturates" in t for t in hf_scaled_run.takeaways)
+
+
+def test_hf_distribution_statistics_agree_with_distribution_py_on_the_same_logits(tiny_qwen, hf_scaled_run):
+    """The dynamic e4m3 row's statistics, recomputed here from logits got
+    through compare model's own runner (the reference) and a fresh cache."""
+    from precisionlab import distribution
+
+    cfg = _hf_cfg(tiny_qwen, activation_scale=1000.0)
+    m = exp.HFModel(cfg, "cpu")
+    with torch.no_grad():
+        tokens, _ = m.runner.greedy(m.runner.base, m.prompt, cfg.steps)
+        path = m.prompt + tokens
+        ref = m.runner.forward_all(m.runner.base, path[:-1])[len(m.prompt) - 1:]
+        cal = exp.Stores(lambda i: exp.KVStore(None, None, 1000.0))
+        m.calibrate(cal, m.calibration)
+        dyn = exp._forced(m.session(exp.Stores(lambda i: exp.KVStore("fp8_e4m3", "dynamic", 1000.0))), path,
+                          len(m.prompt))
+    want = distribution.summarize(distribution.position_stats(ref, dyn, np.asarray(tokens)))
+    row = next(r for r in hf_scaled_run.rows if (r["cache"], r["scale"]) == ("fp8_e4m3", "dynamic"))
+    assert row["distribution"] == want
+
+
+def test_hf_attention_reads_the_quantized_cache_its_own_token_included(tiny_qwen, monkeypatch):
+    """What update() returns, which attention reads, is on the e4m3 grid and
+    holds the current token; decoding token by token gives the one-pass
+    logits; a cache that stores fp32 changes nothing."""
+    e4m3 = formats.get("fp8_e4m3")
+    m = exp.HFModel(_hf_cfg(tiny_qwen), "cpu")
+    cls = exp.stored_cache_class()
+    seen = []
+    real = cls.update
+
+    def spy(self, k, v, layer_idx, *a, **kw):
+        out = real(self, k, v, layer_idx, *a, **kw)
+        seen.append((k.shape[-2], out[0].shape[-2], out[0].double().numpy(), out[1].double().numpy(),
+                     self.get_seq_length(layer_idx)))
+        return out
+
+    monkeypatch.setattr(cls, "update", spy)
+    path = m.prompt + [1, 2, 3, 4, 5, 6]
+    unit = lambda: exp.Stores(lambda i: exp.KVStore("fp8_e4m3", "unit", 1.0))  # noqa: E731
+    with torch.no_grad():
+        feed = m.session(unit())
+        steps = [feed(m.prompt)[-1]] + [feed([t])[-1] for t in path[len(m.prompt):-1]]
+    for new, returned, k, v, held in seen:
+        assert returned == held  # the whole cache, this call's tokens included
+        for x in (k, v):
+            assert np.array_equal(e4m3.round(np.clip(x, -448, 448)), x)
+    assert seen[-1][0] == 1 and seen[-1][1] == len(path) - 1
+    with torch.no_grad():
+        one_pass = exp._forced(m.session(unit()), path, len(m.prompt))
+        plain = m.runner.forward_all(m.runner.base, path[:-1])[len(m.prompt) - 1:]
+        fp32 = exp._forced(m.session(exp.Stores(lambda i: exp.KVStore(None, None, 1.0))), path, len(m.prompt))
+    stepwise = torch.stack(steps).double().numpy()
+    assert np.array_equal(fp32, plain)
+    gap = np.abs(one_pass - plain).max()
+    assert gap > 1e-4 and np.abs(stepwise - one_pass).max() < 1e-3 * gap
+
+
+def test_hf_memory_is_checked_before_anything_loads(tiny_qwen, monkeypatch):
+    import transformers
+
+    from precisionlab import inputs
+
+    calls = []
+    for cls in (transformers.AutoConfig, transformers.AutoTokenizer, transformers.AutoModelForCausalLM):
+        monkeypatch.setattr(cls, "from_pretrained", lambda *a, **k: calls.append(a) or None)
+    monkeypatch.setattr(inputs, "memory_limit", lambda: 1 << 20)
+    with pytest.raises(UsageError, match=r"kvcache --model .* needs about \d+ MiB of memory"):
+        exp.run(_hf_cfg(tiny_qwen))
+    assert calls == []
+
+
+def test_hf_cache_api_changes_fail_in_one_line(tiny_qwen, monkeypatch):
+    import transformers
+
+    exp.stored_cache_class.cache_clear()
+    monkeypatch.setattr(transformers.DynamicCache, "update", lambda self, keys, values, idx=0, **kw: (keys, values))
+    try:
+        with pytest.raises(RunError, match=r"DynamicCache.update is not update\(key_states"):
+            exp.run(_hf_cfg(tiny_qwen, steps=2))
+    finally:
+        exp.stored_cache_class.cache_clear()
+    monkeypatch.undo()
+    monkeypatch.setattr(exp, "_cache_keyword", lambda module: "kv_cache_by_another_name")
+    with pytest.raises(RunError, match=r"never called its KV cache's update\(\)"):
+        exp.run(_hf_cfg(tiny_qwen, steps=2))
+
+
+def test_hf_cli_json_and_usage_errors(tiny_qwen):
+    r = cli("kvcache", "--model", str(tiny_qwen), "--prompt", "the cat", "--dtypes", "fp8_e4m3", "--scales",
+            "dynamic", "--steps", "3", "--json")
+    assert r.code == 0, r.err
+    doc = strict_json(r.out)
+    assert doc["params"]["model"] == str(tiny_qwen) and doc["model"]["transformers"]
+    assert [(x["cache"], x["scale"]) for x in doc["rows"]] == [("fp32", None), ("bf16", None),
+                                                                ("fp8_e4m3", "dynamic")]
+    assert all("kld_mean" in x["distribution"] and "flips_by_margin" in x["distribution_vs_bf16_cache"]
+               for x in doc["rows"])
+    for args, text in ((["--model", "/nonexistent/model"], "--model"), (["--steps", "100"], "exceeds")):
+        r = cli("kvcache", "--model", str(tiny_qwen), "--prompt", "the cat", *args)
+        assert r.code == 2 and len(r.err.strip().splitlines()) == 1 and text in r.err, (args, r.err)

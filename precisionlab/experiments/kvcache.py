@@ -1,6 +1,7 @@
-"""kvcache: the embedded model with its KV cache kept in fp8.
+"""kvcache: a model with its KV cache kept in fp8.
 
-The model computes in fp32 throughout; only what the cache stores changes:
+The embedded model, or a Hugging Face causal LM (`--model DIR`), computes in
+fp32 throughout; only what the cache stores changes:
   fp32                      the reference cache (the model as shipped);
   bf16                      K and V rounded to bf16;
   fp8_e4m3 / fp8_e5m2 with  unit        scale 1: the values as they are;
@@ -17,22 +18,37 @@ times s. `activation_scale` multiplies K and V before they are stored and
 divides them after they are read: the same model with large activations in
 its cache, as models with outlier channels have.
 
+Where the cache sits: the embedded model's `Attention.kv_store`; for a Hugging
+Face model a transformers DynamicCache whose update() rounds the new keys and
+values before appending them (`stored_cache_class`). Both receive the keys
+after RoPE (what both caches hold), and in both attention reads what the cache
+returns, so every query reads quantized K and V, its own token's included, in
+the prompt's pass as in each decoding step. A Hugging Face model's cache holds
+its key/value heads (fewer than the query heads under GQA): dynamic scales are
+per key/value head.
+
 Per cache: the teacher-forced logit error along the reference's greedy path
-against the fp32 cache, its ratio to the bf16 cache's, the number of
-saturated cache entries (an entry whose scaled value lies past max + half the
-format's last spacing: where rounding without a range limit would have gone
-past max, so the clamp changed it), and the first step where free-running
-greedy decoding leaves the reference's tokens.
+against the fp32 cache, its ratio to the bf16 cache's, the next-token
+distribution statistics of `compare model --metrics` (precisionlab.distribution:
+KL, top-1 agreement, delta-p, flips by fp32's margin) on the same logits
+against the fp32 cache and against the bf16 cache, the number of saturated
+cache entries (an entry whose scaled value lies past max + half the format's
+last spacing: where rounding without a range limit would have gone past max,
+so the clamp changed it), and the first step where free-running greedy
+decoding leaves the reference's tokens (a non-finite logit leaves it: NaN
+never agrees).
 """
 
 from __future__ import annotations
 
+import functools
+import inspect
 import math
 from dataclasses import dataclass
 
 import numpy as np
 
-from precisionlab import devices, formats, inputs, memory
+from precisionlab import devices, distribution, formats, inputs, memory
 from precisionlab.errors import NoDeviceError, RunError, UsageError
 
 DEFAULT_PROMPT = "ROMEO:\n"
@@ -50,6 +66,7 @@ class KVCacheConfig:
     prompt: str = DEFAULT_PROMPT
     device: str = "cpu"
     seed: int = 0
+    model: str | None = None      # a Hugging Face folder or cached repo id; None: the embedded model
 
 
 @dataclass
@@ -67,7 +84,7 @@ def _torch():
 
 
 class KVStore:
-    """One layer's cache format: Attention.kv_store. Counts what it stores."""
+    """One layer's cache format: what it stores of K and V. Counts what it stores."""
 
     def __init__(self, fmt: str | None, mode: str | None, activation_scale: float,
                  calibrated: tuple[float, float] | None = None):
@@ -76,8 +93,10 @@ class KVStore:
         self.amax = [0.0, 0.0]  # of K and V as stored (activation scale applied)
         self.entries = 0
         self.saturated = 0
+        self.heads = self.head_dim = 0  # of the last K written: (batch, heads, tokens, head_dim)
 
     def __call__(self, k, v):
+        self.heads, self.head_dim = int(k.shape[1]), int(k.shape[-1])
         return self._store(k, 0), self._store(v, 1)
 
     def _store(self, x, which: int):
@@ -109,31 +128,209 @@ class KVStore:
         return (q / self.a).to(x.dtype)
 
 
-def _install(model, make) -> list:
-    stores = []
-    for i, layer in enumerate(model.layers):
-        layer.attn.kv_store = make(i)
-        stores.append(layer.attn.kv_store)
-    return stores
+class Stores(dict):
+    """Layer index -> KVStore, made on first use: a Hugging Face model calls
+    its cache by layer index, and a hybrid model's non-attention layers never
+    do."""
+
+    def __init__(self, make):
+        super().__init__()
+        self.make = make
+
+    def __missing__(self, i):
+        self[i] = store = self.make(i)
+        return store
+
+    @property
+    def entries(self) -> int:
+        return sum(s.entries for s in self.values())
+
+    @property
+    def saturated(self) -> int:
+        return sum(s.saturated for s in self.values())
 
 
-def _greedy(model, prompt: list[int], steps: int, device: str) -> list[int]:
-    torch = _torch()
-    ids = list(prompt)
-    with torch.no_grad():
-        logits, cache = model(torch.tensor([ids], device=device))
-        for _ in range(steps):
-            ids.append(int(logits[0, -1].argmax()))
-            logits, cache = model(torch.tensor([ids[-1:]], device=device), cache, len(ids) - 1)
-    return ids[len(prompt):]
+# ---------------------------------------------------------------------------
+# the two models behind one interface: session(stores) -> feed(ids) -> logits
 
 
-def _forced(model, ids: list[int], first: int, device: str) -> np.ndarray:
-    """Logits predicting ids[first:], reading the whole path at once (K/V go through kv_store all the same)."""
-    torch = _torch()
-    with torch.no_grad():
-        logits, _ = model(torch.tensor([ids[:-1]], device=device))
-    return logits[0, first - 1:].double().cpu().numpy()
+class EmbeddedModel:
+    """The embedded char-LM: the stores go in as each layer's Attention.kv_store."""
+
+    def __init__(self, cfg: KVCacheConfig, device: str):
+        torch = _torch()
+        from precisionlab.models import charlm
+
+        self.model, tok = charlm.load_default(torch.float32, device)
+        self.device = device
+        self.layers = len(self.model.layers)
+        self.info = {"name": "precisionlab char-LM (embedded, bf16 weights)",
+                     "parameters": sum(p.numel() for p in self.model.parameters()), "layers": self.layers,
+                     "heads": self.model.cfg.n_heads, "head_dim": self.model.cfg.head_dim}
+        missing = sorted({c for c in cfg.prompt if c not in tok.index})
+        if missing or not cfg.prompt:
+            raise UsageError(f"--prompt must be non-empty text the model knows (unknown: {''.join(missing)!r})")
+        self.prompt = tok.encode(cfg.prompt)
+        if len(self.prompt) + cfg.steps > self.model.cfg.max_seq_len:
+            raise UsageError(f"prompt + steps must stay within {self.model.cfg.max_seq_len} tokens")
+        self.calibration = [tok.index[c] for c in calibration_text() if c in tok.index]
+
+    def session(self, stores: Stores | None):
+        torch = _torch()
+        for i, layer in enumerate(self.model.layers):
+            layer.attn.kv_store = None if stores is None else stores[i]
+        state = {"cache": None, "pos": 0}
+
+        def feed(ids: list[int]):
+            logits, state["cache"] = self.model(torch.tensor([ids], device=self.device), state["cache"], state["pos"])
+            state["pos"] += len(ids)
+            return logits[0]
+
+        return feed
+
+    def calibrate(self, stores: Stores, ids: list[int]) -> None:
+        self.session(stores)(ids)
+
+    def close(self) -> None:
+        self.session(None)
+
+
+def calibration_text() -> str:
+    from precisionlab.models import charlm
+
+    return charlm.DEFAULT_WEIGHTS.with_name("shakespeare.txt").read_text("utf-8")[:CALIBRATION_CHARS]
+
+
+def _transformers_version() -> str:
+    import transformers
+
+    return getattr(transformers, "__version__", "?")
+
+
+@functools.cache
+def stored_cache_class():
+    """A transformers DynamicCache whose update(key_states, value_states,
+    layer_idx, ...) passes the new keys and values through the layer's
+    KVStore before appending them, and returns what attention reads. update()
+    with that head is the one Cache surface stable from transformers 4.36 to
+    5.x (its later arguments changed name: cache_kwargs, then kwargs; they
+    pass through untouched). Anything else: one line, exit 1."""
+    try:
+        from transformers import DynamicCache
+    except ImportError:
+        raise RunError(f"transformers {_transformers_version()} has no DynamicCache; kvcache --model needs "
+                       "transformers >= 4.45") from None
+    try:
+        head = list(inspect.signature(DynamicCache.update).parameters)[:4]
+    except (TypeError, ValueError):
+        head = []
+    if head != ["self", "key_states", "value_states", "layer_idx"]:
+        raise RunError(f"transformers {_transformers_version()}: DynamicCache.update is not "
+                       f"update(key_states, value_states, layer_idx, ...) (found {head}); kvcache --model cannot "
+                       "put its fp8 rounding in this version's cache")
+
+    class StoredCache(DynamicCache):
+        def __init__(self, stores: Stores | None, config):
+            try:
+                super().__init__(config=config)  # what the model itself builds (sliding layers included)
+            except TypeError:  # transformers before 4.56: no config argument
+                super().__init__()
+            self.stores = stores
+            self.calls = 0
+
+        def update(self, key_states, value_states, layer_idx, *args, **kwargs):
+            self.calls += 1
+            if self.stores is not None:
+                key_states, value_states = self.stores[layer_idx](key_states, value_states)
+            return super().update(key_states, value_states, layer_idx, *args, **kwargs)
+
+    return StoredCache
+
+
+def _cache_keyword(module) -> str:
+    """The forward() keyword a cache object is passed by: `cache` in
+    transformers 5.x (past_key_values deprecated), `past_key_values` before."""
+    try:
+        names = inspect.signature(module.forward).parameters
+    except (TypeError, ValueError):
+        names = {}
+    for kw in ("cache", "past_key_values"):
+        if kw in names:
+            return kw
+    raise RunError(f"transformers {_transformers_version()}: {type(module).__name__}.forward takes neither cache= "
+                   "nor past_key_values=; kvcache --model cannot hand it a cache")
+
+
+class HFModel:
+    """A Hugging Face causal LM, opened as compare model opens it
+    (model.open_runner: no foreign code, memory checked first), fed through a
+    StoredCache."""
+
+    def __init__(self, cfg: KVCacheConfig, device: str):
+        from precisionlab.experiments import model as mexp
+
+        estimate = functools.partial(memory.kvcache_for, calibration=CALIBRATION_CHARS)
+        self.runner, self.prompt = mexp.open_runner(cfg.model, device, cfg.prompt, cfg.steps, memory_check=True,
+                                                    command="kvcache --model", estimate=estimate)
+        self.model, self.device = self.runner.base, device
+        self.cls = stored_cache_class()
+        self.kw = _cache_keyword(self.model)
+        # Calibration needs no logits: the decoder alone (a 150k vocabulary over 512 tokens would be 300 MB).
+        self.decoder = getattr(self.model, "base_model", None) or self.model
+        self.decoder_kw = _cache_keyword(self.decoder)
+        cfg_ = self.model.config
+        self.layers = int(getattr(cfg_, "num_hidden_layers", 0) or 0)
+        self.info = self.runner.info() | {"layers": self.layers,
+                                          "heads": int(getattr(cfg_, "num_attention_heads", 0) or 0),
+                                          "transformers": _transformers_version()}
+        self.calibration = self.runner.encode(calibration_text())[:int(self.runner.max_len)]
+        if not self.calibration:
+            raise RunError("the calibration text encodes to no tokens with this model's tokenizer")
+
+    def _call(self, module, kw, cache, ids):
+        torch = _torch()
+        out = module(input_ids=torch.tensor([ids], device=self.device), use_cache=True, **{kw: cache})
+        if cache.calls == 0:
+            raise RunError(f"{type(module).__name__} (transformers {_transformers_version()}) never called its KV "
+                           "cache's update(): kvcache --model cannot see what this model caches")
+        return out
+
+    def session(self, stores: Stores | None):
+        cache = self.cls(stores, self.model.config)
+        return lambda ids: self._call(self.model, self.kw, cache, ids).logits[0]
+
+    def calibrate(self, stores: Stores, ids: list[int]) -> None:
+        self._call(self.decoder, self.decoder_kw, self.cls(stores, self.model.config), ids)
+
+    def close(self) -> None:
+        pass
+
+
+# ---------------------------------------------------------------------------
+
+
+def _greedy(feed, prompt: list[int], steps: int, strict: bool) -> list[int]:
+    """Greedy tokens from a fresh session. A non-finite logit row ends the
+    path there (strict, for the reference: the run fails, exit 1)."""
+    from precisionlab.experiments.model import check_finite
+
+    out: list[int] = []
+    logits = feed(prompt)[-1]
+    for step in range(steps):
+        last = logits.double().cpu().numpy()
+        if not np.isfinite(last).all():
+            if strict:
+                check_finite(last, "fp32", step, "greedy decoding, fp32 cache")
+            break
+        out.append(int(np.argmax(last)))
+        if step + 1 < steps:
+            logits = feed(out[-1:])[-1]
+    return out
+
+
+def _forced(feed, ids: list[int], first: int) -> np.ndarray:
+    """Logits predicting ids[first:], reading the whole path in one pass (through the same cache)."""
+    return feed(ids[:-1])[first - 1:].double().cpu().numpy()
 
 
 def _rel_l2(a: np.ndarray, ref: np.ndarray) -> np.ndarray:
@@ -148,6 +345,11 @@ def _rel_l2(a: np.ndarray, ref: np.ndarray) -> np.ndarray:
     return out
 
 
+def _ratio(a: float, b: float | None) -> float | None:
+    """a / b; None where b is missing or 0 (a NaN stays NaN: it agrees with nothing)."""
+    return None if b is None or b == 0 else a / b
+
+
 def run(cfg: KVCacheConfig, advance=lambda k=1: None) -> KVCacheResult:
     kv_dtypes = inputs.parse_choices(cfg.dtypes, FP8, "KV cache dtype")
     modes = inputs.parse_choices(cfg.scales, SCALES, "KV scale")
@@ -155,6 +357,8 @@ def run(cfg: KVCacheConfig, advance=lambda k=1: None) -> KVCacheResult:
         raise UsageError(f"--activation-scale must be a positive finite number (got {cfg.activation_scale})")
     if cfg.steps <= 0:
         raise UsageError(f"--steps must be > 0 (got {cfg.steps})")
+    if not cfg.prompt:
+        raise UsageError("--prompt is empty: greedy decoding needs at least one token to start from")
     plan = devices.resolve(cfg.device)
     torch = _torch()
     from precisionlab.models import charlm
@@ -163,62 +367,87 @@ def run(cfg: KVCacheConfig, advance=lambda k=1: None) -> KVCacheResult:
         if not plan.cpu:
             raise NoDeviceError("--device cuda: torch sees no CUDA device")
     names = [d for d in plan.names if d == "cpu" or torch.cuda.is_available()]
-    if not charlm.DEFAULT_WEIGHTS.is_file():
-        raise RunError(f"the embedded model's weights are missing ({charlm.DEFAULT_WEIGHTS})")
-    # the embedded model at prompt + steps positions, as compare model holds it (a few caches more are small)
-    inputs.check_memory(memory.compare_model_for(None, cfg.steps, cfg.prompt), f"kvcache --steps {cfg.steps}")
+    if not charlm.DEFAULT_WEIGHTS.with_name("shakespeare.txt").is_file():
+        raise RunError(f"the calibration text is missing ({charlm.DEFAULT_WEIGHTS.with_name('shakespeare.txt')})")
+    if cfg.model is None:
+        if not charlm.DEFAULT_WEIGHTS.is_file():
+            raise RunError(f"the embedded model's weights are missing ({charlm.DEFAULT_WEIGHTS})")
+        inputs.check_memory(memory.kvcache_for(None, cfg.steps, cfg.prompt, CALIBRATION_CHARS),
+                            f"kvcache --steps {cfg.steps}")
+    from precisionlab.experiments.tf32 import restored_flags
+
     rows: list[dict] = []
-    info = {}
-    for device in names:
-        model, tok = charlm.load_default(torch.float32, device)
-        info = {"name": "precisionlab char-LM (embedded, bf16 weights)",
-                "parameters": sum(p.numel() for p in model.parameters()), "layers": len(model.layers),
-                "heads": model.cfg.n_heads, "head_dim": model.cfg.head_dim}
-        missing = sorted({c for c in cfg.prompt if c not in tok.index})
-        if missing or not cfg.prompt:
-            raise UsageError(f"--prompt must be non-empty text the model knows (unknown: {''.join(missing)!r})")
-        prompt = tok.encode(cfg.prompt)
-        if len(prompt) + cfg.steps > model.cfg.max_seq_len:
-            raise UsageError(f"prompt + steps must stay within {model.cfg.max_seq_len} tokens")
-        calib_text = charlm.DEFAULT_WEIGHTS.with_name("shakespeare.txt").read_text()[:CALIBRATION_CHARS]
-        calib_ids = [tok.index[c] for c in calib_text if c in tok.index]
-
-        ref_tokens = _greedy(model, prompt, cfg.steps, device)
-        path = prompt + ref_tokens
-        ref = _forced(model, path, len(prompt), device)
-        cal = _install(model, lambda i: KVStore(None, None, cfg.activation_scale))
-        with torch.no_grad():
-            model(torch.tensor([calib_ids], device=device))
-        calibrated = [tuple(s.amax) for s in cal]
-
-        caches = [("fp32", None), ("bf16", None)] + [(d, m) for d in kv_dtypes for m in modes]
-        bf16_err = None
-        for fmt, mode in caches:
-            stores = _install(model, lambda i: KVStore(None if fmt == "fp32" else fmt, mode, cfg.activation_scale,
-                                                       calibrated[i]))
-            tokens = _greedy(model, prompt, cfg.steps, device)
-            for s in stores:
-                s.entries = s.saturated = 0  # count the teacher-forced pass alone
-            err = _rel_l2(_forced(model, path, len(prompt), device), ref)
-            if fmt == "bf16":
-                bf16_err = float(np.mean(err))
-            first = next((i for i, (a, b) in enumerate(zip(tokens, ref_tokens)) if a != b), None)
-            sat, entries = sum(s.saturated for s in stores), sum(s.entries for s in stores)
-            rows.append({"device": device, "cache": fmt, "scale": mode, "activation_scale": cfg.activation_scale,
-                         "mean_rel_l2": float(np.mean(err)), "max_rel_l2": float(np.max(err)),
-                         "vs_bf16": None, "saturated": sat, "entries": entries,
-                         "first_divergence": first, "tokens_agree": first is None,
-                         "flag": "saturating" if sat else ""})
-            advance()
-        _install(model, lambda i: None)
-        for r in rows:
-            if r["device"] == device and bf16_err:
-                r["vs_bf16"] = r["mean_rel_l2"] / bf16_err
+    info: dict = {}
+    calibration_tokens = 0
+    with restored_flags(), torch.no_grad():
+        torch.backends.cuda.matmul.allow_tf32 = False  # fp32 means IEEE fp32 here
+        torch.backends.cudnn.allow_tf32 = False
+        for device in names:
+            m = HFModel(cfg, device) if cfg.model else EmbeddedModel(cfg, device)
+            try:
+                device_rows, info = _device_rows(m, cfg, kv_dtypes, modes, device, advance)
+            finally:
+                m.close()
+            rows += device_rows
+            calibration_tokens = len(m.calibration)
     return KVCacheResult(
-        params={"dtypes": kv_dtypes, "scales": modes, "activation_scale": cfg.activation_scale, "steps": cfg.steps,
-                "prompt": cfg.prompt, "device": cfg.device, "calibration_chars": CALIBRATION_CHARS,
-                "seed": cfg.seed},
+        params={"model": cfg.model or "embedded", "dtypes": kv_dtypes, "scales": modes,
+                "activation_scale": cfg.activation_scale, "steps": cfg.steps, "prompt": cfg.prompt,
+                "device": cfg.device, "calibration_chars": CALIBRATION_CHARS,
+                "calibration_tokens": calibration_tokens, "seed": cfg.seed},
         rows=rows, model_info=info, takeaways=takeaways(rows))
+
+
+def _device_rows(m, cfg: KVCacheConfig, kv_dtypes, modes, device: str, advance) -> tuple[list[dict], dict]:
+    from precisionlab.experiments.model import check_finite
+
+    a = cfg.activation_scale
+    ref_tokens = _greedy(m.session(None), m.prompt, cfg.steps, strict=True)
+    path = m.prompt + ref_tokens
+    ref = _forced(m.session(None), path, len(m.prompt))
+    for i, row in enumerate(ref):
+        check_finite(row, "fp32", i, "teacher-forced, fp32 cache")
+    targets = np.asarray(ref_tokens, dtype=np.int64)
+    cal = Stores(lambda i: KVStore(None, None, a))
+    m.calibrate(cal, m.calibration)
+    calibrated = {i: tuple(s.amax) for i, s in cal.items()}
+    some = next(iter(cal.values()))
+    info = m.info | {"cache_layers": len(cal), "kv_heads": some.heads, "head_dim": some.head_dim}
+
+    def store_for(fmt, mode):
+        def make(i):
+            if mode == "calibrated" and i not in calibrated:
+                raise RunError(f"layer {i} wrote its KV cache in this run but not in the calibration pass")
+            return KVStore(None if fmt == "fp32" else fmt, mode, a, calibrated.get(i))
+        return make
+
+    # bf16 first: every other cache is also measured against it; rows keep the table's order
+    order = [("bf16", None), ("fp32", None)] + [(d, mode) for d in kv_dtypes for mode in modes]
+    bf16 = None
+    rows = []
+    for fmt, mode in order:
+        tokens = _greedy(m.session(Stores(store_for(fmt, mode))), m.prompt, cfg.steps, strict=False)
+        stores = Stores(store_for(fmt, mode))
+        logits = _forced(m.session(stores), path, len(m.prompt))  # the teacher-forced pass alone is counted
+        err = _rel_l2(logits, ref)
+        first = next((i for i in range(cfg.steps) if i >= len(tokens) or tokens[i] != ref_tokens[i]), None)
+        dist = distribution.summarize(distribution.position_stats(ref, logits, targets))
+        if fmt == "bf16":
+            bf16 = {"logits": logits, "mean_rel_l2": float(np.mean(err)), "kld_mean": dist["kld_mean"]}
+        dist_bf16 = distribution.summarize(distribution.position_stats(bf16["logits"], logits, targets))
+        sat = stores.saturated
+        rows.append({"device": device, "cache": fmt, "scale": mode, "activation_scale": a,
+                     "mean_rel_l2": float(np.mean(err)), "max_rel_l2": float(np.max(err)),
+                     "vs_bf16": _ratio(float(np.mean(err)), bf16["mean_rel_l2"]),
+                     "saturated": sat, "entries": stores.entries,
+                     "first_divergence": first, "tokens_agree": first is None,
+                     "kld_mean": dist["kld_mean"], "kld_vs_bf16": _ratio(dist["kld_mean"], bf16["kld_mean"]),
+                     "top1_agree_pct": dist["top1_agree_pct"],
+                     "distribution": dist, "distribution_vs_bf16_cache": dist_bf16,
+                     "flag": "saturating" if sat else ""})
+        advance()
+    rows.insert(0, rows.pop(1))  # fp32, bf16, then the fp8 caches
+    return rows, info
 
 
 def _x(v) -> str:
@@ -233,9 +462,12 @@ def takeaways(rows: list[dict]) -> list[str]:
             if r["flag"]:
                 out.append(f"{dev}: {r['cache']} {r['scale']} scale saturates {r['saturated']} of {r['entries']} "
                            f"cache entries: logit error {r['mean_rel_l2']:.3g}, {_x(r['vs_bf16'])} the bf16 "
-                           "cache's.")
+                           f"cache's; mean KLD {r['kld_mean']:.3g} nats, top-1 agreement "
+                           f"{r['top1_agree_pct']:.3g} %.")
         dyn = [r for r in rs if r["scale"] == "dynamic"]
         for r in dyn:
             out.append(f"{dev}: {r['cache']} with dynamic per-head, per-token scales: logit error "
-                       f"{r['mean_rel_l2']:.3g} ({_x(r['vs_bf16'])} the bf16 cache's), {r['saturated']} saturated.")
+                       f"{r['mean_rel_l2']:.3g} ({_x(r['vs_bf16'])} the bf16 cache's), mean KLD "
+                       f"{r['kld_mean']:.3g} nats ({_x(r['kld_vs_bf16'])} the bf16 cache's), {r['saturated']} "
+                       "saturated.")
     return out

@@ -271,16 +271,19 @@ class HFRunner(Runner):
 
 
 def open_runner(model: str | None, device: str, prompt: str, steps: int,
-                memory_check: bool = False) -> tuple[Runner, list[int]]:
+                memory_check: bool = False, command: str = "compare model",
+                estimate=None) -> tuple[Runner, list[int]]:
     """The model (a Hugging Face folder or repo id, or the embedded one) and
     the prompt's token ids, checked to fit prompt + steps positions. A folder
     is refused first if it holds custom code or a FIFO: nothing else, the
-    memory estimate (memory_check) included, may open its files before that."""
+    memory estimate (memory_check: estimate(model, steps, prompt) bytes,
+    memory.compare_model_for by default, the refusal naming `command`)
+    included, may open its files before that."""
     if model and Path(model).is_dir():
         refuse_foreign_code(Path(model))
     if memory_check:
-        inputs.check_memory(memory.compare_model_for(model, steps, prompt),
-                            f"compare model {model or '(embedded)'} --steps {steps}")
+        estimate = estimate or memory.compare_model_for
+        inputs.check_memory(estimate(model, steps, prompt), f"{command} {model or '(embedded)'} --steps {steps}")
     runner = HFRunner(model, device) if model else EmbeddedRunner(device)
     ids = runner.encode(prompt)
     if not ids:
