@@ -34,8 +34,10 @@
  * "Same bits every run" holds for one GPU model and one alignment of x: the
  * grid follows the SM count, and a 16-byte-aligned x is read in vectors.
  */
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
+#include <memory>
 #include <thread>
 #include <vector>
 
@@ -646,6 +648,216 @@ extern "C" int pl_sort_by_magnitude(const double* x, int64_t n, int descending, 
         src = dst;
         dst = (dst == out) ? work : out;
     }
+    return PL_OK;
+}
+
+// The decreasing order from the increasing one, in one pass: x sorted by
+// increasing |x| (stably, NaN last) holds the runs of equal |x| each in input
+// order, as the stable decreasing sort does; that sort only puts the runs the
+// other way round, NaN still last. A copy (or, in place, a reversal and a
+// reversal of each run back) instead of a second radix sort.
+extern "C" int pl_reverse_magnitude_order(const double* sorted, int64_t n, double* out) {
+    PL_REQUIRE_PTR(sorted);
+    PL_REQUIRE_PTR(out);
+    size_t bytes = 0;
+    if (int st = pl_checked_bytes(n, sizeof(double), &bytes, __func__)) return st;
+    int64_t m = n;  // [m, n): the NaN tail, which stays
+    while (m > 0 && std::isnan(sorted[m - 1])) --m;
+    const auto key = [](double v) { return pl_bits(v) & ~kSign; };
+    if (out == sorted) {
+        std::reverse(out, out + m);
+        for (int64_t i = 0; i < m;) {
+            int64_t j = i + 1;
+            while (j < m && key(out[j]) == key(out[i])) ++j;
+            std::reverse(out + i, out + j);
+            i = j;
+        }
+        return PL_OK;
+    }
+    std::memcpy(out + m, sorted + m, (size_t)(n - m) * sizeof(double));
+    int64_t pos = 0;
+    for (int64_t j = m; j > 0;) {
+        int64_t i = j - 1;
+        while (i > 0 && key(sorted[i - 1]) == key(sorted[j - 1])) --i;
+        std::memcpy(out + pos, sorted + i, (size_t)(j - i) * sizeof(double));
+        pos += j - i;
+        j = i;
+    }
+    return PL_OK;
+}
+
+// pl_sort_by_magnitude for float32 values held as doubles (every stored format
+// but fp64), with no work array: the radix passes move 32-bit values between
+// the two halves of out's 8n bytes, and the sorted floats are then widened in
+// place (from the first half backwards, from the second forwards: each double
+// written covers only floats already read). Half the bytes a pass moves, and
+// 8n bytes less than the general sort. Byte access through memcpy: out is
+// raw storage, first floats, then doubles.
+namespace {
+inline uint32_t magnitude_key32(uint32_t b, bool descending) {
+    const uint32_t a = b & 0x7FFFFFFFu;
+    if (a > 0x7F800000u) return ~0u;  // NaN
+    return descending ? 0x7F800000u - a : a;
+}
+inline uint32_t f32_bits_at(const unsigned char* base, int64_t i) {
+    uint32_t b;
+    std::memcpy(&b, base + 4 * i, 4);
+    return b;
+}
+}  // namespace
+
+extern "C" int pl_sort_float32_by_magnitude(const double* x, int64_t n, int descending, double* out) {
+    PL_REQUIRE_PTR(x);
+    PL_REQUIRE_PTR(out);
+    size_t bytes = 0;
+    if (int st = pl_checked_bytes(n, sizeof(double), &bytes, __func__)) return st;
+    PL_REQUIRE(descending == 0 || descending == 1, PL_ERR_INVALID_ARGUMENT, "descending must be 0 or 1 (got %d)",
+               descending);
+    PL_REQUIRE(x != out, PL_ERR_INVALID_ARGUMENT, "out must not be x itself");
+    const bool desc = descending == 1;
+    unsigned char* const base = reinterpret_cast<unsigned char*>(out);
+    unsigned char* const half[2] = {base, base + 4 * n};
+    std::vector<int64_t> count(4 * 256, 0);
+    for (int64_t i = 0; i < n; ++i) {
+        const float f = (float)x[i];
+        uint32_t b;
+        std::memcpy(&b, &f, 4);
+        if (pl_bits((double)f) != pl_bits(x[i]))
+            return pl_fail(PL_ERR_INVALID_ARGUMENT, __func__, "x[%lld] = %.17g is not a float32 value", (long long)i,
+                           x[i]);
+        const uint32_t k = magnitude_key32(b, desc);
+        for (int d = 0; d < 4; ++d) ++count[(size_t)(d * 256 + ((k >> (8 * d)) & 255))];
+    }
+    int passes[4], np_ = 0;
+    for (int d = 0; d < 4; ++d) {
+        bool trivial = false;
+        for (int b = 0; b < 256; ++b) trivial |= count[(size_t)(d * 256 + b)] == n;
+        if (!trivial) passes[np_++] = d;
+    }
+    int at = 0;  // the half the floats are in
+    if (np_ == 0) {
+        for (int64_t i = 0; i < n; ++i) {
+            const float f = (float)x[i];
+            std::memcpy(half[0] + 4 * i, &f, 4);
+        }
+    }
+    for (int p = 0; p < np_; ++p) {
+        const int d = passes[p];
+        int64_t pos[256], acc = 0;
+        for (int b = 0; b < 256; ++b) {
+            pos[b] = acc;
+            acc += count[(size_t)(d * 256 + b)];
+        }
+        unsigned char* const dst = half[p == 0 ? 0 : 1 - at];
+        for (int64_t i = 0; i < n; ++i) {
+            uint32_t b;
+            if (p == 0) {  // the first pass reads x
+                const float f = (float)x[i];
+                std::memcpy(&b, &f, 4);
+            } else {
+                b = f32_bits_at(half[at], i);
+            }
+            std::memcpy(dst + 4 * pos[(magnitude_key32(b, desc) >> (8 * d)) & 255]++, &b, 4);
+        }
+        at = p == 0 ? 0 : 1 - at;
+    }
+    const auto widen = [&](int64_t i) {
+        const uint32_t b = f32_bits_at(half[at], i);
+        float f;
+        std::memcpy(&f, &b, 4);
+        const double v = (double)f;
+        std::memcpy(base + 8 * i, &v, 8);
+    };
+    if (at == 0)
+        for (int64_t i = n - 1; i >= 0; --i) widen(i);
+    else
+        for (int64_t i = 0; i < n; ++i) widen(i);
+    return PL_OK;
+}
+
+// Exact sums, for the references: the exact sum of n doubles as a few doubles
+// with the same exact sum, which math.fsum then rounds once (so the reference
+// is fsum's, bit for bit, at a nanosecond or two a value instead of fsum's
+// tens). A superaccumulator of 32-bit digits: x = m 2^(e - 1075), m the
+// 53-bit integer significand and e = max(biased exponent, 1), adds its signed
+// m to digit e, an int64 that a block of 512 such additions cannot overflow
+// (512 * 2^53 = 2^62); after each block the digits it touched carry into
+// digit e + 32 what lies outside [-2^31, 2^31) (one unit there is 2^32 here;
+// balanced digits, so a negative sum does not leave a trail of -1 carries up
+// to the top). Integer additions only: the order of x and the FPU's modes do
+// not matter. At the end each digit d_e 2^(e - 1075) is a double exactly
+// (|d_e| <= 2^31, and a power of two no finer than the smallest subnormal).
+namespace {
+constexpr int kExactDigits = 2048 + 128;  // the top digits only take carries: n < 2^40 values fit
+constexpr int kExactBlock = 512;
+
+struct superacc {
+    int64_t d[kExactDigits] = {};
+    // Balances digits lo..hi and, upward, every digit their carries reach.
+    void carry(int lo, int hi) {
+        for (int e = lo; e <= hi && e + 32 < kExactDigits; ++e) {
+            const int64_t c = (d[e] + (INT64_C(1) << 31)) >> 32;  // arithmetic shift: the floor
+            if (c != 0) {
+                d[e] -= c * (INT64_C(1) << 32);
+                d[e + 32] += c;
+                if (e + 32 > hi) hi = e + 32;
+            }
+        }
+    }
+};
+}  // namespace
+
+extern "C" int pl_exact_sum_terms(const double* x, int64_t n, int absolute, double* terms, int64_t capacity,
+                                  int64_t* nterms, int* special) {
+    PL_REQUIRE_PTR(x);
+    PL_REQUIRE_PTR(terms);
+    PL_REQUIRE_PTR(nterms);
+    PL_REQUIRE_PTR(special);
+    PL_REQUIRE(n >= 0 && n < (INT64_C(1) << 40), PL_ERR_INVALID_ARGUMENT, "n must be in [0, 2^40) (got %lld)",
+               (long long)n);
+    PL_REQUIRE(absolute == 0 || absolute == 1, PL_ERR_INVALID_ARGUMENT, "absolute must be 0 or 1 (got %d)", absolute);
+    PL_REQUIRE(capacity >= PL_EXACT_SUM_TERMS, PL_ERR_INVALID_ARGUMENT, "capacity must be at least %d (got %lld)",
+               PL_EXACT_SUM_TERMS, (long long)capacity);
+    *nterms = 0;
+    *special = 0;
+    const auto owned = std::make_unique<superacc>();  // 17 KiB: on the heap, not a worker thread's stack
+    superacc& acc = *owned;
+    const uint64_t sign_mask = absolute ? 0 : ~0ull;
+    uint64_t not_all_neg_zero = n == 0;
+    for (int64_t i0 = 0; i0 < n; i0 += kExactBlock) {
+        const int64_t end = i0 + kExactBlock < n ? i0 + kExactBlock : n;
+        uint64_t lo = 2047, hi = 0, nonfinite = 0;
+        for (int64_t i = i0; i < end; ++i) {
+            const uint64_t b = pl_bits(x[i]);
+            const uint64_t ex = (b >> 52) & 0x7FF;
+            const uint64_t e = ex | (uint64_t)(ex == 0);
+            const uint64_t m = (b & 0xFFFFFFFFFFFFFull) | ((uint64_t)(ex != 0) << 52);
+            const uint64_t neg = (b >> 63) & sign_mask;       // 0 or 1
+            acc.d[e] += (int64_t)((m ^ (0 - neg)) + neg);     // -m when negative
+            nonfinite |= (uint64_t)(ex == 0x7FF);
+            not_all_neg_zero |= b ^ kSign;
+            lo = e < lo ? e : lo;
+            hi = e > hi ? e : hi;
+        }
+        if (nonfinite) {  // NaN or an infinity: the caller's IEEE rules, not a sum
+            *special = 1;
+            return PL_OK;
+        }
+        acc.carry((int)lo, (int)hi);
+    }
+    acc.carry(0, kExactDigits - 1);
+    int64_t k = 0;
+    for (int e = kExactDigits - 1; e >= 0; --e) {
+        if (acc.d[e] == 0) continue;
+        const double t = std::ldexp((double)acc.d[e], e - 1075);  // exact: at most 53 bits, no finer than 2^-1074
+        if (!std::isfinite(t) || acc.d[e] > (INT64_C(1) << 53) || acc.d[e] < -(INT64_C(1) << 53)) {
+            *special = 2;  // the sum is near or past the double range: the caller's wide path
+            return PL_OK;
+        }
+        terms[k++] = t;
+    }
+    if (k == 0 && !not_all_neg_zero && !absolute) terms[k++] = -0.0;  // fsum's sign of a sum of -0.0s, whatever it is
+    *nterms = k;
     return PL_OK;
 }
 
