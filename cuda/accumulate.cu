@@ -269,6 +269,17 @@ struct fast_acc {
         if (PL_LIKELY((uint64_t)(m - ff.minb < ff.span) | (uint64_t)(m == 0))) return r;
         return r_set(pl_add(r_get(a), r_get(b), *ff.f));
     }
+    // a - b of two p-bit values (not necessarily in the format's range): a
+    // double result on a midpoint is exact, so ties go to even on the bits,
+    // behind a branch of their own (they are common, a range miss is not).
+    inline reg sub_in(reg a, reg b) const {
+        const reg v = r_sub(a, b);
+        const uint64_t m = r_bits(v) & ~kSign;
+        if (!PL_LIKELY((uint64_t)(m - ff.minb < ff.span) | (uint64_t)(m == 0)))
+            return r_set(pl_sub(r_get(a), r_get(b), *ff.f));
+        if (PL_LIKELY((m & ff.low) != ff.half)) return r_round(v, k);
+        return r_round_even(v, k);
+    }
     // Branch-free form for the pairwise tree, which has throughput to spare but
     // meets exact ties often (two values of one binade): ties to even on the
     // bits, and ok cleared only by a midpoint that was not exact, or by the range.
@@ -281,6 +292,21 @@ struct fast_acc {
         return pl_from_bits((vb + ff.half - 1 + ((vb >> (53 - ff.p)) & 1)) & ff.keep);
     }
 };
+
+// The narrow loop where it runs, and from each x it stops at, the general loop
+// over the next kWideRun values before the narrow one is tried again: wide
+// data (fp32 values in a bf16 sum) pays one failed try per run, narrow data
+// with a stray wide value (an fp16 subnormal in fp16 data: not a normal value
+// of the format) loses only that run.
+constexpr int64_t kWideRun = 256;
+
+template <typename Narrow, typename Wide>
+void narrow_or_wide(int64_t n, Narrow narrow, Wide wide) {
+    for (int64_t i = 0; i < n;) {
+        i = narrow(i);
+        if (i < n) i = wide(i, i + kWideRun < n ? i + kWideRun : n);
+    }
+}
 
 void fast_sequential(const double* x, int64_t n, const pl_format_info& f, double* result, int64_t* stall_step,
                      double* stall_value, double* trace) {
@@ -308,13 +334,21 @@ void fast_sequential(const double* x, int64_t n, const pl_format_info& f, double
 // the dropped bits of v and k the draw in the same units, "round up" is k < d,
 // and w's draw differs only when k is d - 1 or d, or when d is 0 (w may sit
 // in the grid point below): those, and everything outside the normal range,
-// take the exact path.
-void fast_stochastic(const double* x, int64_t n, const pl_format_info& f, uint64_t seed, double* result,
-                     double* trace) {
-    const fast_fmt ff = make_fast(f);
+// take the exact path. NARROW_X (x has at most p bits, as bf16 or fp8 values
+// in an fp32 or fp16 sum): there d is 0 most of the time because v is exact
+// and on the grid, and then w is v, which a stochastic rounding leaves as it
+// is whatever the draw; the test (two subtractions) is kept off wide data,
+// where it costs half a nanosecond and never holds.
+template <bool NARROW_X>
+int64_t stochastic_loop(const double* x, int64_t i, int64_t n, const fast_fmt& ff, uint64_t seed, double& s_io,
+                        double* trace) {
     const uint64_t q = ff.low + 1;
-    double s = 0.0;
-    for (int64_t i = 0; i < n; ++i) {
+    double s = s_io;
+    for (; i < n; ++i) {
+        if (NARROW_X) {
+            const uint64_t xa = pl_bits(x[i]) & ~kSign;
+            if (!PL_LIKELY((((xa & ff.low) == 0) & ((xa >> 52) - 1 < 0x7FE)) | (xa == 0))) break;
+        }
         const uint64_t draw = pl_splitmix64(seed, (uint64_t)i) >> 11;  // pl_uniform's 53 bits
         const uint64_t kk = draw >> ff.p;
         const double v = s + x[i];
@@ -322,12 +356,23 @@ void fast_stochastic(const double* x, int64_t n, const pl_format_info& f, uint64
         const uint64_t a = vb & ~kSign;
         const uint64_t d = a & ff.low;
         const uint64_t tb = (vb & ff.keep) + (kk < d ? q : 0);
-        if (PL_LIKELY((a - ff.minb < ff.maxb - ff.minb) & (d != 0) & (kk - d + 1 > 1)))
-            s = pl_from_bits(tb);
+        const bool on_grid = NARROW_X && (d == 0) & (v - s == x[i]) & (v - x[i] == s);
+        if (PL_LIKELY((a - ff.minb < ff.maxb - ff.minb) & (((d != 0) & (kk - d + 1 > 1)) | on_grid)))
+            s = pl_from_bits(tb);  // on the grid: tb is v
         else
-            s = pl_round_stochastic(pl_add_round_odd(s, x[i]), f, pl_uniform(seed, (uint64_t)i));
+            s = pl_round_stochastic(pl_add_round_odd(s, x[i]), *ff.f, pl_uniform(seed, (uint64_t)i));
         if (trace) trace[i] = s;
     }
+    s_io = s;
+    return i;
+}
+
+void fast_stochastic(const double* x, int64_t n, const pl_format_info& f, uint64_t seed, double* result,
+                     double* trace) {
+    const fast_fmt ff = make_fast(f);
+    double s = 0.0;
+    narrow_or_wide(n, [&](int64_t i) { return stochastic_loop<true>(x, i, n, ff, seed, s, trace); },
+                   [&](int64_t i, int64_t end) { return stochastic_loop<false>(x, i, end, ff, seed, s, trace); });
     *result = s;
 }
 
@@ -375,17 +420,48 @@ double fast_pairwise(const double* x, int64_t n, const pl_format_info& f) {
     return pl_round_to(val[0], f);
 }
 
+// Whether every x is 0 or a normal value of the format (decides the fp32
+// hardware loops), a block at a time: values that are not (fp64 values in an
+// fp32 sum) say so in the first block instead of costing a pass over memory.
+bool all_in_format(const double* x, int64_t n, const fast_fmt& ff) {
+    for (int64_t i0 = 0; i0 < n; i0 += 1024) {
+        const int64_t end = i0 + 1024 < n ? i0 + 1024 : n;
+        uint64_t bad = 0;
+        for (int64_t i = i0; i < end; ++i) {
+            const uint64_t a = pl_bits(x[i]) & ~kSign;
+            bad |= (uint64_t)(((a - ff.minb > ff.maxb - ff.minb) | ((a & ff.low) != 0)) & (a != 0));
+        }
+        if (bad) return false;
+    }
+    return true;
+}
+
 // Kahan. The chain c -> y -> t -> c is the cost; its last two operations,
 // c = (t - s) - y, are exact whenever |s| >= |y| (Fast2Sum: s and y are
 // values of the format), and then equal t - v when v = s + y is exact in
 // double too, which (v - s) == y tells (Dekker). One double subtraction then
 // stands for two roundings. (add_in's ties to even would spare the branch on
 // exact ties, but its two integer ops sit on this chain twice: slower.)
-double fast_kahan(const double* x, int64_t n, const pl_format_info& f) {
-    const fast_acc acc(f);
-    reg s = r_set(0.0), c = r_set(0.0);
-    for (int64_t i = 0; i < n; ++i) {
-        const reg y = acc.sub(r_set(x[i]), c);
+// NARROW_X: every x so far has at most p significant bits, as a narrow
+// storage format's values do (bf16 in bf16, fp16 or fp8 in fp16). Then
+// y = x - c adds two p-bit values, a double result on a midpoint is exact
+// (Figueroa), and its ties go to even on the bits behind a branch of their
+// own (sub_in): a fifth of the y's are ties with bf16 normal data, which
+// sub's branch, taken for any midpoint into slow_add, guessed wrong at a
+// higher price. (Ties to even without a branch cost more still: two integer
+// ops on the chain.) The loop returns at the first x that is wider (checked
+// off the chain), and narrow_or_wide goes on in the general loop from there:
+// the same operations, exactly.
+template <bool NARROW_X>
+int64_t kahan_loop(const double* x, int64_t i, int64_t n, const fast_acc& acc, reg& s_io, reg& c_io) {
+    const pl_format_info& f = *acc.ff.f;
+    reg s = s_io, c = c_io;
+    for (; i < n; ++i) {
+        if (NARROW_X) {
+            const uint64_t a = pl_bits(x[i]) & ~kSign;
+            if (!PL_LIKELY((((a & acc.ff.low) == 0) & ((a >> 52) - 1 < 0x7FE)) | (a == 0))) break;
+        }
+        const reg y = NARROW_X ? acc.sub_in(r_set(x[i]), c) : acc.sub(r_set(x[i]), c);
         const reg v = r_add(s, y);
         reg t = r_round(v, acc.k);
         const bool ok = fast_ok(r_bits(v), acc.ff);
@@ -397,17 +473,17 @@ double fast_kahan(const double* x, int64_t n, const pl_format_info& f) {
             c = r_set(pl_sub(pl_sub(r_get(t), sd, f), yd, f));
         s = t;
     }
-    return r_get(s);
+    s_io = s;
+    c_io = c;
+    return i;
 }
 
-// Whether every x is 0 or a normal value of the format (one pass, decides the loop).
-bool all_in_format(const double* x, int64_t n, const fast_fmt& ff) {
-    uint64_t bad = 0;
-    for (int64_t i = 0; i < n; ++i) {
-        const uint64_t a = pl_bits(x[i]) & ~kSign;
-        bad |= (uint64_t)(((a - ff.minb > ff.maxb - ff.minb) | ((a & ff.low) != 0)) & (a != 0));
-    }
-    return bad == 0;
+double fast_kahan(const double* x, int64_t n, const pl_format_info& f) {
+    const fast_acc acc(f);
+    reg s = r_set(0.0), c = r_set(0.0);
+    narrow_or_wide(n, [&](int64_t i) { return kahan_loop<true>(x, i, n, acc, s, c); },
+                   [&](int64_t i, int64_t end) { return kahan_loop<false>(x, i, end, acc, s, c); });
+    return r_get(s);
 }
 
 // Neumaier: the running sum and the compensation are two chains of one
@@ -415,12 +491,19 @@ bool all_in_format(const double* x, int64_t n, const fast_fmt& ff) {
 // |s| >= |x| it needs fewer roundings: when x is a (normal) value of the
 // format, lost = (s - t) + x is exact (Fast2Sum), so neither rounds; else, when
 // |t| >= |s| / 2, s - t is exact in the format (Sterbenz), so only the second
-// one rounds. c and lost are always values of the format (add_in).
+// one rounds. c and lost are always values of the format (add_in). The
+// X_IN_FORMAT loop stops at the first x that is not, and narrow_or_wide goes
+// on in the general loop from there (a pass over x to decide first cost as
+// much as the sum's own 0.9 ns a value).
 template <bool X_IN_FORMAT>
-double fast_neumaier(const double* x, int64_t n, const pl_format_info& f) {
-    const fast_acc acc(f);
-    reg s = r_set(0.0), c = r_set(0.0);
-    for (int64_t i = 0; i < n; ++i) {
+int64_t neumaier_loop(const double* x, int64_t i, int64_t n, const fast_acc& acc, reg& s_io, reg& c_io) {
+    reg s = s_io, c = c_io;
+    for (; i < n; ++i) {
+        if (X_IN_FORMAT) {  // 0 or a normal value of the format (checked off the chains)
+            const uint64_t a = pl_bits(x[i]) & ~kSign;
+            if (!PL_LIKELY(((a - acc.ff.minb <= acc.ff.maxb - acc.ff.minb) & ((a & acc.ff.low) == 0)) | (a == 0)))
+                break;
+        }
         const reg xi = r_set(x[i]);
         const reg t = X_IN_FORMAT ? acc.add_in(s, xi) : acc.add(s, xi);
         const double as = std::fabs(r_get(s)), ax = std::fabs(x[i]);
@@ -437,6 +520,16 @@ double fast_neumaier(const double* x, int64_t n, const pl_format_info& f) {
         c = acc.add_in(c, lost);
         s = t;
     }
+    s_io = s;
+    c_io = c;
+    return i;
+}
+
+double fast_neumaier(const double* x, int64_t n, const pl_format_info& f) {
+    const fast_acc acc(f);
+    reg s = r_set(0.0), c = r_set(0.0);
+    narrow_or_wide(n, [&](int64_t i) { return neumaier_loop<true>(x, i, n, acc, s, c); },
+                   [&](int64_t i, int64_t end) { return neumaier_loop<false>(x, i, end, acc, s, c); });
     return r_get(acc.add_in(s, c));
 }
 
@@ -577,10 +670,7 @@ int accumulate_cpu(const double* x, int64_t n, int accumulator, int method, uint
         case PL_STOCHASTIC: fast_stochastic(x, n, f, seed, result, trace); break;
         case PL_PAIRWISE: *result = fast_pairwise(x, n, f); break;
         case PL_KAHAN: *result = fast_kahan(x, n, f); break;
-        case PL_NEUMAIER:
-            if (all_in_format(x, n, make_fast(f))) *result = fast_neumaier<true>(x, n, f);
-            else *result = fast_neumaier<false>(x, n, f);
-            break;
+        case PL_NEUMAIER: *result = fast_neumaier(x, n, f); break;
     }
     return PL_OK;
 }
