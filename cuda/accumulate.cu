@@ -34,8 +34,10 @@
  * "Same bits every run" holds for one GPU model and one alignment of x: the
  * grid follows the SM count, and a 16-byte-aligned x is read in vectors.
  */
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
+#include <memory>
 #include <thread>
 #include <vector>
 
@@ -297,6 +299,17 @@ struct fast_acc {
         if (PL_LIKELY((uint64_t)(m - ff.minb < ff.span) | (uint64_t)(m == 0))) return r;
         return r_set(pl_add(r_get(a), r_get(b), *ff.f));
     }
+    // a - b of two p-bit values (not necessarily in the format's range): a
+    // double result on a midpoint is exact, so ties go to even on the bits,
+    // behind a branch of their own (they are common, a range miss is not).
+    inline reg sub_in(reg a, reg b) const {
+        const reg v = r_sub(a, b);
+        const uint64_t m = r_bits(v) & ~kSign;
+        if (!PL_LIKELY((uint64_t)(m - ff.minb < ff.span) | (uint64_t)(m == 0)))
+            return r_set(pl_sub(r_get(a), r_get(b), *ff.f));
+        if (PL_LIKELY((m & ff.low) != ff.half)) return r_round(v, k);
+        return r_round_even(v, k);
+    }
     // Branch-free form for the pairwise tree, which has throughput to spare but
     // meets exact ties often (two values of one binade): ties to even on the
     // bits, and ok cleared only by a midpoint that was not exact, or by the range.
@@ -309,6 +322,21 @@ struct fast_acc {
         return pl_from_bits((vb + ff.half - 1 + ((vb >> (53 - ff.p)) & 1)) & ff.keep);
     }
 };
+
+// The narrow loop where it runs, and from each x it stops at, the general loop
+// over the next kWideRun values before the narrow one is tried again: wide
+// data (fp32 values in a bf16 sum) pays one failed try per run, narrow data
+// with a stray wide value (an fp16 subnormal in fp16 data: not a normal value
+// of the format) loses only that run.
+constexpr int64_t kWideRun = 256;
+
+template <typename Narrow, typename Wide>
+void narrow_or_wide(int64_t n, Narrow narrow, Wide wide) {
+    for (int64_t i = 0; i < n;) {
+        i = narrow(i);
+        if (i < n) i = wide(i, i + kWideRun < n ? i + kWideRun : n);
+    }
+}
 
 void fast_sequential(const double* x, int64_t n, const pl_fmt& f, double* result, int64_t* stall_step,
                      double* stall_value, double* trace) {
@@ -336,13 +364,21 @@ void fast_sequential(const double* x, int64_t n, const pl_fmt& f, double* result
 // the dropped bits of v and k the draw in the same units, "round up" is k < d,
 // and w's draw differs only when k is d - 1 or d, or when d is 0 (w may sit
 // in the grid point below): those, and everything outside the normal range,
-// take the exact path.
-void fast_stochastic(const double* x, int64_t n, const pl_fmt& f, uint64_t seed, double* result,
-                     double* trace) {
-    const fast_fmt ff = make_fast(f);
+// take the exact path. NARROW_X (x has at most p bits, as bf16 or fp8 values
+// in an fp32 or fp16 sum): there d is 0 most of the time because v is exact
+// and on the grid, and then w is v, which a stochastic rounding leaves as it
+// is whatever the draw; the test (two subtractions) is kept off wide data,
+// where it costs half a nanosecond and never holds.
+template <bool NARROW_X>
+int64_t stochastic_loop(const double* x, int64_t i, int64_t n, const fast_fmt& ff, uint64_t seed, double& s_io,
+                        double* trace) {
     const uint64_t q = ff.low + 1;
-    double s = 0.0;
-    for (int64_t i = 0; i < n; ++i) {
+    double s = s_io;
+    for (; i < n; ++i) {
+        if (NARROW_X) {
+            const uint64_t xa = pl_bits(x[i]) & ~kSign;
+            if (!PL_LIKELY((((xa & ff.low) == 0) & ((xa >> 52) - 1 < 0x7FE)) | (xa == 0))) break;
+        }
         const uint64_t draw = pl_splitmix64(seed, (uint64_t)i) >> 11;  // pl_uniform's 53 bits
         const uint64_t kk = draw >> ff.p;
         const double v = s + x[i];
@@ -350,12 +386,23 @@ void fast_stochastic(const double* x, int64_t n, const pl_fmt& f, uint64_t seed,
         const uint64_t a = vb & ~kSign;
         const uint64_t d = a & ff.low;
         const uint64_t tb = (vb & ff.keep) + (kk < d ? q : 0);
-        if (PL_LIKELY((a - ff.minb < ff.maxb - ff.minb) & (d != 0) & (kk - d + 1 > 1)))
-            s = pl_from_bits(tb);
+        const bool on_grid = NARROW_X && (d == 0) & (v - s == x[i]) & (v - x[i] == s);
+        if (PL_LIKELY((a - ff.minb < ff.maxb - ff.minb) & (((d != 0) & (kk - d + 1 > 1)) | on_grid)))
+            s = pl_from_bits(tb);  // on the grid: tb is v
         else
-            s = pl_round_stochastic(pl_add_round_odd(s, x[i]), f, pl_uniform(seed, (uint64_t)i));
+            s = pl_round_stochastic(pl_add_round_odd(s, x[i]), *ff.f, pl_uniform(seed, (uint64_t)i));
         if (trace) trace[i] = s;
     }
+    s_io = s;
+    return i;
+}
+
+void fast_stochastic(const double* x, int64_t n, const pl_fmt& f, uint64_t seed, double* result,
+                     double* trace) {
+    const fast_fmt ff = make_fast(f);
+    double s = 0.0;
+    narrow_or_wide(n, [&](int64_t i) { return stochastic_loop<true>(x, i, n, ff, seed, s, trace); },
+                   [&](int64_t i, int64_t end) { return stochastic_loop<false>(x, i, end, ff, seed, s, trace); });
     *result = s;
 }
 
@@ -403,17 +450,48 @@ double fast_pairwise(const double* x, int64_t n, const pl_fmt& f) {
     return pl_round_to(val[0], f);
 }
 
+// Whether every x is 0 or a normal value of the format (decides the fp32
+// hardware loops), a block at a time: values that are not (fp64 values in an
+// fp32 sum) say so in the first block instead of costing a pass over memory.
+bool all_in_format(const double* x, int64_t n, const fast_fmt& ff) {
+    for (int64_t i0 = 0; i0 < n; i0 += 1024) {
+        const int64_t end = i0 + 1024 < n ? i0 + 1024 : n;
+        uint64_t bad = 0;
+        for (int64_t i = i0; i < end; ++i) {
+            const uint64_t a = pl_bits(x[i]) & ~kSign;
+            bad |= (uint64_t)(((a - ff.minb > ff.maxb - ff.minb) | ((a & ff.low) != 0)) & (a != 0));
+        }
+        if (bad) return false;
+    }
+    return true;
+}
+
 // Kahan. The chain c -> y -> t -> c is the cost; its last two operations,
 // c = (t - s) - y, are exact whenever |s| >= |y| (Fast2Sum: s and y are
 // values of the format), and then equal t - v when v = s + y is exact in
 // double too, which (v - s) == y tells (Dekker). One double subtraction then
 // stands for two roundings. (add_in's ties to even would spare the branch on
 // exact ties, but its two integer ops sit on this chain twice: slower.)
-double fast_kahan(const double* x, int64_t n, const pl_fmt& f) {
-    const fast_acc acc(f);
-    reg s = r_set(0.0), c = r_set(0.0);
-    for (int64_t i = 0; i < n; ++i) {
-        const reg y = acc.sub(r_set(x[i]), c);
+// NARROW_X: every x so far has at most p significant bits, as a narrow
+// storage format's values do (bf16 in bf16, fp16 or fp8 in fp16). Then
+// y = x - c adds two p-bit values, a double result on a midpoint is exact
+// (Figueroa), and its ties go to even on the bits behind a branch of their
+// own (sub_in): a fifth of the y's are ties with bf16 normal data, which
+// sub's branch, taken for any midpoint into slow_add, guessed wrong at a
+// higher price. (Ties to even without a branch cost more still: two integer
+// ops on the chain.) The loop returns at the first x that is wider (checked
+// off the chain), and narrow_or_wide goes on in the general loop from there:
+// the same operations, exactly.
+template <bool NARROW_X>
+int64_t kahan_loop(const double* x, int64_t i, int64_t n, const fast_acc& acc, reg& s_io, reg& c_io) {
+    const pl_fmt& f = *acc.ff.f;
+    reg s = s_io, c = c_io;
+    for (; i < n; ++i) {
+        if (NARROW_X) {
+            const uint64_t a = pl_bits(x[i]) & ~kSign;
+            if (!PL_LIKELY((((a & acc.ff.low) == 0) & ((a >> 52) - 1 < 0x7FE)) | (a == 0))) break;
+        }
+        const reg y = NARROW_X ? acc.sub_in(r_set(x[i]), c) : acc.sub(r_set(x[i]), c);
         const reg v = r_add(s, y);
         reg t = r_round(v, acc.k);
         const bool ok = fast_ok(r_bits(v), acc.ff);
@@ -425,17 +503,17 @@ double fast_kahan(const double* x, int64_t n, const pl_fmt& f) {
             c = r_set(pl_sub(pl_sub(r_get(t), sd, f), yd, f));
         s = t;
     }
-    return r_get(s);
+    s_io = s;
+    c_io = c;
+    return i;
 }
 
-// Whether every x is 0 or a normal value of the format (one pass, decides the loop).
-bool all_in_format(const double* x, int64_t n, const fast_fmt& ff) {
-    uint64_t bad = 0;
-    for (int64_t i = 0; i < n; ++i) {
-        const uint64_t a = pl_bits(x[i]) & ~kSign;
-        bad |= (uint64_t)(((a - ff.minb > ff.maxb - ff.minb) | ((a & ff.low) != 0)) & (a != 0));
-    }
-    return bad == 0;
+double fast_kahan(const double* x, int64_t n, const pl_fmt& f) {
+    const fast_acc acc(f);
+    reg s = r_set(0.0), c = r_set(0.0);
+    narrow_or_wide(n, [&](int64_t i) { return kahan_loop<true>(x, i, n, acc, s, c); },
+                   [&](int64_t i, int64_t end) { return kahan_loop<false>(x, i, end, acc, s, c); });
+    return r_get(s);
 }
 
 // Neumaier: the running sum and the compensation are two chains of one
@@ -443,12 +521,19 @@ bool all_in_format(const double* x, int64_t n, const fast_fmt& ff) {
 // |s| >= |x| it needs fewer roundings: when x is a (normal) value of the
 // format, lost = (s - t) + x is exact (Fast2Sum), so neither rounds; else, when
 // |t| >= |s| / 2, s - t is exact in the format (Sterbenz), so only the second
-// one rounds. c and lost are always values of the format (add_in).
+// one rounds. c and lost are always values of the format (add_in). The
+// X_IN_FORMAT loop stops at the first x that is not, and narrow_or_wide goes
+// on in the general loop from there (a pass over x to decide first cost as
+// much as the sum's own 0.9 ns a value).
 template <bool X_IN_FORMAT>
-double fast_neumaier(const double* x, int64_t n, const pl_fmt& f) {
-    const fast_acc acc(f);
-    reg s = r_set(0.0), c = r_set(0.0);
-    for (int64_t i = 0; i < n; ++i) {
+int64_t neumaier_loop(const double* x, int64_t i, int64_t n, const fast_acc& acc, reg& s_io, reg& c_io) {
+    reg s = s_io, c = c_io;
+    for (; i < n; ++i) {
+        if (X_IN_FORMAT) {  // 0 or a normal value of the format (checked off the chains)
+            const uint64_t a = pl_bits(x[i]) & ~kSign;
+            if (!PL_LIKELY(((a - acc.ff.minb <= acc.ff.maxb - acc.ff.minb) & ((a & acc.ff.low) == 0)) | (a == 0)))
+                break;
+        }
         const reg xi = r_set(x[i]);
         const reg t = X_IN_FORMAT ? acc.add_in(s, xi) : acc.add(s, xi);
         const double as = std::fabs(r_get(s)), ax = std::fabs(x[i]);
@@ -465,6 +550,16 @@ double fast_neumaier(const double* x, int64_t n, const pl_fmt& f) {
         c = acc.add_in(c, lost);
         s = t;
     }
+    s_io = s;
+    c_io = c;
+    return i;
+}
+
+double fast_neumaier(const double* x, int64_t n, const pl_fmt& f) {
+    const fast_acc acc(f);
+    reg s = r_set(0.0), c = r_set(0.0);
+    narrow_or_wide(n, [&](int64_t i) { return neumaier_loop<true>(x, i, n, acc, s, c); },
+                   [&](int64_t i, int64_t end) { return neumaier_loop<false>(x, i, end, acc, s, c); });
     return r_get(acc.add_in(s, c));
 }
 
@@ -604,10 +699,7 @@ int accumulate_cpu(const double* x, int64_t n, int accumulator, int method, uint
         case PL_STOCHASTIC: fast_stochastic(x, n, f, seed, result, trace); break;
         case PL_PAIRWISE: *result = fast_pairwise(x, n, f); break;
         case PL_KAHAN: *result = fast_kahan(x, n, f); break;
-        case PL_NEUMAIER:
-            if (all_in_format(x, n, make_fast(f))) *result = fast_neumaier<true>(x, n, f);
-            else *result = fast_neumaier<false>(x, n, f);
-            break;
+        case PL_NEUMAIER: *result = fast_neumaier(x, n, f); break;
     }
     return PL_OK;
 }
@@ -675,6 +767,216 @@ extern "C" int pl_sort_by_magnitude(const double* x, int64_t n, int descending, 
         src = dst;
         dst = (dst == out) ? work : out;
     }
+    return PL_OK;
+}
+
+// The decreasing order from the increasing one, in one pass: x sorted by
+// increasing |x| (stably, NaN last) holds the runs of equal |x| each in input
+// order, as the stable decreasing sort does; that sort only puts the runs the
+// other way round, NaN still last. A copy (or, in place, a reversal and a
+// reversal of each run back) instead of a second radix sort.
+extern "C" int pl_reverse_magnitude_order(const double* sorted, int64_t n, double* out) {
+    PL_REQUIRE_PTR(sorted);
+    PL_REQUIRE_PTR(out);
+    size_t bytes = 0;
+    if (int st = pl_checked_bytes(n, sizeof(double), &bytes, __func__)) return st;
+    int64_t m = n;  // [m, n): the NaN tail, which stays
+    while (m > 0 && std::isnan(sorted[m - 1])) --m;
+    const auto key = [](double v) { return pl_bits(v) & ~kSign; };
+    if (out == sorted) {
+        std::reverse(out, out + m);
+        for (int64_t i = 0; i < m;) {
+            int64_t j = i + 1;
+            while (j < m && key(out[j]) == key(out[i])) ++j;
+            std::reverse(out + i, out + j);
+            i = j;
+        }
+        return PL_OK;
+    }
+    std::memcpy(out + m, sorted + m, (size_t)(n - m) * sizeof(double));
+    int64_t pos = 0;
+    for (int64_t j = m; j > 0;) {
+        int64_t i = j - 1;
+        while (i > 0 && key(sorted[i - 1]) == key(sorted[j - 1])) --i;
+        std::memcpy(out + pos, sorted + i, (size_t)(j - i) * sizeof(double));
+        pos += j - i;
+        j = i;
+    }
+    return PL_OK;
+}
+
+// pl_sort_by_magnitude for float32 values held as doubles (every stored format
+// but fp64), with no work array: the radix passes move 32-bit values between
+// the two halves of out's 8n bytes, and the sorted floats are then widened in
+// place (from the first half backwards, from the second forwards: each double
+// written covers only floats already read). Half the bytes a pass moves, and
+// 8n bytes less than the general sort. Byte access through memcpy: out is
+// raw storage, first floats, then doubles.
+namespace {
+inline uint32_t magnitude_key32(uint32_t b, bool descending) {
+    const uint32_t a = b & 0x7FFFFFFFu;
+    if (a > 0x7F800000u) return ~0u;  // NaN
+    return descending ? 0x7F800000u - a : a;
+}
+inline uint32_t f32_bits_at(const unsigned char* base, int64_t i) {
+    uint32_t b;
+    std::memcpy(&b, base + 4 * i, 4);
+    return b;
+}
+}  // namespace
+
+extern "C" int pl_sort_float32_by_magnitude(const double* x, int64_t n, int descending, double* out) {
+    PL_REQUIRE_PTR(x);
+    PL_REQUIRE_PTR(out);
+    size_t bytes = 0;
+    if (int st = pl_checked_bytes(n, sizeof(double), &bytes, __func__)) return st;
+    PL_REQUIRE(descending == 0 || descending == 1, PL_ERR_INVALID_ARGUMENT, "descending must be 0 or 1 (got %d)",
+               descending);
+    PL_REQUIRE(x != out, PL_ERR_INVALID_ARGUMENT, "out must not be x itself");
+    const bool desc = descending == 1;
+    unsigned char* const base = reinterpret_cast<unsigned char*>(out);
+    unsigned char* const half[2] = {base, base + 4 * n};
+    std::vector<int64_t> count(4 * 256, 0);
+    for (int64_t i = 0; i < n; ++i) {
+        const float f = (float)x[i];
+        uint32_t b;
+        std::memcpy(&b, &f, 4);
+        if (pl_bits((double)f) != pl_bits(x[i]))
+            return pl_fail(PL_ERR_INVALID_ARGUMENT, __func__, "x[%lld] = %.17g is not a float32 value", (long long)i,
+                           x[i]);
+        const uint32_t k = magnitude_key32(b, desc);
+        for (int d = 0; d < 4; ++d) ++count[(size_t)(d * 256 + ((k >> (8 * d)) & 255))];
+    }
+    int passes[4], np_ = 0;
+    for (int d = 0; d < 4; ++d) {
+        bool trivial = false;
+        for (int b = 0; b < 256; ++b) trivial |= count[(size_t)(d * 256 + b)] == n;
+        if (!trivial) passes[np_++] = d;
+    }
+    int at = 0;  // the half the floats are in
+    if (np_ == 0) {
+        for (int64_t i = 0; i < n; ++i) {
+            const float f = (float)x[i];
+            std::memcpy(half[0] + 4 * i, &f, 4);
+        }
+    }
+    for (int p = 0; p < np_; ++p) {
+        const int d = passes[p];
+        int64_t pos[256], acc = 0;
+        for (int b = 0; b < 256; ++b) {
+            pos[b] = acc;
+            acc += count[(size_t)(d * 256 + b)];
+        }
+        unsigned char* const dst = half[p == 0 ? 0 : 1 - at];
+        for (int64_t i = 0; i < n; ++i) {
+            uint32_t b;
+            if (p == 0) {  // the first pass reads x
+                const float f = (float)x[i];
+                std::memcpy(&b, &f, 4);
+            } else {
+                b = f32_bits_at(half[at], i);
+            }
+            std::memcpy(dst + 4 * pos[(magnitude_key32(b, desc) >> (8 * d)) & 255]++, &b, 4);
+        }
+        at = p == 0 ? 0 : 1 - at;
+    }
+    const auto widen = [&](int64_t i) {
+        const uint32_t b = f32_bits_at(half[at], i);
+        float f;
+        std::memcpy(&f, &b, 4);
+        const double v = (double)f;
+        std::memcpy(base + 8 * i, &v, 8);
+    };
+    if (at == 0)
+        for (int64_t i = n - 1; i >= 0; --i) widen(i);
+    else
+        for (int64_t i = 0; i < n; ++i) widen(i);
+    return PL_OK;
+}
+
+// Exact sums, for the references: the exact sum of n doubles as a few doubles
+// with the same exact sum, which math.fsum then rounds once (so the reference
+// is fsum's, bit for bit, at a nanosecond or two a value instead of fsum's
+// tens). A superaccumulator of 32-bit digits: x = m 2^(e - 1075), m the
+// 53-bit integer significand and e = max(biased exponent, 1), adds its signed
+// m to digit e, an int64 that a block of 512 such additions cannot overflow
+// (512 * 2^53 = 2^62); after each block the digits it touched carry into
+// digit e + 32 what lies outside [-2^31, 2^31) (one unit there is 2^32 here;
+// balanced digits, so a negative sum does not leave a trail of -1 carries up
+// to the top). Integer additions only: the order of x and the FPU's modes do
+// not matter. At the end each digit d_e 2^(e - 1075) is a double exactly
+// (|d_e| <= 2^31, and a power of two no finer than the smallest subnormal).
+namespace {
+constexpr int kExactDigits = 2048 + 128;  // the top digits only take carries: n < 2^40 values fit
+constexpr int kExactBlock = 512;
+
+struct superacc {
+    int64_t d[kExactDigits] = {};
+    // Balances digits lo..hi and, upward, every digit their carries reach.
+    void carry(int lo, int hi) {
+        for (int e = lo; e <= hi && e + 32 < kExactDigits; ++e) {
+            const int64_t c = (d[e] + (INT64_C(1) << 31)) >> 32;  // arithmetic shift: the floor
+            if (c != 0) {
+                d[e] -= c * (INT64_C(1) << 32);
+                d[e + 32] += c;
+                if (e + 32 > hi) hi = e + 32;
+            }
+        }
+    }
+};
+}  // namespace
+
+extern "C" int pl_exact_sum_terms(const double* x, int64_t n, int absolute, double* terms, int64_t capacity,
+                                  int64_t* nterms, int* special) {
+    PL_REQUIRE_PTR(x);
+    PL_REQUIRE_PTR(terms);
+    PL_REQUIRE_PTR(nterms);
+    PL_REQUIRE_PTR(special);
+    PL_REQUIRE(n >= 0 && n < (INT64_C(1) << 40), PL_ERR_INVALID_ARGUMENT, "n must be in [0, 2^40) (got %lld)",
+               (long long)n);
+    PL_REQUIRE(absolute == 0 || absolute == 1, PL_ERR_INVALID_ARGUMENT, "absolute must be 0 or 1 (got %d)", absolute);
+    PL_REQUIRE(capacity >= PL_EXACT_SUM_TERMS, PL_ERR_INVALID_ARGUMENT, "capacity must be at least %d (got %lld)",
+               PL_EXACT_SUM_TERMS, (long long)capacity);
+    *nterms = 0;
+    *special = 0;
+    const auto owned = std::make_unique<superacc>();  // 17 KiB: on the heap, not a worker thread's stack
+    superacc& acc = *owned;
+    const uint64_t sign_mask = absolute ? 0 : ~0ull;
+    uint64_t not_all_neg_zero = n == 0;
+    for (int64_t i0 = 0; i0 < n; i0 += kExactBlock) {
+        const int64_t end = i0 + kExactBlock < n ? i0 + kExactBlock : n;
+        uint64_t lo = 2047, hi = 0, nonfinite = 0;
+        for (int64_t i = i0; i < end; ++i) {
+            const uint64_t b = pl_bits(x[i]);
+            const uint64_t ex = (b >> 52) & 0x7FF;
+            const uint64_t e = ex | (uint64_t)(ex == 0);
+            const uint64_t m = (b & 0xFFFFFFFFFFFFFull) | ((uint64_t)(ex != 0) << 52);
+            const uint64_t neg = (b >> 63) & sign_mask;       // 0 or 1
+            acc.d[e] += (int64_t)((m ^ (0 - neg)) + neg);     // -m when negative
+            nonfinite |= (uint64_t)(ex == 0x7FF);
+            not_all_neg_zero |= b ^ kSign;
+            lo = e < lo ? e : lo;
+            hi = e > hi ? e : hi;
+        }
+        if (nonfinite) {  // NaN or an infinity: the caller's IEEE rules, not a sum
+            *special = 1;
+            return PL_OK;
+        }
+        acc.carry((int)lo, (int)hi);
+    }
+    acc.carry(0, kExactDigits - 1);
+    int64_t k = 0;
+    for (int e = kExactDigits - 1; e >= 0; --e) {
+        if (acc.d[e] == 0) continue;
+        const double t = std::ldexp((double)acc.d[e], e - 1075);  // exact: at most 53 bits, no finer than 2^-1074
+        if (!std::isfinite(t) || acc.d[e] > (INT64_C(1) << 53) || acc.d[e] < -(INT64_C(1) << 53)) {
+            *special = 2;  // the sum is near or past the double range: the caller's wide path
+            return PL_OK;
+        }
+        terms[k++] = t;
+    }
+    if (k == 0 && !not_all_neg_zero && !absolute) terms[k++] = -0.0;  // fsum's sign of a sum of -0.0s, whatever it is
+    *nterms = k;
     return PL_OK;
 }
 

@@ -158,6 +158,26 @@ int pl_accumulate_cpu_exact(const double* x, int64_t n, int accumulator, int var
  * memory beyond out and work (the sorted summation orders). */
 int pl_sort_by_magnitude(const double* x, int64_t n, int descending, double* out, double* work);
 
+/* pl_sort_by_magnitude for x whose every value is a float32 value (bit for
+ * bit once widened; PL_ERR_INVALID_ARGUMENT otherwise), with no work array:
+ * out's 8n bytes are the scratch. */
+int pl_sort_float32_by_magnitude(const double* x, int64_t n, int descending, double* out);
+
+/* sorted: x as pl_sort_by_magnitude(descending = 0) left it; out (sorted
+ * itself for in place): the order pl_sort_by_magnitude(descending = 1) gives,
+ * in O(n) (the runs of equal |x| reversed as runs, NaN last). */
+int pl_reverse_magnitude_order(const double* sorted, int64_t n, double* out);
+
+/* The exact sum of x (absolute = 1: of |x|) as at most PL_EXACT_SUM_TERMS
+ * doubles, written to terms (capacity >= PL_EXACT_SUM_TERMS), whose exact sum
+ * is the same: a correctly rounded sum of them (math.fsum) is that of x.
+ * Only zeros: no terms, or one -0.0 when every x is -0.0 (absolute = 0).
+ * *special: 0 done; 1 x holds a NaN or an infinity (no terms); 2 the sum is
+ * near or past the double range (no terms). n in [0, 2^40). */
+#define PL_EXACT_SUM_TERMS 2176
+int pl_exact_sum_terms(const double* x, int64_t n, int absolute, double* terms, int64_t capacity,
+                       int64_t* nterms, int* special);
+
 /* ---- accumulate: CUDA kernels --------------------------------------------
  * storage: format the values are held in on the device (any pl_format).
  * accumulator: PL_FP32, PL_BF16 or PL_FP64 (PL_GPU_ATOMIC: PL_FP32, PL_BF16,

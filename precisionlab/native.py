@@ -64,6 +64,13 @@ _PROTOTYPES = {
     "pl_accumulate_cpu_exact": (c_int, [_d, c_int64, c_int, c_int, c_uint64, _d, _i64, _d, _d]),
     # int pl_sort_by_magnitude(const double* x, int64_t n, int descending, double* out, double* work)
     "pl_sort_by_magnitude": (c_int, [_d, c_int64, c_int, _d, _d]),
+    # int pl_sort_float32_by_magnitude(const double* x, int64_t n, int descending, double* out)
+    "pl_sort_float32_by_magnitude": (c_int, [_d, c_int64, c_int, _d]),
+    # int pl_reverse_magnitude_order(const double* sorted, int64_t n, double* out)
+    "pl_reverse_magnitude_order": (c_int, [_d, c_int64, _d]),
+    # int pl_exact_sum_terms(const double* x, int64_t n, int absolute, double* terms, int64_t capacity,
+    #                        int64_t* nterms, int* special)
+    "pl_exact_sum_terms": (c_int, [_d, c_int64, c_int, _d, c_int64, _i64, _int]),
     # int pl_sum_cpu_threads(const double* x, int64_t n, int threads, double* result)
     "pl_sum_cpu_threads": (c_int, [_d, c_int64, c_int, _d]),
     # int pl_softmax_cpu_lanes(const void* x, int64_t rows, int64_t cols, int dtype, void* y, int lanes)
@@ -472,6 +479,52 @@ def sort_by_magnitude(x: np.ndarray, descending: bool = False, out: np.ndarray |
     if x.size:
         _call("pl_sort_by_magnitude", _dptr(x), x.size, int(descending), _dptr(out), _dptr(work))
     return out
+
+
+def sort_float32_by_magnitude(x: np.ndarray, descending: bool = False, out: np.ndarray | None = None) -> np.ndarray:
+    """sort_by_magnitude for x whose values are all float32 values, with no work
+    array (UsageError otherwise)."""
+    x = _as_f64(x)
+    out = np.empty_like(x) if out is None else out
+    if out.shape != x.shape or out.dtype != np.float64 or not out.flags.c_contiguous or np.shares_memory(out, x):
+        raise ValueError("sort_float32_by_magnitude: out must be a contiguous float64 array of x's size, apart from x")
+    if x.size:
+        _call("pl_sort_float32_by_magnitude", _dptr(x), x.size, int(descending), _dptr(out))
+    return out
+
+
+def reverse_magnitude_order(sorted_x: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+    """sort_by_magnitude(x, descending=True) from sorted_x = sort_by_magnitude(x),
+    in O(n); out=sorted_x works in place."""
+    if out is not None and out is sorted_x:
+        if sorted_x.dtype != np.float64 or not sorted_x.flags.c_contiguous:
+            raise ValueError("reverse_magnitude_order: in place needs a contiguous float64 array")
+    else:
+        sorted_x = _as_f64(sorted_x)
+        out = np.empty_like(sorted_x) if out is None else out
+        if out.shape != sorted_x.shape or out.dtype != np.float64 or not out.flags.c_contiguous \
+                or np.shares_memory(out, sorted_x):
+            raise ValueError("reverse_magnitude_order: out must be sorted_x itself or a contiguous float64 array "
+                             "of its size, apart from it")
+    if sorted_x.size:
+        _call("pl_reverse_magnitude_order", _dptr(sorted_x), sorted_x.size, _dptr(out))
+    return out
+
+
+EXACT_SUM_TERMS = 2176  # PL_EXACT_SUM_TERMS in cuda/precisionlab.h
+
+
+def exact_sum_terms(x, absolute: bool = False) -> tuple[list[float] | None, int]:
+    """The exact sum of x (or of |x|) as at most EXACT_SUM_TERMS doubles with
+    the same exact sum: math.fsum of them is math.fsum of x, bit for bit.
+    (terms, 0); or (None, 1) when x holds a NaN or an infinity, (None, 2) when
+    the sum is near or past the double range: the caller's own rules then."""
+    x = _as_f64(x)
+    terms = np.empty(EXACT_SUM_TERMS, dtype=np.float64)
+    k, special = c_int64(), c_int()
+    _call("pl_exact_sum_terms", _dptr(x), x.size, int(absolute), _dptr(terms), terms.size, ctypes.byref(k),
+          ctypes.byref(special))
+    return (terms[:k.value].tolist(), 0) if special.value == 0 else (None, special.value)
 
 
 def sum_cuda(x, storage: int, accumulator: int, method: str, runs: int = 1) -> np.ndarray:

@@ -109,3 +109,25 @@ def test_fast_path_with_the_stored_format_wider_than_the_accumulator_ties_at_the
     r = native.accumulate_cpu(x, formats.get("bf16").code, "sequential")
     assert r.result == 1.0078125  # rounded up, as the exact sum says; ties-to-even would give 1.0
     assert same(r.result, native.accumulate_cpu(x, formats.get("bf16").code, "sequential", exact_path=True).result)
+
+
+@pytest.mark.parametrize("acc", ["bf16", "fp16"])
+def test_fast_path_switching_between_narrow_and_wide_values(acc):
+    # Kahan and Neumaier run a loop of their own while every x is narrow (a
+    # value of the accumulator's format, or p bits) and leave it for the
+    # general loop at a wide one, for a run of 256, then try again: values of
+    # the format with wide ones (fp32 values, subnormals, out of range) strewn
+    # at random, in runs and alone, across many runs.
+    rng = np.random.default_rng(11)
+    code = formats.get(acc).code
+    for trial in range(6):
+        n = 5_000
+        x = formats.get(acc).round(rng.standard_normal(n) * 4.0)
+        k = int(rng.integers(1, 40))
+        where = rng.choice(n, size=k, replace=False)
+        wide = np.array([1 + 2.0**-20, 2.0**-24, 2.0**-130, 1e6, -3.0000001, 70000.0, 2.0**-149 * 3])
+        x[where] = rng.choice(wide, size=k) * rng.choice([1.0, -1.0], size=k)
+        if trial % 2:
+            start = int(rng.integers(0, n - 600))
+            x[start:start + 600] = rng.standard_normal(600)  # a long wide stretch
+        check_equal(x, code, seed=trial)

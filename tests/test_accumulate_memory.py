@@ -1,6 +1,7 @@
 """accumulate's CPU side: the memory estimate against measured peak RSS, the
-refusal before allocating, rows on threads, the radix order and the streamed
-exact sums against their plain numpy / metrics definitions."""
+refusal before allocating, rows on threads, the radix orders and the exact
+sums against their plain numpy / metrics definitions (the exact sums' hostile
+inputs: test_accumulate_exact.py)."""
 
 import json
 import math
@@ -41,8 +42,10 @@ def measured_growth(**cfg) -> int:
 
 
 @pytest.mark.parametrize("case", [
-    # normal values: the orders run (a sorted copy and its work array)
+    # normal values: the orders run (one array: the sort runs in its bytes)
     dict(dist="normal", dtype="fp32", device="cpu"),
+    # fp64 storage: the orders' array and the sort's work array
+    dict(dist="normal", dtype="fp64", device="cpu"),
     # the constant default input: no orders, products for sums
     dict(dtype="bf16", device="cpu"),
     # running-sum traces kept
@@ -53,7 +56,7 @@ def test_memory_estimate_within_one_and_a_half_times_the_measured_peak(case):
         cfg = dict(case, n=n)
         orders = "methods" not in case and "dist" in case
         traced = 4 if case.get("trace") else 0  # sequential on the four default accumulators
-        est = C.memory_estimate(n, orders, traced, constant="dist" not in case)
+        est = C.memory_estimate(n, orders, traced, narrow=case["dtype"] != "fp64")
         got = measured_growth(**cfg)
         assert est / 1.5 <= got <= est * 1.5, f"n={n}: estimate {est / 2**20:.0f} MiB, measured {got / 2**20:.0f} MiB"
 
@@ -99,6 +102,40 @@ def test_sort_by_magnitude_is_numpys_stable_argsort(values, descending):
     assert np.array_equal(np.isnan(want), np.isnan(got))
     ok = ~np.isnan(want)
     assert np.array_equal(want[ok].view(np.uint64), got[ok].view(np.uint64))  # -0.0 and 0.0 in their places
+
+
+def same_order(want: np.ndarray, got: np.ndarray) -> bool:
+    ok = ~np.isnan(want)
+    return np.array_equal(np.isnan(want), np.isnan(got)) and np.array_equal(want[ok].view(np.uint64),
+                                                                             got[ok].view(np.uint64))
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.one_of(SPECIAL.filter(lambda v: v != v or float(np.float32(v)) == v), st.floats(width=32),
+                          st.floats(width=32, min_value=-(2.0**-126), max_value=2.0**-126)),
+                min_size=1, max_size=300), st.booleans())
+def test_float32_sort_in_one_array_is_the_general_sort(values, descending):
+    x = np.array(values, dtype=np.float64)
+    want = native.sort_by_magnitude(x, descending)
+    assert same_order(want, native.sort_float32_by_magnitude(x, descending))
+
+
+def test_float32_sort_refuses_values_that_are_not_float32_values():
+    with pytest.raises(UsageError, match="not a float32 value"):
+        native.sort_float32_by_magnitude(np.array([1.0, 0.1]))
+    with pytest.raises(UsageError, match="not a float32 value"):
+        native.sort_float32_by_magnitude(np.array([2.0**-150]))  # below float32's subnormals
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.one_of(SPECIAL, st.floats(width=16)), min_size=1, max_size=300))
+def test_decreasing_order_from_the_increasing_one_is_the_decreasing_sort(values):
+    # narrow values: many runs of equal |x| with both signs, whose order within a run matters
+    x = np.array(values, dtype=np.float64)
+    want = native.sort_by_magnitude(x, descending=True)
+    up = native.sort_by_magnitude(x)
+    assert same_order(want, native.reverse_magnitude_order(up))
+    assert same_order(want, native.reverse_magnitude_order(up, out=up))  # in place
 
 
 @settings(max_examples=200, deadline=None)

@@ -20,7 +20,7 @@ from precisionlab.experiments import accumulate_cpu
 from precisionlab.formats import Format
 
 # The variants are the library's catalog (op "sum"); the reordered ones run the
-# sequential kernel on a permutation of the input (accumulate_cpu._order).
+# sequential kernel on a permutation of the input (accumulate_cpu.CpuRows).
 CPU_METHODS = [v.name for v in native.variants("sum", "cpu")]
 GPU_METHODS = [v.name for v in native.variants("sum", "cuda")]
 ALL_METHODS = CPU_METHODS + GPU_METHODS
@@ -32,9 +32,9 @@ STOCHASTIC_ACCUMULATORS = {"bf16", "fp16"}  # the default; others only when aske
 SEQUENTIAL_KIND = {v.name for v in native.variants("sum", "cpu")
                    if v.id in (native.variant("sum", "sequential").id, native.variant("sum", "stochastic").id)}
 
-# Bytes per element while the input is made: intended and stored values. The
-# whole run's peak is accumulate_cpu.memory_estimate, checked in run().
-BYTES_PER_ELEMENT = 2 * 8
+# Bytes per element while the input is made: the intended values, rounded where
+# they lie. The whole run's peak is accumulate_cpu.memory_estimate, checked in run().
+BYTES_PER_ELEMENT = 8
 
 
 @dataclass
@@ -83,14 +83,15 @@ def run(cfg: AccumulateConfig, advance=lambda k=1: None) -> AccumulateResult:
     intended, desc = _intended_values(cfg)
     if cfg.from_file is not None:  # known once the file is read: check before the rest
         _check_memory(cfg, intended.size, methods, accumulators, plan, storage)
-    stored = accumulate_cpu.round_chunked(storage, intended)
     exact_intended = accumulate_cpu.exact_sum(intended)
-    del intended  # memory stays flat: see accumulate_cpu
+    stored = accumulate_cpu.round_in_place(storage, intended)  # memory stays flat: see accumulate_cpu
+    del intended
     constant = inputs.is_constant(stored)
 
     cpu_jobs = [(acc, m) for acc in accumulators
                 for m in _cpu_methods_for(methods, acc, constant, explicit=cfg.methods is not None)] if plan.cpu else []
-    cpu_rows = accumulate_cpu.CpuRows(stored, cpu_jobs, cfg.seed, cfg.trace, SEQUENTIAL_KIND, cfg.workers)
+    cpu_rows = accumulate_cpu.CpuRows(stored, cpu_jobs, cfg.seed, cfg.trace, SEQUENTIAL_KIND, cfg.workers,
+                                      narrow=_narrow(storage))
     # the exact sums run here while the rows run on the worker threads
     exact_stored = accumulate_cpu.exact_sum(stored, constant)
     abs_sum = accumulate_cpu.exact_abs_sum(stored, exact_stored)
@@ -227,7 +228,12 @@ def _check_memory(cfg: AccumulateConfig, n: int, methods, accumulators, plan, st
     traced = (sum(1 for a in accumulators for m in _cpu_methods_for(methods, a, constant, explicit)
                   if m in SEQUENTIAL_KIND) if cfg.trace and plan.cpu else 0)
     what = "--from" if cfg.from_file is not None else f"--n {n}"
-    accumulate_cpu.check_memory(n, orders, traced, what, constant)
+    accumulate_cpu.check_memory(n, orders, traced, what, narrow=_narrow(storage))
+
+
+def _narrow(storage: Format) -> bool:
+    """Whether every stored value is a float32 value: every format but fp64."""
+    return storage.name != "fp64"
 
 
 def _cpu_row(r: native.CpuSum, elapsed: float, storage: Format, acc: Format, method: str, exact: float,

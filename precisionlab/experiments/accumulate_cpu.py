@@ -1,16 +1,23 @@
 """accumulate's CPU side: memory that stays flat and rows that use every core.
 
 Memory, in bytes per element n, beside the 8 n of the stored values:
-  - while the input is made: the intended values (8 n); the rounding to the
-    storage format runs in chunks, so its temporaries are a chunk's;
-  - the exact sums stream their values to math.fsum a chunk at a time (the sum
-    of |x| too), and the intended values are dropped once theirs is taken;
+  - the input: the intended values' exact sum is taken first, then they are
+    rounded to the storage format where they lie, a chunk at a time: the
+    stored values are the intended values' array, and the rounding's
+    temporaries are a chunk's;
+  - the exact sums (of |x| too) run through the library's superaccumulator
+    (pl_exact_sum_terms: 17 KiB), which hands math.fsum at most a few thousand
+    doubles with the same exact sum; a sign test on the stored values holds a
+    mask (n);
   - the sequential, pairwise, Kahan, Neumaier and stochastic kernels stream
     over the stored values and hold O(1) (pairwise: O(log n));
-  - the permuted orders need a whole array: reverse holds one copy (8 n); sorted
-    and sorted_desc a copy and, while it is sorted, one work array (16 n; a radix
-    sort in the library, no index array). One order exists at a time; its rows
-    run, then it is dropped.
+  - the permuted orders need whole arrays: one, 8 n, for stored values that
+    are float32 values (every storage format but fp64): the library's radix
+    sort runs in that array's bytes (32-bit values in its two halves, then
+    widened in place), sorted_desc is made from sorted in place once sorted's
+    rows are done (one pass), and reverse, a copy, follows in the same array.
+    fp64 storage adds the sort's work array (16 n): sorted_desc is made in it,
+    and its rows run beside sorted's. No index array either way.
   - --trace keeps the running sum of each sequential-kind row (8 n each).
 memory_estimate() adds these up; accumulate refuses (exit 2) before allocating
 when the estimate exceeds what the machine has.
@@ -31,42 +38,44 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 
 from precisionlab import inputs, metrics, native, threads
+from precisionlab.errors import UsageError
 from precisionlab.formats import Format
 
 # The reordered variants (the catalog's order column) by name: each runs its
-# kernel on the input as permuted by _order.
+# kernel on the input as CpuRows permutes it (permuted() for one array alone).
 ORDERS = {v.name: v.order for v in native.variants("sum", "cpu") if v.order != "as_given"}
-CHUNK = 1 << 18  # values per chunk of rounding / fsum: 2 MiB of float64
+CHUNK = 1 << 18  # values per chunk of rounding: 2 MiB of float64
 # Fixed costs beside the per-element ones: a rounding chunk's temporaries and
-# thread stacks; and, unless the input is constant (its sums are products),
-# fsum's Python floats for about two chunks (32 bytes each).
-FIXED_BYTES = 16 << 20
-FSUM_BYTES = 64 * CHUNK
+# the threads' stacks (3 to 9 MiB measured at 2-8 million values).
+FIXED_BYTES = 8 << 20
 
 
-def memory_estimate(n: int, orders: bool, traced_rows: int, constant: bool = False) -> int:
-    """Peak bytes accumulate allocates for n values (see the module docstring)."""
-    making = 16 * n                                 # intended + stored
-    running = 8 * n + (16 * n if orders else 0) + n  # stored + an order and its work + isfinite's mask
-    fixed = FIXED_BYTES + (0 if constant else FSUM_BYTES)
-    return max(making, running) + 8 * n * traced_rows + fixed
+def memory_estimate(n: int, orders: bool, traced_rows: int, narrow: bool = True) -> int:
+    """Peak bytes accumulate allocates for n values (see the module docstring);
+    narrow: the stored values are float32 values (storage other than fp64)."""
+    order_bytes = (8 if narrow else 16) * n if orders else 0
+    running = 8 * n + order_bytes + n  # stored + the orders' arrays + a sign test's mask
+    return running + 8 * n * traced_rows + FIXED_BYTES
 
 
-def check_memory(n: int, orders: bool, traced_rows: int, what: str, constant: bool = False) -> None:
-    inputs.check_memory(memory_estimate(n, orders, traced_rows, constant), what)
+def check_memory(n: int, orders: bool, traced_rows: int, what: str, narrow: bool = True) -> None:
+    inputs.check_memory(memory_estimate(n, orders, traced_rows, narrow), what)
 
 
 # ---------------------------------------------------------------------------
 # the input, in chunks
 
 
-def round_chunked(storage: Format, intended: np.ndarray) -> np.ndarray:
-    """storage.round(intended), a chunk at a time: the same values, without the
-    rounding's full-size temporaries."""
-    stored = np.empty(intended.size, dtype=np.float64)
-    for i in range(0, intended.size, CHUNK):
-        stored[i:i + CHUNK] = storage.round(intended[i:i + CHUNK])
-    return stored
+def round_in_place(storage: Format, x: np.ndarray) -> np.ndarray:
+    """storage.round(x), written over x (a writable float64 array) a chunk at a
+    time, and returned: the same values, without a second full-size array or
+    the rounding's full-size temporaries (or the first touch of fresh pages,
+    a second or so a GiB on a virtual machine)."""
+    if storage.name == "fp64":
+        return x  # round is a copy
+    for i in range(0, x.size, CHUNK):
+        x[i:i + CHUNK] = storage.round(x[i:i + CHUNK])
+    return x
 
 
 def exact_sum(x: np.ndarray, constant: bool | None = None) -> float:
@@ -79,19 +88,29 @@ def exact_sum(x: np.ndarray, constant: bool | None = None) -> float:
     if constant and x.size < 2**53:
         with np.errstate(over="ignore"):
             return float(np.float64(x.size) * np.float64(x[0])) + 0.0
-    return metrics.exact_sum(x)
+    terms, special = native.exact_sum_terms(x)
+    # The terms' exact sum is x's, so their fsum is x's, bit for bit, as is the
+    # wide path's answer where fsum overflows. special: NaN, inf, or a sum near
+    # the double range: x itself, as before.
+    return metrics.exact_sum(np.array(terms) if special == 0 else x)
 
 
 def exact_abs_sum(x: np.ndarray, exact: float) -> float:
     """metrics.exact_sum(np.abs(x)) without the full-size |x|: one sign (the usual
-    case) is +-exact; mixed signs stream |x| to fsum a chunk at a time."""
+    case) is +-exact; mixed signs go through the library's exact terms (or,
+    near the double range, stream |x| to fsum a chunk at a time)."""
     if not np.isnan(exact):
         if bool(np.all(x >= 0)):
             return exact + 0.0  # + 0.0: an all -0.0 input sums to -0.0, its |x| to 0.0
         if bool(np.all(x <= 0)):
             return -exact + 0.0
+    terms, special = native.exact_sum_terms(x, absolute=True)
+    if special == 0:  # the terms' exact sum is sum|x|: their fsum is that of |x|
+        return metrics.exact_sum(np.array(terms))
     if any(bool(np.isnan(x[i:i + CHUNK]).any()) for i in range(0, x.size, CHUNK)):
         return math.nan
+    if special == 1:  # an infinity, and no NaN
+        return math.inf
     chunks = (np.abs(x[i:i + CHUNK]).tolist() for i in range(0, x.size, CHUNK))
     try:
         return math.fsum(itertools.chain.from_iterable(chunks))
@@ -103,23 +122,12 @@ def exact_abs_sum(x: np.ndarray, exact: float) -> float:
 # rows on worker threads
 
 
-def _order(stored: np.ndarray, order: str, out: np.ndarray, work: list) -> np.ndarray:
-    """The permutation written into out; work[0] is the sort's work array, made once
-    (fresh pages for every order cost seconds of page faults at 10^8)."""
-    if order == "reversed":
-        np.copyto(out, stored[::-1])
-        return out
-    if not work:
-        work.append(np.empty_like(stored))
-    # sorted: increasing |x|, best when the terms share a sign; sorted_desc:
-    # decreasing |x|, best under heavy cancellation. Stable, NaN last, as
-    # numpy's stable argsort of |x| and of -|x| order them.
-    return native.sort_by_magnitude(stored, descending=order == "descending_abs", out=out, work=work[0])
-
-
 def permuted(stored: np.ndarray, name: str) -> np.ndarray:
     """The reordered variant `name`'s permutation of stored, in a new array."""
-    return _order(stored, ORDERS[name], np.empty_like(stored), [])
+    order = ORDERS[name]
+    if order == "reversed":
+        return np.ascontiguousarray(stored[::-1])
+    return native.sort_by_magnitude(stored, descending=order == "descending_abs")
 
 
 class CpuRows:
@@ -127,8 +135,9 @@ class CpuRows:
     results() hands each back in the given order, as (CpuSum, seconds)."""
 
     def __init__(self, stored: np.ndarray, jobs: list[tuple[Format, str]], seed: int, trace: bool,
-                 sequential_kind: set[str], workers: int | None = None):
+                 sequential_kind: set[str], workers: int | None = None, narrow: bool = False):
         self._jobs = jobs
+        self._narrow = narrow  # every stored value is a float32 value: the sort needs no work array
         self._results: dict[int, tuple] = {}
         self._done: queue.Queue = queue.Queue()
         self._pool = ThreadPoolExecutor(threads.workers(len(jobs), workers) if jobs else 1)
@@ -146,30 +155,58 @@ class CpuRows:
             self._done.put((idx, e))
 
     def _feed(self) -> None:
-        """Submits the unpermuted rows, then each order's rows once its array is
-        made; an order is made only when the previous one's rows are done."""
+        """Submits the unpermuted rows; sorts while they run (the order's pages
+        are touched off the rows' path); submits the sorted rows, then
+        sorted_desc's (made from sorted: beside it in the work array of a wide
+        sort, in place once sorted's rows are done after a narrow one), then,
+        once those are done, reverse's in the same array. Sorted: increasing
+        |x|, best when the terms share a sign; sorted_desc: decreasing |x|, best
+        under heavy cancellation. Stable, NaN last, as numpy's stable argsort
+        of |x| and of -|x| order them."""
         stored = self._args[0]
-        by_order = {o: [(i, a, m) for i, (a, m) in enumerate(self._jobs) if m == o] for o in ORDERS}
+        by_order = {kind: [(i, a, m) for i, (a, m) in enumerate(self._jobs) if ORDERS.get(m) == kind]
+                    for kind in ("ascending_abs", "descending_abs", "reversed")}
         plain = [(i, a, m) for i, (a, m) in enumerate(self._jobs) if m not in ORDERS]
-        waiting = [self._pool.submit(self._run, i, stored, a, m) for i, a, m in plain]
-        held = False  # whether the rows in `waiting` read the order buffer
-        buf, work = None, []
-        for order, jobs in by_order.items():
-            if not jobs:
-                continue
-            if held:
-                for f in waiting:
-                    f.result()
+        for i, a, m in plain:
+            self._pool.submit(self._run, i, stored, a, m)
+        submit = lambda x, jobs: [self._pool.submit(self._run, i, x, a, m) for i, a, m in jobs]
+        fail = lambda jobs, e: [self._done.put((i, e)) for i, _, _ in jobs]
+        wait = lambda futures: [f.result() for f in futures]
+        buf, waiting = None, []
+        if by_order["ascending_abs"] or by_order["descending_abs"]:
+            work = None
+            try:
+                buf = np.empty_like(stored)
+                done = False
+                if self._narrow:
+                    try:
+                        done = native.sort_float32_by_magnitude(stored, out=buf) is buf
+                    except UsageError:  # a value that is not a float32 value after all
+                        pass
+                if not done:
+                    work = np.empty_like(stored)
+                    native.sort_by_magnitude(stored, out=buf, work=work)
+                waiting += submit(buf, by_order["ascending_abs"])
+            except BaseException as e:
+                fail(by_order["ascending_abs"] + by_order["descending_abs"], e)
+            else:
+                if by_order["descending_abs"]:
+                    try:
+                        if work is None:
+                            wait(waiting)  # sorted's rows read buf
+                        desc = native.reverse_magnitude_order(buf, out=buf if work is None else work)
+                        waiting += submit(desc, by_order["descending_abs"])
+                    except BaseException as e:
+                        fail(by_order["descending_abs"], e)
+            del work  # sorted_desc's rows hold it while they run
+        if by_order["reversed"]:
+            wait(waiting)  # they read buf
             try:
                 buf = np.empty_like(stored) if buf is None else buf
-                x = _order(stored, ORDERS[order], buf, work)
+                np.copyto(buf, stored[::-1])
+                submit(buf, by_order["reversed"])
             except BaseException as e:
-                for i, _, _ in jobs:
-                    self._done.put((i, e))
-                continue
-            waiting = [self._pool.submit(self._run, i, x, a, m) for i, a, m in jobs]
-            held = True
-            del x
+                fail(by_order["reversed"], e)
 
     def results(self, advance=lambda k=1: None):
         try:
