@@ -174,6 +174,31 @@ def from_numpy(dtype) -> Format | None:
     return next((f for f in _formats().values() if f.dtype == dtype), None)
 
 
+def torch_to_numpy(t):
+    """A CPU torch tensor as numpy in its own format: the bits, viewed as the
+    numpy twin (ml_dtypes for bf16 and fp8, which numpy lacks), never a cast."""
+    import torch
+
+    t = t.detach().contiguous()
+    fmt = from_torch(t.dtype)
+    if fmt is None or fmt.dtype.kind == "f" and fmt.dtype.type in (np.float16, np.float32, np.float64):
+        return t.numpy()
+    same_width = {1: torch.uint8, 2: torch.int16}[t.element_size()]
+    return t.view(same_width).numpy().view(fmt.dtype)
+
+
+def numpy_to_torch(a: np.ndarray):
+    """The inverse of torch_to_numpy: numpy (ml_dtypes included) to a torch tensor, bits kept."""
+    import torch
+
+    a = np.ascontiguousarray(a)
+    fmt = from_numpy(a.dtype)
+    if fmt is None or fmt.torch_name is None or a.dtype.type in (np.float16, np.float32, np.float64):
+        return torch.from_numpy(a)
+    same_width = {1: np.uint8, 2: np.int16}[a.dtype.itemsize]
+    return torch.from_numpy(a.view(same_width)).view(fmt.torch_dtype)
+
+
 def from_torch(dtype) -> Format | None:
     """The format whose torch twin is dtype (a torch.dtype), or None."""
     name = str(dtype).removeprefix("torch.")

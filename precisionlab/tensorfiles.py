@@ -18,22 +18,23 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-import ml_dtypes
 import numpy as np
 
-from precisionlab import inputs
+from precisionlab import formats, inputs
 from precisionlab.errors import UsageError
 
 LOADABLE = (".npy", ".npz", ".pt", ".pth", ".safetensors")
 
 # numpy dtype name -> precisionlab format name (formats.py). Integers and bools
 # are exact: they have no format and compare with zero tolerance.
-DTYPE_TO_FORMAT = {"float64": "fp64", "float32": "fp32", "float16": "fp16", "bfloat16": "bf16",
-                   "float8_e4m3fn": "fp8_e4m3", "float8_e5m2": "fp8_e5m2"}
+# The formats torch and numpy (with ml_dtypes) both hold, by their dtype name
+# (the same in both): formats.TWINS, the one dtype map.
+DTYPE_TO_FORMAT = {dt.name: name for name, (dt, torch_name, _) in formats.TWINS.items() if torch_name}
+_NP_DTYPES = {dt.name: dt for dt, _, _ in formats.TWINS.values()}
 # Raw ml_dtypes arrays saved with np.save come back as void bytes ('|V2'): a
 # two-byte void is bf16 (fp16 has its own descriptor); one byte needs --X-dtype.
-_VOID = {2: ml_dtypes.bfloat16}
-_FP8 = {"fp8_e4m3": ml_dtypes.float8_e4m3fn, "fp8_e5m2": ml_dtypes.float8_e5m2}
+_VOID = {2: "bf16"}  # raw 2-byte values: bf16 (numpy has no dtype of its own for it)
+_FP8 = ("fp8_e4m3", "fp8_e5m2")  # raw 1-byte values: as --a-dtype/--b-dtype says
 
 # Metadata keys of the dumps `compare model --dump` writes.
 ORDER_KEY, TOKENS_KEY = "precisionlab.order", "precisionlab.token_ids"
@@ -68,7 +69,7 @@ def _first_line(e: Exception) -> str:
 
 
 def _np_dtype(name: str):
-    return getattr(ml_dtypes, name) if name in ("bfloat16", "float8_e4m3fn", "float8_e5m2") else np.dtype(name)
+    return _NP_DTYPES.get(name) or np.dtype(name)
 
 
 def natural_key(name: str):
@@ -101,9 +102,9 @@ def open_tensor_file(path: str, void_dtype: str | None = None) -> TensorFile:
 def _dtype_name(dtype: np.dtype, void_dtype: str | None, where: str) -> str:
     if dtype.kind == "V" and not dtype.names:
         if void_dtype in _FP8 and dtype.itemsize == 1:
-            return np.dtype(_FP8[void_dtype]).name
+            return formats.get(void_dtype).dtype.name
         if dtype.itemsize in _VOID:
-            return np.dtype(_VOID[dtype.itemsize]).name
+            return formats.get(_VOID[dtype.itemsize]).dtype.name
         raise UsageError(f"{where}: raw {dtype.itemsize}-byte values; say which format with "
                          "--a-dtype/--b-dtype fp8_e4m3|fp8_e5m2")
     if dtype.kind not in "biuf" and dtype.name not in DTYPE_TO_FORMAT:
@@ -193,7 +194,7 @@ def _open_pt(p: Path) -> TensorFile:
 
     import torch
 
-    from precisionlab import inputs
+    from precisionlab import formats, inputs
 
     # A .pt is read whole: its tensors plus their float64 copies, one at a time, bound the peak.
     inputs.check_memory(p.stat().st_size * 2, f"reading {p}")
@@ -219,12 +220,7 @@ def _open_pt(p: Path) -> TensorFile:
             raise UsageError(f"{p}: {k!r} has dtype {t.dtype}, which is not compared")
 
     def get(name):
-        t = flat[name].detach()
-        if t.dtype == torch.bfloat16:  # numpy has no bf16: the bits, viewed through ml_dtypes
-            return t.contiguous().view(torch.int16).numpy().view(ml_dtypes.bfloat16)
-        if t.dtype in (torch.float8_e4m3fn, torch.float8_e5m2):
-            return t.contiguous().view(torch.uint8).numpy().view(_np_dtype(dtypes[name]))
-        return t.numpy()
+        return formats.torch_to_numpy(flat[name])  # bf16 and fp8: the bits, viewed through ml_dtypes
 
     return TensorFile(str(p), list(flat), shapes, dtypes, True, {}, get, skipped)
 

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 from contextlib import contextmanager
 
-import ml_dtypes
 import numpy as np
 import torch
 
@@ -37,17 +36,12 @@ def _code(t: torch.Tensor) -> int:
 
 
 def to_numpy(t: torch.Tensor) -> np.ndarray:
-    """A CPU tensor as numpy in the same storage format (bf16 via ml_dtypes)."""
-    t = t.detach().contiguous()
-    if t.dtype == torch.bfloat16:
-        return t.view(torch.int16).numpy().view(ml_dtypes.bfloat16)
-    return t.numpy()
+    """A CPU tensor as numpy in the same storage format (bf16 via ml_dtypes: formats.torch_to_numpy)."""
+    return formats.torch_to_numpy(t)
 
 
 def from_numpy(a: np.ndarray) -> torch.Tensor:
-    if a.dtype == ml_dtypes.bfloat16:
-        return torch.from_numpy(np.ascontiguousarray(a).view(np.int16)).view(torch.bfloat16)
-    return torch.from_numpy(np.ascontiguousarray(a))
+    return formats.numpy_to_torch(a)
 
 
 @contextmanager

@@ -145,3 +145,17 @@ def test_rows_name_their_variant_by_identifier_not_by_label():
             assert native.variant(r["op"], r["variant"]), r
     assert {r["variant"] for r in res.rows if r["section"] == "batch" and r["op"] != "matmul"} == {
         "stable", "stable_adaptive", "block", "adaptive"}
+
+
+def test_torch_and_numpy_twins_round_trip_bit_for_bit():
+    """The one dtype map also moves tensors: bf16 and fp8 through their bits."""
+    torch = pytest.importorskip("torch")
+    for f in formats.FORMATS.values():
+        if f.torch_name is None:
+            continue
+        x = (torch.randn(9) * 3).to(f.torch_dtype)
+        a = formats.torch_to_numpy(x)
+        assert a.dtype == f.dtype and formats.from_numpy(a.dtype) is f and formats.from_torch(x.dtype) is f
+        back = formats.numpy_to_torch(a)
+        assert back.dtype == x.dtype and torch.equal(back.view(torch.uint8), x.view(torch.uint8))
+        assert np.array_equal(a.astype(np.float64), x.double().numpy(), equal_nan=True)

@@ -174,13 +174,9 @@ def _token_ids(runner, text: str, need: int, source: str) -> list[int]:
 
 def _tensor_to_numpy(t) -> np.ndarray:
     """A CPU tensor's values in its own dtype (bf16 through ml_dtypes, exactly)."""
-    import ml_dtypes
-    import torch
+    from precisionlab import formats
 
-    t = t.detach().cpu()
-    if t.dtype == torch.bfloat16:
-        return t.float().numpy().astype(ml_dtypes.bfloat16)  # bf16 -> fp32 -> bf16 is exact
-    return t.numpy()
+    return formats.torch_to_numpy(t.cpu())
 
 
 def _forward(runner, model, ids):
