@@ -715,10 +715,10 @@ __global__ void __launch_bounds__(1024) softmax_cluster(const T* __restrict__ x,
 #endif
 }
 
-// Clusters need an sm_90+ device and version 5's sm_90 code for it: a
-// library built for older archs only (or PTX of one, JIT-compiled) has the
-// empty body, so it must not launch it. Asked once a device (a launch of a
-// long row would otherwise pay for two queries).
+// Clusters need an sm_90+ device that launches them (cudaDevAttrClusterLaunch)
+// and version 5's sm_90 code for it: a library built for older archs only (or
+// PTX of one, JIT-compiled) has the empty body, so it must not launch it.
+// Asked once a device (each launch of a long row would pay for the queries).
 bool softmax_clusters_ok() {
     static std::atomic<int> known[64];  // 0: not asked yet, 1: yes, 2: no
     int dev = 0;
@@ -727,10 +727,11 @@ bool softmax_clusters_ok() {
         return false;
     }
     if (dev >= 0 && dev < 64 && known[dev].load() != 0) return known[dev].load() == 1;
-    int major = 0;
+    int major = 0, launch = 0;
     cudaFuncAttributes a;
-    bool ok = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) == cudaSuccess;
-    if (ok && major >= 9) {
+    bool ok = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) == cudaSuccess &&
+              cudaDeviceGetAttribute(&launch, cudaDevAttrClusterLaunch, dev) == cudaSuccess;
+    if (ok && major >= 9 && launch) {
         ok = cudaFuncGetAttributes(&a, softmax_cluster<float, 1>) == cudaSuccess;
         ok = ok && a.ptxVersion >= 90 && a.binaryVersion >= 90;
     } else {
