@@ -19,7 +19,7 @@ import emulate_gpu
 from test_softmax import NP, check_close, check_non_finite_rows, check_partly_masked, run
 from precisionlab import formats, native
 
-pytestmark = pytest.mark.gpu
+gpu = pytest.mark.gpu  # every test but the replay's own check needs a device (or the emulator)
 
 ELEM = {"fp32": 4, "bf16": 2, "fp16": 2}
 # (cols, dtype): every cluster size and register tier the long rows get
@@ -69,6 +69,7 @@ def edge_rows(cols: int, seed: int) -> np.ndarray:
     return x
 
 
+@gpu
 @pytest.mark.emulator
 @pytest.mark.parametrize("cols,dtype", LONG)
 def test_long_rows_bit_for_bit_against_the_step_by_step_emulation(cols, dtype):
@@ -84,6 +85,7 @@ def test_long_rows_bit_for_bit_against_the_step_by_step_emulation(cols, dtype):
     np.testing.assert_array_equal(lses, lse)
 
 
+@gpu
 @pytest.mark.emulator
 @pytest.mark.parametrize("masked", ["nan", "zero"])
 @pytest.mark.parametrize("cols,dtype", [(4, "fp32"), (8, "fp32"), (8, "bf16"), (8, "fp16"), (64, "fp32"),
@@ -116,6 +118,7 @@ def test_the_emulation_is_the_documented_semantics():
     assert emulate_gpu.softmax_cluster_plan(40962, 4) is None
 
 
+@gpu
 @pytest.mark.parametrize("cols,dtype", LONG)
 def test_long_rows_against_float64(cols, dtype):
     x = np.random.default_rng(cols + 7).standard_normal((2, cols)) * 4.0
@@ -125,6 +128,7 @@ def test_long_rows_against_float64(cols, dtype):
         assert ((y >= 0) & (y <= 1)).all()
 
 
+@gpu
 @pytest.mark.parametrize("cols", [8, 40960, 151936])
 @pytest.mark.parametrize("dtype", ["fp32", "bf16"])
 def test_edge_cases_as_the_other_kernels(cols, dtype):
@@ -145,12 +149,14 @@ def test_edge_cases_as_the_other_kernels(cols, dtype):
         assert np.isnan(y[[6, 7, 8]]).all() and np.isnan(lse[[6, 7, 8]]).all()
 
 
+@gpu
 def test_non_finite_and_partly_masked_rows():
     check_non_finite_rows("cluster", "cuda")
     for cols in (2, 64, 65, 4097, 40960):
         check_partly_masked("cluster", "cuda", cols)
 
 
+@gpu
 def test_batch_invariant_and_deterministic():
     # the split depends on cols alone: a row's bits are the same alone or in a
     # batch, and from run to run (the emulator runs blocks and the cluster's
@@ -167,6 +173,7 @@ def test_batch_invariant_and_deterministic():
     assert plan(1, 151936, "bf16") == plan(100_000, 151936, "bf16")
 
 
+@gpu
 def test_plan():
     # single_pass takes version 5 past one CTA's tiers (32768 columns); the
     # cluster is the smallest whose pieces fit single_pass's tiers
@@ -188,6 +195,7 @@ def test_plan():
     assert plan(8, 8, "fp32")["cluster"] == 2
 
 
+@gpu
 @pytest.mark.parametrize("cols,dtype,variant", [(40962, "fp32", "online"), (40964, "bf16", "online"),
                                                 (524292, "fp32", "online_vec")])
 def test_fallbacks_are_right(cols, dtype, variant):
@@ -198,6 +206,7 @@ def test_fallbacks_are_right(cols, dtype, variant):
         check_close(y, s, dtype)
 
 
+@gpu
 def test_bf16_storage_rounding_is_the_formats():
     # the emulation's stores round as ml_dtypes does: a sanity check of the replay's last step
     assert np.float32(ml_dtypes.bfloat16(np.float32(1 + 2 ** -8))) == 1.0
