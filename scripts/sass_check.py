@@ -36,8 +36,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 
-# Kernels whose row lives in registers: all loads first, then the reductions.
-SINGLE_PASS = re.compile(r"softmax_single_pass|softmax_warp_rows")
+# Kernels whose row (or, softmax_cluster, piece of a row) lives in registers:
+# all loads first, then the reductions.
+SINGLE_PASS = re.compile(r"softmax_single_pass|softmax_warp_rows|softmax_cluster")
 # Streaming kernels with a hot loop over the input.
 STREAMING = re.compile(r"sum_blocks_kernel|softmax_online_vec")
 
@@ -53,6 +54,12 @@ CEILINGS = {
     ("softmax_warp_rows", "float"): 19.0,  # measured 14.5-17.8
     ("softmax_warp_rows", "__nv_bfloat16"): 18.0,  # 16.4-16.6
     ("softmax_warp_rows", "__half"): 18.0,  # 16.0
+    # version 5: single_pass's floating-point work per element exactly (the
+    # FFMA/FADD/FMUL/MUFU/FMNMX growth per tier is the same); the 1-3 more are
+    # integer index arithmetic against the piece's bounds
+    ("softmax_cluster", "float"): 24.0,  # measured 22.3-23.3
+    ("softmax_cluster", "__nv_bfloat16"): 22.0,  # 18.3-20.9
+    ("softmax_cluster", "__half"): 22.0,  # 17.7-20.5
     ("sum_blocks_kernel", "*"): 18.0,
     ("softmax_online_vec", "*"): 26.0,
 }

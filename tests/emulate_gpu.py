@@ -120,3 +120,136 @@ def matmul(a: np.ndarray, b: np.ndarray, splits: int = 1, tile: int = 16) -> np.
                 total = float(np.float32(total) + np.float32(s)) if len(bounds) > 1 else s
             out[i, j] = total
     return out.astype(a.dtype)  # fp32 to the storage format: one rounding
+
+
+# ---------------------------------------------------------------------------
+# softmax version 5 (cuda/softmax.cu, softmax_cluster): a row split over a
+# thread-block cluster, replayed step by step in fp32 numpy. Written from the
+# kernel's documented layout and order:
+#   - the row is nvec = cols / N 16-byte vectors (N = 4 fp32, 8 bf16/fp16); the
+#     cluster C is the smallest of 2, 4, 8, 16 whose pieces ceil(nvec / C) fit
+#     single_pass's register tiers (1, 2, 4 vectors a thread up to 1024, 2048,
+#     4096 vectors; 8 up to 8192, fp32 only), CTA r holding vectors
+#     [r * piece, (r + 1) * piece) of the row (the last piece short or empty);
+#   - threads = ceil(piece / vpt) rounded up to a warp; thread t of a CTA holds
+#     the piece's vectors t, t + threads, ... (vpt of them, missing ones -inf),
+#     takes its max (NaN-propagating) over them in order, then exp(v - max)
+#     (shift 0 for an all -inf thread) and their sum in that order;
+#   - the CTA's (max, sum) pairs meet in a block all-reduce: a butterfly of
+#     xor shuffles 16, 8, 4, 2, 1 in each warp, the warps' results (lane 0's)
+#     into warp 0 (empty slots (-inf, 0)) and the same butterfly there;
+#   - the row's pair is rank 0's combined with rank 1's, then 2's, ... C - 1's;
+#   - each element is written as e * (exp(m_thread - M) / S), rounded to the
+#     storage format; lse = M + log(S); a masked row (M = -inf) gives S = NaN,
+#     or zeros and lse -inf under the zero policy.
+# exp and log are the C library's expf/logf, which the CPU emulator's kernels
+# call too: bit for bit against the emulator (a GPU's expf is a few ulps apart).
+
+import ctypes  # noqa: E402
+import ctypes.util  # noqa: E402
+
+_LIBM = ctypes.CDLL(ctypes.util.find_library("m") or "libm.so.6")
+_LIBM.expf.restype = _LIBM.logf.restype = ctypes.c_float
+_LIBM.expf.argtypes = _LIBM.logf.argtypes = [ctypes.c_float]
+_expf = np.frompyfunc(lambda v: _LIBM.expf(float(v)), 1, 1)
+F32 = np.float32
+NEG_INF = F32(-np.inf)
+
+
+def expf(a) -> np.ndarray:
+    return np.asarray(_expf(np.asarray(a, F32)), dtype=F32)
+
+
+def logf(a: float) -> np.float32:
+    return F32(_LIBM.logf(float(a)))
+
+
+def _max_nan(a, b):
+    return np.where((a > b) | np.isnan(a), a, b).astype(F32)
+
+
+def _combine(am, as_, bm, bs):
+    m = _max_nan(am, bm)
+    with np.errstate(invalid="ignore", over="ignore"):
+        s = np.where(m == NEG_INF, as_ + bs, as_ * expf(am - m) + bs * expf(bm - m)).astype(F32)
+    return m, s
+
+
+def _warp_allreduce(m, s):
+    """Butterfly over lanes (arrays of 32k values, warps contiguous)."""
+    lanes = np.arange(m.size)
+    for d in (16, 8, 4, 2, 1):
+        partner = lanes ^ d
+        m, s = _combine(m, s, m[partner], s[partner])
+    return m, s
+
+
+def _block_allreduce(m, s):
+    m, s = _warp_allreduce(m, s)
+    pm, ps = m[::32], s[::32]  # lane 0 of each warp
+    wm, ws = np.full(32, NEG_INF), np.zeros(32, F32)
+    wm[:pm.size], ws[:ps.size] = pm, ps
+    m, s = _warp_allreduce(wm.astype(F32), ws)
+    return m[0], s[0]
+
+
+def softmax_cluster_plan(cols: int, elem_bytes: int) -> tuple[int, int, int, int]:
+    """(cluster C, piece vectors, vectors a thread, threads), or None to fall back."""
+    n = 16 // elem_bytes
+    if cols % n:
+        return None
+
+    def vpt_for(v):
+        return 1 if v <= 1024 else 2 if v <= 2048 else 4 if v <= 4096 else 8 if elem_bytes == 4 and v <= 8192 else 0
+
+    nvec = cols // n
+    for c in (2, 4, 8, 16):
+        piece = -(-nvec // c)
+        vpt = vpt_for(piece)
+        if vpt:
+            per_thread = -(-piece // vpt)
+            return c, piece, vpt, max(32, -(-per_thread // 32) * 32)
+    return None
+
+
+def softmax_cluster_row(x: np.ndarray, storage, masked: str = "nan") -> tuple[np.ndarray, np.float32]:
+    """One row of stored logits (its storage type) through version 5: (y in the
+    storage type, lse in fp32)."""
+    elem = np.dtype(storage).itemsize
+    n = 16 // elem
+    c, piece, vpt, threads = softmax_cluster_plan(x.size, elem)
+    v = x.astype(F32).reshape(-1, n)  # the row's vectors, widened exactly
+    nvec = v.shape[0]
+    pairs, keep = [], []
+    for r in range(c):
+        lo = r * piece
+        mine = min(piece, nvec - lo)
+        idx = np.arange(threads)[:, None] + threads * np.arange(vpt)[None, :]  # [thread, k] -> vector of the piece
+        ok = idx < mine
+        vals = np.where(ok[:, :, None], v[np.clip(lo + idx, 0, nvec - 1)], NEG_INF).reshape(threads, vpt * n)
+        tm = np.full(threads, NEG_INF)
+        for j in range(vals.shape[1]):
+            tm = _max_nan(tm, vals[:, j])
+        shift = np.where(tm == NEG_INF, F32(0), tm).astype(F32)
+        with np.errstate(invalid="ignore"):
+            ex = expf(vals - shift[:, None])
+        s = np.zeros(threads, F32)
+        for j in range(ex.shape[1]):
+            s = (s + ex[:, j]).astype(F32)
+        pairs.append(_block_allreduce(tm, s))
+        keep.append((lo, mine, idx, ok, tm, ex))
+    m, s = pairs[0]
+    for pm, ps in pairs[1:]:
+        m, s = _combine(m, s, pm, ps)
+    m, s = F32(m), F32(s)
+    zero = m == NEG_INF and masked == "zero"
+    if m == NEG_INF and not zero:
+        s = F32(np.nan)
+    y = np.empty((nvec, n), F32)
+    for lo, mine, idx, ok, tm, ex in keep:
+        with np.errstate(invalid="ignore", divide="ignore"):
+            scale = np.zeros(tm.size, F32) if zero else (expf(tm - m) / s).astype(F32)
+        out = (ex * scale[:, None]).astype(F32).reshape(idx.shape[0], idx.shape[1], n)
+        y[lo + idx[ok]] = out[ok]
+    lse = NEG_INF if zero else F32(m + logf(s))
+    return y.reshape(-1).astype(storage), lse

@@ -38,7 +38,8 @@ def test_gpu_edge_cases(method):
 
 
 # cols that take each kernel's paths: scalar fallback (not a multiple of the
-# vector), one vector a thread, several, and the online_vec fallback
+# vector), one vector a thread, several, and past 32768 columns (single_pass:
+# a cluster of CTAs)
 MASK_COLS = [2, 31, 32, 64, 65, 100, 1025, 2048, 4096, 4097, 40960]
 
 
@@ -49,10 +50,10 @@ def test_gpu_partly_masked_rows_are_ordinary(method, dtype, cols):
     check_partly_masked(method, "cuda", cols, dtype)
 
 
-@pytest.mark.parametrize("method", SHIFTED + ["single_pass", "online_vec"])
+@pytest.mark.parametrize("method", SHIFTED + ["single_pass", "online_vec", "cluster"])
 def test_gpu_non_finite_rows(method):
     check_non_finite_rows(method, "cuda")
-    for cols in (8, 4096):  # the vector paths: a NaN among -inf, under the zero policy
+    for cols in (8, 4096, 40960):  # the vector paths: a NaN among -inf, under the zero policy
         x = np.full(cols, -np.inf)
         x[cols // 2] = np.nan
         y, lse, _ = run(x, method=method, masked="zero", device="cuda")
@@ -163,7 +164,8 @@ def test_launch_plan_tiers():
     assert native.softmax_cuda_plan(8, 32768, bf16, "single_pass", 132)["vpt"] == 4
     assert native.softmax_cuda_plan(8, 4096, fp32, "single_pass", 132) == {
         "variant": "single_pass", "kernel": 2, "vpt": 1, "threads": 1024, "rows_per_block": 1, "cluster": 1}
-    assert native.softmax_cuda_plan(8, 151936, bf16, "single_pass", 132)["variant"] == "online_vec"
+    # past 32768 columns: the row split over a thread-block cluster (version 5, test_softmax_cluster_gpu.py)
+    assert native.softmax_cuda_plan(8, 151936, bf16, "single_pass", 132)["variant"] == "cluster"
     # short rows: a warp per row, four rows a block
     assert native.softmax_cuda_plan(8, 1024, fp32, "single_pass", 132) == {
         "variant": "single_pass", "kernel": 4, "vpt": 8, "threads": 128, "rows_per_block": 4, "cluster": 1}

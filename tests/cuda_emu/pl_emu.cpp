@@ -4,6 +4,7 @@
 #include "pl_emu.h"
 
 #include <setjmp.h>
+#include <sys/mman.h>
 #include <ucontext.h>
 
 #if defined(_FORTIFY_SOURCE) && _FORTIFY_SOURCE > 0
@@ -14,6 +15,8 @@
 #include <cstdio>
 #include <cstdlib>
 #include <map>
+#include <memory>
+#include <set>
 #include <mutex>
 #include <numeric>
 #include <random>
@@ -28,6 +31,7 @@ dim3 g_bdim, g_gdim;
 namespace {
 
 constexpr size_t kStack = 64 * 1024;
+constexpr int kSlab = 1024;  // fibers whose stacks one mapping holds: a block's most
 
 // A fiber starts once on its own stack through ucontext (setcontext), and
 // from then on switches with _setjmp/_longjmp, which leave the signal mask
@@ -37,9 +41,11 @@ struct Fiber {
     jmp_buf jb;
     bool has_ctx = false, started = false;
     uint3 tid;
+    int block = 0;  // its block's cluster rank
     int warp = 0, lane = 0;
     bool done = false;
     bool waiting = false;
+    char* stack = nullptr;
 };
 
 struct Barrier {  // a generation-counting rendezvous of the live members
@@ -47,24 +53,59 @@ struct Barrier {  // a generation-counting rendezvous of the live members
     unsigned gen = 0;
 };
 
-std::vector<Fiber> fibers;
-std::vector<char> stacks;
+// A block of the cluster running now: its barrier, live threads and shared memory.
+struct Block {
+    uint3 bid;
+    Barrier bar;
+    int live = 0;
+    std::map<const void*, std::vector<unsigned char>> shared;  // by declaration (shared_slot's tag)
+    std::vector<unsigned char> dyn;                            // extern __shared__
+};
+
+// Fibers never move once made (a ucontext must not): each lives on the heap,
+// its stack in a lazily committed mapping of kSlab stacks.
+std::vector<std::unique_ptr<Fiber>> fibers;
+std::vector<char*> slabs;
 jmp_buf sched;
 ucontext_t launch_env;  // the caller's signal mask and floating-point state, taken at each launch
 int cur = 0;
 const std::function<void()>* body = nullptr;
-Barrier block_bar;
+std::vector<Block> blocks;
+Barrier cluster_bar;
+int cluster_live = 0;
+dim3 g_cdim(1, 1, 1);
+std::map<const void*, size_t> slot_bytes;  // every __shared__ declaration seen: its size
+std::set<const void*> nonportable;         // kernels allowed clusters of more than 8 blocks
 std::vector<Barrier> warp_bars;
 std::vector<int> warp_live;
 std::vector<uint64_t> warp_slots;
-int live = 0;
+size_t dyn_bytes = 1;
 bool progress = false;
 cudaError_t last_error = cudaSuccess;
 std::mutex launch_mutex;
 std::mt19937_64 order_rng(12345);
 
+Fiber& F(int i) { return *fibers[(size_t)i]; }
+
+void ensure_fibers(size_t n) {
+    while (fibers.size() < n) {
+        const size_t i = fibers.size();
+        if (i % kSlab == 0) {
+            void* m = mmap(nullptr, kSlab * kStack, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE,
+                           -1, 0);
+            if (m == MAP_FAILED) {
+                std::fprintf(stderr, "pl_emu: no memory for fiber stacks\n");
+                std::abort();
+            }
+            slabs.push_back(static_cast<char*>(m));
+        }
+        fibers.push_back(std::make_unique<Fiber>());
+        fibers.back()->stack = slabs[i / kSlab] + (i % kSlab) * kStack;
+    }
+}
+
 void yield() {
-    if (!_setjmp(fibers[cur].jb)) _longjmp(sched, 1);
+    if (!_setjmp(F(cur).jb)) _longjmp(sched, 1);
 }
 
 // Wait at b until `members` live fibers have arrived.
@@ -76,9 +117,9 @@ void rendezvous(Barrier& b, const int& members) {
         progress = true;
         return;
     }
-    fibers[cur].waiting = true;
+    F(cur).waiting = true;
     while (b.gen == g) yield();
-    fibers[cur].waiting = false;
+    F(cur).waiting = false;
 }
 
 // A fiber that exits counts as arrived at every later barrier, as on a GPU:
@@ -92,12 +133,19 @@ void release_if_complete(Barrier& b, int members) {
 
 void entry() {
     (*body)();
-    Fiber& f = fibers[cur];
+    Fiber& f = F(cur);
+    Block& b = blocks[(size_t)f.block];
     f.done = true;
-    --live;
+    --b.live;
+    --cluster_live;
     --warp_live[f.warp];
-    release_if_complete(block_bar, live);
+    release_if_complete(b.bar, b.live);
+    release_if_complete(cluster_bar, cluster_live);
     release_if_complete(warp_bars[f.warp], warp_live[f.warp]);
+    if (b.live == 0) {  // the block is gone: a peer still reading its shared memory reads NaN
+        for (auto& kv : b.shared) std::fill(kv.second.begin(), kv.second.end(), (unsigned char)0xFF);
+        std::fill(b.dyn.begin(), b.dyn.end(), (unsigned char)0xFF);
+    }
     progress = true;
     _longjmp(sched, 1);  // never returns: this stack is reused by the next block
 }
@@ -106,31 +154,43 @@ void entry() {
 // caller lives across the _setjmp.
 __attribute__((noinline)) void switch_to(int i) {
     cur = i;
-    g_tid = fibers[i].tid;
+    g_tid = F(i).tid;
+    g_bid = blocks[(size_t)F(i).block].bid;
     if (!_setjmp(sched)) {
-        if (!fibers[i].started) {
-            fibers[i].started = true;
-            setcontext(&fibers[i].ctx);
+        if (!F(i).started) {
+            F(i).started = true;
+            setcontext(&F(i).ctx);
             std::fprintf(stderr, "pl_emu: setcontext failed\n");
             std::abort();
         }
-        _longjmp(fibers[i].jb, 1);
+        _longjmp(F(i).jb, 1);
     }
 }
 
-void run_block(int nthreads) {
-    live = nthreads;
-    block_bar = Barrier{};
-    const int nwarps = (nthreads + 31) / 32;
-    warp_bars.assign(nwarps, Barrier{});
-    warp_live.assign(nwarps, 0);
-    warp_slots.assign((size_t)nwarps * 32, 0);
-    for (int i = 0; i < nthreads; ++i) {
-        Fiber& f = fibers[i];
+// The blocks in `blocks` (one cluster), their threads all as fibers together.
+void run_cluster(int nthreads) {
+    const int nblocks = (int)blocks.size(), total = nblocks * nthreads;
+    ensure_fibers((size_t)total);
+    const int nwarps = (nthreads + 31) / 32;  // a block's
+    warp_bars.assign((size_t)nblocks * nwarps, Barrier{});
+    warp_live.assign((size_t)nblocks * nwarps, 0);
+    warp_slots.assign((size_t)nblocks * nwarps * 32, 0);
+    cluster_bar = Barrier{};
+    cluster_live = total;
+    for (Block& b : blocks) {
+        b.bar = Barrier{};
+        b.live = nthreads;
+        b.shared.clear();
+        b.dyn.assign(dyn_bytes, 0xFF);
+    }
+    for (int i = 0; i < total; ++i) {
+        Fiber& f = F(i);
+        const int li = i % nthreads;
         f.done = f.waiting = f.started = false;
-        f.tid = uint3{(unsigned)(i % g_bdim.x), (unsigned)(i / g_bdim.x % g_bdim.y), (unsigned)(i / (g_bdim.x * g_bdim.y))};
-        f.warp = i / 32;
-        f.lane = i % 32;
+        f.tid = uint3{(unsigned)(li % g_bdim.x), (unsigned)(li / g_bdim.x % g_bdim.y), (unsigned)(li / (g_bdim.x * g_bdim.y))};
+        f.block = i / nthreads;
+        f.warp = f.block * nwarps + li / 32;
+        f.lane = li % 32;
         ++warp_live[f.warp];
         if (!f.has_ctx) {
             getcontext(&f.ctx);
@@ -140,24 +200,29 @@ void run_block(int nthreads) {
         // mode, flush-to-zero, signal mask), not those of the first launch
         f.ctx.uc_sigmask = launch_env.uc_sigmask;
         *f.ctx.uc_mcontext.fpregs = *launch_env.uc_mcontext.fpregs;
-        f.ctx.uc_stack.ss_sp = stacks.data() + (size_t)i * kStack;
+        f.ctx.uc_stack.ss_sp = f.stack;
         f.ctx.uc_stack.ss_size = kStack;
         f.ctx.uc_link = nullptr;
         makecontext(&f.ctx, entry, 0);
     }
-    while (live > 0) {
+    while (cluster_live > 0) {
         progress = false;
         bool all_waiting = true;
-        for (int i = 0; i < nthreads; ++i) {
-            if (fibers[i].done) continue;
-            switch_to(i);
-            if (!fibers[i].done && !fibers[i].waiting) all_waiting = false;
+        // each sweep starts at a random block of the cluster: no block is always first
+        const int first = nblocks > 1 ? (int)(order_rng() % (uint64_t)nblocks) : 0;
+        for (int k = 0; k < nblocks; ++k) {
+            const int b = (first + k) % nblocks;
+            for (int i = b * nthreads; i < (b + 1) * nthreads; ++i) {
+                if (F(i).done) continue;
+                switch_to(i);
+                if (!F(i).done && !F(i).waiting) all_waiting = false;
+            }
         }
-        if (live > 0 && all_waiting && !progress) {
+        if (cluster_live > 0 && all_waiting && !progress) {
             // Every live thread waits at a barrier no one else will reach: on
             // a GPU, a hang or undefined behaviour. Report it.
-            std::fprintf(stderr, "pl_emu: deadlock in block (%u,%u,%u): a barrier or shuffle not reached by every thread\n",
-                         g_bid.x, g_bid.y, g_bid.z);
+            std::fprintf(stderr, "pl_emu: deadlock in block (%u,%u,%u)%s: a barrier or shuffle not reached by every thread\n",
+                         blocks[0].bid.x, blocks[0].bid.y, blocks[0].bid.z, nblocks > 1 ? "'s cluster" : "");
             std::abort();
         }
     }
@@ -165,12 +230,20 @@ void run_block(int nthreads) {
 
 }  // namespace
 
-int lane() { return fibers[cur].lane; }
+int lane() { return F(cur).lane; }
 
-void syncthreads() { rendezvous(block_bar, live); }
+void syncthreads() {
+    Block& b = blocks[(size_t)F(cur).block];
+    rendezvous(b.bar, b.live);
+}
+
+void cluster_sync() { rendezvous(cluster_bar, cluster_live); }
+unsigned cluster_rank() { return (unsigned)F(cur).block; }
+unsigned cluster_blocks() { return (unsigned)blocks.size(); }
+dim3 cluster_dims() { return g_cdim; }
 
 uint64_t warp_exchange(uint64_t mine, int src) {
-    const Fiber& f = fibers[cur];
+    const Fiber& f = F(cur);
     uint64_t* slots = warp_slots.data() + (size_t)f.warp * 32;
     slots[f.lane] = mine;
     rendezvous(warp_bars[f.warp], warp_live[f.warp]);  // every lane has offered
@@ -179,13 +252,49 @@ uint64_t warp_exchange(uint64_t mine, int src) {
     return got;
 }
 
+void* dynamic_shared() { return blocks[(size_t)F(cur).block].dyn.data(); }
+
 namespace {
-std::vector<unsigned char> dyn_shared;
+std::vector<unsigned char>& slot_of(Block& b, const void* tag, size_t bytes) {
+    std::vector<unsigned char>& v = b.shared[tag];
+    if (v.empty()) v.assign(bytes, 0xFF);  // undefined on a GPU: NaN here
+    return v;
+}
+}  // namespace
+
+void* shared_slot(const void* tag, size_t bytes) {
+    slot_bytes[tag] = bytes;
+    return slot_of(blocks[(size_t)F(cur).block], tag, bytes).data();
 }
 
-void* dynamic_shared() { return dyn_shared.data(); }
+void* map_shared(const void* p, unsigned rank) {
+    if (rank >= blocks.size()) {
+        std::fprintf(stderr, "pl_emu: map_shared_rank(%u) in a cluster of %zu blocks\n", rank, blocks.size());
+        std::abort();
+    }
+    Block& mine = blocks[(size_t)F(cur).block];
+    Block& peer = blocks[rank];
+    const auto* c = static_cast<const unsigned char*>(p);
+    for (auto& kv : mine.shared)
+        if (c >= kv.second.data() && c < kv.second.data() + kv.second.size())
+            return slot_of(peer, kv.first, slot_bytes[kv.first]).data() + (c - kv.second.data());
+    if (c >= mine.dyn.data() && c < mine.dyn.data() + mine.dyn.size()) return peer.dyn.data() + (c - mine.dyn.data());
+    std::fprintf(stderr, "pl_emu: map_shared_rank of an address outside the block's shared memory\n");
+    std::abort();
+}
 
-void launch(dim3 grid, dim3 block, const std::function<void()>& fn, size_t smem) {
+cudaError_t take_last_error() {
+    const cudaError_t e = last_error;
+    last_error = cudaSuccess;
+    return e;
+}
+
+void allow_nonportable_cluster(const void* kernel, bool allow) {
+    if (allow) nonportable.insert(kernel);
+    else nonportable.erase(kernel);
+}
+
+void launch(dim3 grid, dim3 block, const std::function<void()>& fn, size_t smem, dim3 cluster, const void* kernel) {
     std::lock_guard<std::mutex> lock(launch_mutex);
     const long long nthreads = (long long)block.x * block.y * block.z;
     if (nthreads < 1 || nthreads > 1024 || grid.x < 1 || grid.y < 1 || grid.z < 1 || grid.y > 65535 || grid.z > 65535 ||
@@ -193,22 +302,33 @@ void launch(dim3 grid, dim3 block, const std::function<void()>& fn, size_t smem)
         last_error = cudaErrorInvalidConfiguration;
         return;
     }
-    dyn_shared.assign(smem ? smem : 1, 0xFF);
-    if (fibers.empty()) {  // once, at the most a block can have: a ucontext must never move
-        fibers.resize(1024);
-        stacks.resize(1024 * kStack);
+    const long long csize = (long long)cluster.x * cluster.y * cluster.z;
+    if (csize < 1 || grid.x % cluster.x || grid.y % cluster.y || grid.z % cluster.z) {
+        last_error = cudaErrorInvalidConfiguration;  // the grid must be whole clusters
+        return;
     }
+    if (csize > 16 || (csize > 8 && !nonportable.count(kernel))) {
+        last_error = cudaErrorInvalidClusterSize;  // 8 portable, 16 with the attribute (sm_90)
+        return;
+    }
+    dyn_bytes = smem ? smem : 1;
     g_bdim = block;
     g_gdim = grid;
+    g_cdim = cluster;
     body = &fn;
     getcontext(&launch_env);
-    std::vector<uint64_t> order((size_t)grid.x * grid.y * grid.z);
+    const dim3 nc(grid.x / cluster.x, grid.y / cluster.y, grid.z / cluster.z);  // clusters a dimension
+    std::vector<uint64_t> order((size_t)nc.x * nc.y * nc.z);
     std::iota(order.begin(), order.end(), 0);
-    std::shuffle(order.begin(), order.end(), order_rng);  // blocks arrive in no fixed order
-    for (uint64_t b : order) {
-        g_bid = uint3{(unsigned)(b % grid.x), (unsigned)(b / grid.x % grid.y), (unsigned)(b / ((uint64_t)grid.x * grid.y))};
-        std::fill(dyn_shared.begin(), dyn_shared.end(), (unsigned char)0xFF);
-        run_block((int)nthreads);
+    std::shuffle(order.begin(), order.end(), order_rng);  // blocks (clusters) arrive in no fixed order
+    blocks.assign((size_t)csize, Block{});
+    for (uint64_t c : order) {
+        const uint3 c0{(unsigned)(c % nc.x) * cluster.x, (unsigned)(c / nc.x % nc.y) * cluster.y,
+                       (unsigned)(c / ((uint64_t)nc.x * nc.y)) * cluster.z};
+        for (long long r = 0; r < csize; ++r)  // rank r: x fastest, as block_rank() counts
+            blocks[(size_t)r].bid = uint3{c0.x + (unsigned)(r % cluster.x), c0.y + (unsigned)(r / cluster.x % cluster.y),
+                                         c0.z + (unsigned)(r / ((long long)cluster.x * cluster.y))};
+        run_cluster((int)nthreads);
     }
 }
 
@@ -265,9 +385,13 @@ cudaError_t cudaGetDevice(int* d) {
     return cudaSuccess;
 }
 cudaError_t cudaDeviceGetAttribute(int* v, cudaDeviceAttr attr, int) {
-    if (attr != cudaDevAttrMultiProcessorCount) return cudaErrorInvalidValue;
-    *v = 132;  // an H200's, so grids and launch heuristics are the ones it would get
-    return cudaSuccess;
+    switch (attr) {  // an H200's, so grids and launch heuristics are the ones it would get
+        case cudaDevAttrMultiProcessorCount: *v = 132; return cudaSuccess;
+        case cudaDevAttrComputeCapabilityMajor: *v = 9; return cudaSuccess;
+        case cudaDevAttrComputeCapabilityMinor: *v = 0; return cudaSuccess;
+        case cudaDevAttrClusterLaunch: *v = 1; return cudaSuccess;
+        default: return cudaErrorInvalidValue;
+    }
 }
 cudaError_t cudaGetDeviceProperties(cudaDeviceProp* p, int) {
     std::memset(p, 0, sizeof(*p));
@@ -298,6 +422,7 @@ const char* cudaGetErrorName(cudaError_t e) {
         case cudaSuccess: return "cudaSuccess";
         case cudaErrorMemoryAllocation: return "cudaErrorMemoryAllocation";
         case cudaErrorInvalidConfiguration: return "cudaErrorInvalidConfiguration";
+        case cudaErrorInvalidClusterSize: return "cudaErrorInvalidClusterSize";
         default: return "cudaErrorUnknown";
     }
 }

@@ -1,8 +1,13 @@
 """Rewrite cuda/* for the CPU emulator (pl_emu.h): `__CUDACC__` guards become
 `PL_EMU`, and each launch `kernel<T><<<grid, block>>>(args);` becomes
 `pl_emu::launch(dim3(grid), dim3(block), [&] { kernel<T>(args); });` (a third
-launch argument, the dynamic shared bytes, is passed on), and
-`extern __shared__ T name[];` becomes a pointer to the launch's buffer.
+launch argument, the dynamic shared bytes, is passed on);
+`extern __shared__ T name[];` becomes a pointer to the running block's buffer,
+and `__shared__ T a[32], b;` references to the running block's copies
+(pl_emu::shared_var, keyed by a static tag: one per declaration and template
+instance), so the blocks of a cluster, which run together, each have their
+own; cudaLaunchKernelEx / cudaFuncSetAttribute / cudaFuncGetAttributes become
+pl_emu's, and `#include <cooperative_groups.h>` goes (pl_emu.h has the cluster).
 
     python tests/cuda_emu/translate.py cuda build/emu
 """
@@ -77,14 +82,35 @@ def rewrite_launches(src: str) -> str:
     return src
 
 
-# `extern __shared__ T name[];`: the launch's dynamic shared memory, one
-# buffer for the block running at the time (blocks run one after another)
+# `extern __shared__ T name[];`: the launch's dynamic shared memory, the
+# running block's buffer
 DYNAMIC_SHARED = re.compile(r"extern\s+__shared__\s+(\w+)\s+(\w+)\s*\[\s*\]\s*;")
+# `__shared__ T a[N][M], b;` at the start of a line: static shared variables
+STATIC_SHARED = re.compile(r"^(\s*)__shared__\s+([\w:]+)\s+([^;]+);", re.M)
+DECLARATOR = re.compile(r"\s*(\w+)\s*((?:\[[^\]]*\])*)\s*")
+RENAMED = {"cudaLaunchKernelEx": "pl_emu::launch_ex", "cudaFuncSetAttribute": "pl_emu::func_set_attribute",
+           "cudaFuncGetAttributes": "pl_emu::func_get_attributes"}
+
+
+def _static_shared(m: re.Match) -> str:
+    indent, type_, decls = m.group(1), m.group(2), m.group(3)
+    out = []
+    for d in _split_top(decls):
+        dm = DECLARATOR.fullmatch(d)
+        if not dm:
+            raise ValueError(f"__shared__ declarator {d!r}: a name and array bounds only")
+        name, dims = dm.groups()
+        out.append(f"static char {name}_pl_tag; auto& {name} = pl_emu::shared_var<{type_}{dims}>(&{name}_pl_tag);")
+    return indent + " ".join(out)
 
 
 def translate(text: str) -> str:
     text = re.sub(r"\b__CUDACC__\b", "PL_EMU", text)
     text = DYNAMIC_SHARED.sub(r"\1* \2 = static_cast<\1*>(pl_emu::dynamic_shared());", text)
+    text = STATIC_SHARED.sub(_static_shared, text)
+    text = re.sub(r"^\s*#\s*include\s*<cooperative_groups\.h>", "", text, flags=re.M)
+    for name, emu in RENAMED.items():
+        text = re.sub(rf"\b{name}\(", f"{emu}(", text)
     return rewrite_launches(text)
 
 
