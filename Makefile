@@ -52,7 +52,7 @@ setup: $(SETUP)
 lib: $(PKG_LIB)
 
 $(PKG_LIB): $(LIB)
-	cp $< $@
+	cp $< $@.tmp && mv -f $@.tmp $@  # a new inode: a process that has the old one mapped keeps it
 
 $(LIB): $(SOURCES) $(HEADERS) Makefile
 	@mkdir -p build

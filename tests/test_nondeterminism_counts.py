@@ -19,7 +19,7 @@ def test_every_batch_row_counts_over_the_same_rows():
     assert len(rows) == 6  # torch fp32, torch bf16, softmax x2, rmsnorm x2
     pairs = sum(min(bs, nd.CHECK_ROWS) for bs in nd.BATCH_SIZES)
     for r in rows:
-        assert r["rows_compared"] == nd.CHECK_ROWS and r["pairs_compared"] == pairs, r["variant"]
+        assert r["rows_compared"] == nd.CHECK_ROWS and r["pairs_compared"] == pairs, r["label"]
         changed = r["rows_changed"] > 0
         # one row changed somewhere <=> some row took two results <=> some batch differs
         assert changed == (r["distinct_per_row_max"] > 1) == bool(r["differs_at"]) == (r["pairs_changed"] > 0)
@@ -35,7 +35,7 @@ def test_batch_counts_match_an_independent_recount():
     seen = [{alone[i].tobytes()} | {outs[bs][i].tobytes() for bs in outs if bs > i} for i in range(nd.CHECK_ROWS)]
     changed_rows = sum(len(s) > 1 for s in seen)
     pairs = sum(not np.array_equal(outs[bs][i], alone[i]) for bs in outs for i in range(min(bs, nd.CHECK_ROWS)))
-    (r,) = [r for r in _batch_rows() if r["variant"] == "softmax: batch-dependent launch"]
+    (r,) = [r for r in _batch_rows() if (r["op"], r["variant"]) == ("softmax", "stable_adaptive")]
     assert changed_rows > 0
     assert (r["rows_changed"], r["pairs_changed"], r["distinct_per_row_max"]) == \
         (changed_rows, pairs, max(len(s) for s in seen))
