@@ -79,3 +79,28 @@ def json_glossary_problems(doc, where: str = "") -> list[str]:
         for i, v in enumerate(doc):
             out += json_glossary_problems(v, f"{where}[{i}]")
     return out
+
+
+TINY_WORDS = ["[UNK]", "the", "cat", "sat", "on", "a", "mat", "and", "dog", "ran", "to", "it"]
+
+
+def save_tiny_qwen(folder: Path, hidden: int = 32, layers: int = 2, words=TINY_WORDS, edit=None) -> Path:
+    """A random Qwen3 (seed 0; GQA: 4 query heads, 2 key/value heads of hidden / 4;
+    MLP 2 x hidden) with a word-level tokenizer over `words`, saved as a local
+    folder. edit(model), when given, changes the model before it is saved."""
+    import torch
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast, Qwen3Config, Qwen3ForCausalLM
+
+    tok = Tokenizer(models.WordLevel(vocab={w: i for i, w in enumerate(words)}, unk_token="[UNK]"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    torch.manual_seed(0)
+    cfg = Qwen3Config(vocab_size=len(words), hidden_size=hidden, intermediate_size=2 * hidden,
+                      num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=2, head_dim=hidden // 4,
+                      max_position_embeddings=64)
+    model = Qwen3ForCausalLM(cfg)
+    if edit is not None:
+        edit(model)
+    model.save_pretrained(folder)
+    PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="[UNK]").save_pretrained(folder)
+    return Path(folder)

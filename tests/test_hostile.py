@@ -21,7 +21,7 @@ import time
 import numpy as np
 import pytest
 
-from helpers import ROOT, cli, strict_json
+from helpers import ROOT, cli, save_tiny_qwen, strict_json
 
 SEED_COMMANDS = [
     ["accumulate", "--n", "10", "--device", "cpu"],
@@ -236,8 +236,6 @@ def tiny_models(tmp_path_factory):
     tokenizer's config."""
     pytest.importorskip("transformers")
     import torch
-    from tokenizers import Tokenizer, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast, Qwen3Config, Qwen3ForCausalLM
 
     words = ["[UNK]", "the", "cat", "sat", "[/]", "[bold]x", "\x1b]0;owned\x07", "\x1b[2J", "on", "a", "mat", "it"]
     root = tmp_path_factory.mktemp("models")
@@ -245,17 +243,11 @@ def tiny_models(tmp_path_factory):
     out = {}
     for kind in ("good", "nan", "auto_map", "tokenizer_auto_map"):
         d = root / kind
-        tok = Tokenizer(models.WordLevel(vocab={w: i for i, w in enumerate(words)}, unk_token="[UNK]"))
-        tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-        torch.manual_seed(0)
-        cfg = Qwen3Config(vocab_size=len(words), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                          num_attention_heads=4, num_key_value_heads=2, head_dim=8, max_position_embeddings=64)
-        m = Qwen3ForCausalLM(cfg)
-        if kind == "nan":
+
+        def nan_mlp(m):
             with torch.no_grad():
                 m.model.layers[1].mlp.down_proj.weight.fill_(float("nan"))
-        m.save_pretrained(d)
-        PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="[UNK]").save_pretrained(d)
+        save_tiny_qwen(d, words=words, edit=nan_mlp if kind == "nan" else None)
         code = f"open({str(marker)!r}, 'w').write('ran')\nfrom transformers import *\n"
         if kind == "auto_map":
             c = json.loads((d / "config.json").read_text())

@@ -7,7 +7,7 @@ cost. The distribution statistics are compare model --metrics' own."""
 
 import numpy as np
 import pytest
-from helpers import cli, strict_json
+from helpers import cli, save_tiny_qwen, strict_json
 
 from precisionlab import formats
 from precisionlab.errors import RunError, UsageError
@@ -89,19 +89,7 @@ def test_the_distribution_statistics_are_compare_model_metrics_own(scaled_run):
 def tiny_qwen(tmp_path_factory):
     """A random 2-layer Qwen3 (GQA: 4 query heads, 2 key/value heads) with a word-level tokenizer."""
     pytest.importorskip("transformers")
-    from tokenizers import Tokenizer, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast, Qwen3Config, Qwen3ForCausalLM
-
-    out = tmp_path_factory.mktemp("tiny-qwen3")
-    words = ["[UNK]", "the", "cat", "sat", "on", "a", "mat", "and", "dog", "ran", "to", "it"]
-    tok = Tokenizer(models.WordLevel(vocab={w: i for i, w in enumerate(words)}, unk_token="[UNK]"))
-    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    torch.manual_seed(0)
-    cfg = Qwen3Config(vocab_size=len(words), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                      num_attention_heads=4, num_key_value_heads=2, head_dim=8, max_position_embeddings=64)
-    Qwen3ForCausalLM(cfg).save_pretrained(out)
-    PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="[UNK]").save_pretrained(out)
-    return out
+    return save_tiny_qwen(tmp_path_factory.mktemp("tiny-qwen3"))
 
 
 def _hf_cfg(folder, **kw):

@@ -6,7 +6,6 @@ a tiny Qwen3 and Llama built offline."""
 
 import json
 
-import numpy as np
 import pytest
 import torch
 

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from safetensors.numpy import save_file
 
-from helpers import cli, strict_json
+from helpers import TINY_WORDS, cli, save_tiny_qwen, strict_json
 from precisionlab import distribution as dist
 from precisionlab.experiments import logits as exp
 
@@ -261,20 +261,9 @@ def test_inf_and_nan_in_a_file_are_reported(tmp_path):
 
 def test_hugging_face_model_runs_metrics(tmp_path):
     pytest.importorskip("transformers")
-    import torch
-    from tokenizers import Tokenizer, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast, Qwen3Config, Qwen3ForCausalLM
-
-    words = ["[UNK]", "the", "cat", "sat", "on", "a", "mat", "and", "dog", "ran", "to", "it"]
-    tok = Tokenizer(models.WordLevel(vocab={w: i for i, w in enumerate(words)}, unk_token="[UNK]"))
-    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    torch.manual_seed(0)
-    cfg = Qwen3Config(vocab_size=len(words), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                      num_attention_heads=4, num_key_value_heads=2, head_dim=8, max_position_embeddings=64)
-    Qwen3ForCausalLM(cfg).save_pretrained(tmp_path / "m")
-    PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="[UNK]").save_pretrained(tmp_path / "m")
+    save_tiny_qwen(tmp_path / "m")
     text = tmp_path / "t.txt"
-    text.write_text(" ".join(np.random.default_rng(0).choice(words[1:], 400)))
+    text.write_text(" ".join(np.random.default_rng(0).choice(TINY_WORDS[1:], 400)))
     r = cli("compare", "model", "--metrics", "--model", str(tmp_path / "m"), "--text", str(text), "--tokens", "300",
             "--dtypes", "fp32,bf16", "--json")
     assert r.code == 0, r.err

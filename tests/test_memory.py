@@ -16,13 +16,12 @@ import subprocess
 import sys
 import textwrap
 import zipfile
-import zlib
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from helpers import ROOT
+from helpers import ROOT, save_tiny_qwen
 from precisionlab import inputs, memory
 from precisionlab.experiments.op_harness import shapes_used
 from precisionlab.errors import UsageError
@@ -78,20 +77,7 @@ def _npy(tmp_path: Path, rows: int, cols: int) -> str:
 def _tiny_qwen(out: Path, hidden: int) -> str:
     """A 4-layer Qwen3 of the given width (0.6M, 2.4M, 9.5M parameters for 128,
     256, 512) with a word-level tokenizer, saved as a local folder."""
-    import torch
-    from tokenizers import Tokenizer, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast, Qwen3Config, Qwen3ForCausalLM
-
-    words = ["[UNK]", "the", "cat", "sat", "on", "a", "mat", "and", "dog", "ran", "to", "it"]
-    tok = Tokenizer(models.WordLevel(vocab={w: i for i, w in enumerate(words)}, unk_token="[UNK]"))
-    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    torch.manual_seed(0)
-    cfg = Qwen3Config(vocab_size=len(words), hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=4,
-                      num_attention_heads=4, num_key_value_heads=2, head_dim=hidden // 4, max_position_embeddings=64)
-    folder = out / f"qwen3-{hidden}"
-    Qwen3ForCausalLM(cfg).save_pretrained(folder)
-    PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="[UNK]").save_pretrained(folder)
-    return str(folder)
+    return str(save_tiny_qwen(out / f"qwen3-{hidden}", hidden=hidden, layers=4))
 
 
 def _models(tmp_path: Path):
@@ -120,7 +106,6 @@ def _kvcache_embedded():
 
 # (label, [(argv, estimate in bytes)] at three ascending sizes)
 def _families(tmp_path: Path):
-    MiB = memory.MiB
     return {
         "softmax": [(["softmax", "--rows", str(r), "--cols", "4096", "--device", "cpu", "--json"],
                      memory.softmax(r, 4096)) for r in (64, 128, 256)],

@@ -4,7 +4,7 @@ path on a tiny Qwen3 built offline, and bad input."""
 import pytest
 import torch
 
-from helpers import cli, strict_json
+from helpers import cli, save_tiny_qwen, strict_json
 from precisionlab.experiments import model as exp
 from precisionlab.models import charlm
 
@@ -63,19 +63,7 @@ def test_command_json_and_plot(tmp_path):
 @pytest.fixture(scope="module")
 def tiny_qwen(tmp_path_factory):
     pytest.importorskip("transformers")
-    from tokenizers import Tokenizer, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast, Qwen3Config, Qwen3ForCausalLM
-
-    out = tmp_path_factory.mktemp("tiny-qwen3")
-    words = ["[UNK]", "the", "cat", "sat", "on", "a", "mat", "and", "dog", "ran", "to", "it"]
-    tok = Tokenizer(models.WordLevel(vocab={w: i for i, w in enumerate(words)}, unk_token="[UNK]"))
-    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    torch.manual_seed(0)
-    cfg = Qwen3Config(vocab_size=len(words), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                      num_attention_heads=4, num_key_value_heads=2, head_dim=8, max_position_embeddings=64)
-    Qwen3ForCausalLM(cfg).save_pretrained(out)
-    PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="[UNK]").save_pretrained(out)
-    return out
+    return save_tiny_qwen(tmp_path_factory.mktemp("tiny-qwen3"))
 
 
 def test_hugging_face_model_offline(tiny_qwen):
