@@ -78,6 +78,12 @@ def _formats(storage_only: bool | None = None) -> str:
         return "(the library's formats: build it with `make lib`)"
 
 
+def _compare_storage() -> str:
+    from precisionlab.experiments.compare import STORAGE_DTYPES  # numpy only: no torch, no library
+
+    return ", ".join(STORAGE_DTYPES)
+
+
 def _block_formats() -> str:
     try:
         from precisionlab import native
@@ -327,7 +333,7 @@ def compare_op(
                                                  "64x4096, matmul 256x1024x256, rope 64x128 (positions 0..32767), "
                                                  "attention 4x128x64.")] = None,
     dtype: Annotated[str, typer.Option("--dtype", help="Low precision(s) to test: bf16, fp16 or bf16,fp16 (computed in "
-                                       "them); or storage formats fp8_e4m3, fp8_e5m2, fp6_e2m3, fp6_e3m2, fp4_e2m1 "
+                                       f"them); or storage formats {_compare_storage()} "
                                        "(inputs rounded to them, computed in fp32).")] = "bf16,fp16",
     impl: Annotated[Optional[str], typer.Option("--impl", help="Your implementation, package.module:function, taking and "
                                                 "returning torch tensors: softmax(x); logsumexp(x); rmsnorm(x, weight, eps); "

@@ -312,11 +312,9 @@ def variant(op: str, name: str) -> Variant:
     raise UsageError(f"unknown {op} variant {name!r}; choose from {', '.join(v.name for v in variants(op))}")
 
 
-def _variant_id(op: str, name: str, device: str | None = None) -> int:
-    v = variant(op, name)
-    if device is not None and device not in v.devices:
-        raise UsageError(f"{op} variant {v.name} runs on {' and '.join(v.devices)} only, not {device}")
-    return v.id
+def _variant_id(op: str, name: str) -> int:
+    """The id the op's entry points take; they check the device themselves (pl_check_variant)."""
+    return variant(op, name).id
 
 
 @dataclass(frozen=True)
@@ -461,7 +459,7 @@ def accumulate_cpu(x, accumulator: int, method: str, seed: int = 0, trace: bool 
     x = _as_f64(x)
     out, step, value = c_double(), c_int64(), c_double()
     tr = np.empty_like(x) if trace else None
-    _call("pl_accumulate_cpu_exact" if exact_path else "pl_accumulate_cpu", _dptr(x), x.size, accumulator, _variant_id("sum", method, "cpu"), seed & (2**64 - 1),
+    _call("pl_accumulate_cpu_exact" if exact_path else "pl_accumulate_cpu", _dptr(x), x.size, accumulator, _variant_id("sum", method), seed & (2**64 - 1),
           ctypes.byref(out), ctypes.byref(step), ctypes.byref(value), _dptr(tr) if trace else None)
     return CpuSum(out.value, step.value, value.value, tr)
 
@@ -531,20 +529,20 @@ def sum_cuda(x, storage: int, accumulator: int, method: str, runs: int = 1) -> n
     """Upload float64 values as `storage`, sum them `runs` times on the GPU; the results."""
     x = _as_f64(x)
     results = np.empty(runs, dtype=np.float64)
-    _call("pl_sum_cuda", _dptr(x), x.size, storage, accumulator, _variant_id("sum", method, "cuda"), runs, _dptr(results))
+    _call("pl_sum_cuda", _dptr(x), x.size, storage, accumulator, _variant_id("sum", method), runs, _dptr(results))
     return results
 
 
 def sum_workspace_bytes(n: int, storage: int, method: str) -> int:
     out = c_size_t()
-    _call("pl_sum_workspace_bytes", n, storage, _variant_id("sum", method, "cuda"), ctypes.byref(out))
+    _call("pl_sum_workspace_bytes", n, storage, _variant_id("sum", method), ctypes.byref(out))
     return out.value
 
 
 def sum_cuda_device(x_ptr: int, n: int, storage: int, accumulator: int, method: str, work_ptr: int,
                     work_bytes: int, out_ptr: int) -> None:
     """Launch a GPU sum on device pointers (e.g. torch data_ptr()); asynchronous."""
-    _call("pl_sum_cuda_device", x_ptr, n, storage, accumulator, _variant_id("sum", method, "cuda"), work_ptr, work_bytes, out_ptr)
+    _call("pl_sum_cuda_device", x_ptr, n, storage, accumulator, _variant_id("sum", method), work_ptr, work_bytes, out_ptr)
 
 
 def _softmax(fn: str, x: np.ndarray, dtype_code: int, method: str, masked: str) -> tuple[np.ndarray, np.ndarray]:
