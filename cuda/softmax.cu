@@ -26,9 +26,13 @@
  *   version 2  single_pass: the row held in registers as raw 16-byte vectors,
  *              read once, written once; every load issued first, exp once per
  *              element, one (max, sum) block all-reduce (make sass-check).
- *              Rows longer than 32768 columns (more vectors a thread would
- *              spill: see ptxas -v) go to version 5 on sm_90+, to version 3
- *              elsewhere.
+ *              A CTA holds at most 16384 elements in at most 512 threads
+ *              (8 fp32 or 4 bf16/fp16 vectors a thread): at <= 64 registers
+ *              a thread (make sass-check) two CTAs share an SM's register
+ *              file, so two rows are in flight on each SM, one loading while
+ *              the other reduces and stores. Longer rows go to version 5 on
+ *              sm_90+; elsewhere up to 32768 columns take one CTA of up to
+ *              1024 threads (one row an SM), longer ones version 3.
  *   stable_adaptive  version 1's stable kernel launched with threads chosen
  *              from the batch size too (pl_adaptive_lanes): a row's bits then
  *              depend on the batch it came in. Shown by nondeterminism.
@@ -40,11 +44,14 @@
  *              (sm_90+, QuACK's layout), each holding its piece in registers
  *              as version 2 does; the CTAs' (max, sum) pairs meet through
  *              distributed shared memory, combined in rank order. Still one
- *              read and one write, and a 64 x 262144 batch is 512 CTAs, not
+ *              read and one write, and a 64 x 262144 batch is 1024 CTAs, not
  *              64. C (2, 4, 8, 16) is the smallest whose pieces fit version
- *              2's tiers, from cols alone (batch-invariant): 8 for 151936 and
- *              262144 columns. single_pass takes it past 32768 columns; rows
- *              past 16 pieces fall back to version 3, ragged rows to online.
+ *              2's 512-thread tiers (two CTAs an SM), from cols alone
+ *              (batch-invariant): 2 for 32768 columns, 16 (past the portable
+ *              8, where the device schedules it; else 8 at the 1024-thread
+ *              tiers) for 151936 and 262144. single_pass takes it past 16384
+ *              columns; rows past 16 pieces of 32768 columns fall back to
+ *              version 3, ragged rows to online.
  *
  * Masked rows (every logit -inf): the textbook formula gives NaN (-inf minus
  * -inf), and so does the shifted methods' log-sum-exp (naive's is log 0 =
@@ -260,33 +267,51 @@ extern "C" int pl_softmax_cpu(const void* x, int64_t rows, int64_t cols, int dty
 namespace {
 constexpr int kWarpRows = 4;  // rows a block in version 4 (a warp each)
 
-// Version 2's register tiers: vectors a thread for a block holding nvec
-// vectors, 0 past the largest. 8 vectors a thread fit in 64 registers for
-// fp32 only; 16-bit types would spill there (make sass-check), so they stop
-// at 4 (32768 columns either way).
-int single_pass_vpt(int64_t nvec, int elem_bytes) {
-    return nvec <= 1024 ? 1 : nvec <= 2048 ? 2 : nvec <= 4096 ? 4 : (elem_bytes == 4 && nvec <= 8192) ? 8 : 0;
+// Version 2's and 5's register tiers: the fewest vectors a thread (1, 2, 4,
+// and 8 for fp32 only: 16-bit types would spill there, make sass-check) that
+// hold nvec vectors in at most max_threads threads; 0 when none does.
+int vpt_tier(int64_t nvec, int elem_bytes, int max_threads) {
+    const int top = elem_bytes == 4 ? 8 : 4;
+    for (int v = 1; v <= top; v *= 2)
+        if (nvec <= (int64_t)v * max_threads) return v;
+    return 0;
 }
+// A CTA of versions 2 and 5 has at most kPairThreads threads: with at most 64
+// registers a thread (__launch_bounds__(1024), make sass-check), two such
+// CTAs fill the SM's 65536 registers, so two rows (or row pieces) are in
+// flight on each SM: one's loads overlap the other's reduction and stores.
+// The tiers then hold 16384 elements a CTA, in fp32 (8 x 4 x 512) and in
+// 16-bit types (4 x 8 x 512) alike. Past that a CTA takes up to 1024 threads
+// (one an SM, as before Hopper's clusters).
+constexpr int kPairThreads = 512;
+int single_pass_vpt(int64_t nvec, int elem_bytes) { return vpt_tier(nvec, elem_bytes, kPairThreads); }
 int32_t threads_for(int64_t nvec, int vpt) {
     const int64_t t = ((nvec + vpt - 1) / vpt + 31) / 32 * 32;
     return (int32_t)(t < 32 ? 32 : t);
 }
-// Version 5's cluster size, from cols alone (batch-invariant): the smallest C
-// in 2, 4, 8, 16 whose pieces, ceil(nvec / C) vectors a CTA, fit version 2's
-// tiers; 0 when none does (rows past 16 x 32768 columns). The smallest C
-// keeps the most columns a thread (every load in flight before the first
-// reduction) and the fewest CTAs to meet; 8 is the portable maximum, and rows
-// up to 262144 columns need no more.
-int cluster_for(int64_t nvec, int elem_bytes) {
-    for (int c = 2; c <= 16; c *= 2)
-        if (single_pass_vpt((nvec + c - 1) / c, elem_bytes)) return c;
-    return 0;
+// Version 5's split, from cols alone (batch-invariant) and the device's
+// largest cluster (max_cluster: 16, or 8 where 16 cannot be scheduled): the
+// smallest C in 2, 4, ..., max_cluster whose pieces, ceil(nvec / C) vectors a
+// CTA, fit kPairThreads threads; failing that (rows past max_cluster x 16384
+// columns) the smallest whose pieces fit 1024 threads. The smallest C keeps
+// the most columns a thread (every load in flight before the first reduction)
+// and the fewest CTAs to meet. {0, 0} when no C does (rows past max_cluster x
+// 32768 columns).
+struct cluster_split {
+    int c, max_threads;
+};
+cluster_split cluster_for(int64_t nvec, int elem_bytes, int max_cluster) {
+    for (int max_threads : {kPairThreads, 1024})
+        for (int c = 2; c <= max_cluster; c *= 2)
+            if (vpt_tier((nvec + c - 1) / c, elem_bytes, max_threads)) return {c, max_threads};
+    return {0, 0};
 }
 
-// clusters: the device runs thread-block clusters and the library has
-// version 5's sm_90 code for it (softmax_clusters_ok).
+// max_cluster: the largest thread-block cluster the device schedules for
+// version 5 (16 or 8), 0 where it runs no clusters or the library has no
+// sm_90 code for it (softmax_max_cluster).
 pl_softmax_plan plan_softmax(int64_t rows, int64_t cols, int elem_bytes, int method, bool vec_ok, int sms,
-                             bool clusters) {
+                             int max_cluster) {
     const int64_t nvec = cols / (16 / elem_bytes);
     pl_softmax_plan p{method, 1, 0, pl_lanes_for(cols), 1, 1};
     const bool vectorised = method == PL_SOFTMAX_SINGLE_PASS || method == PL_SOFTMAX_ONLINE_VEC ||
@@ -299,23 +324,25 @@ pl_softmax_plan plan_softmax(int64_t rows, int64_t cols, int elem_bytes, int met
     if (method == PL_SOFTMAX_CLUSTER || (method == PL_SOFTMAX_SINGLE_PASS && !single_pass_vpt(nvec, elem_bytes))) {
         // version 5: the row split over a cluster of C CTAs (a grid of rows x C
         // CTAs, kept under 2^31: a limit no row count that fits in memory reaches)
-        const int c = clusters ? cluster_for(nvec, elem_bytes) : 0;
-        if (c && rows <= 0x7FFFFFFF / c) {
-            const int64_t piece = (nvec + c - 1) / c;
-            const int vpt = single_pass_vpt(piece, elem_bytes);
-            return {PL_SOFTMAX_CLUSTER, 5, vpt, threads_for(piece, vpt), 1, c};
+        const cluster_split split = max_cluster ? cluster_for(nvec, elem_bytes, max_cluster) : cluster_split{0, 0};
+        if (split.c && rows <= 0x7FFFFFFF / split.c) {
+            const int64_t piece = (nvec + split.c - 1) / split.c;
+            const int vpt = vpt_tier(piece, elem_bytes, split.max_threads);
+            return {PL_SOFTMAX_CLUSTER, 5, vpt, threads_for(piece, vpt), 1, split.c};
         }
         // no clusters here (or a row past 16 pieces): `cluster` runs what
-        // single_pass would, and single_pass's long rows take two reads
+        // single_pass would; single_pass keeps a row of up to 32768 columns in
+        // one CTA of up to 1024 threads (one row an SM), longer rows take two reads
         if (method == PL_SOFTMAX_CLUSTER && single_pass_vpt(nvec, elem_bytes))
-            return plan_softmax(rows, cols, elem_bytes, PL_SOFTMAX_SINGLE_PASS, vec_ok, sms, false);
+            return plan_softmax(rows, cols, elem_bytes, PL_SOFTMAX_SINGLE_PASS, vec_ok, sms, 0);
+        const int vpt = vpt_tier(nvec, elem_bytes, 1024);
+        if (vpt) return {PL_SOFTMAX_SINGLE_PASS, 2, vpt, threads_for(nvec, vpt), 1, 1};
         return {PL_SOFTMAX_ONLINE_VEC, 3, 0, 1024, 1, 1};
     }
     if (method == PL_SOFTMAX_SINGLE_PASS && nvec <= 32 * (elem_bytes == 4 ? 8 : 4)) {
         // short rows: a warp per row, kWarpRows rows a block (version 4); the
         // same register tiers as version 2, at 32 lanes
-        const int vpt = nvec <= 32 ? 1 : nvec <= 64 ? 2 : nvec <= 128 ? 4 : 8;
-        return {method, 4, vpt, 32 * kWarpRows, kWarpRows, 1};
+        return {method, 4, vpt_tier(nvec, elem_bytes, 32), 32 * kWarpRows, kWarpRows, 1};
     }
     if (method == PL_SOFTMAX_SINGLE_PASS) {
         const int vpt = single_pass_vpt(nvec, elem_bytes);  // > 0: longer rows went to version 5 above
@@ -325,9 +352,9 @@ pl_softmax_plan plan_softmax(int64_t rows, int64_t cols, int elem_bytes, int met
     return p;
 }
 
-// Whether version 5 can run on the current device: defined with the kernels
-// (a host-only build plans for an sm_90).
-bool softmax_clusters_ok();
+// The largest cluster version 5 may use on the current device (16, 8, or 0:
+// none): defined with the kernels (a host-only build plans for an H100/H200).
+int softmax_max_cluster();
 }  // namespace
 
 extern "C" int pl_softmax_cuda_plan(int64_t rows, int64_t cols, int dtype, int method, int sm_count,
@@ -336,7 +363,7 @@ extern "C" int pl_softmax_cuda_plan(int64_t rows, int64_t cols, int dtype, int m
     if (int st = check_softmax_args(rows, cols, dtype, method, PL_MASKED_NAN, __func__)) return st;
     PL_REQUIRE(sm_count > 0, PL_ERR_INVALID_ARGUMENT, "sm_count must be > 0 (got %d)", sm_count);
     const int elem = (int)PL_FORMATS[dtype].bytes;
-    *plan = plan_softmax(rows, cols, elem, method, cols % (16 / elem) == 0, sm_count, softmax_clusters_ok());
+    *plan = plan_softmax(rows, cols, elem, method, cols % (16 / elem) == 0, sm_count, softmax_max_cluster());
     return PL_OK;
 }
 
@@ -679,7 +706,7 @@ __global__ void __launch_bounds__(1024) softmax_online_vec(const T* __restrict__
 // shared memory alive until its peers have read it. The last piece may be
 // short, or empty (predicated off like version 2's padding). Compiled for
 // sm_90+ only: an older arch's build has an empty body, and the launcher asks
-// the device (softmax_clusters_ok) before it plans this version.
+// the device (softmax_max_cluster) before it plans this version.
 template <typename T, int VPT>
 __global__ void __launch_bounds__(1024) softmax_cluster(const T* __restrict__ x, T* __restrict__ y, int64_t cols,
                                                         int64_t piece, float* lse, int masked) {
@@ -717,29 +744,44 @@ __global__ void __launch_bounds__(1024) softmax_cluster(const T* __restrict__ x,
 
 // Clusters need an sm_90+ device that launches them (cudaDevAttrClusterLaunch)
 // and version 5's sm_90 code for it: a library built for older archs only (or
-// PTX of one, JIT-compiled) has the empty body, so it must not launch it.
-// Asked once a device (each launch of a long row would pay for the queries).
-bool softmax_clusters_ok() {
-    static std::atomic<int> known[64];  // 0: not asked yet, 1: yes, 2: no
+// PTX of one, JIT-compiled) has the empty body, so it must not launch it. A
+// cluster of 16 (past the portable 8) is used only where the device can
+// schedule one of the heaviest instantiation's 512-thread CTAs
+// (cudaOccupancyMaxActiveClusters > 0); else 8. Asked once a device (each
+// launch of a long row would pay for the queries).
+int softmax_max_cluster() {
+    static std::atomic<int> known[64];  // 0: not asked yet, else the answer + 1
     int dev = 0;
     if (cudaGetDevice(&dev) != cudaSuccess) {
         cudaGetLastError();  // an answer, not an error for the next launch to report
-        return false;
+        return 0;
     }
-    if (dev >= 0 && dev < 64 && known[dev].load() != 0) return known[dev].load() == 1;
-    int major = 0, launch = 0;
+    if (dev >= 0 && dev < 64 && known[dev].load() != 0) return known[dev].load() - 1;
+    int major = 0, launch = 0, answer = 0;
     cudaFuncAttributes a;
     bool ok = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) == cudaSuccess &&
               cudaDeviceGetAttribute(&launch, cudaDevAttrClusterLaunch, dev) == cudaSuccess;
     if (ok && major >= 9 && launch) {
         ok = cudaFuncGetAttributes(&a, softmax_cluster<float, 1>) == cudaSuccess;
-        ok = ok && a.ptxVersion >= 90 && a.binaryVersion >= 90;
-    } else {
-        ok = false;
+        if (ok && a.ptxVersion >= 90 && a.binaryVersion >= 90) {
+            answer = 8;
+            void (*heaviest)(const __nv_bfloat16*, __nv_bfloat16*, int64_t, int64_t, float*, int) =
+                softmax_cluster<__nv_bfloat16, 4>;  // the most registers a thread (make sass-check)
+            cudaLaunchAttribute attr[1];
+            attr[0].id = cudaLaunchAttributeClusterDimension;
+            attr[0].val.clusterDim.x = 16;
+            attr[0].val.clusterDim.y = 1;
+            attr[0].val.clusterDim.z = 1;
+            const cudaLaunchConfig_t cfg = {dim3(16), dim3(kPairThreads), 0, 0, attr, 1};
+            int clusters = 0;
+            if (cudaFuncSetAttribute(heaviest, cudaFuncAttributeNonPortableClusterSizeAllowed, 1) == cudaSuccess &&
+                cudaOccupancyMaxActiveClusters(&clusters, heaviest, &cfg) == cudaSuccess && clusters > 0)
+                answer = 16;
+        }
     }
-    if (!ok) cudaGetLastError();  // a failed query is an answer, not an error for the next launch to report
-    if (dev >= 0 && dev < 64) known[dev].store(ok ? 1 : 2);
-    return ok;
+    cudaGetLastError();  // a failed query is an answer, not an error for the next launch to report
+    if (dev >= 0 && dev < 64) known[dev].store(answer + 1);
+    return answer;
 }
 
 template <typename T, int VPT>
@@ -776,10 +818,11 @@ int launch(const void* xv, void* yv, int64_t rows, int64_t cols, int method, int
     if (method == PL_SOFTMAX_STABLE_ADAPTIVE)
         if (int st = pl_sm_count(&sms, "pl_softmax_cuda")) return st;
     // asked only where version 5 may be planned: rows past one CTA's tiers, or the cluster variant
-    const bool clusters = (method == PL_SOFTMAX_CLUSTER ||
-                           (method == PL_SOFTMAX_SINGLE_PASS && !single_pass_vpt(cols / N, (int)sizeof(T)))) &&
-                          softmax_clusters_ok();
-    const pl_softmax_plan p = plan_softmax(rows, cols, (int)sizeof(T), method, vec_ok, sms, clusters);
+    const int max_cluster = (method == PL_SOFTMAX_CLUSTER ||
+                             (method == PL_SOFTMAX_SINGLE_PASS && !single_pass_vpt(cols / N, (int)sizeof(T))))
+                                ? softmax_max_cluster()
+                                : 0;
+    const pl_softmax_plan p = plan_softmax(rows, cols, (int)sizeof(T), method, vec_ok, sms, max_cluster);
     const unsigned grid = (unsigned)rows, t = (unsigned)p.threads;
     switch (p.variant) {
         case PL_SOFTMAX_NAIVE: launch_v1<T, PL_SOFTMAX_NAIVE>(x, y, rows, cols, lse, masked, t); break;
@@ -886,7 +929,7 @@ extern "C" int pl_softmax_cuda(const void* x, int64_t rows, int64_t cols, int dt
 #else
 
 namespace {
-bool softmax_clusters_ok() { return true; }  // no device here: the plan is an sm_90's
+int softmax_max_cluster() { return 16; }  // no device here: the plan is an H100's or H200's
 }  // namespace
 
 extern "C" int pl_softmax_cuda_device(const void*, int64_t, int64_t, int, int, int, void*, float*) {

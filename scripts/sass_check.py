@@ -15,6 +15,12 @@ nvidia-cuda-cuobjdump where the toolkit lacks it):
   loop (the backward branch whose body loads) over the elements one trip
   loads.
 
+- two CTAs in flight an SM: the kernels whose CTA holds a row (or piece) of
+  up to 16384 elements in at most 512 threads (softmax versions 2 and 5)
+  must use few enough registers that two such CTAs share an SM's register
+  file (65536 registers, allocated 256 to a warp), so one row's loads
+  overlap another's reductions and stores.
+
 Fails (exit 1) on any spill or local memory, a load after the first
 reduction or after a use of a loaded register, or instructions per element
 above the ceilings below, which were set from the measured counts (see
@@ -63,6 +69,21 @@ CEILINGS = {
     ("sum_blocks_kernel", "*"): 18.0,
     ("softmax_online_vec", "*"): 26.0,
 }
+
+# Kernels launched with at most PAIR_THREADS threads a CTA (softmax.cu's
+# kPairThreads) that must fit two CTAs an SM, and the register file they
+# share (sm_90: 65536 registers a SM, allocated in units of 256 a warp).
+TWO_AN_SM = re.compile(r"softmax_single_pass|softmax_cluster")
+PAIR_THREADS = 512
+SM_REGISTERS = 65536
+REG_UNIT = 256
+
+
+def ctas_per_sm(regs: int, threads: int = PAIR_THREADS) -> int:
+    """CTAs of `threads` threads an SM's registers hold at `regs` a thread."""
+    per_warp = -(-max(regs, 1) * 32 // REG_UNIT) * REG_UNIT
+    return SM_REGISTERS // (per_warp * -(-threads // 32))
+
 
 # Stack frames that are not spills, each with its reason and the most bytes
 # allowed. CUDA's accurate cosf/sinf reduce a large argument (|x| > 105615)
@@ -131,6 +152,7 @@ class Kernel:
     notes: str = ""
     elems: float = 0.0  # single-pass: elements a thread holds
     body: int = 0       # single-pass: instructions from the first load to the last store
+    ctas_per_sm: int | None = None  # TWO_AN_SM kernels: 512-thread CTAs an SM's registers hold
 
     @property
     def family(self) -> str:
@@ -239,6 +261,12 @@ def single_pass_marginals(kernels: list[Kernel]) -> None:
                             f"elements a thread holds")
 
 
+def check_residency(k: Kernel) -> None:
+    k.ctas_per_sm = ctas_per_sm(k.regs)
+    if k.ctas_per_sm < 2:
+        k.problems.append(f"{k.regs} registers a thread: {k.ctas_per_sm} CTA of {PAIR_THREADS} threads an SM, not two")
+
+
 def check_streaming(k: Kernel) -> None:
     ops = k.sass
     addr_index = {a: i for i, (a, _, _) in enumerate(ops)}
@@ -282,6 +310,8 @@ def analyse(lib: Path, tool: str) -> list[Kernel]:
             k.notes = f"stack frame {k.stack} bytes allowed: {why}"
         if SINGLE_PASS.search(k.name):
             check_single_pass(k)
+        if TWO_AN_SM.search(k.name):
+            check_residency(k)
         elif STREAMING.search(k.name):
             check_streaming(k)
     single_pass_marginals(list(kernels.values()))
@@ -322,11 +352,12 @@ def main() -> int:
             {k2: v for k2, v in asdict(k).items() if k2 != "sass"} | {"family": k.family, "elem": k.elem}
             for k in kernels]}, indent=1))
     else:
-        shown = [k for k in kernels if args.all or k.problems or k.ipe is not None or k.notes]
+        shown = [k for k in kernels if args.all or k.problems or k.ipe is not None or k.notes or k.ctas_per_sm]
         for k in shown:
             status = "FAIL" if k.problems else "ok"
             ipe = f"{k.ipe:6.2f} insn/elem (ceiling {ceiling(k)})" if k.ipe is not None else ""
-            print(f"{status:4} REG {k.regs:3} STACK {k.stack} LOCAL {k.local}  {ipe:32} {k.name[:110]}")
+            resident = f"{k.ctas_per_sm} CTAs/SM" if k.ctas_per_sm is not None else ""
+            print(f"{status:4} REG {k.regs:3} STACK {k.stack} LOCAL {k.local}  {ipe:32} {resident:10} {k.name[:100]}")
             for p in k.problems:
                 print(f"       - {p}")
             if k.notes:

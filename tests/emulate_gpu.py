@@ -128,9 +128,11 @@ def matmul(a: np.ndarray, b: np.ndarray, splits: int = 1, tile: int = 16) -> np.
 # kernel's documented layout and order:
 #   - the row is nvec = cols / N 16-byte vectors (N = 4 fp32, 8 bf16/fp16); the
 #     cluster C is the smallest of 2, 4, 8, 16 whose pieces ceil(nvec / C) fit
-#     single_pass's register tiers (1, 2, 4 vectors a thread up to 1024, 2048,
-#     4096 vectors; 8 up to 8192, fp32 only), CTA r holding vectors
-#     [r * piece, (r + 1) * piece) of the row (the last piece short or empty);
+#     512 threads at 1, 2, 4 vectors a thread (and 8, fp32 only): 16384
+#     elements a CTA, so that two CTAs share an SM's registers; failing that
+#     (rows past 16 x 16384 columns), the smallest whose pieces fit 1024
+#     threads at those tiers. CTA r holds vectors [r * piece, (r + 1) * piece)
+#     of the row (the last piece short or empty);
 #   - threads = ceil(piece / vpt) rounded up to a warp; thread t of a CTA holds
 #     the piece's vectors t, t + threads, ... (vpt of them, missing ones -inf),
 #     takes its max (NaN-propagating) over them in order, then exp(v - max)
@@ -199,16 +201,18 @@ def softmax_cluster_plan(cols: int, elem_bytes: int) -> tuple[int, int, int, int
     if cols % n:
         return None
 
-    def vpt_for(v):
-        return 1 if v <= 1024 else 2 if v <= 2048 else 4 if v <= 4096 else 8 if elem_bytes == 4 and v <= 8192 else 0
+    def vpt_for(v, max_threads):
+        top = 8 if elem_bytes == 4 else 4
+        return next((t for t in (1, 2, 4, 8) if t <= top and v <= t * max_threads), 0)
 
     nvec = cols // n
-    for c in (2, 4, 8, 16):
-        piece = -(-nvec // c)
-        vpt = vpt_for(piece)
-        if vpt:
-            per_thread = -(-piece // vpt)
-            return c, piece, vpt, max(32, -(-per_thread // 32) * 32)
+    for max_threads in (512, 1024):
+        for c in (2, 4, 8, 16):
+            piece = -(-nvec // c)
+            vpt = vpt_for(piece, max_threads)
+            if vpt:
+                per_thread = -(-piece // vpt)
+                return c, piece, vpt, max(32, -(-per_thread // 32) * 32)
     return None
 
 

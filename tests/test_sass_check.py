@@ -70,3 +70,15 @@ def test_an_allowed_stack_frame_needs_its_reason_and_no_local_memory():
     assert "rope_v1" in sc.STACK_ALLOWED and sc.STACK_ALLOWED["rope_v1"][1]
     k = sc.Kernel("m", name="void (anonymous namespace)::rope_v1<float>(float const*)", stack=32)
     assert k.family == "rope_v1"
+
+
+def test_two_ctas_an_sm_need_at_most_64_registers():
+    # 65536 registers an SM, 256 a warp at a time: 64 a thread leave room for
+    # two 512-thread CTAs, 65 (allocated as 72) for one
+    assert [sc.ctas_per_sm(r) for r in (32, 63, 64, 65, 72)] == [4, 2, 2, 1, 1]
+    k = sc.Kernel("m", name="void (anonymous namespace)::softmax_cluster<float, 8>(float const*)", regs=65)
+    sc.check_residency(k)
+    assert k.ctas_per_sm == 1 and any("not two" in p for p in k.problems)
+    k = sc.Kernel("m", name="void (anonymous namespace)::softmax_single_pass<float, 8>(float const*)", regs=64)
+    sc.check_residency(k)
+    assert k.ctas_per_sm == 2 and k.problems == []

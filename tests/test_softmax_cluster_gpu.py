@@ -7,8 +7,8 @@ the CTAs' (max, sum) pairs combined through distributed shared memory):
 - against float64 within the command's tolerances, and every edge case the
   other kernels handle, on a GPU and on the emulator alike;
 - batch-invariant (the split depends on cols alone) and deterministic;
-- the plan: single_pass takes it for rows past 32768 columns, ragged rows and
-  rows past 16 x 32768 columns fall back.
+- the plan: single_pass takes it for rows past 16384 columns (one CTA of 512
+  threads), ragged rows and rows past 16 x 32768 columns fall back.
 """
 
 import ml_dtypes
@@ -23,13 +23,16 @@ gpu = pytest.mark.gpu  # every test but the replay's own check needs a device (o
 
 ELEM = {"fp32": 4, "bf16": 2, "fp16": 2}
 # (cols, dtype): every cluster size and register tier the long rows get
-LONG = [(40960, "fp32"),    # C 2, 8 vectors a thread
-        (98304, "fp16"),    # C 4, 4 vectors a thread
-        (151936, "bf16"),   # C 8, pieces of 2374 vectors: 4 a thread, 608 threads
-        (151936, "fp32"),   # C 8, 8 a thread, 608 threads
-        (262144, "bf16"),   # C 8, full tier: 4 a thread, 1024 threads
-        (262144, "fp32"),   # C 8, full tier: 8 a thread, 1024 threads
-        (270000, "fp32")]   # C 16 (non-portable), last piece short
+LONG = [(20000, "bf16"),    # C 2, pieces of 1250 vectors: 4 a thread, 320 threads
+        (32768, "fp32"),    # C 2, full tier: 8 a thread, 512 threads (two CTAs an SM)
+        (32768, "bf16"),    # C 2, full tier: 4 a thread, 512 threads
+        (40960, "fp32"),    # C 4, 8 a thread, 320 threads
+        (98304, "fp16"),    # C 8, 4 a thread, 384 threads
+        (151936, "bf16"),   # C 16 (non-portable), pieces of 1187 vectors: 4 a thread, 320 threads
+        (151936, "fp32"),   # C 16, 8 a thread, 320 threads
+        (262144, "bf16"),   # C 16, full tier: 4 a thread, 512 threads
+        (262144, "fp32"),   # C 16, full tier: 8 a thread, 512 threads
+        (270000, "fp32")]   # past 16 x 16384: C 16 at the 1024-thread tiers (8 a thread, 544), last piece short
 
 
 def plan(rows, cols, dtype, method="cluster"):
@@ -112,8 +115,9 @@ def test_the_emulation_is_the_documented_semantics():
                 assert np.isnan(y[1]).all() and np.isnan(lse[1])
             else:
                 assert (y[1] == 0).all() and lse[1] == -np.inf
-    assert emulate_gpu.softmax_cluster_plan(151936, 2) == (8, 2374, 4, 608)
-    assert emulate_gpu.softmax_cluster_plan(262144, 4) == (8, 8192, 8, 1024)
+    assert emulate_gpu.softmax_cluster_plan(151936, 2) == (16, 1187, 4, 320)
+    assert emulate_gpu.softmax_cluster_plan(262144, 4) == (16, 4096, 8, 512)
+    assert emulate_gpu.softmax_cluster_plan(32768, 2) == (2, 2048, 4, 512)
     assert emulate_gpu.softmax_cluster_plan(270000, 4) == (16, 4219, 8, 544)
     assert emulate_gpu.softmax_cluster_plan(40962, 4) is None
 
@@ -175,16 +179,19 @@ def test_batch_invariant_and_deterministic():
 
 @gpu
 def test_plan():
-    # single_pass takes version 5 past one CTA's tiers (32768 columns); the
-    # cluster is the smallest whose pieces fit single_pass's tiers
-    assert plan(8, 32768, "fp32", "single_pass")["kernel"] == 2
+    # single_pass takes version 5 past one CTA's tiers (16384 columns in 512
+    # threads); the cluster is the smallest whose pieces fit those tiers
+    assert plan(8, 16384, "fp32", "single_pass")["kernel"] == 2
+    assert plan(8, 16384 + 4, "fp32", "single_pass")["kernel"] == 5
     for cols, dtype in LONG:
         p = plan(64, cols, dtype, "single_pass")
         c, _, vpt, threads = emulate_gpu.softmax_cluster_plan(cols, ELEM[dtype])
         assert p == {"variant": "cluster", "kernel": 5, "vpt": vpt, "threads": threads, "rows_per_block": 1,
                      "cluster": c}, (cols, dtype)
         assert plan(64, cols, dtype) == p
-    assert plan(512, 151936, "bf16")["cluster"] == 8 and plan(64, 262144, "fp32")["cluster"] == 8
+    assert plan(512, 151936, "bf16")["cluster"] == 16 and plan(64, 262144, "fp32")["cluster"] == 16
+    # up to 16 x 16384 columns every CTA has at most 512 threads: two an SM
+    assert all(plan(64, c, d)["threads"] <= 512 for c, d in LONG if c <= 262144)
     # ragged rows fall back as single_pass does: the scalar online kernel
     assert plan(8, 40962, "fp32")["variant"] == "online"
     assert plan(8, 40964, "bf16", "single_pass")["variant"] == "online"

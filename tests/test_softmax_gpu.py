@@ -160,11 +160,20 @@ def test_warp_per_row_single_pass(rows, cols, dtype):
 def test_launch_plan_tiers():
     # what bench records beside each figure is what the launcher runs: one plan
     fp32, bf16 = formats.get("fp32").code, formats.get("bf16").code
-    assert native.softmax_cuda_plan(8, 32768, fp32, "single_pass", 132)["vpt"] == 8
-    assert native.softmax_cuda_plan(8, 32768, bf16, "single_pass", 132)["vpt"] == 4
+    # a CTA holds at most 16384 elements in at most 512 threads, so that two
+    # share an SM's registers (make sass-check holds them to 64 a thread)
+    assert native.softmax_cuda_plan(8, 16384, fp32, "single_pass", 132) == {
+        "variant": "single_pass", "kernel": 2, "vpt": 8, "threads": 512, "rows_per_block": 1, "cluster": 1}
+    assert native.softmax_cuda_plan(8, 16384, bf16, "single_pass", 132) == {
+        "variant": "single_pass", "kernel": 2, "vpt": 4, "threads": 512, "rows_per_block": 1, "cluster": 1}
     assert native.softmax_cuda_plan(8, 4096, fp32, "single_pass", 132) == {
-        "variant": "single_pass", "kernel": 2, "vpt": 1, "threads": 1024, "rows_per_block": 1, "cluster": 1}
-    # past 32768 columns: the row split over a thread-block cluster (version 5, test_softmax_cluster_gpu.py)
+        "variant": "single_pass", "kernel": 2, "vpt": 2, "threads": 512, "rows_per_block": 1, "cluster": 1}
+    assert native.softmax_cuda_plan(8, 2048, fp32, "single_pass", 132)["vpt"] == 1
+    # longer rows: split over a thread-block cluster (version 5, test_softmax_cluster_gpu.py),
+    # 32768 columns over two CTAs of 512 threads
+    for dtype, vpt in ((fp32, 8), (bf16, 4)):
+        assert native.softmax_cuda_plan(8, 32768, dtype, "single_pass", 132) == {
+            "variant": "cluster", "kernel": 5, "vpt": vpt, "threads": 512, "rows_per_block": 1, "cluster": 2}
     assert native.softmax_cuda_plan(8, 151936, bf16, "single_pass", 132)["variant"] == "cluster"
     # short rows: a warp per row, four rows a block
     assert native.softmax_cuda_plan(8, 1024, fp32, "single_pass", 132) == {

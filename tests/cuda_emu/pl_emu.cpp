@@ -294,6 +294,10 @@ void allow_nonportable_cluster(const void* kernel, bool allow) {
     else nonportable.erase(kernel);
 }
 
+bool cluster_size_allowed(const void* kernel, unsigned blocks) {
+    return blocks <= 8 || (blocks <= 16 && nonportable.count(kernel));  // 8 portable, 16 with the attribute (sm_90)
+}
+
 void launch(dim3 grid, dim3 block, const std::function<void()>& fn, size_t smem, dim3 cluster, const void* kernel) {
     std::lock_guard<std::mutex> lock(launch_mutex);
     const long long nthreads = (long long)block.x * block.y * block.z;
@@ -307,8 +311,8 @@ void launch(dim3 grid, dim3 block, const std::function<void()>& fn, size_t smem,
         last_error = cudaErrorInvalidConfiguration;  // the grid must be whole clusters
         return;
     }
-    if (csize > 16 || (csize > 8 && !nonportable.count(kernel))) {
-        last_error = cudaErrorInvalidClusterSize;  // 8 portable, 16 with the attribute (sm_90)
+    if (csize > 16 || !cluster_size_allowed(kernel, (unsigned)csize)) {
+        last_error = cudaErrorInvalidClusterSize;
         return;
     }
     dyn_bytes = smem ? smem : 1;

@@ -103,6 +103,19 @@ cudaError_t func_get_attributes(cudaFuncAttributes* a, F*) {
     a->ptxVersion = a->binaryVersion = 90;  // the emulated device is an sm_90
     return cudaSuccess;
 }
+// cudaOccupancyMaxActiveClusters (renamed by translate.py): the emulated
+// sm_90 schedules any cluster a launch would accept (8 blocks, 16 with the
+// non-portable attribute), one at a time.
+bool cluster_size_allowed(const void* kernel, unsigned blocks);
+template <typename F>
+cudaError_t occupancy_max_active_clusters(int* n, F* kernel, const cudaLaunchConfig_t* cfg) {
+    unsigned blocks = 1;
+    for (unsigned i = 0; i < cfg->numAttrs; ++i)
+        if (cfg->attrs[i].id == cudaLaunchAttributeClusterDimension)
+            blocks = cfg->attrs[i].val.clusterDim.x * cfg->attrs[i].val.clusterDim.y * cfg->attrs[i].val.clusterDim.z;
+    *n = cluster_size_allowed(reinterpret_cast<const void*>(kernel), blocks) ? 1 : 0;
+    return cudaSuccess;
+}
 // Exchange 8 bytes within the current warp: every lane offers `mine` and
 // receives lane `src`'s offer (its own where src is out of range).
 uint64_t warp_exchange(uint64_t mine, int src);

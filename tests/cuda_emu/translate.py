@@ -6,7 +6,8 @@ launch argument, the dynamic shared bytes, is passed on);
 and `__shared__ T a[32], b;` references to the running block's copies
 (pl_emu::shared_var, keyed by a static tag: one per declaration and template
 instance), so the blocks of a cluster, which run together, each have their
-own; cudaLaunchKernelEx / cudaFuncSetAttribute / cudaFuncGetAttributes become
+own; cudaLaunchKernelEx / cudaFuncSetAttribute / cudaFuncGetAttributes /
+cudaOccupancyMaxActiveClusters become
 pl_emu's, and `#include <cooperative_groups.h>` goes (pl_emu.h has the cluster).
 
     python tests/cuda_emu/translate.py cuda build/emu
@@ -89,7 +90,8 @@ DYNAMIC_SHARED = re.compile(r"extern\s+__shared__\s+(\w+)\s+(\w+)\s*\[\s*\]\s*;"
 STATIC_SHARED = re.compile(r"^(\s*)__shared__\s+([\w:]+)\s+([^;]+);", re.M)
 DECLARATOR = re.compile(r"\s*(\w+)\s*((?:\[[^\]]*\])*)\s*")
 RENAMED = {"cudaLaunchKernelEx": "pl_emu::launch_ex", "cudaFuncSetAttribute": "pl_emu::func_set_attribute",
-           "cudaFuncGetAttributes": "pl_emu::func_get_attributes"}
+           "cudaFuncGetAttributes": "pl_emu::func_get_attributes",
+           "cudaOccupancyMaxActiveClusters": "pl_emu::occupancy_max_active_clusters"}
 
 
 def _static_shared(m: re.Match) -> str:
