@@ -26,11 +26,13 @@
  *   version 2  single_pass: the row held in registers as raw 16-byte vectors,
  *              read once, written once; every load issued first, exp once per
  *              element, one (max, sum) block all-reduce (make sass-check).
- *              A CTA holds at most 16384 elements in at most 512 threads
- *              (8 fp32 or 4 bf16/fp16 vectors a thread): at <= 64 registers
- *              a thread (make sass-check) two CTAs share an SM's register
- *              file, so two rows are in flight on each SM, one loading while
- *              the other reduces and stores. Longer rows go to version 5 on
+ *              A thread holds 16 elements (32 registers: 2048 threads, four
+ *              or more rows, an SM), or 32 where 512 threads of 16 cannot
+ *              hold the row; a CTA at most 16384 elements in at most 512
+ *              threads: at <= 64 registers a thread (make sass-check) two
+ *              CTAs share an SM's register file, so two rows or more are in
+ *              flight on each SM, one loading while another reduces and
+ *              stores. Longer rows go to version 5 on
  *              sm_90+; elsewhere up to 32768 columns take one CTA of up to
  *              1024 threads (one row an SM), longer ones version 3.
  *   stable_adaptive  version 1's stable kernel launched with threads chosen
@@ -267,24 +269,36 @@ extern "C" int pl_softmax_cpu(const void* x, int64_t rows, int64_t cols, int dty
 namespace {
 constexpr int kWarpRows = 4;  // rows a block in version 4 (a warp each)
 
-// Version 2's and 5's register tiers: the fewest vectors a thread (1, 2, 4,
-// and 8 for fp32 only: 16-bit types would spill there, make sass-check) that
-// hold nvec vectors in at most max_threads threads; 0 when none does.
-int vpt_tier(int64_t nvec, int elem_bytes, int max_threads) {
-    const int top = elem_bytes == 4 ? 8 : 4;
-    for (int v = 1; v <= top; v *= 2)
+// Version 2's and 5's register tiers: the fewest vectors a thread, from
+// `smallest` up to 8 for fp32 or 4 for 16-bit types (which would spill at 8,
+// make sass-check), that hold nvec vectors in at most max_threads threads; 0
+// when none does.
+constexpr int top_vpt(int elem_bytes) { return elem_bytes == 4 ? 8 : 4; }
+int vpt_tier(int64_t nvec, int elem_bytes, int max_threads, int smallest = 1) {
+    for (int v = smallest; v <= top_vpt(elem_bytes); v *= 2)
         if (nvec <= (int64_t)v * max_threads) return v;
     return 0;
 }
-// A CTA of versions 2 and 5 has at most kPairThreads threads: with at most 64
-// registers a thread (__launch_bounds__(1024), make sass-check), two such
-// CTAs fill the SM's 65536 registers, so two rows (or row pieces) are in
-// flight on each SM: one's loads overlap the other's reduction and stores.
-// The tiers then hold 16384 elements a CTA, in fp32 (8 x 4 x 512) and in
-// 16-bit types (4 x 8 x 512) alike. Past that a CTA takes up to 1024 threads
-// (one an SM, as before Hopper's clusters).
+// Residency, measured in registers (make sass-check prints each kernel's):
+// 16 elements a thread cost 31-32 registers (fp32 at 4 vectors, 16-bit at 2),
+// so 2048 threads, the SM's most, fit its 65536 registers with 32768 elements
+// in flight (Little's law wants about 25 KiB an SM at 4.8 TB/s). Fewer
+// elements a thread leave registers idle (at 1 vector, 4 fp32 elements take
+// 23 registers, 8 bf16 29: 2048 threads hold a quarter or half as many);
+// more use up the file with fewer threads. So rows start at 16 elements a thread (first_vpt),
+// several rows an SM, and grow past it only when 512 threads cannot hold
+// the row. A CTA of versions 2 and 5 has at most kPairThreads threads: with
+// at most 64 registers a thread (__launch_bounds__(1024), make sass-check)
+// two such CTAs fill an SM, so at least two rows (or row pieces) are in
+// flight on each SM, one's loads overlapping the other's reduction and
+// stores. A CTA then holds at most 16384 elements, in fp32 (8 x 4 x 512) and
+// 16-bit types (4 x 8 x 512) alike. Past that a CTA takes up to 1024
+// threads (one an SM, as before Hopper's clusters).
 constexpr int kPairThreads = 512;
-int single_pass_vpt(int64_t nvec, int elem_bytes) { return vpt_tier(nvec, elem_bytes, kPairThreads); }
+constexpr int first_vpt(int elem_bytes) { return elem_bytes == 4 ? 4 : 2; }  // 16 elements a thread
+int single_pass_vpt(int64_t nvec, int elem_bytes) {
+    return vpt_tier(nvec, elem_bytes, kPairThreads, first_vpt(elem_bytes));
+}
 int32_t threads_for(int64_t nvec, int vpt) {
     const int64_t t = ((nvec + vpt - 1) / vpt + 31) / 32 * 32;
     return (int32_t)(t < 32 ? 32 : t);
@@ -303,7 +317,7 @@ struct cluster_split {
 cluster_split cluster_for(int64_t nvec, int elem_bytes, int max_cluster) {
     for (int max_threads : {kPairThreads, 1024})
         for (int c = 2; c <= max_cluster; c *= 2)
-            if (vpt_tier((nvec + c - 1) / c, elem_bytes, max_threads)) return {c, max_threads};
+            if (vpt_tier((nvec + c - 1) / c, elem_bytes, max_threads, first_vpt(elem_bytes))) return {c, max_threads};
     return {0, 0};
 }
 
@@ -327,7 +341,7 @@ pl_softmax_plan plan_softmax(int64_t rows, int64_t cols, int elem_bytes, int met
         const cluster_split split = max_cluster ? cluster_for(nvec, elem_bytes, max_cluster) : cluster_split{0, 0};
         if (split.c && rows <= 0x7FFFFFFF / split.c) {
             const int64_t piece = (nvec + split.c - 1) / split.c;
-            const int vpt = vpt_tier(piece, elem_bytes, split.max_threads);
+            const int vpt = vpt_tier(piece, elem_bytes, split.max_threads, first_vpt(elem_bytes));
             return {PL_SOFTMAX_CLUSTER, 5, vpt, threads_for(piece, vpt), 1, split.c};
         }
         // no clusters here (or a row past 16 pieces): `cluster` runs what
@@ -335,11 +349,11 @@ pl_softmax_plan plan_softmax(int64_t rows, int64_t cols, int elem_bytes, int met
         // one CTA of up to 1024 threads (one row an SM), longer rows take two reads
         if (method == PL_SOFTMAX_CLUSTER && single_pass_vpt(nvec, elem_bytes))
             return plan_softmax(rows, cols, elem_bytes, PL_SOFTMAX_SINGLE_PASS, vec_ok, sms, 0);
-        const int vpt = vpt_tier(nvec, elem_bytes, 1024);
+        const int vpt = vpt_tier(nvec, elem_bytes, 1024, first_vpt(elem_bytes));
         if (vpt) return {PL_SOFTMAX_SINGLE_PASS, 2, vpt, threads_for(nvec, vpt), 1, 1};
         return {PL_SOFTMAX_ONLINE_VEC, 3, 0, 1024, 1, 1};
     }
-    if (method == PL_SOFTMAX_SINGLE_PASS && nvec <= 32 * (elem_bytes == 4 ? 8 : 4)) {
+    if (method == PL_SOFTMAX_SINGLE_PASS && nvec <= 32 * top_vpt(elem_bytes)) {
         // short rows: a warp per row, kWarpRows rows a block (version 4); the
         // same register tiers as version 2, at 32 lanes
         return {method, 4, vpt_tier(nvec, elem_bytes, 32), 32 * kWarpRows, kWarpRows, 1};
@@ -762,7 +776,7 @@ int softmax_max_cluster() {
     bool ok = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) == cudaSuccess &&
               cudaDeviceGetAttribute(&launch, cudaDevAttrClusterLaunch, dev) == cudaSuccess;
     if (ok && major >= 9 && launch) {
-        ok = cudaFuncGetAttributes(&a, softmax_cluster<float, 1>) == cudaSuccess;
+        ok = cudaFuncGetAttributes(&a, softmax_cluster<float, 4>) == cudaSuccess;
         if (ok && a.ptxVersion >= 90 && a.binaryVersion >= 90) {
             answer = 8;
             void (*heaviest)(const __nv_bfloat16*, __nv_bfloat16*, int64_t, int64_t, float*, int) =
@@ -812,6 +826,7 @@ int launch(const void* xv, void* yv, int64_t rows, int64_t cols, int method, int
     const T* x = static_cast<const T*>(xv);
     T* y = static_cast<T*>(yv);
     constexpr int N = vec16<T>::N;
+    constexpr int kFirst = first_vpt(sizeof(T)), kTop = top_vpt(sizeof(T));  // versions 2 and 5's tiers
     const bool vec_ok = cols % N == 0 && reinterpret_cast<uintptr_t>(xv) % 16 == 0 &&
                         reinterpret_cast<uintptr_t>(yv) % 16 == 0;
     int sms = 1;
@@ -840,26 +855,18 @@ int launch(const void* xv, void* yv, int64_t rows, int64_t cols, int method, int
                     case 1: softmax_warp_rows<T, 1><<<wgrid, wblock>>>(x, y, rows, cols, lse, masked); break;
                     case 2: softmax_warp_rows<T, 2><<<wgrid, wblock>>>(x, y, rows, cols, lse, masked); break;
                     case 4: softmax_warp_rows<T, 4><<<wgrid, wblock>>>(x, y, rows, cols, lse, masked); break;
-                    default: softmax_warp_rows<T, sizeof(T) == 4 ? 8 : 4><<<wgrid, wblock>>>(x, y, rows, cols, lse, masked);
+                    default: softmax_warp_rows<T, kTop><<<wgrid, wblock>>>(x, y, rows, cols, lse, masked);
                 }
                 break;
             }
-            switch (p.vpt) {
-                case 1: softmax_single_pass<T, 1><<<grid, t>>>(x, y, cols, lse, masked); break;
-                case 2: softmax_single_pass<T, 2><<<grid, t>>>(x, y, cols, lse, masked); break;
-                case 4: softmax_single_pass<T, 4><<<grid, t>>>(x, y, cols, lse, masked); break;
-                default: softmax_single_pass<T, sizeof(T) == 4 ? 8 : 4><<<grid, t>>>(x, y, cols, lse, masked); break;
-            }
+            // the two tiers plan_softmax gives (vpt_tier from first_vpt): 16 elements a thread, or the most
+            if (p.vpt == kFirst) softmax_single_pass<T, kFirst><<<grid, t>>>(x, y, cols, lse, masked);
+            else softmax_single_pass<T, kTop><<<grid, t>>>(x, y, cols, lse, masked);
             break;
         case PL_SOFTMAX_ONLINE_VEC: softmax_online_vec<T><<<grid, t>>>(x, y, cols, lse, masked); break;
         case PL_SOFTMAX_CLUSTER: {
-            int st;
-            switch (p.vpt) {
-                case 1: st = launch_cluster<T, 1>(x, y, rows, cols, p, lse, masked); break;
-                case 2: st = launch_cluster<T, 2>(x, y, rows, cols, p, lse, masked); break;
-                case 4: st = launch_cluster<T, 4>(x, y, rows, cols, p, lse, masked); break;
-                default: st = launch_cluster<T, sizeof(T) == 4 ? 8 : 4>(x, y, rows, cols, p, lse, masked); break;
-            }
+            const int st = p.vpt == kFirst ? launch_cluster<T, kFirst>(x, y, rows, cols, p, lse, masked)
+                                           : launch_cluster<T, kTop>(x, y, rows, cols, p, lse, masked);
             if (st) return st;
             break;
         }

@@ -50,7 +50,7 @@ STREAMING = re.compile(r"sum_blocks_kernel|softmax_online_vec")
 
 # Ceilings on instructions per element, by kernel family and element type,
 # set a little above the counts measured on this build (nvcc 13.0, sm_90).
-# Measured (marginal, see single_pass_marginals): single_pass fp32 20.9-22.3 (it was
+# Measured (marginal, see single_pass_marginals): single_pass fp32 20.9 (it was
 # 30.9 before all loads were issued first and exp taken once), bf16 17.7 (31.4),
 # fp16 17.2; online_vec 20.0-25.0 a whole trip; sum_blocks 2.6-16.5.
 CEILINGS = {
@@ -63,9 +63,9 @@ CEILINGS = {
     # version 5: single_pass's floating-point work per element exactly (the
     # FFMA/FADD/FMUL/MUFU/FMNMX growth per tier is the same); the 1-3 more are
     # integer index arithmetic against the piece's bounds
-    ("softmax_cluster", "float"): 24.0,  # measured 22.3-23.3
-    ("softmax_cluster", "__nv_bfloat16"): 22.0,  # 18.3-20.9
-    ("softmax_cluster", "__half"): 22.0,  # 17.7-20.5
+    ("softmax_cluster", "float"): 24.0,  # measured 22.3
+    ("softmax_cluster", "__nv_bfloat16"): 22.0,  # 18.3
+    ("softmax_cluster", "__half"): 22.0,  # 17.7
     ("sum_blocks_kernel", "*"): 18.0,
     ("softmax_online_vec", "*"): 26.0,
 }

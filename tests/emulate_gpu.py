@@ -128,8 +128,9 @@ def matmul(a: np.ndarray, b: np.ndarray, splits: int = 1, tile: int = 16) -> np.
 # kernel's documented layout and order:
 #   - the row is nvec = cols / N 16-byte vectors (N = 4 fp32, 8 bf16/fp16); the
 #     cluster C is the smallest of 2, 4, 8, 16 whose pieces ceil(nvec / C) fit
-#     512 threads at 1, 2, 4 vectors a thread (and 8, fp32 only): 16384
-#     elements a CTA, so that two CTAs share an SM's registers; failing that
+#     512 threads at 16 elements a thread (4 vectors fp32, 2 bf16/fp16) or
+#     twice that: 16384 elements a CTA, so that two CTAs share an SM's
+#     registers, at the fewer vectors a thread that do; failing that
 #     (rows past 16 x 16384 columns), the smallest whose pieces fit 1024
 #     threads at those tiers. CTA r holds vectors [r * piece, (r + 1) * piece)
 #     of the row (the last piece short or empty);
@@ -202,8 +203,8 @@ def softmax_cluster_plan(cols: int, elem_bytes: int) -> tuple[int, int, int, int
         return None
 
     def vpt_for(v, max_threads):
-        top = 8 if elem_bytes == 4 else 4
-        return next((t for t in (1, 2, 4, 8) if t <= top and v <= t * max_threads), 0)
+        tiers = (4, 8) if elem_bytes == 4 else (2, 4)
+        return next((t for t in tiers if v <= t * max_threads), 0)
 
     nvec = cols // n
     for max_threads in (512, 1024):

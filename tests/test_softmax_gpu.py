@@ -13,7 +13,7 @@ GPU_METHODS = [v.name for v in native.variants("softmax", "cuda") if v.default] 
 
 
 # plus the single-pass kernel's register tiers: 1, 2, 4 and 8 (fp32) vectors a thread
-TIER_COLS = [4096, 8192, 16384, 32768]
+TIER_COLS = [1032, 4096, 8192, 8200, 16384, 32768]  # every register tier and an odd thread count
 
 
 @pytest.mark.parametrize("cols", COLS + TIER_COLS)
@@ -160,15 +160,21 @@ def test_warp_per_row_single_pass(rows, cols, dtype):
 def test_launch_plan_tiers():
     # what bench records beside each figure is what the launcher runs: one plan
     fp32, bf16 = formats.get("fp32").code, formats.get("bf16").code
-    # a CTA holds at most 16384 elements in at most 512 threads, so that two
+    # 16 elements a thread (4 fp32 vectors, 2 bf16) while 512 threads hold
+    # the row: 32 registers a thread, so 2048 threads (several rows) an SM
+    assert native.softmax_cuda_plan(8, 4096, fp32, "single_pass", 132) == {
+        "variant": "single_pass", "kernel": 2, "vpt": 4, "threads": 256, "rows_per_block": 1, "cluster": 1}
+    assert native.softmax_cuda_plan(8, 2048, bf16, "single_pass", 132) == {
+        "variant": "single_pass", "kernel": 2, "vpt": 2, "threads": 128, "rows_per_block": 1, "cluster": 1}
+    assert native.softmax_cuda_plan(8, 1028, fp32, "single_pass", 132)["threads"] == 96  # 65 threads' work
+    # then twice that, up to 16384 elements in 512 threads, so that two CTAs
     # share an SM's registers (make sass-check holds them to 64 a thread)
     assert native.softmax_cuda_plan(8, 16384, fp32, "single_pass", 132) == {
         "variant": "single_pass", "kernel": 2, "vpt": 8, "threads": 512, "rows_per_block": 1, "cluster": 1}
     assert native.softmax_cuda_plan(8, 16384, bf16, "single_pass", 132) == {
         "variant": "single_pass", "kernel": 2, "vpt": 4, "threads": 512, "rows_per_block": 1, "cluster": 1}
-    assert native.softmax_cuda_plan(8, 4096, fp32, "single_pass", 132) == {
-        "variant": "single_pass", "kernel": 2, "vpt": 2, "threads": 512, "rows_per_block": 1, "cluster": 1}
-    assert native.softmax_cuda_plan(8, 2048, fp32, "single_pass", 132)["vpt"] == 1
+    assert native.softmax_cuda_plan(8, 8192, fp32, "single_pass", 132)["vpt"] == 4
+    assert native.softmax_cuda_plan(8, 8192 + 4, fp32, "single_pass", 132)["vpt"] == 8
     # longer rows: split over a thread-block cluster (version 5, test_softmax_cluster_gpu.py),
     # 32768 columns over two CTAs of 512 threads
     for dtype, vpt in ((fp32, 8), (bf16, 4)):
