@@ -207,7 +207,9 @@ def test_hf_cache_api_changes_fail_in_one_line(tiny_qwen, monkeypatch):
     finally:
         exp.stored_cache_class.cache_clear()
     monkeypatch.undo()
-    monkeypatch.setattr(exp, "_cache_keyword", lambda module: "kv_cache_by_another_name")
+    from precisionlab.experiments import model as mexp
+
+    monkeypatch.setattr(mexp, "cache_keyword", lambda module, command: "kv_cache_by_another_name")
     with pytest.raises(RunError, match=r"never called its KV cache's update\(\)"):
         exp.run(_hf_cfg(tiny_qwen, steps=2))
 
@@ -225,3 +227,29 @@ def test_hf_cli_json_and_usage_errors(tiny_qwen):
     for args, text in ((["--model", "/nonexistent/model"], "--model"), (["--steps", "100"], "exceeds")):
         r = cli("kvcache", "--model", str(tiny_qwen), "--prompt", "the cat", *args)
         assert r.code == 2 and len(r.err.strip().splitlines()) == 1 and text in r.err, (args, r.err)
+
+
+def test_the_cache_keyword_follows_transformers_and_fails_in_one_line():
+    # transformers 5.x takes cache=, earlier versions (and 5.x until 5.40,
+    # deprecated) past_key_values=: compare model and kvcache ask forward()
+    from precisionlab.experiments import model as mexp
+
+    class New:
+        def forward(self, input_ids=None, cache=None, past_key_values=None, use_cache=None):
+            pass
+
+    class Old:
+        def forward(self, input_ids=None, past_key_values=None, use_cache=None):
+            pass
+
+    class Neither:
+        def forward(self, input_ids=None):
+            pass
+
+    assert mexp.cache_keyword(New(), "x") == "cache" and mexp.cache_keyword(Old(), "x") == "past_key_values"
+    with pytest.raises(RunError, match=r"Neither.forward takes neither cache= nor past_key_values=; kvcache"):
+        mexp.cache_keyword(Neither(), "kvcache --model")
+    out = type("Out", (), {"past_key_values": "c"})()
+    assert mexp.returned_cache(out) == "c"
+    with pytest.raises(RunError, match="returned no cache"):
+        mexp.returned_cache(object())

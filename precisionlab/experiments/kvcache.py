@@ -247,20 +247,6 @@ def stored_cache_class():
     return StoredCache
 
 
-def _cache_keyword(module) -> str:
-    """The forward() keyword a cache object is passed by: `cache` in
-    transformers 5.x (past_key_values deprecated), `past_key_values` before."""
-    try:
-        names = inspect.signature(module.forward).parameters
-    except (TypeError, ValueError):
-        names = {}
-    for kw in ("cache", "past_key_values"):
-        if kw in names:
-            return kw
-    raise RunError(f"transformers {_transformers_version()}: {type(module).__name__}.forward takes neither cache= "
-                   "nor past_key_values=; kvcache --model cannot hand it a cache")
-
-
 class HFModel:
     """A Hugging Face causal LM, opened as compare model opens it
     (model.open_runner: no foreign code, memory checked first), fed through a
@@ -274,10 +260,10 @@ class HFModel:
                                                     command="kvcache --model", estimate=estimate)
         self.model, self.device = self.runner.base, device
         self.cls = stored_cache_class()
-        self.kw = _cache_keyword(self.model)
+        self.kw = mexp.cache_keyword(self.model, "kvcache --model")
         # Calibration needs no logits: the decoder alone (a 150k vocabulary over 512 tokens would be 300 MB).
         self.decoder = getattr(self.model, "base_model", None) or self.model
-        self.decoder_kw = _cache_keyword(self.decoder)
+        self.decoder_kw = mexp.cache_keyword(self.decoder, "kvcache --model")
         cfg_ = self.model.config
         self.layers = int(getattr(cfg_, "num_hidden_layers", 0) or 0)
         self.info = self.runner.info() | {"layers": self.layers,

@@ -24,7 +24,7 @@ from pathlib import Path
 import numpy as np
 
 from precisionlab import devices, formats, inputs, memory, metrics, threads
-from precisionlab.errors import NoDeviceError, UsageError
+from precisionlab.errors import NoDeviceError, RunError, UsageError
 
 DEFAULT_PROMPT = "ROMEO:\n"
 LOW_DTYPES = ("bf16", "fp16")
@@ -207,6 +207,34 @@ def _quiet_library():
         sys.stdin = saved_stdin
 
 
+def cache_keyword(module, command: str) -> str:
+    """The forward() keyword a cache object is passed by: `cache` in
+    transformers 5.x (`past_key_values` deprecated there, to go in 5.40),
+    `past_key_values` before. Neither: one line, exit 1."""
+    import inspect
+
+    try:
+        names = inspect.signature(module.forward).parameters
+    except (TypeError, ValueError):
+        names = {}
+    for kw in ("cache", "past_key_values"):
+        if kw in names:
+            return kw
+    import transformers
+
+    raise RunError(f"transformers {getattr(transformers, '__version__', '?')}: {type(module).__name__}.forward "
+                   f"takes neither cache= nor past_key_values=; {command} cannot hand it a cache")
+
+
+def returned_cache(out):
+    """The cache a forward() call returns, under either name (see cache_keyword)."""
+    for name in ("cache", "past_key_values"):
+        found = getattr(out, name, None)
+        if found is not None:
+            return found
+    raise RunError("the model returned no cache (use_cache=True): compare model cannot decode step by step")
+
+
 class HFRunner(Runner):
     def __init__(self, spec: str, device: str):
         os.environ.setdefault("HF_HUB_OFFLINE", "1")  # never the network, whatever the cache says
@@ -257,11 +285,11 @@ class HFRunner(Runner):
 
     def _prefill(self, model, ids):
         res = model(input_ids=ids, use_cache=True)
-        return res.logits[0, -1], res.past_key_values
+        return res.logits[0, -1], returned_cache(res)
 
     def _step(self, model, token, cache, pos):
-        res = model(input_ids=token, past_key_values=cache, use_cache=True)
-        return res.logits[0, -1], res.past_key_values
+        res = model(input_ids=token, use_cache=True, **{cache_keyword(model, "compare model"): cache})
+        return res.logits[0, -1], returned_cache(res)
 
     def _all(self, model, ids):
         return model(input_ids=ids).logits[0]
