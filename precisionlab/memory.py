@@ -174,6 +174,30 @@ def compare_model(params: int, seq: int, vocab: int, hidden: int, layers: int, h
             + MODEL_FIXED[kind])
 
 
+# compare model --layers' first-use state, measured: transformers as compare
+# model's; for the embedded model less (no generate(), no kernels for fp16 decoding).
+LAYERS_FIXED = {"hf": MODEL_FIXED["hf"], "embedded": 40 * MiB}
+
+
+def compare_layers(params: int, seq: int, vocab: int, hidden: int, layers: int, heads: int, kind: str,
+                   dump: bool = False) -> int:
+    """compare model --layers (experiments/layers.py). Weights: the fp32
+    model (4 per parameter) and, for the low dtype being compared, its two
+    low copies (trusted and yours, 2 each), the second made while the first
+    lives as an fp32 deep copy cast parameter by parameter (4): 12 per
+    parameter. Activations over seq positions: every watched site's input and
+    output (hooks.sites: seven a layer, each about seq x hidden) captured in
+    fp32 for the reference and in the low dtype for the low run, 2 x 7 x
+    (4 + 2) = 84 per layer, position and hidden unit; the LM head's output in
+    both (4 + 2 per logit), its four float64 copies while its row is computed
+    (32) and the fp32 head rerun of the pitfall check (4): 42 per logit; one
+    layer's attention scores with eager attention's copies (16 per head and
+    pair of positions). --dump writes the captures: one more of each."""
+    caps = 84 * seq * hidden * layers + 6 * seq * vocab
+    return (12 * params + caps + 36 * seq * vocab + 16 * heads * seq * seq + (caps if dump else 0)
+            + LAYERS_FIXED[kind])
+
+
 def safetensors_parameters(paths) -> int:
     """Parameters declared in safetensors headers, without reading the tensors."""
     import math
@@ -249,6 +273,12 @@ def compare_model_for(model: str | None, steps: int, prompt: str) -> int:
     """compare_model for the embedded model or a Hugging Face folder (model_shape); 0 where none is found."""
     shape = model_shape(model, steps, prompt)
     return 0 if shape is None else compare_model(*shape[:7])
+
+
+def compare_layers_for(model: str | None, steps: int, prompt: str, dump: bool = False) -> int:
+    """compare_layers for the embedded model or a Hugging Face folder (model_shape); 0 where none is found."""
+    shape = model_shape(model, steps, prompt)
+    return 0 if shape is None else compare_layers(*shape[:7], dump=dump)
 
 
 # kvcache's first-use state, measured: transformers as compare model's; for the

@@ -172,3 +172,20 @@ def test_an_lm_head_that_overflows_fp16_is_the_head_pitfall(tmp_path):
     assert not any(p["pitfall"] == "head_low_precision"
                    for p in lexp.run(lexp.LayersConfig(model=path, prompt="the cat sat", steps=20,
                                                        dtypes="bf16")).pitfalls)
+
+
+def test_memory_is_estimated_before_the_model_is_opened(monkeypatch):
+    # compare model --layers checks its own estimate (memory.compare_layers) first
+    from precisionlab import inputs, memory
+    from precisionlab.errors import UsageError
+
+    seen = []
+    monkeypatch.setattr(inputs, "memory_limit", lambda: 1 << 20)
+    monkeypatch.setattr(memory, "compare_layers_for", lambda *a, **k: seen.append(k) or (2 << 20))
+    with pytest.raises(UsageError, match=r"compare model --layers \(embedded\) --steps 3 needs about 2 MiB"):
+        lexp.run(lexp.LayersConfig(steps=3, dtypes="bf16"))
+    assert seen == [{"dump": False}]
+    # the estimate grows with what a run keeps: positions, and the dump's copies
+    shape = memory.model_shape(None, 50, "ROMEO:\n")
+    assert memory.compare_layers(*shape[:7], dump=True) > memory.compare_layers(*shape[:7]) > \
+        memory.compare_layers(*memory.model_shape(None, 10, "ROMEO:\n")[:7])

@@ -87,6 +87,13 @@ def _models(tmp_path: Path):
             for folder in (_tiny_qwen(tmp_path, h) for h in (128, 256, 512))]
 
 
+def _layers_models(tmp_path: Path):
+    pytest.importorskip("transformers")
+    return [(["compare", "model", "--model", folder, "--layers", "--steps", "8", "--prompt", "the cat sat", "--json"],
+             memory.compare_layers_for(folder, 8, "the cat sat"))
+            for folder in (_tiny_qwen(tmp_path, h) for h in (128, 256, 512))]
+
+
 def _kvcache_models(tmp_path: Path):
     from precisionlab.experiments.kvcache import CALIBRATION_CHARS
 
@@ -131,6 +138,9 @@ def _families(tmp_path: Path):
                                 "cpu", "--json"], memory.compare_op("matmul", (s, s, s), *shapes_used("matmul", (s, s, s))))
                               for s in (256, 512, 768)],
         "compare model": lambda: _models(tmp_path),
+        "compare model --layers": lambda: _layers_models(tmp_path),
+        "compare model --layers (embedded)": [(["compare", "model", "--layers", "--steps", str(s), "--json"],
+                                               memory.compare_layers_for(None, s, "ROMEO:\n")) for s in (100, 300, 600)],
         "kvcache --model": lambda: _kvcache_models(tmp_path),
         "kvcache": _kvcache_embedded,
         # two files of one fp32 tensor each: both stored tensors (4 + 4), their float64 copies and the
@@ -151,7 +161,8 @@ def _tensor_pair(tmp_path: Path, n: int) -> list[str]:
 
 # Families that share their first-use state run in one child, one after the other.
 GROUPS = [["softmax", "softmax --from"], ["nondeterminism"], ["tf32", "tf32 --sweep-mn"], ["bench"],
-          ["compare op matmul", "compare op softmax"], ["compare model"], ["compare tensors"],
+          ["compare op matmul", "compare op softmax"], ["compare model"], ["compare model --layers"],
+          ["compare model --layers (embedded)"], ["compare tensors"],
           ["kvcache --model"], ["kvcache"]]
 
 # Families measured one case per fresh child, each against its whole estimate. The embedded
@@ -167,6 +178,8 @@ FIRST_USE = {"softmax": memory.softmax(0, 0), "softmax --from": memory.softmax(0
              "tf32": memory.tf32(0, 0, 0, None), "tf32 --sweep-mn": memory.BLAS_FIXED, "bench": memory.bench_cpu(0),
              "compare op softmax": memory.COMPARE_FIXED, "compare op matmul": memory.COMPARE_FIXED,
              "compare model": memory.MODEL_FIXED["hf"], "compare tensors": 0,
+             "compare model --layers": memory.LAYERS_FIXED["hf"],
+             "compare model --layers (embedded)": memory.LAYERS_FIXED["embedded"],
              "kvcache --model": memory.KVCACHE_FIXED["hf"], "kvcache": memory.KVCACHE_FIXED["embedded"]}
 
 

@@ -25,6 +25,7 @@ past 65504.
 from __future__ import annotations
 
 import copy
+import functools
 import json
 import math
 import os
@@ -108,7 +109,11 @@ def run(cfg: LayersConfig, advance=lambda k=1: None) -> LayersResult:
 
     torch.manual_seed(cfg.seed)
     t0 = time.perf_counter()
-    runner, prompt = mexp.open_runner(cfg.model, device, cfg.prompt, cfg.steps)
+    from precisionlab import memory
+
+    estimate = functools.partial(memory.compare_layers_for, dump=dump_dir is not None)
+    runner, prompt = mexp.open_runner(cfg.model, device, cfg.prompt, cfg.steps, memory_check=True,
+                                      command="compare model --layers", estimate=estimate)
     site_list = hooks.sites(runner.base)
     pseudo = [s.name for s in site_list if s.pseudo]
     targets = [hooks.resolve(runner.base, inj.target, pseudo) for inj in injections]
