@@ -57,14 +57,22 @@ def _root(
 def _names(op: str, device: str | None = None, kinds: tuple[str, ...] = ("algorithm", "kernel", "bug"),
            default: bool | None = None) -> str:
     """The op's variant names from the library's catalog, for help text: the
-    help lists what the library implements, never a copy of it."""
-    try:
-        from precisionlab import native
+    help lists what the library implements, never a copy of it. Raises
+    PrecisionLabError without the library (see _catalog_help)."""
+    from precisionlab import native
 
-        return ", ".join(v.name for v in native.variants(op, device) if v.kind in kinds
-                         and (default is None or v.default == default))
-    except PrecisionLabError:  # no library: --help and --version still work
-        return "(the library's catalog: build it with `make lib`)"
+    return ", ".join(v.name for v in native.variants(op, device) if v.kind in kinds
+                     and (default is None or v.default == default))
+
+
+def _catalog_help(build, what: str) -> str:
+    """build() (help text naming the catalog's variants), or, without the
+    library, one line saying where the names come from: --help and --version
+    still work."""
+    try:
+        return build()
+    except PrecisionLabError:
+        return f"Comma list of {what} (the library's catalog names them: build it with `make lib`)."
 
 
 def _formats(storage_only: bool | None = None) -> str:
@@ -122,9 +130,9 @@ def accumulate(
     dist: Annotated[Optional[str], typer.Option("--dist", help="Seeded random values instead: uniform | normal | lognormal.")] = None,
     values: Annotated[Optional[str], typer.Option("--values", help="Explicit values, comma-separated (e.g. 1e8,1,-1e8).")] = None,
     from_file: Annotated[Optional[str], typer.Option("--from", help="Values from a numeric .npy file (flattened).")] = None,
-    methods: Annotated[Optional[str], typer.Option("--variants", "--methods", help=f"Comma list of sum variants: "
-                                                   f"{_names('sum', 'cpu')} (CPU); {_names('sum', 'cuda')} (GPU). "
-                                                   "Default: all that apply.")] = None,
+    methods: Annotated[Optional[str], typer.Option("--variants", "--methods", help=_catalog_help(
+        lambda: f"Comma list of sum variants: {_names('sum', 'cpu')} (CPU); {_names('sum', 'cuda')} (GPU). "
+                "Default: all that apply.", "sum variants"))] = None,
     accumulators: Annotated[Optional[str], typer.Option("--accumulators", help="Accumulator formats, comma list. "
                                                         "Default: bf16,fp16,fp32,fp64 (GPU: bf16, fp32, fp64).")] = None,
     plot: Annotated[Optional[str], typer.Option("--plot", help="Write the running sum against the step to this file (.png, .svg, .pdf, ...).")] = None,
@@ -150,12 +158,11 @@ def accumulate(
 @app.command()
 def softmax(
     dtype: Annotated[str, typer.Option("--dtype", help="Input format(s), comma list: fp32, bf16, fp16. Arithmetic is fp32.")] = "fp32",
-    methods: Annotated[Optional[str], typer.Option("--variants", "--methods", help=f"Comma list of softmax variants: "
-                                                   f"{_names('softmax', 'cpu', ('algorithm',))} (CPU and GPU); "
-                                                   f"{_names('softmax', 'cuda', ('kernel',))} (GPU); the named bugs "
-                                                   f"{_names('softmax', kinds=('bug',))}. Default: "
-                                                   f"{_names('softmax', default=True)}, with the bugs in their own "
-                                                   "table.")] = None,
+    methods: Annotated[Optional[str], typer.Option("--variants", "--methods", help=_catalog_help(
+        lambda: f"Comma list of softmax variants: {_names('softmax', 'cpu', ('algorithm',))} (CPU and GPU); "
+                f"{_names('softmax', 'cuda', ('kernel',))} (GPU); the named bugs {_names('softmax', kinds=('bug',))}. "
+                f"Default: {_names('softmax', default=True)}, with the bugs in their own table.",
+        "softmax variants"))] = None,
     masked: Annotated[str, typer.Option("--masked", help="A row of all -inf gives: nan (textbook) | zero.")] = "nan",
     values: Annotated[Optional[str], typer.Option("--values", help="Logits, comma-separated; rows separated by ';'.")] = None,
     rows: Annotated[Optional[int], typer.Option("--rows", help="Random matrix rows.")] = None,

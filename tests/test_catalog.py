@@ -79,6 +79,15 @@ def test_help_lists_every_variant_of_the_library(op, command):
         assert re.search(rf"\b{v.name}\b", text), (op, v.name)
 
 
+@pytest.mark.parametrize("command", ["softmax", "accumulate", "formats"])
+def test_help_without_the_library_says_so_once(command):
+    # --help works without the library, and each option says once where its names come from
+    r = cli(command, "--help", env={"COLUMNS": "400", "PRECISIONLAB_LIB": "/nonexistent/libprecisionlab.so"})
+    assert r.code == 0, r.err
+    lines = [ln for ln in r.out.splitlines() if "make lib" in ln]  # 400 columns: an option a line
+    assert lines and all(ln.count("make lib") == 1 for ln in lines), r.out
+
+
 def test_cli_choices_are_the_catalog():
     assert accumulate.ALL_METHODS == [v.name for v in native.variants("sum")]
     assert softmax.METHODS == [v.name for v in native.variants("softmax")]
