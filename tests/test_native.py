@@ -2,8 +2,11 @@
 the C side (a bad call returns a status; it never crashes)."""
 
 import ctypes
+import json
+import os
 import subprocess
 import sys
+import textwrap
 
 import numpy as np
 import pytest
@@ -108,3 +111,66 @@ def test_device_array_shapes_are_checked_before_any_allocation():
         native.DeviceArray((-1, 4), np.float32)
     with pytest.raises(native.UsageError, match="too large"):
         native.DeviceArray((1 << 62, 4), np.float32)  # an int64 product would wrap to 0
+
+
+# Every entry point of the prototype table, called with each pointer NULL, and
+# with each integer argument in turn -1, -2^62, 0 and 99 and each float NaN,
+# inf and -1 (the other arguments valid, over 64 KiB buffers: 99 elements of
+# anything fit), in a child: a crash is a signal there. The raw device copies
+# and frees are left out (their pointers are the caller's contract), as are
+# sizes past the buffers (C cannot know a host buffer's length).
+FUZZ_CHILD = textwrap.dedent("""
+    import ctypes, json
+    from precisionlab import native
+
+    lib = native._load()
+    INTS = (ctypes.c_int, ctypes.c_int64, ctypes.c_uint64, ctypes.c_size_t)
+    SKIP = {"pl_device_free", "pl_copy_to_device", "pl_copy_to_host"}
+    bufs = [ctypes.create_string_buffer(1 << 16) for _ in range(16)]
+
+    def args_for(argtypes, null=False, override=None):
+        out, k = [], 0
+        for i, t in enumerate(argtypes):
+            if override and i in override:
+                out.append(override[i])
+            elif t in INTS:
+                out.append(1)
+            elif t is ctypes.c_float:
+                out.append(1.0)
+            elif null:
+                out.append(None)
+            else:
+                out.append(ctypes.cast(bufs[k], t))
+                k += 1
+        return out
+
+    report = {"null_accepted": [], "calls": 0}
+    for name, (res, argtypes) in native._PROTOTYPES.items():
+        if name in SKIP or not argtypes:
+            continue
+        f = getattr(lib, name)
+        f.restype, f.argtypes = res, argtypes
+        if res is ctypes.c_int and any(t not in INTS and t is not ctypes.c_float for t in argtypes):
+            report["calls"] += 1
+            if f(*args_for(argtypes, null=True)) == 0:
+                report["null_accepted"].append(name)
+        for i, t in enumerate(argtypes):
+            bad = ([-1, -(1 << 62), 0, 99] if t in (ctypes.c_int, ctypes.c_int64) else
+                   [float("nan"), float("inf"), -1.0] if t is ctypes.c_float else [])
+            for v in bad:
+                if t is ctypes.c_int and v < -(1 << 31):
+                    continue
+                f(*args_for(argtypes, override={i: v}))
+                report["calls"] += 1
+    print(json.dumps(report))
+""")
+
+
+def test_every_entry_point_survives_hostile_arguments():
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    p = subprocess.run([sys.executable, "-c", FUZZ_CHILD], capture_output=True, text=True, env=env, timeout=300,
+                       cwd=ROOT)
+    assert p.returncode == 0, (p.returncode, p.stderr[-2000:])
+    report = json.loads(p.stdout.strip().splitlines()[-1])
+    assert report["calls"] > 400
+    assert report["null_accepted"] == []  # every function refuses a NULL it needs
