@@ -50,22 +50,23 @@ STREAMING = re.compile(r"sum_blocks_kernel|softmax_online_vec")
 
 # Ceilings on instructions per element, by kernel family and element type,
 # set a little above the counts measured on this build (nvcc 13.0, sm_90).
-# Measured (marginal, see single_pass_marginals): single_pass fp32 20.9 (it was
-# 30.9 before all loads were issued first and exp taken once), bf16 17.7 (31.4),
-# fp16 17.2; online_vec 20.0-25.0 a whole trip; sum_blocks 2.6-16.5.
+# Measured (marginal, see single_pass_marginals): single_pass fp32 18.6 (it was
+# 30.9 before all loads were issued first and exp taken once, 20.9 with 64-bit
+# indices), bf16 17.1 (31.4), fp16 16.6; online_vec 20.0-25.0 a whole trip;
+# sum_blocks 2.6-16.5.
 CEILINGS = {
-    ("softmax_single_pass", "float"): 23.0,
-    ("softmax_single_pass", "__nv_bfloat16"): 19.0,
-    ("softmax_single_pass", "__half"): 19.0,
+    ("softmax_single_pass", "float"): 20.0,
+    ("softmax_single_pass", "__nv_bfloat16"): 18.0,
+    ("softmax_single_pass", "__half"): 18.0,
     ("softmax_warp_rows", "float"): 19.0,  # measured 14.5-17.8
     ("softmax_warp_rows", "__nv_bfloat16"): 18.0,  # 16.4-16.6
     ("softmax_warp_rows", "__half"): 18.0,  # 16.0
     # version 5: single_pass's floating-point work per element exactly (the
-    # FFMA/FADD/FMUL/MUFU/FMNMX growth per tier is the same); the 1-3 more are
+    # FFMA/FADD/FMUL/MUFU/FMNMX growth per tier is the same); the 0.3-1.4 more are
     # integer index arithmetic against the piece's bounds
-    ("softmax_cluster", "float"): 24.0,  # measured 22.3
-    ("softmax_cluster", "__nv_bfloat16"): 22.0,  # 18.3
-    ("softmax_cluster", "__half"): 22.0,  # 17.7
+    ("softmax_cluster", "float"): 21.0,  # measured 20.0
+    ("softmax_cluster", "__nv_bfloat16"): 19.0,  # 17.4
+    ("softmax_cluster", "__half"): 19.0,  # 16.9
     ("sum_blocks_kernel", "*"): 18.0,
     ("softmax_online_vec", "*"): 26.0,
 }
