@@ -109,8 +109,8 @@ SeedOpt = Annotated[int, typer.Option("--seed", callback=_seed_in_range,
 JsonOpt = Annotated[bool, typer.Option("--json", help="One strict JSON document on stdout (non-finite as strings).")]
 AtolOpt = Annotated[Optional[float], typer.Option("--atol", help="Absolute tolerance (default: torch.testing's for the dtype).")]
 RtolOpt = Annotated[Optional[float], typer.Option("--rtol", help="Relative tolerance (default: torch.testing's for the dtype).")]
-ThreadsOpt = Annotated[Optional[int], typer.Option("--threads", help="CPU threads for torch work (default: sized for "
-                                                   "the work, one for small matrices).")]
+ThreadsOpt = Annotated[Optional[int], typer.Option("--threads", help="CPU threads for torch work, at most 4 per "
+                                                   "core (default: sized for the work, one for small matrices).")]
 
 
 @app.command()

@@ -669,3 +669,29 @@ def test_columns_sets_the_width_of_a_pipe():
     r = cli(*NARROW["accumulate"], env={"COLUMNS": "40"})
     assert r.code == 0, r.err
     assert max(len(line) for line in r.out.splitlines()) <= 40
+
+
+# ---------------------------------------------------------------------------
+# the audit of hostile option values and files (branch hostile)
+
+
+@pytest.mark.parametrize("args", [
+    ["compare", "op", "softmax", "--shape", "2x8", "--device", "cpu"],
+    ["tf32", "--m", "8", "--n", "8", "--k", "8", "--no-sweep", "--device", "cpu"],
+    ["compare", "model", "--steps", "1"],
+], ids=lambda a: " ".join(a[:2]))
+def test_absurd_threads_exit_2_instead_of_crashing_torch(args):
+    """--threads 100000 segfaulted in torch's OpenMP pool (20000: libgomp's
+    'Thread creation failed', exit 1). A subprocess: the crash would end pytest."""
+    r = cli(*args, "--threads", "100000", timeout=120)
+    assert r.code == 2, (r.code, r.err[-500:])
+    assert r.err.count("\n") == 1 and r.err.startswith("precisionlab: --threads must be at most"), r.err
+
+
+def test_threads_upper_bound_is_per_core():
+    from precisionlab import threads
+    from precisionlab.errors import UsageError
+
+    assert threads.check(threads.max_threads()) == threads.max_threads()
+    with pytest.raises(UsageError, match="at most"):
+        threads.check(threads.max_threads() + 1)
