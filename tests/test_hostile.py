@@ -695,3 +695,24 @@ def test_threads_upper_bound_is_per_core():
     assert threads.check(threads.max_threads()) == threads.max_threads()
     with pytest.raises(UsageError, match="at most"):
         threads.check(threads.max_threads() + 1)
+
+
+@pytest.mark.parametrize("a,b,code", [(1.0, 1.0, 0), (1.0, 2.0, 1), (1.0, float("nan"), 1)])
+@pytest.mark.parametrize("ext", [".npy", ".safetensors"])
+def test_0d_tensors_are_compared(run, tmp_path, ext, a, b, code):
+    """A scalar (0-d) tensor in two dumps ended in 'internal error: TypeError:
+    return arrays must be of ArrayType' (np.subtract of 0-d arrays is a scalar)."""
+    paths = []
+    for tag, v in (("a", a), ("b", b)):
+        p = tmp_path / f"{tag}{ext}"
+        if ext == ".npy":
+            np.save(p, np.float32(v))
+        else:
+            from safetensors.numpy import save_file
+            save_file({"s": np.array(v, np.float32)}, str(p))
+        paths.append(str(p))
+    r = run("compare", "tensors", *paths, "--json")
+    assert r.code == code, (r.code, r.err)
+    row = r.json()["rows"][0]
+    assert row["shapes"] == [[], []] and row["n"] == 1 and row["passed"] == (code == 0)
+    assert "internal error" not in r.err
