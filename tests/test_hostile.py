@@ -716,3 +716,19 @@ def test_0d_tensors_are_compared(run, tmp_path, ext, a, b, code):
     row = r.json()["rows"][0]
     assert row["shapes"] == [[], []] and row["n"] == 1 and row["passed"] == (code == 0)
     assert "internal error" not in r.err
+
+
+@pytest.mark.parametrize("ext", [".npz", ".safetensors"])
+def test_a_tensor_file_without_tensors_is_a_usage_error(run, tmp_path, ext):
+    """Two empty dumps printed '0 of 0 compared tensors within tolerance' and
+    exited 0: a CI check on an engine that wrote nothing passed. A .pt without
+    tensors was already refused; now every format is."""
+    paths = [str(tmp_path / f"{t}{ext}") for t in "ab"]
+    for p in paths:
+        if ext == ".npz":
+            np.savez(p)
+        else:
+            from safetensors.numpy import save_file
+            save_file({}, p)
+    one_line(run("compare", "tensors", *paths), 2, "holds no tensors")
+    one_line(run("compare", "op", "softmax", "--device", "cpu", "--from", paths[0]), 2, "holds no tensors")
