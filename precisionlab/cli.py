@@ -216,10 +216,12 @@ def compare_model(
     threads: ThreadsOpt = None,
 ):
     """A whole model in fp32 vs bf16/fp16: where greedy decoding diverges, and the logit error per step."""
-    from precisionlab import report
+    from precisionlab import inputs, report
     from precisionlab.experiments import model as exp
 
     plot = report.check_plot_path(plot)  # before the run: a bad path must not cost the result
+    inputs.check_given(model, "--model")
+    inputs.check_given(text, "--text")
     if metrics and (layers or dump is not None):
         raise UsageError("--metrics and --layers/--dump are separate runs: give one")
     if layers or dump is not None:
@@ -371,6 +373,8 @@ def compare_op(
 
     inputs.check_tolerance(atol, "--atol")
     inputs.check_tolerance(rtol, "--rtol")
+    for value, what in ((impl, "--impl"), (out_dtype, "--out-dtype"), (from_file, "--from")):
+        inputs.check_given(value, what)
     cfg = exp.CompareOpConfig(op=name, shape=shape, dtypes=dtype, impl=impl, device=device, seed=seed, atol=atol,
                               rtol=rtol, cases=cases, masked=masked, scale=scale, out_dtype=out_dtype,
                               from_file=from_file, threads=threads)
@@ -529,9 +533,10 @@ def kvcache_cmd(
 ):
     """A model (the embedded one, or --model DIR) with its KV cache in fp8 (unit, calibrated or dynamic scales)
     against fp32 and bf16 caches."""
-    from precisionlab import report, report_kvcache
+    from precisionlab import inputs, report, report_kvcache
     from precisionlab.experiments import kvcache as exp
 
+    inputs.check_given(model, "--model")
     cfg = exp.KVCacheConfig(dtypes=dtypes, scales=scales, activation_scale=activation_scale, steps=steps,
                             prompt=prompt, device=device, seed=seed, model=model)
     with report.progress("kvcache", enabled=not json_out) as advance:

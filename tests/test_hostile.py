@@ -732,3 +732,29 @@ def test_a_tensor_file_without_tensors_is_a_usage_error(run, tmp_path, ext):
             save_file({}, p)
     one_line(run("compare", "tensors", *paths), 2, "holds no tensors")
     one_line(run("compare", "op", "softmax", "--device", "cpu", "--from", paths[0]), 2, "holds no tensors")
+
+
+@pytest.mark.parametrize("args,opt", [
+    (["compare", "op", "softmax", "--shape", "2x8", "--device", "cpu", "--impl", ""], "--impl"),
+    (["compare", "op", "softmax", "--shape", "2x8", "--device", "cpu", "--out-dtype", ""], "--out-dtype"),
+    (["compare", "op", "softmax", "--shape", "2x8", "--device", "cpu", "--from", ""], "--from"),
+    (["compare", "model", "--steps", "1", "--model", ""], "--model"),
+    (["compare", "model", "--steps", "1", "--layers", "--model", ""], "--model"),
+    (["compare", "model", "--metrics", "--tokens", "16", "--text", ""], "--text"),
+    (["kvcache", "--steps", "1", "--model", ""], "--model"),
+], ids=lambda a: " ".join(a) if isinstance(a, list) else a)
+def test_an_empty_name_is_refused_not_taken_for_the_default(run, args, opt):
+    """--impl "" ran (and passed) the project's own kernels, --model "" the
+    embedded model, --text "" the shipped text, --from "" random inputs: a
+    script whose variable was unset got a green run of something else."""
+    one_line(run(*args), 2, opt, "empty")
+
+
+@pytest.mark.parametrize("args", [["accumulate", "--device", "cpu", "--from", ""],
+                                  ["softmax", "--device", "cpu", "--from", ""],
+                                  ["compare", "tensors", "", "x.npy"]], ids=lambda a: a[0])
+def test_an_empty_path_is_named_as_such(run, args):
+    """It was 'is a directory, not a file' (Path('') is '.')."""
+    r = run(*args)
+    one_line(r, 2, "empty path")
+    assert "directory" not in r.err
