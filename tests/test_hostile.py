@@ -758,3 +758,9 @@ def test_an_empty_path_is_named_as_such(run, args):
     r = run(*args)
     one_line(r, 2, "empty path")
     assert "directory" not in r.err
+
+
+@pytest.mark.parametrize("blocks", ["", " "])
+def test_formats_empty_blocks_list_exits_2(run, blocks):
+    """--blocks "" ran the default 16,32, where --formats "", --rules "" and --dists "" exit 2."""
+    one_line(run("formats", "--n", "64", "--shape", "4x32x4", "--device", "cpu", "--blocks", blocks), 2, "--blocks")
