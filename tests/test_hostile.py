@@ -764,3 +764,10 @@ def test_an_empty_path_is_named_as_such(run, args):
 def test_formats_empty_blocks_list_exits_2(run, blocks):
     """--blocks "" ran the default 16,32, where --formats "", --rules "" and --dists "" exit 2."""
     one_line(run("formats", "--n", "64", "--shape", "4x32x4", "--device", "cpu", "--blocks", blocks), 2, "--blocks")
+
+
+@pytest.mark.parametrize("scale", ["nan", "inf", "-inf"])
+def test_softmax_scale_must_be_finite(run, scale):
+    """--scale nan turned every random logit into NaN and exited 0 (compare op already refused it)."""
+    one_line(run("softmax", "--rows", "2", "--cols", "8", "--device", "cpu", "--scale", scale), 2, "--scale")
+

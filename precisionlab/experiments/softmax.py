@@ -174,6 +174,8 @@ def _cases(cfg: SoftmaxConfig) -> dict[str, np.ndarray]:
         r, c = cfg.rows, cfg.cols
         if r <= 0 or c <= 0:
             raise UsageError(f"--rows and --cols must be > 0 (got {r} x {c})")
+        if not math.isfinite(cfg.scale):  # nan (or inf) times every logit: no random matrix left to study
+            raise UsageError(f"--scale must be finite (got {cfg.scale})")
         inputs.check_memory(memory.softmax(r, c), f"softmax --rows {r} --cols {c}")
         if cfg.dist not in ("normal", "uniform"):
             raise UsageError(f"--dist must be normal or uniform (got {cfg.dist!r})")
