@@ -771,3 +771,22 @@ def test_softmax_scale_must_be_finite(run, scale):
     """--scale nan turned every random logit into NaN and exited 0 (compare op already refused it)."""
     one_line(run("softmax", "--rows", "2", "--cols", "8", "--device", "cpu", "--scale", scale), 2, "--scale")
 
+
+
+@pytest.mark.parametrize("args,field", [
+    (["softmax", "--values", "1,2", "--device", "cpu", "--methods", "stable", "--dtype", "fp32,fp32,float32"], "dtypes"),
+    (["compare", "op", "softmax", "--shape", "2x8", "--device", "cpu", "--cases", "random", "--dtype",
+      "bf16,bf16,bfloat16"], "dtypes"),
+    (["compare", "model", "--steps", "1", "--dtypes", "bf16,bf16"], "dtypes"),
+    (["compare", "model", "--layers", "--steps", "1", "--dtypes", "bf16,bf16"], "dtypes"),
+], ids=lambda a: " ".join(a[:2]) if isinstance(a, list) else a)
+def test_a_repeated_dtype_runs_once(run, args, field):
+    """Repeats in these lists ran the same work twice and printed every row twice;
+    the other lists (--variants, --accumulators, --sections, ...) already dropped them."""
+    r = run(*args, "--json")
+    assert r.code in (0, 1), r.err
+    d = r.json()
+    assert d["params"][field] in (["fp32"], ["bf16"]), d["params"][field]
+    keys = [json.dumps({k: v for k, v in row.items() if isinstance(v, (str, int, float)) or v is None}, sort_keys=True)
+            for row in d["rows"]]
+    assert len(keys) == len(set(keys)), "repeated rows"

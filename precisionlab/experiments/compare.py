@@ -242,13 +242,11 @@ def _compare_op(cfg: CompareOpConfig, advance) -> CompareResult:
     shape = parse_shape(op, cfg.shape)
     inputs.check_memory(memory.compare_op(op, shape, *op_harness.shapes_used(op, shape)),
                         f"compare op {op} --shape {'x'.join(map(str, shape))}")
-    lows = [formats.get(d) for d in cfg.dtypes.split(",") if d.strip()]
+    lows = formats.parse_list(cfg.dtypes, "--dtype")  # 'bf16,bf16' is one: no repeated rows
     for f in lows:
         if f.name not in ("bf16", "fp16") and f.name not in STORAGE_DTYPES:
             raise UsageError(f"--dtype must be bf16, fp16 or a storage format ({', '.join(STORAGE_DTYPES)}); "
                              f"got {f.name}")
-    if not lows:
-        raise UsageError("empty --dtype")
     if cfg.masked not in ("nan", "zero"):
         raise UsageError(f"--masked must be nan or zero (got {cfg.masked!r})")
     if not (math.isfinite(cfg.scale) and cfg.scale != 0):

@@ -99,12 +99,10 @@ class SoftmaxResult:
 
 
 def run(cfg: SoftmaxConfig, advance=lambda k=1: None) -> SoftmaxResult:
-    dtypes = [formats.get(d) for d in cfg.dtype.split(",") if d.strip()]
+    dtypes = formats.parse_list(cfg.dtype, "--dtype")  # 'fp32,fp32' is one: no repeated rows
     for d in dtypes:
         if d.name not in DTYPES:
             raise UsageError(f"softmax dtype must be one of {', '.join(DTYPES)} (got {d.name})")
-    if not dtypes:
-        raise UsageError("empty --dtype")
     if cfg.masked not in native.MASKED:
         raise UsageError(f"--masked must be nan or zero (got {cfg.masked!r})")
     methods = _parse_methods(cfg.methods)
