@@ -554,6 +554,11 @@ def main() -> None:
     without waiting for the kernel."""
     import threading
 
+    if sys.stderr is None:  # started with fd 2 closed: nowhere to say anything
+        sys.stderr = open(os.devnull, "w")
+    if sys.stdout is None:  # started with fd 1 closed (`precisionlab ... >&-`): no output can be shown
+        sys.stderr.write("precisionlab: stdout is closed; redirect it instead (>/dev/null discards the output)\n")
+        sys.exit(1)
     from precisionlab import report
 
     report.tolerate_unencodable()

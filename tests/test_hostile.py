@@ -790,3 +790,14 @@ def test_a_repeated_dtype_runs_once(run, args, field):
     keys = [json.dumps({k: v for k, v in row.items() if isinstance(v, (str, int, float)) or v is None}, sort_keys=True)
             for row in d["rows"]]
     assert len(keys) == len(set(keys)), "repeated rows"
+
+
+def test_a_closed_stdout_is_one_line_not_a_traceback():
+    """`precisionlab info >&-` ended in a traceback (sys.stdout is None, report's console read its isatty())."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    env.pop("PRECISIONLAB_DEBUG", None)
+    p = subprocess.run([sys.executable, "-m", "precisionlab", "accumulate", "--n", "10", "--device", "cpu"],
+                       stderr=subprocess.PIPE, text=True, env=env, cwd=ROOT, timeout=120,
+                       preexec_fn=lambda: os.close(1))
+    assert p.returncode == 1, p.stderr
+    assert p.stderr.startswith("precisionlab: stdout is closed") and p.stderr.count("\n") == 1, p.stderr
