@@ -801,3 +801,17 @@ def test_a_closed_stdout_is_one_line_not_a_traceback():
                        preexec_fn=lambda: os.close(1))
     assert p.returncode == 1, p.stderr
     assert p.stderr.startswith("precisionlab: stdout is closed") and p.stderr.count("\n") == 1, p.stderr
+
+
+@pytest.mark.parametrize("bad", ["", "   "])
+def test_compare_logits_empty_plot_path_exits_2(run, tmp_path, bad):
+    """compare logits --plot '' ran and drew nothing (exit 0); every other --plot refuses it."""
+    from safetensors.numpy import save_file
+
+    rng = np.random.default_rng(0)
+    files = []
+    for tag in "ab":
+        p = str(tmp_path / f"{tag}.safetensors")
+        save_file({"logits": rng.standard_normal((6, 8)).astype(np.float32), "tokens": np.arange(6, dtype=np.int64)}, p)
+        files.append(p)
+    one_line(run("compare", "logits", *files, "--plot", bad), 2, "--plot")
