@@ -815,3 +815,28 @@ def test_compare_logits_empty_plot_path_exits_2(run, tmp_path, bad):
         save_file({"logits": rng.standard_normal((6, 8)).astype(np.float32), "tokens": np.arange(6, dtype=np.int64)}, p)
         files.append(p)
     one_line(run("compare", "logits", *files, "--plot", bad), 2, "--plot")
+
+
+@pytest.mark.parametrize("op,arrays,bad", [
+    ("rope", {"x": (4, 8), "positions": [0.5, 1, 2, 3]}, "positions"),
+    ("rope", {"x": (4, 8), "positions": [0, float("nan"), 2, 3]}, "positions"),
+    ("rope", {"x": (4, 8), "positions": [0, 1, float("inf"), 1e30]}, "positions"),
+    ("attention", {"q": (2, 8, 4), "k": (2, 8, 4), "v": (2, 8, 4), "kv_start": [float("nan"), 1]}, "kv_start"),
+    ("attention", {"q": (2, 8, 4), "k": (2, 8, 4), "v": (2, 8, 4), "kv_start": [2.0**40, 1]}, "kv_start"),
+])
+def test_integer_inputs_from_a_file_must_be_integers(run, tmp_path, op, arrays, bad):
+    """A float positions/kv_start with NaN, 1.5 or 1e30 was cast to whatever integer
+    the cast gave and the run went on (exit 0)."""
+    rng = np.random.default_rng(0)
+    data = {k: (rng.standard_normal(v).astype(np.float32) if isinstance(v, tuple) else np.array(v, np.float64))
+            for k, v in arrays.items()}
+    np.savez(tmp_path / "in.npz", **data)
+    one_line(run("compare", "op", op, "--device", "cpu", "--from", str(tmp_path / "in.npz")), 2, bad, "integers")
+
+
+def test_integer_inputs_from_a_file_still_work(run, tmp_path):
+    rng = np.random.default_rng(0)
+    np.savez(tmp_path / "in.npz", x=rng.standard_normal((4, 8)).astype(np.float32),
+             positions=np.array([0, 5, 1000, -3], np.float64))
+    r = run("compare", "op", "rope", "--device", "cpu", "--from", str(tmp_path / "in.npz"), "--json")
+    assert r.code in (0, 1), r.err

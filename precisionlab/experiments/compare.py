@@ -367,6 +367,8 @@ def inputs_from_file(op: str, path: str, base: tuple, device: str, seed: int = 0
     args = list(make_inputs(op, parse_shape(op, "x".join(map(str, shape))), seed, device))
     for i, n in enumerate(names):
         if n in pick:
+            if n in _INTEGER_ARGS:
+                _check_integers(path, n, pick[n])
             dt = torch.int64 if n in _INTEGER_ARGS else torch.float32
             if n == "kv_start":
                 dt = torch.int32
@@ -375,6 +377,15 @@ def inputs_from_file(op: str, path: str, base: tuple, device: str, seed: int = 0
                 raise UsageError(f"--from {path}: {n} has shape {tuple(t.shape)}, {op} needs {tuple(args[i].shape)} here")
             args[i] = t
     return tuple(args)
+
+
+def _check_integers(path: str, name: str, v: np.ndarray) -> None:
+    """positions and kv_start are integers (kv_start an int32): a NaN, 1.5 or
+    1e30 from a float file was cast to whatever integer the cast gave."""
+    lim = 2**31 if name == "kv_start" else 2**63
+    if not np.all(np.isfinite(v)) or not np.all(v == np.floor(v)) or (v.size and (v.min() < -lim or v.max() >= lim)):
+        raise UsageError(f"--from {path}: {name} must hold integers in [-2^{lim.bit_length() - 1}, "
+                         f"2^{lim.bit_length() - 1}), got values such as {v.ravel()[:4].tolist()}")
 
 
 @dataclass(frozen=True)
