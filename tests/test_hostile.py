@@ -840,3 +840,10 @@ def test_integer_inputs_from_a_file_still_work(run, tmp_path):
              positions=np.array([0, 5, 1000, -3], np.float64))
     r = run("compare", "op", "rope", "--device", "cpu", "--from", str(tmp_path / "in.npz"), "--json")
     assert r.code in (0, 1), r.err
+
+
+def test_compare_op_shape_and_from_are_one_or_the_other(run, tmp_path):
+    """--shape 8x8 with a 4x8 --from file ran the file's 4x8 and reported shape [8, 8] in params."""
+    np.save(tmp_path / "x.npy", np.ones((4, 8), np.float32))
+    one_line(run("compare", "op", "softmax", "--device", "cpu", "--shape", "8x8", "--from", str(tmp_path / "x.npy")),
+             2, "--shape", "--from")

@@ -239,6 +239,8 @@ def _compare_op(cfg: CompareOpConfig, advance) -> CompareResult:
     op = cfg.op.lower()
     if op not in OPS:
         raise UsageError(f"unknown op {cfg.op!r}; choose from {', '.join(OPS)}")
+    if cfg.shape is not None and cfg.from_file:  # the file's tensors give the shape
+        raise UsageError("--shape and --from: the file's tensors give the shape; give one")
     shape = parse_shape(op, cfg.shape)
     inputs.check_memory(memory.compare_op(op, shape, *op_harness.shapes_used(op, shape)),
                         f"compare op {op} --shape {'x'.join(map(str, shape))}")
