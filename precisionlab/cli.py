@@ -117,8 +117,8 @@ SeedOpt = Annotated[int, typer.Option("--seed", callback=_seed_in_range,
 JsonOpt = Annotated[bool, typer.Option("--json", help="One strict JSON document on stdout (non-finite as strings).")]
 AtolOpt = Annotated[Optional[float], typer.Option("--atol", help="Absolute tolerance (default: torch.testing's for the dtype).")]
 RtolOpt = Annotated[Optional[float], typer.Option("--rtol", help="Relative tolerance (default: torch.testing's for the dtype).")]
-ThreadsOpt = Annotated[Optional[int], typer.Option("--threads", help="CPU threads for torch work (default: sized for "
-                                                   "the work, one for small matrices).")]
+ThreadsOpt = Annotated[Optional[int], typer.Option("--threads", help="CPU threads for torch work, at most 4 per "
+                                                   "core (default: sized for the work, one for small matrices).")]
 
 
 @app.command()
@@ -223,10 +223,12 @@ def compare_model(
     threads: ThreadsOpt = None,
 ):
     """A whole model in fp32 vs bf16/fp16: where greedy decoding diverges, and the logit error per step."""
-    from precisionlab import report
+    from precisionlab import inputs, report
     from precisionlab.experiments import model as exp
 
     plot = report.check_plot_path(plot)  # before the run: a bad path must not cost the result
+    inputs.check_given(model, "--model")
+    inputs.check_given(text, "--text")
     if metrics and (layers or dump is not None):
         raise UsageError("--metrics and --layers/--dump are separate runs: give one")
     if layers or dump is not None:
@@ -378,6 +380,8 @@ def compare_op(
 
     inputs.check_tolerance(atol, "--atol")
     inputs.check_tolerance(rtol, "--rtol")
+    for value, what in ((impl, "--impl"), (out_dtype, "--out-dtype"), (from_file, "--from")):
+        inputs.check_given(value, what)
     cfg = exp.CompareOpConfig(op=name, shape=shape, dtypes=dtype, impl=impl, device=device, seed=seed, atol=atol,
                               rtol=rtol, cases=cases, masked=masked, scale=scale, out_dtype=out_dtype,
                               from_file=from_file, threads=threads)
@@ -536,9 +540,10 @@ def kvcache_cmd(
 ):
     """A model (the embedded one, or --model DIR) with its KV cache in fp8 (unit, calibrated or dynamic scales)
     against fp32 and bf16 caches."""
-    from precisionlab import report, report_kvcache
+    from precisionlab import inputs, report, report_kvcache
     from precisionlab.experiments import kvcache as exp
 
+    inputs.check_given(model, "--model")
     cfg = exp.KVCacheConfig(dtypes=dtypes, scales=scales, activation_scale=activation_scale, steps=steps,
                             prompt=prompt, device=device, seed=seed, model=model)
     with report.progress("kvcache", enabled=not json_out) as advance:
@@ -556,6 +561,11 @@ def main() -> None:
     without waiting for the kernel."""
     import threading
 
+    if sys.stderr is None:  # started with fd 2 closed: nowhere to say anything
+        sys.stderr = open(os.devnull, "w")
+    if sys.stdout is None:  # started with fd 1 closed (`precisionlab ... >&-`): no output can be shown
+        sys.stderr.write("precisionlab: stdout is closed; redirect it instead (>/dev/null discards the output)\n")
+        sys.exit(1)
     from precisionlab import report
 
     report.tolerate_unencodable()

@@ -213,8 +213,8 @@ def get(name: str) -> Format:
     return _lookup()[key]
 
 
-def parse_list(text: str) -> list[Format]:
-    """'bf16,fp32' -> formats, in order, without repeats."""
+def parse_list(text: str, what: str = "dtype") -> list[Format]:
+    """'bf16,fp32' -> formats, in order, without repeats (an alias is its format: 'bf16,bfloat16' is one)."""
     out: list[Format] = []
     for part in text.split(","):
         if part.strip():
@@ -222,5 +222,5 @@ def parse_list(text: str) -> list[Format]:
             if f not in out:
                 out.append(f)
     if not out:
-        raise UsageError("empty dtype list")
+        raise UsageError(f"empty {what} list")
     return out

@@ -31,6 +31,8 @@ def check_regular_file(path: str, what: str) -> Path:
     """The path, once it names a regular file (a symlink to one is fine). A FIFO,
     device or socket is refused before anything opens it: opening a FIFO blocks
     until a writer comes, and /dev/zero never ends."""
+    if not str(path).strip():  # Path("") is ".", a directory: say what is wrong instead
+        raise UsageError(f"{what}: empty path; name a file")
     p = Path(path)
     try:
         st = os.stat(p)  # stat, not open: it never blocks
@@ -45,6 +47,15 @@ def check_regular_file(path: str, what: str) -> Path:
                 else "a device" if stat.S_ISCHR(st.st_mode) or stat.S_ISBLK(st.st_mode) else "not a regular file")
         raise UsageError(f"{what}: {path} is {kind}, not a regular file; give a regular file")
     return p
+
+
+def check_given(value: str | None, what: str) -> str | None:
+    """An option that names something (a file, a model, a function, a format):
+    None when left out; an empty string is refused, never taken for the default
+    (`--impl "$IMPL"` with IMPL unset must not quietly test the built-in kernels)."""
+    if value is not None and not value.strip():
+        raise UsageError(f"{what} is empty; name one or leave the option out")
+    return value
 
 
 def check_tolerance(value: float | None, what: str) -> float | None:

@@ -84,16 +84,20 @@ def open_tensor_file(path: str, void_dtype: str | None = None) -> TensorFile:
         raise UsageError(f"{path}: unsupported extension {ext!r} (use {', '.join(LOADABLE)})")
     try:
         if ext == ".npy":
-            return _open_npy(p, void_dtype)
-        if ext == ".npz":
-            return _open_npz(p, void_dtype)
-        if ext == ".safetensors":
-            return _open_safetensors(p)
-        return _open_pt(p)
+            tf = _open_npy(p, void_dtype)
+        elif ext == ".npz":
+            tf = _open_npz(p, void_dtype)
+        elif ext == ".safetensors":
+            tf = _open_safetensors(p)
+        else:
+            tf = _open_pt(p)
     except UsageError:
         raise
     except Exception as e:
         raise UsageError(f"cannot read {path}: {type(e).__name__}: {_first_line(e)}") from None
+    if not tf.names:  # two empty dumps would otherwise "agree": 0 of 0 compared, exit 0
+        raise UsageError(f"{path}: holds no tensors")
+    return tf
 
 
 # --- .npy / .npz: headers first ------------------------------------------------

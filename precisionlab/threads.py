@@ -42,10 +42,23 @@ def for_work(flops: float) -> int:
     return int(max(1, min(cores(), flops // FLOPS_PER_THREAD)))
 
 
+# --threads above this many per core buys nothing and, far above it, ends the
+# process: torch's OpenMP pool fails to create its threads (`libgomp: Thread
+# creation failed`, exit 1 at 20000 on a 2-core machine) or segfaults (100000).
+MAX_PER_CORE = 4
+
+
+def max_threads() -> int:
+    return MAX_PER_CORE * cores()
+
+
 def check(threads: int | None) -> int | None:
-    """A --threads value: None (choose by size) or at least 1."""
+    """A --threads value: None (choose by size), or 1 ... max_threads()."""
     if threads is not None and threads < 1:
         raise UsageError(f"--threads must be at least 1 (got {threads})")
+    if threads is not None and threads > max_threads():
+        raise UsageError(f"--threads must be at most {max_threads()} ({MAX_PER_CORE} per core, {cores()} "
+                         f"cores here; got {threads})")
     return threads
 
 

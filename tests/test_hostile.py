@@ -669,3 +669,181 @@ def test_columns_sets_the_width_of_a_pipe():
     r = cli(*NARROW["accumulate"], env={"COLUMNS": "40"})
     assert r.code == 0, r.err
     assert max(len(line) for line in r.out.splitlines()) <= 40
+
+
+# ---------------------------------------------------------------------------
+# the audit of hostile option values and files (branch hostile)
+
+
+@pytest.mark.parametrize("args", [
+    ["compare", "op", "softmax", "--shape", "2x8", "--device", "cpu"],
+    ["tf32", "--m", "8", "--n", "8", "--k", "8", "--no-sweep", "--device", "cpu"],
+    ["compare", "model", "--steps", "1"],
+], ids=lambda a: " ".join(a[:2]))
+def test_absurd_threads_exit_2_instead_of_crashing_torch(args):
+    """--threads 100000 segfaulted in torch's OpenMP pool (20000: libgomp's
+    'Thread creation failed', exit 1). A subprocess: the crash would end pytest."""
+    r = cli(*args, "--threads", "100000", timeout=120)
+    assert r.code == 2, (r.code, r.err[-500:])
+    assert r.err.count("\n") == 1 and r.err.startswith("precisionlab: --threads must be at most"), r.err
+
+
+def test_threads_upper_bound_is_per_core():
+    from precisionlab import threads
+    from precisionlab.errors import UsageError
+
+    assert threads.check(threads.max_threads()) == threads.max_threads()
+    with pytest.raises(UsageError, match="at most"):
+        threads.check(threads.max_threads() + 1)
+
+
+@pytest.mark.parametrize("a,b,code", [(1.0, 1.0, 0), (1.0, 2.0, 1), (1.0, float("nan"), 1)])
+@pytest.mark.parametrize("ext", [".npy", ".safetensors"])
+def test_0d_tensors_are_compared(run, tmp_path, ext, a, b, code):
+    """A scalar (0-d) tensor in two dumps ended in 'internal error: TypeError:
+    return arrays must be of ArrayType' (np.subtract of 0-d arrays is a scalar)."""
+    paths = []
+    for tag, v in (("a", a), ("b", b)):
+        p = tmp_path / f"{tag}{ext}"
+        if ext == ".npy":
+            np.save(p, np.float32(v))
+        else:
+            from safetensors.numpy import save_file
+            save_file({"s": np.array(v, np.float32)}, str(p))
+        paths.append(str(p))
+    r = run("compare", "tensors", *paths, "--json")
+    assert r.code == code, (r.code, r.err)
+    row = r.json()["rows"][0]
+    assert row["shapes"] == [[], []] and row["n"] == 1 and row["passed"] == (code == 0)
+    assert "internal error" not in r.err
+
+
+@pytest.mark.parametrize("ext", [".npz", ".safetensors"])
+def test_a_tensor_file_without_tensors_is_a_usage_error(run, tmp_path, ext):
+    """Two empty dumps printed '0 of 0 compared tensors within tolerance' and
+    exited 0: a CI check on an engine that wrote nothing passed. A .pt without
+    tensors was already refused; now every format is."""
+    paths = [str(tmp_path / f"{t}{ext}") for t in "ab"]
+    for p in paths:
+        if ext == ".npz":
+            np.savez(p)
+        else:
+            from safetensors.numpy import save_file
+            save_file({}, p)
+    one_line(run("compare", "tensors", *paths), 2, "holds no tensors")
+    one_line(run("compare", "op", "softmax", "--device", "cpu", "--from", paths[0]), 2, "holds no tensors")
+
+
+@pytest.mark.parametrize("args,opt", [
+    (["compare", "op", "softmax", "--shape", "2x8", "--device", "cpu", "--impl", ""], "--impl"),
+    (["compare", "op", "softmax", "--shape", "2x8", "--device", "cpu", "--out-dtype", ""], "--out-dtype"),
+    (["compare", "op", "softmax", "--shape", "2x8", "--device", "cpu", "--from", ""], "--from"),
+    (["compare", "model", "--steps", "1", "--model", ""], "--model"),
+    (["compare", "model", "--steps", "1", "--layers", "--model", ""], "--model"),
+    (["compare", "model", "--metrics", "--tokens", "16", "--text", ""], "--text"),
+    (["kvcache", "--steps", "1", "--model", ""], "--model"),
+], ids=lambda a: " ".join(a) if isinstance(a, list) else a)
+def test_an_empty_name_is_refused_not_taken_for_the_default(run, args, opt):
+    """--impl "" ran (and passed) the project's own kernels, --model "" the
+    embedded model, --text "" the shipped text, --from "" random inputs: a
+    script whose variable was unset got a green run of something else."""
+    one_line(run(*args), 2, opt, "empty")
+
+
+@pytest.mark.parametrize("args", [["accumulate", "--device", "cpu", "--from", ""],
+                                  ["softmax", "--device", "cpu", "--from", ""],
+                                  ["compare", "tensors", "", "x.npy"]], ids=lambda a: a[0])
+def test_an_empty_path_is_named_as_such(run, args):
+    """It was 'is a directory, not a file' (Path('') is '.')."""
+    r = run(*args)
+    one_line(r, 2, "empty path")
+    assert "directory" not in r.err
+
+
+@pytest.mark.parametrize("blocks", ["", " "])
+def test_formats_empty_blocks_list_exits_2(run, blocks):
+    """--blocks "" ran the default 16,32, where --formats "", --rules "" and --dists "" exit 2."""
+    one_line(run("formats", "--n", "64", "--shape", "4x32x4", "--device", "cpu", "--blocks", blocks), 2, "--blocks")
+
+
+@pytest.mark.parametrize("scale", ["nan", "inf", "-inf"])
+def test_softmax_scale_must_be_finite(run, scale):
+    """--scale nan turned every random logit into NaN and exited 0 (compare op already refused it)."""
+    one_line(run("softmax", "--rows", "2", "--cols", "8", "--device", "cpu", "--scale", scale), 2, "--scale")
+
+
+
+@pytest.mark.parametrize("args,field", [
+    (["softmax", "--values", "1,2", "--device", "cpu", "--methods", "stable", "--dtype", "fp32,fp32,float32"], "dtypes"),
+    (["compare", "op", "softmax", "--shape", "2x8", "--device", "cpu", "--cases", "random", "--dtype",
+      "bf16,bf16,bfloat16"], "dtypes"),
+    (["compare", "model", "--steps", "1", "--dtypes", "bf16,bf16"], "dtypes"),
+    (["compare", "model", "--layers", "--steps", "1", "--dtypes", "bf16,bf16"], "dtypes"),
+], ids=lambda a: " ".join(a[:2]) if isinstance(a, list) else a)
+def test_a_repeated_dtype_runs_once(run, args, field):
+    """Repeats in these lists ran the same work twice and printed every row twice;
+    the other lists (--variants, --accumulators, --sections, ...) already dropped them."""
+    r = run(*args, "--json")
+    assert r.code in (0, 1), r.err
+    d = r.json()
+    assert d["params"][field] in (["fp32"], ["bf16"]), d["params"][field]
+    keys = [json.dumps({k: v for k, v in row.items() if isinstance(v, (str, int, float)) or v is None}, sort_keys=True)
+            for row in d["rows"]]
+    assert len(keys) == len(set(keys)), "repeated rows"
+
+
+def test_a_closed_stdout_is_one_line_not_a_traceback():
+    """`precisionlab info >&-` ended in a traceback (sys.stdout is None, report's console read its isatty())."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    env.pop("PRECISIONLAB_DEBUG", None)
+    p = subprocess.run([sys.executable, "-m", "precisionlab", "accumulate", "--n", "10", "--device", "cpu"],
+                       stderr=subprocess.PIPE, text=True, env=env, cwd=ROOT, timeout=120,
+                       preexec_fn=lambda: os.close(1))
+    assert p.returncode == 1, p.stderr
+    assert p.stderr.startswith("precisionlab: stdout is closed") and p.stderr.count("\n") == 1, p.stderr
+
+
+@pytest.mark.parametrize("bad", ["", "   "])
+def test_compare_logits_empty_plot_path_exits_2(run, tmp_path, bad):
+    """compare logits --plot '' ran and drew nothing (exit 0); every other --plot refuses it."""
+    from safetensors.numpy import save_file
+
+    rng = np.random.default_rng(0)
+    files = []
+    for tag in "ab":
+        p = str(tmp_path / f"{tag}.safetensors")
+        save_file({"logits": rng.standard_normal((6, 8)).astype(np.float32), "tokens": np.arange(6, dtype=np.int64)}, p)
+        files.append(p)
+    one_line(run("compare", "logits", *files, "--plot", bad), 2, "--plot")
+
+
+@pytest.mark.parametrize("op,arrays,bad", [
+    ("rope", {"x": (4, 8), "positions": [0.5, 1, 2, 3]}, "positions"),
+    ("rope", {"x": (4, 8), "positions": [0, float("nan"), 2, 3]}, "positions"),
+    ("rope", {"x": (4, 8), "positions": [0, 1, float("inf"), 1e30]}, "positions"),
+    ("attention", {"q": (2, 8, 4), "k": (2, 8, 4), "v": (2, 8, 4), "kv_start": [float("nan"), 1]}, "kv_start"),
+    ("attention", {"q": (2, 8, 4), "k": (2, 8, 4), "v": (2, 8, 4), "kv_start": [2.0**40, 1]}, "kv_start"),
+])
+def test_integer_inputs_from_a_file_must_be_integers(run, tmp_path, op, arrays, bad):
+    """A float positions/kv_start with NaN, 1.5 or 1e30 was cast to whatever integer
+    the cast gave and the run went on (exit 0)."""
+    rng = np.random.default_rng(0)
+    data = {k: (rng.standard_normal(v).astype(np.float32) if isinstance(v, tuple) else np.array(v, np.float64))
+            for k, v in arrays.items()}
+    np.savez(tmp_path / "in.npz", **data)
+    one_line(run("compare", "op", op, "--device", "cpu", "--from", str(tmp_path / "in.npz")), 2, bad, "integers")
+
+
+def test_integer_inputs_from_a_file_still_work(run, tmp_path):
+    rng = np.random.default_rng(0)
+    np.savez(tmp_path / "in.npz", x=rng.standard_normal((4, 8)).astype(np.float32),
+             positions=np.array([0, 5, 1000, -3], np.float64))
+    r = run("compare", "op", "rope", "--device", "cpu", "--from", str(tmp_path / "in.npz"), "--json")
+    assert r.code in (0, 1), r.err
+
+
+def test_compare_op_shape_and_from_are_one_or_the_other(run, tmp_path):
+    """--shape 8x8 with a 4x8 --from file ran the file's 4x8 and reported shape [8, 8] in params."""
+    np.save(tmp_path / "x.npy", np.ones((4, 8), np.float32))
+    one_line(run("compare", "op", "softmax", "--device", "cpu", "--shape", "8x8", "--from", str(tmp_path / "x.npy")),
+             2, "--shape", "--from")

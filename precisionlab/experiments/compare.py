@@ -239,16 +239,16 @@ def _compare_op(cfg: CompareOpConfig, advance) -> CompareResult:
     op = cfg.op.lower()
     if op not in OPS:
         raise UsageError(f"unknown op {cfg.op!r}; choose from {', '.join(OPS)}")
+    if cfg.shape is not None and cfg.from_file:  # the file's tensors give the shape
+        raise UsageError("--shape and --from: the file's tensors give the shape; give one")
     shape = parse_shape(op, cfg.shape)
     inputs.check_memory(memory.compare_op(op, shape, *op_harness.shapes_used(op, shape)),
                         f"compare op {op} --shape {'x'.join(map(str, shape))}")
-    lows = [formats.get(d) for d in cfg.dtypes.split(",") if d.strip()]
+    lows = formats.parse_list(cfg.dtypes, "--dtype")  # 'bf16,bf16' is one: no repeated rows
     for f in lows:
         if f.name not in ("bf16", "fp16") and f.name not in STORAGE_DTYPES:
             raise UsageError(f"--dtype must be bf16, fp16 or a storage format ({', '.join(STORAGE_DTYPES)}); "
                              f"got {f.name}")
-    if not lows:
-        raise UsageError("empty --dtype")
     if cfg.masked not in ("nan", "zero"):
         raise UsageError(f"--masked must be nan or zero (got {cfg.masked!r})")
     if not (math.isfinite(cfg.scale) and cfg.scale != 0):
@@ -369,6 +369,8 @@ def inputs_from_file(op: str, path: str, base: tuple, device: str, seed: int = 0
     args = list(make_inputs(op, parse_shape(op, "x".join(map(str, shape))), seed, device))
     for i, n in enumerate(names):
         if n in pick:
+            if n in _INTEGER_ARGS:
+                _check_integers(path, n, pick[n])
             dt = torch.int64 if n in _INTEGER_ARGS else torch.float32
             if n == "kv_start":
                 dt = torch.int32
@@ -377,6 +379,15 @@ def inputs_from_file(op: str, path: str, base: tuple, device: str, seed: int = 0
                 raise UsageError(f"--from {path}: {n} has shape {tuple(t.shape)}, {op} needs {tuple(args[i].shape)} here")
             args[i] = t
     return tuple(args)
+
+
+def _check_integers(path: str, name: str, v: np.ndarray) -> None:
+    """positions and kv_start are integers (kv_start an int32): a NaN, 1.5 or
+    1e30 from a float file was cast to whatever integer the cast gave."""
+    lim = 2**31 if name == "kv_start" else 2**63
+    if not np.all(np.isfinite(v)) or not np.all(v == np.floor(v)) or (v.size and (v.min() < -lim or v.max() >= lim)):
+        raise UsageError(f"--from {path}: {name} must hold integers in [-2^{lim.bit_length() - 1}, "
+                         f"2^{lim.bit_length() - 1}), got values such as {v.ravel()[:4].tolist()}")
 
 
 @dataclass(frozen=True)

@@ -55,7 +55,7 @@ class FormatsResult:
 
 
 def _parse_blocks(text: str | None) -> list[int]:
-    if not text:
+    if text is None:  # left out; "" is an empty list, refused below like --formats ""
         return [16, 32]
     out = []
     for part in text.split(","):

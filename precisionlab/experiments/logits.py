@@ -320,7 +320,7 @@ class LogitsConfig:
 
 def compare_files(cfg: LogitsConfig, advance=lambda k=1: None) -> LogitsResult:
     check_gates(cfg.max_kld, cfg.min_top1)
-    if cfg.plot:
+    if cfg.plot is not None:  # "" too: refused as an empty path, never taken for "no plot"
         check_output_path(cfg.plot, "--plot")
         if os.path.realpath(cfg.plot) in {os.path.realpath(cfg.ref), os.path.realpath(cfg.yours)}:
             raise UsageError("--plot would overwrite an input file")

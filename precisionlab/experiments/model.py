@@ -333,7 +333,7 @@ def _run(cfg: ModelConfig, advance) -> ModelResult:
         raise UsageError(f"--steps must be > 0 (got {cfg.steps})")
     if not cfg.prompt:
         raise UsageError("--prompt is empty: greedy decoding needs at least one token to start from")
-    lows = [d.strip() for d in cfg.dtypes.split(",") if d.strip()]
+    lows = list(dict.fromkeys(d.strip() for d in cfg.dtypes.split(",") if d.strip()))  # no repeated rows
     if not lows or any(d not in LOW_DTYPES for d in lows):
         raise UsageError(f"--dtypes must be a comma list of {', '.join(LOW_DTYPES)} (got {cfg.dtypes!r})")
     device = _device(cfg.device)

@@ -99,12 +99,10 @@ class SoftmaxResult:
 
 
 def run(cfg: SoftmaxConfig, advance=lambda k=1: None) -> SoftmaxResult:
-    dtypes = [formats.get(d) for d in cfg.dtype.split(",") if d.strip()]
+    dtypes = formats.parse_list(cfg.dtype, "--dtype")  # 'fp32,fp32' is one: no repeated rows
     for d in dtypes:
         if d.name not in DTYPES:
             raise UsageError(f"softmax dtype must be one of {', '.join(DTYPES)} (got {d.name})")
-    if not dtypes:
-        raise UsageError("empty --dtype")
     if cfg.masked not in native.MASKED:
         raise UsageError(f"--masked must be nan or zero (got {cfg.masked!r})")
     methods = _parse_methods(cfg.methods)
@@ -174,6 +172,8 @@ def _cases(cfg: SoftmaxConfig) -> dict[str, np.ndarray]:
         r, c = cfg.rows, cfg.cols
         if r <= 0 or c <= 0:
             raise UsageError(f"--rows and --cols must be > 0 (got {r} x {c})")
+        if not math.isfinite(cfg.scale):  # nan (or inf) times every logit: no random matrix left to study
+            raise UsageError(f"--scale must be finite (got {cfg.scale})")
         inputs.check_memory(memory.softmax(r, c), f"softmax --rows {r} --cols {c}")
         if cfg.dist not in ("normal", "uniform"):
             raise UsageError(f"--dist must be normal or uniform (got {cfg.dist!r})")

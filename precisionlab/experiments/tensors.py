@@ -176,7 +176,7 @@ def pair_stats(a: np.ndarray, b: np.ndarray, fmt_a: str | None, fmt_b: str | Non
     n = a.size
     if all_finite:
         both, bad = None, None
-        d = np.subtract(a, b)
+        d = np.subtract(a, b, out=np.empty(a.shape))  # an array for 0-d tensors too (subtract gives a scalar)
         np.abs(d, out=d)
         av, bv, dv, rv = a.ravel(), b.ravel(), d.ravel(), ref.ravel()
     else:
