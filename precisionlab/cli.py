@@ -7,6 +7,7 @@ Errors are one line on stderr; PRECISIONLAB_DEBUG=1 shows the traceback.
 
 from __future__ import annotations
 
+import errno
 import os
 import sys
 from typing import Annotated, Optional
@@ -167,8 +168,10 @@ def softmax(
     values: Annotated[Optional[str], typer.Option("--values", help="Logits, comma-separated; rows separated by ';'.")] = None,
     rows: Annotated[Optional[int], typer.Option("--rows", help="Random matrix rows.")] = None,
     cols: Annotated[Optional[int], typer.Option("--cols", help="Random matrix columns.")] = None,
-    dist: Annotated[str, typer.Option("--dist", help="Random logits: normal | uniform.")] = "normal",
-    scale: Annotated[float, typer.Option("--scale", help="Multiply random logits by this.")] = 1.0,
+    dist: Annotated[Optional[str], typer.Option("--dist", help="Random logits (--rows/--cols): normal (default) | "
+                                                "uniform.")] = None,
+    scale: Annotated[Optional[float], typer.Option("--scale", help="Multiply random logits (--rows/--cols) by this "
+                                                   "(default 1).")] = None,
     from_file: Annotated[Optional[str], typer.Option("--from", help="Logits from a 2-D .npy file.")] = None,
     device: DeviceOpt = "auto",
     seed: SeedOpt = 0,
@@ -637,8 +640,15 @@ def _run() -> int:
             first = (str(e).strip().splitlines() or [type(e).__name__])[0]
             _fail(f"out of memory: {first[:200]} (the memory estimate made before the run fit; free memory or "
                   "choose smaller sizes)", 1)
+        if isinstance(e, OSError) and e.errno in _SYSTEM_ERRNOS:  # the system refused, not a bug
+            _fail(f"{e.strerror}{f': {e.filename}' if e.filename else ''}", 1)
         _fail(f"internal error: {type(e).__name__}: {e} (PRECISIONLAB_DEBUG=1 shows the traceback)", 1)
     return rc if isinstance(rc, int) else 0
+
+
+# What a write to a full disk, a failing device or past a size limit raises
+# (`precisionlab ... > /dev/full`): a failed run, said as the system says it.
+_SYSTEM_ERRNOS = {errno.ENOSPC, errno.EIO, errno.EDQUOT, errno.EFBIG, errno.EROFS}
 
 
 def _out_of_memory(e: BaseException) -> bool:

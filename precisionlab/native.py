@@ -367,7 +367,9 @@ def gpu_status() -> GpuStatus:
     if status == OK:
         return GpuStatus(count.value, "")
     if status in (NO_DEVICE, NO_CUDA):
-        return GpuStatus(0, lib.pl_last_error().decode(errors="replace"))
+        # the reason users read ("no usable CUDA driver or device (...)"), without the C function's name
+        reason = lib.pl_last_error().decode(errors="replace")
+        return GpuStatus(0, reason.removeprefix("pl_cuda_device_count: "))
     raise _error("pl_cuda_device_count", status)
 
 

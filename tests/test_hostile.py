@@ -847,3 +847,20 @@ def test_compare_op_shape_and_from_are_one_or_the_other(run, tmp_path):
     np.save(tmp_path / "x.npy", np.ones((4, 8), np.float32))
     one_line(run("compare", "op", "softmax", "--device", "cpu", "--shape", "8x8", "--from", str(tmp_path / "x.npy")),
              2, "--shape", "--from")
+
+
+def test_a_full_disk_is_a_failed_run_said_as_the_system_says_it():
+    if not os.path.exists("/dev/full"):
+        pytest.skip("no /dev/full here")
+    p = subprocess.run(f"{sys.executable} -m precisionlab accumulate --n 10 > /dev/full", shell=True,
+                       capture_output=True, text=True, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)},
+                       timeout=120)
+    one_line(Result(p.returncode, p.stdout, p.stderr), 1, "No space left on device")
+
+
+def test_no_gpu_is_exit_3_without_the_c_functions_name():
+    from precisionlab import native
+
+    if native.gpu_status().count:
+        pytest.skip("a GPU is present")
+    one_line(cli("softmax", "--device", "cuda"), 3, "no CUDA GPU available")

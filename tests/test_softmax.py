@@ -245,6 +245,8 @@ def test_from_file(tmp_path):
     ["--methods", "magic"],
     ["--masked", "maybe"],
     ["--dist", "cauchy", "--rows", "2", "--cols", "2"],
+    ["--values", "1,2,3", "--scale", "2"],  # --scale and --dist shape random logits only: never ignored
+    ["--dist", "uniform"],
 ])
 def test_bad_input_exits_2(args):
     r = cli("softmax", *args)

@@ -82,8 +82,8 @@ class SoftmaxConfig:
     values: str | None = None
     rows: int | None = None
     cols: int | None = None
-    dist: str = "normal"
-    scale: float = 1.0
+    dist: str | None = None    # random logits (--rows/--cols) only; None: normal
+    scale: float | None = None  # random logits only; None: 1
     from_file: str | None = None
     device: str = "auto"
     seed: int = 0
@@ -134,8 +134,8 @@ def run(cfg: SoftmaxConfig, advance=lambda k=1: None) -> SoftmaxResult:
                     out.append(evaluate(case, x, fmt, bug, dev, cfg.masked, kind="bug", bug=bug))
     return SoftmaxResult(
         params={"dtypes": [d.name for d in dtypes], "variants": methods, "masked": cfg.masked, "device": cfg.device,
-                "seed": cfg.seed, "cases": list(cases), "rows": cfg.rows, "cols": cfg.cols, "dist": cfg.dist,
-                "scale": cfg.scale},
+                "seed": cfg.seed, "cases": list(cases), "rows": cfg.rows, "cols": cfg.cols, "dist": cfg.dist or "normal",
+                "scale": 1.0 if cfg.scale is None else cfg.scale},
         rows=out,
         takeaways=takeaways(out, cases, dtypes, cfg.masked),
         devices=plan.describe(),
@@ -161,6 +161,10 @@ def _cases(cfg: SoftmaxConfig) -> dict[str, np.ndarray]:
     matrix = cfg.rows is not None or cfg.cols is not None
     if [cfg.values is not None, matrix, cfg.from_file is not None].count(True) > 1:
         raise UsageError("choose one of --values, --rows/--cols and --from")
+    shaping = [o for o, v in (("--dist", cfg.dist), ("--scale", cfg.scale)) if v is not None]
+    if shaping and not matrix:  # they would be ignored: say so rather than run something else
+        raise UsageError(f"{' and '.join(shaping)} shape random logits: they need --rows/--cols")
+    dist, scale = cfg.dist or "normal", 1.0 if cfg.scale is None else cfg.scale
     if cfg.values is not None:
         rows = [inputs.parse_values(r) for r in cfg.values.split(";")]
         if len({r.size for r in rows}) != 1:
@@ -172,14 +176,14 @@ def _cases(cfg: SoftmaxConfig) -> dict[str, np.ndarray]:
         r, c = cfg.rows, cfg.cols
         if r <= 0 or c <= 0:
             raise UsageError(f"--rows and --cols must be > 0 (got {r} x {c})")
-        if not math.isfinite(cfg.scale):  # nan (or inf) times every logit: no random matrix left to study
-            raise UsageError(f"--scale must be finite (got {cfg.scale})")
+        if not math.isfinite(scale):  # nan (or inf) times every logit: no random matrix left to study
+            raise UsageError(f"--scale must be finite (got {scale})")
         inputs.check_memory(memory.softmax(r, c), f"softmax --rows {r} --cols {c}")
-        if cfg.dist not in ("normal", "uniform"):
-            raise UsageError(f"--dist must be normal or uniform (got {cfg.dist!r})")
+        if dist not in ("normal", "uniform"):
+            raise UsageError(f"--dist must be normal or uniform (got {dist!r})")
         rng = np.random.default_rng(cfg.seed)
-        x = rng.standard_normal((r, c)) if cfg.dist == "normal" else rng.random((r, c))
-        return {f"random {r}x{c}": x * cfg.scale}
+        x = rng.standard_normal((r, c)) if dist == "normal" else rng.random((r, c))
+        return {f"random {r}x{c}": x * scale}
     if cfg.from_file is not None:
         x = inputs.load_npy(cfg.from_file, ndim=2, bytes_per_value=memory.SOFTMAX_PER_ELEMENT)
         return {"file": x}
