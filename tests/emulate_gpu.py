@@ -196,8 +196,9 @@ def _block_allreduce(m, s):
     return m[0], s[0]
 
 
-def softmax_cluster_plan(cols: int, elem_bytes: int) -> tuple[int, int, int, int]:
-    """(cluster C, piece vectors, vectors a thread, threads), or None to fall back."""
+def softmax_cluster_plan(cols: int, elem_bytes: int, max_cluster: int = 16) -> tuple[int, int, int, int]:
+    """(cluster C, piece vectors, vectors a thread, threads), or None to fall
+    back; max_cluster: 16, or 8 on a device that cannot schedule 16."""
     n = 16 // elem_bytes
     if cols % n:
         return None
@@ -208,7 +209,7 @@ def softmax_cluster_plan(cols: int, elem_bytes: int) -> tuple[int, int, int, int
 
     nvec = cols // n
     for max_threads in (512, 1024):
-        for c in (2, 4, 8, 16):
+        for c in (c for c in (2, 4, 8, 16) if c <= max_cluster):
             piece = -(-nvec // c)
             vpt = vpt_for(piece, max_threads)
             if vpt:
@@ -217,12 +218,13 @@ def softmax_cluster_plan(cols: int, elem_bytes: int) -> tuple[int, int, int, int
     return None
 
 
-def softmax_cluster_row(x: np.ndarray, storage, masked: str = "nan") -> tuple[np.ndarray, np.float32]:
+def softmax_cluster_row(x: np.ndarray, storage, masked: str = "nan",
+                        max_cluster: int = 16) -> tuple[np.ndarray, np.float32]:
     """One row of stored logits (its storage type) through version 5: (y in the
     storage type, lse in fp32)."""
     elem = np.dtype(storage).itemsize
     n = 16 // elem
-    c, piece, vpt, threads = softmax_cluster_plan(x.size, elem)
+    c, piece, vpt, threads = softmax_cluster_plan(x.size, elem, max_cluster)
     v = x.astype(F32).reshape(-1, n)  # the row's vectors, widened exactly
     nvec = v.shape[0]
     pairs, keep = [], []

@@ -217,3 +217,49 @@ def test_fallbacks_are_right(cols, dtype, variant):
 def test_bf16_storage_rounding_is_the_formats():
     # the emulation's stores round as ml_dtypes does: a sanity check of the replay's last step
     assert np.float32(ml_dtypes.bfloat16(np.float32(1 + 2 ** -8))) == 1.0
+
+
+FALLBACK_CHILD = """
+import json, sys
+import numpy as np
+sys.path.insert(0, "tests")
+import emulate_gpu
+from test_softmax import NP, run
+from precisionlab import formats, native
+
+out = {}
+for cols, dtype in ((151936, "bf16"), (262144, "fp32")):
+    plan = native.softmax_cuda_plan(2, cols, formats.get(dtype).code, "single_pass", 132)
+    x = np.random.default_rng(cols).standard_normal((2, cols)) * 4.0
+    x[1, : cols // 3] = -np.inf
+    y, lse, s = run(x, dtype, "single_pass", device="cuda")
+    want = [emulate_gpu.softmax_cluster_row(r.astype(NP[dtype]), NP[dtype], "nan", max_cluster=8) for r in s]
+    same = all(np.array_equal(y[i], want[i][0].astype(np.float64)) and np.float32(lse[i]) == want[i][1]
+               for i in range(2))
+    out[f"{cols} {dtype}"] = {"plan": plan, "bits_equal": bool(same)}
+print(json.dumps(out))
+"""
+
+
+@gpu
+@pytest.mark.emulator
+def test_a_device_without_clusters_of_16_falls_back_to_8_at_1024_threads():
+    # where cudaOccupancyMaxActiveClusters says no cluster of 16 fits (the
+    # emulator plays such a device under PL_EMU_MAX_CLUSTER=8), long rows take
+    # clusters of 8 at the 1024-thread tiers, bit for bit as the replay says
+    import json
+    import os
+    import subprocess
+    import sys
+
+    from helpers import ROOT
+
+    env = dict(os.environ, PL_EMU_MAX_CLUSTER="8", PYTHONPATH=str(ROOT))
+    p = subprocess.run([sys.executable, "-c", FALLBACK_CHILD], capture_output=True, text=True, env=env, cwd=ROOT,
+                       timeout=600)
+    assert p.returncode == 0, p.stderr[-2000:]
+    got = json.loads(p.stdout.strip().splitlines()[-1])
+    for key, (c, vpt, threads) in {"151936 bf16": (8, 4, 608), "262144 fp32": (8, 8, 1024)}.items():
+        assert got[key]["plan"] == {"variant": "cluster", "kernel": 5, "vpt": vpt, "threads": threads,
+                                    "rows_per_block": 1, "cluster": c}, got
+        assert got[key]["bits_equal"], key

@@ -32,6 +32,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <functional>
 #include <utility>
@@ -105,7 +106,8 @@ cudaError_t func_get_attributes(cudaFuncAttributes* a, F*) {
 }
 // cudaOccupancyMaxActiveClusters (renamed by translate.py): the emulated
 // sm_90 schedules any cluster a launch would accept (8 blocks, 16 with the
-// non-portable attribute), one at a time.
+// non-portable attribute), one at a time; PL_EMU_MAX_CLUSTER=8 in the
+// environment plays a device that cannot schedule 16 (the fallback's test).
 bool cluster_size_allowed(const void* kernel, unsigned blocks);
 template <typename F>
 cudaError_t occupancy_max_active_clusters(int* n, F* kernel, const cudaLaunchConfig_t* cfg) {
@@ -113,7 +115,9 @@ cudaError_t occupancy_max_active_clusters(int* n, F* kernel, const cudaLaunchCon
     for (unsigned i = 0; i < cfg->numAttrs; ++i)
         if (cfg->attrs[i].id == cudaLaunchAttributeClusterDimension)
             blocks = cfg->attrs[i].val.clusterDim.x * cfg->attrs[i].val.clusterDim.y * cfg->attrs[i].val.clusterDim.z;
-    *n = cluster_size_allowed(reinterpret_cast<const void*>(kernel), blocks) ? 1 : 0;
+    const char* most = std::getenv("PL_EMU_MAX_CLUSTER");
+    const bool schedulable = !most || blocks <= (unsigned)std::atoi(most);
+    *n = schedulable && cluster_size_allowed(reinterpret_cast<const void*>(kernel), blocks) ? 1 : 0;
     return cudaSuccess;
 }
 // Exchange 8 bytes within the current warp: every lane offers `mine` and
