@@ -10,6 +10,7 @@ from __future__ import annotations
 import itertools
 import math
 from dataclasses import dataclass
+from fractions import Fraction
 
 import numpy as np
 
@@ -66,29 +67,54 @@ def _chunked(v: np.ndarray, size: int = 1 << 20):
     return itertools.chain.from_iterable(v[i:i + size].tolist() for i in range(0, v.size, size))
 
 
-def abs_error(result: float, exact: float) -> float:
+def abs_error(result: float, exact: float, exact_q: Fraction | None = None) -> float:
+    """|result - exact|, correctly rounded. exact is a double; exact_q, when
+    given, is the exact value it rounds (a sum's exact rational value): the
+    error is then measured against that, not against its rounding, so a
+    result equal to the rounded double still shows its true error."""
     if math.isnan(result) or math.isnan(exact):
         return math.nan
     if math.isinf(result) or math.isinf(exact):
         return 0.0 if result == exact else math.inf
+    if exact_q is not None:
+        return float(abs(Fraction(result) - exact_q))
     return abs(result - exact)
 
 
-def rel_error(result: float, exact: float) -> float:
-    err = abs_error(result, exact)
+def rel_error(result: float, exact: float, exact_q: Fraction | None = None) -> float:
+    err = abs_error(result, exact, exact_q)
     if math.isnan(err) or err == 0.0:
         return err
-    if math.isinf(exact):
+    if math.isinf(exact) or math.isinf(err):
         return math.inf
+    if exact_q is not None:
+        return float(abs(Fraction(result) - exact_q) / abs(exact_q)) if exact_q != 0 else math.inf
     return err / abs(exact) if exact != 0.0 else math.inf
 
 
-def ulp_error(result: float, exact: float, fmt: Format) -> float:
-    """|result - exact| in units of fmt's spacing at the exact value."""
-    err = abs_error(result, exact)
+def ulp_error(result: float, exact: float, fmt: Format, exact_q: Fraction | None = None) -> float:
+    """|result - exact| in units of fmt's spacing at the exact value (with
+    exact_q: in the binade of the exact value itself, which its rounding to a
+    double can carry up to the next power of two)."""
+    err = abs_error(result, exact, exact_q)
     if math.isnan(err) or math.isinf(err) or err == 0.0:
         return err
+    if exact_q is not None:
+        return float(abs(Fraction(result) - exact_q) / spacing_exact(exact_q, fmt))
     return err / float(fmt.spacing(exact))
+
+
+def floor_log2(q: Fraction) -> int:
+    """floor(log2 |q|) of a non-zero rational, exactly."""
+    q = abs(q)
+    e = q.numerator.bit_length() - q.denominator.bit_length()
+    return e - 1 if Fraction(2) ** e > q else e
+
+
+def spacing_exact(q: Fraction, fmt: Format) -> Fraction:
+    """fmt's spacing in the binade of the exact value q (Format.spacing, exactly)."""
+    e = fmt.emin if q == 0 else max(floor_log2(q), fmt.emin)
+    return Fraction(2) ** (e - fmt.precision + 1)
 
 
 # ---------------------------------------------------------------------------
