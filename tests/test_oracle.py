@@ -60,3 +60,39 @@ def test_accumulate_errors_are_against_the_exact_sum_not_its_double(values):
         assert row["ulps"] == float(err / binade_spacing(exact, p, emin))
         checked += 1
     assert checked == 6
+
+
+def _softmax_rows(values: str, *extra: str) -> list[dict]:
+    doc = cli("softmax", f"--values={values}", "--variants", "stable,online", "--device", "cpu", *extra, "--json")
+    assert doc.code == 0, doc.err
+    return doc.json()["rows"]
+
+
+def test_softmax_row_sum_error_is_the_exact_sums_distance_from_one():
+    # fp32 softmax of [20, -20] sums to 1 - 4.2e-18 exactly: the sum's double is
+    # 1.0, and row_sum_error once printed 0.0.
+    for row in _softmax_rows("20,-20"):
+        total = sum((Fraction(p) for p in row["output"]), Fraction(0))
+        assert total != 1
+        assert row["row_sum_error"] == float(abs(total - 1))
+
+
+def test_softmax_lse_error_against_an_accurate_log_sum_exp():
+    # lse of [-104, 0] is log(1 + e^-104) = 6.8e-46; the kernel's fp32 lse is 0,
+    # and a float64 m + log(s) reference is 0 too, so the error printed 0.0.
+    import mpmath as mp
+
+    mp.mp.prec = 200
+    true_lse = mp.log(1 + mp.exp(-104))
+    for row in _softmax_rows("-104,0"):
+        assert row["lse"] == 0.0
+        # the reference is float64 (exp and log1p each within an ulp): 1e-12 relative
+        assert row["lse_max_abs_error"] == pytest.approx(float(abs(mp.mpf(row["lse"]) - true_lse)), rel=1e-12, abs=0)
+
+
+def test_softmax_masked_row_under_zero_policy_has_lse_error_zero():
+    # --masked zero: an all -inf row has log-sum-exp -inf, and the kernel's -inf
+    # is exactly that: error 0, not NaN (-inf minus -inf).
+    for row in _softmax_rows("-inf,-inf,-inf", "--masked", "zero"):
+        assert row["lse"] == "-inf"
+        assert row["lse_max_abs_error"] == 0.0
