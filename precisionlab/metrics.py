@@ -222,3 +222,90 @@ def default_tolerances(fmt: Format) -> tuple[float, float]:
 
     rtol, atol = torch_defaults(torch.empty(0, dtype=fmt.torch_dtype))
     return float(rtol), float(atol)
+
+
+# ---------------------------------------------------------------------------
+# norms and dot products, exactly: rel-L2 and cosine to the last bit, with no
+# overflow or underflow of the squares (float64 norms of 1e200 are inf, of
+# 1e-200 are 0)
+
+
+def _scaled(arrays: list[np.ndarray]) -> tuple[list[np.ndarray], int]:
+    """The arrays times 2^-k, their largest magnitude in [0.5, 1): exact for
+    every element but those 2^-1022 below the largest (negligible far past
+    2^-106 in any sum of squares or products they enter)."""
+    amax = max((float(np.max(np.abs(a))) if a.size else 0.0) for a in arrays)
+    k = math.frexp(amax)[1] if amax > 0 else 0
+    return [np.ldexp(a, -k) for a in arrays], k
+
+
+def _two_product(x: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """hi + lo = x * y exactly (Dekker), for |x|, |y| <= 2 and products above 2^-969."""
+    p = x * y
+    c = 134217729.0  # 2^27 + 1
+    t = c * x
+    xh = t - (t - x)
+    xl = x - xh
+    t = c * y
+    yh = t - (t - y)
+    yl = y - yh
+    return p, ((xh * yh - p) + xh * yl + xl * yh) + xl * yl
+
+
+def _exact_total(parts: list[np.ndarray]) -> Fraction:
+    """The exact sum of every element of every part, as a rational."""
+    from precisionlab import native
+
+    total = Fraction(0)
+    for part in parts:
+        terms, special = native.exact_sum_terms(part)
+        if special != 0:  # not expected after scaling; stay exact all the same
+            terms = part.tolist()
+        total += sum(map(Fraction, terms), Fraction(0))
+    return total
+
+
+def exact_dot(x: np.ndarray, y: np.ndarray) -> Fraction:
+    """sum(x * y) of finite float64 arrays, exactly."""
+    xs, kx = _scaled([x.ravel()])
+    ys, ky = _scaled([y.ravel()])
+    hi, lo = _two_product(xs[0], ys[0])
+    return _exact_total([hi, lo]) * Fraction(2) ** (kx + ky)
+
+
+def exact_sum_squares_of_difference(a: np.ndarray, b: np.ndarray) -> Fraction:
+    """sum((a - b)^2) of finite float64 arrays, exactly: each difference as
+    TwoSum's dh + dl, and (dh + dl)^2 = dh^2 + 2 dh dl + dl^2, each product exact."""
+    (sa, sb), k = _scaled([a.ravel(), b.ravel()])
+    dh = sa - sb
+    bb = dh - sa
+    dl = (sa - (dh - bb)) + (-sb - bb)
+    parts = []
+    for x, y, w in ((dh, dh, 1.0), (dh, dl, 2.0), (dl, dl, 1.0)):
+        hi, lo = _two_product(x, y)
+        parts += [hi * w, lo * w]
+    return _exact_total(parts) * Fraction(4) ** k
+
+
+def sqrt_to_float(q: Fraction) -> float:
+    """The correctly rounded double of sqrt(q), q >= 0 rational (inf past the range)."""
+    if q == 0:
+        return 0.0
+    n, d = q.numerator, q.denominator
+    e = n.bit_length() - d.bit_length()
+    shift = 2 * (64 - e // 2)  # even: sqrt(q * 2^shift) has about 64 bits
+    num, den = (n << shift, d) if shift >= 0 else (n, d << -shift)
+    scaled, rem = divmod(num, den)
+    r = math.isqrt(scaled)
+    exact = rem == 0 and r * r == scaled
+    # r has >= 63 bits: r + 1/2 stands in for an inexact root (never a midpoint of 53 bits)
+    value = Fraction(2 * r + (0 if exact else 1), 2) / Fraction(2) ** (shift // 2)
+    try:
+        return float(value)
+    except OverflowError:
+        return math.inf
+
+
+def sqrt_ratio(num: Fraction, den: Fraction) -> float:
+    """sqrt(num / den) correctly rounded; den > 0."""
+    return sqrt_to_float(num / den)

@@ -180,10 +180,27 @@ def _open_safetensors(p: Path) -> TensorFile:
             recorded = True
 
     def get(name):
+        if dtypes[name] in _ST_RAW:  # safetensors' numpy side has no fp8: its bytes, viewed through ml_dtypes
+            return _safetensors_raw(p, name, _NP_DTYPES[dtypes[name]])
         with safe_open(str(p), framework="numpy") as f:
             return f.get_tensor(name)
 
     return TensorFile(str(p), names, shapes, dtypes, recorded, meta, get)
+
+
+_ST_RAW = ("float8_e4m3fn", "float8_e5m2")
+
+
+def _safetensors_raw(p: Path, name: str, dtype: np.dtype) -> np.ndarray:
+    """One tensor's bytes from the file (8-byte little-endian header length,
+    the JSON header, then the data at its offsets), as `dtype`."""
+    with open(p, "rb") as fh:
+        n = int.from_bytes(fh.read(8), "little")
+        info = json.loads(fh.read(n))[name]
+        start, end = info["data_offsets"]
+        fh.seek(8 + n + start)
+        data = fh.read(end - start)
+    return np.frombuffer(data, dtype=dtype).reshape(info["shape"]).copy()
 
 
 # --- .pt -----------------------------------------------------------------------------

@@ -96,3 +96,86 @@ def test_softmax_masked_row_under_zero_policy_has_lse_error_zero():
     for row in _softmax_rows("-inf,-inf,-inf", "--masked", "zero"):
         assert row["lse"] == "-inf"
         assert row["lse_max_abs_error"] == 0.0
+
+
+def _compare_files(tmp_path, a, b, ext="npy"):
+    import numpy as np
+
+    if ext == "npy":
+        np.save(tmp_path / "a.npy", a)
+        np.save(tmp_path / "b.npy", b)
+    else:
+        from safetensors.numpy import save_file
+
+        save_file({"t": a}, str(tmp_path / "a.safetensors"))
+        save_file({"t": b}, str(tmp_path / "b.safetensors"))
+    r = cli("compare", "tensors", str(tmp_path / f"a.{ext}"), str(tmp_path / f"b.{ext}"), "--json")
+    assert r.code in (0, 1), r.err
+    return r.json()["rows"][0]
+
+
+def _mp_stats(a, b):
+    """rel-L2 against b and cosine, in 300-bit mpmath from exact rationals."""
+    import mpmath as mp
+
+    mp.mp.prec = 300
+    A = [Fraction(float(x)) for x in a.ravel()]
+    B = [Fraction(float(x)) for x in b.ravel()]
+    q = lambda f: mp.mpf(f.numerator) / f.denominator  # noqa: E731
+    num = sum(((x - y) ** 2 for x, y in zip(A, B)), Fraction(0))
+    den = sum((y * y for y in B), Fraction(0))
+    dot = sum((x * y for x, y in zip(A, B)), Fraction(0))
+    na = sum((x * x for x in A), Fraction(0))
+    return float(mp.sqrt(q(num) / q(den))), float(q(dot) / mp.sqrt(q(na) * q(den)))
+
+
+@pytest.mark.parametrize("scale", [1e200, 1e-200])
+def test_compare_tensors_rel_l2_and_cosine_of_huge_and_tiny_fp64(tmp_path, scale):
+    # fp64 dumps of 1e200-sized values: the squares overflow a float64 norm, and
+    # rel_l2 and cosine printed NaN (1e-200: the reference norm underflowed to 0).
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    b = rng.standard_normal(20) * scale
+    a = b * (1 + 1e-9 * rng.standard_normal(20))
+    row = _compare_files(tmp_path, a, b)
+    rel, cos = _mp_stats(a, b)
+    assert row["rel_l2"] == rel
+    assert row["cosine"] == cos
+
+
+def test_compare_tensors_cosine_and_p99_to_the_last_bit(tmp_path):
+    # a = -b: the cosine is exactly -1 (printed -0.9999999999999998); p99 is
+    # numpy's linear interpolation of the sorted |a - b|, rounded once.
+    import numpy as np
+
+    b = np.array([1e-45, 3.0, 0.1, 7.5, 2.0**-20, 11.0, 0.3], dtype=np.float32)
+    row = _compare_files(tmp_path, -b, b)
+    assert row["cosine"] == -1.0
+    d = sorted(abs(Fraction(float(x)) * 2) for x in b)
+    h = Fraction((len(d) - 1) * 99, 100)
+    lo = int(h)
+    assert row["p99_abs_error"] == float(d[lo] + (h - lo) * (d[lo + 1] - d[lo]))
+
+
+@pytest.mark.parametrize("fmt", ["float8_e4m3fn", "float8_e5m2"])
+def test_compare_tensors_reads_fp8_safetensors(tmp_path, fmt):
+    # safetensors' numpy side has no fp8: an F8_E4M3 / F8_E5M2 file could not be
+    # read at all ("module 'numpy' has no attribute 'float8_e4m3fn'").
+    import ml_dtypes
+    import numpy as np
+
+    dt = getattr(ml_dtypes, fmt)
+    b = np.array([0.5, -3.0, 0.1, 12.0, 2.0**-9, 100.0], dtype=np.float32)
+    a = b.astype(dt)
+    row = _compare_files(tmp_path, a, b, ext="safetensors")
+    # the fp8 values from their bit patterns, decoded here by hand
+    ebits, mbits, bias = (4, 3, 7) if fmt == "float8_e4m3fn" else (5, 2, 15)
+    vals = []
+    for code in a.view(np.uint8).tolist():
+        e, m = (code >> mbits) & ((1 << ebits) - 1), code & ((1 << mbits) - 1)
+        v = Fraction(m, 1 << mbits) * Fraction(2) ** (1 - bias) if e == 0 else \
+            (1 + Fraction(m, 1 << mbits)) * Fraction(2) ** (e - bias)
+        vals.append(-v if code >> 7 else v)
+    assert row["dtypes"] == [fmt, "float32"]
+    assert row["max_abs_error"] == float(max(abs(v - Fraction(float(x))) for v, x in zip(vals, b)))
