@@ -184,16 +184,16 @@ def error_report(actual, reference, fmt: Format | None, atol: float, rtol: float
     n_out = int(np.count_nonzero(outside))
     if np.any(both):
         d = diff[both]
-        # Norms of error arrays, not references: numpy's pairwise float64 sum is
-        # accurate far beyond what an error figure needs, and fast at 16M elements.
-        ref_norm = float(np.linalg.norm(r[both]))
-        d_norm = float(np.linalg.norm(d))
+        ab, rb = a[both], r[both]
+        # rel-L2 from exact sums (a float64 norm overflows past 1e154 and
+        # underflows below 1e-154), its square root rounded once
+        num, den = exact_sum_squares_of_difference(ab, rb), exact_dot(rb, rb)
         # an all-zero reference: any difference is infinitely large relative to it (never a huge finite number)
-        rel_l2 = 0.0 if d_norm == 0 else (d_norm / ref_norm if ref_norm > 0 else math.inf)
-        spacing = (fmt.spacing(r[both]) if fmt is not None else np.spacing(np.abs(r[both])))
+        rel_l2 = 0.0 if num == 0 else (sqrt_ratio(num, den) if den > 0 else math.inf)
+        spacing = (fmt.spacing(rb) if fmt is not None else np.spacing(np.abs(rb)))
         ulps = d / spacing
         flat_worst = int(np.flatnonzero(both)[int(np.argmax(d))])
-        max_abs_error, mean_abs_error = float(d.max()), float(np.mean(d))
+        max_abs_error, mean_abs_error = float(d.max()), exact_mean_abs_difference(ab, rb)
         max_ulps, median_ulps = float(ulps.max()), float(np.median(ulps))
     else:
         rel_l2 = max_abs_error = mean_abs_error = max_ulps = median_ulps = 0.0 if n == 0 else math.nan
@@ -309,3 +309,17 @@ def sqrt_to_float(q: Fraction) -> float:
 def sqrt_ratio(num: Fraction, den: Fraction) -> float:
     """sqrt(num / den) correctly rounded; den > 0."""
     return sqrt_to_float(num / den)
+
+
+def exact_mean_abs_difference(a: np.ndarray, b: np.ndarray) -> float:
+    """mean(|a - b|) of finite float64 arrays, exactly, rounded once: each
+    difference as TwoSum's dh + dl (|dl| <= half an ulp of dh, so
+    |a - b| = |dh| + sign(dh) dl), summed exactly."""
+    if a.size == 0:
+        return math.nan
+    (sa, sb), k = _scaled([a.ravel(), b.ravel()])
+    dh = sa - sb
+    bb = dh - sa
+    dl = (sa - (dh - bb)) + (-sb - bb)
+    total = _exact_total([np.abs(dh), np.sign(dh) * dl]) * Fraction(2) ** k
+    return float(total / a.size)

@@ -179,3 +179,27 @@ def test_compare_tensors_reads_fp8_safetensors(tmp_path, fmt):
         vals.append(-v if code >> 7 else v)
     assert row["dtypes"] == [fmt, "float32"]
     assert row["max_abs_error"] == float(max(abs(v - Fraction(float(x))) for v, x in zip(vals, b)))
+
+
+def test_error_report_rel_l2_and_mean_are_exact():
+    # the report behind softmax, compare op, tf32 and compare model: rel_l2 was a
+    # ratio of float64 norms (NaN for 1e200-sized values, whose squares overflow),
+    # mean_abs_error numpy's mean of rounded differences.
+    import mpmath as mp
+    import numpy as np
+
+    from precisionlab import metrics
+
+    mp.mp.prec = 300
+    rng = np.random.default_rng(1)
+    for scale in (1e200, 1e-200, 1.0):
+        r = rng.standard_normal(33) * scale
+        a = (r * (1 + 1e-7 * rng.standard_normal(33))).astype(np.float32).astype(np.float64) if scale == 1.0 \
+            else r * (1 + 1e-7 * rng.standard_normal(33))
+        rep = metrics.error_report(a, r, None, 0.0, 0.0)
+        A, R = [Fraction(x) for x in a], [Fraction(x) for x in r]
+        q = lambda f: mp.mpf(f.numerator) / f.denominator  # noqa: E731
+        num = sum(((x - y) ** 2 for x, y in zip(A, R)), Fraction(0))
+        den = sum((y * y for y in R), Fraction(0))
+        assert rep.rel_l2 == float(mp.sqrt(q(num) / q(den)))
+        assert rep.mean_abs_error == float(sum((abs(x - y) for x, y in zip(A, R)), Fraction(0)) / len(A))
