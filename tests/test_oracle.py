@@ -203,3 +203,41 @@ def test_error_report_rel_l2_and_mean_are_exact():
         den = sum((y * y for y in R), Fraction(0))
         assert rep.rel_l2 == float(mp.sqrt(q(num) / q(den)))
         assert rep.mean_abs_error == float(sum((abs(x - y) for x, y in zip(A, R)), Fraction(0)) / len(A))
+
+
+def _mxfp4_floor(x, block=32):
+    """OCP MX v1.0 MXFP4 with the FLOOR scale, in rationals: X = 2^(floor(log2
+    amax) - 2), each x / X rounded to nearest even in e2m1 (0, 0.5, 1, 1.5, 2,
+    3, 4, 6), saturating at 6."""
+    out = []
+    for i in range(0, len(x), block):
+        blk = [Fraction(float(v)) for v in x[i:i + block]]
+        amax = max(abs(v) for v in blk)
+        e = amax.numerator.bit_length() - amax.denominator.bit_length()
+        if Fraction(2) ** e > amax:
+            e -= 1
+        X = Fraction(2) ** (e - 2)
+        for v in blk:
+            out.append(max(min(rnd(v / X, 2, 0), Fraction(6)), Fraction(-6)) * X)
+    return out
+
+
+def test_formats_rel_rmse_to_the_last_bit():
+    # rel_rmse was sqrt(fsum of rounded squares / fsum), two more roundings:
+    # 0.12054942890436372 where the exact value rounds to 0.12054942890436371.
+    import mpmath as mp
+    import numpy as np
+
+    mp.mp.prec = 200
+    n = 1000
+    doc = cli("formats", "--formats", "mxfp4", "--rules", "floor", "--blocks", "32", "--dists", "normal",
+              "--n", str(n), "--shape", "4x64x4", "--no-baselines", "--device", "cpu", "--seed", "1", "--json").json()
+    (row,) = doc["rows"]
+    x = np.random.default_rng([1, 0, 32]).standard_normal((1, n)).astype(np.float32)[0]  # formats' data, seed 1
+    y = _mxfp4_floor(x)
+    X = [Fraction(float(v)) for v in x]
+    num = sum(((b - a) ** 2 for a, b in zip(X, y)), Fraction(0))
+    den = sum((a * a for a in X), Fraction(0))
+    q = lambda f: mp.mpf(f.numerator) / f.denominator  # noqa: E731
+    assert row["rel_rmse"] == float(mp.sqrt(q(num) / q(den)))
+    assert row["flush_share"] == sum(1 for a, b in zip(X, y) if a != 0 and b == 0) / n
