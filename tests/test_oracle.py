@@ -241,3 +241,66 @@ def test_formats_rel_rmse_to_the_last_bit():
     q = lambda f: mp.mpf(f.numerator) / f.denominator  # noqa: E731
     assert row["rel_rmse"] == float(mp.sqrt(q(num) / q(den)))
     assert row["flush_share"] == sum(1 for a, b in zip(X, y) if a != 0 and b == 0) / n
+
+
+def _logits_stats(tmp_path, ref, low, tokens):
+    import numpy as np
+    from safetensors.numpy import save_file
+
+    for name, x in (("r", ref), ("l", low)):
+        save_file({"logits": np.asarray(x), "tokens": np.asarray(tokens, np.int64)}, str(tmp_path / f"{name}.safetensors"))
+    r = cli("compare", "logits", str(tmp_path / "r.safetensors"), str(tmp_path / "l.safetensors"), "--json")
+    assert r.code == 0, r.err
+    return r.json()["rows"][0]
+
+
+def _mp_logits(ref, low, tokens):
+    import mpmath as mp
+
+    mp.mp.prec = 300
+
+    def lsm(row):
+        row = [mp.mpf(float(v)) for v in row]
+        lse = mp.log(mp.fsum(mp.exp(v) for v in row))
+        return [v - lse for v in row]
+
+    kls, dnll, dp = [], [], []
+    for r, l, t in zip(ref, low, tokens):
+        lp, lq = lsm(r), lsm(l)
+        kls.append(mp.fsum(mp.exp(a) * (a - b) for a, b in zip(lp, lq)))
+        dnll.append(lp[t] - lq[t])
+        dp.append(mp.exp(lq[t]) - mp.exp(lp[t]))
+    n = len(tokens)
+    return {"kld_mean": float(mp.fsum(kls) / n), "ln_ppl_ratio": float(mp.fsum(dnll) / n),
+            "dp_mean": float(mp.fsum(dp) / n)}
+
+
+def test_compare_logits_near_one_hot_rows(tmp_path):
+    # logits [100, 0, 0, 0] vs [99.9, 0, 0, 0]: the top token's log-probability is
+    # -1.1e-43, which a float64 log(sum exp) rounds to 0, so ln_ppl_ratio and
+    # dp_mean printed 0.0 (true 1.17e-44 and -1.17e-44).
+    import numpy as np
+
+    ref = np.zeros((2, 4), np.float32)
+    ref[:, 0] = 100
+    low = ref.copy()
+    low[:, 0] = 99.9
+    row = _logits_stats(tmp_path, ref, low, [0, 0])
+    want = _mp_logits(ref, low, [0, 0])
+    for k, v in want.items():
+        assert v != 0 and row[k] == pytest.approx(v, rel=1e-14, abs=0), k
+
+
+def test_compare_logits_rows_differing_by_rounding(tmp_path):
+    # float64 logits that differ from the reference by a shift (softmax-invariant)
+    # rounded per element: KL is 1e-33 and lq - lp, a difference of two
+    # log-probabilities near -1.3, lost it (KL printed 1.2e-32, ln_ppl_ratio 0.0).
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    ref = rng.standard_normal((3, 5))
+    low = ref + 1e-6
+    row = _logits_stats(tmp_path, ref, low, [0, 1, 2])
+    want = _mp_logits(ref, low, [0, 1, 2])
+    for k, v in want.items():
+        assert v != 0 and row[k] == pytest.approx(v, rel=1e-12, abs=0), k
