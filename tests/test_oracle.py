@@ -304,3 +304,30 @@ def test_compare_logits_rows_differing_by_rounding(tmp_path):
     want = _mp_logits(ref, low, [0, 1, 2])
     for k, v in want.items():
         assert v != 0 and row[k] == pytest.approx(v, rel=1e-12, abs=0), k
+
+
+def test_compare_op_worst_index_is_an_index_of_the_output(tmp_path):
+    # worst_index was an index into the flattened elements left after dropping
+    # the agreeing NaNs: [13] for element [2, 5] of a 4x8 output whose row 0 is
+    # masked. The implementation here is torch's softmax, wrong at [2, 5] only.
+    import numpy as np
+
+    from helpers import ROOT
+
+    (tmp_path / "oracle_impl.py").write_text(
+        "import torch\n"
+        "def softmax(x):\n"
+        "    y = torch.softmax(x, dim=-1).clone()\n"
+        "    if tuple(y.shape) == (4, 8):  # the compared call (the contracts call it at other batch sizes)\n"
+        "        y[2, 5] = y[2, 5] + 0.25\n"
+        "    return y\n")
+    x = np.random.default_rng(0).standard_normal((4, 8)).astype(np.float32)
+    x[0] = -np.inf
+    np.save(tmp_path / "x.npy", x)
+    r = cli("compare", "op", "softmax", "--from", str(tmp_path / "x.npy"), "--impl", "oracle_impl:softmax",
+            "--dtype", "bf16", "--device", "cpu", "--json", env={"PYTHONPATH": f"{ROOT}:{tmp_path}"})
+    rows = [row for row in r.json()["rows"] if row["comparison"] in (1, 3) and row["case"] == "random"]
+    assert len(rows) == 2
+    for row in rows:
+        assert row["worst_index"] == [2, 5]
+        assert row["n"] == 24  # the 8 NaNs of the masked row agree and are left out
