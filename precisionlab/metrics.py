@@ -164,12 +164,15 @@ class ErrorReport:
 
 
 
-def error_report(actual, reference, fmt: Format | None, atol: float, rtol: float) -> ErrorReport:
+def error_report(actual, reference, fmt: Format | None, atol: float, rtol: float,
+                 reference_lo=None) -> ErrorReport:
     """Compare two arrays of the same shape, elementwise, in float64.
 
     fmt is the tested format, whose spacing at each reference value is the ulp;
     None measures ulps in float64. An element is outside when either side is
-    non-finite or |a - r| > atol + rtol * |r|.
+    non-finite or |a - r| > atol + rtol * |r|. reference_lo, when given, is the
+    low half of a double-double reference r + reference_lo (finite where r is):
+    the differences are then taken from that, not from r alone.
     """
     a = np.asarray(actual, dtype=np.float64)
     r = np.asarray(reference, dtype=np.float64)
@@ -179,6 +182,8 @@ def error_report(actual, reference, fmt: Format | None, atol: float, rtol: float
     fa, fr = np.isfinite(a), np.isfinite(r)
     both = fa & fr
     nan_both = int(np.count_nonzero(np.isnan(a) & np.isnan(r)))
+    if reference_lo is not None:
+        return _error_report_dd(a, r, np.asarray(reference_lo, dtype=np.float64), fmt, atol, rtol, fa, fr, nan_both)
     diff = np.abs(np.subtract(a, r, where=both, out=np.zeros_like(a)))
     outside = ~both | (diff > atol + rtol * np.abs(np.where(fr, r, 0.0)))
     n_out = int(np.count_nonzero(outside))
@@ -323,3 +328,63 @@ def exact_mean_abs_difference(a: np.ndarray, b: np.ndarray) -> float:
     dl = (sa - (dh - bb)) + (-sb - bb)
     total = _exact_total([np.abs(dh), np.sign(dh) * dl]) * Fraction(2) ** k
     return float(total / a.size)
+
+
+def _error_report_dd(a, r, r_lo, fmt, atol, rtol, fa, fr, nan_both) -> ErrorReport:
+    """error_report against the double-double reference r + r_lo: each
+    difference a - r - r_lo carried as a double-double (dh + dl), the sums
+    exact, each figure rounded once."""
+    n = a.size
+    both = fa & fr
+    lo = np.where(both, r_lo, 0.0)
+    with np.errstate(invalid="ignore"):
+        sh = np.where(both, a, 0.0) - np.where(both, r, 0.0)  # TwoSum of a and -r
+        bb = sh - np.where(both, a, 0.0)
+        sl = (np.where(both, a, 0.0) - (sh - bb)) + (-np.where(both, r, 0.0) - bb)
+    # (sh + sl) - lo: |lo| and |sl| are at most an ulp of r, so the sum of the two small parts is exact
+    # enough to carry: dh + dl = sh + (sl - lo), normalised
+    t = sl - lo
+    dh = sh + t  # TwoSum of sh and t
+    bb = dh - sh
+    dl = (sh - (dh - bb)) + (t - bb)
+    diff = np.abs(dh)
+    outside = ~both | (diff > atol + rtol * np.abs(np.where(fr, r, 0.0)))
+    n_out = int(np.count_nonzero(outside))
+    if np.any(both):
+        d = diff[both]
+        dhb, dlb = dh[both], dl[both]
+        rb, lob = r[both], lo[both]
+        num, den = _square_dd(dhb, dlb), _square_dd(rb, lob)
+        rel_l2 = 0.0 if num == 0 else (sqrt_ratio(num, den) if den > 0 else math.inf)
+        spacing = (fmt.spacing(rb) if fmt is not None else np.spacing(np.abs(rb)))
+        # r + lo just below a power of two r lies in the binade below: half the spacing
+        pow2 = (np.frexp(np.abs(rb))[0] == 0.5) & (lob * np.sign(rb) < 0)
+        if fmt is not None:
+            spacing = np.where(pow2 & (np.abs(rb) > fmt.smallest_normal), spacing / 2, spacing)
+        ulps = d / spacing
+        flat_worst = int(np.flatnonzero(both)[int(np.argmax(d))])
+        max_abs_error = float(d.max())
+        mean_abs_error = float(_exact_total([np.abs(dhb), np.sign(dhb) * dlb]) / d.size)
+        max_ulps, median_ulps = float(ulps.max()), float(np.median(ulps))
+    else:
+        rel_l2 = max_abs_error = mean_abs_error = max_ulps = median_ulps = 0.0 if n == 0 else math.nan
+        flat_worst = None
+    if n_out and not np.all(both):
+        flat_worst = int(np.flatnonzero(~both)[0])
+    worst = tuple(int(i) for i in np.unravel_index(flat_worst, a.shape)) if flat_worst is not None else None
+    return ErrorReport(
+        n=n, max_abs_error=max_abs_error, mean_abs_error=mean_abs_error, rel_l2=rel_l2, max_ulps=max_ulps,
+        median_ulps=median_ulps, worst_index=worst, n_outside=n_out, frac_outside=n_out / n if n else 0.0,
+        nonfinite_actual=int(n - np.count_nonzero(fa)), nonfinite_reference=int(n - np.count_nonzero(fr)),
+        nan_both=nan_both, atol=atol, rtol=rtol,
+    )
+
+
+def _square_dd(h: np.ndarray, l: np.ndarray) -> Fraction:
+    """sum((h + l)^2), exactly (l at most an ulp of h)."""
+    (sh, sl), k = _scaled([h, l])
+    parts = []
+    for x, y, w in ((sh, sh, 1.0), (sh, sl, 2.0), (sl, sl, 1.0)):
+        hi, lo = _two_product(x, y)
+        parts += [hi * w, lo * w]
+    return _exact_total(parts) * Fraction(4) ** k

@@ -331,3 +331,25 @@ def test_compare_op_worst_index_is_an_index_of_the_output(tmp_path):
     for row in rows:
         assert row["worst_index"] == [2, 5]
         assert row["n"] == 24  # the 8 NaNs of the masked row agree and are left out
+
+
+@pytest.mark.parametrize("values", ["0,-40", "1,2,3", "0,0,0"])
+def test_softmax_errors_against_the_true_softmax(values):
+    # The reference was a float64 softmax: for [0, -40] the fp32 output 1.0 is
+    # 4.2e-18 from the true 1 - 4.2e-18, which float64 rounds to 1.0, so the
+    # error printed 0-ish figures for the wrong element; for [0, 0, 0], rel_l2
+    # is exactly 2^-25 (3 fp32(1/3) - 1) and printed 2.9802322443206464e-08.
+    import mpmath as mp
+
+    mp.mp.prec = 300
+    xs = [mp.mpf(float(v)) for v in values.split(",")]
+    m = max(xs)
+    es = [mp.exp(v - m) for v in xs]
+    s = mp.fsum(es)
+    p = [e / s for e in es]
+    for row in _softmax_rows(values):
+        d = [abs(mp.mpf(y) - q) for y, q in zip(row["output"], p)]
+        assert row["max_abs_error"] == float(max(d))
+        # rel_l2: within an ulp (the double-double reference is good to ~1e-32)
+        want = float(mp.sqrt(mp.fsum(x * x for x in d) / mp.fsum(q * q for q in p)))
+        assert row["rel_l2"] == pytest.approx(want, rel=3e-16, abs=0)
