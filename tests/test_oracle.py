@@ -353,3 +353,23 @@ def test_softmax_errors_against_the_true_softmax(values):
         # rel_l2: within an ulp (the double-double reference is good to ~1e-32)
         want = float(mp.sqrt(mp.fsum(x * x for x in d) / mp.fsum(q * q for q in p)))
         assert row["rel_l2"] == pytest.approx(want, rel=3e-16, abs=0)
+
+
+def test_kvcache_saturation_count_at_the_rounding_midpoint():
+    # An entry counts as saturated when rounding without a range limit would pass
+    # max. e4m3: 464 is the midpoint of 448 (14 * 32, even) and 480, so it rounds
+    # to 448, clamp or no clamp; it was counted. e5m2: 61440, the midpoint of
+    # 57344 (7 * 8192, odd) and 65536, rounds up past max: counted.
+    import torch
+
+    from precisionlab.experiments.kvcache import KVStore
+
+    for fmt, top, step, tie_up in (("fp8_e4m3", 448, 32, False), ("fp8_e5m2", 57344, 8192, True)):
+        # RNE of the midpoint in an unbounded format: up iff max / step is odd
+        assert ((top // step) % 2 == 1) == tie_up
+        store = KVStore(fmt, "unit", 1.0)
+        mid = top + step / 2
+        x = torch.tensor([[[[mid, -mid, top, mid + 1.0]]]])
+        store(x, x)
+        want_per_tensor = (2 if tie_up else 0) + 1  # mid + 1 is past the midpoint either way
+        assert store.saturated == 2 * want_per_tensor
