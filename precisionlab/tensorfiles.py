@@ -123,13 +123,16 @@ def _open_npy(p: Path, void_dtype) -> TensorFile:
     dname = _dtype_name(dtype, void_dtype, str(p))
 
     def get(_name):
+        if dtype == np.dtype("V1"):  # '|V1', or a one-byte float numpy cannot read back: the raw bytes
+            with open(p, "rb") as fh:
+                return _as_named(inputs.read_raw_npy(fh.read()), dname)
         return _as_named(np.load(p, mmap_mode="r", allow_pickle=False), dname)
 
     return TensorFile(str(p), ["tensor"], {"tensor": shape}, {"tensor": dname}, False, {}, get)
 
 
 def _open_npz(p: Path, void_dtype) -> TensorFile:
-    shapes, dtypes, names = {}, {}, []
+    shapes, dtypes, names, raw = {}, {}, [], {}
     with zipfile.ZipFile(p) as z:
         for info in z.infolist():
             if not info.filename.endswith(".npy"):
@@ -140,9 +143,12 @@ def _open_npz(p: Path, void_dtype) -> TensorFile:
             names.append(name)
             shapes[name] = shape
             dtypes[name] = _dtype_name(dtype, void_dtype, f"{p}:{name}")
+            raw[name] = dtype == np.dtype("V1")
 
     def get(name):
         with zipfile.ZipFile(p) as z, z.open(name + ".npy") as fp:
+            if raw[name]:  # a one-byte float numpy cannot read back: the raw bytes
+                return _as_named(inputs.read_raw_npy(fp.read()), dtypes[name])
             return _as_named(np.lib.format.read_array(fp, allow_pickle=False), dtypes[name])
 
     return TensorFile(str(p), names, shapes, dtypes, True, {}, get)

@@ -373,3 +373,30 @@ def test_kvcache_saturation_count_at_the_rounding_midpoint():
         store(x, x)
         want_per_tensor = (2 if tie_up else 0) + 1  # mid + 1 is past the midpoint either way
         assert store.saturated == 2 * want_per_tensor
+
+
+@pytest.mark.parametrize("container", ["npy", "npz"])
+def test_compare_tensors_reads_fp8_e5m2_npy(tmp_path, container):
+    # np.save writes ml_dtypes' float8_e5m2 with the descriptor '<f1', which
+    # numpy cannot read back: the file was refused even with --a-dtype fp8_e5m2.
+    import ml_dtypes
+    import numpy as np
+
+    b = np.array([0.5, -3.0, 0.1, 12.0, 2.0**-16, 100.0], dtype=np.float32)
+    a = b.astype(ml_dtypes.float8_e5m2)
+    if container == "npy":
+        np.save(tmp_path / "a.npy", a)
+        np.save(tmp_path / "b.npy", b)
+    else:
+        np.savez(tmp_path / "a.npz", t=a)
+        np.savez(tmp_path / "b.npz", t=b)
+    r = cli("compare", "tensors", str(tmp_path / f"a.{container}"), str(tmp_path / f"b.{container}"),
+            "--a-dtype", "fp8_e5m2", "--json")
+    assert r.code in (0, 1), r.err
+    row = r.json()["rows"][0]
+    vals = []
+    for code in a.view(np.uint8).tolist():  # e5m2: 1 sign, 5 exponent (bias 15), 2 mantissa bits
+        e, m = (code >> 2) & 31, code & 3
+        v = Fraction(m, 4) * Fraction(2) ** -14 if e == 0 else (1 + Fraction(m, 4)) * Fraction(2) ** (e - 15)
+        vals.append(-v if code >> 7 else v)
+    assert row["max_abs_error"] == float(max(abs(v - Fraction(float(x))) for v, x in zip(vals, b)))
