@@ -235,13 +235,15 @@ def default_tolerances(fmt: Format) -> tuple[float, float]:
 # 1e-200 are 0)
 
 
-def _scaled(arrays: list[np.ndarray]) -> tuple[list[np.ndarray], int]:
-    """The arrays times 2^-k, their largest magnitude in [0.5, 1): exact for
-    every element but those 2^-1022 below the largest (negligible far past
-    2^-106 in any sum of squares or products they enter)."""
+EXACT_CHUNK = 1 << 14  # elements at a time: the exact sums' temporaries stay a few MiB
+
+
+def _exponent(*arrays: np.ndarray) -> int:
+    """k with the arrays' largest magnitude times 2^-k in [0.5, 1) (0 for all zeros).
+    Scaling by 2^-k is exact for every element but those 2^-1022 below the
+    largest (negligible far past 2^-106 in any sum of squares or products)."""
     amax = max((float(np.max(np.abs(a))) if a.size else 0.0) for a in arrays)
-    k = math.frexp(amax)[1] if amax > 0 else 0
-    return [np.ldexp(a, -k) for a in arrays], k
+    return math.frexp(amax)[1] if amax > 0 else 0
 
 
 def _two_product(x: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -257,39 +259,76 @@ def _two_product(x: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return p, ((xh * yh - p) + xh * yl + xl * yh) + xl * yl
 
 
+def _two_diff(a: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """dh + dl = a - b exactly (TwoSum)."""
+    dh = a - b
+    bb = dh - a
+    return dh, (a - (dh - bb)) + (-b - bb)
+
+
+class _ExactSum:
+    """Exact sums of many arrays, added a chunk at a time: the library's exact
+    terms of each, kept, and summed exactly (in rationals) at the end."""
+
+    def __init__(self):
+        self.terms: list[float] = []
+        self.extra = Fraction(0)
+
+    def add(self, part: np.ndarray) -> None:
+        from precisionlab import native
+
+        terms, special = native.exact_sum_terms(part)
+        if special == 0:
+            self.terms += terms
+        else:  # not expected after scaling; stay exact all the same
+            self.extra += sum(map(Fraction, part.tolist()), Fraction(0))
+
+    def total(self) -> Fraction:
+        acc = _ExactSum()
+        acc.add(np.array(self.terms, dtype=np.float64))
+        return sum(map(Fraction, acc.terms), Fraction(0)) + acc.extra + self.extra
+
+
 def _exact_total(parts: list[np.ndarray]) -> Fraction:
     """The exact sum of every element of every part, as a rational."""
-    from precisionlab import native
-
-    total = Fraction(0)
+    acc = _ExactSum()
     for part in parts:
-        terms, special = native.exact_sum_terms(part)
-        if special != 0:  # not expected after scaling; stay exact all the same
-            terms = part.tolist()
-        total += sum(map(Fraction, terms), Fraction(0))
-    return total
+        for i in range(0, part.size, EXACT_CHUNK):
+            acc.add(part.ravel()[i:i + EXACT_CHUNK])
+    return acc.total()
 
 
 def exact_dot(x: np.ndarray, y: np.ndarray) -> Fraction:
     """sum(x * y) of finite float64 arrays, exactly."""
-    xs, kx = _scaled([x.ravel()])
-    ys, ky = _scaled([y.ravel()])
-    hi, lo = _two_product(xs[0], ys[0])
-    return _exact_total([hi, lo]) * Fraction(2) ** (kx + ky)
+    x, y = x.ravel(), y.ravel()
+    kx, ky = _exponent(x), _exponent(y)
+    acc = _ExactSum()
+    for i in range(0, x.size, EXACT_CHUNK):
+        hi, lo = _two_product(np.ldexp(x[i:i + EXACT_CHUNK], -kx), np.ldexp(y[i:i + EXACT_CHUNK], -ky))
+        acc.add(hi)
+        acc.add(lo)
+    return acc.total() * Fraction(2) ** (kx + ky)
+
+
+def _sum_squares_dd(h: np.ndarray, l: np.ndarray, k: int, acc: "_ExactSum") -> None:
+    """Adds (h + l)^2 * 4^-k, elementwise, to acc exactly: h^2 + 2 h l + l^2 after scaling by 2^-k."""
+    sh, sl = np.ldexp(h, -k), np.ldexp(l, -k)
+    for x, y, w in ((sh, sh, 1.0), (sh, sl, 2.0), (sl, sl, 1.0)):
+        hi, lo = _two_product(x, y)
+        acc.add(hi * w)
+        acc.add(lo * w)
 
 
 def exact_sum_squares_of_difference(a: np.ndarray, b: np.ndarray) -> Fraction:
     """sum((a - b)^2) of finite float64 arrays, exactly: each difference as
     TwoSum's dh + dl, and (dh + dl)^2 = dh^2 + 2 dh dl + dl^2, each product exact."""
-    (sa, sb), k = _scaled([a.ravel(), b.ravel()])
-    dh = sa - sb
-    bb = dh - sa
-    dl = (sa - (dh - bb)) + (-sb - bb)
-    parts = []
-    for x, y, w in ((dh, dh, 1.0), (dh, dl, 2.0), (dl, dl, 1.0)):
-        hi, lo = _two_product(x, y)
-        parts += [hi * w, lo * w]
-    return _exact_total(parts) * Fraction(4) ** k
+    a, b = a.ravel(), b.ravel()
+    k = _exponent(a, b)
+    acc = _ExactSum()
+    for i in range(0, a.size, EXACT_CHUNK):
+        dh, dl = _two_diff(np.ldexp(a[i:i + EXACT_CHUNK], -k), np.ldexp(b[i:i + EXACT_CHUNK], -k))
+        _sum_squares_dd(dh, dl, 0, acc)
+    return acc.total() * Fraction(4) ** k
 
 
 def sqrt_to_float(q: Fraction) -> float:
@@ -322,69 +361,77 @@ def exact_mean_abs_difference(a: np.ndarray, b: np.ndarray) -> float:
     |a - b| = |dh| + sign(dh) dl), summed exactly."""
     if a.size == 0:
         return math.nan
-    (sa, sb), k = _scaled([a.ravel(), b.ravel()])
-    dh = sa - sb
-    bb = dh - sa
-    dl = (sa - (dh - bb)) + (-sb - bb)
-    total = _exact_total([np.abs(dh), np.sign(dh) * dl]) * Fraction(2) ** k
-    return float(total / a.size)
+    a, b = a.ravel(), b.ravel()
+    k = _exponent(a, b)
+    acc = _ExactSum()
+    for i in range(0, a.size, EXACT_CHUNK):
+        dh, dl = _two_diff(np.ldexp(a[i:i + EXACT_CHUNK], -k), np.ldexp(b[i:i + EXACT_CHUNK], -k))
+        acc.add(np.abs(dh))
+        acc.add(np.sign(dh) * dl)
+    return float(acc.total() * Fraction(2) ** k / a.size)
 
 
 def _error_report_dd(a, r, r_lo, fmt, atol, rtol, fa, fr, nan_both) -> ErrorReport:
     """error_report against the double-double reference r + r_lo: each
     difference a - r - r_lo carried as a double-double (dh + dl), the sums
-    exact, each figure rounded once."""
+    exact, each figure rounded once. A chunk at a time (EXACT_CHUNK): the
+    temporaries stay small; only the ulps (for their median) are full-size."""
     n = a.size
     both = fa & fr
-    lo = np.where(both, r_lo, 0.0)
-    with np.errstate(invalid="ignore"):
-        sh = np.where(both, a, 0.0) - np.where(both, r, 0.0)  # TwoSum of a and -r
-        bb = sh - np.where(both, a, 0.0)
-        sl = (np.where(both, a, 0.0) - (sh - bb)) + (-np.where(both, r, 0.0) - bb)
-    # (sh + sl) - lo: |lo| and |sl| are at most an ulp of r, so the sum of the two small parts is exact
-    # enough to carry: dh + dl = sh + (sl - lo), normalised
-    t = sl - lo
-    dh = sh + t  # TwoSum of sh and t
-    bb = dh - sh
-    dl = (sh - (dh - bb)) + (t - bb)
-    diff = np.abs(dh)
-    outside = ~both | (diff > atol + rtol * np.abs(np.where(fr, r, 0.0)))
-    n_out = int(np.count_nonzero(outside))
-    if np.any(both):
-        d = diff[both]
-        dhb, dlb = dh[both], dl[both]
-        rb, lob = r[both], lo[both]
-        num, den = _square_dd(dhb, dlb), _square_dd(rb, lob)
-        rel_l2 = 0.0 if num == 0 else (sqrt_ratio(num, den) if den > 0 else math.inf)
-        spacing = (fmt.spacing(rb) if fmt is not None else np.spacing(np.abs(rb)))
-        # r + lo just below a power of two r lies in the binade below: half the spacing
-        pow2 = (np.frexp(np.abs(rb))[0] == 0.5) & (lob * np.sign(rb) < 0)
-        if fmt is not None:
-            spacing = np.where(pow2 & (np.abs(rb) > fmt.smallest_normal), spacing / 2, spacing)
-        ulps = d / spacing
-        flat_worst = int(np.flatnonzero(both)[int(np.argmax(d))])
-        max_abs_error = float(d.max())
-        mean_abs_error = float(_exact_total([np.abs(dhb), np.sign(dhb) * dlb]) / d.size)
-        max_ulps, median_ulps = float(ulps.max()), float(np.median(ulps))
-    else:
-        rel_l2 = max_abs_error = mean_abs_error = max_ulps = median_ulps = 0.0 if n == 0 else math.nan
-        flat_worst = None
-    if n_out and not np.all(both):
-        flat_worst = int(np.flatnonzero(~both)[0])
+    a1, r1, lo1, both1 = a.ravel(), r.ravel(), r_lo.ravel(), both.ravel()
+    n_both = int(np.count_nonzero(both1))
+    n_out = n - n_both  # a non-finite element is outside
+    if n_both == 0:
+        v = 0.0 if n == 0 else math.nan
+        flat_worst = int(np.flatnonzero(~both1)[0]) if n_out else None
+        worst = tuple(int(i) for i in np.unravel_index(flat_worst, a.shape)) if flat_worst is not None else None
+        return ErrorReport(n=n, max_abs_error=v, mean_abs_error=v, rel_l2=v, max_ulps=v, median_ulps=v,
+                           worst_index=worst, n_outside=n_out, frac_outside=n_out / n if n else 0.0,
+                           nonfinite_actual=int(n - np.count_nonzero(fa)),
+                           nonfinite_reference=int(n - np.count_nonzero(fr)), nan_both=nan_both, atol=atol, rtol=rtol)
+
+    def chunks():
+        for i in range(0, n, EXACT_CHUNK):
+            m = both1[i:i + EXACT_CHUNK]
+            ac, rc, lc = a1[i:i + EXACT_CHUNK][m], r1[i:i + EXACT_CHUNK][m], lo1[i:i + EXACT_CHUNK][m]
+            sh, sl = _two_diff(ac, rc)  # a - r exactly; then minus lo: the two small parts' sum carried
+            dh, dl = _two_diff(sh, lc - sl)
+            yield i, m, ac, rc, lc, dh, dl
+
+    kd = kr = 0
+    best, flat_worst = -1.0, None
+    for i, m, ac, rc, lc, dh, dl in chunks():  # first pass: the largest error and the scales
+        d = np.abs(dh)
+        kd = max(kd, _exponent(dh))
+        kr = max(kr, _exponent(rc))
+        if d.size and float(d.max()) > best:
+            best = float(d.max())
+            flat_worst = i + int(np.flatnonzero(m)[int(np.argmax(d))])
+    num, den, total = _ExactSum(), _ExactSum(), _ExactSum()
+    ulps = np.empty(n_both)
+    at = 0
+    for i, m, ac, rc, lc, dh, dl in chunks():
+        d = np.abs(dh)
+        n_out += int(np.count_nonzero(d > atol + rtol * np.abs(rc)))
+        _sum_squares_dd(dh, dl, kd, num)
+        _sum_squares_dd(rc, lc, kr, den)
+        total.add(np.ldexp(d, -kd))
+        total.add(np.ldexp(np.sign(dh) * dl, -kd))
+        spacing = fmt.spacing(rc) if fmt is not None else np.spacing(np.abs(rc))
+        if fmt is not None:  # r + lo just below a power of two r lies in the binade below: half the spacing
+            below = (np.frexp(np.abs(rc))[0] == 0.5) & (lc * np.sign(rc) < 0) & (np.abs(rc) > fmt.smallest_normal)
+            spacing = np.where(below, spacing / 2, spacing)
+        ulps[at:at + d.size] = d / spacing
+        at += d.size
+    num_q, den_q = num.total() * Fraction(4) ** kd, den.total() * Fraction(4) ** kr
+    rel_l2 = 0.0 if num_q == 0 else (sqrt_ratio(num_q, den_q) if den_q > 0 else math.inf)
+    mean_abs_error = float(total.total() * Fraction(2) ** kd / n_both)
+    if n_out and n_both < n:  # a non-finite element is the worst there is
+        flat_worst = int(np.flatnonzero(~both1)[0])
     worst = tuple(int(i) for i in np.unravel_index(flat_worst, a.shape)) if flat_worst is not None else None
     return ErrorReport(
-        n=n, max_abs_error=max_abs_error, mean_abs_error=mean_abs_error, rel_l2=rel_l2, max_ulps=max_ulps,
-        median_ulps=median_ulps, worst_index=worst, n_outside=n_out, frac_outside=n_out / n if n else 0.0,
+        n=n, max_abs_error=best, mean_abs_error=mean_abs_error, rel_l2=rel_l2, max_ulps=float(ulps.max()),
+        median_ulps=float(np.median(ulps)), worst_index=worst, n_outside=n_out, frac_outside=n_out / n if n else 0.0,
         nonfinite_actual=int(n - np.count_nonzero(fa)), nonfinite_reference=int(n - np.count_nonzero(fr)),
         nan_both=nan_both, atol=atol, rtol=rtol,
     )
-
-
-def _square_dd(h: np.ndarray, l: np.ndarray) -> Fraction:
-    """sum((h + l)^2), exactly (l at most an ulp of h)."""
-    (sh, sl), k = _scaled([h, l])
-    parts = []
-    for x, y, w in ((sh, sh, 1.0), (sh, sl, 2.0), (sl, sl, 1.0)):
-        hi, lo = _two_product(x, y)
-        parts += [hi * w, lo * w]
-    return _exact_total(parts) * Fraction(4) ** k

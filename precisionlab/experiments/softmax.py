@@ -205,7 +205,7 @@ def reference(x: np.ndarray, masked: str) -> tuple[np.ndarray, np.ndarray]:
     return p, lse
 
 
-DD_CHUNK = 1 << 18  # elements of double-double reference at a time (its temporaries are ~40 float64 each)
+DD_CHUNK = 1 << 12  # elements of double-double reference at a time (its temporaries are ~40 float64 each)
 
 
 def reference_dd(x: np.ndarray, ref: np.ndarray, ref_lse: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
