@@ -54,10 +54,12 @@ class PositionStats:
     nll_low: np.ndarray       # -log Q(next token)
     dp: np.ndarray            # Q(next) - P(next)
     margin: np.ndarray        # P's top-1 minus top-2 logit (inf for a 1-token vocabulary)
+    dnll: np.ndarray | None = None  # nll_low - nll_ref, accurately (-log(Q/P) of the next token)
 
     @staticmethod
     def concat(parts: list["PositionStats"]) -> "PositionStats":
-        return PositionStats(**{k: np.concatenate([getattr(p, k) for p in parts])
+        return PositionStats(**{k: (None if any(getattr(p, k) is None for p in parts)
+                                    else np.concatenate([getattr(p, k) for p in parts]))
                                 for k in PositionStats.__dataclass_fields__})
 
 
@@ -74,7 +76,12 @@ def log_softmax(x: np.ndarray) -> np.ndarray:
     m = np.where(ok, np.max(np.where(ok[:, None], x, 0.0), axis=1), 0.0)
     with np.errstate(invalid="ignore", over="ignore"):
         z = x - m[:, None]                      # -inf stays -inf; the max row entry becomes exactly 0
-        lse = np.log(np.sum(np.exp(np.where(ok[:, None], z, 0.0)), axis=1))
+        e = np.exp(np.where(ok[:, None], z, 0.0))
+        # log(1 + t), t the sum without one max's own 1: log(s) would drop every
+        # term below 2^-53 (the top token of [100, 0, 0] has log-probability
+        # -1.1e-43, not 0)
+        e[np.arange(x.shape[0]), np.argmax(np.where(ok[:, None], z, 0.0), axis=1)] = 0.0
+        lse = np.log1p(np.sum(e, axis=1))
         out = z - lse[:, None]
     out[~ok] = np.nan
     return out
@@ -94,7 +101,44 @@ def phi(u: np.ndarray) -> np.ndarray:
     return np.where(small, series, direct)
 
 
-def kl_rows(lp: np.ndarray, lq: np.ndarray) -> np.ndarray:
+def log_ratio(ref: np.ndarray, low: np.ndarray, lp: np.ndarray, lq: np.ndarray) -> np.ndarray:
+    """u = lq - lp, log(Q/P) per entry, accurate to the scale of the difference
+    between the rows rather than of the log-probabilities (lq - lp subtracts two
+    numbers near -log(vocab), each an ulp off: for logits that differ by 1e-9
+    that is 1e-7 of the answer, and for rows that differ by a constant, all of it).
+
+    Pivot on a = P's argmax: zp = ref - ref_a, d = low - ref, delta = d - d_a
+    (= zq - zp),
+    t = sum_{j != a} exp(zp_j), and the ratio of the two normalisers is
+    log1p(tq) - log1p(tp) = log1p(D / (1 + tp)), D = tq - tp =
+    sum_{j != a} exp(zp_j) expm1(delta_j), so u = delta - log1p(D / (1 + tp)).
+    Rows whose -inf entries differ, or where that overflows, keep lq - lp."""
+    with np.errstate(invalid="ignore", over="ignore"):
+        u = lq - lp
+        fin = np.isfinite(ref) & np.isfinite(low)
+        same = (np.isfinite(ref) == np.isfinite(low)).all(axis=1) & ~np.isnan(lp).any(axis=1) \
+            & ~np.isnan(lq).any(axis=1)
+        if not np.any(same):
+            return u
+        r, l, f = ref[same], low[same], fin[same]
+        idx = np.arange(r.shape[0])
+        a = np.argmax(np.where(f, r, -np.inf), axis=1)
+        zp = np.where(f, r - r[idx, a][:, None], 0.0)
+        d = np.where(f, l - r, 0.0)  # exact where the two logits are within a factor 2 (Sterbenz)
+        delta = d - d[idx, a][:, None]
+        e = np.where(f, np.exp(zp), 0.0)
+        e[idx, a] = 0.0
+        tp = np.sum(e, axis=1)
+        big_d = np.sum(e * np.expm1(delta), axis=1)
+        c = np.log1p(big_d / (1.0 + tp))
+        ur = np.where(f, delta - c[:, None], u[same])
+        good = np.isfinite(c)
+        rows = np.flatnonzero(same)[good]
+        u[rows] = ur[good]
+    return u
+
+
+def kl_rows(lp: np.ndarray, lq: np.ndarray, u: np.ndarray | None = None) -> np.ndarray:
     """KL(P||Q) per row from log-probabilities.
 
     Written as sum_i p_i * phi(lq_i - lp_i) with phi(u) = expm1(u) - u, which
@@ -106,7 +150,8 @@ def kl_rows(lp: np.ndarray, lq: np.ndarray) -> np.ndarray:
     """
     with np.errstate(invalid="ignore", over="ignore"):
         p = np.exp(lp)
-        u = lq - lp
+        if u is None:
+            u = lq - lp
         big = u > 1.0
         term = np.where(big, np.exp(lq) - p - p * np.where(big, u, 0.0), p * phi(np.where(big, 0.0, u)))
         term = np.where(lp == -np.inf, np.exp(lq), term)                    # no mass in P: the q - p part alone
@@ -143,16 +188,23 @@ def position_stats(ref: np.ndarray, low: np.ndarray, targets: np.ndarray) -> Pos
     a_ref = np.argmax(np.where(ok[:, None], ref, 0.0), axis=1)
     a_low = np.argmax(np.where(ok[:, None], low, 0.0), axis=1)
     nll_ref, nll_low = -lp[rows, targets], -lq[rows, targets]
+    u = log_ratio(ref, low, lp, lq)
+    u_t = u[rows, targets]
     margin = _margin(ref)
     margin[~valid_rows(ref)] = np.nan
+    with np.errstate(invalid="ignore", over="ignore"):
+        p_t = np.exp(-nll_ref)
+        # Q(next) - P(next) = P(next) expm1(u): no cancellation of two near-equal probabilities
+        dp = np.where(np.isfinite(u_t), p_t * np.expm1(u_t), np.exp(-nll_low) - p_t)
     return PositionStats(
-        kl=kl_rows(lp, lq),
+        kl=kl_rows(lp, lq, u),
         top1=ok & (a_ref == a_low),
         ref_in_top5=ok & _in_top_k(low, a_ref, TOP_K),
         low_in_top5=ok & _in_top_k(ref, a_low, TOP_K),
         nll_ref=nll_ref, nll_low=nll_low,
-        dp=np.exp(-nll_low) - np.exp(-nll_ref),
+        dp=dp,
         margin=margin,
+        dnll=-u_t,
     )
 
 
@@ -195,7 +247,7 @@ def summarize(s: PositionStats) -> dict:
             for q in PERCENTILES}
     mean_nll_ref, mean_nll_low = _mean(s.nll_ref), _mean(s.nll_low)
     # The difference of the two mean NLLs in one exact sum, not two rounded means.
-    ln_ratio = _fsum(np.concatenate([s.nll_low, -s.nll_ref])) / n
+    ln_ratio = _fsum(s.dnll if s.dnll is not None else np.concatenate([s.nll_low, -s.nll_ref])) / n
     top1 = int(s.top1.sum())
     return {
         "positions": n,

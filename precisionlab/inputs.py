@@ -188,6 +188,52 @@ def _npy_header(f) -> tuple[np.dtype, int]:
     return dtype, math.prod(shape)
 
 
+# ml_dtypes' one-byte floats that np.save writes with a descriptor numpy cannot
+# read back (float8_e5m2's dtype.str is '<f1'): raw bytes, viewed as '|V1',
+# whose format --a-dtype/--b-dtype names, as for float8_e4m3fn's '|V1'.
+ONE_BYTE_FLOAT_DESCRS = ("<f1", "|f1", ">f1")
+
+
+def raw_npy_header(f) -> tuple[tuple, bool, np.dtype, int]:
+    """(shape, fortran_order, dtype, bytes before the data) of an open .npy
+    stream at its start, read as numpy does, except that a one-byte float
+    descriptor (ONE_BYTE_FLOAT_DESCRS) gives the raw dtype '|V1'."""
+    import ast
+    import io
+
+    from numpy.lib import format as npy_format
+
+    magic = f.read(8)
+    version = npy_format.read_magic(io.BytesIO(magic))
+    if version not in ((1, 0), (2, 0), (3, 0)):
+        raise ValueError(f"unknown .npy version {version}")
+    size_bytes = f.read(2 if version == (1, 0) else 4)
+    header = f.read(int.from_bytes(size_bytes, "little"))
+    offset = len(magic) + len(size_bytes) + len(header)
+    stream = io.BytesIO(magic + size_bytes + header)
+    npy_format.read_magic(stream)
+    try:
+        if version == (1, 0):
+            shape, fortran, dtype = npy_format.read_array_header_1_0(stream)
+        else:
+            shape, fortran, dtype = npy_format.read_array_header_2_0(stream)
+    except ValueError:
+        d = ast.literal_eval(header.decode("latin1" if version != (3, 0) else "utf8").strip())
+        if not (isinstance(d, dict) and d.get("descr") in ONE_BYTE_FLOAT_DESCRS):
+            raise
+        shape, fortran, dtype = tuple(d["shape"]), bool(d["fortran_order"]), np.dtype("V1")
+    return shape, fortran, dtype, offset
+
+
+def read_raw_npy(data: bytes) -> np.ndarray:
+    """A whole .npy file's bytes as an array, a one-byte float descriptor as '|V1'."""
+    import io
+
+    shape, fortran, dtype, offset = raw_npy_header(io.BytesIO(data))
+    a = np.frombuffer(data, dtype=dtype, offset=offset, count=int(np.prod(shape, dtype=np.int64)))
+    return a.reshape(shape, order="F" if fortran else "C")
+
+
 def npy_header(f) -> tuple[tuple, np.dtype]:
     """(shape, dtype) from a .npy header, without reading the array; f is a
     path or an open binary stream positioned at the start of the array (an
@@ -200,13 +246,7 @@ def npy_header(f) -> tuple[tuple, np.dtype]:
             return npy_header(fh)
     name = getattr(f, "name", "the array")
     try:
-        version = npy_format.read_magic(f)
-        if version == (1, 0):
-            shape, _, dtype = npy_format.read_array_header_1_0(f)
-        elif version in ((2, 0), (3, 0)):
-            shape, _, dtype = npy_format.read_array_header_2_0(f)
-        else:
-            raise ValueError(f"unknown .npy version {version}")
+        shape, _, dtype, _ = raw_npy_header(f)
     except Exception as e:  # ValueError, EOFError, OSError from a file that is not .npy
         raise UsageError(f"{name}: not a readable .npy header ({type(e).__name__}: {e})") from None
     if dtype.hasobject:

@@ -36,11 +36,18 @@ def exact_sum(n: int) -> int:
     return min(n, 1 << 20) * 40
 
 
+# metrics.error_report against a double-double reference (reference_lo), per
+# compared element: the reference's low half, the three finite masks, the
+# ulps (for their median) and median's partition copy of them; the rest is
+# done a chunk of EXACT_CHUNK elements at a time.
+ERROR_REPORT_DD = 8 + 3 + 8 + 8
+
 # One evaluation at a time (experiments/softmax.evaluate): the case's float64
 # logits (8) held for the run, the stored copy (8), the kernel's input (4 at
-# most) and output (4), the output as float64 (8), the float64 reference (8),
-# then error_report on them.
-SOFTMAX_PER_ELEMENT = 8 + 8 + 4 + 4 + 8 + 8 + ERROR_REPORT
+# most) and output (4), the output as float64 (8), the reference's high half
+# (8; the double-double reference is made a few rows at a time), then
+# error_report against it.
+SOFTMAX_PER_ELEMENT = 8 + 8 + 4 + 4 + 8 + 8 + ERROR_REPORT_DD
 
 
 def softmax(rows: int, cols: int) -> int:

@@ -127,13 +127,16 @@ def _open_npy(p: Path, void_dtype) -> TensorFile:
     dname = _dtype_name(dtype, void_dtype, str(p))
 
     def get(_name):
+        if dtype == np.dtype("V1"):  # '|V1', or a one-byte float numpy cannot read back: the raw bytes
+            with open(p, "rb") as fh:
+                return _as_named(inputs.read_raw_npy(fh.read()), dname)
         return _as_named(np.load(p, mmap_mode="r", allow_pickle=False), dname)
 
     return TensorFile(str(p), ["tensor"], {"tensor": shape}, {"tensor": dname}, False, {}, get)
 
 
 def _open_npz(p: Path, void_dtype) -> TensorFile:
-    shapes, dtypes, names = {}, {}, []
+    shapes, dtypes, names, raw = {}, {}, [], {}
     with zipfile.ZipFile(p) as z:
         for info in z.infolist():
             if not info.filename.endswith(".npy"):
@@ -144,9 +147,12 @@ def _open_npz(p: Path, void_dtype) -> TensorFile:
             names.append(name)
             shapes[name] = shape
             dtypes[name] = _dtype_name(dtype, void_dtype, f"{p}:{name}")
+            raw[name] = dtype == np.dtype("V1")
 
     def get(name):
         with zipfile.ZipFile(p) as z, z.open(name + ".npy") as fp:
+            if raw[name]:  # a one-byte float numpy cannot read back: the raw bytes
+                return _as_named(inputs.read_raw_npy(fp.read()), dtypes[name])
             return _as_named(np.lib.format.read_array(fp, allow_pickle=False), dtypes[name])
 
     return TensorFile(str(p), names, shapes, dtypes, True, {}, get)
@@ -184,10 +190,27 @@ def _open_safetensors(p: Path) -> TensorFile:
             recorded = True
 
     def get(name):
+        if dtypes[name] in _ST_RAW:  # safetensors' numpy side has no fp8: its bytes, viewed through ml_dtypes
+            return _safetensors_raw(p, name, _NP_DTYPES[dtypes[name]])
         with safe_open(str(p), framework="numpy") as f:
             return f.get_tensor(name)
 
     return TensorFile(str(p), names, shapes, dtypes, recorded, meta, get)
+
+
+_ST_RAW = ("float8_e4m3fn", "float8_e5m2")
+
+
+def _safetensors_raw(p: Path, name: str, dtype: np.dtype) -> np.ndarray:
+    """One tensor's bytes from the file (8-byte little-endian header length,
+    the JSON header, then the data at its offsets), as `dtype`."""
+    with open(p, "rb") as fh:
+        n = int.from_bytes(fh.read(8), "little")
+        info = json.loads(fh.read(n))[name]
+        start, end = info["data_offsets"]
+        fh.seek(8 + n + start)
+        data = fh.read(end - start)
+    return np.frombuffer(data, dtype=dtype).reshape(info["shape"]).copy()
 
 
 # --- .pt -----------------------------------------------------------------------------

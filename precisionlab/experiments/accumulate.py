@@ -84,6 +84,7 @@ def run(cfg: AccumulateConfig, advance=lambda k=1: None) -> AccumulateResult:
     if cfg.from_file is not None:  # known once the file is read: check before the rest
         _check_memory(cfg, intended.size, methods, accumulators, plan, storage)
     exact_intended = accumulate_cpu.exact_sum(intended)
+    intended_q = accumulate_cpu.exact_sum_fraction(intended)
     stored = accumulate_cpu.round_in_place(storage, intended)  # memory stays flat: see accumulate_cpu
     del intended
     constant = inputs.is_constant(stored)
@@ -95,11 +96,13 @@ def run(cfg: AccumulateConfig, advance=lambda k=1: None) -> AccumulateResult:
     # the exact sums run here while the rows run on the worker threads
     exact_stored = accumulate_cpu.exact_sum(stored, constant)
     abs_sum = accumulate_cpu.exact_abs_sum(stored, exact_stored)
+    # errors are measured against the exact sum itself, not its double
+    exact_q = accumulate_cpu.exact_sum_fraction(stored, constant)
     rows: list[dict] = []
     traces: dict[str, np.ndarray] = {}
 
     for (acc, m), (r, elapsed) in cpu_rows.results(advance):
-        rows.append(_cpu_row(r, elapsed, storage, acc, m, exact_stored, abs_sum, stored.size))
+        rows.append(_cpu_row(r, elapsed, storage, acc, m, exact_stored, abs_sum, stored.size, exact_q))
         if r.trace is not None:
             traces[f"cpu {m} {acc.name}"] = r.trace
     gpu_methods = [m for m in methods if m in GPU_METHODS]
@@ -109,7 +112,7 @@ def run(cfg: AccumulateConfig, advance=lambda k=1: None) -> AccumulateResult:
             native.sum_cuda(stored[:1], _device_code(storage), gpu_accs[0].code, gpu_methods[0], runs=1)
         for acc in gpu_accs:
             for m in gpu_methods:
-                rows.append(_run_gpu(stored, storage, acc, m, exact_stored, abs_sum))
+                rows.append(_run_gpu(stored, storage, acc, m, exact_stored, abs_sum, exact_q))
                 advance()
     elif plan.cuda_unavailable and gpu_methods:
         for acc in gpu_accs:
@@ -140,7 +143,7 @@ def run(cfg: AccumulateConfig, advance=lambda k=1: None) -> AccumulateResult:
         exact_intended=exact_intended,
         abs_sum=abs_sum,
         rows=rows,
-        takeaways=takeaways(rows, storage, exact_stored, exact_intended, stored, desc),
+        takeaways=takeaways(rows, storage, exact_stored, exact_intended, stored, desc, (exact_q, intended_q)),
         devices=plan.describe(),
         traces=traces,
     )
@@ -237,21 +240,21 @@ def _narrow(storage: Format) -> bool:
 
 
 def _cpu_row(r: native.CpuSum, elapsed: float, storage: Format, acc: Format, method: str, exact: float,
-             abs_sum: float, n: int) -> dict:
+             abs_sum: float, n: int, exact_q=None) -> dict:
     row = _row("cpu", method, storage, acc, r.result, exact, abs_sum, n, elapsed,
-               _bound(method, n, acc, storage, abs_sum, exact))
+               _bound(method, n, acc, storage, abs_sum, exact), exact_q)
     if r.stall_step >= 0:  # 1-based: the k-th addition was the first absorbed
         row["stall_step"] = r.stall_step + 1
         row["stall_value"] = r.stall_value
     return row
 
 
-def _run_gpu(stored, storage: Format, acc: Format, method: str, exact: float, abs_sum: float) -> dict:
+def _run_gpu(stored, storage: Format, acc: Format, method: str, exact: float, abs_sum: float, exact_q=None) -> dict:
     t0 = time.perf_counter()
     result = float(native.sum_cuda(stored, _device_code(storage), acc.code, method, runs=1)[0])
     elapsed = time.perf_counter() - t0
     return _row("cuda", method, storage, acc, result, exact, abs_sum, stored.size, elapsed,
-                _bound(method, stored.size, acc, storage, abs_sum, exact, gpu=True))
+                _bound(method, stored.size, acc, storage, abs_sum, exact, gpu=True), exact_q)
 
 
 def _device_code(storage: Format) -> int:
@@ -261,14 +264,16 @@ def _device_code(storage: Format) -> int:
     return formats.get("fp32").code if storage.storage_only else storage.code
 
 
-def _row(device, method, storage, acc, result, exact, abs_sum, n, elapsed, bound) -> dict:
-    abs_err = metrics.abs_error(result, exact)
+def _row(device, method, storage, acc, result, exact, abs_sum, n, elapsed, bound, exact_q=None) -> dict:
+    """exact_q: the exact sum as a rational (None where it is not finite); the
+    errors are |result - exact sum|, correctly rounded, not |result - exact|."""
+    abs_err = metrics.abs_error(result, exact, exact_q)
     value, kind = bound
     return {
         "device": device, "available": True, "variant": method, "dtype": storage.name,
         "accumulator": acc.name, "result": result,
-        "abs_error": abs_err, "rel_error": metrics.rel_error(result, exact),
-        "ulps": metrics.ulp_error(result, exact, acc),
+        "abs_error": abs_err, "rel_error": metrics.rel_error(result, exact, exact_q),
+        "ulps": metrics.ulp_error(result, exact, acc, exact_q),
         "bound": value, "bound_kind": kind,
         "within_bound": bool(abs_err <= value) if not math.isnan(abs_err) else False,
         "stall_step": None, "stall_value": None, "time_s": elapsed,
@@ -381,7 +386,7 @@ def _predicted_stall(v: float, acc: Format) -> float | None:
 # takeaways
 
 
-def takeaways(rows, storage: Format, exact_stored, exact_intended, stored, desc) -> list[str]:
+def takeaways(rows, storage: Format, exact_stored, exact_intended, stored, desc, exact_qs=(None, None)) -> list[str]:
     over = [r for r in rows if r["bound_kind"] == "overflow"]
     over_line = [] if not over else [
         f"Overflow in {', '.join(dict.fromkeys(r['accumulator'] for r in over))} "
@@ -393,7 +398,9 @@ def takeaways(rows, storage: Format, exact_stored, exact_intended, stored, desc)
             and r["bound_kind"] != "overflow"]
     if not done:
         return over_line or ["Every result is NaN: a NaN, or +inf beside -inf, in the input propagates through any sum."]
-    rep = metrics.abs_error(exact_stored, exact_intended)
+    stored_q, intended_q = exact_qs
+    rep = (float(abs(stored_q - intended_q)) if stored_q is not None and intended_q is not None
+           else metrics.abs_error(exact_stored, exact_intended))
     worst = max(done, key=lambda r: r["abs_error"])
     best = min(done, key=lambda r: r["abs_error"])
     label = lambda r: f"{r['accumulator']} {r['variant']}" + (" (GPU)" if r["device"] == "cuda" else "")

@@ -34,6 +34,7 @@ import queue
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
+from fractions import Fraction
 
 import numpy as np
 
@@ -93,6 +94,36 @@ def exact_sum(x: np.ndarray, constant: bool | None = None) -> float:
     # wide path's answer where fsum overflows. special: NaN, inf, or a sum near
     # the double range: x itself, as before.
     return metrics.exact_sum(np.array(terms) if special == 0 else x)
+
+
+def exact_sum_fraction(x: np.ndarray, constant: bool | None = None) -> Fraction | None:
+    """The exact sum of x as a rational (None when x holds a NaN or an
+    infinity): what errors are measured against, since the double exact_sum
+    returns is that value rounded, and |result - double| is not |result - sum|
+    (1 + 1e-30 summed in fp64 is 1.0, the sum's double, 1e-30 away from it).
+    Through the library's exact terms, a chunk at a time; a chunk whose sum
+    nears the double range adds its values one by one."""
+    if constant is None:
+        constant = inputs.is_constant(x)
+    if x.size == 0:
+        return Fraction(0)
+    if constant:
+        v = float(x[0])
+        return Fraction(x.size) * Fraction(v) if math.isfinite(v) else None
+    terms, special = native.exact_sum_terms(x)
+    if special == 1:
+        return None
+    if special == 0:
+        return sum(map(Fraction, terms), Fraction(0))
+    total = Fraction(0)
+    for i in range(0, x.size, CHUNK):
+        chunk = x[i:i + CHUNK]
+        terms, special = native.exact_sum_terms(chunk)
+        if special == 1:
+            return None
+        values = terms if special == 0 else chunk.tolist()
+        total += sum(map(Fraction, values), Fraction(0))
+    return total
 
 
 def exact_abs_sum(x: np.ndarray, exact: float) -> float:

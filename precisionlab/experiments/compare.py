@@ -449,6 +449,9 @@ def _compare_row(op, dev, case, fmt, idx, label, got, want, atol, rtol, shape, e
     keep = ~agree
     rep = metrics.error_report(g[keep], w[keep], fmt, atol, rtol)
     row = _row(op, dev, fmt.name, idx, label, rep, shape)
+    if rep.worst_index is not None:  # an index into the kept elements, flattened: back to the output's own
+        flat = int(np.flatnonzero(keep.ravel())[rep.worst_index[0]])
+        row["worst_index"] = [int(i) for i in np.unravel_index(flat, g.shape)]
     row.update(case=case.name, reference_nonfinite=ref_nonfinite, nonfinite_pattern_mismatch=mismatch)
     if mismatch and idx in (1, 3):
         row.update(flagged=True, ratio=math.inf,

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from precisionlab import devices, formats, inputs, native
+from precisionlab import devices, formats, inputs, metrics, native
 from precisionlab.errors import RunError, UsageError
 
 DISTRIBUTIONS = ("normal", "student_t", "outlier_10x", "outlier_30x", "outlier_100x")
@@ -145,10 +145,13 @@ class _Quantizer:
 
 
 def _rel_rmse(y: np.ndarray, x: np.ndarray) -> float:
+    """sqrt(sum((y - x)^2) / sum(x^2)): both sums exact, the root rounded once
+    (fsum of rounded squares, then a rounded quotient and root, was an ulp off)."""
     x64, y64 = x.astype(np.float64).ravel(), y.astype(np.float64).ravel()
-    den = math.fsum(x64 * x64)
-    num = math.fsum((y64 - x64) ** 2)
-    return math.sqrt(num / den) if den > 0 else (0.0 if num == 0 else math.inf)
+    if not (np.all(np.isfinite(x64)) and np.all(np.isfinite(y64))):
+        return math.nan if np.isnan(x64).any() or np.isnan(y64).any() else math.inf
+    num, den = metrics.exact_sum_squares_of_difference(y64, x64), metrics.exact_dot(x64, x64)
+    return metrics.sqrt_ratio(num, den) if den > 0 else (0.0 if num == 0 else math.inf)
 
 
 def _flush_share(y: np.ndarray, x: np.ndarray) -> float:

@@ -120,9 +120,14 @@ class KVStore:
                 s = y.abs().amax(dim=-1, keepdim=True) / top
                 s = torch.where(s > 0, s, torch.ones_like(s))
             z = y / s
-            # past max + half the last spacing, an unbounded format would round above max
-            beyond = top + float(self.fmt.spacing(top)) / 2
-            self.saturated += int(((z.abs() >= beyond) | ~torch.isfinite(z)).sum())
+            # past max + half the last spacing, an unbounded format would round above max; at
+            # exactly that midpoint only when ties go up, i.e. max's last significand bit is odd
+            # (e5m2: 57344 = 7 * 8192 -> 65536; e4m3: 448 = 14 * 32 keeps 448 at 464)
+            last = float(self.fmt.spacing(top))
+            beyond = top + last / 2
+            tie_up = int(top / last) % 2 == 1
+            over = (z.abs() >= beyond) if tie_up else (z.abs() > beyond)
+            self.saturated += int((over | ~torch.isfinite(z)).sum())
             fp8 = {"fp8_e4m3": torch.float8_e4m3fn, "fp8_e5m2": torch.float8_e5m2}[self.fmt.name]
             q = z.clamp(-top, top).to(fp8).float() * s
         return (q / self.a).to(x.dtype)

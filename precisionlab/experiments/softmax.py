@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from precisionlab import devices, formats, inputs, memory, metrics, native
+from precisionlab import ddexp, devices, formats, inputs, memory, metrics, native
 from precisionlab.errors import UsageError
 from precisionlab.formats import Format
 
@@ -197,12 +197,38 @@ def reference(x: np.ndarray, masked: str) -> tuple[np.ndarray, np.ndarray]:
         e = np.exp(x - m)
         s = np.sum(e, axis=1, keepdims=True)
         p = e / s
-        lse = (m + np.log(s))[:, 0]
+        # m + log(s) loses the rest of s beside the max's own 1 (s = 1 + t,
+        # log(1 + 6.8e-46) is 0.0): m + log1p(t), t the sum without one max.
+        first_max = np.arange(x.shape[1])[None, :] == np.argmax(x, axis=1)[:, None]
+        t = np.sum(np.where(first_max, 0.0, e), axis=1, keepdims=True)
+        lse = np.where(np.isfinite(s), m + np.log1p(t), m + np.log(s))[:, 0]
     full_mask = np.all(np.isneginf(x), axis=1)
     if masked == "zero":
         p[full_mask] = 0.0
         lse[full_mask] = -np.inf
     return p, lse
+
+
+DD_CHUNK = 1 << 12  # elements of double-double reference at a time (its temporaries are ~40 float64 each)
+
+
+def reference_dd(x: np.ndarray, ref: np.ndarray, ref_lse: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The low halves of a double-double softmax and log-sum-exp (ref and
+    ref_lse, from reference(), are overwritten with the high halves) for the
+    rows that have a distribution (no NaN or +inf, not all -inf); 0 elsewhere.
+    float64 alone is no reference for an fp32 output within 2^-53 of the truth:
+    [0, -40] has probabilities 1 - 4.2e-18 and 4.2e-18, and fp32's 1.0 would
+    show error 0."""
+    lo, lse_lo = np.zeros_like(ref), np.zeros_like(ref_lse)
+    ok = ~np.isnan(x).any(axis=1) & ~(x == np.inf).any(axis=1) & (x > -np.inf).any(axis=1)
+    rows = np.flatnonzero(ok)
+    step = max(1, DD_CHUNK // max(x.shape[1], 1))
+    with np.errstate(invalid="ignore", over="ignore", under="ignore"):
+        for i in range(0, rows.size, step):
+            r = rows[i:i + step]
+            ph, pl, lh, ll = ddexp.softmax_dd(x[r])
+            ref[r], lo[r], ref_lse[r], lse_lo[r] = ph, pl, lh, ll
+    return lo, lse_lo
 
 
 def evaluate(case: str, x: np.ndarray, fmt: Format, method: str, device: str, masked: str, kind: str,
@@ -213,13 +239,18 @@ def evaluate(case: str, x: np.ndarray, fmt: Format, method: str, device: str, ma
     y, lse = fn(xs, fmt.code, method, masked)
     y64 = y.astype(np.float64)
     ref, ref_lse = reference(stored, masked)
-    rep = metrics.error_report(y64, ref, fmt, atol_for(fmt, x.shape[1]), RTOL[fmt.name])
+    ref_lo, lse_lo = reference_dd(stored, ref, ref_lse)
+    rep = metrics.error_report(y64, ref, fmt, atol_for(fmt, x.shape[1]), RTOL[fmt.name], reference_lo=ref_lo)
     target = np.where(np.all(np.isneginf(stored), axis=1) & (masked == "zero"), 0.0, 1.0)
     # exact row sums a chunk of Python floats at a time (y64.tolist() would hold
     # 32 bytes of float objects per element at once)
-    sums = np.array([metrics.exact_sum(r) if np.all(np.isfinite(r)) else math.nan for r in y64])
+    # row_sum_error: |sum - target| rounded once (fsum of the row and -target),
+    # not the sum's double minus target (1 - 4e-18 would round to 1.0 first)
+    sum_err = np.array([abs(metrics.exact_sum(np.append(r, -t))) if np.all(np.isfinite(r)) else math.nan
+                        for r, t in zip(y64, target)])
     with np.errstate(invalid="ignore"):
-        lse_err = np.abs(lse - ref_lse)
+        lse_err = np.abs((lse - ref_lse) - lse_lo)  # lse - ref_lse is exact near the reference (Sterbenz)
+    lse_err[(lse == ref_lse) & np.isinf(ref_lse)] = 0.0  # the same infinity (a masked row under 'zero') agrees
     return {
         "case": case, "kind": kind, "bug": bug, "variant": method, "device": device, "dtype": fmt.name,
         "masked": masked, "shape": list(x.shape),
@@ -227,7 +258,7 @@ def evaluate(case: str, x: np.ndarray, fmt: Format, method: str, device: str, ma
         "finite": bool(np.all(np.isfinite(y64))),
         "max_abs_error": rep.max_abs_error, "rel_l2": rep.rel_l2, "max_ulps": rep.max_ulps,
         "n_outside": rep.n_outside, "passed": rep.passed, "rtol": rep.rtol, "atol": rep.atol,
-        "row_sum_error": float(np.max(np.abs(sums - target))) if sums.size else 0.0,
+        "row_sum_error": float(np.max(sum_err)) if sum_err.size else 0.0,
         "in_range": bool(np.all((y64 >= 0) & (y64 <= 1))),
         "lse": float(lse[0]) if lse.size == 1 else None,
         "lse_max_abs_error": float(np.nanmax(lse_err)) if np.any(~np.isnan(lse_err)) else math.nan,

@@ -21,10 +21,11 @@ import math
 import re
 from contextlib import nullcontext
 from dataclasses import dataclass, field
+from fractions import Fraction
 
 import numpy as np
 
-from precisionlab import formats, inputs
+from precisionlab import formats, inputs, metrics
 from precisionlab.errors import UsageError
 from precisionlab.experiments.compare import RATIO_THRESHOLD, CompareResult
 from precisionlab.tensorfiles import DTYPE_TO_FORMAT, TensorFile, natural_key, open_tensor_file
@@ -158,11 +159,21 @@ def rel_l2(x: np.ndarray, ref: np.ndarray, equal_nan: bool = False) -> float:
             return math.inf
         both = fx & fr
         x, ref = x[both], ref[both]
-    num = float(np.linalg.norm(x - ref))
-    den = float(np.linalg.norm(ref))
-    if den == 0.0:
-        return 0.0 if num == 0.0 else math.inf
-    return num / den
+    num, den = metrics.exact_sum_squares_of_difference(x, ref), metrics.exact_dot(ref, ref)
+    if den == 0:
+        return 0.0 if num == 0 else math.inf
+    return metrics.sqrt_ratio(num, den)  # exact sums: no overflow past 1e154, no underflow below 1e-154
+
+
+def percentile(v: np.ndarray, q: int) -> float:
+    """numpy's default (linear) percentile of v, computed exactly and rounded once:
+    v[lo] + (h - lo) (v[lo + 1] - v[lo]), h = (n - 1) q / 100."""
+    h = Fraction((v.size - 1) * q, 100)
+    lo = h.numerator // h.denominator
+    hi = min(lo + 1, v.size - 1)
+    part = np.partition(v, [lo, hi]) if hi != lo else np.partition(v, lo)
+    a, b = Fraction(float(part[lo])), Fraction(float(part[hi]))
+    return float(a + (h - lo) * (b - a))
 
 
 def pair_stats(a: np.ndarray, b: np.ndarray, fmt_a: str | None, fmt_b: str | None, cfg) -> dict:
@@ -199,14 +210,21 @@ def pair_stats(a: np.ndarray, b: np.ndarray, fmt_a: str | None, fmt_b: str | Non
         k = int(np.argmax(dv))
         max_abs = float(dv[k])
         flat = k if both is None else int(np.flatnonzero(both.ravel())[k])
-        num, den = float(np.linalg.norm(dv)), float(np.linalg.norm(rv))
-        na, nb = float(np.linalg.norm(av)), float(np.linalg.norm(bv))
-        cosine = float(np.dot(av, bv)) / (na * nb) if na > 0 and nb > 0 else None  # undefined for a zero vector
+        # exact sums of squares and products, each ratio rounded once: no
+        # overflow past 1e154, no underflow below 1e-154, no last-bit drift
+        num, den = metrics.exact_sum_squares_of_difference(av, bv), metrics.exact_dot(rv, rv)
+        na2, nb2 = metrics.exact_dot(av, av), metrics.exact_dot(bv, bv)
+        if na2 > 0 and nb2 > 0:  # undefined for a zero vector
+            dot = metrics.exact_dot(av, bv)
+            cosine = metrics.sqrt_ratio(dot * dot, na2 * nb2) * (1.0 if dot >= 0 else -1.0)
+        else:
+            cosine = None
         ulps = max_ulps(dv, rv, formats.get(low)) if low is not None else None
-        p50, p99 = (float(x) for x in np.percentile(dv, [50, 99], overwrite_input=True))  # dv's last use: reordered
+        p50, p99 = percentile(dv, 50), percentile(dv, 99)
     else:
         k = flat = None
-        max_abs = p50 = p99 = num = den = 0.0
+        max_abs = p50 = p99 = 0.0
+        num = den = Fraction(0)
         cosine, ulps = None, None if low is None else 0.0
     n_bad = 0 if bad is None else int(np.count_nonzero(bad))
     if n_bad:
@@ -215,7 +233,7 @@ def pair_stats(a: np.ndarray, b: np.ndarray, fmt_a: str | None, fmt_b: str | Non
     elif den == 0.0:
         rel = 0.0 if num == 0.0 else math.inf     # against an all-zero reference: inf, never a huge number
     else:
-        rel = num / den
+        rel = metrics.sqrt_ratio(num, den)
     worst = None if flat is None else tuple(int(i) for i in np.unravel_index(flat, a.shape))
     return {
         "n": n, "n_outside": n_out, "passed": n_out == 0, "max_abs_error": max_abs, "rel_l2": rel,
