@@ -266,32 +266,40 @@ def _two_diff(a: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return dh, (a - (dh - bb)) + (-b - bb)
 
 
-class _ExactSum:
-    """Exact sums of many arrays, added a chunk at a time: the library's exact
-    terms of each, kept, and summed exactly (in rationals) at the end."""
+class ExactSum:
+    """Exact sums of many arrays, added a part at a time: the library's exact
+    terms of each, kept, and summed exactly (in rationals) at the end. A part
+    whose sum nears the double range is added value by value; one holding a
+    NaN or an infinity has no exact sum (add returns False, total None)."""
 
     def __init__(self):
         self.terms: list[float] = []
         self.extra = Fraction(0)
+        self.finite = True
 
-    def add(self, part: np.ndarray) -> None:
+    def add(self, part: np.ndarray) -> bool:
         from precisionlab import native
 
         terms, special = native.exact_sum_terms(part)
         if special == 0:
             self.terms += terms
-        else:  # not expected after scaling; stay exact all the same
+        elif special == 1:  # NaN or an infinity
+            self.finite = False
+        else:  # a sum near the double range: stay exact all the same
             self.extra += sum(map(Fraction, part.tolist()), Fraction(0))
+        return self.finite
 
-    def total(self) -> Fraction:
-        acc = _ExactSum()
-        acc.add(np.array(self.terms, dtype=np.float64))
+    def total(self) -> Fraction | None:
+        if not self.finite:
+            return None
+        acc = ExactSum()
+        acc.add(np.array(self.terms, dtype=np.float64))  # the terms' own exact terms: far fewer
         return sum(map(Fraction, acc.terms), Fraction(0)) + acc.extra + self.extra
 
 
 def _exact_total(parts: list[np.ndarray]) -> Fraction:
     """The exact sum of every element of every part, as a rational."""
-    acc = _ExactSum()
+    acc = ExactSum()
     for part in parts:
         for i in range(0, part.size, EXACT_CHUNK):
             acc.add(part.ravel()[i:i + EXACT_CHUNK])
@@ -302,7 +310,7 @@ def exact_dot(x: np.ndarray, y: np.ndarray) -> Fraction:
     """sum(x * y) of finite float64 arrays, exactly."""
     x, y = x.ravel(), y.ravel()
     kx, ky = _exponent(x), _exponent(y)
-    acc = _ExactSum()
+    acc = ExactSum()
     for i in range(0, x.size, EXACT_CHUNK):
         hi, lo = _two_product(np.ldexp(x[i:i + EXACT_CHUNK], -kx), np.ldexp(y[i:i + EXACT_CHUNK], -ky))
         acc.add(hi)
@@ -310,7 +318,7 @@ def exact_dot(x: np.ndarray, y: np.ndarray) -> Fraction:
     return acc.total() * Fraction(2) ** (kx + ky)
 
 
-def _sum_squares_dd(h: np.ndarray, l: np.ndarray, k: int, acc: "_ExactSum") -> None:
+def _sum_squares_dd(h: np.ndarray, l: np.ndarray, k: int, acc: "ExactSum") -> None:
     """Adds (h + l)^2 * 4^-k, elementwise, to acc exactly: h^2 + 2 h l + l^2 after scaling by 2^-k."""
     sh, sl = np.ldexp(h, -k), np.ldexp(l, -k)
     for x, y, w in ((sh, sh, 1.0), (sh, sl, 2.0), (sl, sl, 1.0)):
@@ -324,7 +332,7 @@ def exact_sum_squares_of_difference(a: np.ndarray, b: np.ndarray) -> Fraction:
     TwoSum's dh + dl, and (dh + dl)^2 = dh^2 + 2 dh dl + dl^2, each product exact."""
     a, b = a.ravel(), b.ravel()
     k = _exponent(a, b)
-    acc = _ExactSum()
+    acc = ExactSum()
     for i in range(0, a.size, EXACT_CHUNK):
         dh, dl = _two_diff(np.ldexp(a[i:i + EXACT_CHUNK], -k), np.ldexp(b[i:i + EXACT_CHUNK], -k))
         _sum_squares_dd(dh, dl, 0, acc)
@@ -363,7 +371,7 @@ def exact_mean_abs_difference(a: np.ndarray, b: np.ndarray) -> float:
         return math.nan
     a, b = a.ravel(), b.ravel()
     k = _exponent(a, b)
-    acc = _ExactSum()
+    acc = ExactSum()
     for i in range(0, a.size, EXACT_CHUNK):
         dh, dl = _two_diff(np.ldexp(a[i:i + EXACT_CHUNK], -k), np.ldexp(b[i:i + EXACT_CHUNK], -k))
         acc.add(np.abs(dh))
@@ -407,7 +415,7 @@ def _error_report_dd(a, r, r_lo, fmt, atol, rtol, fa, fr, nan_both) -> ErrorRepo
         if d.size and float(d.max()) > best:
             best = float(d.max())
             flat_worst = i + int(np.flatnonzero(m)[int(np.argmax(d))])
-    num, den, total = _ExactSum(), _ExactSum(), _ExactSum()
+    num, den, total = ExactSum(), ExactSum(), ExactSum()
     ulps = np.empty(n_both)
     at = 0
     for i, m, ac, rc, lc, dh, dl in chunks():

@@ -110,20 +110,11 @@ def exact_sum_fraction(x: np.ndarray, constant: bool | None = None) -> Fraction 
     if constant:
         v = float(x[0])
         return Fraction(x.size) * Fraction(v) if math.isfinite(v) else None
-    terms, special = native.exact_sum_terms(x)
-    if special == 1:
-        return None
-    if special == 0:
-        return sum(map(Fraction, terms), Fraction(0))
-    total = Fraction(0)
+    acc = metrics.ExactSum()
     for i in range(0, x.size, CHUNK):
-        chunk = x[i:i + CHUNK]
-        terms, special = native.exact_sum_terms(chunk)
-        if special == 1:
-            return None
-        values = terms if special == 0 else chunk.tolist()
-        total += sum(map(Fraction, values), Fraction(0))
-    return total
+        if not acc.add(x[i:i + CHUNK]):
+            break
+    return acc.total()
 
 
 def exact_abs_sum(x: np.ndarray, exact: float) -> float:
