@@ -14,6 +14,7 @@ from fractions import Fraction
 
 import numpy as np
 
+from precisionlab import ddexp
 from precisionlab.formats import Format
 
 
@@ -246,26 +247,6 @@ def _exponent(*arrays: np.ndarray) -> int:
     return math.frexp(amax)[1] if amax > 0 else 0
 
 
-def _two_product(x: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """hi + lo = x * y exactly (Dekker), for |x|, |y| <= 2 and products above 2^-969."""
-    p = x * y
-    c = 134217729.0  # 2^27 + 1
-    t = c * x
-    xh = t - (t - x)
-    xl = x - xh
-    t = c * y
-    yh = t - (t - y)
-    yl = y - yh
-    return p, ((xh * yh - p) + xh * yl + xl * yh) + xl * yl
-
-
-def _two_diff(a: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """dh + dl = a - b exactly (TwoSum)."""
-    dh = a - b
-    bb = dh - a
-    return dh, (a - (dh - bb)) + (-b - bb)
-
-
 class ExactSum:
     """Exact sums of many arrays, added a part at a time: the library's exact
     terms of each, kept, and summed exactly (in rationals) at the end. A part
@@ -312,7 +293,7 @@ def exact_dot(x: np.ndarray, y: np.ndarray) -> Fraction:
     kx, ky = _exponent(x), _exponent(y)
     acc = ExactSum()
     for i in range(0, x.size, EXACT_CHUNK):
-        hi, lo = _two_product(np.ldexp(x[i:i + EXACT_CHUNK], -kx), np.ldexp(y[i:i + EXACT_CHUNK], -ky))
+        hi, lo = ddexp.two_prod(np.ldexp(x[i:i + EXACT_CHUNK], -kx), np.ldexp(y[i:i + EXACT_CHUNK], -ky))
         acc.add(hi)
         acc.add(lo)
     return acc.total() * Fraction(2) ** (kx + ky)
@@ -322,7 +303,7 @@ def _sum_squares_dd(h: np.ndarray, l: np.ndarray, k: int, acc: "ExactSum") -> No
     """Adds (h + l)^2 * 4^-k, elementwise, to acc exactly: h^2 + 2 h l + l^2 after scaling by 2^-k."""
     sh, sl = np.ldexp(h, -k), np.ldexp(l, -k)
     for x, y, w in ((sh, sh, 1.0), (sh, sl, 2.0), (sl, sl, 1.0)):
-        hi, lo = _two_product(x, y)
+        hi, lo = ddexp.two_prod(x, y)
         acc.add(hi * w)
         acc.add(lo * w)
 
@@ -334,7 +315,7 @@ def exact_sum_squares_of_difference(a: np.ndarray, b: np.ndarray) -> Fraction:
     k = _exponent(a, b)
     acc = ExactSum()
     for i in range(0, a.size, EXACT_CHUNK):
-        dh, dl = _two_diff(np.ldexp(a[i:i + EXACT_CHUNK], -k), np.ldexp(b[i:i + EXACT_CHUNK], -k))
+        dh, dl = ddexp.two_sum(np.ldexp(a[i:i + EXACT_CHUNK], -k), -np.ldexp(b[i:i + EXACT_CHUNK], -k))
         _sum_squares_dd(dh, dl, 0, acc)
     return acc.total() * Fraction(4) ** k
 
@@ -373,7 +354,7 @@ def exact_mean_abs_difference(a: np.ndarray, b: np.ndarray) -> float:
     k = _exponent(a, b)
     acc = ExactSum()
     for i in range(0, a.size, EXACT_CHUNK):
-        dh, dl = _two_diff(np.ldexp(a[i:i + EXACT_CHUNK], -k), np.ldexp(b[i:i + EXACT_CHUNK], -k))
+        dh, dl = ddexp.two_sum(np.ldexp(a[i:i + EXACT_CHUNK], -k), -np.ldexp(b[i:i + EXACT_CHUNK], -k))
         acc.add(np.abs(dh))
         acc.add(np.sign(dh) * dl)
     return float(acc.total() * Fraction(2) ** k / a.size)
@@ -402,8 +383,8 @@ def _error_report_dd(a, r, r_lo, fmt, atol, rtol, fa, fr, nan_both) -> ErrorRepo
         for i in range(0, n, EXACT_CHUNK):
             m = both1[i:i + EXACT_CHUNK]
             ac, rc, lc = a1[i:i + EXACT_CHUNK][m], r1[i:i + EXACT_CHUNK][m], lo1[i:i + EXACT_CHUNK][m]
-            sh, sl = _two_diff(ac, rc)  # a - r exactly; then minus lo: the two small parts' sum carried
-            dh, dl = _two_diff(sh, lc - sl)
+            sh, sl = ddexp.two_sum(ac, -rc)  # a - r exactly; then minus lo: the two small parts' sum carried
+            dh, dl = ddexp.two_sum(sh, sl - lc)
             yield i, m, ac, rc, lc, dh, dl
 
     kd = kr = 0
