@@ -11,7 +11,8 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from precisionlab import formats, native  # noqa: E402
+from precisionlab import native  # noqa: E402
+from precisionlab.catalog import formats
 
 
 def main() -> int:

@@ -6,7 +6,7 @@ the text is held out for validation. Takes ~16 minutes on 2 otherwise idle cores
 default settings; the saved file holds the weights rounded to bf16.
 
     python scripts/train_model.py --steps 2200 --seed 0 \
-        --out precisionlab/models/data/charlm.safetensors
+        --out precisionlab/engines/data/charlm.safetensors
 """
 
 from __future__ import annotations
@@ -21,9 +21,9 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from precisionlab.models.charlm import CharLM, CharLMConfig, CharTokenizer, save  # noqa: E402
+from precisionlab.engines.charlm import CharLM, CharLMConfig, CharTokenizer, save  # noqa: E402
 
-DATA = Path(__file__).resolve().parents[1] / "precisionlab/models/data/shakespeare.txt"
+DATA = Path(__file__).resolve().parents[1] / "precisionlab/engines/data/shakespeare.txt"
 
 
 def parse_args():

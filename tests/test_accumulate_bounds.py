@@ -11,7 +11,7 @@ from fractions import Fraction
 import numpy as np
 import pytest
 
-from precisionlab import formats
+from precisionlab.catalog import formats
 from precisionlab.experiments import accumulate as acc
 
 STORAGES = ["bf16", "fp16", "fp32", "fp64"]
@@ -141,7 +141,7 @@ def test_predicted_stall_past_the_range_is_none(v):
 
 
 def test_exact_sum_survives_an_intermediate_overflow():
-    from precisionlab import metrics
+    from precisionlab.numerics import metrics
 
     # fsum raises on the intermediate 2e308 though the sum is 1e308
     assert metrics.exact_sum(np.array([1e308, 1e308, -1e308])) == 1e308

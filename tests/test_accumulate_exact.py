@@ -14,7 +14,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from precisionlab import metrics, native
+from precisionlab import native
+from precisionlab.numerics import metrics
 from precisionlab.experiments import accumulate_cpu as C
 
 MAX = 1.7976931348623157e308

@@ -4,7 +4,7 @@ import math
 
 import pytest
 
-from precisionlab import formats
+from precisionlab.catalog import formats
 from precisionlab.errors import UsageError
 from precisionlab.experiments import accumulate as acc
 

@@ -13,7 +13,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from precisionlab import formats, native
+from precisionlab import native
+from precisionlab.catalog import formats
 
 # every CPU sum kernel of the library's catalog (the reordered rows run the sequential one)
 METHODS = [v.name for v in native.variants("sum", "cpu") if v.order == "as_given"]

@@ -7,7 +7,8 @@ import emulate_gpu
 import numpy as np
 import pytest
 
-from precisionlab import formats, native
+from precisionlab import native
+from precisionlab.catalog import formats
 from precisionlab.errors import UsageError
 from precisionlab.experiments import accumulate as acc
 

@@ -10,7 +10,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import emulate
-from precisionlab import formats, native
+from precisionlab import native
+from precisionlab.catalog import formats
 
 # every CPU sum kernel of the catalog: a new one fails here until emulate.py knows it
 CPU_METHODS = [v.name for v in native.variants("sum", "cpu") if v.order == "as_given"]

@@ -14,7 +14,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from precisionlab import formats, inputs, metrics, native
+from precisionlab import native
+from precisionlab.catalog import formats
+from precisionlab.io import inputs
+from precisionlab.numerics import metrics
 from precisionlab.errors import UsageError
 from precisionlab.experiments import accumulate as A
 from precisionlab.experiments import accumulate_cpu as C

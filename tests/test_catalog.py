@@ -12,7 +12,8 @@ import numpy as np
 import pytest
 
 from helpers import cli, strict_json
-from precisionlab import formats, native
+from precisionlab import native
+from precisionlab.catalog import formats
 from precisionlab.errors import UsageError
 from precisionlab.experiments import accumulate, bench, softmax
 

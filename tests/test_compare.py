@@ -7,7 +7,8 @@ import pytest
 import torch
 
 from helpers import ROOT, cli, strict_json
-from precisionlab import formats, metrics
+from precisionlab.catalog import formats
+from precisionlab.numerics import metrics
 from precisionlab.experiments import compare
 
 FP32 = formats.get("fp32")
@@ -192,7 +193,7 @@ def test_a_batch_variant_kernel_is_flagged_with_the_batch_size(impls_on_path):
 
 def test_the_advisors_tolerance_passes_and_ten_percent_less_fails():
     import torch
-    from precisionlab import torch_ops
+    from precisionlab.numerics import torch_ops
     from precisionlab.experiments import op_harness
 
     x, w, eps = compare.make_inputs("rmsnorm", (16, 512), 0, "cpu")

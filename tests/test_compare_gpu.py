@@ -5,7 +5,9 @@ import emulate_gpu
 import pytest
 import torch
 
-from precisionlab import formats, native, torch_ops
+from precisionlab import native
+from precisionlab.catalog import formats
+from precisionlab.numerics import torch_ops
 from precisionlab.experiments import compare
 
 pytestmark = [pytest.mark.gpu, pytest.mark.torch_cuda]

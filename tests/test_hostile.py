@@ -152,7 +152,7 @@ def test_tolerances_must_be_finite_and_non_negative(run, opt, value):
 
 
 def test_tolerance_validator_is_reusable():
-    from precisionlab import inputs
+    from precisionlab.io import inputs
     from precisionlab.errors import UsageError
 
     assert inputs.check_tolerance(None, "--atol") is None and inputs.check_tolerance(0.0, "--atol") == 0.0
@@ -398,7 +398,7 @@ HOSTILE = ["[/]", "[bold red]boom[/bold red]", "\x1b]0;owned\x07", "a\rb", "\x9b
 def test_safe_text_shows_the_string_as_written_with_controls_escaped(s):
     from rich.console import Console
 
-    from precisionlab import report
+    from precisionlab.report import console as report
 
     shown = report.printable(s)
     assert not re.search("[\x00-\x1f\x7f-\x9f\u202a-\u202e]", shown)
@@ -421,7 +421,7 @@ def test_a_hostile_file_name_is_shown_as_text(run, tmp_path, name):
 
 
 def report_printable(s):
-    from precisionlab import report
+    from precisionlab.report import console as report
 
     return report.printable(s)
 
@@ -478,7 +478,7 @@ def test_plot_writes_exactly_the_path_named(run, tmp_path, ext, magic):
 
 
 def test_atomic_write_leaves_no_partial_file(tmp_path):
-    from precisionlab import outputs
+    from precisionlab.io import outputs
 
     target = tmp_path / "out.bin"
     target.write_bytes(b"old")
@@ -494,7 +494,7 @@ def test_atomic_write_leaves_no_partial_file(tmp_path):
 
 
 def test_concurrent_atomic_writes_never_mix(tmp_path):
-    from precisionlab import outputs
+    from precisionlab.io import outputs
 
     target = tmp_path / "out.bin"
     payloads = [bytes([i]) * 200_000 for i in range(4)]
@@ -520,7 +520,7 @@ def test_concurrent_atomic_writes_never_mix(tmp_path):
 
 @pytest.mark.parametrize("bad", ["", "DIR", "DIR/missing/a.bin", "DIR/a.exe", "/dev/null"])
 def test_check_output_path_is_reusable(tmp_path, bad):
-    from precisionlab import outputs
+    from precisionlab.io import outputs
     from precisionlab.errors import UsageError
 
     path = str(tmp_path) if bad == "DIR" else bad.replace("DIR", str(tmp_path))
@@ -552,7 +552,7 @@ def test_a_socket_and_a_device_are_refused(run, tmp_path):
 
 
 def test_check_regular_file_is_reusable(tmp_path):
-    from precisionlab import inputs
+    from precisionlab.io import inputs
     from precisionlab.errors import UsageError
 
     f = tmp_path / "a.npy"
@@ -637,7 +637,7 @@ _NUMBER = re.compile(r"-?\d+(?:\.\d+)?(?:e[+-]\d+)?")
 def test_narrow_terminals_keep_every_number(run, monkeypatch, command, width):
     """Every number of the wide table is in the narrow output (folding may
     break a line, never drop a digit)."""
-    from precisionlab import report
+    from precisionlab.report import console as report
 
     def table_numbers(text):
         """Numbers in the table cells, except timings (they change from run to run)."""
@@ -689,7 +689,7 @@ def test_absurd_threads_exit_2_instead_of_crashing_torch(args):
 
 
 def test_threads_upper_bound_is_per_core():
-    from precisionlab import threads
+    from precisionlab.runtime import threads
     from precisionlab.errors import UsageError
 
     assert threads.check(threads.max_threads()) == threads.max_threads()

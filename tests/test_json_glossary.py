@@ -5,7 +5,7 @@ format, and a schema_version first. Each command runs once at a small size."""
 import pytest
 from helpers import cli, json_glossary_problems, strict_json
 
-from precisionlab import report
+from precisionlab.report import jsondoc
 
 # (id, argv): every command and subcommand, small; the files compare tensors and
 # compare logits read are written by the runs before them (the fixture below).
@@ -45,7 +45,7 @@ def docs(tmp_path_factory):
 @pytest.mark.parametrize("name", [c[0] for c in COMMANDS])
 def test_every_document_carries_the_schema_version_first(docs, name):
     d = docs[name]
-    assert list(d)[:2] == ["schema_version", "command"] and d["schema_version"] == report.SCHEMA_VERSION
+    assert list(d)[:2] == ["schema_version", "command"] and d["schema_version"] == jsondoc.SCHEMA_VERSION
     assert isinstance(d["rows"], list) and d["rows"]
 
 

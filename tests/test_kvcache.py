@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from helpers import cli, save_tiny_qwen, strict_json
 
-from precisionlab import formats
+from precisionlab.catalog import formats
 from precisionlab.errors import RunError, UsageError
 from precisionlab.experiments import kvcache as exp
 
@@ -68,7 +68,7 @@ def test_cli_json_and_usage_errors():
 
 
 def test_the_distribution_statistics_are_compare_model_metrics_own(scaled_run):
-    from precisionlab import distribution
+    from precisionlab.numerics import distribution
 
     for r in scaled_run.rows:
         d = r["distribution"]
@@ -78,7 +78,7 @@ def test_the_distribution_statistics_are_compare_model_metrics_own(scaled_run):
     rows = {(r["cache"], r["scale"]): r for r in scaled_run.rows}
     assert rows[("bf16", None)]["distribution_vs_bf16_cache"]["kld_max"] == 0  # the bf16 cache against itself
     assert rows[("fp8_e4m3", "unit")]["kld_mean"] > 100 * rows[("fp8_e4m3", "dynamic")]["kld_mean"]
-    assert distribution.summarize.__module__ == "precisionlab.distribution"
+    assert distribution.summarize.__module__ == "precisionlab.numerics.distribution"
 
 
 # ---------------------------------------------------------------------------
@@ -128,7 +128,7 @@ def test_hf_activations_x1000_saturate_a_unit_scale_cache_and_dynamic_scales_rec
 def test_hf_distribution_statistics_agree_with_distribution_py_on_the_same_logits(tiny_qwen, hf_scaled_run):
     """The dynamic e4m3 row's statistics, recomputed here from logits got
     through compare model's own runner (the reference) and a fresh cache."""
-    from precisionlab import distribution
+    from precisionlab.numerics import distribution
 
     cfg = _hf_cfg(tiny_qwen, activation_scale=1000.0)
     m = exp.HFModel(cfg, "cpu")
@@ -185,7 +185,7 @@ def test_hf_attention_reads_the_quantized_cache_its_own_token_included(tiny_qwen
 def test_hf_memory_is_checked_before_anything_loads(tiny_qwen, monkeypatch):
     import transformers
 
-    from precisionlab import inputs
+    from precisionlab.io import inputs
 
     calls = []
     for cls in (transformers.AutoConfig, transformers.AutoTokenizer, transformers.AutoModelForCausalLM):

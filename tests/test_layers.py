@@ -176,7 +176,9 @@ def test_an_lm_head_that_overflows_fp16_is_the_head_pitfall(tmp_path):
 
 def test_memory_is_estimated_before_the_model_is_opened(monkeypatch):
     # compare model --layers checks its own estimate (memory.compare_layers) first
-    from precisionlab import inputs, memory
+    from precisionlab.io import inputs
+    from precisionlab.engines import shape
+    from precisionlab.runtime import memory
     from precisionlab.errors import UsageError
 
     seen = []
@@ -186,6 +188,6 @@ def test_memory_is_estimated_before_the_model_is_opened(monkeypatch):
         lexp.run(lexp.LayersConfig(steps=3, dtypes="bf16"))
     assert seen == [{"dump": False}]
     # the estimate grows with what a run keeps: positions, and the dump's copies
-    shape = memory.model_shape(None, 50, "ROMEO:\n")
+    shape = shape.model_shape(None, 50, "ROMEO:\n")
     assert memory.compare_layers(*shape[:7], dump=True) > memory.compare_layers(*shape[:7]) > \
-        memory.compare_layers(*memory.model_shape(None, 10, "ROMEO:\n")[:7])
+        memory.compare_layers(*shape.model_shape(None, 10, "ROMEO:\n")[:7])

@@ -16,7 +16,8 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from precisionlab import formats, native
+from precisionlab import native
+from precisionlab.catalog import formats
 
 CODES = {name: formats.get(name).code for name in ("fp32", "fp16", "bf16")}
 NP = {"fp32": np.float32, "fp16": np.float16, "bf16": ml_dtypes.bfloat16}

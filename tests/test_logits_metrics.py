@@ -10,7 +10,7 @@ import pytest
 from safetensors.numpy import save_file
 
 from helpers import TINY_WORDS, cli, save_tiny_qwen, strict_json
-from precisionlab import distribution as dist
+from precisionlab.numerics import distribution as dist
 from precisionlab.experiments import logits as exp
 
 mpmath.mp.dps = 50
@@ -182,7 +182,7 @@ def saved_pair(tmp_path_factory):
 def test_saved_reference_round_trips_bit_for_bit(saved_pair):
     import torch
 
-    from precisionlab.models import charlm
+    from precisionlab.engines import charlm
 
     d, a, b, _, _, _ = saved_pair
     logits, tokens, meta = _read(a)
@@ -205,7 +205,7 @@ def test_saved_reference_round_trips_bit_for_bit(saved_pair):
     # The bf16 file holds bf16 values; read back and written again, the bytes are the same.
     lb, tb, _ = _read(b)
     assert str(lb.dtype) == "bfloat16"
-    from precisionlab import logits_file
+    from precisionlab.io import logits_file
 
     logits_file.write(str(d / "again.safetensors"), lb, tb, _read(b)[2])
     la, ta, ma = _read(d / "again.safetensors")
@@ -228,7 +228,7 @@ def test_compare_logits_reproduces_the_live_run_exactly(saved_pair):
 def _json_of(obj):
     import json
 
-    from precisionlab.report import jsonable
+    from precisionlab.report.jsondoc import jsonable
 
     return json.dumps(jsonable(obj), allow_nan=False)
 

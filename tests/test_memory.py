@@ -22,7 +22,9 @@ import numpy as np
 import pytest
 
 from helpers import ROOT, save_tiny_qwen
-from precisionlab import inputs, memory
+from precisionlab.io import inputs
+from precisionlab.engines import shape as engine_shape
+from precisionlab.runtime import memory
 from precisionlab.experiments.op_harness import shapes_used
 from precisionlab.errors import UsageError
 
@@ -31,7 +33,7 @@ RATIO = 1.5  # the estimate must lie within 1.5x of the measured growth, either 
 CHILD = textwrap.dedent("""
     import ctypes, gc, json, os, sys
     import numpy, torch
-    import precisionlab.cli, precisionlab.native, precisionlab.report
+    import precisionlab.cli, precisionlab.native, precisionlab.report.console
     precisionlab.native._load()  # the library loaded: part of the baseline
 
     def status(key):
@@ -83,14 +85,14 @@ def _tiny_qwen(out: Path, hidden: int) -> str:
 def _models(tmp_path: Path):
     pytest.importorskip("transformers")
     return [(["compare", "model", "--model", folder, "--steps", "8", "--prompt", "the cat sat", "--json"],
-             memory.compare_model_for(folder, 8, "the cat sat"))
+             engine_shape.compare_model_for(folder, 8, "the cat sat"))
             for folder in (_tiny_qwen(tmp_path, h) for h in (128, 256, 512))]
 
 
 def _layers_models(tmp_path: Path):
     pytest.importorskip("transformers")
     return [(["compare", "model", "--model", folder, "--layers", "--steps", "8", "--prompt", "the cat sat", "--json"],
-             memory.compare_layers_for(folder, 8, "the cat sat"))
+             engine_shape.compare_layers_for(folder, 8, "the cat sat"))
             for folder in (_tiny_qwen(tmp_path, h) for h in (128, 256, 512))]
 
 
@@ -99,7 +101,7 @@ def _kvcache_models(tmp_path: Path):
 
     pytest.importorskip("transformers")
     return [(["kvcache", "--model", folder, "--steps", "8", "--prompt", "the cat sat", "--json"],
-             memory.kvcache_for(folder, 8, "the cat sat", CALIBRATION_CHARS))
+             engine_shape.kvcache_for(folder, 8, "the cat sat", CALIBRATION_CHARS))
             for folder in (_tiny_qwen(tmp_path, h) for h in (128, 256, 512))]
 
 
@@ -108,7 +110,7 @@ def _kvcache_embedded():
 
     # 800 steps: the teacher-forced pass's attention scores outgrow the 512-character calibration pass's
     return [(["kvcache", "--steps", str(s), "--dtypes", "fp8_e4m3", "--scales", "dynamic", "--json"],
-             memory.kvcache_for(None, s, "ROMEO:\n", CALIBRATION_CHARS)) for s in (100, 400, 800)]
+             engine_shape.kvcache_for(None, s, "ROMEO:\n", CALIBRATION_CHARS)) for s in (100, 400, 800)]
 
 
 # (label, [(argv, estimate in bytes)] at three ascending sizes)
@@ -140,7 +142,7 @@ def _families(tmp_path: Path):
         "compare model": lambda: _models(tmp_path),
         "compare model --layers": lambda: _layers_models(tmp_path),
         "compare model --layers (embedded)": [(["compare", "model", "--layers", "--steps", str(s), "--json"],
-                                               memory.compare_layers_for(None, s, "ROMEO:\n")) for s in (100, 300, 600)],
+                                               engine_shape.compare_layers_for(None, s, "ROMEO:\n")) for s in (100, 300, 600)],
         "kvcache --model": lambda: _kvcache_models(tmp_path),
         "kvcache": _kvcache_embedded,
         # two files of one fp32 tensor each: both stored tensors (4 + 4), their float64 copies and the
@@ -272,7 +274,7 @@ def test_from_file_refused_from_its_header(tmp_path):
 
 def test_failed_allocation_is_one_line_and_exit_1():
     # the check told that plenty is available: the allocation itself fails
-    prelude = "import precisionlab.inputs as i\ni.memory_limit = lambda: 1 << 62"
+    prelude = "import precisionlab.io.inputs as i\ni.memory_limit = lambda: 1 << 62"
     r = _run_limited(BIG_SOFTMAX, 1 << 30, prelude)
     assert r.returncode == 1, r.stderr
     lines = r.stderr.strip().splitlines()
@@ -280,7 +282,7 @@ def test_failed_allocation_is_one_line_and_exit_1():
 
 
 def test_out_of_memory_covers_torch_allocators():
-    from precisionlab import cli
+    from precisionlab.cli import app as cli
 
     torch = pytest.importorskip("torch")
     assert cli._out_of_memory(MemoryError())

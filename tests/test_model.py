@@ -6,7 +6,7 @@ import torch
 
 from helpers import cli, save_tiny_qwen, strict_json
 from precisionlab.experiments import model as exp
-from precisionlab.models import charlm
+from precisionlab.engines import charlm
 
 
 @pytest.fixture(scope="module")

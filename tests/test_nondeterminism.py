@@ -5,7 +5,9 @@ import numpy as np
 import pytest
 
 from helpers import cli, strict_json
-from precisionlab import formats, metrics, native
+from precisionlab import native
+from precisionlab.catalog import formats
+from precisionlab.numerics import metrics
 from precisionlab.experiments import nondeterminism as nd
 
 

@@ -188,7 +188,7 @@ def test_error_report_rel_l2_and_mean_are_exact():
     import mpmath as mp
     import numpy as np
 
-    from precisionlab import metrics
+    from precisionlab.numerics import metrics
 
     mp.mp.prec = 300
     rng = np.random.default_rng(1)

@@ -54,7 +54,7 @@ def test_wheel_carries_the_library_built_like_make_lib(wheel, tmp_path):
     with zipfile.ZipFile(wheel) as z:
         names = set(z.namelist())
         assert "precisionlab/lib/libprecisionlab.so" in names
-        assert "precisionlab/models/data/charlm.safetensors" in names
+        assert "precisionlab/engines/data/charlm.safetensors" in names
         lib = tmp_path / native.LIB_NAME
         lib.write_bytes(z.read("precisionlab/lib/libprecisionlab.so"))
     assert not [n for n in names if n.startswith(("cuda/", "tests/"))]
@@ -84,7 +84,7 @@ def test_sdist_holds_the_sources_build_files_and_tests(sdist):
     assert any(n.startswith("cuda/") and n.endswith(".cu") for n in wanted)
     assert not wanted - names, f"missing from the sdist: {sorted(wanted - names)}"
     assert {"Makefile", "setup.py", "pyproject.toml", "MANIFEST.in", "LICENSE", "README.md",
-            "precisionlab/cli.py"} <= names
+            "precisionlab/cli/app.py"} <= names
     assert not [n for n in names if n.endswith(".so") or "__pycache__" in n]  # built from source, never shipped
 
 

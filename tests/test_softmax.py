@@ -10,7 +10,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from helpers import cli, strict_json
-from precisionlab import formats, native
+from precisionlab import native
+from precisionlab.catalog import formats
 from precisionlab.experiments import softmax as sm
 
 NP = {"fp32": np.float32, "bf16": ml_dtypes.bfloat16, "fp16": np.float16}

@@ -17,7 +17,8 @@ import pytest
 
 import emulate_gpu
 from test_softmax import NP, check_close, check_non_finite_rows, check_partly_masked, run
-from precisionlab import formats, native
+from precisionlab import native
+from precisionlab.catalog import formats
 
 gpu = pytest.mark.gpu  # every test but the replay's own check needs a device (or the emulator)
 
@@ -225,7 +226,8 @@ import numpy as np
 sys.path.insert(0, "tests")
 import emulate_gpu
 from test_softmax import NP, run
-from precisionlab import formats, native
+from precisionlab import native
+from precisionlab.catalog import formats
 
 out = {}
 for cols, dtype in ((151936, "bf16"), (262144, "fp32")):

@@ -5,7 +5,8 @@ import pytest
 
 from test_softmax import (COLS, SHIFTED, check_close, check_non_finite_rows, check_partly_masked,
                           check_no_rescale_bug, check_zero_identity_bug, run)
-from precisionlab import formats, native
+from precisionlab import native
+from precisionlab.catalog import formats
 
 pytestmark = pytest.mark.gpu
 

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from helpers import cli
 
-from precisionlab import formats
+from precisionlab.catalog import formats
 
 ML = {"fp4_e2m1": ml_dtypes.float4_e2m1fn, "fp6_e2m3": ml_dtypes.float6_e2m3fn, "fp6_e3m2": ml_dtypes.float6_e3m2fn}
 

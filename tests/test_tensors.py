@@ -14,7 +14,7 @@ import torch
 
 from helpers import cli, strict_json
 from precisionlab.experiments import tensors as exp
-from precisionlab.tensorfiles import natural_key
+from precisionlab.io.tensorfiles import natural_key
 
 
 def rows_of(r):

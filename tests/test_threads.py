@@ -1,9 +1,9 @@
-"""Thread counts sized for the work (precisionlab.threads) and the --threads option."""
+"""Thread counts sized for the work (precisionlab.runtime.threads) and the --threads option."""
 
 import pytest
 
 from helpers import cli
-from precisionlab import threads
+from precisionlab.runtime import threads
 from precisionlab.errors import UsageError
 from precisionlab.experiments import compare
 

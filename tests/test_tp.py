@@ -14,7 +14,8 @@ import pytest
 
 from emulate import round_exact
 from helpers import ROOT, json_glossary_problems
-from precisionlab import formats, native
+from precisionlab import native
+from precisionlab.catalog import formats
 from precisionlab.errors import RunError, UsageError
 from precisionlab.experiments import tp
 

@@ -9,8 +9,9 @@ from importlib import metadata
 import pytest
 from helpers import ROOT, cli, strict_json
 
-from precisionlab import __version__, native, report
-from precisionlab.version import describe_build, parse_build_info
+from precisionlab import __version__, native
+from precisionlab.report import jsondoc
+from precisionlab.runtime.version import describe_build, parse_build_info
 
 NVCC_INFO = ("compiler=nvcc 13.0; flags=nvcc -O3 --fmad=false -cudart static -gencode arch=compute_90,code=sm_90 "
              "-gencode arch=compute_90,code=compute_90 -gencode arch=compute_100,code=sm_100 "
@@ -82,5 +83,5 @@ def test_completion_is_offered_for_the_command():
                                   ["softmax", "--values", "1,2,3", "--device", "cpu"], ["info"]])
 def test_every_json_document_carries_the_schema_version(argv):
     d = strict_json(cli(*argv, "--json").out)
-    assert isinstance(report.SCHEMA_VERSION, int) and d["schema_version"] == report.SCHEMA_VERSION
+    assert isinstance(jsondoc.SCHEMA_VERSION, int) and d["schema_version"] == jsondoc.SCHEMA_VERSION
     assert list(d)[:2] == ["schema_version", "command"]

@@ -14,10 +14,14 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from precisionlab import devices, formats, inputs, metrics, native
+from precisionlab import native
+from precisionlab.runtime import devices
+from precisionlab.catalog import formats
+from precisionlab.io import inputs
+from precisionlab.numerics import metrics
 from precisionlab.errors import UsageError
 from precisionlab.experiments import accumulate_cpu
-from precisionlab.formats import Format
+from precisionlab.catalog.formats import Format
 
 # The variants are the library's catalog (op "sum"); the reordered ones run the
 # sequential kernel on a permutation of the input (accumulate_cpu.CpuRows).

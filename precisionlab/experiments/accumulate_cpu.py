@@ -38,9 +38,12 @@ from fractions import Fraction
 
 import numpy as np
 
-from precisionlab import inputs, metrics, native, threads
+from precisionlab import native
+from precisionlab.io import inputs
+from precisionlab.numerics import metrics
+from precisionlab.runtime import threads
 from precisionlab.errors import UsageError
-from precisionlab.formats import Format
+from precisionlab.catalog.formats import Format
 
 # The reordered variants (the catalog's order column) by name: each runs its
 # kernel on the input as CpuRows permutes it (permuted() for one array alone).

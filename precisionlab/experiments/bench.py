@@ -16,7 +16,10 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from precisionlab import devices, formats, inputs, memory, native
+from precisionlab import native
+from precisionlab.runtime import devices, memory
+from precisionlab.catalog import formats
+from precisionlab.io import inputs
 from precisionlab.errors import UsageError
 from precisionlab.experiments import accumulate_cpu as accumulate_cpu_exp
 
@@ -161,7 +164,7 @@ def _wall(fn, reps: int = 3) -> float:
 
 
 def accumulate_gpu(n: int, seed: int, quick: bool, advance) -> list[dict]:
-    from precisionlab.experiments import cuda_timing as ct
+    from precisionlab.runtime import cuda_timing as ct
 
     torch = ct.torch()
     iters = 20 if quick else 50
@@ -206,7 +209,7 @@ def _gpu_row(kernel, storage, acc, n, t, nbytes, torch_ms, copy_gbps) -> dict:
 
 
 def softmax_gpu(seed: int, quick: bool, advance) -> list[dict]:
-    from precisionlab.experiments import cuda_timing as ct
+    from precisionlab.runtime import cuda_timing as ct
 
     torch = ct.torch()
     iters = 20 if quick else 30
@@ -250,7 +253,7 @@ def softmax_gpu(seed: int, quick: bool, advance) -> list[dict]:
 
 
 def matmul_gpu(seed: int, quick: bool, advance) -> list[dict]:
-    from precisionlab.experiments import cuda_timing as ct
+    from precisionlab.runtime import cuda_timing as ct
     from precisionlab.experiments import tf32
 
     torch = ct.torch()
@@ -285,7 +288,7 @@ SPLITK_SPLITS = 8
 
 
 def splitk_gpu(seed: int, quick: bool, advance) -> list[dict]:
-    from precisionlab.experiments import cuda_timing as ct
+    from precisionlab.runtime import cuda_timing as ct
 
     torch = ct.torch()
     m, k, n = SPLITK_SHAPE

@@ -20,7 +20,10 @@ from pathlib import Path
 
 import numpy as np
 
-from precisionlab import devices, formats, inputs, memory, metrics, threads
+from precisionlab.runtime import devices, memory, threads
+from precisionlab.catalog import formats
+from precisionlab.io import inputs
+from precisionlab.numerics import metrics
 from precisionlab.errors import RunError, UsageError
 from precisionlab.experiments import op_harness
 
@@ -55,7 +58,7 @@ class CompareOpConfig:
     scale: float = 1.0            # multiplies the random inputs
     out_dtype: str | None = None  # the dtype your low-precision output is declared to have
     from_file: str | None = None  # inputs from a .npy / .pt / .safetensors file
-    threads: int | None = None  # torch CPU threads; None: sized for the op (precisionlab.threads)
+    threads: int | None = None  # torch CPU threads; None: sized for the op (precisionlab.runtime.threads)
 
 
 @dataclass
@@ -260,7 +263,7 @@ def _compare_op(cfg: CompareOpConfig, advance) -> CompareResult:
     plan = devices.resolve(cfg.device)
     torch = _torch()
     threads.fit_torch(cfg.threads, op_flops(op, shape))
-    from precisionlab import torch_ops
+    from precisionlab.numerics import torch_ops
     from precisionlab.experiments.tf32 import restored_flags, torch_flags
 
     yours = load_impl(cfg.impl) if cfg.impl else getattr(torch_ops, op)
@@ -344,7 +347,7 @@ def inputs_from_file(op: str, path: str, base: tuple, device: str, seed: int = 0
     """The op's inputs from a tensor file: tensors named after the arguments
     (ARG_NAMES), or one tensor standing for the first; the rest are generated
     to fit its shape, as for random inputs."""
-    from precisionlab import tensorfiles
+    from precisionlab.io import tensorfiles
 
     torch = _torch()
     tf = tensorfiles.open_tensor_file(path)

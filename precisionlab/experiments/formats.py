@@ -24,7 +24,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from precisionlab import devices, formats, inputs, metrics, native
+from precisionlab import native
+from precisionlab.runtime import devices
+from precisionlab.catalog import formats
+from precisionlab.io import inputs
+from precisionlab.numerics import metrics
 from precisionlab.errors import RunError, UsageError
 
 DISTRIBUTIONS = ("normal", "student_t", "outlier_10x", "outlier_30x", "outlier_100x")

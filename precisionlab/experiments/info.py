@@ -14,11 +14,11 @@ def _fmt_cuda(v: int) -> str | None:
 
 
 def run() -> dict:
-    from precisionlab import report
+    from precisionlab.runtime import machine
     from precisionlab.experiments.tf32 import torch_flags
 
-    out = {"versions": report.versions(), "python_implementation": platform.python_implementation(),
-           "cpu": {"model": report.cpu_name(), "threads": os.cpu_count(),
+    out = {"versions": machine.versions(), "python_implementation": platform.python_implementation(),
+           "cpu": {"model": machine.cpu_name(), "threads": os.cpu_count(),
                    "affinity": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None}}
     try:
         out["library"] = {"path": native.library_path(), "abi": native.ABI_VERSION, "build": native.build_info()}
@@ -42,7 +42,7 @@ def catalog() -> dict:
     """What the library implements, from its own tables: every kernel variant,
     every format (bits, precision, exponent range, max, inf/NaN), and the
     block-scaled formats (element, block size, scale format)."""
-    from precisionlab import formats
+    from precisionlab.catalog import formats
 
     fmts = [{"name": f.name, "code": f.code, "bits": f.bits, "precision": f.precision, "emin": f.emin,
              "emax": f.emax, "max": f.max, "has_inf": f.has_inf, "has_nan": f.has_nan,

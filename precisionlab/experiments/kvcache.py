@@ -29,7 +29,7 @@ per key/value head.
 
 Per cache: the teacher-forced logit error along the reference's greedy path
 against the fp32 cache, its ratio to the bf16 cache's, the next-token
-distribution statistics of `compare model --metrics` (precisionlab.distribution:
+distribution statistics of `compare model --metrics` (precisionlab.numerics.distribution:
 KL, top-1 agreement, delta-p, flips by fp32's margin) on the same logits
 against the fp32 cache and against the bf16 cache, the number of saturated
 cache entries (an entry whose scaled value lies past max + half the format's
@@ -48,7 +48,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from precisionlab import devices, distribution, formats, inputs, memory
+from precisionlab.engines import shape
+from precisionlab.runtime import devices, memory
+from precisionlab.numerics import distribution
+from precisionlab.catalog import formats
+from precisionlab.io import inputs
 from precisionlab.errors import NoDeviceError, RunError, UsageError
 
 DEFAULT_PROMPT = "ROMEO:\n"
@@ -164,7 +168,7 @@ class EmbeddedModel:
 
     def __init__(self, cfg: KVCacheConfig, device: str):
         torch = _torch()
-        from precisionlab.models import charlm
+        from precisionlab.engines import charlm
 
         self.model, tok = charlm.load_default(torch.float32, device)
         self.device = device
@@ -201,7 +205,7 @@ class EmbeddedModel:
 
 
 def calibration_text() -> str:
-    from precisionlab.models import charlm
+    from precisionlab.engines import charlm
 
     return charlm.DEFAULT_WEIGHTS.with_name("shakespeare.txt").read_text("utf-8")[:CALIBRATION_CHARS]
 
@@ -352,7 +356,7 @@ def run(cfg: KVCacheConfig, advance=lambda k=1: None) -> KVCacheResult:
         raise UsageError("--prompt is empty: greedy decoding needs at least one token to start from")
     plan = devices.resolve(cfg.device)
     torch = _torch()
-    from precisionlab.models import charlm
+    from precisionlab.engines import charlm
 
     if plan.cuda and not torch.cuda.is_available():
         if not plan.cpu:
@@ -363,7 +367,7 @@ def run(cfg: KVCacheConfig, advance=lambda k=1: None) -> KVCacheResult:
     if cfg.model is None:
         if not charlm.DEFAULT_WEIGHTS.is_file():
             raise RunError(f"the embedded model's weights are missing ({charlm.DEFAULT_WEIGHTS})")
-        inputs.check_memory(memory.kvcache_for(None, cfg.steps, cfg.prompt, CALIBRATION_CHARS),
+        inputs.check_memory(shape.kvcache_for(None, cfg.steps, cfg.prompt, CALIBRATION_CHARS),
                             f"kvcache --steps {cfg.steps}")
     from precisionlab.experiments.tf32 import restored_flags
 

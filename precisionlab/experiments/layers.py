@@ -36,12 +36,12 @@ from pathlib import Path
 
 import numpy as np
 
-from precisionlab import inject as inject_mod
-from precisionlab import outputs
+from precisionlab.engines import inject as inject_mod
+from precisionlab.io import outputs
 from precisionlab.errors import UsageError
 from precisionlab.experiments.compare import RATIO_THRESHOLD
 from precisionlab.experiments.tensors import _ratio, rel_l2
-from precisionlab.tensorfiles import ORDER_KEY, TOKENS_KEY
+from precisionlab.io.tensorfiles import ORDER_KEY, TOKENS_KEY
 
 FP16_MAX = 65504.0
 INJECT_KEYS = {"scale", "eps", "rope"}
@@ -105,11 +105,11 @@ def run(cfg: LayersConfig, advance=lambda k=1: None) -> LayersResult:
     device = mexp._device(cfg.device)
     import torch
 
-    from precisionlab.models import hooks
+    from precisionlab.engines import hooks
 
     torch.manual_seed(cfg.seed)
     t0 = time.perf_counter()
-    from precisionlab import memory
+    from precisionlab.runtime import memory
 
     estimate = functools.partial(memory.compare_layers_for, dump=dump_dir is not None)
     runner, prompt = mexp.open_runner(cfg.model, device, cfg.prompt, cfg.steps, memory_check=True,
@@ -192,7 +192,7 @@ def _threads_for(model):
 
 
 def _low_copy(runner, tdt):
-    from precisionlab.models import hooks
+    from precisionlab.engines import hooks
 
     m = copy.deepcopy(runner.base).to(tdt)
     if not hooks._is_charlm(m):
@@ -206,7 +206,7 @@ class _Run:
 
 
 def _captured_run(runner, model, site_list, x) -> _Run:
-    from precisionlab.models import hooks
+    from precisionlab.engines import hooks
 
     cap = hooks.Capture(model, site_list)
     try:
@@ -243,7 +243,7 @@ def _local(runner, site, model, ref_cap, low_cap, tdt):
     to the low dtype; the other arguments (masks, RoPE phases) as the low run had them."""
     import torch
 
-    from precisionlab.models import hooks
+    from precisionlab.engines import hooks
 
     if site.name == "rope" and site.pseudo:
         return hooks.charlm_rope(model, ref_cap.t, tdt)
@@ -262,7 +262,7 @@ def _local(runner, site, model, ref_cap, low_cap, tdt):
 
 
 def _site_row(runner, site, i, low, tdt, ref_cap, cap, trusted, yours, touched) -> dict:
-    from precisionlab.models import hooks
+    from precisionlab.engines import hooks
 
     out32, out_low = ref_cap.outputs[site.name], cap.outputs[site.name]
     y_local = _local(runner, site, yours, ref_cap, cap, tdt)

@@ -3,8 +3,8 @@ next-token distributions move from fp32's over a text.
 
 Teacher-forced: every run reads the same tokens, in windows of the model's
 training context, batched, and each position's two logit rows give the
-statistics in precisionlab.distribution. `compare logits` computes the same
-from two logits files (precisionlab.logits_file), through the same
+statistics in precisionlab.numerics.distribution. `compare logits` computes the same
+from two logits files (precisionlab.io.logits_file), through the same
 per-position code, so a saved pair reproduces a live run exactly.
 """
 
@@ -19,7 +19,8 @@ from pathlib import Path
 
 import numpy as np
 
-from precisionlab import distribution, inputs, logits_file
+from precisionlab.numerics import distribution
+from precisionlab.io import inputs, logits_file
 from precisionlab.errors import UsageError
 
 DTYPES = ("fp32", "bf16", "fp16")
@@ -75,11 +76,11 @@ class LogitsResult:
 def check_output_path(path: str, option: str) -> None:
     """outputs.check_output_path: a --plot with an extension matplotlib writes,
     a logits file under any name."""
-    from precisionlab import outputs
+    from precisionlab.io import outputs
 
     kinds = None
     if option == "--plot":
-        from precisionlab.report import plot_kinds, require_matplotlib
+        from precisionlab.report.plots import plot_kinds, require_matplotlib
 
         require_matplotlib()
         kinds = plot_kinds()
@@ -127,7 +128,7 @@ def _gate(rows: list[dict], max_kld: float | None, min_top1: float | None) -> li
 
 
 def default_text() -> str:
-    from precisionlab.models import charlm
+    from precisionlab.engines import charlm
 
     text = (charlm.DEFAULT_WEIGHTS.parent / "shakespeare.txt").read_text("utf-8")
     return text[int(len(text) * HELD_OUT_FROM):]  # one character is one token there
@@ -174,7 +175,7 @@ def _token_ids(runner, text: str, need: int, source: str) -> list[int]:
 
 def _tensor_to_numpy(t) -> np.ndarray:
     """A CPU tensor's values in its own dtype (bf16 through ml_dtypes, exactly)."""
-    from precisionlab import formats
+    from precisionlab.catalog import formats
 
     return formats.torch_to_numpy(t.cpu())
 
@@ -210,7 +211,7 @@ def _torch_threads(torch, n: int | None):
 
 
 def run_model(cfg: MetricsConfig, advance=lambda k=1: None) -> LogitsResult:
-    from precisionlab import inject
+    from precisionlab.engines import inject
     from precisionlab.experiments import model as mexp
 
     lows = inputs.parse_choices(cfg.dtypes, DTYPES, "--dtypes")

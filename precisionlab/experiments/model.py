@@ -23,7 +23,10 @@ from pathlib import Path
 
 import numpy as np
 
-from precisionlab import devices, formats, inputs, memory, metrics, threads
+from precisionlab.runtime import devices, memory, threads
+from precisionlab.catalog import formats
+from precisionlab.io import inputs
+from precisionlab.numerics import metrics
 from precisionlab.errors import NoDeviceError, RunError, UsageError
 
 DEFAULT_PROMPT = "ROMEO:\n"
@@ -38,7 +41,7 @@ class ModelConfig:
     dtypes: str = "bf16,fp16"
     device: str = "cpu"
     seed: int = 0
-    threads: int | None = None  # torch CPU threads; None: sized for the model (precisionlab.threads)
+    threads: int | None = None  # torch CPU threads; None: sized for the model (precisionlab.runtime.threads)
 
 
 @dataclass
@@ -112,7 +115,7 @@ def check_finite(logits: np.ndarray, dtype: str, step: int, where: str) -> None:
 class EmbeddedRunner(Runner):
     def __init__(self, device: str):
         from precisionlab.errors import RunError
-        from precisionlab.models import charlm
+        from precisionlab.engines import charlm
 
         if not charlm.DEFAULT_WEIGHTS.is_file():
             raise RunError(f"the embedded model's weights are missing ({charlm.DEFAULT_WEIGHTS}): "

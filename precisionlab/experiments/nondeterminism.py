@@ -26,7 +26,11 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from precisionlab import devices, formats, inputs, memory, metrics, native
+from precisionlab import native
+from precisionlab.runtime import devices, memory
+from precisionlab.catalog import formats
+from precisionlab.io import inputs
+from precisionlab.numerics import metrics
 from precisionlab.errors import UsageError
 
 FP32 = formats.get("fp32").code  # the kernels' format code for fp32

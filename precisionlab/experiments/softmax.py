@@ -12,9 +12,13 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from precisionlab import ddexp, devices, formats, inputs, memory, metrics, native
+from precisionlab import native
+from precisionlab.numerics import ddexp, metrics
+from precisionlab.runtime import devices, memory
+from precisionlab.catalog import formats
+from precisionlab.io import inputs
 from precisionlab.errors import UsageError
-from precisionlab.formats import Format
+from precisionlab.catalog.formats import Format
 
 DTYPES = ("fp32", "bf16", "fp16")
 # The variants are the library's catalog (op "softmax"): the defaults run in the

@@ -25,10 +25,12 @@ from fractions import Fraction
 
 import numpy as np
 
-from precisionlab import formats, inputs, metrics
+from precisionlab.catalog import formats
+from precisionlab.io import inputs
+from precisionlab.numerics import metrics
 from precisionlab.errors import UsageError
 from precisionlab.experiments.compare import RATIO_THRESHOLD, CompareResult
-from precisionlab.tensorfiles import DTYPE_TO_FORMAT, TensorFile, natural_key, open_tensor_file
+from precisionlab.io.tensorfiles import DTYPE_TO_FORMAT, TensorFile, natural_key, open_tensor_file
 
 # torch.testing.assert_close's defaults (rtol, atol), kept here so comparing
 # .npz or .safetensors files never imports torch; tests check them against

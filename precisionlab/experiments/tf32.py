@@ -17,7 +17,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from precisionlab import devices, formats, inputs, memory, metrics, native, threads
+from precisionlab import native
+from precisionlab.runtime import devices, memory, threads
+from precisionlab.catalog import formats
+from precisionlab.io import inputs
+from precisionlab.numerics import metrics
 from precisionlab.errors import UsageError
 
 K_SWEEP = [256, 512, 1024, 2048, 4096, 8192, 16384]
@@ -34,7 +38,7 @@ class Tf32Config:
     sweep: bool = True
     device: str = "auto"
     seed: int = 0
-    threads: int | None = None  # torch CPU threads; None: sized per matmul (precisionlab.threads)
+    threads: int | None = None  # torch CPU threads; None: sized per matmul (precisionlab.runtime.threads)
 
 
 @dataclass
@@ -277,7 +281,7 @@ def _gpu_matmul(ta, tb, mode: str):
 
 
 def _modes_gpu(a, b, advance) -> list[dict]:
-    from precisionlab.experiments import cuda_timing as ct
+    from precisionlab.runtime import cuda_timing as ct
 
     t = _torch()
     ta, tb = t.from_numpy(a).cuda(), t.from_numpy(b).cuda()

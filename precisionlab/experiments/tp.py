@@ -42,8 +42,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from precisionlab import formats, native
-from precisionlab import interrupt
+from precisionlab import native
+from precisionlab.catalog import formats
+from precisionlab.runtime import interrupt
 from precisionlab.errors import RunError, UsageError
 
 WORLD_SIZES = (1, 2, 4, 8)
@@ -318,7 +319,7 @@ def why_no_nccl() -> str:
 
 def run(cfg: TpConfig, advance=lambda k=1: None) -> list[dict]:
     """The section's rows: gloo per dtype and world size, and NCCL's absence."""
-    from precisionlab import inputs
+    from precisionlab.io import inputs
 
     if cfg.seed < 0:
         raise UsageError(f"--seed must be >= 0 (got {cfg.seed})")

@@ -1,0 +1,201 @@
+"""The Typer app: commands parse options, call an experiment, hand the result to
+the report. No maths here.
+
+Exit codes: 0 ok, 1 failed run, 2 usage error, 3 --device cuda without a GPU.
+Errors are one line on stderr; PRECISIONLAB_DEBUG=1 shows the traceback.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import sys
+from typing import Annotated, Optional
+
+import typer
+
+try:  # typer >= 0.20 vendors click
+    from typer._click.exceptions import ClickException
+except ImportError:  # older typer depends on click
+    from click.exceptions import ClickException
+
+from precisionlab.errors import PrecisionLabError
+
+app = typer.Typer(
+    name="precisionlab",
+    help="A command-line lab for numerical precision: floating-point formats and reduction orders, "
+    "shown, measured and explained.",
+    no_args_is_help=True,
+    add_completion=True,  # --install-completion / --show-completion (typer's, no torch)
+    pretty_exceptions_enable=False,
+    context_settings={"help_option_names": ["-h", "--help"]},
+)
+
+
+compare_app = typer.Typer(help="Error reports: the three comparisons for an op, tensor dumps, a whole model.",
+                           no_args_is_help=True)
+app.add_typer(compare_app, name="compare")
+
+
+def _version(value: bool) -> None:
+    if value:
+        from precisionlab.runtime import version
+        from precisionlab.report.version import version_lines
+
+        version_lines(version.collect())
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(
+    _v: Annotated[Optional[bool], typer.Option("--version", callback=_version, is_eager=True,
+                                               help="The package, the library's ABI and build, and exit.")] = None,
+) -> None:
+    """A command-line lab for numerical precision: floating-point formats and reduction orders,
+    shown, measured and explained. Every command takes --json, --device and --seed."""
+
+
+# Every command, registered once: (group, name, module of precisionlab.cli).
+# A command module defines `command`; its help is that function's docstring.
+COMMANDS = (
+    (None, 'accumulate', 'accumulate'),
+    (None, 'softmax', 'softmax'),
+    ('compare', 'model', 'compare_model'),
+    (None, 'nondeterminism', 'nondeterminism'),
+    (None, 'tf32', 'tf32'),
+    (None, 'info', 'info'),
+    ('compare', 'op', 'compare_op'),
+    ('compare', 'logits', 'compare_logits'),
+    ('compare', 'tensors', 'compare_tensors'),
+    (None, 'bench', 'bench'),
+    (None, 'formats', 'formats'),
+    (None, 'kvcache', 'kvcache'),
+)
+GROUPS = {"compare": compare_app}
+
+
+def _register() -> None:
+    import importlib
+
+    for group, name, module in COMMANDS:
+        fn = importlib.import_module(f"precisionlab.cli.{module}").command
+        (app if group is None else GROUPS[group]).command(name)(fn)
+
+
+_register()
+
+
+def main() -> None:
+    """Entry point: run the app, turning every failure into one line and an exit code.
+
+    The command runs in a worker thread while the main thread waits on it:
+    Python delivers Ctrl-C to the main thread only between bytecodes, and a
+    long ctypes call (a big matmul or sum) holds the worker for seconds, so
+    the main thread answers at once, removes half-written files and exits 130
+    without waiting for the kernel."""
+    import threading
+
+    if sys.stderr is None:  # started with fd 2 closed: nowhere to say anything
+        sys.stderr = open(os.devnull, "w")
+    if sys.stdout is None:  # started with fd 1 closed (`precisionlab ... >&-`): no output can be shown
+        sys.stderr.write("precisionlab: stdout is closed; redirect it instead (>/dev/null discards the output)\n")
+        sys.exit(1)
+    from precisionlab.report import console
+
+    console.tolerate_unencodable()
+    if len(sys.argv) <= 1:  # no arguments: the help, on stdout, and the usage exit code
+        app(["--help"], prog_name="precisionlab", standalone_mode=False)
+        sys.exit(2)
+    outcome: dict = {}
+
+    def work() -> None:
+        try:
+            outcome["code"] = _run()
+        except BaseException as e:  # SystemExit from _fail, or a traceback asked for by PRECISIONLAB_DEBUG
+            outcome["exc"] = e
+
+    worker = threading.Thread(target=work, name="precisionlab-command", daemon=True)
+    try:
+        worker.start()
+        while worker.is_alive():
+            worker.join(0.05)
+    except KeyboardInterrupt:
+        _interrupted()
+    if "exc" in outcome:
+        raise outcome["exc"]
+    sys.exit(outcome.get("code", 0))
+
+
+def _interrupted() -> None:
+    """Ctrl-C: one line, no partial file, exit 130 now (the worker may be inside a kernel)."""
+    from precisionlab.runtime import interrupt
+    from precisionlab.io import outputs
+
+    interrupt.run_all()  # child processes and the like, owned by the worker's command
+    outputs.remove_pending()
+    try:
+        sys.stdout.flush()
+    except Exception:  # a closed pipe: nothing more to say there
+        pass
+    os.write(2, b"precisionlab: interrupted\n")
+    os._exit(130)
+
+
+def _run() -> int:
+    """The app, every failure turned into one stderr line and an exit code."""
+    debug = os.environ.get("PRECISIONLAB_DEBUG") == "1"
+    try:
+        # the command's name, also under `python -m`: shell completion is for `precisionlab`
+        rc = app(standalone_mode=False, prog_name="precisionlab")
+    except PrecisionLabError as e:
+        if debug:
+            raise
+        _fail(str(e), e.exit_code)
+    except typer.Exit as e:
+        if e.exit_code == 130 and isinstance(e.__cause__, KeyboardInterrupt):  # typer's own Ctrl-C answer
+            _fail("interrupted", 130)
+        sys.exit(e.exit_code)
+    except typer.Abort:
+        _fail("aborted", 130)
+    except ClickException as e:  # option parsing: a usage error
+        if debug:
+            raise
+        if not e.format_message().strip():  # a group without a command: its help is already printed
+            sys.exit(2)
+        _fail(e.format_message(), 2)
+    except KeyboardInterrupt:
+        _fail("interrupted", 130)
+    except Exception as e:  # a bug: still one line, unless debugging
+        if debug:
+            raise
+        if _out_of_memory(e):  # the estimate fit, the allocation failed anyway: a failed run
+            first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+            _fail(f"out of memory: {first[:200]} (the memory estimate made before the run fit; free memory or "
+                  "choose smaller sizes)", 1)
+        if isinstance(e, OSError) and e.errno in _SYSTEM_ERRNOS:  # the system refused, not a bug
+            _fail(f"{e.strerror}{f': {e.filename}' if e.filename else ''}", 1)
+        _fail(f"internal error: {type(e).__name__}: {e} (PRECISIONLAB_DEBUG=1 shows the traceback)", 1)
+    return rc if isinstance(rc, int) else 0
+
+
+# What a write to a full disk, a failing device or past a size limit raises
+# (`precisionlab ... > /dev/full`): a failed run, said as the system says it.
+_SYSTEM_ERRNOS = {errno.ENOSPC, errno.EIO, errno.EDQUOT, errno.EFBIG, errno.EROFS}
+
+
+def _out_of_memory(e: BaseException) -> bool:
+    """MemoryError, torch's OutOfMemoryError, or torch's CPU allocator refusing."""
+    if isinstance(e, MemoryError):
+        return True
+    torch = sys.modules.get("torch")
+    oom = getattr(torch, "OutOfMemoryError", None) if torch is not None else None
+    if oom is not None and isinstance(e, oom):
+        return True
+    return isinstance(e, RuntimeError) and "can't allocate memory" in str(e)
+
+
+def _fail(message: str, code: int) -> None:
+    from precisionlab.report.console import error_line
+
+    error_line(message)
+    sys.exit(code)

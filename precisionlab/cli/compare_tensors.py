@@ -1,0 +1,43 @@
+"""precisionlab compare tensors: options parsed here; the work is the experiment's, the output the report's."""
+
+from __future__ import annotations
+
+from typing import Annotated, Optional
+
+import typer
+
+from precisionlab.cli.options import JsonOpt, AtolOpt, RtolOpt
+
+
+def command(
+    files: Annotated[list[str], typer.Argument(help="A B (two dumps), or REF_FP32 REF_LOW YOURS (three-way). Each: "
+                                               ".npy, .npz, .pt (nested containers flattened; weights_only) or "
+                                               ".safetensors.", show_default=False)],
+    maps: Annotated[Optional[list[str]], typer.Option("--map", help="Rename one side's tensors: 'REGEX=REPLACEMENT' "
+                                                      "(re.sub; repeatable; applied to the side where it makes more "
+                                                      "names match, YOURS/B on a tie).")] = None,
+    only: Annotated[Optional[list[str]], typer.Option("--only", help="Compare only names matching this glob "
+                                                      "(repeatable).")] = None,
+    a_dtype: Annotated[Optional[str], typer.Option("--a-dtype", help="The first file's values were this format "
+                                                   "before dumping (bf16, fp16, ...): its tolerances apply.")] = None,
+    b_dtype: Annotated[Optional[str], typer.Option("--b-dtype", help="The same for the second file.")] = None,
+    c_dtype: Annotated[Optional[str], typer.Option("--c-dtype", help="The same for the third file (YOURS).")] = None,
+    sort: Annotated[str, typer.Option("--sort", help="order (execution order, else natural) | error.")] = "order",
+    fail_fast: Annotated[bool, typer.Option("--fail-fast", help="Stop at the first failing (flagged) tensor.")] = False,
+    equal_nan: Annotated[bool, typer.Option("--equal-nan", help="NaN agrees with NaN at the same place.")] = False,
+    atol: AtolOpt = None,
+    rtol: RtolOpt = None,
+    json_out: JsonOpt = False,
+):
+    """Compare tensor dumps name by name; with three files, tell your engine's error from what the precision costs.
+
+    Exit 0 when all pass, 1 when any fails, is flagged or is in one file only."""
+    from precisionlab.report import tensors as rep
+    from precisionlab.experiments import tensors as exp
+
+    cfg = exp.CompareTensorsConfig(files=files, maps=maps or [], only=only or [], dtypes=[a_dtype, b_dtype, c_dtype],
+                                   atol=atol, rtol=rtol, equal_nan=equal_nan, sort=sort, fail_fast=fail_fast)
+    result = exp.compare(cfg, progress_factory=lambda total: rep.bar("compare tensors", total, not json_out))
+    (rep.as_json if json_out else rep.table)(result)
+    if result.any_failed:
+        raise typer.Exit(1)

@@ -1,0 +1,41 @@
+"""precisionlab kvcache: options parsed here; the work is the experiment's, the output the report's."""
+
+from __future__ import annotations
+
+from typing import Annotated, Optional
+
+import typer
+
+from precisionlab.cli.options import DeviceOpt, SeedOpt, JsonOpt
+
+
+def command(
+    dtypes: Annotated[Optional[str], typer.Option("--dtypes", help="fp8 cache formats, comma list: fp8_e4m3, fp8_e5m2 "
+                                                  "(default: both). fp32 and bf16 caches are always shown.")] = None,
+    scales: Annotated[Optional[str], typer.Option("--scales", help="KV scales, comma list: unit, calibrated (per "
+                                                  "layer, from a calibration text), dynamic (per head and token). "
+                                                  "Default: all.")] = None,
+    activation_scale: Annotated[float, typer.Option("--activation-scale", help="Multiply K and V by this before they "
+                                                    "are cached and divide after: the same model with large "
+                                                    "activations (try 1000).")] = 1.0,
+    steps: Annotated[int, typer.Option("--steps", help="Greedy steps.")] = 50,
+    prompt: Annotated[str, typer.Option("--prompt", help="Prompt text.")] = "ROMEO:\n",
+    model: Annotated[Optional[str], typer.Option("--model", help="A Hugging Face causal LM: a local directory or a "
+                                                 "repo id already in the local cache (offline only; needs "
+                                                 "precisionlab[hf]). Default: the embedded char-level model.")] = None,
+    device: DeviceOpt = "cpu",
+    seed: SeedOpt = 0,
+    json_out: JsonOpt = False,
+):
+    """A model (the embedded one, or --model DIR) with its KV cache in fp8 (unit, calibrated or dynamic scales)
+    against fp32 and bf16 caches."""
+    from precisionlab.io import inputs
+    from precisionlab.experiments import kvcache as exp
+    from precisionlab.report import kvcache
+    from precisionlab.report.output import Output
+
+    inputs.check_given(model, "--model")
+    out = Output(kvcache, json_out)
+    cfg = exp.KVCacheConfig(dtypes=dtypes, scales=scales, activation_scale=activation_scale, steps=steps,
+                            prompt=prompt, device=device, seed=seed, model=model)
+    out.run("kvcache", lambda advance: exp.run(cfg, advance))

@@ -1,0 +1,77 @@
+"""Options shared by every command, declared once (Annotated typer options),
+and the help texts that list what the library's catalog declares."""
+
+from __future__ import annotations
+
+from typing import Annotated, Optional
+
+import typer
+
+from precisionlab.errors import PrecisionLabError
+
+
+def variant_names(op: str, device: str | None = None, kinds: tuple[str, ...] = ("algorithm", "kernel", "bug"),
+           default: bool | None = None) -> str:
+    """The op's variant names from the library's catalog, for help text: the
+    help lists what the library implements, never a copy of it. Raises
+    PrecisionLabError without the library (see catalog_help)."""
+    from precisionlab import native
+
+    return ", ".join(v.name for v in native.variants(op, device) if v.kind in kinds
+                     and (default is None or v.default == default))
+
+
+def catalog_help(build, what: str) -> str:
+    """build() (help text naming the catalog's variants), or, without the
+    library, one line saying where the names come from: --help and --version
+    still work."""
+    try:
+        return build()
+    except PrecisionLabError:
+        return f"Comma list of {what} (the library's catalog names them: build it with `make lib`)."
+
+
+def format_names(storage_only: bool | None = None) -> str:
+    """Format names from the registry, which the library's table declares."""
+    try:
+        from precisionlab.catalog import formats
+
+        return ", ".join(f.name for f in formats.FORMATS.values()
+                         if storage_only is None or f.storage_only == storage_only)
+    except PrecisionLabError:
+        return "(the library's formats: build it with `make lib`)"
+
+
+def storage_formats() -> str:
+    from precisionlab.experiments.compare import STORAGE_DTYPES  # numpy only: no torch, no library
+
+    return ", ".join(STORAGE_DTYPES)
+
+
+def block_format_names() -> str:
+    try:
+        from precisionlab import native
+
+        return ", ".join(native.block_formats())
+    except PrecisionLabError:
+        return "(the library's block formats: build it with `make lib`)"
+
+
+# Options every command shares.
+DeviceOpt = Annotated[str, typer.Option("--device", help="auto (CPU, plus GPU where present) | cpu | cuda | all.")]
+SEED_MAX = 2**64 - 1  # the kernels take the seed as a uint64
+
+
+def seed_in_range(value: int) -> int:
+    if not 0 <= value <= SEED_MAX:
+        raise typer.BadParameter(f"must be in 0 ... 2^64-1 ({SEED_MAX}), got {value}")
+    return value
+
+
+SeedOpt = Annotated[int, typer.Option("--seed", callback=seed_in_range,
+                                      help="Seed for every random draw, passed down to the kernels (0 ... 2^64-1).")]
+JsonOpt = Annotated[bool, typer.Option("--json", help="One strict JSON document on stdout (non-finite as strings).")]
+AtolOpt = Annotated[Optional[float], typer.Option("--atol", help="Absolute tolerance (default: torch.testing's for the dtype).")]
+RtolOpt = Annotated[Optional[float], typer.Option("--rtol", help="Relative tolerance (default: torch.testing's for the dtype).")]
+ThreadsOpt = Annotated[Optional[int], typer.Option("--threads", help="CPU threads for torch work, at most 4 per "
+                                                   "core (default: sized for the work, one for small matrices).")]

@@ -1,0 +1,97 @@
+"""A model's sizes, read from the checkpoint's headers and config.json before
+anything is loaded, for the memory estimates of runtime/memory.py."""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+from precisionlab.runtime import memory
+
+
+def safetensors_parameters(paths) -> int:
+    """Parameters declared in safetensors headers, without reading the tensors."""
+    import math
+
+    from safetensors import safe_open
+
+    total = 0
+    for path in paths:
+        with safe_open(str(path), framework="pt") as f:
+            total += sum(math.prod(f.get_slice(k).get_shape()) for k in f.keys())
+    return total
+
+
+class ModelShape(NamedTuple):
+    params: int
+    seq: int        # prompt + steps positions
+    vocab: int
+    hidden: int
+    layers: int
+    heads: int
+    kind: str       # "hf" | "embedded"
+    positions: int  # the model's longest sequence (0: not declared)
+
+
+def model_shape(model: str | None, steps: int, prompt: str) -> ModelShape | None:
+    """The sizes of the embedded model or a Hugging Face folder, read from
+    the checkpoint's headers and config.json before anything is loaded. A
+    repo id resolves to its local snapshot; where none is found, None (the
+    loader's own error follows)."""
+    import json
+    from pathlib import Path
+
+    seq = len(prompt.encode()) + steps  # a token is at least one byte of the prompt
+    if model is None:
+        from safetensors import safe_open
+
+        from precisionlab.engines import charlm
+
+        with safe_open(str(charlm.DEFAULT_WEIGHTS), framework="pt") as f:
+            cfg = json.loads(f.metadata()["config"])
+        return ModelShape(safetensors_parameters([charlm.DEFAULT_WEIGHTS]), seq, cfg["vocab_size"], cfg["d_model"],
+                          cfg["n_layers"], cfg["n_heads"], "embedded", int(cfg.get("max_seq_len", 1024)))
+    folder = Path(model)
+    if not folder.is_dir():
+        try:
+            from huggingface_hub import snapshot_download
+
+            folder = Path(snapshot_download(model, local_files_only=True))
+        except Exception:  # not in the cache, or no huggingface_hub: the loader says so
+            return None
+    try:
+        cfg = json.loads((folder / "config.json").read_text())
+    except (OSError, ValueError):
+        cfg = {}
+    cfg = cfg if isinstance(cfg, dict) else {}
+    cfg = cfg["text_config"] if isinstance(cfg.get("text_config"), dict) else cfg  # multimodal configs nest it
+    try:
+        params = safetensors_parameters(sorted(folder.glob("*.safetensors")))
+    except Exception:  # a header safetensors cannot read: the loader will refuse the folder
+        params = 0
+    if params == 0:  # pickled checkpoints (.bin): their bytes, as if 2 per parameter
+        params = sum(p.stat().st_size for p in folder.glob("*.bin")) // 2
+
+    def num(key: str) -> int:
+        v = cfg.get(key)
+        return int(v) if isinstance(v, (int, float)) and v > 0 else 0
+
+    return ModelShape(params, seq, num("vocab_size"), num("hidden_size"), num("num_hidden_layers"),
+                      num("num_attention_heads"), "hf", num("max_position_embeddings"))
+
+
+def compare_model_for(model: str | None, steps: int, prompt: str) -> int:
+    """compare_model for the embedded model or a Hugging Face folder (model_shape); 0 where none is found."""
+    shape = model_shape(model, steps, prompt)
+    return 0 if shape is None else memory.compare_model(*shape[:7])
+
+
+def compare_layers_for(model: str | None, steps: int, prompt: str, dump: bool = False) -> int:
+    """compare_layers for the embedded model or a Hugging Face folder (model_shape); 0 where none is found."""
+    shape = model_shape(model, steps, prompt)
+    return 0 if shape is None else memory.compare_layers(*shape[:7], dump=dump)
+
+
+def kvcache_for(model: str | None, steps: int, prompt: str, calibration: int) -> int:
+    """kvcache for the embedded model or a Hugging Face folder (model_shape); 0 where none is found."""
+    shape = model_shape(model, steps, prompt)
+    return 0 if shape is None else memory.kvcache(shape, calibration)

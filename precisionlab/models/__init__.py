@@ -1,1 +1,0 @@
-"""Small models shipped as package data for precision experiments."""

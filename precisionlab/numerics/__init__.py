@@ -1,0 +1,1 @@
+"""Exact references, double-double, distribution statistics and the one comparison module."""

@@ -1,0 +1,1 @@
+"""The only place that prints: the console toolkit, the JSON envelope, plots, one renderer per command."""

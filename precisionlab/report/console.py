@@ -1,0 +1,226 @@
+"""The console toolkit every renderer uses: the two consoles (tables on stdout,
+progress and hints on stderr), escaping of strings from outside, number
+formats, and the footer every experiment table ends with."""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+import sys
+from contextlib import contextmanager
+
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
+
+# Control characters a string from outside must not carry to the terminal: C0
+# (ESC, BEL, CR, ...), DEL, C1 (0x80-0x9f, which some terminals read as CSI/OSC)
+# and the bidirectional overrides that reorder a line as it is shown.
+_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069]")
+
+
+def printable(s) -> str:
+    """str(s) with every control character shown as an escape (\\x1b, \\n,
+    \\u202e): what a plain-text line (an error) may print of a string from outside."""
+    return _CONTROL.sub(_escape_char, str(s))
+
+
+def _escape_char(m) -> str:
+    c = m.group()
+    return {"\n": "\\n", "\r": "\\r", "\t": "\\t"}.get(c) or (
+        f"\\x{ord(c):02x}" if ord(c) < 0x100 else f"\\u{ord(c):04x}")
+
+
+def safe_text(s) -> str:
+    """A string from a file, a model or the command line (tensor name, path,
+    model name, prompt, decoded token) for a Rich table or line: control
+    characters escaped and Rich markup escaped, so it shows exactly as written.
+    A trailing backslash is shown as \\x5c: raw, it would escape whatever tag
+    follows the string, and Rich's own escape doubles it where none follows."""
+    text = printable(s)
+    if text.endswith("\\"):
+        text = text[:-1] + "\\x5c"
+    return escape(text)
+
+
+# Glyphs this module prints, and what they become where the output encoding
+# cannot carry them (PYTHONIOENCODING=ascii, a C locale without UTF-8).
+_ASCII = str.maketrans({"•": "*", "│": "|", "⏎": "~", "…": "...", "—": "-", "–": "-", "≥": ">=", "≤": "<=",
+                        "×": "x", "±": "+/-", "→": "->", "≈": "~="})
+
+
+class _Console(Console):
+    """Rich's console made to degrade instead of failing: a table that cannot
+    fit the width even folded is printed one row per block (every number kept
+    whole where the width allows, folded where not, never blanked), and the
+    glyphs above become ASCII where the encoding lacks them."""
+
+    def print(self, *objects, **kwargs):
+        ascii_only = not self.encoding.lower().startswith("utf")
+        out = []
+        for o in objects:
+            if isinstance(o, Table):
+                o = self._fit(o)
+            if ascii_only and isinstance(o, str):
+                o = o.translate(_ASCII)
+            out.append(o)
+        super().print(*out, **kwargs)
+
+    def _fit(self, table: Table):
+        from rich.console import Group
+        from rich.text import Text
+
+        ascii_only = not self.encoding.lower().startswith("utf")
+
+        def text(cell) -> Text:
+            t = self.render_str(cell) if isinstance(cell, str) else cell
+            t = t.copy() if isinstance(t, Text) else Text(str(t))
+            if ascii_only:
+                t.plain = t.plain.translate(_ASCII)
+            return t
+
+        if _words_fit(self, table, text):
+            return table
+
+        columns = table.columns
+        n_rows = max((len(list(c.cells)) for c in columns), default=0)
+        cells = [list(c.cells) for c in columns]
+        parts = [text(table.title)] if table.title else []
+        for i in range(n_rows):
+            parts.append(Text(f"-- row {i + 1} of {n_rows} --", style="dim"))
+            for c, col_cells in zip(columns, cells):
+                line = Text("  ") + text(c.header) + Text(": ") + text(col_cells[i] if i < len(col_cells) else "")
+                line.overflow = "fold"
+                parts.append(line)
+        return Group(*parts)
+
+
+def _longest_word(t) -> int:
+    from rich.cells import cell_len
+
+    return max((cell_len(w) for w in t.plain.split()), default=0)
+
+
+def _words_fit(console, table: Table, text) -> bool:
+    """Whether every word of every cell (a number is one word) fits the width
+    Rich gives its column: then Rich wraps at spaces and cuts nothing.
+    Otherwise a number would be folded, cut to an ellipsis or blanked."""
+    from rich.measure import Measurement
+
+    if Measurement.get(console, console.options.update_width(1 << 20), table).minimum > console.width:
+        return False
+    try:
+        widths = table._calculate_column_widths(console, console.options)  # what Rich will give each column
+    except Exception:  # a Rich without this helper: the minimum width above decides alone
+        return True
+    pad = table.padding[1] + table.padding[3] if len(table.padding) == 4 else 2
+    return all(_longest_word(text(cell)) <= w - pad
+               for col, w in zip(table.columns, widths) for cell in col.cells)
+
+
+
+def _width() -> int | None:
+    """COLUMNS when the user set it (a narrow terminal, or a script asking for
+    one), else the terminal's width, else 160 for a pipe: numbers are never cut."""
+    try:
+        cols = int(os.environ.get("COLUMNS", ""))
+    except ValueError:
+        cols = 0
+    if cols > 0:
+        return cols
+    return None if sys.stdout.isatty() else 160
+
+
+def tolerate_unencodable() -> None:
+    """Characters the output encoding cannot carry (a decoded token in an ASCII
+    terminal) are written as backslash escapes rather than ending the run."""
+    for stream in (sys.stdout, sys.stderr):
+        enc = (getattr(stream, "encoding", None) or "").lower().replace("-", "")
+        if enc != "utf8" and hasattr(stream, "reconfigure"):
+            try:
+                stream.reconfigure(errors="backslashreplace")
+            except (ValueError, OSError):  # a stream that cannot be reconfigured keeps its errors
+                pass
+
+
+# Numbers are never cut: a pipe gets a wide console, a narrow terminal folds.
+# emoji=False: ":smile:" in a tensor name is text, not a picture.
+stdout = _Console(soft_wrap=False, width=_width(), emoji=False)
+stderr = _Console(stderr=True, emoji=False)
+
+
+
+# ---------------------------------------------------------------------------
+# progress and hints (stderr)
+
+
+@contextmanager
+def progress(description: str, enabled: bool):
+    """A Rich progress indicator on stderr: steps done and time elapsed, or a
+    no-op when disabled (under --json, or when stderr is not a terminal).
+    Yields advance(). Experiments do not know their step count in advance
+    (it depends on the devices present), so the bar pulses rather than guess."""
+    if not enabled or not stderr.is_terminal:
+        yield lambda k=1: None
+        return
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+    with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed} steps"),
+                  TimeElapsedColumn(), console=stderr, transient=True) as p:
+        task = p.add_task(description, total=None)
+        yield lambda k=1: p.advance(task, k)
+
+
+def hint(text: str) -> None:
+    """A line on stderr; text is plain (no markup), control characters escaped."""
+    stderr.print(safe_text(text), style="dim", highlight=False)
+
+
+def error_line(text: str) -> None:
+    """One line on stderr, no markup interpretation."""
+    sys.stderr.write(f"precisionlab: {printable(' '.join(str(text).split()))}\n")
+
+
+# ---------------------------------------------------------------------------
+# number formatting: enough digits to be exact where it matters
+
+
+def num(x, digits: int = 17) -> str:
+    if x is None:
+        return "-"
+    x = float(x)
+    if math.isnan(x):
+        return "nan"
+    if math.isinf(x):
+        return "inf" if x > 0 else "-inf"
+    return repr(x) if digits >= 17 else f"{x:.{digits}g}"
+
+
+def sci(x) -> str:
+    if x is None:
+        return "-"
+    x = float(x)
+    if math.isnan(x) or math.isinf(x):
+        return num(x)
+    return "0" if x == 0 else f"{x:.2e}"
+
+
+def footer(unavailable: str | None, takeaways) -> None:
+    """What every experiment table ends with: why GPU rows are missing, then
+    the computed takeaways."""
+    if unavailable:
+        stdout.print(f"GPU rows unavailable: {safe_text(unavailable)}", style="dim", highlight=False)
+    for line in takeaways:  # plain text that may quote a file name, a token or an --impl
+        stdout.print(f"• {safe_text(line)}", highlight=False)
+
+
+
+def ulps(x) -> str:
+    if x is None:
+        return "-"
+    if not math.isfinite(x):
+        return num(x)
+    return f"{x:.3g}" if x < 1e6 else f"{x:.2e}"
+

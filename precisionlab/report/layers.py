@@ -1,0 +1,51 @@
+"""compare model --layers' tables and JSON: each module's error beside what
+rounding alone costs there, and the first divergence."""
+
+from __future__ import annotations
+
+from rich.table import Table
+
+from precisionlab.report.console import hint, safe_text, sci, stdout
+from precisionlab.report.jsondoc import emit_json
+from precisionlab.report.tensors import _ratio
+
+def table(res) -> None:
+    p, info = res.params, res.model_info
+    inj = f", injected {safe_text('; '.join(p['inject']))}" if p["inject"] else ""
+    for dtype in p["dtypes"]:
+        t = Table(title=f"compare model --layers: {safe_text(info['name'])}, {dtype} vs fp32 on {p['tokens']} "
+                        f"teacher-forced tokens{inj}", title_justify="left", highlight=False)
+        for col in ("#", "module", "kind", "shape"):
+            t.add_column(col, overflow="fold", justify="right" if col == "#" else "left")
+        for col in ("accumulated", "local", "(2) yardstick", "(3) yours vs clean", "ratio"):
+            t.add_column(col, justify="right")
+        t.add_column("verdict", overflow="fold")
+        first = res.first_divergence_by_dtype.get(dtype)
+        for r in (r for r in res.rows if r["dtype"] == dtype):
+            if r["flagged"]:
+                verdict = "[bold red]first divergence[/bold red]" if r["module"] == first else "[red]flagged[/red]"
+            else:
+                verdict = "rounding"
+            t.add_row(str(r["order"]), safe_text(r["module"]), r["kind"], "x".join(map(str, r["shape"])),
+                      sci(r["accumulated"]), sci(r["local"]), sci(r["yardstick"]), sci(r["yours_vs_trusted"]),
+                      _ratio(r["ratio"]), verdict)
+        stdout.print(t)
+    stdout.print(f"accumulated: the {'/'.join(p['dtypes'])} run's output vs fp32's (rel L2). local: the module as the "
+                 "low run has it, on fp32's input rounded to the low dtype, vs fp32's output. (2): the same module "
+                 "clean in the same dtype (RoPE: fp32's phases rounded once): what rounding alone costs there. "
+                 f"Flagged when (3) > {p['ratio_threshold']:g}x (2), compare op's rule.", style="dim", highlight=False)
+    stdout.print(f"load {res.timing['load_s']:.2f} s, run {res.timing['run_s']:.2f} s (after the torch import)",
+                 style="dim", highlight=False)
+    for path in res.dumped:
+        hint(f"dump written to {path}")
+    stdout.print(f"first divergence: {safe_text(res.first_divergence) if res.first_divergence else 'none'}",
+                 highlight=False)
+    for line in res.takeaways:
+        stdout.print(f"• {safe_text(line)}", highlight=False)
+
+
+def as_json(res) -> None:
+    emit_json("compare model --layers", {
+        "params": res.params, "model": res.model_info, "first_divergence": res.first_divergence,
+        "first_divergence_by_dtype": res.first_divergence_by_dtype, "pitfalls": res.pitfalls,
+        "dumped": res.dumped, "timing": res.timing, "rows": res.rows, "takeaways": res.takeaways})

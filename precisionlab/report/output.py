@@ -1,0 +1,28 @@
+"""One command's output, decided in one place: progress on stderr while it
+runs, then its plot (the path checked before the run), then its table on
+stdout or its JSON document. A renderer is a module of this package with
+table(result), as_json(result) and, where the command draws, plot(result, path)."""
+
+from __future__ import annotations
+
+from precisionlab.report.console import progress
+from precisionlab.report.plots import check_plot_path
+
+
+class Output:
+    def __init__(self, renderer, json_out: bool, plot: str | None = None):
+        self.renderer = renderer
+        self.json_out = json_out
+        self.plot = check_plot_path(plot)  # before the run: a bad path must not cost the result
+
+    def run(self, title: str, work):
+        """work(advance) under a progress indicator, then the result shown."""
+        with progress(title, enabled=not self.json_out) as advance:
+            result = work(advance)
+        self.show(result)
+        return result
+
+    def show(self, result) -> None:
+        if self.plot:
+            self.renderer.plot(result, self.plot)
+        (self.renderer.as_json if self.json_out else self.renderer.table)(result)

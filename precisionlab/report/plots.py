@@ -1,0 +1,63 @@
+"""--plot, handled one way: the path checked before the run, one figure
+written atomically, matplotlib asked only when a plot is wanted."""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+from pathlib import Path
+
+from precisionlab.report.console import hint
+
+
+def require_matplotlib() -> None:
+    from precisionlab.errors import UsageError
+
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        raise UsageError("--plot needs matplotlib: pip install 'precisionlab[plot]'") from None
+
+
+@contextmanager
+def figure(path: str, title: str, xlabel: str, ylabel: str):
+    """One matplotlib figure: yields the axes, then labels, saves and closes."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from precisionlab.io import outputs
+
+    fig, ax = plt.subplots(figsize=(8, 5))
+    try:
+        yield ax
+        ax.set_xlabel(xlabel)
+        ax.set_ylabel(ylabel)
+        ax.set_title(title)
+        ax.legend(fontsize=8)
+        fig.tight_layout()
+        # format= from the path the user named: matplotlib then never appends an extension of its own
+        fmt = Path(path).suffix.lower().lstrip(".")
+        written = outputs.atomic_write(path, lambda tmp: fig.savefig(tmp, dpi=120, format=fmt))
+    finally:
+        plt.close(fig)
+    hint(f"plot written to {written}")
+
+
+def plot_kinds() -> tuple[str, ...]:
+    """The extensions --plot accepts: the ones matplotlib can write here."""
+    from matplotlib.backend_bases import FigureCanvasBase
+
+    first = (".png", ".svg", ".pdf")
+    kinds = {f".{k}" for k in FigureCanvasBase.get_supported_filetypes()}
+    return tuple(k for k in first if k in kinds) + tuple(sorted(kinds - set(first)))
+
+
+def check_plot_path(path: str | None) -> str | None:
+    """--plot's path, checked before the run (exit 2 for a path no plot can be written to)."""
+    if path is None:
+        return None
+    from precisionlab.io import outputs
+
+    require_matplotlib()
+    return str(outputs.check_output_path(path, plot_kinds(), "--plot"))

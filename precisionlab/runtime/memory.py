@@ -1,0 +1,228 @@
+"""Each command's peak memory, estimated before anything large is allocated.
+
+Every estimate is the bytes the run adds at its peak, past the interpreter,
+numpy, the library and torch already loaded: the arrays alive at the worst
+moment, counted per element from the code that allocates them, plus a fixed
+term for work whose size does not follow the options. tests/test_memory.py
+measures the real peak (resident set growth) at three sizes per command and
+holds each estimate within 1.5x of it; change the allocations, change the
+estimate.
+
+The commands call inputs.check_memory with these numbers, which refuses
+(exit 2) when the estimate exceeds what the process may still allocate.
+accumulate keeps its own estimate (experiments/accumulate.py).
+"""
+
+from __future__ import annotations
+
+import math
+
+MiB = 1 << 20
+
+# metrics.error_report at its peak, per compared element: float64 diff, the
+# masks (finite, both, outside), |reference|, the compared subset, and inside
+# the ulp computation its |x|, frexp's mantissa and exponent, the spacing and
+# the ulps, then median's partition copy: about seven float64 arrays.
+ERROR_REPORT = 56
+
+# BLAS work buffers and the like, allocated on first use.
+BLAS_FIXED = 16 * MiB
+
+
+def exact_sum(n: int) -> int:
+    """math.fsum fed 2^20 Python floats at a time (metrics.exact_sum): 24-byte
+    float objects and 8-byte list slots."""
+    return min(n, 1 << 20) * 40
+
+
+# metrics.error_report against a double-double reference (reference_lo), per
+# compared element: the reference's low half, the three finite masks, the
+# ulps (for their median) and median's partition copy of them; the rest is
+# done a chunk of EXACT_CHUNK elements at a time.
+ERROR_REPORT_DD = 8 + 3 + 8 + 8
+
+# One evaluation at a time (experiments/softmax.evaluate): the case's float64
+# logits (8) held for the run, the stored copy (8), the kernel's input (4 at
+# most) and output (4), the output as float64 (8), the reference's high half
+# (8; the double-double reference is made a few rows at a time), then
+# error_report against it.
+SOFTMAX_PER_ELEMENT = 8 + 8 + 4 + 4 + 8 + 8 + ERROR_REPORT_DD
+
+
+def softmax(rows: int, cols: int) -> int:
+    return SOFTMAX_PER_ELEMENT * rows * cols + 16 * MiB
+
+
+# nondeterminism's sections of fixed size (experiments/nondeterminism.py),
+# measured: batch holds a 1024 x 4096 fp32 matrix, every batch's outputs
+# (1462 rows) and torch's 1024 x 1024 matmuls; torch_ops 2^20-element index
+# adds and a 16 x 65536 mm, run after run; split-K a 128 x 8192 x 128 matmul
+# in slices. The first torch section also starts torch's thread pools.
+# tp: the ranks are processes of their own, each checked by tp itself
+# (tp.RANK_BYTES); the parent holds their results and the replays.
+NONDET_SECTION_FIXED = {"atomics": 0, "threads": 0, "splitk": 40 * MiB, "batch": 110 * MiB,
+                        "torch_ops": 130 * MiB, "tp": 40 * MiB}
+
+
+NONDET_FIXED = 24 * MiB  # measured: torch's and the library's first-use state (thread pools, the kernels' grid)
+
+
+def nondeterminism(n: int, sections) -> int:
+    """x in float64 (8 n) for the whole run; drawing it briefly holds the
+    float32 copy too (4 n), whose freed pages fsum's chunk then reuses (so the
+    chunk adds what exceeds them); or the largest section; plus the first-use
+    state."""
+    chunk = exact_sum(n) - min(4 * n, exact_sum(n) // 2)
+    return 8 * n + max([4 * n, chunk] + [NONDET_SECTION_FIXED[s] for s in sections]) + NONDET_FIXED
+
+
+def _matmul_modes(m: int, n: int, k: int) -> int:
+    """tf32's CPU emulation of one m x k @ k x n matmul in every mode, with a
+    (4 mk) and b (4 kn) in fp32 held throughout:
+      the float64 reference: a, b in float64 and the product (8 each);
+      rounding an input to bf16/fp16 (formats.round: float64 copy, float32
+      round-to-odd, its float64 back, masks, the result; about 33 bytes each)
+      beside the other input's rounded copy;
+      the output: fp32 product (4), float64 copy (8) and error_report against
+      the float64 reference (8 mn) held."""
+    a, b, c = m * k, k * n, m * n
+    held = 4 * a + 4 * b
+    return held + max(8 * a + 8 * b + 8 * c,
+                      8 * c + 4 * max(a, b) + 33 * max(a, b),
+                      8 * c + 4 * c + 8 * c + ERROR_REPORT * c)
+
+
+K_SWEEP_MAX = 16384  # experiments/tf32.K_SWEEP's largest K
+
+
+def tf32(m: int, n: int, k: int, sweep_mn: int | None) -> int:
+    """The modes at m x k x n, then (sweep_mn given) the K sweep at
+    sweep_mn x K x sweep_mn up to its largest K, with the first A and B still
+    held, plus the four modes' results of one K (4 bytes each)."""
+    modes = _matmul_modes(m, n, k)
+    if sweep_mn is None:
+        return modes + BLAS_FIXED
+    sweep = 4 * m * k + 4 * k * n + _matmul_modes(sweep_mn, sweep_mn, K_SWEEP_MAX) + 16 * sweep_mn * sweep_mn
+    return max(modes, sweep) + BLAS_FIXED
+
+
+def bench_cpu(n: int) -> int:
+    """The CPU accumulate bench: n values in float32 (4) and float64 (8); then
+    the orders section, which holds float64 values (8), their reversed or
+    |x|-sorted copy (8) and the radix sort's work (8), with the float32 draw
+    (4) while it is converted; plus the kernels' and numpy's small fixed state."""
+    return 28 * n + 12 * MiB
+
+
+COMPARE_FIXED = 16 * MiB
+
+
+def compare_op(op: str, shape: tuple, case_shapes: tuple = (), contract_shape: tuple | None = None) -> int:
+    """The peak over the stages a run goes through one at a time: the cases
+    (--shape, and the harness's fixed-size ones such as the vocabulary rows or
+    the long K: op_harness.shapes_used), each the three comparisons below, and
+    the batch-invariance contract on its batch, which holds the fp32 batch,
+    its low-precision copy, one output and the bit patterns compared (4 + 4 +
+    4 + 4 bytes per element, plus matmul's or attention's other operands)."""
+    peak = max(_compare_op_one(op, s) for s in (shape, *case_shapes))
+    if contract_shape is not None:
+        n = math.prod(contract_shape[:2]) if op != "attention" else math.prod(contract_shape)
+        if op == "matmul":
+            m, k, nn = contract_shape
+            n = 16 * (m * k) + 16 * (m * nn) + 8 * k * nn
+        elif op == "attention":
+            n = 16 * 3 * n + 8 * contract_shape[0] * contract_shape[1] ** 2
+        else:
+            n = 16 * n * (2 if op in ("swiglu", "layernorm") else 1)
+        peak = max(peak, n + COMPARE_FIXED)
+    return peak
+
+
+def _compare_op_one(op: str, shape: tuple) -> int:
+    """compare op on the CPU, for this project's kernels (an --impl's own
+    allocations are its business): per output element the fp32 input (4), the
+    trusted fp32, float64 and this project's outputs (4 + 8 + 4) and their
+    float64 copies for the comparison (8 + 8), error_report, and the
+    low-precision inputs, outputs and copies of one dtype (2 + 2 + 2 + 8 + 8);
+    matmul's inputs take their fp32, float64 and low copies (20 per element);
+    logsumexp compares one value a row, its inputs cost 28 per element (fp32,
+    the scaled draw, float64 and exp's temporary)."""
+    if op == "matmul":
+        m, k, n = shape
+        # inputs: fp32, float64, low, and the float64 copies and |A|, |B| the advisor's bound takes (40)
+        return (4 + 8 + 4 + 8 + 8 + 2 + 2 + 8 + 8 + ERROR_REPORT) * m * n + 40 * (m * k + k * n) + COMPARE_FIXED
+    if op == "attention":  # q, k, v and the output as a row op each, and fp64 scores bh x t x t (SDPA's reference)
+        bh, t, d = shape
+        per = (4 + 4 + 8 + 4 + 8 + 8 + 2 + 2 + 2 + 8 + 8 + ERROR_REPORT)
+        return 4 * per * bh * t * d + 3 * 8 * bh * t * t + COMPARE_FIXED
+    rows, cols = shape
+    if op == "logsumexp":
+        return 28 * rows * cols + COMPARE_FIXED
+    # + 36: the harness's non-finite split (six masks, the finite values of both sides: 6 + 16) and the
+    # case builder's input copy with its float64 cast (4 + 8), measured at 256-1024 x 4096
+    return (4 + 4 + 8 + 4 + 8 + 8 + 2 + 2 + 2 + 8 + 8 + ERROR_REPORT + 36) * rows * cols + COMPARE_FIXED
+
+
+# compare model: the code imported on first use, measured: transformers itself
+# (about 28 MiB), its model classes and tokenizer; or the embedded model's.
+MODEL_FIXED = {"hf": 160 * MiB, "embedded": 64 * MiB}
+
+
+def compare_model(params: int, seq: int, vocab: int, hidden: int, layers: int, heads: int, kind: str) -> int:
+    """Weights: the loaded model in fp32 (4 per parameter), the fp32 reference
+    copy (4), and each low-precision copy made as an fp32 deep copy then cast
+    (4 + 2): 14 per parameter. Activations over seq positions: the logits of
+    every step and of the teacher-forced pass in float64 and their fp32
+    originals (about 6 float64 arrays of seq x vocab), the attention scores of
+    one layer (seq^2 per head, fp32) and the hidden states and KV cache of
+    every layer (about 4 fp32 arrays of seq x hidden each)."""
+    return (14 * params + 48 * seq * vocab + 4 * seq * seq * heads + 16 * seq * hidden * layers
+            + MODEL_FIXED[kind])
+
+
+# compare model --layers' first-use state, measured: transformers as compare
+# model's; for the embedded model less (no generate(), no kernels for fp16 decoding).
+LAYERS_FIXED = {"hf": MODEL_FIXED["hf"], "embedded": 40 * MiB}
+
+
+def compare_layers(params: int, seq: int, vocab: int, hidden: int, layers: int, heads: int, kind: str,
+                   dump: bool = False) -> int:
+    """compare model --layers (experiments/layers.py). Weights: the fp32
+    model (4 per parameter) and, for the low dtype being compared, its two
+    low copies (trusted and yours, 2 each), the second made while the first
+    lives as an fp32 deep copy cast parameter by parameter (4): 12 per
+    parameter. Activations over seq positions: every watched site's input and
+    output (hooks.sites: seven a layer, each about seq x hidden) captured in
+    fp32 for the reference and in the low dtype for the low run, 2 x 7 x
+    (4 + 2) = 84 per layer, position and hidden unit; the LM head's output in
+    both (4 + 2 per logit), its four float64 copies while its row is computed
+    (32) and the fp32 head rerun of the pitfall check (4): 42 per logit; one
+    layer's attention scores with eager attention's copies (16 per head and
+    pair of positions). --dump writes the captures: one more of each."""
+    caps = 84 * seq * hidden * layers + 6 * seq * vocab
+    return (12 * params + caps + 36 * seq * vocab + 16 * heads * seq * seq + (caps if dump else 0)
+            + LAYERS_FIXED[kind])
+
+
+# kvcache's first-use state, measured: transformers as compare model's; for the
+# embedded model less than compare model's (no bf16/fp16 copies, no kernels for them).
+KVCACHE_FIXED = {"hf": MODEL_FIXED["hf"], "embedded": 32 * MiB}
+
+
+def kvcache(shape, calibration: int) -> int:
+    """kvcache (experiments/kvcache.py): the model once, in fp32 (4 per
+    parameter; no copies: a cache changes what attention reads, not the
+    weights). Over the seq positions of the teacher-forced pass, for the cache
+    being measured: its fp32 logits and their float64 copy (4 + 8), the fp32
+    and bf16 caches' float64 logits kept throughout (8 + 8) and
+    distribution.position_stats' working arrays (about ten float64 per logit):
+    112 per logit. The longest single pass, the calibration text's (at most
+    `calibration` tokens: a token is at least one character; at most the
+    model's positions) or the teacher-forced one: every layer's K and V in
+    fp32 (8 per position and hidden unit, an upper bound under GQA) and one
+    layer's attention scores with the copies eager attention makes of them
+    (scaled, masked, softmaxed: 16 bytes per head and pair of positions)."""
+    calib = min(calibration, shape.positions) if shape.positions else calibration
+    longest = max(calib, shape.seq)
+    return (4 * shape.params + 112 * shape.seq * shape.vocab + 16 * shape.heads * longest * longest
+            + 8 * longest * shape.hidden * shape.layers + KVCACHE_FIXED[shape.kind])
