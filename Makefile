@@ -39,7 +39,7 @@ endif
 HOST_FLAGS := -O2 -std=c++17 -fPIC -ffp-contract=off -Wall -Wextra
 NVCC_FLAGS := -O3 -std=c++17 --threads 0 --fmad=false -cudart static $(GENCODE) -Xcompiler -fPIC,-ffp-contract=off,-Wall
 
-.PHONY: setup lib demo test gpu-test emu-test sanitize sass-check bench clean dist docs docs-check
+.PHONY: setup lib demo test gpu-test emu-test sanitize sass-check arch-check bench clean dist docs docs-check
 
 setup: $(SETUP)
 
@@ -110,6 +110,11 @@ SASS_TOOLS ?= "nvidia-cuda-cuobjdump>=13,<14" "nvidia-cuda-nvdisasm>=13,<14"
 sass-check: setup lib
 	@$(PYTHON) scripts/sass_check.py --find > /dev/null || $(PYTHON) -m pip install -q $(SASS_TOOLS)
 	$(PYTHON) scripts/sass_check.py
+
+# The rooms' import contract (pyproject.toml, [tool.importlinter]): no module
+# imports from a room above its own, and the rooms on one level not from each other.
+arch-check: setup
+	$(PYTHON) -c 'import sys; from importlinter.cli import lint_imports_command; sys.exit(lint_imports_command())'
 
 bench: setup lib
 	$(PYTHON) -m precisionlab bench
