@@ -1,5 +1,8 @@
 /*
- * accumulate.cu: summation of n stored values with a chosen accumulator format.
+ * accumulate.cu: summation of n stored values with a chosen accumulator
+ * format, on the CPU (the sum's GPU versions are sum_cuda.cu's; the sorted
+ * orders' sort is magnitude_sort.cu's; the exact references' sums are
+ * exact_sum.cu's).
  *
  * CPU reference kernels (exact emulation of the accumulator format: each
  * operation's exact result rounded once, see common.cuh):
@@ -13,31 +16,9 @@
  * rounding), kept as the definition, and a fast path that gives the same bits
  * at hardware speed (see "CPU fast path" below; pl_accumulate_cpu_exact forces
  * the exact one, and the tests hold the two equal bit for bit).
- *
- * GPU kernels:
- *   version 1, tree        each thread sums a grid-strided slice (16-byte loads,
- *                          four in flight), then warp shuffle + block tree;
- *                          a second one-block pass sums the block partials.
- *                          Fixed shape, so the same bits on every run.
- *   version 2, tree_kahan  version 1 with each thread's serial part
- *                          compensated: the long serial chain is where the
- *                          error grows, the tree is only log2(threads) deep.
- *   version 3, atomic      version 1's block sums land in one accumulator by
- *                          atomicAdd: one pass, but the order blocks arrive in
- *                          varies, and so do the bits.
- * The GPU kernels do what real kernels do, not what the CPU reference does:
- * each stored value is first converted to the accumulator's register (fp32
- * for fp32 and bf16 accumulators, fp64 for fp64), and a bf16 sum is rounded
- * to fp32, then to bf16. Where the stored format is wider than the
- * accumulator, that is one more rounding per step than the CPU's exact
- * result rounded once; the experiment's GPU bound allows for it.
- * "Same bits every run" holds for one GPU model and one alignment of x: the
- * grid follows the SM count, and a 16-byte-aligned x is read in vectors.
+ * pl_sum_cpu_threads: an fp32 sum cut into one chunk a thread, the chunk sums
+ * added in order (its bits depend on the thread count).
  */
-#include <algorithm>
-#include <cstdio>
-#include <cstdlib>
-#include <memory>
 #include <thread>
 #include <vector>
 
@@ -47,35 +28,30 @@
 
 #include "common.cuh"
 
-// The variants of the sum, declared once (common.cuh, PL_DECLARE_VARIANTS).
-// pl_accumulate_cpu takes the CPU ids, pl_sum_cuda* the GPU ones. The
+// The CPU variants of the sum, declared once (common.cuh, PL_DECLARE_VARIANTS);
+// sum_cuda.cu declares the GPU ones. pl_accumulate_cpu takes these ids. The
 // reordered rows run the sequential kernel on x as the caller arranged it
-// (order column): the library sorts with pl_sort_by_magnitude.
-// symbol, id, name, kind, devices, order, batch-invariant, deterministic, default, summary
-#define SUM_VARIANTS(X)                                                                                     \
-    X(PL_SEQUENTIAL, 0, "sequential", ALGORITHM, PL_ON_CPU, AS_GIVEN, -1, 1, 1,                             \
-      "left to right, one rounding per addition")                                                          \
-    X(PL_REVERSE_, 0, "reverse", ALGORITHM, PL_ON_CPU, REVERSED, -1, 1, 1,                                  \
-      "sequential, right to left")                                                                          \
-    X(PL_SORTED_, 0, "sorted", ALGORITHM, PL_ON_CPU, ASCENDING_ABS, -1, 1, 1,                               \
-      "sequential by increasing |x|: best when the terms share a sign")                                     \
-    X(PL_SORTED_DESC_, 0, "sorted_desc", ALGORITHM, PL_ON_CPU, DESCENDING_ABS, -1, 1, 1,                    \
-      "sequential by decreasing |x|: best under heavy cancellation")                                        \
-    X(PL_PAIRWISE, 1, "pairwise", ALGORITHM, PL_ON_CPU, AS_GIVEN, -1, 1, 1,                                 \
-      "adjacent pairs level by level, the odd tail carried up")                                             \
-    X(PL_KAHAN, 2, "kahan", ALGORITHM, PL_ON_CPU, AS_GIVEN, -1, 1, 1,                                       \
-      "compensated, in the accumulator's own precision")                                                    \
-    X(PL_NEUMAIER, 3, "neumaier", ALGORITHM, PL_ON_CPU, AS_GIVEN, -1, 1, 1,                                 \
-      "Kahan-Babuska-Neumaier: survives |x| > |sum|")                                                       \
-    X(PL_STOCHASTIC, 4, "stochastic", ALGORITHM, PL_ON_CPU, AS_GIVEN, -1, 1, 1,                             \
-      "sequential with stochastic rounding (seeded, counter-based)")                                        \
-    X(PL_GPU_TREE, 5, "tree", KERNEL, PL_ON_CUDA, AS_GIVEN, -1, 1, 1,                                       \
-      "warp shuffle + block tree, two passes: the same bits every run")                                     \
-    X(PL_GPU_TREE_KAHAN, 6, "tree_kahan", KERNEL, PL_ON_CUDA, AS_GIVEN, -1, 1, 1,                           \
-      "tree with each thread's serial part compensated")                                                    \
-    X(PL_GPU_ATOMIC, 7, "atomic", KERNEL, PL_ON_CUDA, AS_GIVEN, -1, 0, 1,                                   \
-      "block tree + one atomicAdd a block: the order, and the bits, vary")
-PL_DECLARE_VARIANTS(sum, SUM_VARIANTS);
+// (order column): the library sorts with pl_sort_by_magnitude
+// (magnitude_sort.cu). dtypes: the accumulator formats (any).
+// symbol, id, name, kind, devices, dtypes, order, batch-invariant, deterministic, default, sass, summary
+#define SUM_CPU_VARIANTS(X)                                                                                        \
+    X(PL_SEQUENTIAL, 0, "sequential", ALGORITHM, PL_ON_CPU, PL_ALL_FORMATS, AS_GIVEN, -1, 1, 1, NO_SASS,           \
+      "left to right, one rounding per addition")                                                                  \
+    X(PL_REVERSE_, 0, "reverse", ALGORITHM, PL_ON_CPU, PL_ALL_FORMATS, REVERSED, -1, 1, 1, NO_SASS,                \
+      "sequential, right to left")                                                                                 \
+    X(PL_SORTED_, 0, "sorted", ALGORITHM, PL_ON_CPU, PL_ALL_FORMATS, ASCENDING_ABS, -1, 1, 1, NO_SASS,             \
+      "sequential by increasing |x|: best when the terms share a sign")                                            \
+    X(PL_SORTED_DESC_, 0, "sorted_desc", ALGORITHM, PL_ON_CPU, PL_ALL_FORMATS, DESCENDING_ABS, -1, 1, 1,           \
+      NO_SASS, "sequential by decreasing |x|: best under heavy cancellation")                                      \
+    X(PL_PAIRWISE, 1, "pairwise", ALGORITHM, PL_ON_CPU, PL_ALL_FORMATS, AS_GIVEN, -1, 1, 1, NO_SASS,               \
+      "adjacent pairs level by level, the odd tail carried up")                                                    \
+    X(PL_KAHAN, 2, "kahan", ALGORITHM, PL_ON_CPU, PL_ALL_FORMATS, AS_GIVEN, -1, 1, 1, NO_SASS,                     \
+      "compensated, in the accumulator's own precision")                                                           \
+    X(PL_NEUMAIER, 3, "neumaier", ALGORITHM, PL_ON_CPU, PL_ALL_FORMATS, AS_GIVEN, -1, 1, 1, NO_SASS,               \
+      "Kahan-Babuska-Neumaier: survives |x| > |sum|")                                                              \
+    X(PL_STOCHASTIC, 4, "stochastic", ALGORITHM, PL_ON_CPU, PL_ALL_FORMATS, AS_GIVEN, -1, 1, 1, NO_SASS,           \
+      "sequential with stochastic rounding (seeded, counter-based)")
+PL_DECLARE_VARIANTS(sum, SUM_CPU_VARIANTS);
 
 // ---------------------------------------------------------------------------
 // CPU reference
@@ -179,7 +155,7 @@ namespace {
 
 #define PL_LIKELY(c) __builtin_expect(!!(c), 1)
 
-constexpr uint64_t kSign = 0x8000000000000000ull;
+constexpr uint64_t kSign = pl_sign_bit;
 
 struct fast_fmt {
     uint64_t half;  // half a quantum of a normal value, in the double's bits
@@ -652,8 +628,7 @@ bool fpu_is_ieee_default() {
 
 int accumulate_cpu(const double* x, int64_t n, int accumulator, int method, uint64_t seed, double* result,
                    int64_t* stall_step, double* stall_value, double* trace, bool exact, const char* func) {
-    if (x == nullptr) return pl_fail(PL_ERR_NULL_POINTER, func, "x is NULL");
-    if (result == nullptr) return pl_fail(PL_ERR_NULL_POINTER, func, "result is NULL");
+    if (int st = pl_check_ptrs(func, {{"x", x}, {"result", result}})) return st;
     size_t bytes = 0;
     if (int st = pl_checked_bytes(n, sizeof(double), &bytes, func)) return st;
     if (!pl_valid_format(accumulator))
@@ -716,270 +691,6 @@ extern "C" int pl_accumulate_cpu_exact(const double* x, int64_t n, int accumulat
     return accumulate_cpu(x, n, accumulator, method, seed, result, stall_step, stall_value, trace, true, __func__);
 }
 
-// Stable sort by magnitude, for the sorted summation orders: LSD radix sort
-// on |x|'s bits (a byte per pass; a byte that is the same in every value, as
-// the low bytes of narrow stored formats are, costs no pass). O(n) time, and
-// exactly two arrays: out and one work array of n doubles. NaN goes last in
-// both directions, in its input order, as numpy's stable argsort of |x| and of
-// -|x| puts it.
-namespace {
-inline uint64_t magnitude_key(double v, bool descending) {
-    if (std::isnan(v)) return ~0ull;
-    const uint64_t a = pl_bits(v) & ~kSign;
-    return descending ? 0x7FF0000000000000ull - a : a;  // 0 for inf, never above NaN's key
-}
-}  // namespace
-
-extern "C" int pl_sort_by_magnitude(const double* x, int64_t n, int descending, double* out, double* work) {
-    PL_REQUIRE_PTR(x);
-    PL_REQUIRE_PTR(out);
-    PL_REQUIRE_PTR(work);
-    size_t bytes = 0;
-    if (int st = pl_checked_bytes(n, sizeof(double), &bytes, __func__)) return st;
-    PL_REQUIRE(descending == 0 || descending == 1, PL_ERR_INVALID_ARGUMENT, "descending must be 0 or 1 (got %d)",
-               descending);
-    const bool desc = descending == 1;
-    std::vector<int64_t> count(8 * 256, 0);
-    for (int64_t i = 0; i < n; ++i) {
-        const uint64_t k = magnitude_key(x[i], desc);
-        for (int d = 0; d < 8; ++d) ++count[(size_t)(d * 256 + ((k >> (8 * d)) & 255))];
-    }
-    int passes[8], np_ = 0;
-    for (int d = 0; d < 8; ++d) {
-        bool trivial = false;
-        for (int b = 0; b < 256; ++b) trivial |= count[(size_t)(d * 256 + b)] == n;
-        if (!trivial) passes[np_++] = d;
-    }
-    if (np_ == 0) {
-        std::memcpy(out, x, bytes);
-        return PL_OK;
-    }
-    const double* src = x;
-    double* dst = (np_ % 2 == 1) ? out : work;  // the last pass lands in out
-    for (int p = 0; p < np_; ++p) {
-        const int d = passes[p];
-        int64_t pos[256], acc = 0;
-        for (int b = 0; b < 256; ++b) {
-            pos[b] = acc;
-            acc += count[(size_t)(d * 256 + b)];
-        }
-        for (int64_t i = 0; i < n; ++i) dst[pos[(magnitude_key(src[i], desc) >> (8 * d)) & 255]++] = src[i];
-        src = dst;
-        dst = (dst == out) ? work : out;
-    }
-    return PL_OK;
-}
-
-// The decreasing order from the increasing one, in one pass: x sorted by
-// increasing |x| (stably, NaN last) holds the runs of equal |x| each in input
-// order, as the stable decreasing sort does; that sort only puts the runs the
-// other way round, NaN still last. A copy (or, in place, a reversal and a
-// reversal of each run back) instead of a second radix sort.
-extern "C" int pl_reverse_magnitude_order(const double* sorted, int64_t n, double* out) {
-    PL_REQUIRE_PTR(sorted);
-    PL_REQUIRE_PTR(out);
-    size_t bytes = 0;
-    if (int st = pl_checked_bytes(n, sizeof(double), &bytes, __func__)) return st;
-    int64_t m = n;  // [m, n): the NaN tail, which stays
-    while (m > 0 && std::isnan(sorted[m - 1])) --m;
-    const auto key = [](double v) { return pl_bits(v) & ~kSign; };
-    if (out == sorted) {
-        std::reverse(out, out + m);
-        for (int64_t i = 0; i < m;) {
-            int64_t j = i + 1;
-            while (j < m && key(out[j]) == key(out[i])) ++j;
-            std::reverse(out + i, out + j);
-            i = j;
-        }
-        return PL_OK;
-    }
-    std::memcpy(out + m, sorted + m, (size_t)(n - m) * sizeof(double));
-    int64_t pos = 0;
-    for (int64_t j = m; j > 0;) {
-        int64_t i = j - 1;
-        while (i > 0 && key(sorted[i - 1]) == key(sorted[j - 1])) --i;
-        std::memcpy(out + pos, sorted + i, (size_t)(j - i) * sizeof(double));
-        pos += j - i;
-        j = i;
-    }
-    return PL_OK;
-}
-
-// pl_sort_by_magnitude for float32 values held as doubles (every stored format
-// but fp64), with no work array: the radix passes move 32-bit values between
-// the two halves of out's 8n bytes, and the sorted floats are then widened in
-// place (from the first half backwards, from the second forwards: each double
-// written covers only floats already read). Half the bytes a pass moves, and
-// 8n bytes less than the general sort. Byte access through memcpy: out is
-// raw storage, first floats, then doubles.
-namespace {
-inline uint32_t magnitude_key32(uint32_t b, bool descending) {
-    const uint32_t a = b & 0x7FFFFFFFu;
-    if (a > 0x7F800000u) return ~0u;  // NaN
-    return descending ? 0x7F800000u - a : a;
-}
-inline uint32_t f32_bits_at(const unsigned char* base, int64_t i) {
-    uint32_t b;
-    std::memcpy(&b, base + 4 * i, 4);
-    return b;
-}
-}  // namespace
-
-extern "C" int pl_sort_float32_by_magnitude(const double* x, int64_t n, int descending, double* out) {
-    PL_REQUIRE_PTR(x);
-    PL_REQUIRE_PTR(out);
-    size_t bytes = 0;
-    if (int st = pl_checked_bytes(n, sizeof(double), &bytes, __func__)) return st;
-    PL_REQUIRE(descending == 0 || descending == 1, PL_ERR_INVALID_ARGUMENT, "descending must be 0 or 1 (got %d)",
-               descending);
-    PL_REQUIRE(x != out, PL_ERR_INVALID_ARGUMENT, "out must not be x itself");
-    const bool desc = descending == 1;
-    unsigned char* const base = reinterpret_cast<unsigned char*>(out);
-    unsigned char* const half[2] = {base, base + 4 * n};
-    std::vector<int64_t> count(4 * 256, 0);
-    for (int64_t i = 0; i < n; ++i) {
-        const float f = (float)x[i];
-        uint32_t b;
-        std::memcpy(&b, &f, 4);
-        if (pl_bits((double)f) != pl_bits(x[i]))
-            return pl_fail(PL_ERR_INVALID_ARGUMENT, __func__, "x[%lld] = %.17g is not a float32 value", (long long)i,
-                           x[i]);
-        const uint32_t k = magnitude_key32(b, desc);
-        for (int d = 0; d < 4; ++d) ++count[(size_t)(d * 256 + ((k >> (8 * d)) & 255))];
-    }
-    int passes[4], np_ = 0;
-    for (int d = 0; d < 4; ++d) {
-        bool trivial = false;
-        for (int b = 0; b < 256; ++b) trivial |= count[(size_t)(d * 256 + b)] == n;
-        if (!trivial) passes[np_++] = d;
-    }
-    int at = 0;  // the half the floats are in
-    if (np_ == 0) {
-        for (int64_t i = 0; i < n; ++i) {
-            const float f = (float)x[i];
-            std::memcpy(half[0] + 4 * i, &f, 4);
-        }
-    }
-    for (int p = 0; p < np_; ++p) {
-        const int d = passes[p];
-        int64_t pos[256], acc = 0;
-        for (int b = 0; b < 256; ++b) {
-            pos[b] = acc;
-            acc += count[(size_t)(d * 256 + b)];
-        }
-        unsigned char* const dst = half[p == 0 ? 0 : 1 - at];
-        for (int64_t i = 0; i < n; ++i) {
-            uint32_t b;
-            if (p == 0) {  // the first pass reads x
-                const float f = (float)x[i];
-                std::memcpy(&b, &f, 4);
-            } else {
-                b = f32_bits_at(half[at], i);
-            }
-            std::memcpy(dst + 4 * pos[(magnitude_key32(b, desc) >> (8 * d)) & 255]++, &b, 4);
-        }
-        at = p == 0 ? 0 : 1 - at;
-    }
-    const auto widen = [&](int64_t i) {
-        const uint32_t b = f32_bits_at(half[at], i);
-        float f;
-        std::memcpy(&f, &b, 4);
-        const double v = (double)f;
-        std::memcpy(base + 8 * i, &v, 8);
-    };
-    if (at == 0)
-        for (int64_t i = n - 1; i >= 0; --i) widen(i);
-    else
-        for (int64_t i = 0; i < n; ++i) widen(i);
-    return PL_OK;
-}
-
-// Exact sums, for the references: the exact sum of n doubles as a few doubles
-// with the same exact sum, which math.fsum then rounds once (so the reference
-// is fsum's, bit for bit, at a nanosecond or two a value instead of fsum's
-// tens). A superaccumulator of 32-bit digits: x = m 2^(e - 1075), m the
-// 53-bit integer significand and e = max(biased exponent, 1), adds its signed
-// m to digit e, an int64 that a block of 512 such additions cannot overflow
-// (512 * 2^53 = 2^62); after each block the digits it touched carry into
-// digit e + 32 what lies outside [-2^31, 2^31) (one unit there is 2^32 here;
-// balanced digits, so a negative sum does not leave a trail of -1 carries up
-// to the top). Integer additions only: the order of x and the FPU's modes do
-// not matter. At the end each digit d_e 2^(e - 1075) is a double exactly
-// (|d_e| <= 2^31, and a power of two no finer than the smallest subnormal).
-namespace {
-constexpr int kExactDigits = 2048 + 128;  // the top digits only take carries: n < 2^40 values fit
-constexpr int kExactBlock = 512;
-
-struct superacc {
-    int64_t d[kExactDigits] = {};
-    // Balances digits lo..hi and, upward, every digit their carries reach.
-    void carry(int lo, int hi) {
-        for (int e = lo; e <= hi && e + 32 < kExactDigits; ++e) {
-            const int64_t c = (d[e] + (INT64_C(1) << 31)) >> 32;  // arithmetic shift: the floor
-            if (c != 0) {
-                d[e] -= c * (INT64_C(1) << 32);
-                d[e + 32] += c;
-                if (e + 32 > hi) hi = e + 32;
-            }
-        }
-    }
-};
-}  // namespace
-
-extern "C" int pl_exact_sum_terms(const double* x, int64_t n, int absolute, double* terms, int64_t capacity,
-                                  int64_t* nterms, int* special) {
-    PL_REQUIRE_PTR(x);
-    PL_REQUIRE_PTR(terms);
-    PL_REQUIRE_PTR(nterms);
-    PL_REQUIRE_PTR(special);
-    PL_REQUIRE(n >= 0 && n < (INT64_C(1) << 40), PL_ERR_INVALID_ARGUMENT, "n must be in [0, 2^40) (got %lld)",
-               (long long)n);
-    PL_REQUIRE(absolute == 0 || absolute == 1, PL_ERR_INVALID_ARGUMENT, "absolute must be 0 or 1 (got %d)", absolute);
-    PL_REQUIRE(capacity >= PL_EXACT_SUM_TERMS, PL_ERR_INVALID_ARGUMENT, "capacity must be at least %d (got %lld)",
-               PL_EXACT_SUM_TERMS, (long long)capacity);
-    *nterms = 0;
-    *special = 0;
-    const auto owned = std::make_unique<superacc>();  // 17 KiB: on the heap, not a worker thread's stack
-    superacc& acc = *owned;
-    const uint64_t sign_mask = absolute ? 0 : ~0ull;
-    uint64_t not_all_neg_zero = n == 0;
-    for (int64_t i0 = 0; i0 < n; i0 += kExactBlock) {
-        const int64_t end = i0 + kExactBlock < n ? i0 + kExactBlock : n;
-        uint64_t lo = 2047, hi = 0, nonfinite = 0;
-        for (int64_t i = i0; i < end; ++i) {
-            const uint64_t b = pl_bits(x[i]);
-            const uint64_t ex = (b >> 52) & 0x7FF;
-            const uint64_t e = ex | (uint64_t)(ex == 0);
-            const uint64_t m = (b & 0xFFFFFFFFFFFFFull) | ((uint64_t)(ex != 0) << 52);
-            const uint64_t neg = (b >> 63) & sign_mask;       // 0 or 1
-            acc.d[e] += (int64_t)((m ^ (0 - neg)) + neg);     // -m when negative
-            nonfinite |= (uint64_t)(ex == 0x7FF);
-            not_all_neg_zero |= b ^ kSign;
-            lo = e < lo ? e : lo;
-            hi = e > hi ? e : hi;
-        }
-        if (nonfinite) {  // NaN or an infinity: the caller's IEEE rules, not a sum
-            *special = 1;
-            return PL_OK;
-        }
-        acc.carry((int)lo, (int)hi);
-    }
-    acc.carry(0, kExactDigits - 1);
-    int64_t k = 0;
-    for (int e = kExactDigits - 1; e >= 0; --e) {
-        if (acc.d[e] == 0) continue;
-        const double t = std::ldexp((double)acc.d[e], e - 1075);  // exact: at most 53 bits, no finer than 2^-1074
-        if (!std::isfinite(t) || acc.d[e] > (INT64_C(1) << 53) || acc.d[e] < -(INT64_C(1) << 53)) {
-            *special = 2;  // the sum is near or past the double range: the caller's wide path
-            return PL_OK;
-        }
-        terms[k++] = t;
-    }
-    if (k == 0 && !not_all_neg_zero && !absolute) terms[k++] = -0.0;  // fsum's sign of a sum of -0.0s, whatever it is
-    *nterms = k;
-    return PL_OK;
-}
-
 extern "C" int pl_sum_cpu_threads(const double* x, int64_t n, int threads, double* result) {
     PL_REQUIRE_PTR(x);
     PL_REQUIRE_PTR(result);
@@ -1001,269 +712,3 @@ extern "C" int pl_sum_cpu_threads(const double* x, int64_t n, int threads, doubl
     *result = s;
     return PL_OK;
 }
-
-// ---------------------------------------------------------------------------
-// GPU
-#ifdef __CUDACC__
-
-namespace {
-
-constexpr int kThreads = 512;
-constexpr int kBlocksPerSM = 4;  // 2048 threads per SM: full occupancy on sm_80/sm_90
-constexpr int kMaxBlocks = 4096;
-constexpr int kUnroll = 4;       // 16-byte loads in flight per thread
-constexpr size_t kSlotOffset = kMaxBlocks * sizeof(double);
-constexpr size_t kWorkspaceBytes = kSlotOffset + 64;
-
-template <int ACC> struct slot_type { using type = typename pl_acc<ACC>::reg; };
-template <> struct slot_type<PL_BF16> { using type = __nv_bfloat16; };
-
-template <int ACC, bool KAHAN>
-struct thread_acc {
-    using R = typename pl_acc<ACC>::reg;
-    R s = (R)0, c = (R)0;
-    __device__ __forceinline__ void add(R x) {
-        if constexpr (KAHAN) {
-            const R y = pl_acc<ACC>::add(x, -c);
-            const R t = pl_acc<ACC>::add(s, y);
-            c = pl_acc<ACC>::add(pl_acc<ACC>::add(t, -s), -y);
-            s = t;
-        } else {
-            s = pl_acc<ACC>::add(s, x);
-        }
-    }
-    __device__ __forceinline__ R value() const { return KAHAN ? pl_acc<ACC>::add(s, -c) : s; }
-};
-
-// Versions 1-3, first pass. Each block reduces its slice; MODE 0 stores the
-// block sum in partials[blockIdx.x], MODE 1 atomically adds it to *slot.
-template <typename TS, int ACC, bool KAHAN, int MODE>
-__global__ void __launch_bounds__(kThreads)
-sum_blocks_kernel(const TS* __restrict__ x, int64_t n, bool aligned, typename pl_acc<ACC>::reg* partials,
-                  typename slot_type<ACC>::type* slot) {
-    using R = typename pl_acc<ACC>::reg;
-    constexpr int V = 16 / sizeof(TS);
-    thread_acc<ACC, KAHAN> acc;
-    const int64_t tid = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
-    const int64_t stride = (int64_t)gridDim.x * blockDim.x;
-    const int64_t npacks = aligned ? n / V : 0;
-    const int4* packs = reinterpret_cast<const int4*>(x);
-    int64_t p = tid;
-    for (; p + (kUnroll - 1) * stride < npacks; p += kUnroll * stride) {
-        int4 raw[kUnroll];
-#pragma unroll
-        for (int u = 0; u < kUnroll; ++u) raw[u] = __ldg(packs + p + u * stride);
-#pragma unroll
-        for (int u = 0; u < kUnroll; ++u) {
-            const TS* v = reinterpret_cast<const TS*>(&raw[u]);
-#pragma unroll
-            for (int k = 0; k < V; ++k) acc.add((R)pl_widen(v[k]));
-        }
-    }
-    for (; p < npacks; p += stride) {
-        const int4 raw = __ldg(packs + p);
-        const TS* v = reinterpret_cast<const TS*>(&raw);
-#pragma unroll
-        for (int k = 0; k < V; ++k) acc.add((R)pl_widen(v[k]));
-    }
-    for (int64_t i = npacks * V + tid; i < n; i += stride) acc.add((R)pl_widen(x[i]));
-    const R b = pl_block_sum<ACC>(acc.value());
-    if (threadIdx.x == 0) {
-        if constexpr (MODE == 0) {
-            partials[blockIdx.x] = b;
-        } else if constexpr (ACC == PL_BF16) {
-            atomicAdd(slot, __float2bfloat16_rn(b));
-        } else {
-            atomicAdd(slot, b);
-        }
-    }
-}
-
-// Second pass of versions 1-2: one block, fixed order.
-template <int ACC>
-__global__ void __launch_bounds__(1024) sum_partials_kernel(const typename pl_acc<ACC>::reg* partials, int nblocks,
-                                                            double* out) {
-    using R = typename pl_acc<ACC>::reg;
-    R s = (R)0;
-    for (int i = threadIdx.x; i < nblocks; i += blockDim.x) s = pl_acc<ACC>::add(s, partials[i]);
-    s = pl_block_sum<ACC>(s);
-    if (threadIdx.x == 0) *out = (double)s;
-}
-
-template <typename S>
-__global__ void slot_to_double_kernel(const S* slot, double* out) {
-    if constexpr (sizeof(S) == 2) *out = (double)__bfloat162float(*slot);
-    else *out = (double)*slot;
-}
-
-int grid_for(int64_t n, size_t elem, int* blocks) {
-    int sms = 0;
-    if (int st = pl_sm_count(&sms, "pl_sum_cuda")) return st;
-    const int64_t per_block = (int64_t)kThreads * (16 / (int64_t)elem) * kUnroll;
-    int64_t b = (n + per_block - 1) / per_block;
-    const int64_t cap = (int64_t)sms * kBlocksPerSM < kMaxBlocks ? (int64_t)sms * kBlocksPerSM : kMaxBlocks;
-    if (b > cap) b = cap;
-    if (b < 1) b = 1;
-    *blocks = (int)b;
-    return PL_OK;
-}
-
-template <typename TS, int ACC>
-int launch_sum(const void* x_dev, int64_t n, int method, void* work_dev, double* out_dev) {
-    using R = typename pl_acc<ACC>::reg;
-    using S = typename slot_type<ACC>::type;
-    const TS* x = static_cast<const TS*>(x_dev);
-    R* partials = static_cast<R*>(work_dev);
-    S* slot = reinterpret_cast<S*>(static_cast<char*>(work_dev) + kSlotOffset);
-    const bool aligned = (reinterpret_cast<uintptr_t>(x_dev) % 16) == 0;
-    int blocks = 0;
-    if (int st = grid_for(n, sizeof(TS), &blocks)) return st;
-    switch (method) {
-        case PL_GPU_TREE:
-            sum_blocks_kernel<TS, ACC, false, 0><<<blocks, kThreads>>>(x, n, aligned, partials, slot);
-            PL_CUDA_CHECK(cudaGetLastError());
-            sum_partials_kernel<ACC><<<1, 1024>>>(partials, blocks, out_dev);
-            break;
-        case PL_GPU_TREE_KAHAN:
-            sum_blocks_kernel<TS, ACC, true, 0><<<blocks, kThreads>>>(x, n, aligned, partials, slot);
-            PL_CUDA_CHECK(cudaGetLastError());
-            sum_partials_kernel<ACC><<<1, 1024>>>(partials, blocks, out_dev);
-            break;
-        case PL_GPU_ATOMIC:
-            PL_CUDA_CHECK(cudaMemsetAsync(slot, 0, sizeof(S)));
-            sum_blocks_kernel<TS, ACC, false, 1><<<blocks, kThreads>>>(x, n, aligned, partials, slot);
-            PL_CUDA_CHECK(cudaGetLastError());
-            slot_to_double_kernel<S><<<1, 1>>>(slot, out_dev);
-            break;
-    }
-    PL_CUDA_CHECK(cudaGetLastError());
-    return PL_OK;
-}
-
-template <typename TS>
-int dispatch_acc(const void* x_dev, int64_t n, int accumulator, int method, void* work, double* out) {
-    switch (accumulator) {
-        case PL_FP32: return launch_sum<TS, PL_FP32>(x_dev, n, method, work, out);
-        case PL_FP64: return launch_sum<TS, PL_FP64>(x_dev, n, method, work, out);
-        case PL_BF16: return launch_sum<TS, PL_BF16>(x_dev, n, method, work, out);
-    }
-    return pl_fail(PL_ERR_UNSUPPORTED, "pl_sum_cuda_device", "GPU accumulator must be fp32, fp64 or bf16 (got %s)",
-                   PL_FORMATS[accumulator].name);
-}
-
-int dispatch(const void* x_dev, int64_t n, int storage, int accumulator, int method, void* work, double* out) {
-    switch (storage) {
-        case PL_FP64: return dispatch_acc<double>(x_dev, n, accumulator, method, work, out);
-        case PL_FP32: return dispatch_acc<float>(x_dev, n, accumulator, method, work, out);
-        case PL_FP16: return dispatch_acc<__half>(x_dev, n, accumulator, method, work, out);
-        case PL_BF16: return dispatch_acc<__nv_bfloat16>(x_dev, n, accumulator, method, work, out);
-        case PL_FP8_E4M3: return dispatch_acc<__nv_fp8_e4m3>(x_dev, n, accumulator, method, work, out);
-        case PL_FP8_E5M2: return dispatch_acc<__nv_fp8_e5m2>(x_dev, n, accumulator, method, work, out);
-    }
-    return pl_fail(PL_ERR_INVALID_ARGUMENT, "pl_sum_cuda_device", "unknown storage format %d", storage);
-}
-
-// Host doubles (already values of the format) to the device's storage bytes.
-void encode(const double* x, int64_t n, int storage, void* out) {
-    const pl_fmt& f = PL_FORMATS[storage];
-    for (int64_t i = 0; i < n; ++i) {
-        const double v = pl_round_to(x[i], f);  // exact when x[i] is already a value of the format
-        switch (storage) {
-            case PL_FP64: static_cast<double*>(out)[i] = v; break;
-            case PL_FP32: static_cast<float*>(out)[i] = (float)v; break;
-            case PL_FP16: static_cast<__half*>(out)[i] = __float2half_rn((float)v); break;
-            case PL_BF16: static_cast<__nv_bfloat16*>(out)[i] = __float2bfloat16_rn((float)v); break;
-            // not the saturating constructors: they would turn e5m2's inf into 57344
-            case PL_FP8_E4M3: static_cast<__nv_fp8_storage_t*>(out)[i] = __nv_cvt_float_to_fp8((float)v, __NV_NOSAT, __NV_E4M3); break;
-            case PL_FP8_E5M2: static_cast<__nv_fp8_storage_t*>(out)[i] = __nv_cvt_float_to_fp8((float)v, __NV_NOSAT, __NV_E5M2); break;
-        }
-    }
-}
-
-int check_sum_args(int64_t n, int storage, int accumulator, int method, const char* func) {
-    if (n <= 0) return pl_fail(PL_ERR_INVALID_ARGUMENT, func, "n must be > 0 (got %lld)", (long long)n);
-    if (!pl_valid_format(storage)) return pl_fail(PL_ERR_INVALID_ARGUMENT, func, "unknown storage format %d", storage);
-    if (storage == PL_TF32) return pl_fail(PL_ERR_UNSUPPORTED, func, "tf32 is a compute format, not a storage one");
-    if (!pl_valid_format(accumulator))
-        return pl_fail(PL_ERR_INVALID_ARGUMENT, func, "unknown accumulator format %d", accumulator);
-    if (int st = pl_check_variant("sum", method, PL_ON_CUDA, func)) return st;
-    if (accumulator != PL_FP32 && accumulator != PL_FP64 && accumulator != PL_BF16)
-        return pl_fail(PL_ERR_UNSUPPORTED, func, "GPU accumulator must be fp32, fp64 or bf16 (got %s)",
-                       PL_FORMATS[accumulator].name);
-    size_t bytes;
-    return pl_checked_bytes(n, PL_FORMATS[storage].bytes, &bytes, func);
-}
-
-}  // namespace
-
-extern "C" int pl_sum_workspace_bytes(int64_t n, int storage, int method, size_t* bytes) {
-    PL_REQUIRE_PTR(bytes);
-    if (int st = check_sum_args(n, storage, PL_FP32, method, __func__)) return st;
-    *bytes = kWorkspaceBytes;
-    return PL_OK;
-}
-
-extern "C" int pl_sum_cuda_device(const void* x_dev, int64_t n, int storage, int accumulator, int method,
-                                  void* work_dev, size_t work_bytes, double* out_dev) {
-    PL_REQUIRE_PTR(x_dev);
-    PL_REQUIRE_PTR(work_dev);
-    PL_REQUIRE_PTR(out_dev);
-    if (int st = check_sum_args(n, storage, accumulator, method, __func__)) return st;
-    PL_REQUIRE(work_bytes >= kWorkspaceBytes, PL_ERR_INVALID_ARGUMENT, "workspace of %zu bytes is below the %zu needed",
-               work_bytes, kWorkspaceBytes);
-    if (int st = pl_require_device(x_dev, PL_FORMATS[storage].bytes, "x_dev", __func__)) return st;
-    if (int st = pl_require_device(work_dev, sizeof(double), "work_dev", __func__)) return st;
-    if (int st = pl_require_device(out_dev, sizeof(double), "out_dev", __func__)) return st;
-    return dispatch(x_dev, n, storage, accumulator, method, work_dev, out_dev);
-}
-
-extern "C" int pl_sum_cuda(const double* x, int64_t n, int storage, int accumulator, int method, int runs,
-                           double* results) {
-    PL_REQUIRE_PTR(x);
-    PL_REQUIRE_PTR(results);
-    if (int st = check_sum_args(n, storage, accumulator, method, __func__)) return st;
-    PL_REQUIRE(runs > 0, PL_ERR_INVALID_ARGUMENT, "runs must be > 0 (got %d)", runs);
-    int count = 0;
-    if (int st = pl_cuda_device_count(&count)) return st;
-    size_t bytes = 0;
-    if (int st = pl_checked_bytes(n, PL_FORMATS[storage].bytes, &bytes, __func__)) return st;
-    // Device memory first: a size the GPU cannot hold fails before x is read.
-    void *x_dev = nullptr, *work = nullptr, *host = nullptr;
-    double* out = nullptr;
-    int st = PL_OK;
-    cudaError_t err = cudaMalloc(&x_dev, bytes);
-    if (err == cudaSuccess) err = cudaMalloc(&work, kWorkspaceBytes);
-    if (err == cudaSuccess) err = cudaMalloc(reinterpret_cast<void**>(&out), sizeof(double) * (size_t)runs);
-    if (err != cudaSuccess) st = pl_cuda_fail(err, __func__, "cudaMalloc");
-    if (st == PL_OK && (host = std::malloc(bytes)) == nullptr)
-        st = pl_fail(PL_ERR_OUT_OF_MEMORY, __func__, "cannot allocate %zu host bytes", bytes);
-    if (st == PL_OK) {
-        encode(x, n, storage, host);
-        err = cudaMemcpy(x_dev, host, bytes, cudaMemcpyHostToDevice);
-        if (err != cudaSuccess) st = pl_cuda_fail(err, __func__, "upload");
-    }
-    for (int r = 0; st == PL_OK && r < runs; ++r) st = dispatch(x_dev, n, storage, accumulator, method, work, out + r);
-    if (st == PL_OK) {
-        err = cudaMemcpy(results, out, sizeof(double) * (size_t)runs, cudaMemcpyDeviceToHost);
-        if (err != cudaSuccess) st = pl_cuda_fail(err, __func__, "kernel or download");
-    }
-    std::free(host);
-    cudaFree(x_dev);
-    cudaFree(work);
-    cudaFree(out);
-    return st;
-}
-
-#else  // built without nvcc
-
-extern "C" int pl_sum_workspace_bytes(int64_t, int, int, size_t*) {
-    return pl_fail(PL_ERR_NO_CUDA, __func__, "library built without CUDA");
-}
-extern "C" int pl_sum_cuda_device(const void*, int64_t, int, int, int, void*, size_t, double*) {
-    return pl_fail(PL_ERR_NO_CUDA, __func__, "library built without CUDA");
-}
-extern "C" int pl_sum_cuda(const double*, int64_t, int, int, int, int, double*) {
-    return pl_fail(PL_ERR_NO_CUDA, __func__, "library built without CUDA");
-}
-
-#endif

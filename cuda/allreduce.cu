@@ -25,12 +25,12 @@
 #include "common.cuh"
 
 // The orders, declared once (common.cuh, PL_DECLARE_VARIANTS).
-// symbol, id, name, kind, devices, order, batch-invariant, deterministic, default, summary
-#define ALLREDUCE_VARIANTS(X)                                                                             \
-    X(PL_ALLREDUCE_RING, 0, "ring", ALGORITHM, PL_ON_CPU, AS_GIVEN, -1, 1, 1,                             \
-      "reduce-scatter around a ring: each chunk summed from a different starting rank")                   \
-    X(PL_ALLREDUCE_TREE, 1, "tree", ALGORITHM, PL_ON_CPU, AS_GIVEN, -1, 1, 1,                             \
-      "adjacent ranks paired level by level")
+// symbol, id, name, kind, devices, dtypes, order, batch-invariant, deterministic, default, sass, summary
+#define ALLREDUCE_VARIANTS(X)                                                                                      \
+    X(PL_ALLREDUCE_RING, 0, "ring", ALGORITHM, PL_ON_CPU, PL_ALL_FORMATS, AS_GIVEN, -1, 1, 1,                      \
+      NO_SASS, "reduce-scatter around a ring: each chunk summed from a different starting rank")                   \
+    X(PL_ALLREDUCE_TREE, 1, "tree", ALGORITHM, PL_ON_CPU, PL_ALL_FORMATS, AS_GIVEN, -1, 1, 1,                      \
+      NO_SASS, "adjacent ranks paired level by level")
 PL_DECLARE_VARIANTS(allreduce, ALLREDUCE_VARIANTS);
 
 namespace {

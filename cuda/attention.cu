@@ -30,16 +30,11 @@ constexpr int64_t kMaxKeysGpu = 8192;  // 32 KiB of fp32 scores in shared memory
 
 int check_attention_args(const void* q, const void* k, const void* v, const void* y, int64_t bh, int64_t tq, int64_t tk,
                          int64_t d, int64_t dv, int dtype, float scale, const char* func) {
-    if (!q) return pl_fail(PL_ERR_NULL_POINTER, func, "q is NULL");
-    if (!k) return pl_fail(PL_ERR_NULL_POINTER, func, "k is NULL");
-    if (!v) return pl_fail(PL_ERR_NULL_POINTER, func, "v is NULL");
-    if (!y) return pl_fail(PL_ERR_NULL_POINTER, func, "y is NULL");
+    if (int st = pl_check_ptrs(func, {{"q", q}, {"k", k}, {"v", v}, {"y", y}})) return st;
     if (bh <= 0 || tq <= 0 || tk <= 0 || d <= 0 || dv <= 0)
         return pl_fail(PL_ERR_INVALID_ARGUMENT, func, "bh, tq, tk, d and dv must be > 0");
     if (tq > tk) return pl_fail(PL_ERR_INVALID_ARGUMENT, func, "tq (%lld) must be <= tk (%lld)", (long long)tq, (long long)tk);
-    if (!pl_row_dtype(dtype))
-        return pl_fail(pl_valid_format(dtype) ? PL_ERR_UNSUPPORTED : PL_ERR_INVALID_ARGUMENT, func,
-                       "dtype must be fp32, bf16 or fp16 (got %d)", dtype);
+    if (int st = pl_check_row_dtype(dtype, "dtype", func)) return st;
     if (!std::isfinite(scale)) return pl_fail(PL_ERR_INVALID_ARGUMENT, func, "scale must be finite");
     const int64_t biggest = (tq > tk ? tq : tk) * (d > dv ? d : dv);
     if ((uint64_t)bh > (uint64_t)INT64_MAX / (uint64_t)biggest) return pl_fail(PL_ERR_SIZE_OVERFLOW, func, "sizes overflow");
@@ -160,12 +155,10 @@ extern "C" int pl_attention_cuda(const void* q_dev, const void* k_dev, const voi
     if (int st = pl_require_device(y_dev, elem, "y_dev", __func__)) return st;
     if (kv_start_dev)
         if (int st = pl_require_device(kv_start_dev, sizeof(int32_t), "kv_start_dev", __func__)) return st;
-    switch (dtype) {
-        case PL_FP32: return launch_attention<float>(q_dev, k_dev, v_dev, y_dev, bh, tq, tk, d, dv, causal, kv_start_dev, scale);
-        case PL_BF16:
-            return launch_attention<__nv_bfloat16>(q_dev, k_dev, v_dev, y_dev, bh, tq, tk, d, dv, causal, kv_start_dev, scale);
-        default: return launch_attention<__half>(q_dev, k_dev, v_dev, y_dev, bh, tq, tk, d, dv, causal, kv_start_dev, scale);
-    }
+    return pl_with_row_type(dtype, __func__, [&](auto t) {
+        return launch_attention<typename decltype(t)::type>(q_dev, k_dev, v_dev, y_dev, bh, tq, tk, d, dv, causal,
+                                                            kv_start_dev, scale);
+    });
 }
 
 #else

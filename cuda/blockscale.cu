@@ -75,16 +75,16 @@
 #include "common.cuh"
 
 // The GPU variants, declared once (common.cuh, PL_DECLARE_VARIANTS).
-// symbol, id, name, kind, devices, order, batch-invariant, deterministic, default, summary
-#define BLOCKSCALE_QUANTIZE_VARIANTS(X)                                                                   \
-    X(BSQ_THREAD_PER_BLOCK, 1, "thread_per_block", KERNEL, PL_ON_CUDA, AS_GIVEN, 1, 1, 0,                 \
-      "one thread per scaling block: its loads are serial")                                               \
-    X(BSQ_WARP_PER_BLOCK, 2, "warp_per_block", KERNEL, PL_ON_CUDA, AS_GIVEN, 1, 1, 1,                     \
-      "one warp per scaling block, amax by a warp all-reduce; coalesced loads")
+// symbol, id, name, kind, devices, dtypes, order, batch-invariant, deterministic, default, sass, summary
+#define BLOCKSCALE_QUANTIZE_VARIANTS(X)                                                                            \
+    X(BSQ_THREAD_PER_BLOCK, 1, "thread_per_block", KERNEL, PL_ON_CUDA, PL_FMT_BIT(PL_FP32), AS_GIVEN, 1, 1, 0,     \
+      NO_SASS, "one thread per scaling block: its loads are serial")                                               \
+    X(BSQ_WARP_PER_BLOCK, 2, "warp_per_block", KERNEL, PL_ON_CUDA, PL_FMT_BIT(PL_FP32), AS_GIVEN, 1, 1, 1,         \
+      NO_SASS, "one warp per scaling block, amax by a warp all-reduce; coalesced loads")
 PL_DECLARE_VARIANTS(blockscale_quantize, BLOCKSCALE_QUANTIZE_VARIANTS);
-#define BLOCKSCALE_DEQUANTIZE_VARIANTS(X)                                                                 \
-    X(BSD_THREAD_PER_ELEMENT, 1, "thread_per_element", KERNEL, PL_ON_CUDA, AS_GIVEN, 1, 1, 1,             \
-      "one thread per element")
+#define BLOCKSCALE_DEQUANTIZE_VARIANTS(X)                                                                          \
+    X(BSD_THREAD_PER_ELEMENT, 1, "thread_per_element", KERNEL, PL_ON_CUDA, PL_FMT_BIT(PL_FP32), AS_GIVEN, 1, 1, 1, \
+      NO_SASS, "one thread per element")
 PL_DECLARE_VARIANTS(blockscale_dequantize, BLOCKSCALE_DEQUANTIZE_VARIANTS);
 
 namespace {
@@ -105,8 +105,11 @@ PL_HD static inline pl_mf mf_of(int id) {
         case PL_MF_E2M3: return {6, 2, 3, 1, 2, 15, 0};
         case PL_MF_E3M2: return {6, 3, 2, 3, 4, 7, 0};
         case PL_MF_E4M3: return {8, 4, 3, 7, 8, 14, 1};
-        default: return {8, 5, 2, 15, 15, 7, 2};  // PL_MF_E5M2
+        case PL_MF_E5M2: return {8, 5, 2, 15, 15, 7, 2};
     }
+    // not an element format (e8m0 is a scale; the entry points check their
+    // codes first): a format of no bits, never another format's
+    return {0, 0, 0, 0, 0, 0, 0};
 }
 
 const char* const MF_NAMES[PL_MINIFLOAT_COUNT_] = {"fp4_e2m1", "fp6_e2m3", "fp6_e3m2",
@@ -266,8 +269,10 @@ PL_HD static inline int element_of(int format) {
         case PL_MXFP8_E5M2: return PL_MF_E5M2;
         case PL_MXFP6_E2M3: return PL_MF_E2M3;
         case PL_MXFP6_E3M2: return PL_MF_E3M2;
-        default: return PL_MF_E2M1;
+        case PL_MXFP4:
+        case PL_NVFP4: return PL_MF_E2M1;
     }
+    return -1;  // not a block format (the entry points check first): mf_of gives a format of no bits
 }
 
 // One block of len elements: its scale code and element codes.

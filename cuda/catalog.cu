@@ -22,7 +22,9 @@ struct op_table {
 };
 
 // Filled by static initialisers while the library loads (one thread), read
-// afterwards; kept sorted by op name so the order does not depend on link order.
+// afterwards; kept sorted by op name, and an op's lists (the sum declares one
+// in accumulate.cu, one in sum_cuda.cu) by their first id, so the order does
+// not depend on link order.
 constexpr int kMaxOps = 32;
 op_table g_ops[kMaxOps];
 int g_op_count = 0;
@@ -32,7 +34,11 @@ int g_op_count = 0;
 int pl_catalog_register(const char* op, const pl_variant_row* rows, int count) {
     if (g_op_count == kMaxOps) std::abort();  // a build-time limit: raise kMaxOps
     int i = g_op_count++;
-    while (i > 0 && std::strcmp(g_ops[i - 1].op, op) > 0) {
+    const auto after = [&](const op_table& t) {
+        const int c = std::strcmp(t.op, op);
+        return c > 0 || (c == 0 && count > 0 && t.count > 0 && t.rows[0].id > rows[0].id);
+    };
+    while (i > 0 && after(g_ops[i - 1])) {
         g_ops[i] = g_ops[i - 1];
         --i;
     }
@@ -73,7 +79,7 @@ extern "C" int pl_variant_info(int index, pl_variant_desc* out) {
         if (k < g_ops[t].count) {
             const pl_variant_row& r = g_ops[t].rows[k];
             *out = {g_ops[t].op, r.name, r.id, r.kind, r.devices, r.order, r.batch_invariant, r.deterministic,
-                    r.is_default, r.summary};
+                    r.is_default, r.summary, r.dtypes, r.nsass, r.nsass ? r.sass : nullptr};
             return PL_OK;
         }
         k -= g_ops[t].count;

@@ -14,6 +14,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <initializer_list>
 #include <limits>
 #include <vector>
 
@@ -53,6 +54,34 @@ static inline int pl_checked_bytes(int64_t n, size_t elem, size_t* bytes, const 
     return PL_OK;
 }
 
+// The pointers an entry point needs, by name, checked in order: the first
+// NULL one is the error ("x is NULL").
+struct pl_named_ptr {
+    const char* name;
+    const void* p;
+};
+static inline int pl_check_ptrs(const char* func, std::initializer_list<pl_named_ptr> ptrs) {
+    for (const pl_named_ptr& q : ptrs)
+        if (q.p == nullptr) return pl_fail(PL_ERR_NULL_POINTER, func, "%s is NULL", q.name);
+    return PL_OK;
+}
+
+// rows x cols, both > 0, as the row ops take them.
+static inline int pl_check_rows_cols(int64_t rows, int64_t cols, const char* func) {
+    if (rows <= 0 || cols <= 0)
+        return pl_fail(PL_ERR_INVALID_ARGUMENT, func, "rows and cols must be > 0 (got %lld x %lld)", (long long)rows,
+                       (long long)cols);
+    return PL_OK;
+}
+
+// rows * cols fp32 values without overflow (in elements and in bytes); `what`
+// names the product in the message ("rows * cols").
+static inline int pl_check_elements(int64_t rows, int64_t cols, const char* what, const char* func) {
+    if ((uint64_t)rows > (uint64_t)INT64_MAX / (uint64_t)cols) return pl_fail(PL_ERR_SIZE_OVERFLOW, func, "%s overflows", what);
+    size_t bytes;
+    return pl_checked_bytes(rows * cols, sizeof(float), &bytes, func);
+}
+
 #ifdef __CUDACC__
 int pl_cuda_fail(cudaError_t err, const char* func, const char* what);
 // Any CUDA failure becomes a status carrying cudaGetErrorString.
@@ -88,6 +117,14 @@ static const pl_fmt PL_FORMATS[PL_FORMAT_COUNT_] = {
 };
 
 static inline bool pl_valid_format(int f) { return f >= 0 && f < PL_FORMAT_COUNT_; }
+
+// A format's bit in a set of formats (pl_variant_desc.dtypes); the row ops' three.
+#define PL_FMT_BIT(f) (1u << (f))
+#define PL_ROW_FORMATS (PL_FMT_BIT(PL_FP32) | PL_FMT_BIT(PL_BF16) | PL_FMT_BIT(PL_FP16))
+#define PL_ALL_FORMATS ((1u << PL_FORMAT_COUNT_) - 1u)
+#define PL_STORAGE_FORMATS (PL_ALL_FORMATS & ~PL_FMT_BIT(PL_TF32))  // tf32 is a compute format only
+
+constexpr uint64_t pl_sign_bit = 0x8000000000000000ull;  // of a double's bits
 
 static inline uint64_t pl_bits(double x) { uint64_t b; std::memcpy(&b, &x, 8); return b; }
 static inline double pl_from_bits(uint64_t b) { double x; std::memcpy(&x, &b, 8); return x; }
@@ -146,6 +183,17 @@ static inline double pl_add(double a, double b, const pl_fmt& f) {
 }
 static inline double pl_sub(double a, double b, const pl_fmt& f) { return pl_add(a, -b, f); }
 
+// The row ops' storage formats (fp32, bf16, fp16).
+static inline bool pl_row_dtype(int dtype) { return dtype == PL_FP32 || dtype == PL_BF16 || dtype == PL_FP16; }
+
+// PL_OK for a row dtype; else UNSUPPORTED for another format, INVALID_ARGUMENT
+// for a code that is none. `what` names the argument ("dtype").
+static inline int pl_check_row_dtype(int dtype, const char* what, const char* func) {
+    if (pl_row_dtype(dtype)) return PL_OK;
+    return pl_fail(pl_valid_format(dtype) ? PL_ERR_UNSUPPORTED : PL_ERR_INVALID_ARGUMENT, func,
+                   "%s must be fp32, bf16 or fp16 (got %d)", what, dtype);
+}
+
 // ---------------------------------------------------------------------------
 // host access to fp32 / bf16 / fp16 tensors (bf16, fp16 as raw 16-bit patterns)
 
@@ -158,7 +206,7 @@ static inline float pl_load_host(const void* p, int64_t i, int dtype) {
             std::memcpy(&f, &b, 4);
             return f;
         }
-        default: {  // PL_FP16
+        case PL_FP16: {
             const uint16_t h = static_cast<const uint16_t*>(p)[i];
             const int e = (h >> 10) & 31, m = h & 1023;
             double v = e == 0 ? std::ldexp((double)m, -24)
@@ -167,10 +215,18 @@ static inline float pl_load_host(const void* p, int64_t i, int dtype) {
             return (float)((h & 0x8000) ? -v : v);
         }
     }
+    // Unreachable through the entry points (each checks its dtype first,
+    // pl_check_row_dtype); never a guess at the format.
+    pl_fail(PL_ERR_INVALID_ARGUMENT, "pl_load_host", "unknown format %d", dtype);
+    return std::numeric_limits<float>::quiet_NaN();
 }
 
 // Round to the storage format (nearest even) and store.
 static inline void pl_store_host(void* p, int64_t i, int dtype, float v) {
+    if (!pl_row_dtype(dtype)) {  // as pl_load_host: unreachable, never a guess
+        pl_fail(PL_ERR_INVALID_ARGUMENT, "pl_store_host", "unknown format %d", dtype);
+        return;
+    }
     const double r = pl_round_to((double)v, PL_FORMATS[dtype]);
     switch (dtype) {
         case PL_FP32: static_cast<float*>(p)[i] = (float)r; return;
@@ -181,7 +237,7 @@ static inline void pl_store_host(void* p, int64_t i, int dtype, float v) {
             static_cast<uint16_t*>(p)[i] = std::isnan(f) ? 0x7FC0 : (uint16_t)(b >> 16);
             return;
         }
-        default: {  // PL_FP16
+        case PL_FP16: {
             uint16_t h;
             const double a = std::fabs(r);
             const uint16_t sign = std::signbit(r) ? 0x8000 : 0;
@@ -246,7 +302,6 @@ constexpr float pl_neg_inf = -std::numeric_limits<float>::infinity();
 // the float64 reference's np.max does.
 PL_HD static inline float pl_max_nan(float a, float b) { return (a > b || a != a) ? a : b; }
 
-static inline bool pl_row_dtype(int dtype) { return dtype == PL_FP32 || dtype == PL_BF16 || dtype == PL_FP16; }
 
 // ---------------------------------------------------------------------------
 // RNG for stochastic rounding: counter-based, so a step's draw depends only on
@@ -432,6 +487,19 @@ static inline int pl_sm_count(int* sms, const char* func) {
     return err == cudaSuccess ? PL_OK : pl_cuda_fail(err, func, "SM count");
 }
 
+// The GPU launchers' one dtype switch: f(pl_type<T>{}) with T the storage type
+// of a row dtype (float, __nv_bfloat16, __half); any other code is an error.
+template <typename T> struct pl_type { using type = T; };
+template <typename F>
+static inline int pl_with_row_type(int dtype, const char* func, F&& f) {
+    switch (dtype) {
+        case PL_FP32: return f(pl_type<float>{});
+        case PL_BF16: return f(pl_type<__nv_bfloat16>{});
+        case PL_FP16: return f(pl_type<__half>{});
+    }
+    return pl_fail(PL_ERR_INVALID_ARGUMENT, func, "unknown row dtype %d", dtype);
+}
+
 #endif  // __CUDACC__
 
 // ---------------------------------------------------------------------------
@@ -439,31 +507,52 @@ static inline int pl_sm_count(int* sms, const char* func) {
 // its variants once, as an X-macro list beside their code,
 //
 //   #define SOFTMAX_VARIANTS(X)
-//       X(PL_SOFTMAX_NAIVE, 0, "naive", ALGORITHM, PL_ON_CPU | PL_ON_CUDA, AS_GIVEN, 1, 1, 1, "summary")
+//       X(PL_SOFTMAX_NAIVE, 0, "naive", ALGORITHM, PL_ON_CPU | PL_ON_CUDA, PL_ROW_FORMATS, AS_GIVEN, 1, 1, 1,
+//         NO_SASS, "summary")
 //   PL_DECLARE_VARIANTS(softmax, SOFTMAX_VARIANTS);
 //
 // which makes the enum the code switches on and the table rows, and registers
 // the rows when the library loads. Columns: symbol, id, name, kind, devices,
-// input order, batch-invariant (1/0/-1), deterministic, default, summary.
+// dtypes (PL_FMT_BIT set of the formats it takes), input order,
+// batch-invariant (1/0/-1), deterministic, default, the instruction ceilings
+// make sass-check holds its kernels to, summary. The ceilings column is
+// NO_SASS or SASS(PL_SASS_KERNEL(kernel, checks, dtypes, ceiling), ...): one
+// entry per kernel and ceiling (a kernel whose ceiling differs by dtype takes
+// one entry per ceiling).
 struct pl_variant_row {
     int32_t id;
     const char* name;
-    int32_t kind, devices, order, batch_invariant, deterministic, is_default;
+    int32_t kind, devices;
+    uint32_t dtypes;
+    int32_t order, batch_invariant, deterministic, is_default;
+    const pl_sass_rule* sass;
+    int32_t nsass;
     const char* summary;
 };
-// Registers op's rows (called once per op, at load); returns 0.
+// Registers op's rows (called once per list, at load; an op may have one list
+// per file); returns 0.
 int pl_catalog_register(const char* op, const pl_variant_row* rows, int count);
 // The row of op with this id, or NULL.
 const pl_variant_row* pl_catalog_find(const char* op, int id);
 // PL_OK when op has a variant `id` that runs on `device` (PL_ON_CPU / PL_ON_CUDA), else a status naming it.
 int pl_check_variant(const char* op, int id, int device, const char* func);
 
+#define PL_SASS_KERNEL(kernel, checks, dtypes, ceiling) {kernel, checks, dtypes, ceiling}
+#define PL_SASS_LIST_SASS(...) __VA_ARGS__,
+#define PL_SASS_LIST_NO_SASS
+// Each row's ceilings, ended by an empty entry (an array is never empty).
+// (Two steps: the column is expanded first, so it may be a macro naming a shared SASS(...).)
+#define PL_VARIANT_SASS_(sym, id, name, kind, devices, dtypes, order, binv, det, dflt, sass, summary) \
+    PL_SASS_ARRAY_(sym, sass)
+#define PL_SASS_ARRAY_(sym, sass) static const pl_sass_rule pl_sass_##sym[] = {PL_SASS_LIST_##sass{nullptr, 0, 0, 0.0}};
 #define PL_VARIANT_ENUM_(sym, id, ...) sym = id,
-#define PL_VARIANT_ROW_(sym, id, name, kind, devices, order, binv, det, dflt, summary) \
-    {id, name, PL_KIND_##kind, devices, PL_ORDER_##order, binv, det, dflt, summary},
+#define PL_VARIANT_ROW_(sym, id, name, kind, devices, dtypes, order, binv, det, dflt, sass, summary)       \
+    {id,   name, PL_KIND_##kind, devices, dtypes, PL_ORDER_##order, binv, det, dflt, pl_sass_##sym,          \
+     (int32_t)(sizeof pl_sass_##sym / sizeof pl_sass_##sym[0]) - 1, summary},
+// Identifiers from the list's name, so one op may declare a list in each of several files.
 #define PL_DECLARE_VARIANTS(op, LIST)                                                      \
-    enum op##_variant { LIST(PL_VARIANT_ENUM_) };                                          \
-    static const pl_variant_row pl_rows_##op[] = {LIST(PL_VARIANT_ROW_)};                  \
-    static const int pl_registered_##op =                                                  \
-        pl_catalog_register(#op, pl_rows_##op, (int)(sizeof pl_rows_##op / sizeof pl_rows_##op[0]))
-
+    enum LIST##_ids { LIST(PL_VARIANT_ENUM_) };                                            \
+    LIST(PL_VARIANT_SASS_)                                                                 \
+    static const pl_variant_row pl_rows_##LIST[] = {LIST(PL_VARIANT_ROW_)};                \
+    static const int pl_registered_##LIST =                                                \
+        pl_catalog_register(#op, pl_rows_##LIST, (int)(sizeof pl_rows_##LIST / sizeof pl_rows_##LIST[0]))

@@ -27,16 +27,16 @@
 #include "common.cuh"
 
 // The variants of pl_matmul_cuda, declared once (common.cuh, PL_DECLARE_VARIANTS).
-// symbol, id, name, kind, devices, order, batch-invariant, deterministic, default, summary
-#define MATMUL_VARIANTS(X)                                                                                \
-    X(PL_MATMUL_NAIVE, 1, "naive", KERNEL, PL_ON_CUDA, AS_GIVEN, 1, 1, 0,                                 \
-      "a thread per element, ascending k, fp32 FMA")                                                      \
-    X(PL_MATMUL_TILED, 2, "tiled", KERNEL, PL_ON_CUDA, AS_GIVEN, 1, 1, 1,                                 \
-      "16 x 16 shared-memory tiles, the same ascending-k FMA chain")                                      \
-    X(PL_MATMUL_SPLITK_ATOMIC, 3, "splitk_atomic", KERNEL, PL_ON_CUDA, AS_GIVEN, 1, 0, 0,                 \
-      "K slices combined by atomicAdd: the order, and the bits, vary")                                    \
-    X(PL_MATMUL_SPLITK_ORDERED, 4, "splitk_ordered", KERNEL, PL_ON_CUDA, AS_GIVEN, 1, 1, 0,               \
-      "K slices combined in slice order: fixed bits, not the unsplit ones")
+// symbol, id, name, kind, devices, dtypes, order, batch-invariant, deterministic, default, sass, summary
+#define MATMUL_VARIANTS(X)                                                                                         \
+    X(PL_MATMUL_NAIVE, 1, "naive", KERNEL, PL_ON_CUDA, PL_ROW_FORMATS, AS_GIVEN, 1, 1, 0,                          \
+      NO_SASS, "a thread per element, ascending k, fp32 FMA")                                                      \
+    X(PL_MATMUL_TILED, 2, "tiled", KERNEL, PL_ON_CUDA, PL_ROW_FORMATS, AS_GIVEN, 1, 1, 1,                          \
+      NO_SASS, "16 x 16 shared-memory tiles, the same ascending-k FMA chain")                                      \
+    X(PL_MATMUL_SPLITK_ATOMIC, 3, "splitk_atomic", KERNEL, PL_ON_CUDA, PL_ROW_FORMATS, AS_GIVEN, 1, 0, 0,          \
+      NO_SASS, "K slices combined by atomicAdd: the order, and the bits, vary")                                    \
+    X(PL_MATMUL_SPLITK_ORDERED, 4, "splitk_ordered", KERNEL, PL_ON_CUDA, PL_ROW_FORMATS, AS_GIVEN, 1, 1, 0,        \
+      NO_SASS, "K slices combined in slice order: fixed bits, not the unsplit ones")
 PL_DECLARE_VARIANTS(matmul, MATMUL_VARIANTS);
 
 namespace {
@@ -45,15 +45,11 @@ constexpr int64_t kBlockK = 128;
 
 int check_matmul_args(const void* a, const void* b, const void* c, int64_t m, int64_t n, int64_t k, int dtype,
                       const char* func) {
-    if (!a) return pl_fail(PL_ERR_NULL_POINTER, func, "a is NULL");
-    if (!b) return pl_fail(PL_ERR_NULL_POINTER, func, "b is NULL");
-    if (!c) return pl_fail(PL_ERR_NULL_POINTER, func, "c is NULL");
+    if (int st = pl_check_ptrs(func, {{"a", a}, {"b", b}, {"c", c}})) return st;
     if (m <= 0 || n <= 0 || k <= 0)
         return pl_fail(PL_ERR_INVALID_ARGUMENT, func, "m, n, k must be > 0 (got %lld, %lld, %lld)", (long long)m,
                        (long long)n, (long long)k);
-    if (!pl_row_dtype(dtype))
-        return pl_fail(pl_valid_format(dtype) ? PL_ERR_UNSUPPORTED : PL_ERR_INVALID_ARGUMENT, func,
-                       "dtype must be fp32, bf16 or fp16 (got %d)", dtype);
+    if (int st = pl_check_row_dtype(dtype, "dtype", func)) return st;
     const int64_t lim = INT64_MAX / 8;
     if (m > lim / k || k > lim / n || m > lim / n) return pl_fail(PL_ERR_SIZE_OVERFLOW, func, "matrix sizes overflow");
     return PL_OK;
@@ -196,11 +192,9 @@ extern "C" int pl_matmul_cuda(const void* a_dev, const void* b_dev, int64_t m, i
     if (need)
         if (int st = pl_require_device(work_dev, sizeof(float), "work_dev", __func__)) return st;
     float* work = static_cast<float*>(work_dev);
-    switch (dtype) {
-        case PL_FP32: return launch<float>(a_dev, b_dev, c_dev, m, n, k, version, splits, work);
-        case PL_BF16: return launch<__nv_bfloat16>(a_dev, b_dev, c_dev, m, n, k, version, splits, work);
-        default: return launch<__half>(a_dev, b_dev, c_dev, m, n, k, version, splits, work);
-    }
+    return pl_with_row_type(dtype, __func__, [&](auto t) {
+        return launch<typename decltype(t)::type>(a_dev, b_dev, c_dev, m, n, k, version, splits, work);
+    });
 }
 
 #else

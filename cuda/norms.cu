@@ -22,29 +22,22 @@
 #include "common.cuh"
 
 // The variants of pl_rmsnorm_cuda, declared once (common.cuh, PL_DECLARE_VARIANTS).
-// symbol, id, name, kind, devices, order, batch-invariant, deterministic, default, summary
-#define RMSNORM_VARIANTS(X)                                                                               \
-    X(PL_NORM_BLOCK, 1, "block", KERNEL, PL_ON_CUDA, AS_GIVEN, 1, 1, 1,                                   \
-      "threads from cols alone: a row's bits never depend on the batch")                                  \
-    X(PL_NORM_ADAPTIVE, 2, "adaptive", KERNEL, PL_ON_CUDA, AS_GIVEN, 0, 1, 0,                              \
-      "threads chosen from the batch size too: not batch-invariant")
+// symbol, id, name, kind, devices, dtypes, order, batch-invariant, deterministic, default, sass, summary
+#define RMSNORM_VARIANTS(X)                                                                                        \
+    X(PL_NORM_BLOCK, 1, "block", KERNEL, PL_ON_CUDA, PL_ROW_FORMATS, AS_GIVEN, 1, 1, 1,                            \
+      NO_SASS, "threads from cols alone: a row's bits never depend on the batch")                                  \
+    X(PL_NORM_ADAPTIVE, 2, "adaptive", KERNEL, PL_ON_CUDA, PL_ROW_FORMATS, AS_GIVEN, 0, 1, 0,                      \
+      NO_SASS, "threads chosen from the batch size too: not batch-invariant")
 PL_DECLARE_VARIANTS(rmsnorm, RMSNORM_VARIANTS);
 
 namespace {
 
 int check_norm_args(const void* x, const void* y, int64_t rows, int64_t cols, int dtype, float eps, const char* func) {
-    if (!x) return pl_fail(PL_ERR_NULL_POINTER, func, "x is NULL");
-    if (!y) return pl_fail(PL_ERR_NULL_POINTER, func, "y is NULL");
-    if (rows <= 0 || cols <= 0)
-        return pl_fail(PL_ERR_INVALID_ARGUMENT, func, "rows and cols must be > 0 (got %lld x %lld)", (long long)rows,
-                       (long long)cols);
-    if (!pl_row_dtype(dtype))
-        return pl_fail(pl_valid_format(dtype) ? PL_ERR_UNSUPPORTED : PL_ERR_INVALID_ARGUMENT, func,
-                       "dtype must be fp32, bf16 or fp16 (got %d)", dtype);
+    if (int st = pl_check_ptrs(func, {{"x", x}, {"y", y}})) return st;
+    if (int st = pl_check_rows_cols(rows, cols, func)) return st;
+    if (int st = pl_check_row_dtype(dtype, "dtype", func)) return st;
     if (!(eps >= 0.0f) || !std::isfinite(eps)) return pl_fail(PL_ERR_INVALID_ARGUMENT, func, "eps must be finite and >= 0");
-    if ((uint64_t)rows > (uint64_t)INT64_MAX / (uint64_t)cols) return pl_fail(PL_ERR_SIZE_OVERFLOW, func, "rows * cols overflows");
-    size_t bytes;
-    return pl_checked_bytes(rows * cols, sizeof(float), &bytes, func);
+    return pl_check_elements(rows, cols, "rows * cols", func);
 }
 
 }  // namespace
@@ -196,11 +189,9 @@ extern "C" int pl_rmsnorm_cuda(const void* x_dev, int64_t rows, int64_t cols, in
     if (int st = pl_check_variant("rmsnorm", version, PL_ON_CUDA, __func__)) return st;
     PL_REQUIRE(rows <= 0x7FFFFFFF, PL_ERR_UNSUPPORTED, "at most 2^31 - 1 rows (one block per row)");
     if (int st = check_devptrs(x_dev, w_dev, nullptr, y_dev, dtype, __func__)) return st;
-    switch (dtype) {
-        case PL_FP32: return launch_rms<float>(x_dev, w_dev, y_dev, rows, cols, eps, version);
-        case PL_BF16: return launch_rms<__nv_bfloat16>(x_dev, w_dev, y_dev, rows, cols, eps, version);
-        default: return launch_rms<__half>(x_dev, w_dev, y_dev, rows, cols, eps, version);
-    }
+    return pl_with_row_type(dtype, __func__, [&](auto t) {
+        return launch_rms<typename decltype(t)::type>(x_dev, w_dev, y_dev, rows, cols, eps, version);
+    });
 }
 
 extern "C" int pl_layernorm_cuda(const void* x_dev, int64_t rows, int64_t cols, int dtype, const void* w_dev,
@@ -208,11 +199,9 @@ extern "C" int pl_layernorm_cuda(const void* x_dev, int64_t rows, int64_t cols, 
     if (int st = check_norm_args(x_dev, y_dev, rows, cols, dtype, eps, __func__)) return st;
     PL_REQUIRE(rows <= 0x7FFFFFFF, PL_ERR_UNSUPPORTED, "at most 2^31 - 1 rows (one block per row)");
     if (int st = check_devptrs(x_dev, w_dev, b_dev, y_dev, dtype, __func__)) return st;
-    switch (dtype) {
-        case PL_FP32: return launch_ln<float>(x_dev, w_dev, b_dev, y_dev, rows, cols, eps);
-        case PL_BF16: return launch_ln<__nv_bfloat16>(x_dev, w_dev, b_dev, y_dev, rows, cols, eps);
-        default: return launch_ln<__half>(x_dev, w_dev, b_dev, y_dev, rows, cols, eps);
-    }
+    return pl_with_row_type(dtype, __func__, [&](auto t) {
+        return launch_ln<typename decltype(t)::type>(x_dev, w_dev, b_dev, y_dev, rows, cols, eps);
+    });
 }
 
 #else

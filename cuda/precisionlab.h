@@ -23,7 +23,7 @@
 extern "C" {
 #endif
 
-#define PL_ABI_VERSION 3
+#define PL_ABI_VERSION 4
 
 enum pl_status {
     PL_OK = 0,
@@ -65,6 +65,20 @@ enum pl_device_bits { PL_ON_CPU = 1, PL_ON_CUDA = 2 };
 /* How the caller arranges x before the call (the sum's reordered variants). */
 enum pl_input_order { PL_ORDER_AS_GIVEN = 0, PL_ORDER_REVERSED = 1, PL_ORDER_ASCENDING_ABS = 2,
                       PL_ORDER_DESCENDING_ABS = 3 };
+/* What make sass-check (scripts/sass_check.py) holds one of a variant's GPU
+ * kernels to: the checks it gets and its ceiling on instructions per element
+ * for the element types in `dtypes`. */
+enum pl_sass_check {
+    PL_SASS_SINGLE_PASS = 1, /* the row in registers: every load before the first reduction */
+    PL_SASS_STREAMING = 2,   /* a hot loop over the input: its instructions per element loaded */
+    PL_SASS_TWO_AN_SM = 4    /* registers that let two 512-thread CTAs share an SM */
+};
+typedef struct {
+    const char* kernel; /* the __global__ function (its template's name, as cuobjdump shows it) */
+    int32_t checks;     /* pl_sass_check bits */
+    uint32_t dtypes;    /* element formats the ceiling applies to: bit (1 << pl_format) each */
+    double ceiling;     /* instructions per element, at most */
+} pl_sass_rule;
 typedef struct {
     const char* op;          /* "sum", "softmax", "rmsnorm", "matmul", ... */
     const char* name;        /* lower_snake identifier, unique within op */
@@ -76,6 +90,9 @@ typedef struct {
     int32_t deterministic;   /* 1: the same bits on every run (stochastic: for a seed) */
     int32_t is_default;      /* 1: run when the user names none */
     const char* summary;     /* one line, for --help and info */
+    uint32_t dtypes;         /* the formats it takes: bit (1 << pl_format) each (the sum: its accumulator) */
+    int32_t nsass;           /* entries in sass */
+    const pl_sass_rule* sass; /* its kernels' instruction ceilings (make sass-check); NULL when nsass is 0 */
 } pl_variant_desc;
 int pl_variant_count(int* count);
 /* Row `index` (0 <= index < count), ops in name order, rows in their file's order. */

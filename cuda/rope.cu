@@ -26,22 +26,16 @@ namespace {
 
 int check_rope_args(const void* x, const int64_t* pos, const void* y, int64_t rows, int64_t dim, int dtype, float base,
                     int phase, const char* func) {
-    if (!x) return pl_fail(PL_ERR_NULL_POINTER, func, "x is NULL");
-    if (!pos) return pl_fail(PL_ERR_NULL_POINTER, func, "pos is NULL");
-    if (!y) return pl_fail(PL_ERR_NULL_POINTER, func, "y is NULL");
+    if (int st = pl_check_ptrs(func, {{"x", x}, {"pos", pos}, {"y", y}})) return st;
     if (rows <= 0 || dim <= 0 || dim % 2)
         return pl_fail(PL_ERR_INVALID_ARGUMENT, func, "rows must be > 0 and dim even and > 0 (got %lld x %lld)",
                        (long long)rows, (long long)dim);
-    if (!pl_row_dtype(dtype))
-        return pl_fail(pl_valid_format(dtype) ? PL_ERR_UNSUPPORTED : PL_ERR_INVALID_ARGUMENT, func,
-                       "dtype must be fp32, bf16 or fp16 (got %d)", dtype);
+    if (int st = pl_check_row_dtype(dtype, "dtype", func)) return st;
     if (!pl_row_dtype(phase))
         return pl_fail(PL_ERR_INVALID_ARGUMENT, func, "phase must be fp32, bf16 or fp16 (got %d)", phase);
     if (!(base > 1.0f) || !std::isfinite(base))
         return pl_fail(PL_ERR_INVALID_ARGUMENT, func, "base must be finite and > 1");
-    if ((uint64_t)rows > (uint64_t)INT64_MAX / (uint64_t)dim) return pl_fail(PL_ERR_SIZE_OVERFLOW, func, "rows * dim overflows");
-    size_t bytes;
-    return pl_checked_bytes(rows * dim, sizeof(float), &bytes, func);
+    return pl_check_elements(rows, dim, "rows * dim", func);
 }
 
 // base^(-2i/dim) in float64, rounded once to fp32: the same on host and device
@@ -117,11 +111,9 @@ extern "C" int pl_rope_cuda(const void* x_dev, int64_t rows, int64_t dim, int dt
     if (int st = pl_require_device(x_dev, elem, "x_dev", __func__)) return st;
     if (int st = pl_require_device(pos_dev, sizeof(int64_t), "pos_dev", __func__)) return st;
     if (int st = pl_require_device(y_dev, elem, "y_dev", __func__)) return st;
-    switch (dtype) {
-        case PL_FP32: return launch_rope<float>(x_dev, pos_dev, y_dev, rows, dim, base, phase);
-        case PL_BF16: return launch_rope<__nv_bfloat16>(x_dev, pos_dev, y_dev, rows, dim, base, phase);
-        default: return launch_rope<__half>(x_dev, pos_dev, y_dev, rows, dim, base, phase);
-    }
+    return pl_with_row_type(dtype, __func__, [&](auto t) {
+        return launch_rope<typename decltype(t)::type>(x_dev, pos_dev, y_dev, rows, dim, base, phase);
+    });
 }
 
 #else

@@ -76,49 +76,53 @@
 
 // The variants, declared once (common.cuh, PL_DECLARE_VARIANTS): the catalog
 // rows the CLI, --help, bench, info and the tests iterate.
-// symbol, id, name, kind, devices, order, batch-invariant, deterministic, default, summary
-#define SOFTMAX_VARIANTS(X)                                                                                      \
-    X(PL_SOFTMAX_NAIVE, 0, "naive", ALGORITHM, PL_ON_CPU | PL_ON_CUDA, AS_GIVEN, 1, 1, 1,                       \
-      "exp(x) / sum exp(x), no shift: overflows past x ~ 88")                                                    \
-    X(PL_SOFTMAX_STABLE, 1, "stable", ALGORITHM, PL_ON_CPU | PL_ON_CUDA, AS_GIVEN, 1, 1, 1,                     \
-      "max, sum of exp(x - max), normalise: three passes")                                                       \
-    X(PL_SOFTMAX_ONLINE, 2, "online", ALGORITHM, PL_ON_CPU | PL_ON_CUDA, AS_GIVEN, 1, 1, 1,                     \
-      "running max and rescaled sum in one pass, then normalise")                                                \
-    X(PL_SOFTMAX_BUG_ZERO_IDENTITY, 3, "bug_zero_identity", BUG, PL_ON_CPU | PL_ON_CUDA, AS_GIVEN, 1, 1, 0,     \
-      "the max reduction's idle slots feed 0, not -inf")                                                         \
-    X(PL_SOFTMAX_BUG_ZERO_START, 4, "bug_zero_start", BUG, PL_ON_CPU | PL_ON_CUDA, AS_GIVEN, 1, 1, 0,           \
-      "the max starts at 0 instead of x[0]")                                                                     \
-    X(PL_SOFTMAX_BUG_NO_RESCALE, 5, "bug_no_rescale", BUG, PL_ON_CPU | PL_ON_CUDA, AS_GIVEN, 1, 1, 0,           \
-      "exps against the running max, never rescaled")                                                            \
-    X(PL_SOFTMAX_LOWP_ACCUM, 6, "lowp_accum", BUG, PL_ON_CPU | PL_ON_CUDA, AS_GIVEN, 1, 1, 0,                   \
-      "exps and their sum rounded to the input format")                                                          \
-    X(PL_SOFTMAX_SINGLE_PASS, 7, "single_pass", KERNEL, PL_ON_CUDA, AS_GIVEN, 1, 1, 1,                          \
-      "row in registers: one read, one write, one (max, sum) reduction")                                         \
-    X(PL_SOFTMAX_ONLINE_VEC, 8, "online_vec", KERNEL, PL_ON_CUDA, AS_GIVEN, 1, 1, 1,                            \
-      "16-byte loads, per-thread online (max, sum): two reads, one write")                                       \
-    X(PL_SOFTMAX_STABLE_ADAPTIVE, 9, "stable_adaptive", KERNEL, PL_ON_CUDA, AS_GIVEN, 0, 1, 0,                  \
-      "stable, threads chosen from the batch size too: not batch-invariant")                                     \
-    X(PL_SOFTMAX_CLUSTER, 10, "cluster", KERNEL, PL_ON_CUDA, AS_GIVEN, 1, 1, 0,                                 \
+// symbol, id, name, kind, devices, dtypes, order, batch-invariant, deterministic, default, sass, summary
+// The sass column's shorthands: the 16-bit row formats, and the checks of the
+// kernels that hold a row (or piece) in registers in CTAs of <= 512 threads.
+#define SOFTMAX_16BIT (PL_FMT_BIT(PL_BF16) | PL_FMT_BIT(PL_FP16))
+#define SOFTMAX_RESIDENT (PL_SASS_SINGLE_PASS | PL_SASS_TWO_AN_SM)
+#define SOFTMAX_VARIANTS(X)                                                                                        \
+    X(PL_SOFTMAX_NAIVE, 0, "naive", ALGORITHM, PL_ON_CPU | PL_ON_CUDA, PL_ROW_FORMATS, AS_GIVEN, 1, 1, 1,          \
+      NO_SASS, "exp(x) / sum exp(x), no shift: overflows past x ~ 88")                                             \
+    X(PL_SOFTMAX_STABLE, 1, "stable", ALGORITHM, PL_ON_CPU | PL_ON_CUDA, PL_ROW_FORMATS, AS_GIVEN, 1, 1, 1,        \
+      NO_SASS, "max, sum of exp(x - max), normalise: three passes")                                                \
+    X(PL_SOFTMAX_ONLINE, 2, "online", ALGORITHM, PL_ON_CPU | PL_ON_CUDA, PL_ROW_FORMATS, AS_GIVEN, 1, 1, 1,        \
+      NO_SASS, "running max and rescaled sum in one pass, then normalise")                                         \
+    X(PL_SOFTMAX_BUG_ZERO_IDENTITY, 3, "bug_zero_identity", BUG, PL_ON_CPU | PL_ON_CUDA, PL_ROW_FORMATS, AS_GIVEN, 1, 1, 0, \
+      NO_SASS, "the max reduction's idle slots feed 0, not -inf")                                                  \
+    X(PL_SOFTMAX_BUG_ZERO_START, 4, "bug_zero_start", BUG, PL_ON_CPU | PL_ON_CUDA, PL_ROW_FORMATS, AS_GIVEN, 1, 1, 0, \
+      NO_SASS, "the max starts at 0 instead of x[0]")                                                              \
+    X(PL_SOFTMAX_BUG_NO_RESCALE, 5, "bug_no_rescale", BUG, PL_ON_CPU | PL_ON_CUDA, PL_ROW_FORMATS, AS_GIVEN, 1, 1, 0, \
+      NO_SASS, "exps against the running max, never rescaled")                                                     \
+    X(PL_SOFTMAX_LOWP_ACCUM, 6, "lowp_accum", BUG, PL_ON_CPU | PL_ON_CUDA, PL_ROW_FORMATS, AS_GIVEN, 1, 1, 0,      \
+      NO_SASS, "exps and their sum rounded to the input format")                                                   \
+    X(PL_SOFTMAX_SINGLE_PASS, 7, "single_pass", KERNEL, PL_ON_CUDA, PL_ROW_FORMATS, AS_GIVEN, 1, 1, 1,             \
+      SASS(PL_SASS_KERNEL("softmax_single_pass", SOFTMAX_RESIDENT, PL_FMT_BIT(PL_FP32), 20.0),                     \
+           PL_SASS_KERNEL("softmax_single_pass", SOFTMAX_RESIDENT, SOFTMAX_16BIT, 18.0),                           \
+           PL_SASS_KERNEL("softmax_warp_rows", PL_SASS_SINGLE_PASS, PL_FMT_BIT(PL_FP32), 19.0),                    \
+           PL_SASS_KERNEL("softmax_warp_rows", PL_SASS_SINGLE_PASS, SOFTMAX_16BIT, 18.0)),                         \
+      "row in registers: one read, one write, one (max, sum) reduction")                                           \
+    X(PL_SOFTMAX_ONLINE_VEC, 8, "online_vec", KERNEL, PL_ON_CUDA, PL_ROW_FORMATS, AS_GIVEN, 1, 1, 1,               \
+      SASS(PL_SASS_KERNEL("softmax_online_vec", PL_SASS_STREAMING, PL_ROW_FORMATS, 26.0)),                         \
+      "16-byte loads, per-thread online (max, sum): two reads, one write")                                         \
+    X(PL_SOFTMAX_STABLE_ADAPTIVE, 9, "stable_adaptive", KERNEL, PL_ON_CUDA, PL_ROW_FORMATS, AS_GIVEN, 0, 1, 0,     \
+      NO_SASS, "stable, threads chosen from the batch size too: not batch-invariant")                              \
+    X(PL_SOFTMAX_CLUSTER, 10, "cluster", KERNEL, PL_ON_CUDA, PL_ROW_FORMATS, AS_GIVEN, 1, 1, 0,                    \
+      SASS(PL_SASS_KERNEL("softmax_cluster", SOFTMAX_RESIDENT, PL_FMT_BIT(PL_FP32), 21.0),                         \
+           PL_SASS_KERNEL("softmax_cluster", SOFTMAX_RESIDENT, SOFTMAX_16BIT, 19.0)),                              \
       "row split over a thread-block cluster, (max, sum) through DSMEM: one read")
 PL_DECLARE_VARIANTS(softmax, SOFTMAX_VARIANTS);
 
 namespace {
 
 int check_softmax_args(int64_t rows, int64_t cols, int dtype, int method, int masked, const char* func) {
-    if (rows <= 0 || cols <= 0)
-        return pl_fail(PL_ERR_INVALID_ARGUMENT, func, "rows and cols must be > 0 (got %lld x %lld)", (long long)rows,
-                       (long long)cols);
-    if (dtype != PL_FP32 && dtype != PL_BF16 && dtype != PL_FP16)
-        return pl_fail(pl_valid_format(dtype) ? PL_ERR_UNSUPPORTED : PL_ERR_INVALID_ARGUMENT, func,
-                       "softmax dtype must be fp32, bf16 or fp16 (got %d)", dtype);
+    if (int st = pl_check_rows_cols(rows, cols, func)) return st;
+    if (int st = pl_check_row_dtype(dtype, "softmax dtype", func)) return st;
     if (!pl_catalog_find("softmax", method))
         return pl_fail(PL_ERR_INVALID_ARGUMENT, func, "unknown softmax variant %d", method);
     if (masked != PL_MASKED_NAN && masked != PL_MASKED_ZERO)
         return pl_fail(PL_ERR_INVALID_ARGUMENT, func, "unknown masked-row policy %d", masked);
-    if ((uint64_t)rows > (uint64_t)INT64_MAX / (uint64_t)cols)
-        return pl_fail(PL_ERR_SIZE_OVERFLOW, func, "rows * cols overflows");
-    size_t bytes;
-    return pl_checked_bytes(rows * cols, sizeof(float), &bytes, func);
+    return pl_check_elements(rows, cols, "rows * cols", func);
 }
 
 constexpr float kNegInf = pl_neg_inf;
@@ -880,11 +884,9 @@ int launch(const void* xv, void* yv, int64_t rows, int64_t cols, int method, int
 }
 
 int dispatch(const void* x, void* y, int64_t rows, int64_t cols, int dtype, int method, int masked, float* lse) {
-    switch (dtype) {
-        case PL_FP32: return launch<float>(x, y, rows, cols, method, masked, lse);
-        case PL_BF16: return launch<__nv_bfloat16>(x, y, rows, cols, method, masked, lse);
-        default: return launch<__half>(x, y, rows, cols, method, masked, lse);
-    }
+    return pl_with_row_type(dtype, "pl_softmax_cuda", [&](auto t) {
+        return launch<typename decltype(t)::type>(x, y, rows, cols, method, masked, lse);
+    });
 }
 
 }  // namespace

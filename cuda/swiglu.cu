@@ -16,13 +16,9 @@
 namespace {
 
 int check_swiglu_args(const void* gate, const void* up, const void* y, int64_t n, int dtype, const char* func) {
-    if (!gate) return pl_fail(PL_ERR_NULL_POINTER, func, "gate is NULL");
-    if (!up) return pl_fail(PL_ERR_NULL_POINTER, func, "up is NULL");
-    if (!y) return pl_fail(PL_ERR_NULL_POINTER, func, "y is NULL");
+    if (int st = pl_check_ptrs(func, {{"gate", gate}, {"up", up}, {"y", y}})) return st;
     if (n <= 0) return pl_fail(PL_ERR_INVALID_ARGUMENT, func, "n must be > 0 (got %lld)", (long long)n);
-    if (!pl_row_dtype(dtype))
-        return pl_fail(pl_valid_format(dtype) ? PL_ERR_UNSUPPORTED : PL_ERR_INVALID_ARGUMENT, func,
-                       "dtype must be fp32, bf16 or fp16 (got %d)", dtype);
+    if (int st = pl_check_row_dtype(dtype, "dtype", func)) return st;
     size_t bytes;
     return pl_checked_bytes(n, sizeof(float), &bytes, func);
 }
@@ -71,11 +67,9 @@ extern "C" int pl_swiglu_cuda(const void* gate_dev, const void* up_dev, int64_t 
     if (int st = pl_require_device(gate_dev, elem, "gate_dev", __func__)) return st;
     if (int st = pl_require_device(up_dev, elem, "up_dev", __func__)) return st;
     if (int st = pl_require_device(y_dev, elem, "y_dev", __func__)) return st;
-    switch (dtype) {
-        case PL_FP32: return launch_swiglu<float>(gate_dev, up_dev, y_dev, n);
-        case PL_BF16: return launch_swiglu<__nv_bfloat16>(gate_dev, up_dev, y_dev, n);
-        default: return launch_swiglu<__half>(gate_dev, up_dev, y_dev, n);
-    }
+    return pl_with_row_type(dtype, __func__, [&](auto t) {
+        return launch_swiglu<typename decltype(t)::type>(gate_dev, up_dev, y_dev, n);
+    });
 }
 
 #else

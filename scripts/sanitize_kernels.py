@@ -14,6 +14,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from precisionlab import native  # noqa: E402
 from precisionlab.catalog import formats
 
+FP32 = formats.get("fp32").code  # format codes by name, never literals
+
 
 def main() -> int:
     if native.gpu_status().count == 0:
@@ -65,7 +67,7 @@ def _device_pointer_kernels(rng) -> int:
         for version in (v.name for v in native.variants("matmul", "cuda")):
             splits = 3 if version.startswith("splitk") else 1
             work = native.DeviceArray((max(4, native.matmul_workspace_bytes(m, n, version, splits)),), np.uint8)
-            native.matmul_cuda(a.ptr, bm.ptr, m, n, k, 1, c.ptr, variant=version, splits=splits, work_ptr=work.ptr,
+            native.matmul_cuda(a.ptr, bm.ptr, m, n, k, FP32, c.ptr, variant=version, splits=splits, work_ptr=work.ptr,
                                work_bytes=work.nbytes)
             c.numpy()
             calls += 1

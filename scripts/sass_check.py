@@ -23,7 +23,7 @@ nvidia-cuda-cuobjdump where the toolkit lacks it):
 
 Fails (exit 1) on any spill or local memory, a load after the first
 reduction or after a use of a loaded register, or instructions per element
-above the ceilings below, which were set from the measured counts (see
+above the ceilings the library declares (see below), set from the measured counts (see
 README, "Static checks"). Without nvcc the library has no device code and
 the check says so and passes.
 """
@@ -42,39 +42,55 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 
-# Kernels whose row (or, softmax_cluster, piece of a row) lives in registers:
-# all loads first, then the reductions.
-SINGLE_PASS = re.compile(r"softmax_single_pass|softmax_warp_rows|softmax_cluster")
-# Streaming kernels with a hot loop over the input.
-STREAMING = re.compile(r"sum_blocks_kernel|softmax_online_vec")
+# Which kernels get which checks, and their ceilings on instructions per
+# element by element type, are the library's: each variant's row declares its
+# kernels' (cuda/<op>.cu's X-macro lists, pl_sass_rule), read here through
+# native.catalog(). The ceilings were set a little above the counts measured
+# on this build (nvcc 13.0, sm_90): single_pass fp32 18.6 (it was 30.9 before
+# all loads were issued first and exp taken once, 20.9 with 64-bit indices),
+# bf16 17.1 (31.4), fp16 16.6; warp_rows 14.5-17.8 (fp32), 16.0-16.6 (16-bit);
+# cluster 20.0 (fp32), 17.4 (bf16), 16.9 (fp16): single_pass's floating-point
+# work per element exactly, plus integer index arithmetic against the piece's
+# bounds; online_vec 20.0-25.0 a whole trip; sum_blocks 2.6-16.5.
 
-# Ceilings on instructions per element, by kernel family and element type,
-# set a little above the counts measured on this build (nvcc 13.0, sm_90).
-# Measured (marginal, see single_pass_marginals): single_pass fp32 18.6 (it was
-# 30.9 before all loads were issued first and exp taken once, 20.9 with 64-bit
-# indices), bf16 17.1 (31.4), fp16 16.6; online_vec 20.0-25.0 a whole trip;
-# sum_blocks 2.6-16.5.
-CEILINGS = {
-    ("softmax_single_pass", "float"): 20.0,
-    ("softmax_single_pass", "__nv_bfloat16"): 18.0,
-    ("softmax_single_pass", "__half"): 18.0,
-    ("softmax_warp_rows", "float"): 19.0,  # measured 14.5-17.8
-    ("softmax_warp_rows", "__nv_bfloat16"): 18.0,  # 16.4-16.6
-    ("softmax_warp_rows", "__half"): 18.0,  # 16.0
-    # version 5: single_pass's floating-point work per element exactly (the
-    # FFMA/FADD/FMUL/MUFU/FMNMX growth per tier is the same); the 0.3-1.4 more are
-    # integer index arithmetic against the piece's bounds
-    ("softmax_cluster", "float"): 21.0,  # measured 20.0
-    ("softmax_cluster", "__nv_bfloat16"): 19.0,  # 17.4
-    ("softmax_cluster", "__half"): 19.0,  # 16.9
-    ("sum_blocks_kernel", "*"): 18.0,
-    ("softmax_online_vec", "*"): 26.0,
-}
 
-# Kernels launched with at most PAIR_THREADS threads a CTA (softmax.cu's
-# kPairThreads) that must fit two CTAs an SM, and the register file they
-# share (sm_90: 65536 registers a SM, allocated in units of 256 a warp).
-TWO_AN_SM = re.compile(r"softmax_single_pass|softmax_cluster")
+@dataclass(frozen=True)
+class Rule:
+    """What the library says one kernel family gets: its checks and, by dtype, its ceiling."""
+    checks: frozenset  # of "single_pass", "streaming", "two_an_sm"
+    ceilings: dict  # format name -> instructions per element
+
+
+def rules_from(catalog) -> dict[str, Rule]:
+    """Kernel family -> Rule, from the variants' sass_ceiling entries. A kernel
+    several variants launch (the sum's three, softmax's cluster) must be
+    declared alike by each; a contradiction is an error, not a choice."""
+    checks: dict[str, frozenset] = {}
+    ceilings: dict[str, dict] = {}
+    for v in catalog:
+        for c in v.sass_ceiling:
+            if checks.setdefault(c.kernel, frozenset(c.checks)) != frozenset(c.checks):
+                raise ValueError(f"{c.kernel}: {v.op} {v.name} declares checks {c.checks}, another variant "
+                                 f"{sorted(checks[c.kernel])}")
+            for dt in c.dtypes:
+                if ceilings.setdefault(c.kernel, {}).setdefault(dt, c.ceiling) != c.ceiling:
+                    raise ValueError(f"{c.kernel} {dt}: {v.op} {v.name} declares ceiling {c.ceiling}, another "
+                                     f"variant {ceilings[c.kernel][dt]}")
+    return {k: Rule(checks[k], ceilings.get(k, {})) for k in checks}
+
+
+def library_rules(lib: Path) -> dict[str, Rule]:
+    """The rules of the library at lib (the one whose machine code is checked)."""
+    os.environ["PRECISIONLAB_LIB"] = str(lib)
+    sys.path.insert(0, str(ROOT))
+    from precisionlab import native
+
+    return rules_from(native.catalog())
+
+
+# The "two_an_sm" kernels are launched with at most PAIR_THREADS threads a CTA
+# (softmax.cu's kPairThreads) and must fit two CTAs an SM, in the register
+# file they share (sm_90: 65536 registers a SM, allocated in units of 256 a warp).
 PAIR_THREADS = 512
 SM_REGISTERS = 65536
 REG_UNIT = 256
@@ -95,6 +111,9 @@ STACK_ALLOWED = {
 }
 
 ELEM_BYTES = {"float": 4, "double": 8, "__nv_bfloat16": 2, "__half": 2, "__nv_fp8_e4m3": 1, "__nv_fp8_e5m2": 1}
+# the element C types by the library's format names (the rules' dtypes)
+ELEM_FORMAT = {"float": "fp32", "double": "fp64", "__nv_bfloat16": "bf16", "__half": "fp16",
+               "__nv_fp8_e4m3": "fp8_e4m3", "__nv_fp8_e5m2": "fp8_e5m2"}
 
 
 def _find(tool: str) -> str | None:
@@ -294,11 +313,12 @@ def check_streaming(k: Kernel) -> None:
     k.ipe_what = f"loop {start:#06x}-{end:#06x}: {n} instructions / {elems:g} elements a trip"
 
 
-def ceiling(k: Kernel) -> float | None:
-    return CEILINGS.get((k.family, k.elem), CEILINGS.get((k.family, "*")))
+def ceiling(k: Kernel, rules: dict[str, Rule]) -> float | None:
+    rule = rules.get(k.family)
+    return rule.ceilings.get(ELEM_FORMAT.get(k.elem, k.elem)) if rule else None
 
 
-def analyse(lib: Path, tool: str) -> list[Kernel]:
+def analyse(lib: Path, tool: str, rules: dict[str, Rule]) -> list[Kernel]:
     kernels = parse_resources(run(tool, "-res-usage", str(lib)))
     parse_sass(run(tool, "-sass", str(lib)), kernels)
     names = demangle(list(kernels))
@@ -309,15 +329,16 @@ def analyse(lib: Path, tool: str) -> list[Kernel]:
             k.problems.append(f"stack frame {k.stack} bytes, local memory {k.local} bytes (spills)")
         elif k.stack:
             k.notes = f"stack frame {k.stack} bytes allowed: {why}"
-        if SINGLE_PASS.search(k.name):
+        checks = rules[k.family].checks if k.family in rules else frozenset()
+        if "single_pass" in checks:
             check_single_pass(k)
-        if TWO_AN_SM.search(k.name):
+        if "two_an_sm" in checks:
             check_residency(k)
-        elif STREAMING.search(k.name):
+        elif "streaming" in checks:
             check_streaming(k)
     single_pass_marginals(list(kernels.values()))
     for k in kernels.values():
-        c = ceiling(k)
+        c = ceiling(k, rules)
         if k.ipe is not None and c is not None and k.ipe > c:
             k.problems.append(f"{k.ipe:.2f} instructions per element, above the ceiling {c:g}")
     return sorted(kernels.values(), key=lambda k: k.name)
@@ -346,7 +367,8 @@ def main() -> int:
     if "sm_" not in listing.stdout:
         print(f"sass-check: {lib} holds no device code (built host-only, without nvcc): nothing to check")
         return 0
-    kernels = analyse(lib, tool)
+    rules = library_rules(lib)
+    kernels = analyse(lib, tool, rules)
     bad = [k for k in kernels if k.problems]
     if args.json:
         print(json.dumps({"cuobjdump": tool, "library": str(lib), "kernels": [
@@ -356,7 +378,7 @@ def main() -> int:
         shown = [k for k in kernels if args.all or k.problems or k.ipe is not None or k.notes or k.ctas_per_sm]
         for k in shown:
             status = "FAIL" if k.problems else "ok"
-            ipe = f"{k.ipe:6.2f} insn/elem (ceiling {ceiling(k)})" if k.ipe is not None else ""
+            ipe = f"{k.ipe:6.2f} insn/elem (ceiling {ceiling(k, rules)})" if k.ipe is not None else ""
             resident = f"{k.ctas_per_sm} CTAs/SM" if k.ctas_per_sm is not None else ""
             print(f"{status:4} REG {k.regs:3} STACK {k.stack} LOCAL {k.local}  {ipe:32} {resident:10} {k.name[:100]}")
             for p in k.problems:

@@ -1,4 +1,4 @@
-"""The GPU tree sum (cuda/accumulate.cu, versions 1 and 2) replayed step by
+"""The GPU tree sum (cuda/sum_cuda.cu, versions 1 and 2) replayed step by
 step in numpy, in the kernel's order, rounding as the kernel does: fp32 and
 fp64 accumulators add in their own precision; a bf16 accumulator adds in fp32
 and rounds the result to bf16 (ml_dtypes, from float32: a single rounding).

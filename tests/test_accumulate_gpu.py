@@ -12,6 +12,9 @@ from precisionlab.catalog import formats
 from precisionlab.errors import UsageError
 from precisionlab.experiments import accumulate as acc
 
+FP32 = formats.get("fp32").code
+FP64 = formats.get("fp64").code  # format codes by name, never literals
+
 pytestmark = pytest.mark.gpu
 GPU_SUMS = [v.name for v in native.variants("sum", "cuda")]  # the library's catalog
 
@@ -90,7 +93,7 @@ def test_bad_device_arguments_are_statuses_not_crashes():
     with pytest.raises(UsageError, match="accumulator"):
         native.sum_cuda(np.ones(4), 1, formats.get("fp16").code, "tree")
     # the context survived: a normal call still works
-    assert native.sum_cuda(np.ones(4), 1, 1, "tree")[0] == 4.0
+    assert native.sum_cuda(np.ones(4), FP32, FP32, "tree")[0] == 4.0
 
 
 def test_out_of_memory_is_a_status():
@@ -98,7 +101,7 @@ def test_out_of_memory_is_a_status():
 
     with pytest.raises(RunError, match="out of memory|cudaMalloc|allocation"):
         # 2^40 fp64 values: 8 TiB, more than any GPU; the host buffer fails first or the device one does
-        native._call("pl_sum_cuda", native._dptr(np.ones(1)), 1 << 40, 0, 0, native.variant("sum", "tree").id, 1,
+        native._call("pl_sum_cuda", native._dptr(np.ones(1)), 1 << 40, FP64, FP64, native.variant("sum", "tree").id, 1,
                      native._dptr(np.ones(1)))
 
 

@@ -17,6 +17,8 @@ from precisionlab.catalog import formats
 from precisionlab.errors import UsageError
 from precisionlab.experiments import accumulate, bench, softmax
 
+FP32 = formats.get("fp32").code  # format codes by name, never literals
+
 OPS_WITH_A_CLI_CHOICE = {"sum": "accumulate", "softmax": "softmax"}
 
 
@@ -37,13 +39,13 @@ def test_every_entry_point_takes_the_ids_of_its_rows_and_refuses_others():
         stray = max(ids) + 1
         with pytest.raises(UsageError, match="unknown|variant"):
             if op == "softmax":
-                native._call("pl_softmax_cpu", np.zeros(3, np.float32).ctypes.data, 1, 3, 1, stray, 0,
+                native._call("pl_softmax_cpu", np.zeros(3, np.float32).ctypes.data, 1, 3, FP32, stray, 0,
                              np.zeros(3, np.float32).ctypes.data, None)
             elif op == "sum":
-                native._call("pl_accumulate_cpu", native._dptr(np.ones(3)), 3, 1, stray, 0,
+                native._call("pl_accumulate_cpu", native._dptr(np.ones(3)), 3, FP32, stray, 0,
                              ctypes.byref(ctypes.c_double()), None, None, None)
             elif op == "allreduce":
-                native._call("pl_allreduce_cpu", native._dptr(np.ones(4)), 2, 2, 1, stray, 0, 1, -1,
+                native._call("pl_allreduce_cpu", native._dptr(np.ones(4)), 2, 2, FP32, stray, 0, 1, -1,
                              native._dptr(np.ones(2)))
             else:  # GPU-only ops: refused before any device is touched
                 native._call({"rmsnorm": "pl_rmsnorm_cuda", "matmul": "pl_matmul_workspace_bytes",
@@ -169,3 +171,34 @@ def test_torch_and_numpy_twins_round_trip_bit_for_bit():
         back = formats.numpy_to_torch(a)
         assert back.dtype == x.dtype and torch.equal(back.view(torch.uint8), x.view(torch.uint8))
         assert np.array_equal(a.astype(np.float64), x.double().numpy(), equal_nan=True)
+
+
+@pytest.mark.parametrize("code", [-1, 99, 1 << 20])
+def test_every_cpu_entry_point_refuses_a_format_code_no_format_has(code):
+    """A stray format code is an invalid argument naming the function, never taken
+    for fp16 (the host loads and stores, common.cuh's pl_load_host / pl_store_host,
+    refuse one too, behind these checks)."""
+    f32 = np.zeros(64, np.float32).ctypes.data
+    d = native._dptr(np.zeros(64))
+    res = ctypes.byref(ctypes.c_double())
+    calls = {
+        "pl_round": (d, 8, code, d),
+        "pl_accumulate_cpu": (d, 8, code, native.variant("sum", "sequential").id, 0, res, None, None, None),
+        "pl_allreduce_cpu": (d, 2, 4, code, native.variant("allreduce", "tree").id, 0, 4, -1, d),
+        "pl_softmax_cpu": (f32, 1, 8, code, native.variant("softmax", "stable").id, 0, f32, None),
+        "pl_softmax_cpu_lanes": (f32, 1, 8, code, f32, 32),
+        "pl_rmsnorm_cpu": (f32, 1, 8, code, None, ctypes.c_float(1e-6), f32),
+        "pl_rmsnorm_cpu_lanes": (f32, 1, 8, code, None, ctypes.c_float(1e-6), f32, 32),
+        "pl_layernorm_cpu": (f32, 1, 8, code, None, None, ctypes.c_float(1e-6), f32),
+        "pl_swiglu_cpu": (f32, f32, 8, code, f32),
+        "pl_matmul_cpu": (f32, f32, 2, 2, 2, code, f32),
+        "pl_rope_cpu": (f32, 1, 8, code, np.zeros(1, np.int64).ctypes.data, ctypes.c_float(1e4), FP32, f32),
+        "pl_attention_cpu": (f32, f32, f32, 1, 1, 1, 2, 2, code, 0, None, ctypes.c_float(1.0), f32),
+        "pl_format_info": (code, ctypes.byref(native._FormatDesc())),
+    }
+    lib = native._load()
+    for name, args in calls.items():
+        assert getattr(lib, name)(*args) == native.INVALID_ARGUMENT, name
+        message = lib.pl_last_error().decode()
+        said = rf"{name}: .*(unknown (accumulator )?format|must be fp32, bf16 or fp16 \(got) {code}\b"
+        assert re.match(said, message), message

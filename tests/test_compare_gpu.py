@@ -10,6 +10,8 @@ from precisionlab.catalog import formats
 from precisionlab.numerics import torch_ops
 from precisionlab.experiments import compare
 
+FP32 = formats.get("fp32").code  # format codes by name, never literals
+
 pytestmark = [pytest.mark.gpu, pytest.mark.torch_cuda]
 
 
@@ -50,10 +52,10 @@ def test_norms_match_torch(rows, cols):
 def test_matmul_device_api_checks():
     a = torch.randn(8, 8, device="cuda")
     with pytest.raises(native.UsageError, match="workspace"):
-        native.matmul_cuda(a.data_ptr(), a.data_ptr(), 8, 8, 8, 1, a.data_ptr(), variant="splitk_ordered", splits=2)
+        native.matmul_cuda(a.data_ptr(), a.data_ptr(), 8, 8, 8, FP32, a.data_ptr(), variant="splitk_ordered", splits=2)
     host = torch.randn(8, 8)
     with pytest.raises(native.UsageError, match="not a device pointer"):
-        native.matmul_cuda(host.data_ptr(), a.data_ptr(), 8, 8, 8, 1, a.data_ptr())
+        native.matmul_cuda(host.data_ptr(), a.data_ptr(), 8, 8, 8, FP32, a.data_ptr())
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

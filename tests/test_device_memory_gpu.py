@@ -10,6 +10,10 @@ import numpy as np
 import pytest
 
 from precisionlab import native
+from precisionlab.catalog import formats
+
+FP32 = formats.get("fp32").code
+BF16 = formats.get("bf16").code  # format codes by name, never literals
 
 pytestmark = pytest.mark.gpu
 
@@ -108,7 +112,7 @@ def test_norms_match_the_cpu_kernels(rows, cols, code):
 
 def softmax_device(x, method):
     dx, dy = Dev(x), Dev(like=x)
-    native.softmax_cuda_device(dx.ptr, x.shape[0], x.shape[1], 1, method, dy.ptr)
+    native.softmax_cuda_device(dx.ptr, x.shape[0], x.shape[1], FP32, method, dy.ptr)
     return dy.numpy()
 
 
@@ -135,21 +139,21 @@ def test_batch_invariant_kernels_and_batch_dependent_ones():
 def test_misaligned_device_pointers_are_refused():
     x = Dev(np.zeros(64, np.float32))
     with pytest.raises(native.UsageError, match="aligned"):
-        native.softmax_cuda_device(x.ptr + 2, 2, 8, 1, "stable", x.ptr)
+        native.softmax_cuda_device(x.ptr + 2, 2, 8, FP32, "stable", x.ptr)
     with pytest.raises(native.UsageError, match="aligned"):
-        native.rmsnorm_cuda(x.ptr + 1, 2, 8, 3, None, 1e-6, x.ptr)
-    work = Dev(nbytes=native.sum_workspace_bytes(8, 1, "tree"))
+        native.rmsnorm_cuda(x.ptr + 1, 2, 8, BF16, None, 1e-6, x.ptr)
+    work = Dev(nbytes=native.sum_workspace_bytes(8, FP32, "tree"))
     with pytest.raises(native.UsageError, match="aligned"):
-        native.sum_cuda_device(x.ptr + 2, 8, 1, 1, "tree", work.ptr, work.nbytes, x.ptr)
+        native.sum_cuda_device(x.ptr + 2, 8, FP32, FP32, "tree", work.ptr, work.nbytes, x.ptr)
     with pytest.raises(native.UsageError, match="aligned"):
-        native.matmul_cuda(x.ptr + 2, x.ptr, 2, 2, 2, 1, x.ptr, variant="naive")
+        native.matmul_cuda(x.ptr + 2, x.ptr, 2, 2, 2, FP32, x.ptr, variant="naive")
 
 
 @pytest.mark.emulator
 def test_atomic_sum_follows_the_block_order_and_the_tree_does_not():
     # the GPU test draws 200 runs of 2^24; the emulator gets the same lesson from less
     x = np.random.default_rng(0).standard_normal(1 << 18).astype(np.float32).astype(np.float64)
-    atomic = native.sum_cuda(x, 1, 1, "atomic", runs=12)
-    tree = native.sum_cuda(x, 1, 1, "tree", runs=12)
+    atomic = native.sum_cuda(x, FP32, FP32, "atomic", runs=12)
+    tree = native.sum_cuda(x, FP32, FP32, "tree", runs=12)
     assert len(set(atomic.tolist())) > 1
     assert len(set(tree.tolist())) == 1

@@ -19,6 +19,8 @@ import pytest
 from precisionlab import native
 from precisionlab.catalog import formats
 
+FP32 = formats.get("fp32").code  # format codes by name, never literals
+
 CODES = {name: formats.get(name).code for name in ("fp32", "fp16", "bf16")}
 NP = {"fp32": np.float32, "fp16": np.float16, "bf16": ml_dtypes.bfloat16}
 REL = {"fp32": 1e-6, "bf16": 1e-2, "fp16": 2e-3}
@@ -82,7 +84,7 @@ def test_swiglu_against_float64(dtype, n):
 
 def test_swiglu_edges():
     g = np.array([-200.0, -88.0, 0.0, 88.0, 200.0, np.nan, np.inf, -np.inf], np.float32)
-    y = native.swiglu_cpu(g, np.ones_like(g), 1)
+    y = native.swiglu_cpu(g, np.ones_like(g), FP32)
     assert y[0] == 0 and np.signbit(y[0])  # exp(200) overflows: g / inf = -0, the limit, with its sign
     assert y[1] == np.float32(-88.0 / (1.0 + math.exp(88.0)))  # tiny but still a normal fp32
     assert y[2] == 0 and y[3] == np.float32(88.0) and y[4] == np.float32(200.0)
@@ -97,7 +99,7 @@ def test_rope_against_float64(dtype, rows, dim):
     rng = np.random.default_rng(rows * dim)
     x = stored(rng.standard_normal((rows, dim)), dtype)
     pos = rng.integers(0, 4096, rows)
-    y = native.rope_cpu(x, CODES[dtype], pos, 10000.0, 1)
+    y = native.rope_cpu(x, CODES[dtype], pos, 10000.0, FP32)
     # fp32 phases carry the angle's own rounding: |p * inv_freq| up to 4096
     # rad has an ulp of 2^-12, so allow that on top of the output rounding
     tol = max(REL[dtype], 2e-4) if dtype == "fp32" else REL[dtype]
@@ -106,8 +108,8 @@ def test_rope_against_float64(dtype, rows, dim):
 
 def test_rope_position_zero_is_the_identity_and_the_norm_is_kept():
     x = np.random.default_rng(0).standard_normal((4, 64)).astype(np.float32)
-    np.testing.assert_array_equal(native.rope_cpu(x, 1, np.zeros(4, np.int64), 10000.0, 1), x)
-    y = native.rope_cpu(x, 1, np.array([1, 100, 1000, 30000]), 10000.0, 1).astype(np.float64)
+    np.testing.assert_array_equal(native.rope_cpu(x, FP32, np.zeros(4, np.int64), 10000.0, FP32), x)
+    y = native.rope_cpu(x, FP32, np.array([1, 100, 1000, 30000]), 10000.0, FP32).astype(np.float64)
     np.testing.assert_allclose(np.linalg.norm(y, axis=1), np.linalg.norm(x.astype(np.float64), axis=1), rtol=1e-6)
 
 
@@ -144,21 +146,21 @@ def test_attention_against_float64(dtype, bh, tq, tk, d, dv, causal):
 
 def test_attention_fully_masked_rows_are_zeros_not_nan():
     q = np.ones((1, 4, 8), np.float32)
-    y = native.attention_cpu(q, q, q, 1, True, np.array([3], np.int32), 1.0)
+    y = native.attention_cpu(q, q, q, FP32, True, np.array([3], np.int32), 1.0)
     assert (y[0, :3] == 0).all() and np.isfinite(y).all() and (y[0, 3] == 1).all()
 
 
 def test_arguments_are_checked():
     x = np.zeros((2, 3), np.float32)
     with pytest.raises(native.UsageError, match="dim even"):
-        native.rope_cpu(x, 1, np.zeros(2, np.int64), 10000.0, 1)
+        native.rope_cpu(x, FP32, np.zeros(2, np.int64), 10000.0, FP32)
     with pytest.raises(native.UsageError, match="base"):
-        native.rope_cpu(np.zeros((2, 4), np.float32), 1, np.zeros(2, np.int64), 0.5, 1)
+        native.rope_cpu(np.zeros((2, 4), np.float32), FP32, np.zeros(2, np.int64), 0.5, FP32)
     with pytest.raises(native.UsageError, match="tq"):
         native.attention_cpu(np.zeros((1, 4, 2), np.float32), np.zeros((1, 2, 2), np.float32),
-                             np.zeros((1, 2, 2), np.float32), 1, True, None, 1.0)
+                             np.zeros((1, 2, 2), np.float32), FP32, True, None, 1.0)
     with pytest.raises(native.UsageError, match="must match"):
-        native.swiglu_cpu(np.zeros(3, np.float32), np.zeros(4, np.float32), 1)
+        native.swiglu_cpu(np.zeros(3, np.float32), np.zeros(4, np.float32), FP32)
 
 
 # --- CUDA versions (a GPU, or make emu-test) -----------------------------------
@@ -218,4 +220,4 @@ def test_gpu_attention_refuses_what_version_1_cannot_hold():
     k = np.zeros((1, 8193, 4), np.float32)
     dq, dk, dy = dev(q), dev(k), native.DeviceArray((1, 1, 4), np.float32)
     with pytest.raises(native.UsageError, match="tk <= 8192"):
-        native.attention_cuda(dq.ptr, dk.ptr, dk.ptr, 1, 1, 8193, 4, 4, 1, True, None, 1.0, dy.ptr)
+        native.attention_cuda(dq.ptr, dk.ptr, dk.ptr, 1, 1, 8193, 4, 4, FP32, True, None, 1.0, dy.ptr)

@@ -13,7 +13,10 @@ import pytest
 
 from helpers import ROOT, cli
 from precisionlab import native
+from precisionlab.catalog import formats
 from precisionlab.errors import NoDeviceError, UsageError
+
+FP32 = formats.get("fp32").code  # format codes by name, never literals
 
 lib = native._load()
 buf = (ctypes.c_double * 4)(1.0, 2.0, 3.0, 4.0)
@@ -66,7 +69,7 @@ def test_no_gpu_is_an_answer_not_an_error():
     if status.count == 0:
         assert status.reason
         with pytest.raises(NoDeviceError):
-            native.sum_cuda(np.ones(8), 1, 1, "tree")
+            native.sum_cuda(np.ones(8), FP32, FP32, "tree")
         with pytest.raises(NoDeviceError):
             native.DeviceArray((8,), np.float32)
 

@@ -6,7 +6,10 @@ import numpy as np
 
 from helpers import cli
 from precisionlab import native
+from precisionlab.catalog import formats
 from precisionlab.experiments import nondeterminism as nd
+
+FP32 = formats.get("fp32").code  # format codes by name, never literals
 
 
 def _batch_rows():
@@ -30,8 +33,8 @@ def test_batch_counts_match_an_independent_recount():
     # softmax with the batch-dependent launch, recounted from the kernel here
     big = nd._batch_inputs(0, nd.BATCH_COLS)
     lanes = lambda bs: native.adaptive_lanes(bs, nd.BATCH_COLS, nd.H200_SMS)
-    alone = [native.softmax_cpu_lanes(big[i:i + 1], 1, lanes(1))[0] for i in range(nd.CHECK_ROWS)]
-    outs = {bs: native.softmax_cpu_lanes(big[:bs], 1, lanes(bs)) for bs in nd.BATCH_SIZES}
+    alone = [native.softmax_cpu_lanes(big[i:i + 1], FP32, lanes(1))[0] for i in range(nd.CHECK_ROWS)]
+    outs = {bs: native.softmax_cpu_lanes(big[:bs], FP32, lanes(bs)) for bs in nd.BATCH_SIZES}
     seen = [{alone[i].tobytes()} | {outs[bs][i].tobytes() for bs in outs if bs > i} for i in range(nd.CHECK_ROWS)]
     changed_rows = sum(len(s) > 1 for s in seen)
     pairs = sum(not np.array_equal(outs[bs][i], alone[i]) for bs in outs for i in range(min(bs, nd.CHECK_ROWS)))

@@ -82,3 +82,31 @@ def test_two_ctas_an_sm_need_at_most_64_registers():
     k = sc.Kernel("m", name="void (anonymous namespace)::softmax_single_pass<float, 8>(float const*)", regs=64)
     sc.check_residency(k)
     assert k.ctas_per_sm == 2 and k.problems == []
+
+
+def test_the_rules_come_from_the_librarys_variant_rows():
+    from precisionlab import native
+
+    rules = sc.rules_from(native.catalog())
+    assert set(rules) == {c.kernel for v in native.catalog() for c in v.sass_ceiling}
+    # what each family gets, as the kernels' comments in softmax.cu and sum_cuda.cu say
+    assert rules["softmax_single_pass"].checks == {"single_pass", "two_an_sm"}
+    assert rules["softmax_warp_rows"].checks == {"single_pass"}
+    assert rules["sum_blocks_kernel"].checks == {"streaming"}
+    assert set(rules["sum_blocks_kernel"].ceilings) == {"fp64", "fp32", "fp16", "bf16", "fp8_e4m3", "fp8_e5m2"}
+    k = sc.Kernel("m", name="void (anonymous namespace)::softmax_single_pass<__nv_bfloat16, 2>(__nv_bfloat16 const*)")
+    assert sc.ceiling(k, rules) == rules["softmax_single_pass"].ceilings["bf16"]
+    assert sc.ceiling(sc.Kernel("m", name="void (anonymous namespace)::rope_v1<float>(float const*)"), rules) is None
+
+
+def test_two_variants_that_disagree_on_a_kernel_are_an_error():
+    from precisionlab.native import SassCeiling, Variant
+
+    def row(name, ceiling):
+        return Variant("sum", name, 0, "kernel", ("cuda",), "as_given", None, True, False, "",
+                       ("fp32",), (SassCeiling("k", ("streaming",), ("fp32",), ceiling),))
+    assert sc.rules_from([row("a", 18.0), row("b", 18.0)])["k"].ceilings == {"fp32": 18.0}
+    import pytest
+
+    with pytest.raises(ValueError, match="ceiling"):
+        sc.rules_from([row("a", 18.0), row("b", 19.0)])

@@ -8,6 +8,9 @@ from test_softmax import (COLS, SHIFTED, check_close, check_non_finite_rows, che
 from precisionlab import native
 from precisionlab.catalog import formats
 
+FP32 = formats.get("fp32").code
+BF16 = formats.get("bf16").code  # format codes by name, never literals
+
 pytestmark = pytest.mark.gpu
 
 GPU_METHODS = [v.name for v in native.variants("softmax", "cuda") if v.default]  # what the command runs
@@ -91,7 +94,7 @@ def test_device_api_matches_torch():
 def test_device_api_rejects_host_pointers():
     x = np.zeros((2, 8), np.float32)
     with pytest.raises(native.UsageError, match="not a device pointer"):
-        native.softmax_cuda_device(x.ctypes.data, 2, 8, 1, "stable", x.ctypes.data)
+        native.softmax_cuda_device(x.ctypes.data, 2, 8, FP32, "stable", x.ctypes.data)
 
 
 @pytest.mark.torch_cuda
@@ -100,12 +103,12 @@ def test_device_api_rejects_misaligned_pointers():
     torch = pytest.importorskip("torch")
     x = torch.zeros(64, device="cuda")
     with pytest.raises(native.UsageError, match="aligned"):
-        native.softmax_cuda_device(x.data_ptr() + 2, 2, 8, 1, "stable", x.data_ptr())
+        native.softmax_cuda_device(x.data_ptr() + 2, 2, 8, FP32, "stable", x.data_ptr())
     with pytest.raises(native.UsageError, match="aligned"):
-        native.rmsnorm_cuda(x.data_ptr() + 1, 2, 8, 3, None, 1e-6, x.data_ptr())
+        native.rmsnorm_cuda(x.data_ptr() + 1, 2, 8, BF16, None, 1e-6, x.data_ptr())
     with pytest.raises(native.UsageError, match="aligned"):
-        work = torch.empty(native.sum_workspace_bytes(8, 1, "tree"), dtype=torch.uint8, device="cuda")
-        native.sum_cuda_device(x.data_ptr() + 2, 8, 1, 1, "tree", work.data_ptr(), work.numel(), x.data_ptr())
+        work = torch.empty(native.sum_workspace_bytes(8, FP32, "tree"), dtype=torch.uint8, device="cuda")
+        native.sum_cuda_device(x.data_ptr() + 2, 8, FP32, FP32, "tree", work.data_ptr(), work.numel(), x.data_ptr())
     y = torch.ones(2, 8, device="cuda")  # and the context is still fine
     assert torch.softmax(y, -1).sum().item() == pytest.approx(2.0)
 

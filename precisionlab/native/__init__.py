@@ -53,6 +53,7 @@ from precisionlab.native.catalog import (  # noqa: F401  (the package's API)
     INPUT_ORDERS,
     _DEVICE_BITS,
     Variant,
+    SassCeiling,
     catalog,
     variants,
     variant,

@@ -18,10 +18,15 @@ from precisionlab.native.loader import _call, _table
 
 
 
+class _SassRule(ctypes.Structure):  # pl_sass_rule
+    _fields_ = [("kernel", c_char_p), ("checks", ctypes.c_int32), ("dtypes", ctypes.c_uint32), ("ceiling", c_double)]
+
+
 class _VariantDesc(ctypes.Structure):  # pl_variant_desc
     _fields_ = [("op", c_char_p), ("name", c_char_p), ("id", ctypes.c_int32), ("kind", ctypes.c_int32),
                 ("devices", ctypes.c_int32), ("order", ctypes.c_int32), ("batch_invariant", ctypes.c_int32),
-                ("deterministic", ctypes.c_int32), ("is_default", ctypes.c_int32), ("summary", c_char_p)]
+                ("deterministic", ctypes.c_int32), ("is_default", ctypes.c_int32), ("summary", c_char_p),
+                ("dtypes", ctypes.c_uint32), ("nsass", ctypes.c_int32), ("sass", POINTER(_SassRule))]
 
 
 class _FormatDesc(ctypes.Structure):  # pl_format_desc
@@ -33,6 +38,21 @@ class _FormatDesc(ctypes.Structure):  # pl_format_desc
 KINDS = ("algorithm", "kernel", "bug")                                       # pl_variant_kind
 INPUT_ORDERS = ("as_given", "reversed", "ascending_abs", "descending_abs")   # pl_input_order
 _DEVICE_BITS = (("cpu", 1), ("cuda", 2))                                     # pl_device_bits
+_SASS_CHECK_BITS = (("single_pass", 1), ("streaming", 2), ("two_an_sm", 4))   # pl_sass_check
+
+
+@dataclass(frozen=True)
+class SassCeiling:
+    """One of a variant's GPU kernels as make sass-check holds it (pl_sass_rule):
+    the checks it gets and its most instructions per element for these dtypes."""
+    kernel: str  # the __global__ function template's name
+    checks: tuple[str, ...]  # of "single_pass", "streaming", "two_an_sm"
+    dtypes: tuple[str, ...]  # format names
+    ceiling: float
+
+    def to_json(self) -> dict:
+        return {"kernel": self.kernel, "checks": list(self.checks), "dtypes": list(self.dtypes),
+                "ceiling": self.ceiling}
 
 
 @dataclass(frozen=True)
@@ -48,11 +68,19 @@ class Variant:
     deterministic: bool
     default: bool
     summary: str
+    dtypes: tuple[str, ...] = ()  # the formats it takes, by name (the sum's: its accumulator)
+    sass_ceiling: tuple[SassCeiling, ...] = ()  # its kernels' instruction ceilings, per kernel and dtype
 
     def to_json(self) -> dict:
         return {"op": self.op, "name": self.name, "id": self.id, "kind": self.kind, "devices": list(self.devices),
                 "order": self.order, "batch_invariant": self.batch_invariant, "deterministic": self.deterministic,
-                "default": self.default, "summary": self.summary}
+                "default": self.default, "summary": self.summary, "dtypes": list(self.dtypes),
+                "sass_ceiling": [c.to_json() for c in self.sass_ceiling]}
+
+
+def _format_names(bits: int) -> tuple[str, ...]:
+    """The names of the formats whose bit (1 << code) is set, in code order."""
+    return tuple(f.name for f in format_table() if bits >> f.code & 1)
 
 
 @lru_cache(maxsize=1)
@@ -64,10 +92,12 @@ def catalog() -> tuple[Variant, ...]:
     for i in range(count.value):
         d = _VariantDesc()
         _call("pl_variant_info", i, ctypes.byref(d))
+        sass = tuple(SassCeiling(r.kernel.decode(), tuple(n for n, bit in _SASS_CHECK_BITS if r.checks & bit),
+                                 _format_names(r.dtypes), r.ceiling) for r in (d.sass[k] for k in range(d.nsass)))
         out.append(Variant(d.op.decode(), d.name.decode(), d.id, KINDS[d.kind],
                            tuple(n for n, bit in _DEVICE_BITS if d.devices & bit), INPUT_ORDERS[d.order],
                            None if d.batch_invariant < 0 else bool(d.batch_invariant), bool(d.deterministic),
-                           bool(d.is_default), d.summary.decode()))
+                           bool(d.is_default), d.summary.decode(), _format_names(d.dtypes), sass))
     return tuple(out)
 
 
