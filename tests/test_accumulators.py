@@ -186,3 +186,39 @@ def test_error_grows_with_k_and_interval():
     a, b, ref = _fp8_problem(4096)
     by_n = [_max_rel(f"promote:{n}", a, b, ref) for n in (32, 1024)]
     assert by_n[0] < by_n[1], by_n
+
+
+# ---------------------------------------------------------------------------
+# tf32 --accumulator
+
+
+def test_tf32_accumulator_section_json():
+    from helpers import cli, json_glossary_problems, strict_json
+
+    r = cli("tf32", "--accumulator", "hopper-fp8,promote:128,exact", "--dtypes", "fp8_e4m3,bf16",
+            "--k", "256,4096", "--json")
+    assert r.code == 0, r.err
+    d = strict_json(r.out)
+    assert json_glossary_problems(d) == []
+    assert d["params"]["accumulators"] == ["hopper-fp8", "promote:128", "exact"]
+    assert d["params"]["dtypes"] == ["fp8_e4m3", "bf16"] and d["params"]["k"] == [256, 4096]
+    rows = {(x["dtype"], x["accumulator"], x["k"]): x for x in d["rows"]}
+    assert len(rows) == 12 and all(x["section"] == "accumulator" and x["m"] == x["n"] == 64 for x in rows.values())
+    fast, promoted = rows[("fp8_e4m3", "hopper-fp8", 4096)], rows[("fp8_e4m3", "promote:128", 4096)]
+    assert 1e-3 <= fast["max_rel_error"] <= 1e-2  # the band of test_hopper_fp8_error_at_k4096_and_promotion
+    assert promoted["max_rel_error"] * 10 <= fast["max_rel_error"]
+    assert rows[("fp8_e4m3", "hopper-fp8", 256)]["max_rel_error"] < fast["max_rel_error"]
+    assert rows[("bf16", "exact", 4096)]["max_rel_error"] <= 2.0**-24  # one rounding of each output
+
+
+def test_tf32_accumulator_refuses_bad_options():  # (no torch import: tests/test_cli.py)
+    from helpers import cli
+
+    for args, word in ((["--accumulator", "tensorcore"], "unknown accumulator"),
+                       (["--accumulator", "promote:0"], "promote"),
+                       (["--accumulator", "fp32", "--dtypes", "fp7"], "unknown dtype"),
+                       (["--k", "256,512"], "--k takes one value"),
+                       (["--accumulator", "fp32", "--k", "x"], "--k"),
+                       (["--accumulator", "fp32", "--k", "0"], "--k 0")):
+        r = cli("tf32", *args)
+        assert r.code == 2 and word in r.err and len(r.err.strip().splitlines()) == 1, (args, r.err)
