@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One device call: a one-second preflight, then build, the softmax and sum
-# benchmark table, GPU tests, the GPU runs the issue notes quote, and the
-# sanitizers, most valuable first. For the device tool:
+# benchmark table, GPU tests, the GPU runs the issue notes quote,
+# torch._scaled_mm against the accumulator models, and the sanitizers, most valuable first. For the device tool:
 #   run(command="bash scripts/gpu_check.sh", timeout_s=480)
 # Every step gets what is left of a 420 s budget at most (machine start-up
 # and a rerun must fit in a 15-minute lease), so the call returns with
@@ -89,6 +89,10 @@ for name in ("nondeterminism", "tf32"):
         if r["device"] == "cuda" and r.get("section") not in ("k_sweep",):
             print(name, {k: r.get(k) for k in ("section", "variant", "mode", "distinct", "max_abs_diff", "rel_l2", "wrong", "tflops", "refused") if r.get(k) is not None})
 PY
+
+echo "== scaled_mm"   # torch._scaled_mm fast/slow accumulation against the CPU accumulator models (issue 27)
+step scaled_mm 100 python3 scripts/scaled_mm_check.py --json "$R/scaled_mm.json" > "$R/scaled_mm.txt" 2>&1
+tail -40 "$R/scaled_mm.txt"
 
 echo "== sanitize"   # compute-sanitizer refuses the device on gVisor machines: see sanitize.log
 step sanitize 150 make sanitize PYTHON=python3 > "$R/sanitize.log" 2>&1

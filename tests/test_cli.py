@@ -118,7 +118,8 @@ def _modules_after(argv: list[str]) -> str:
 
 @pytest.mark.parametrize("argv", [["--help"], ["accumulate", "--help"],
                                   ["accumulate", "--n", "100", "--device", "cpu"],
-                                  ["accumulate", "--n", "100", "--json"]])
+                                  ["accumulate", "--n", "100", "--json"],
+                                  ["tf32", "--accumulator", "hopper-fp8", "--k", "64", "--json"]])
 def test_no_torch_where_not_needed(argv):
     assert "TORCH=False" in _modules_after(argv)
 

@@ -21,12 +21,16 @@ from precisionlab import native
 from precisionlab.runtime import devices, memory, threads
 from precisionlab.catalog import formats
 from precisionlab.io import inputs
-from precisionlab.numerics import metrics
+from precisionlab.numerics import accumulators, metrics
 from precisionlab.errors import UsageError
 
 K_SWEEP = [256, 512, 1024, 2048, 4096, 8192, 16384]
 CPU_MODES = ["fp32", "tf32", "bf16", "fp16"]
 MAX_DIM = 1 << 16
+# the accumulator section: m = n = ACC_MN outputs (numpy emulation, a loop over
+# K groups), standard normal inputs rounded to the dtype, against float64
+ACC_MN = 64
+ACC_K = (256, 1024, 4096, 16384)
 
 
 @dataclass
@@ -39,6 +43,10 @@ class Tf32Config:
     device: str = "auto"
     seed: int = 0
     threads: int | None = None  # torch CPU threads; None: sized per matmul (precisionlab.runtime.threads)
+    # --accumulator: the accumulator-model section, run instead of the others
+    accumulators: list[str] | None = None
+    acc_dtypes: tuple[str, ...] = ("fp8_e4m3",)
+    acc_k: tuple[int, ...] = ACC_K
 
 
 @dataclass
@@ -51,6 +59,8 @@ class Tf32Result:
 
 
 def run(cfg: Tf32Config, advance=lambda k=1: None) -> Tf32Result:
+    if cfg.accumulators is not None:  # numpy only: torch is never imported
+        return _run_accumulators(cfg, advance)
     threads.check(cfg.threads)
     with threads.torch_scope():
         return _run(cfg, advance)
@@ -347,6 +357,79 @@ def _sweep(cfg: Tf32Config, device: str, advance) -> list[dict]:
                          mode != "fp32", "m": mn, "n": mn, "k": k, **_report(c, ref)})
         advance(len(results))
     return rows
+
+
+# ---------------------------------------------------------------------------
+# accumulator models (numerics.accumulators), emulated on the CPU
+
+
+def accumulator_rows_plan(cfg: Tf32Config) -> tuple[list, list[str], list[int]]:
+    """The parsed models, dtypes and K list, refused (exit 2) before any work."""
+    try:
+        models = accumulators.parse_list(",".join(cfg.accumulators))
+    except ValueError as e:
+        raise UsageError(f"--accumulator: {e}") from None
+    dtypes = list(dict.fromkeys(cfg.acc_dtypes))
+    for d in dtypes:
+        formats.get(d)  # UsageError naming the choices
+    if not dtypes:
+        raise UsageError("--dtypes: empty list")
+    ks = list(dict.fromkeys(cfg.acc_k))
+    for k in ks:
+        if k <= 0 or k > 1 << 20:
+            raise UsageError(f"--k {k}: between 1 and {1 << 20} for the accumulator section")
+    return models, dtypes, ks
+
+
+def _run_accumulators(cfg: Tf32Config, advance) -> Tf32Result:
+    models, dtypes, ks = accumulator_rows_plan(cfg)
+    mn = ACC_MN
+    inputs.check_memory(memory.accumulator_models(mn, mn, max(ks), [m.peak_bytes(mn, mn, max(ks)) for m in models]),
+                        f"tf32 --accumulator with --k {max(ks)}")
+    rows = []
+    for dtype in dtypes:
+        fmt = formats.get(dtype)
+        for k in ks:
+            rng = np.random.default_rng([cfg.seed, k])
+            a = fmt.round(rng.standard_normal((mn, k)))
+            b = fmt.round(rng.standard_normal((k, mn)))
+            ref = a @ b
+            scale = float(np.max(np.abs(ref)))
+            for model in models:
+                t0 = time.perf_counter()
+                c = model.matmul(a, b).astype(np.float64)
+                dt = time.perf_counter() - t0
+                rep = metrics.error_report(c, ref, None, 0.0, 0.0)
+                rows.append({"section": "accumulator", "device": "cpu", "accumulator": model.name, "dtype": dtype,
+                             "emulated": True, "m": mn, "n": mn, "k": k,
+                             "max_rel_error": rep.max_abs_error / scale if scale > 0 else 0.0,
+                             "rel_l2": rep.rel_l2, "max_abs_error": rep.max_abs_error, "time_s": dt})
+                advance()
+    return Tf32Result(
+        params={"accumulators": [m.name for m in models], "dtypes": dtypes, "k": ks, "m": mn, "n": mn,
+                "seed": cfg.seed, "device": "cpu"},
+        rows=rows, flags_before={}, takeaways=accumulator_takeaways(rows),
+        devices={"cpu": True, "cuda": False, "cuda_unavailable": None},
+    )
+
+
+def accumulator_takeaways(rows: list[dict]) -> list[str]:
+    lines = []
+    for dtype in dict.fromkeys(r["dtype"] for r in rows):
+        by = {(r["accumulator"], r["k"]): r["max_rel_error"] for r in rows if r["dtype"] == dtype}
+        ks = sorted({k for _, k in by})
+        for name in (a for a in dict.fromkeys(a for a, _ in by) if a.startswith(("hopper-fp8", "promote:"))):
+            lo, hi = by[(name, ks[0])], by[(name, ks[-1])]
+            if len(ks) > 1 and lo > 0:
+                lines.append(f"{dtype}, {name}: max relative error {lo:.2e} at K={ks[0]}, {hi:.2e} at K={ks[-1]} "
+                             f"({hi / lo:.1f}x).")
+        fast = {k: v for (a, k), v in by.items() if a == "hopper-fp8"}
+        for (a, k), v in by.items():
+            if a.startswith("promote:") and fast.get(k) and v > 0 and k == ks[-1]:
+                lines.append(f"{dtype} at K={k}: {a} cuts hopper-fp8's error {fast[k] / v:.0f}x "
+                             f"({fast[k]:.2e} to {v:.2e}): each chunk starts from zero, so its 14 bits are "
+                             "spent at the chunk's size, and fp32 carries the total.")
+    return lines
 
 
 # ---------------------------------------------------------------------------

@@ -4,11 +4,35 @@ from __future__ import annotations
 
 from rich.table import Table
 
-from precisionlab.report.console import stdout, num, sci, footer
+from precisionlab.report.console import stdout, num, sci, footer, safe_text
 from precisionlab.report.jsondoc import emit_json
 from precisionlab.report.plots import figure
 
+def _accumulator_table(res) -> None:
+    rows = [r for r in res.rows if r["section"] == "accumulator"]
+    ks = sorted({r["k"] for r in rows})
+    keys = list(dict.fromkeys((r["dtype"], r["accumulator"]) for r in rows))
+    for field, what in (("max_rel_error", "max |C - ref| / max |ref|"), ("rel_l2", "relative L2 error")):
+        t = Table(title=f"accumulator models, {res.params['m']} x K x {res.params['n']}, standard normal inputs "
+                        f"in the dtype: {what} against float64", title_justify="left")
+        t.add_column("dtype")
+        t.add_column("accumulator", overflow="fold")
+        for k in ks:
+            t.add_column(f"K={k}", justify="right")
+        for dtype, acc in keys:
+            by_k = {r["k"]: r[field] for r in rows if r["dtype"] == dtype and r["accumulator"] == acc}
+            t.add_row(dtype, safe_text(acc), *(sci(by_k.get(k)) for k in ks))
+        stdout.print(t)
+    stdout.print("Emulated on the CPU, bit for bit as numerics/accumulators.py defines each model (hopper-fp8: "
+                 "each group of products aligned to its largest exponent, the accumulator included, cut to 14 "
+                 "bits; promote:N: fp32 addition of N-element chunks).", style="dim", highlight=False)
+    footer(None, res.takeaways)
+
+
 def table(res) -> None:
+    if "accumulators" in res.params:
+        _accumulator_table(res)
+        return
     modes = [r for r in res.rows if r["section"] == "modes"]
     if modes:
         p = res.params
@@ -57,6 +81,16 @@ def as_json(res) -> None:
 
 
 def plot(res, path: str) -> None:
+    if "accumulators" in res.params:
+        rows = [r for r in res.rows if r["section"] == "accumulator"]
+        with figure(path, "accumulator models: error against K", "K", "max |C - ref| / max |ref|") as ax:
+            for dtype, acc in dict.fromkeys((r["dtype"], r["accumulator"]) for r in rows):
+                s = sorted((r for r in rows if r["dtype"] == dtype and r["accumulator"] == acc), key=lambda r: r["k"])
+                ax.plot([r["k"] for r in s], [max(r["max_rel_error"], 1e-12) for r in s], marker="o",
+                        label=f"{dtype} {acc}")
+            ax.set_xscale("log", base=2)
+            ax.set_yscale("log")
+        return
     sweep = [r for r in res.rows if r["section"] == "k_sweep"]
     with figure(path, "matmul error against K", "K", "relative L2 error vs float64") as ax:
         for dev, mode in dict.fromkeys((r["device"], r["mode"]) for r in sweep):

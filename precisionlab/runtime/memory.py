@@ -106,6 +106,14 @@ def tf32(m: int, n: int, k: int, sweep_mn: int | None) -> int:
     return max(modes, sweep) + BLAS_FIXED
 
 
+def accumulator_models(m: int, n: int, k: int, model_peaks: list[int]) -> int:
+    """tf32 --accumulator: A and B in float64 and the float64 reference, the
+    error report on m x n, then the largest model's own peak
+    (numerics.accumulators.Accumulator.peak_bytes, passed in: runtime does not
+    import numerics)."""
+    return 8 * (m * k + k * n + m * n) + ERROR_REPORT * m * n + max(model_peaks, default=0) + BLAS_FIXED
+
+
 def bench_cpu(n: int) -> int:
     """The CPU accumulate bench: n values in float32 (4) and float64 (8); then
     the orders section, which holds float64 values (8), their reversed or

@@ -1,0 +1,289 @@
+"""Accumulator models: how a matmul's dot products are carried, bit for bit.
+
+The storage format of A and B is one thing, the accumulator another. Each model
+here takes A (M x K) and B (K x N) whose values are already in their storage
+format (fp8, bf16, fp16, fp32, given as float64 or float32 arrays, finite) and
+returns C (M x N) as float32 values, exactly as the model defines it. Every
+product a_ik * b_kj of two such values is exact in float64 (at most 2 x 24
+significant bits), so the models start from exact products.
+
+The models, each one output element c = sum_k a_k b_k at a time:
+
+``exact``
+    One rounding: c = fp32(the exact sum), nearest, ties to even.
+``fp32``
+    IEEE sequential: c = 0, then for k in order c = fp32(c + fp32(a_k b_k)).
+    (Products of inputs with at most 12 significant bits, fp8/bf16/fp16, are
+    exact in fp32, so there this is also the FMA chain.)
+``fp32-pairwise``
+    p_k = fp32(a_k b_k); then level by level, adjacent pairs are added in fp32
+    (p_0 + p_1, p_2 + p_3, ...), an odd last element passing up unchanged,
+    until one value is left.
+``hopper-fp8`` (parameters ``bits`` B = 14, ``group`` g = 32, ``rounding``
+    trunc | rne)
+    A tensor core's fused multiply-add of g products into an fp32 accumulator
+    c (g = 32 is Hopper's FP8 MMA depth, k = 32 of wgmma/mma.m16n8k32). c
+    starts at +0; for each group G of g consecutive k (the last may be
+    shorter), the terms are T = {c} U {a_k b_k : k in G}, all exact. Let
+    e = max over the non-zero t in T of floor(log2 |t|) ("align to the max
+    exponent of the group", the accumulator included) and u = 2^(e - B + 1):
+    every term is cut to a multiple of u, toward zero (trunc) or to the
+    nearest, ties to even (rne), so the largest keeps its top B bits. The cut
+    terms are added exactly, and the sum is rounded once to fp32 (nearest,
+    ties to even; exact while B + ceil(log2(g + 1)) <= 24, as for the
+    defaults, so this rounding is only a safeguard). That fp32 value is the
+    new c. All terms zero: c = +0. The order inside a group does not matter
+    (the sum is exact); the order of the groups does.
+``promote:N`` (the same B, g, rounding)
+    DeepSeek-V3's promotion: the K products are split into chunks of N
+    consecutive k; each chunk is accumulated by ``hopper-fp8`` from +0 (its
+    groups of g start at the chunk's start), and the chunk's fp32 result is
+    added to an fp32 accumulator on the CUDA cores: c = fp32(c + chunk), chunk
+    after chunk.
+
+Every model takes ``order`` = forward | reverse: the K axis is traversed in
+that order (reverse: k = K-1 first), which decides the sequence of groups,
+chunks and additions.
+
+Spelling (``parse``): ``KIND[:N][:key=value]...``, e.g. ``exact``, ``fp32``,
+``fp32:order=reverse``, ``fp32-pairwise``, ``hopper-fp8``,
+``hopper-fp8:bits=13:group=16:rounding=rne``, ``promote:128``,
+``promote:64:bits=14``. ``Accumulator.name`` writes it back, the defaults left
+out.
+
+Vectorised over the M x N outputs; the loop runs over K (groups, chunks or
+single k), never over elements, in the order a kernel would follow: for
+``hopper-fp8``, per group: products, exponent max with c, cut, exact sum, one
+fp32 rounding.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+from fractions import Fraction
+
+import numpy as np
+
+KINDS = ("exact", "fp32", "fp32-pairwise", "hopper-fp8", "promote")
+ROUNDINGS = ("trunc", "rne")
+ORDERS = ("forward", "reverse")
+DEFAULT_BITS = 14
+DEFAULT_GROUP = 32
+MAX_BITS = 40  # the cut terms' exact sum must stay within float64's 53 bits: (g + 1) 2^B < 2^53
+
+
+@dataclass(frozen=True)
+class Accumulator:
+    kind: str
+    bits: int = DEFAULT_BITS
+    group: int = DEFAULT_GROUP
+    rounding: str = "trunc"
+    interval: int | None = None  # promote's N
+    order: str = "forward"
+
+    @property
+    def name(self) -> str:
+        s = self.kind + (f":{self.interval}" if self.kind == "promote" else "")
+        extra = []
+        if self.kind in ("hopper-fp8", "promote"):
+            if self.bits != DEFAULT_BITS:
+                extra.append(f"bits={self.bits}")
+            if self.group != DEFAULT_GROUP:
+                extra.append(f"group={self.group}")
+            if self.rounding != "trunc":
+                extra.append(f"rounding={self.rounding}")
+        if self.order != "forward":
+            extra.append(f"order={self.order}")
+        return ":".join([s, *extra])
+
+    def matmul(self, a, b) -> np.ndarray:
+        """C = A @ B under this model, float32 (M x N)."""
+        a = np.asarray(a, dtype=np.float64)
+        b = np.asarray(b, dtype=np.float64)
+        if a.ndim != 2 or b.ndim != 2 or a.shape[1] != b.shape[0]:
+            raise ValueError(f"shapes {a.shape} @ {b.shape} do not multiply")
+        if not (np.isfinite(a).all() and np.isfinite(b).all()):
+            raise ValueError("the accumulator models take finite inputs")
+        if self.order == "reverse":
+            a, b = a[:, ::-1], b[::-1, :]
+        bt = np.ascontiguousarray(b.T)  # (N, K): products are a[:, None, ks] * bt[None, :, ks]
+        if self.kind == "exact":
+            return _exact(a, bt)
+        if self.kind == "fp32":
+            return _fp32_sequential(a, b)
+        if self.kind == "fp32-pairwise":
+            return _fp32_pairwise(a, bt)
+        if self.kind == "hopper-fp8":
+            return _limited(a, bt, np.zeros((a.shape[0], bt.shape[0])), self).astype(np.float32)
+        return _promote(a, bt, self)
+
+    def peak_bytes(self, m: int, n: int, k: int) -> int:
+        """The arrays alive at this model's peak, for a memory check before running."""
+        if self.kind == "fp32-pairwise":
+            return 4 * m * n * k * 2  # the products and the first level
+        if self.kind == "exact":
+            return 8 * m * n * (EXACT_CHUNK * 4 + 64)  # a chunk's products and their extraction
+        if self.kind == "fp32":
+            return 4 * m * n * 4
+        return 8 * m * n * (self.group + 1) * 6  # one group's terms and their cut copies
+
+
+def parse(text: str) -> Accumulator:
+    """'promote:128:bits=13' -> Accumulator; ValueError with the reason otherwise."""
+    parts = [p.strip() for p in text.strip().split(":")]
+    kind = parts[0]
+    if kind not in KINDS:
+        raise ValueError(f"unknown accumulator {text!r}; choose from {', '.join(KINDS)} "
+                         "(e.g. hopper-fp8, promote:128, hopper-fp8:bits=13:group=16:rounding=rne)")
+    rest = parts[1:]
+    fields: dict = {}
+    if kind == "promote":
+        if not rest or not rest[0].isdigit() or int(rest[0]) <= 0:
+            raise ValueError(f"accumulator {text!r}: promote needs its interval, promote:N with N > 0")
+        fields["interval"] = int(rest[0])
+        rest = rest[1:]
+    allowed = ("bits", "group", "rounding", "order") if kind in ("hopper-fp8", "promote") else ("order",)
+    for p in rest:
+        key, eq, value = p.partition("=")
+        if not eq or key not in allowed:
+            raise ValueError(f"accumulator {text!r}: {p!r} is not one of {', '.join(k + '=' for k in allowed)}")
+        if key in ("bits", "group"):
+            if not value.isdigit() or int(value) <= 0:
+                raise ValueError(f"accumulator {text!r}: {key} must be a positive integer")
+            fields[key] = int(value)
+        elif key == "rounding" and value not in ROUNDINGS:
+            raise ValueError(f"accumulator {text!r}: rounding is one of {', '.join(ROUNDINGS)}")
+        elif key == "order" and value not in ORDERS:
+            raise ValueError(f"accumulator {text!r}: order is one of {', '.join(ORDERS)}")
+        else:
+            fields[key] = value
+    acc = replace(Accumulator(kind), **fields)
+    if (acc.group + 1) * 2.0 ** acc.bits >= 2.0 ** 53 or acc.bits > MAX_BITS:
+        raise ValueError(f"accumulator {text!r}: bits={acc.bits} with group={acc.group} would not sum exactly "
+                         f"here (at most bits={MAX_BITS} and (group + 1) 2^bits < 2^53)")
+    return acc
+
+
+def parse_list(text: str) -> list[Accumulator]:
+    """'hopper-fp8,promote:128' -> both, in order, each once."""
+    names = [s for s in (t.strip() for t in text.split(",")) if s]
+    if not names:
+        raise ValueError(f"empty accumulator list {text!r}")
+    return list({a.name: a for a in map(parse, names)}.values())
+
+
+# ---------------------------------------------------------------------------
+# fp32 in IEEE order
+
+
+def _fp32_sequential(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    a32, b32 = a.astype(np.float32), b.astype(np.float32)
+    c = np.zeros((a.shape[0], b.shape[1]), dtype=np.float32)
+    for k in range(a.shape[1]):
+        # two float32 operations, each correctly rounded: no FMA contraction in numpy
+        c = c + a32[:, k:k + 1] * b32[k:k + 1, :]
+    return c
+
+
+def _fp32_pairwise(a: np.ndarray, bt: np.ndarray) -> np.ndarray:
+    level = a.astype(np.float32)[:, None, :] * bt.astype(np.float32)[None, :, :]
+    if level.shape[-1] == 0:
+        return np.zeros(level.shape[:2], dtype=np.float32)
+    while level.shape[-1] > 1:
+        n = level.shape[-1]
+        pairs = level[..., 0:n - 1:2] + level[..., 1:n:2]
+        level = np.concatenate([pairs, level[..., n - 1:]], axis=-1) if n % 2 else pairs
+    return level[..., 0]
+
+
+# ---------------------------------------------------------------------------
+# limited-precision fused groups
+
+
+def _fused_group(c: np.ndarray, p: np.ndarray, acc: Accumulator) -> np.ndarray:
+    """One MMA step: c (M x N, fp32 values) plus the group's exact products p
+    (M x N x g), aligned to their largest exponent, cut to B bits, summed
+    exactly, rounded once to fp32. Returned as float64 holding fp32 values."""
+    t = np.concatenate([c[..., None], p], axis=-1)
+    mag = np.abs(t)
+    _, e = np.frexp(mag)  # |t| = m 2^e, 0.5 <= m < 1: floor(log2 |t|) = e - 1
+    nonzero = mag > 0
+    emax = np.max(np.where(nonzero, e - 1, np.iinfo(np.int32).min), axis=-1)
+    live = np.any(nonzero, axis=-1)
+    shift = np.where(live, emax - acc.bits + 1, 0)
+    scaled = np.ldexp(t, -shift[..., None])  # exact: a power-of-two scaling, far from float64's limits
+    cut = np.trunc(scaled) if acc.rounding == "trunc" else np.rint(scaled)  # rint: ties to even
+    total = np.sum(cut, axis=-1)  # integers below (g + 1) 2^B < 2^53: exact in any order
+    out = np.ldexp(total, shift).astype(np.float32).astype(np.float64)  # the one fp32 rounding
+    out[~live] = 0.0
+    return out + 0.0  # -0 to +0: an exact zero sum is +0, as IEEE's nearest gives
+
+
+def _limited(a: np.ndarray, bt: np.ndarray, c: np.ndarray, acc: Accumulator) -> np.ndarray:
+    for k0 in range(0, a.shape[1], acc.group):
+        p = a[:, None, k0:k0 + acc.group] * bt[None, :, k0:k0 + acc.group]
+        c = _fused_group(c, p, acc)
+    return c
+
+
+def _promote(a: np.ndarray, bt: np.ndarray, acc: Accumulator) -> np.ndarray:
+    m, n = a.shape[0], bt.shape[0]
+    c = np.zeros((m, n), dtype=np.float32)
+    for k0 in range(0, a.shape[1], acc.interval):
+        chunk = _limited(a[:, k0:k0 + acc.interval], bt[:, k0:k0 + acc.interval], np.zeros((m, n)), acc)
+        c = c + chunk.astype(np.float32)  # the CUDA-core fp32 addition, correctly rounded
+    return c
+
+
+# ---------------------------------------------------------------------------
+# exact: error-free extraction, then one rounding
+
+EXACT_CHUNK = 512
+
+
+def _extract(p: np.ndarray) -> list[np.ndarray]:
+    """Float64 arrays (M x N) whose sum is exactly p's sum over its last axis.
+    Rump, Ogita and Oishi's ExtractVector: with sigma = 2^(M + ceil(log2 max|p|)),
+    M = ceil(log2(n + 2)), q = (sigma + p) - sigma is exact, so is p - q, and
+    the q's sum exactly in float64 (multiples of ulp(sigma)/2 below sigma in
+    total). Repeat on the remainders until they are all zero."""
+    n = p.shape[-1]
+    big = math.ceil(math.log2(n + 2))
+    out = []
+    while True:
+        amax = np.max(np.abs(p), axis=-1)
+        if not np.any(amax > 0):
+            return out
+        _, e = np.frexp(amax)  # amax < 2^e
+        sigma = np.where(amax > 0, np.ldexp(1.0, e + big), 0.0)[..., None]
+        q = (sigma + p) - sigma
+        p = p - q
+        out.append(np.sum(q, axis=-1))
+
+
+def _exact(a: np.ndarray, bt: np.ndarray) -> np.ndarray:
+    m, n = a.shape[0], bt.shape[0]
+    levels: list[np.ndarray] = []
+    for k0 in range(0, a.shape[1], EXACT_CHUNK):
+        levels += _extract(a[:, None, k0:k0 + EXACT_CHUNK] * bt[None, :, k0:k0 + EXACT_CHUNK])
+    while len(levels) > 2:  # fold the chunks' levels together: far fewer rationals below
+        levels = _extract(np.stack(levels, axis=-1))
+    if not levels:
+        return np.zeros((m, n), dtype=np.float32)
+    stacked = np.stack(levels, axis=-1).reshape(m * n, -1)
+    out = np.empty(m * n, dtype=np.float32)
+    for i, row in enumerate(stacked.tolist()):
+        out[i] = _fraction_to_fp32(sum(map(Fraction, row), Fraction(0)))
+    return out.reshape(m, n)
+
+
+def _fraction_to_fp32(q: Fraction) -> np.float32:
+    """fp32 nearest (ties to even) of a rational: its double rounded to odd
+    keeps the sticky bit, and the second rounding to fp32 is then correct
+    (53 >= 24 + 2)."""
+    f = float(q)  # correctly rounded
+    rest = q - Fraction(f)
+    if rest != 0 and (np.float64(f).view(np.uint64) & 1) == 0:
+        f = math.nextafter(f, math.inf if rest > 0 else -math.inf)
+    return np.float32(f) + np.float32(0.0)

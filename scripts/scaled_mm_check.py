@@ -1,0 +1,133 @@
+"""torch._scaled_mm against the accumulator models, bit for bit (H200 / Hopper).
+
+256 random FP8 e4m3 problems of 64 x K x 64 (64 for each K below, standard
+normal inputs, unit scales, fp32 output) run on the GPU with
+use_fast_accum=True and False. Each output is compared with the CPU models of
+precisionlab/numerics/accumulators.py: fast accumulation against hopper-fp8
+(B and the group size swept), the slow path against promote:N (N and B
+swept). Prints, per candidate, the share of bit-identical fp32 outputs, and the
+candidate that fits best; also the share of fast outputs whose fp32 mantissa
+ends in 23 - (B - 1) zero bits (an accumulator that also cuts its output to B
+bits would leave them all zero). Without CUDA: one line, exit 0.
+
+    python scripts/scaled_mm_check.py [--quick] [--json PATH]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+KS = (128, 512, 2048, 4096)
+PER_K = 64
+SEARCH_PER_K = 8  # problems per K for the candidate sweep (the CPU models take ~0.1 s at K = 4096)
+FAST = ["hopper-fp8"] + [f"hopper-fp8:bits={b}" for b in (12, 13, 15, 16, 22, 25)] + \
+       [f"hopper-fp8:group={g}" for g in (4, 8, 16, 64)] + ["hopper-fp8:rounding=rne", "exact", "fp32"]
+SLOW = [f"promote:{n}" for n in (32, 64, 128, 256, 512)] + ["promote:128:bits=13", "promote:128:bits=15",
+                                                             "promote:128:group=16", "fp32", "exact"]
+
+
+def _problem(k: int, i: int):
+    import ml_dtypes
+
+    rng = np.random.default_rng([k, i])
+    a = rng.standard_normal((64, k)).astype(ml_dtypes.float8_e4m3fn)
+    b = rng.standard_normal((k, 64)).astype(ml_dtypes.float8_e4m3fn)
+    return a, b
+
+
+def _model_bits(args):
+    model, k, i = args
+    from precisionlab.numerics import accumulators
+
+    a, b = _problem(k, i)
+    return accumulators.parse(model).matmul(a.astype(np.float64), b.astype(np.float64)).view(np.uint32)
+
+
+def _gpu(torch, k: int, i: int, fast: bool) -> np.ndarray:
+    a, b = _problem(k, i)
+    ta = torch.from_numpy(a.view(np.uint8)).view(torch.float8_e4m3fn).cuda()
+    # _scaled_mm wants B column-major: the transpose of a row-major (N, K)
+    tb = torch.from_numpy(np.ascontiguousarray(b.T).view(np.uint8)).view(torch.float8_e4m3fn).cuda().t()
+    one = torch.ones((), dtype=torch.float32, device="cuda")
+    c = torch._scaled_mm(ta, tb, scale_a=one, scale_b=one, out_dtype=torch.float32, use_fast_accum=fast)
+    return c.cpu().numpy().view(np.uint32)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--quick", action="store_true", help="one K (512), 16 problems")
+    ap.add_argument("--json", help="also write the results here")
+    args = ap.parse_args()
+    try:
+        import torch
+    except ImportError:
+        print("scaled_mm_check: skipped, torch is not installed")
+        return 0
+    if not torch.cuda.is_available():
+        print("scaled_mm_check: skipped, no CUDA device")
+        return 0
+    if not hasattr(torch, "_scaled_mm") or not hasattr(torch, "float8_e4m3fn"):
+        print(f"scaled_mm_check: skipped, torch {torch.__version__} has no _scaled_mm / float8_e4m3fn")
+        return 0
+    ks, per_k, search = ((512,), 16, 4) if args.quick else (KS, PER_K, SEARCH_PER_K)
+    t0 = time.perf_counter()
+    gpu = {}
+    try:
+        for k in ks:
+            for i in range(per_k):
+                for fast in (True, False):
+                    gpu[(k, i, fast)] = _gpu(torch, k, i, fast)
+        torch.cuda.synchronize()
+    except RuntimeError as e:  # an FP8 GEMM this device or build refuses
+        print(f"scaled_mm_check: skipped, torch._scaled_mm failed: {str(e).splitlines()[0][:200]}")
+        return 0
+    print(f"scaled_mm_check: {len(gpu)} GPU products in {time.perf_counter() - t0:.1f} s on "
+          f"{torch.cuda.get_device_name()}")
+    result = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "ks": list(ks), "fast": {},
+              "slow": {}}
+    with ProcessPoolExecutor(max_workers=min(16, os.cpu_count() or 1)) as pool:
+        for label, fast, models in (("fast", True, FAST), ("slow", False, SLOW)):
+            # the default model on every problem, the other candidates on the first `search` of each K
+            for model in models:
+                n = per_k if model in ("hopper-fp8", "promote:128") else search
+                tasks = [(model, k, i) for k in ks for i in range(n)]
+                same = total = 0
+                per_k_share = {}
+                for (m, k, i), bits in zip(tasks, pool.map(_model_bits, tasks)):
+                    eq = int(np.count_nonzero(bits == gpu[(k, i, fast)]))
+                    same += eq
+                    total += bits.size
+                    s, t = per_k_share.get(k, (0, 0))
+                    per_k_share[k] = (s + eq, t + bits.size)
+                share = same / total
+                result[label][model] = {"share_identical": share,
+                                        "by_k": {k: s / t for k, (s, t) in per_k_share.items()}}
+                print(f"  use_fast_accum={fast!s:5} {model:24} identical {share:7.2%}  by K: "
+                      + " ".join(f"{k}:{s / t:.0%}" for k, (s, t) in per_k_share.items()), flush=True)
+            best = max(result[label], key=lambda m: result[label][m]["share_identical"])
+            result[label + "_best"] = best
+            print(f"  best for use_fast_accum={fast}: {best} ({result[label][best]['share_identical']:.2%} identical)")
+    fast_bits = np.concatenate([gpu[(k, i, True)].ravel() for k in ks for i in range(per_k)])
+    for b in (13, 14, 15):
+        low = (1 << (24 - b)) - 1  # the fp32 mantissa bits below the top b significant ones
+        share = float(np.mean((fast_bits & low) == 0))
+        result[f"fast_outputs_within_{b}_bits"] = share
+        print(f"  fast outputs with at most {b} significant bits: {share:.1%}")
+    print(f"scaled_mm_check: done in {time.perf_counter() - t0:.1f} s")
+    if args.json:
+        Path(args.json).write_text(json.dumps(result, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
