@@ -26,6 +26,8 @@ COMMANDS = [
                                  "--save-logits", "{tmp}/fp32.safetensors", "--save-logits", "bf16={tmp}/bf16.safetensors"]),
     ("compare model --layers", ["compare", "model", "--layers", "--steps", "3", "--dtypes", "bf16", "--dump", "{tmp}/dump"]),
     ("compare logits", ["compare", "logits", "{tmp}/fp32.safetensors", "{tmp}/bf16.safetensors"]),
+    ("compare logprobs", ["compare", "logprobs", "docs/data/logprobs/trainer.safetensors",
+                          "docs/data/logprobs/rollout-top-p.jsonl"]),
     ("compare tensors", ["compare", "tensors", "{tmp}/dump/fp32.safetensors", "{tmp}/dump/bf16.safetensors",
                          "{tmp}/dump/bf16.safetensors"]),
 ]

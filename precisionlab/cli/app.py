@@ -66,6 +66,7 @@ COMMANDS = (
     (None, 'info', 'info'),
     ('compare', 'op', 'compare_op'),
     ('compare', 'logits', 'compare_logits'),
+    ('compare', 'logprobs', 'compare_logprobs'),
     ('compare', 'tensors', 'compare_tensors'),
     (None, 'bench', 'bench'),
     (None, 'formats', 'formats'),

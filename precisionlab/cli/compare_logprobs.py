@@ -1,0 +1,37 @@
+"""precisionlab compare logprobs: options parsed here; the work is the experiment's, the output the report's."""
+
+from __future__ import annotations
+
+from typing import Annotated, Optional
+
+import typer
+
+from precisionlab.cli.options import JsonOpt
+
+
+def command(
+    a: Annotated[str, typer.Argument(help="A: the trainer's log-probs (.jsonl, OpenAI-style .json, .safetensors or "
+                                     ".npz; layouts in docs/compare-logprobs.md).")],
+    b: Annotated[str, typer.Argument(help="B: the rollout engine's log-probs of the same tokens, in any of those "
+                                     "formats.")],
+    clip: Annotated[Optional[str], typer.Option("--clip", help="Comma list of c > 1: the share of ratios outside "
+                                                "[1/c, c] for each (default 1.1,1.25,2).")] = None,
+    cap: Annotated[float, typer.Option("--cap", help="A truncated-IS cap on the sequence ratio: the share of "
+                                       "sequences it would clip.")] = 2.0,
+    tokenizer: Annotated[Optional[str], typer.Option("--tokenizer", help="A Hugging Face tokenizer folder to decode "
+                                                     "the worst tokens (offline, trust_remote_code=False); without "
+                                                     "it, the files' token strings.")] = None,
+    worst: Annotated[int, typer.Option("--worst", help="How many worst sequences and positions to list.")] = 10,
+    plot: Annotated[Optional[str], typer.Option("--plot", help="Write Δ per position and the ratios' histogram to "
+                                                "this .png/.pdf/.svg.")] = None,
+    json_out: JsonOpt = False,
+):
+    """Two per-token log-prob streams of the same tokens (trainer and rollout): Δ, importance ratios, ESS, KL
+    estimators, and what made them disagree (a renormalised top-p/top-k rollout, a one-position shift, NaN/-inf)."""
+    from precisionlab.experiments import logprobs as exp
+    from precisionlab.report import logprobs as report
+    from precisionlab.report.output import Output
+
+    out = Output(report, json_out, plot)
+    cfg = exp.LogprobsConfig(a=a, b=b, clip=clip, cap=cap, tokenizer=tokenizer, worst=worst)
+    out.run("compare logprobs", lambda advance: exp.run(cfg, advance))
