@@ -109,9 +109,9 @@ def run(cfg: LayersConfig, advance=lambda k=1: None) -> LayersResult:
 
     torch.manual_seed(cfg.seed)
     t0 = time.perf_counter()
-    from precisionlab.runtime import memory
+    from precisionlab.engines import shape as engine_shape
 
-    estimate = functools.partial(memory.compare_layers_for, dump=dump_dir is not None)
+    estimate = functools.partial(engine_shape.compare_layers_for, dump=dump_dir is not None)
     runner, prompt = mexp.open_runner(cfg.model, device, cfg.prompt, cfg.steps, memory_check=True,
                                       command="compare model --layers", estimate=estimate)
     site_list = hooks.sites(runner.base)
