@@ -51,7 +51,7 @@ class SassCeiling:
     ceiling: float
 
     def to_json(self) -> dict:
-        return {"kernel": self.kernel, "checks": list(self.checks), "dtypes": list(self.dtypes),
+        return {"function": self.kernel, "checks": list(self.checks), "dtypes": list(self.dtypes),
                 "ceiling": self.ceiling}
 
 
