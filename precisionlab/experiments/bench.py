@@ -86,7 +86,7 @@ GPU_ONLY_SECTIONS = ("softmax", "matmul")  # this project's CPU kernels there ar
 # accumulate, CPU
 
 ACCUMULATE_CPU_METHODS = [v.name for v in native.variants("sum", "cpu") if v.order == "as_given"]
-ACCUMULATE_CPU_ACCS = ["bf16", "fp16", "fp32", "fp64"]
+ACCUMULATE_CPU_ACCS = formats.DEFAULT_ACCUMULATORS  # accumulate's own default rows
 # The reordered variants run their kernel on the permuted data; their rows
 # time that kernel (making the permutation is not in the time).
 ACCUMULATE_CPU_ORDERS = [v.name for v in native.variants("sum", "cpu") if v.order != "as_given"]

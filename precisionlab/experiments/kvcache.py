@@ -56,7 +56,7 @@ from precisionlab.io import inputs
 from precisionlab.errors import NoDeviceError, RunError, UsageError
 
 DEFAULT_PROMPT = "ROMEO:\n"
-FP8 = ("fp8_e4m3", "fp8_e5m2")
+FP8 = formats.FP8  # the caches' formats: fp32 and bf16 caches are the yardsticks
 SCALES = ("unit", "calibrated", "dynamic")
 CALIBRATION_CHARS = 512
 
@@ -346,7 +346,7 @@ def _ratio(a: float, b: float | None) -> float | None:
 
 
 def run(cfg: KVCacheConfig, advance=lambda k=1: None) -> KVCacheResult:
-    kv_dtypes = inputs.parse_choices(cfg.dtypes, FP8, "KV cache dtype")
+    kv_dtypes = formats.parse_list(cfg.dtypes, FP8, "--dtypes")
     modes = inputs.parse_choices(cfg.scales, SCALES, "KV scale")
     if not (math.isfinite(cfg.activation_scale) and cfg.activation_scale > 0):
         raise UsageError(f"--activation-scale must be a positive finite number (got {cfg.activation_scale})")

@@ -36,6 +36,7 @@ from pathlib import Path
 
 import numpy as np
 
+from precisionlab.catalog import formats
 from precisionlab.engines import inject as inject_mod
 from precisionlab.io import outputs
 from precisionlab.errors import UsageError
@@ -97,9 +98,7 @@ def run(cfg: LayersConfig, advance=lambda k=1: None) -> LayersResult:
         raise UsageError(f"--steps must be > 0 (got {cfg.steps})")
     if not cfg.prompt:
         raise UsageError("--prompt is empty: greedy decoding needs at least one token to start from")
-    lows = list(dict.fromkeys(d.strip() for d in cfg.dtypes.split(",") if d.strip()))  # no repeated rows
-    if not lows or any(d not in mexp.LOW_DTYPES for d in lows):
-        raise UsageError(f"--dtypes must be a comma list of {', '.join(mexp.LOW_DTYPES)} (got {cfg.dtypes!r})")
+    lows = formats.parse_list(cfg.dtypes, mexp.LOW_DTYPES, "--dtypes")  # no repeated rows
     injections = inject_mod.parse_all(cfg.inject, INJECT_KEYS)
     dump_dir = check_dump_dir(cfg.dump) if cfg.dump is not None else None
     device = mexp._device(cfg.device)

@@ -19,11 +19,12 @@ from pathlib import Path
 
 import numpy as np
 
+from precisionlab.catalog import formats
 from precisionlab.numerics import distribution
 from precisionlab.io import inputs, logits_file
 from precisionlab.errors import UsageError
 
-DTYPES = ("fp32", "bf16", "fp16")
+DTYPES = formats.COMPUTE  # fp32 may be compared too; the index seeds each run's noise
 DEFAULT_TOKENS = 8192
 # The embedded model was trained on 128-character windows (scripts/train_model.py
 # --ctx); its RoPE table reaches further, but positions it never saw would
@@ -95,11 +96,12 @@ def check_gates(max_kld: float | None, min_top1: float | None) -> None:
 
 
 def parse_save(specs: list[str], lows: list[str]) -> dict[str, str]:
-    """--save-logits FILE (the fp32 run) or DTYPE=FILE, repeatable."""
+    """--save-logits FILE (the fp32 run) or DTYPE=FILE (DTYPE: a name or alias of DTYPES), repeatable."""
     out: dict[str, str] = {}
     for spec in specs:
         head, eq, rest = spec.partition("=")
-        dtype, path = (head, rest) if eq and head in DTYPES else ("fp32", spec)
+        named = formats.find(head) if eq else None
+        dtype, path = (named, rest) if named in DTYPES else ("fp32", spec)
         if dtype != "fp32" and dtype not in lows:
             raise UsageError(f"--save-logits {spec!r}: {dtype} is not among --dtypes ({','.join(lows)})")
         if dtype in out:
@@ -214,9 +216,7 @@ def run_model(cfg: MetricsConfig, advance=lambda k=1: None) -> LogitsResult:
     from precisionlab.engines import inject
     from precisionlab.experiments import model as mexp
 
-    lows = inputs.parse_choices(cfg.dtypes, DTYPES, "--dtypes")
-    if not lows:
-        raise UsageError(f"--dtypes names no dtype ({cfg.dtypes!r}); choose from {', '.join(DTYPES)}")
+    lows = formats.parse_list(cfg.dtypes, DTYPES, "--dtypes")
     if cfg.tokens <= 0:
         raise UsageError(f"--tokens must be > 0 (got {cfg.tokens})")
     if cfg.seed < 0:

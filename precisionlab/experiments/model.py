@@ -31,7 +31,7 @@ from precisionlab.numerics import metrics
 from precisionlab.errors import NoDeviceError, RunError, UsageError
 
 DEFAULT_PROMPT = "ROMEO:\n"
-LOW_DTYPES = ("bf16", "fp16")
+LOW_DTYPES = formats.LOW_COMPUTE  # each run against the fp32 one
 
 
 @dataclass
@@ -337,9 +337,7 @@ def _run(cfg: ModelConfig, advance) -> ModelResult:
         raise UsageError(f"--steps must be > 0 (got {cfg.steps})")
     if not cfg.prompt:
         raise UsageError("--prompt is empty: greedy decoding needs at least one token to start from")
-    lows = list(dict.fromkeys(d.strip() for d in cfg.dtypes.split(",") if d.strip()))  # no repeated rows
-    if not lows or any(d not in LOW_DTYPES for d in lows):
-        raise UsageError(f"--dtypes must be a comma list of {', '.join(LOW_DTYPES)} (got {cfg.dtypes!r})")
+    lows = formats.parse_list(cfg.dtypes, LOW_DTYPES, "--dtypes")  # no repeated rows
     device = _device(cfg.device)
     torch = _torch()
     torch.manual_seed(cfg.seed)
