@@ -20,7 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
-from precisionlab.runtime import devices, memory, threads
+from precisionlab.runtime import devices, memory, threads, torch_flags
 from precisionlab.catalog import formats
 from precisionlab.io import inputs
 from precisionlab.numerics import metrics
@@ -261,7 +261,6 @@ def _compare_op(cfg: CompareOpConfig, advance) -> CompareResult:
     torch = _torch()
     threads.fit_torch(cfg.threads, op_flops(op, shape))
     from precisionlab.numerics import torch_ops
-    from precisionlab.experiments.tf32 import restored_flags, torch_flags
 
     yours = load_impl(cfg.impl) if cfg.impl else getattr(torch_ops, op)
     if not cfg.impl and op in ("softmax", "logsumexp"):  # the project's kernels follow --masked; yours say theirs
@@ -271,10 +270,8 @@ def _compare_op(cfg: CompareOpConfig, advance) -> CompareResult:
     contract_rows: list[dict] = []
     advice: list[dict] = []
     fp32 = formats.get("fp32")
-    with restored_flags():
-        torch.backends.cuda.matmul.allow_tf32 = False  # trusted fp32 is IEEE fp32, stated
-        torch.backends.cudnn.allow_tf32 = False
-        flags = torch_flags()
+    with torch_flags.ieee_fp32():  # trusted fp32 is IEEE fp32, stated
+        flags = torch_flags.torch_flags()
         for dev in plan.names:
             base = make_inputs(op, shape, cfg.seed, dev, scale=cfg.scale)
             if cfg.from_file:

@@ -22,6 +22,7 @@ import numpy as np
 from precisionlab.catalog import formats
 from precisionlab.numerics import distribution
 from precisionlab.io import inputs, logits_file
+from precisionlab.runtime import torch_flags
 from precisionlab.errors import UsageError
 
 DTYPES = formats.COMPUTE  # fp32 may be compared too; the index seeds each run's noise
@@ -252,18 +253,15 @@ def run_model(cfg: MetricsConfig, advance=lambda k=1: None) -> LogitsResult:
     models = {d: runner.model(d) for d in dict.fromkeys(["fp32", *lows])}
     t_load = time.perf_counter() - t0
 
-    from precisionlab.experiments.tf32 import restored_flags
-
     targets_all = np.asarray(ids[1:], dtype=np.int64)
     rngs = {d: np.random.default_rng([cfg.seed, DTYPES.index(d)]) for d in lows}
     parts: dict[str, list] = {d: [] for d in lows}
     expected: list[np.ndarray] = []  # sigma^2/2 (1 - sum p^2) per position, the small-noise KL
     saved: dict[str, np.ndarray | None] = {d: None for d in saves}
     t1, c1 = time.perf_counter(), time.process_time()
-    with _torch_threads(torch, None if cfg.model else EMBEDDED_THREADS), restored_flags(), torch.no_grad():
+    # fp32 means IEEE fp32 here
+    with _torch_threads(torch, None if cfg.model else EMBEDDED_THREADS), torch_flags.ieee_fp32(), torch.no_grad():
         used_threads = torch.get_num_threads()
-        torch.backends.cuda.matmul.allow_tf32 = False  # fp32 means IEEE fp32 here
-        torch.backends.cudnn.allow_tf32 = False
         for start, k, length in _batches(n, window, per_batch):
             x = torch.tensor(ids[start:start + k * length], device=device).view(k, length)
             targets = targets_all[start:start + k * length]

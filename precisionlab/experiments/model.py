@@ -24,7 +24,7 @@ from pathlib import Path
 import numpy as np
 
 from precisionlab.engines import shape as engine_shape
-from precisionlab.runtime import devices, threads
+from precisionlab.runtime import devices, threads, torch_flags
 from precisionlab.catalog import formats
 from precisionlab.io import inputs
 from precisionlab.numerics import metrics
@@ -347,12 +347,8 @@ def _run(cfg: ModelConfig, advance) -> ModelResult:
     # One decoding step is ~2 flops per parameter: the work each torch call does.
     n_threads = threads.fit_torch(cfg.threads, 2.0 * runner.info()["parameters"]) if device == "cpu" else None
 
-    from precisionlab.experiments.tf32 import restored_flags
-
     t1 = time.perf_counter()
-    with restored_flags():
-        torch.backends.cuda.matmul.allow_tf32 = False  # fp32 means IEEE fp32 here
-        torch.backends.cudnn.allow_tf32 = False
+    with torch_flags.ieee_fp32():  # fp32 means IEEE fp32 here
         ref_model = runner.model("fp32")
         ref_tokens, ref_step_logits = runner.greedy(ref_model, prompt, cfg.steps, "fp32")
         path = prompt + ref_tokens
