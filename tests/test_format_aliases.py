@@ -6,9 +6,10 @@ The spellings come from the catalog (formats.CANONICAL, built from TWINS), so a
 new alias is tested here without an edit. Every option parses every spelling
 through the parse step its experiment runs; where a run is cheap (a tenth of a
 second in process) every spelling also runs through the CLI, where it is not
-(compare model, kvcache, compare tensors' second and third files) one alias
-does. The runs are in process (typer's CliRunner on the app) to keep the
-module fast; one refusal runs as a user meets it, in a process of its own.
+(compare model, kvcache, tf32 --accumulator, compare tensors' second and third
+files) one alias does. The runs are in process (typer's CliRunner on the app)
+to keep the module fast; one refusal runs as a user meets it, in a process of
+its own.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from precisionlab.cli.app import app
 from precisionlab.engines import inject
 from precisionlab.errors import RunError, UsageError
 from precisionlab.io import logits_file
-from precisionlab.experiments import accumulate, compare, kvcache, logits, model, softmax, tensors
+from precisionlab.experiments import accumulate, compare, kvcache, logits, model, softmax, tensors, tf32
 
 
 def spellings(name: str) -> list[str]:
@@ -111,6 +112,7 @@ def options(dumps) -> list[Opt]:
         Opt(LAYERS, "--inject", inject.ROPE_DTYPES, every_spelling_by_cli=False, form="rope:rope={}"),
         Opt(METRICS, "--dtypes", logits.DTYPES, every_spelling_by_cli=False),
         Opt(KV, "--dtypes", kvcache.FP8, every_spelling_by_cli=False),
+        Opt(("tf32", "--accumulator", "fp32", "--k", "64"), "--dtypes", tf32.ACC_DTYPES, every_spelling_by_cli=False),
     ]
 
 

@@ -31,6 +31,7 @@ MAX_DIM = 1 << 16
 # K groups), standard normal inputs rounded to the dtype, against float64
 ACC_MN = 64
 ACC_K = (256, 1024, 4096, 16384)
+ACC_DTYPES = formats.ALL  # --dtypes: the inputs are rounded to any format (Format.round)
 
 
 @dataclass
@@ -298,11 +299,7 @@ def accumulator_rows_plan(cfg: Tf32Config) -> tuple[list, list[str], list[int]]:
         models = accumulators.parse_list(",".join(cfg.accumulators))
     except ValueError as e:
         raise UsageError(f"--accumulator: {e}") from None
-    dtypes = list(dict.fromkeys(cfg.acc_dtypes))
-    for d in dtypes:
-        formats.get(d)  # UsageError naming the choices
-    if not dtypes:
-        raise UsageError("--dtypes: empty list")
+    dtypes = formats.parse_list(",".join(cfg.acc_dtypes), ACC_DTYPES, "--dtypes")
     ks = list(dict.fromkeys(cfg.acc_k))
     for k in ks:
         if k <= 0 or k > 1 << 20:
