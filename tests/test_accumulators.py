@@ -216,7 +216,7 @@ def test_tf32_accumulator_refuses_bad_options():  # (no torch import: tests/test
 
     for args, word in ((["--accumulator", "tensorcore"], "unknown accumulator"),
                        (["--accumulator", "promote:0"], "promote"),
-                       (["--accumulator", "fp32", "--dtypes", "fp7"], "unknown dtype"),
+                       (["--accumulator", "fp32", "--dtypes", "fp7"], "--dtypes: unknown format"),
                        (["--k", "256,512"], "--k takes one value"),
                        (["--accumulator", "fp32", "--k", "x"], "--k"),
                        (["--accumulator", "fp32", "--k", "0"], "--k 0")):

@@ -202,3 +202,29 @@ def test_every_cpu_entry_point_refuses_a_format_code_no_format_has(code):
         message = lib.pl_last_error().decode()
         said = rf"{name}: .*(unknown (accumulator )?format|must be fp32, bf16 or fp16 \(got) {code}\b"
         assert re.match(said, message), message
+
+
+def test_every_alias_names_one_format_and_can_be_typed():
+    """CANONICAL is a dict: an alias given to two formats would silently go to
+    the later one. An alias not in the lookup's normal form could never match."""
+    listed = [a for name, (_, _, aliases) in formats.TWINS.items() for a in (name, *aliases)]
+    assert len(listed) == len(set(listed)) == len(formats.CANONICAL)
+    assert all(formats._key(a) == a for a in listed)
+
+
+def test_the_subsets_agree_with_the_librarys_table():
+    """The named subsets are plain names (help needs no library); these are
+    the library's facts they restate."""
+    lib = formats.FORMATS
+    assert list(formats.ALL) == list(lib)
+    assert set(formats.STORAGE_ONLY) == {f.name for f in lib.values() if f.storage_only}
+    assert set(formats.ACCUMULATORS) == {f.name for f in lib.values() if f.code is not None}
+    assert set(formats.FP8) == {f.name for f in lib.values() if f.bits == 8 and not f.storage_only}
+    assert set(formats.STORAGE) == set(formats.FP8) | set(formats.STORAGE_ONLY)
+    for subset in (formats.COMPUTE, formats.LOW_COMPUTE, formats.FP8, formats.DUMPED):
+        assert all(lib[n].torch_name for n in subset), subset  # torch holds them
+    assert set(formats.LOW_COMPUTE) < set(formats.COMPUTE) and "fp32" in formats.COMPUTE
+    for subset in (formats.DEFAULT_ACCUMULATORS, formats.GPU_ACCUMULATORS, formats.STOCHASTIC_ACCUMULATORS):
+        assert set(subset) <= set(formats.ACCUMULATORS)
+    with pytest.raises(ValueError):
+        formats.Subset(("fp32", "tf32"), "a mode")  # tf32 is a compute mode, not a format values are held in

@@ -60,7 +60,7 @@ def test_cli_json_and_usage_errors():
     doc = strict_json(r.out)
     assert [(x["cache"], x["scale"]) for x in doc["rows"]] == [("fp32", None), ("bf16", None),
                                                                 ("fp8_e5m2", "dynamic")]
-    for args, text in ((["--activation-scale", "0"], "activation-scale"), (["--dtypes", "fp8_e3m4"], "KV cache dtype"),
+    for args, text in ((["--activation-scale", "0"], "activation-scale"), (["--dtypes", "fp8_e3m4"], "--dtypes"),
                        (["--scales", "static"], "KV scale"), (["--steps", "0"], "--steps"),
                        (["--prompt", "\u00e9"], "--prompt")):
         r = cli("kvcache", *args)

@@ -8,6 +8,7 @@ from hypothesis import strategies as st
 from helpers import cli, strict_json
 from precisionlab import native
 from precisionlab.experiments import tf32
+from precisionlab.runtime import torch_flags
 
 
 def tf32_by_bits(x: np.ndarray) -> np.ndarray:
@@ -71,15 +72,15 @@ def test_tf32_plot(tmp_path):
 def enter_every_flag_mode():
     for mode in tf32.gpu_modes():
         if mode not in ("bf16", "fp16"):
-            with tf32._mode(mode):
+            with torch_flags.matmul_mode(mode):
                 pass
 
 
 def test_flags_are_restored_in_process():
-    before = tf32.torch_flags()
+    before = torch_flags.torch_flags()
     tf32.run(tf32.Tf32Config(m=32, n=32, k=32, sweep=False, device="cpu"))
     enter_every_flag_mode()
-    assert tf32.torch_flags() == before
+    assert torch_flags.torch_flags() == before
 
 
 @pytest.mark.parametrize("args", [["--k", "0"], ["--m", "-1"], ["--n", "10000000"], ["--m", "60000", "--n", "60000"]])
@@ -139,8 +140,8 @@ def test_every_mode_restores_the_flags(start):
     was = torch.get_float32_matmul_precision()
     try:
         torch.set_float32_matmul_precision(start)
-        before = tf32.torch_flags()
+        before = torch_flags.torch_flags()
         enter_every_flag_mode()
-        assert tf32.torch_flags() == before  # and reading them does not raise
+        assert torch_flags.torch_flags() == before  # and reading them does not raise
     finally:
         torch.set_float32_matmul_precision(was)

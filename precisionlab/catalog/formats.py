@@ -155,9 +155,97 @@ def _formats() -> dict[str, Format]:
     return {name: out[name] for name in TWINS if name in out}
 
 
-@lru_cache(maxsize=1)
-def _lookup() -> dict[str, Format]:
-    return {alias: f for f in _formats().values() for alias in (f.name, *f.aliases)}
+def _key(name: str) -> str:
+    """The case rule every name and alias is looked up by: case-insensitive,
+    surrounding blanks ignored, '-' the same as '_' ('Float8-E4M3FN')."""
+    return name.strip().lower().replace("-", "_")
+
+
+# Every name and alias to its canonical name. From TWINS alone, so that the
+# options' help and parsing need neither the library nor torch.
+CANONICAL: dict[str, str] = {alias: name for name, (_, _, aliases) in TWINS.items() for alias in (name, *aliases)}
+
+
+class Subset(tuple):
+    """Canonical format names, in the order help texts and defaults list them,
+    with what they are (a noun phrase: the refusal says "X is not <what>")."""
+
+    what: str
+
+    def __new__(cls, names, what: str):
+        unknown = [n for n in names if n not in TWINS]
+        if unknown:
+            raise ValueError(f"not catalog formats: {unknown}")
+        out = super().__new__(cls, names)
+        out.what = what
+        return out
+
+
+# The named subsets, each declared once; every option that takes a format
+# parses against one of them (parse_list, parse_one), and the help lists it.
+# tests/test_catalog.py checks them against the library's table (which
+# formats are storage only, which have a pl_format code) and torch's dtypes.
+ALL = Subset(tuple(TWINS), "a catalog format")
+# torch and this project's op kernels compute in these (numerics.torch_ops).
+COMPUTE = Subset(("fp32", "bf16", "fp16"), "a format torch computes in")
+# The low precisions a model or an op runs in against its fp32 run.
+LOW_COMPUTE = Subset(("bf16", "fp16"), "a low precision torch computes in")
+FP8 = Subset(("fp8_e4m3", "fp8_e5m2"), "an fp8 format")
+# The element formats of the block-scaled formats: no pl_format code, no torch
+# dtype, no kernel computes in them (Format.storage_only); widest first.
+STORAGE_ONLY = Subset(("fp6_e2m3", "fp6_e3m2", "fp4_e2m1"), "a storage-only format")
+# Formats values are only stored in here: rounded to them (Format.round) and
+# computed from in fp32; what compare op's storage rows measure.
+STORAGE = Subset(FP8 + STORAGE_ONLY, "a storage format")
+# The formats the sum kernels accumulate in: every one with a pl_format code.
+ACCUMULATORS = Subset(("fp64", "fp32", "fp16", "bf16", "fp8_e4m3", "fp8_e5m2"), "an accumulator format")
+DEFAULT_ACCUMULATORS = Subset(("bf16", "fp16", "fp32", "fp64"), "a default accumulator")
+GPU_ACCUMULATORS = Subset(("bf16", "fp32", "fp64"), "an accumulator the GPU sums take")
+# Stochastic rounding is a bf16/fp16 technique: the others only when asked for.
+STOCHASTIC_ACCUMULATORS = Subset(LOW_COMPUTE, "a stochastic-rounding accumulator")
+# What compare op --dtype tests: computed in a low precision, or stored in one.
+OP_LOW = Subset(LOW_COMPUTE + STORAGE, "a low precision or a storage format")
+# What a tensor dump's values can be declared to have been before dumping.
+DUMPED = Subset(COMPUTE + FP8, "a format a dump can be declared to hold")
+
+
+def find(name: str) -> str | None:
+    """The canonical name of a format name or alias (case rule: _key); None when unknown."""
+    return CANONICAL.get(_key(name))
+
+
+def parse_list(text: str | None, subset: Subset, option: str, default: Subset | None = None) -> list[str]:
+    """An option's comma list of formats -> canonical names, in order, without
+    repeats (an alias is its format: 'bf16,bfloat16' is one). None (not
+    given) -> `default`, else the whole subset. An empty list, an unknown name
+    or a format outside `subset` is a UsageError naming `option` and the subset."""
+    if text is None:
+        return list(subset if default is None else default)
+    out: list[str] = []
+    for part in text.split(","):
+        if part.strip():
+            name = _in_subset(part, subset, option)
+            if name not in out:
+                out.append(name)
+    if not out:
+        raise UsageError(f"{option}: empty list {text!r}; choose from {', '.join(subset)}")
+    return out
+
+
+def parse_one(text: str, subset: Subset, option: str) -> str:
+    """An option's one format -> its canonical name (the rules of parse_list)."""
+    if not text.strip():
+        raise UsageError(f"{option}: empty format name; choose from {', '.join(subset)}")
+    return _in_subset(text, subset, option)
+
+
+def _in_subset(text: str, subset: Subset, option: str) -> str:
+    name = find(text)
+    if name is None:
+        raise UsageError(f"{option}: unknown format {text.strip()!r}; choose from {', '.join(subset)}")
+    if name not in subset:
+        raise UsageError(f"{option}: {name} is not {subset.what}; choose from {', '.join(subset)}")
+    return name
 
 
 def __getattr__(name: str):
@@ -206,21 +294,10 @@ def from_torch(dtype) -> Format | None:
 
 
 def get(name: str) -> Format:
-    """A format by name or alias, case-insensitive; UsageError when unknown."""
-    key = name.strip().lower().replace("-", "_")
-    if key not in _lookup():
+    """A format by name or alias (case rule: _key); UsageError when unknown.
+    An option's text goes through parse_one or parse_list instead, which also
+    name the option and its subset."""
+    canonical = find(name)
+    if canonical is None or canonical not in _formats():
         raise UsageError(f"unknown dtype {name!r}; choose from {', '.join(_formats())}")
-    return _lookup()[key]
-
-
-def parse_list(text: str, what: str = "dtype") -> list[Format]:
-    """'bf16,fp32' -> formats, in order, without repeats (an alias is its format: 'bf16,bfloat16' is one)."""
-    out: list[Format] = []
-    for part in text.split(","):
-        if part.strip():
-            f = get(part)
-            if f not in out:
-                out.append(f)
-    if not out:
-        raise UsageError(f"empty {what} list")
-    return out
+    return _formats()[canonical]

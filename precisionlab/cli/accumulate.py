@@ -6,11 +6,12 @@ from typing import Annotated, Optional
 
 import typer
 
+from precisionlab.catalog import formats
 from precisionlab.cli.options import DeviceOpt, SeedOpt, JsonOpt, variant_names, catalog_help, format_names
 
 
 def command(
-    dtype: Annotated[str, typer.Option("--dtype", help=f"Storage format the values are rounded to: {format_names()} "
+    dtype: Annotated[str, typer.Option("--dtype", help=f"Storage format the values are rounded to: {format_names(formats.ALL)} "
                                        "(aliases: float32, bfloat16, fp4, ...).")] = "bf16",
     n: Annotated[int, typer.Option("--n", help="Number of values.")] = 10_000,
     value: Annotated[float, typer.Option("--value", help="The value repeated n times.")] = 0.1,
@@ -21,7 +22,8 @@ def command(
         lambda: f"Comma list of sum variants: {variant_names('sum', 'cpu')} (CPU); {variant_names('sum', 'cuda')} (GPU). "
                 "Default: all that apply.", "sum variants"))] = None,
     accumulators: Annotated[Optional[str], typer.Option("--accumulators", help="Accumulator formats, comma list. "
-                                                        "Default: bf16,fp16,fp32,fp64 (GPU: bf16, fp32, fp64).")] = None,
+                                                        f"Default: {format_names(formats.DEFAULT_ACCUMULATORS, ',')} "
+                                                        f"(GPU: {format_names(formats.GPU_ACCUMULATORS)}).")] = None,
     plot: Annotated[Optional[str], typer.Option("--plot", help="Write the running sum against the step to this file (.png, .svg, .pdf, ...).")] = None,
     device: DeviceOpt = "auto",
     seed: SeedOpt = 0,

@@ -7,7 +7,8 @@ from typing import Annotated, Optional
 import typer
 
 from precisionlab.errors import UsageError
-from precisionlab.cli.options import SeedOpt, JsonOpt, ThreadsOpt
+from precisionlab.catalog import formats
+from precisionlab.cli.options import SeedOpt, JsonOpt, ThreadsOpt, format_names
 
 
 def command(
@@ -16,7 +17,8 @@ def command(
                                                  "Default: the embedded char-level model.")] = None,
     steps: Annotated[int, typer.Option("--steps", help="Greedy decoding steps.")] = 50,
     prompt: Annotated[str, typer.Option("--prompt", help="The text to continue.")] = "ROMEO:\n",
-    dtypes: Annotated[str, typer.Option("--dtypes", help="Low precisions against fp32: bf16, fp16.")] = "bf16,fp16",
+    dtypes: Annotated[str, typer.Option("--dtypes", help="Low precisions against fp32: "
+                                        f"{format_names(formats.LOW_COMPUTE)}.")] = format_names(formats.LOW_COMPUTE, ","),
     plot: Annotated[Optional[str], typer.Option("--plot", help="Write rel-L2 per step, divergence marked, to this file (.png, .svg, .pdf, ...).")] = None,
     device: Annotated[str, typer.Option("--device", help="cpu (default) | cuda | auto.")] = "cpu",
     metrics: Annotated[bool, typer.Option("--metrics", help="Instead: next-token distribution statistics over a text, "
@@ -37,7 +39,8 @@ def command(
     inject: Annotated[Optional[list[str]], typer.Option("--inject", help="TARGET:KEY=VALUE, repeatable. With --metrics: "
                                                         "logits:noise=SIGMA adds seeded Gaussian noise to the compared "
                                                         "runs' logits. With --layers/--dump: perturb one module of the "
-                                                        "low-precision run: scale=F, eps=F (a norm) or rope=bf16|fp16 "
+                                                        "low-precision run: scale=F, eps=F (a norm) or "
+                                                        f"rope={format_names(formats.LOW_COMPUTE, '|')} "
                                                         "(the RoPE module; 'rope' in the embedded model).")] = None,
     dump: Annotated[Optional[str], typer.Option("--dump", help="Write each run's per-module outputs to "
                                                 "DIR/fp32.safetensors, DIR/bf16.safetensors, ... (execution order "

@@ -7,7 +7,8 @@ from typing import Annotated, Optional
 import typer
 
 from precisionlab.errors import RunError
-from precisionlab.cli.options import DeviceOpt, SeedOpt, JsonOpt, AtolOpt, RtolOpt, ThreadsOpt, storage_formats
+from precisionlab.catalog import formats
+from precisionlab.cli.options import DeviceOpt, SeedOpt, JsonOpt, AtolOpt, RtolOpt, ThreadsOpt, format_names
 
 
 def command(
@@ -15,9 +16,10 @@ def command(
     shape: Annotated[Optional[str], typer.Option("--shape", help="ROWSxCOLS (matmul: MxKxN; attention: BHxTxD). Defaults: "
                                                  "64x4096, matmul 256x1024x256, rope 64x128 (positions 0..32767), "
                                                  "attention 4x128x64.")] = None,
-    dtype: Annotated[str, typer.Option("--dtype", help="Low precision(s) to test: bf16, fp16 or bf16,fp16 (computed in "
-                                       f"them); or storage formats {storage_formats()} "
-                                       "(inputs rounded to them, computed in fp32).")] = "bf16,fp16",
+    dtype: Annotated[str, typer.Option("--dtype", help="Low precision(s) to test: "
+                                       f"{format_names(formats.LOW_COMPUTE)} or {format_names(formats.LOW_COMPUTE, ',')} "
+                                       f"(computed in them); or storage formats {format_names(formats.STORAGE)} "
+                                       "(inputs rounded to them, computed in fp32).")] = format_names(formats.LOW_COMPUTE, ","),
     impl: Annotated[Optional[str], typer.Option("--impl", help="Your implementation, package.module:function, taking and "
                                                 "returning torch tensors: softmax(x); logsumexp(x); rmsnorm(x, weight, eps); "
                                                 "layernorm(x, weight, bias, eps); matmul(a, b); rope(x, positions, base); "

@@ -6,12 +6,14 @@ from typing import Annotated, Optional
 
 import typer
 
-from precisionlab.cli.options import DeviceOpt, SeedOpt, JsonOpt
+from precisionlab.catalog import formats
+from precisionlab.cli.options import DeviceOpt, SeedOpt, JsonOpt, format_names
 
 
 def command(
-    dtypes: Annotated[Optional[str], typer.Option("--dtypes", help="fp8 cache formats, comma list: fp8_e4m3, fp8_e5m2 "
-                                                  "(default: both). fp32 and bf16 caches are always shown.")] = None,
+    dtypes: Annotated[Optional[str], typer.Option("--dtypes", help="fp8 cache formats, comma list: "
+                                                  f"{format_names(formats.FP8)} (default: both). fp32 and bf16 "
+                                                  "caches are always shown.")] = None,
     scales: Annotated[Optional[str], typer.Option("--scales", help="KV scales, comma list: unit, calibrated (per "
                                                   "layer, from a calibration text), dynamic (per head and token). "
                                                   "Default: all.")] = None,

@@ -31,21 +31,11 @@ def catalog_help(build, what: str) -> str:
         return f"Comma list of {what} (the library's catalog names them: build it with `make lib`)."
 
 
-def format_names(storage_only: bool | None = None) -> str:
-    """Format names from the registry, which the library's table declares."""
-    try:
-        from precisionlab.catalog import formats
-
-        return ", ".join(f.name for f in formats.FORMATS.values()
-                         if storage_only is None or f.storage_only == storage_only)
-    except PrecisionLabError:
-        return "(the library's formats: build it with `make lib`)"
-
-
-def storage_formats() -> str:
-    from precisionlab.experiments.compare import STORAGE_DTYPES  # numpy only: no torch, no library
-
-    return ", ".join(STORAGE_DTYPES)
+def format_names(subset, sep: str = ", ") -> str:
+    """A subset of the format catalog (precisionlab.catalog.formats: ALL,
+    COMPUTE, ...), for help text: the help lists what the options take, never
+    a copy of it. The subsets are plain names: no library, no torch."""
+    return sep.join(subset)
 
 
 def block_format_names() -> str:

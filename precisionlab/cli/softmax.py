@@ -6,11 +6,13 @@ from typing import Annotated, Optional
 
 import typer
 
-from precisionlab.cli.options import DeviceOpt, SeedOpt, JsonOpt, variant_names, catalog_help
+from precisionlab.catalog import formats
+from precisionlab.cli.options import DeviceOpt, SeedOpt, JsonOpt, variant_names, catalog_help, format_names
 
 
 def command(
-    dtype: Annotated[str, typer.Option("--dtype", help="Input format(s), comma list: fp32, bf16, fp16. Arithmetic is fp32.")] = "fp32",
+    dtype: Annotated[str, typer.Option("--dtype", help=f"Input format(s), comma list: {format_names(formats.COMPUTE)}. "
+                                       "Arithmetic is fp32.")] = "fp32",
     methods: Annotated[Optional[str], typer.Option("--variants", "--methods", help=catalog_help(
         lambda: f"Comma list of softmax variants: {variant_names('softmax', 'cpu', ('algorithm',))} (CPU and GPU); "
                 f"{variant_names('softmax', 'cuda', ('kernel',))} (GPU); the named bugs {variant_names('softmax', kinds=('bug',))}. "

@@ -171,10 +171,8 @@ def charlm_rope(model, t: int, dtype) -> torch.Tensor:
 
 
 def _low(name: str):
-    fmt = formats.get(name) if name.lower() in ("bf16", "fp16") else None
-    if fmt is None:
-        raise UsageError(f"--inject rope={name}: the phases' dtype must be bf16 or fp16")
-    return fmt.torch_dtype
+    """--inject rope=DTYPE's torch dtype (inject.parse took the name and made it canonical)."""
+    return formats.get(name).torch_dtype
 
 
 def apply(model, inj, target: str, site_by_name: dict) -> None:

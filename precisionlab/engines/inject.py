@@ -18,13 +18,16 @@ import math
 import re
 from dataclasses import dataclass, field
 
+from precisionlab.catalog import formats
 from precisionlab.errors import UsageError
 
-# key -> (value parser, meaning). A kind is the set of keys a spec carries.
+# key -> (value parser, meaning). A kind is the set of keys a spec carries;
+# rope's value is a format of ROPE_DTYPES, by any of its names.
+ROPE_DTYPES = formats.LOW_COMPUTE
 KINDS: dict[str, tuple[type, str]] = {
     "scale": (float, "multiply the module's output by VALUE (a planted bug)"),
     "eps": (float, "run the module's RMSNorm/LayerNorm with this epsilon"),
-    "rope": (str, "compute the RoPE phases in this dtype (bf16 | fp16), the long-position pitfall"),
+    "rope": (str, f"compute the RoPE phases in this dtype ({' | '.join(ROPE_DTYPES)}), the long-position pitfall"),
     "noise": (float, "add seeded Gaussian noise of standard deviation VALUE (logits only)"),
 }
 
@@ -67,7 +70,7 @@ def parse(spec: str) -> Injection:
         else:
             if not value:
                 raise UsageError(f"--inject: {key} needs a value")
-            params[key] = value
+            params[key] = formats.parse_one(value, ROPE_DTYPES, "--inject rope") if key == "rope" else value
     return Injection(target, params)
 
 

@@ -29,9 +29,11 @@ CPU_METHODS = [v.name for v in native.variants("sum", "cpu")]
 GPU_METHODS = [v.name for v in native.variants("sum", "cuda")]
 ALL_METHODS = CPU_METHODS + GPU_METHODS
 ORDERS = {v.name for v in native.variants("sum") if v.order != "as_given"}
-DEFAULT_ACCUMULATORS = ["bf16", "fp16", "fp32", "fp64"]
-GPU_ACCUMULATORS = {"bf16", "fp32", "fp64"}
-STOCHASTIC_ACCUMULATORS = {"bf16", "fp16"}  # the default; others only when asked
+STORAGE_DTYPES = formats.ALL  # --dtype: any format, storage-only ones included
+ACCUMULATORS = formats.ACCUMULATORS  # --accumulators: those the kernels add in
+DEFAULT_ACCUMULATORS = formats.DEFAULT_ACCUMULATORS
+GPU_ACCUMULATORS = formats.GPU_ACCUMULATORS
+STOCHASTIC_ACCUMULATORS = formats.STOCHASTIC_ACCUMULATORS  # the default; others only when asked
 # Rows whose kernel keeps a running sum (a trace, a stall): sequential and stochastic, in any order.
 SEQUENTIAL_KIND = {v.name for v in native.variants("sum", "cpu")
                    if v.id in (native.variant("sum", "sequential").id, native.variant("sum", "stochastic").id)}
@@ -73,13 +75,8 @@ class AccumulateResult:
 
 
 def run(cfg: AccumulateConfig, advance=lambda k=1: None) -> AccumulateResult:
-    storage = formats.get(cfg.dtype)
+    storage, accumulators = parse_formats(cfg)
     methods = _parse_methods(cfg.methods)
-    accumulators = formats.parse_list(cfg.accumulators if cfg.accumulators is not None
-                                      else ",".join(DEFAULT_ACCUMULATORS))
-    for a in accumulators:
-        if a.storage_only:
-            raise UsageError(f"{a.name} is a storage format, not an accumulator")
     plan = devices.resolve(cfg.device)
     _check_methods_run_there(methods, cfg)
     if cfg.values is None and cfg.from_file is None:  # the size is known: check before allocating
@@ -186,6 +183,14 @@ def _parse_methods(text: str | None) -> list[str]:
     if not out:
         raise UsageError("empty --variants")
     return out
+
+
+def parse_formats(cfg: AccumulateConfig) -> tuple[Format, list[Format]]:
+    """--dtype (any catalog format) and --accumulators (those with a pl_format
+    code; fp4/fp6 are storage only), aliases taken."""
+    storage = formats.get(formats.parse_one(cfg.dtype, STORAGE_DTYPES, "--dtype"))
+    names = formats.parse_list(cfg.accumulators, ACCUMULATORS, "--accumulators", DEFAULT_ACCUMULATORS)
+    return storage, [formats.get(n) for n in names]
 
 
 def _check_methods_run_there(methods: list[str], cfg: AccumulateConfig) -> None:

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from precisionlab import native
-from precisionlab.runtime import devices, memory
+from precisionlab.runtime import devices, memory, torch_flags
 from precisionlab.catalog import formats
 from precisionlab.io import inputs
 from precisionlab.errors import UsageError
@@ -86,7 +86,7 @@ GPU_ONLY_SECTIONS = ("softmax", "matmul")  # this project's CPU kernels there ar
 # accumulate, CPU
 
 ACCUMULATE_CPU_METHODS = [v.name for v in native.variants("sum", "cpu") if v.order == "as_given"]
-ACCUMULATE_CPU_ACCS = ["bf16", "fp16", "fp32", "fp64"]
+ACCUMULATE_CPU_ACCS = formats.DEFAULT_ACCUMULATORS  # accumulate's own default rows
 # The reordered variants run their kernel on the permuted data; their rows
 # time that kernel (making the permutation is not in the time).
 ACCUMULATE_CPU_ORDERS = [v.name for v in native.variants("sum", "cpu") if v.order != "as_given"]
@@ -254,7 +254,6 @@ def softmax_gpu(seed: int, quick: bool, advance) -> list[dict]:
 
 def matmul_gpu(seed: int, quick: bool, advance) -> list[dict]:
     from precisionlab.runtime import cuda_timing as ct
-    from precisionlab.experiments import tf32
 
     torch = ct.torch()
     n = 4096 if quick else 8192
@@ -263,13 +262,10 @@ def matmul_gpu(seed: int, quick: bool, advance) -> list[dict]:
     b = torch.randn(n, n, device="cuda", generator=g)
     rows = []
     base_ms = None
-    for mode in ("fp32 (tf32 off)", "tf32 (allow_tf32=True)", "bf16", "fp16"):
+    for mode in (torch_flags.FP32_OFF, torch_flags.TF32_ALLOW, "bf16", "fp16"):
         xa, xb = ((a.to(torch.bfloat16), b.to(torch.bfloat16)) if mode == "bf16" else
                   (a.half(), b.half()) if mode == "fp16" else (a, b))
-        with tf32.restored_flags():
-            if mode not in ("bf16", "fp16"):
-                torch.set_float32_matmul_precision("highest")
-                torch.backends.cuda.matmul.allow_tf32 = mode.startswith("tf32")
+        with torch_flags.matmul_mode(mode) if mode not in ("bf16", "fp16") else torch_flags.restored_flags():
             t = ct.time_ms(lambda i: xa @ xb, 20, reps=3)
             ms = t.median
         advance()

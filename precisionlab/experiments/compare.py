@@ -20,7 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
-from precisionlab.runtime import devices, memory, threads
+from precisionlab.runtime import devices, memory, threads, torch_flags
 from precisionlab.catalog import formats
 from precisionlab.io import inputs
 from precisionlab.numerics import metrics
@@ -173,7 +173,10 @@ def _cast(args: tuple, dtype) -> tuple:
 # Formats compare op takes as storage only: inputs rounded to them (numpy side,
 # Format.round), the op computed in fp32 on the rounded values; rows (2) and
 # (3) then measure what storing the inputs costs, and whether yours adds to it.
-STORAGE_DTYPES = ("fp8_e4m3", "fp8_e5m2", "fp6_e2m3", "fp6_e3m2", "fp4_e2m1")
+# The others of --dtype (LOW_DTYPES) are computed in.
+STORAGE_DTYPES = formats.STORAGE
+LOW_DTYPES = formats.OP_LOW
+OUT_DTYPES = formats.COMPUTE  # what --out-dtype can declare
 
 
 def _stored(args: tuple, fmt) -> tuple:
@@ -247,24 +250,17 @@ def _compare_op(cfg: CompareOpConfig, advance) -> CompareResult:
     shape = parse_shape(op, cfg.shape)
     inputs.check_memory(memory.compare_op(op, shape, *op_harness.shapes_used(op, shape)),
                         f"compare op {op} --shape {'x'.join(map(str, shape))}")
-    lows = formats.parse_list(cfg.dtypes, "--dtype")  # 'bf16,bf16' is one: no repeated rows
-    for f in lows:
-        if f.name not in ("bf16", "fp16") and f.name not in STORAGE_DTYPES:
-            raise UsageError(f"--dtype must be bf16, fp16 or a storage format ({', '.join(STORAGE_DTYPES)}); "
-                             f"got {f.name}")
+    lows = [formats.get(d) for d in formats.parse_list(cfg.dtypes, LOW_DTYPES, "--dtype")]  # no repeated rows
     if cfg.masked not in ("nan", "zero"):
         raise UsageError(f"--masked must be nan or zero (got {cfg.masked!r})")
     if not (math.isfinite(cfg.scale) and cfg.scale != 0):
         raise UsageError(f"--scale must be finite and non-zero (got {cfg.scale})")
-    out_dtype = formats.get(cfg.out_dtype) if cfg.out_dtype else None
-    if out_dtype is not None and out_dtype.name not in ("fp32", "bf16", "fp16"):
-        raise UsageError(f"--out-dtype must be fp32, bf16 or fp16 (got {out_dtype.name})")
+    out_dtype = formats.get(formats.parse_one(cfg.out_dtype, OUT_DTYPES, "--out-dtype")) if cfg.out_dtype else None
     cases = op_harness.select(op, cfg.cases)
     plan = devices.resolve(cfg.device)
     torch = _torch()
     threads.fit_torch(cfg.threads, op_flops(op, shape))
     from precisionlab.numerics import torch_ops
-    from precisionlab.experiments.tf32 import restored_flags, torch_flags
 
     yours = load_impl(cfg.impl) if cfg.impl else getattr(torch_ops, op)
     if not cfg.impl and op in ("softmax", "logsumexp"):  # the project's kernels follow --masked; yours say theirs
@@ -274,10 +270,8 @@ def _compare_op(cfg: CompareOpConfig, advance) -> CompareResult:
     contract_rows: list[dict] = []
     advice: list[dict] = []
     fp32 = formats.get("fp32")
-    with restored_flags():
-        torch.backends.cuda.matmul.allow_tf32 = False  # trusted fp32 is IEEE fp32, stated
-        torch.backends.cudnn.allow_tf32 = False
-        flags = torch_flags()
+    with torch_flags.ieee_fp32():  # trusted fp32 is IEEE fp32, stated
+        flags = torch_flags.torch_flags()
         for dev in plan.names:
             base = make_inputs(op, shape, cfg.seed, dev, scale=cfg.scale)
             if cfg.from_file:
@@ -326,7 +320,7 @@ def _compare_op(cfg: CompareOpConfig, advance) -> CompareResult:
         params={"op": op, "shape": list(shape), "dtypes": [f.name for f in lows], "impl": cfg.impl or "precisionlab",
                 "device": cfg.device, "seed": cfg.seed, "ratio_threshold": RATIO_THRESHOLD,
                 "atol": cfg.atol, "rtol": cfg.rtol, "masked": cfg.masked, "scale": cfg.scale,
-                "out_dtype": cfg.out_dtype, "from": cfg.from_file,
+                "out_dtype": out_dtype.name if out_dtype else None, "from": cfg.from_file,
                 "cases": {c.name: c.what for c in cases}, "batch_sizes": list(op_harness.BATCH_SIZES),
                 "cuda_unavailable": plan.cuda_unavailable or None},
         rows=rows, flags=flags, takeaways=_takeaways(rows, cfg.impl) + _contract_takeaways(contract_rows),

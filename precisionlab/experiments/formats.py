@@ -33,7 +33,7 @@ from precisionlab.errors import RunError, UsageError
 
 DISTRIBUTIONS = ("normal", "student_t", "outlier_10x", "outlier_30x", "outlier_100x")
 STUDENT_DF = 3  # heavy tails with a finite variance
-BASELINES = ("bf16", "fp8_e4m3", "fp8_e5m2")  # fp8 with one per-tensor scale, amax / max
+BASELINES = ("bf16", *formats.FP8)  # fp8 with one per-tensor scale, amax / max
 MAX_BLOCK = 1024  # the library's limit
 
 

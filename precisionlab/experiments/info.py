@@ -15,7 +15,7 @@ def _fmt_cuda(v: int) -> str | None:
 
 def run() -> dict:
     from precisionlab.runtime import machine
-    from precisionlab.experiments.tf32 import torch_flags
+    from precisionlab.runtime.torch_flags import torch_flags
 
     out = {"versions": machine.versions(), "python_implementation": platform.python_implementation(),
            "cpu": {"model": machine.cpu_name(), "threads": os.cpu_count(),

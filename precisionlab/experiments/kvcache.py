@@ -49,14 +49,14 @@ from dataclasses import dataclass
 import numpy as np
 
 from precisionlab.engines import shape
-from precisionlab.runtime import devices, memory
+from precisionlab.runtime import devices, memory, torch_flags
 from precisionlab.numerics import distribution
 from precisionlab.catalog import formats
 from precisionlab.io import inputs
 from precisionlab.errors import NoDeviceError, RunError, UsageError
 
 DEFAULT_PROMPT = "ROMEO:\n"
-FP8 = ("fp8_e4m3", "fp8_e5m2")
+FP8 = formats.FP8  # the caches' formats: fp32 and bf16 caches are the yardsticks
 SCALES = ("unit", "calibrated", "dynamic")
 CALIBRATION_CHARS = 512
 
@@ -346,7 +346,7 @@ def _ratio(a: float, b: float | None) -> float | None:
 
 
 def run(cfg: KVCacheConfig, advance=lambda k=1: None) -> KVCacheResult:
-    kv_dtypes = inputs.parse_choices(cfg.dtypes, FP8, "KV cache dtype")
+    kv_dtypes = formats.parse_list(cfg.dtypes, FP8, "--dtypes")
     modes = inputs.parse_choices(cfg.scales, SCALES, "KV scale")
     if not (math.isfinite(cfg.activation_scale) and cfg.activation_scale > 0):
         raise UsageError(f"--activation-scale must be a positive finite number (got {cfg.activation_scale})")
@@ -369,14 +369,10 @@ def run(cfg: KVCacheConfig, advance=lambda k=1: None) -> KVCacheResult:
             raise RunError(f"the embedded model's weights are missing ({charlm.DEFAULT_WEIGHTS})")
         inputs.check_memory(shape.kvcache_for(None, cfg.steps, cfg.prompt, CALIBRATION_CHARS),
                             f"kvcache --steps {cfg.steps}")
-    from precisionlab.experiments.tf32 import restored_flags
-
     rows: list[dict] = []
     info: dict = {}
     calibration_tokens = 0
-    with restored_flags(), torch.no_grad():
-        torch.backends.cuda.matmul.allow_tf32 = False  # fp32 means IEEE fp32 here
-        torch.backends.cudnn.allow_tf32 = False
+    with torch_flags.ieee_fp32(), torch.no_grad():  # fp32 means IEEE fp32 here
         for device in names:
             m = HFModel(cfg, device) if cfg.model else EmbeddedModel(cfg, device)
             try:

@@ -36,8 +36,10 @@ from pathlib import Path
 
 import numpy as np
 
+from precisionlab.catalog import formats
 from precisionlab.engines import inject as inject_mod
 from precisionlab.io import outputs
+from precisionlab.runtime import torch_flags
 from precisionlab.errors import UsageError
 from precisionlab.experiments.compare import RATIO_THRESHOLD
 from precisionlab.experiments.tensors import _ratio, rel_l2
@@ -97,9 +99,7 @@ def run(cfg: LayersConfig, advance=lambda k=1: None) -> LayersResult:
         raise UsageError(f"--steps must be > 0 (got {cfg.steps})")
     if not cfg.prompt:
         raise UsageError("--prompt is empty: greedy decoding needs at least one token to start from")
-    lows = list(dict.fromkeys(d.strip() for d in cfg.dtypes.split(",") if d.strip()))  # no repeated rows
-    if not lows or any(d not in mexp.LOW_DTYPES for d in lows):
-        raise UsageError(f"--dtypes must be a comma list of {', '.join(mexp.LOW_DTYPES)} (got {cfg.dtypes!r})")
+    lows = formats.parse_list(cfg.dtypes, mexp.LOW_DTYPES, "--dtypes")  # no repeated rows
     injections = inject_mod.parse_all(cfg.inject, INJECT_KEYS)
     dump_dir = check_dump_dir(cfg.dump) if cfg.dump is not None else None
     device = mexp._device(cfg.device)
@@ -124,13 +124,9 @@ def run(cfg: LayersConfig, advance=lambda k=1: None) -> LayersResult:
             site_list.append(by_name[t])
     t_load = time.perf_counter() - t0
 
-    from precisionlab.experiments.tf32 import restored_flags
-
     t1 = time.perf_counter()
     rows, pitfalls, dumped, first_by = [], [], [], {}
-    with restored_flags(), torch.no_grad(), _threads_for(runner.base):
-        torch.backends.cuda.matmul.allow_tf32 = False  # fp32 means IEEE fp32 here
-        torch.backends.cudnn.allow_tf32 = False
+    with torch_flags.ieee_fp32(), torch.no_grad(), _threads_for(runner.base):  # fp32 means IEEE fp32 here
         ref = runner.base
         ref_tokens, _ = runner.greedy(ref, prompt, cfg.steps)
         ids = (prompt + ref_tokens)[:-1]

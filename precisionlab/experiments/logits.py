@@ -19,11 +19,13 @@ from pathlib import Path
 
 import numpy as np
 
+from precisionlab.catalog import formats
 from precisionlab.numerics import distribution
 from precisionlab.io import inputs, logits_file
+from precisionlab.runtime import torch_flags
 from precisionlab.errors import UsageError
 
-DTYPES = ("fp32", "bf16", "fp16")
+DTYPES = formats.COMPUTE  # fp32 may be compared too; the index seeds each run's noise
 DEFAULT_TOKENS = 8192
 # The embedded model was trained on 128-character windows (scripts/train_model.py
 # --ctx); its RoPE table reaches further, but positions it never saw would
@@ -95,11 +97,12 @@ def check_gates(max_kld: float | None, min_top1: float | None) -> None:
 
 
 def parse_save(specs: list[str], lows: list[str]) -> dict[str, str]:
-    """--save-logits FILE (the fp32 run) or DTYPE=FILE, repeatable."""
+    """--save-logits FILE (the fp32 run) or DTYPE=FILE (DTYPE: a name or alias of DTYPES), repeatable."""
     out: dict[str, str] = {}
     for spec in specs:
         head, eq, rest = spec.partition("=")
-        dtype, path = (head, rest) if eq and head in DTYPES else ("fp32", spec)
+        named = formats.find(head) if eq else None
+        dtype, path = (named, rest) if named in DTYPES else ("fp32", spec)
         if dtype != "fp32" and dtype not in lows:
             raise UsageError(f"--save-logits {spec!r}: {dtype} is not among --dtypes ({','.join(lows)})")
         if dtype in out:
@@ -214,9 +217,7 @@ def run_model(cfg: MetricsConfig, advance=lambda k=1: None) -> LogitsResult:
     from precisionlab.engines import inject
     from precisionlab.experiments import model as mexp
 
-    lows = inputs.parse_choices(cfg.dtypes, DTYPES, "--dtypes")
-    if not lows:
-        raise UsageError(f"--dtypes names no dtype ({cfg.dtypes!r}); choose from {', '.join(DTYPES)}")
+    lows = formats.parse_list(cfg.dtypes, DTYPES, "--dtypes")
     if cfg.tokens <= 0:
         raise UsageError(f"--tokens must be > 0 (got {cfg.tokens})")
     if cfg.seed < 0:
@@ -252,18 +253,15 @@ def run_model(cfg: MetricsConfig, advance=lambda k=1: None) -> LogitsResult:
     models = {d: runner.model(d) for d in dict.fromkeys(["fp32", *lows])}
     t_load = time.perf_counter() - t0
 
-    from precisionlab.experiments.tf32 import restored_flags
-
     targets_all = np.asarray(ids[1:], dtype=np.int64)
     rngs = {d: np.random.default_rng([cfg.seed, DTYPES.index(d)]) for d in lows}
     parts: dict[str, list] = {d: [] for d in lows}
     expected: list[np.ndarray] = []  # sigma^2/2 (1 - sum p^2) per position, the small-noise KL
     saved: dict[str, np.ndarray | None] = {d: None for d in saves}
     t1, c1 = time.perf_counter(), time.process_time()
-    with _torch_threads(torch, None if cfg.model else EMBEDDED_THREADS), restored_flags(), torch.no_grad():
+    # fp32 means IEEE fp32 here
+    with _torch_threads(torch, None if cfg.model else EMBEDDED_THREADS), torch_flags.ieee_fp32(), torch.no_grad():
         used_threads = torch.get_num_threads()
-        torch.backends.cuda.matmul.allow_tf32 = False  # fp32 means IEEE fp32 here
-        torch.backends.cudnn.allow_tf32 = False
         for start, k, length in _batches(n, window, per_batch):
             x = torch.tensor(ids[start:start + k * length], device=device).view(k, length)
             targets = targets_all[start:start + k * length]

@@ -24,14 +24,14 @@ from pathlib import Path
 import numpy as np
 
 from precisionlab.engines import shape as engine_shape
-from precisionlab.runtime import devices, threads
+from precisionlab.runtime import devices, threads, torch_flags
 from precisionlab.catalog import formats
 from precisionlab.io import inputs
 from precisionlab.numerics import metrics
 from precisionlab.errors import NoDeviceError, RunError, UsageError
 
 DEFAULT_PROMPT = "ROMEO:\n"
-LOW_DTYPES = ("bf16", "fp16")
+LOW_DTYPES = formats.LOW_COMPUTE  # each run against the fp32 one
 
 
 @dataclass
@@ -337,9 +337,7 @@ def _run(cfg: ModelConfig, advance) -> ModelResult:
         raise UsageError(f"--steps must be > 0 (got {cfg.steps})")
     if not cfg.prompt:
         raise UsageError("--prompt is empty: greedy decoding needs at least one token to start from")
-    lows = list(dict.fromkeys(d.strip() for d in cfg.dtypes.split(",") if d.strip()))  # no repeated rows
-    if not lows or any(d not in LOW_DTYPES for d in lows):
-        raise UsageError(f"--dtypes must be a comma list of {', '.join(LOW_DTYPES)} (got {cfg.dtypes!r})")
+    lows = formats.parse_list(cfg.dtypes, LOW_DTYPES, "--dtypes")  # no repeated rows
     device = _device(cfg.device)
     torch = _torch()
     torch.manual_seed(cfg.seed)
@@ -349,12 +347,8 @@ def _run(cfg: ModelConfig, advance) -> ModelResult:
     # One decoding step is ~2 flops per parameter: the work each torch call does.
     n_threads = threads.fit_torch(cfg.threads, 2.0 * runner.info()["parameters"]) if device == "cpu" else None
 
-    from precisionlab.experiments.tf32 import restored_flags
-
     t1 = time.perf_counter()
-    with restored_flags():
-        torch.backends.cuda.matmul.allow_tf32 = False  # fp32 means IEEE fp32 here
-        torch.backends.cudnn.allow_tf32 = False
+    with torch_flags.ieee_fp32():  # fp32 means IEEE fp32 here
         ref_model = runner.model("fp32")
         ref_tokens, ref_step_logits = runner.greedy(ref_model, prompt, cfg.steps, "fp32")
         path = prompt + ref_tokens

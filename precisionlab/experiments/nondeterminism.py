@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from precisionlab import native
-from precisionlab.runtime import devices, memory
+from precisionlab.runtime import devices, memory, torch_flags
 from precisionlab.catalog import formats
 from precisionlab.io import inputs
 from precisionlab.numerics import metrics
@@ -290,17 +290,13 @@ def _torch_lacks(device: str) -> str | None:
 def _batch_torch(device: str, seed: int) -> list[dict]:
     import torch
 
-    from precisionlab.experiments.tf32 import restored_flags
-
     if why := _torch_lacks(device):
         return [_row("batch", "torch matmul", device, 0, op="matmul", variant="torch", refused=why, differs_at=[])]
 
     big = torch.from_numpy(_batch_inputs(seed, 1024)).to(device)
     w = torch.from_numpy(np.random.default_rng(seed + 3).standard_normal((1024, 1024)).astype(np.float32)).to(device)
     rows = []
-    with restored_flags():
-        torch.backends.cuda.matmul.allow_tf32 = False
-        torch.set_float32_matmul_precision("highest")
+    with torch_flags.ieee_fp32():
         for dtype, name in ((torch.float32, "fp32, TF32 off"), (torch.bfloat16, "bf16")):
             fmt = "fp32" if dtype == torch.float32 else "bf16"
             a, b = big.to(dtype), w.to(dtype)
@@ -385,8 +381,6 @@ def _batch_kernels(device: str, seed: int) -> list[dict]:
 def _torch_ops(device: str, cfg: NondetConfig) -> list[dict]:
     import torch
 
-    from precisionlab.experiments.tf32 import restored_flags
-
     if why := _torch_lacks(device):
         return [_row("torch_ops", "torch ops", device, 0, op=None, variant="torch", refused=why)]
     g = torch.Generator().manual_seed(cfg.seed)
@@ -403,9 +397,7 @@ def _torch_ops(device: str, cfg: NondetConfig) -> list[dict]:
                          bins),
         "mm": ("mm 16x65536 @ 65536x16", lambda: a @ b, (a.cpu().double() @ b.cpu().double()).numpy()),
     }
-    with restored_flags():
-        torch.set_float32_matmul_precision("highest")
-        torch.backends.cuda.matmul.allow_tf32 = False  # fp32 results are compared: no TF32
+    with torch_flags.ieee_fp32():  # fp32 results are compared: no TF32
         return _torch_ops_runs(torch, ops, device, cfg)
 
 

@@ -36,7 +36,7 @@ from precisionlab.io.tensorfiles import DTYPE_TO_FORMAT, TensorFile, natural_key
 # .npz or .safetensors files never imports torch; tests check them against
 # torch's own table. torch has no fp8 entry: there the format's epsilon.
 ASSERT_CLOSE_DEFAULTS = {"fp64": (1e-7, 1e-7), "fp32": (1.3e-6, 1e-5), "fp16": (1e-3, 1e-5), "bf16": (1.6e-2, 1e-5)}
-LOW_DTYPES = ("fp32", "fp16", "bf16", "fp8_e4m3", "fp8_e5m2")
+LOW_DTYPES = formats.DUMPED  # what --a-dtype/--b-dtype/--c-dtype can declare
 SORTS = ("order", "error")
 
 
@@ -284,6 +284,15 @@ def _fmt(dtype_name: str, declared: str | None) -> str | None:
     return DTYPE_TO_FORMAT.get(dtype_name)
 
 
+DTYPE_OPTIONS = ("--a-dtype", "--b-dtype", "--c-dtype")
+
+
+def parse_declared(dtypes: list[str | None], n_files: int) -> list[str | None]:
+    """Each file's declared format (--a-dtype, ...), canonical, None where not given."""
+    declared = list(dtypes) + [None] * (n_files - len(dtypes))
+    return [None if d is None else formats.parse_one(d, LOW_DTYPES, opt) for d, opt in zip(declared, DTYPE_OPTIONS)]
+
+
 def compare(cfg: CompareTensorsConfig, progress_factory=None) -> CompareResult:
     n_files = len(cfg.files)
     if n_files not in (2, 3):
@@ -292,10 +301,7 @@ def compare(cfg: CompareTensorsConfig, progress_factory=None) -> CompareResult:
     check_tolerance("--rtol", cfg.rtol)
     if cfg.sort not in SORTS:
         raise UsageError(f"--sort must be one of {', '.join(SORTS)} (got {cfg.sort!r})")
-    declared = list(cfg.dtypes) + [None] * (n_files - len(cfg.dtypes))
-    for d in declared:
-        if d is not None and d not in LOW_DTYPES:
-            raise UsageError(f"--a-dtype/--b-dtype/--c-dtype must be one of {', '.join(LOW_DTYPES)} (got {d!r})")
+    declared = parse_declared(cfg.dtypes, n_files)
     rules = parse_maps(cfg.maps)
     files = [open_tensor_file(p, d) for p, d in zip(cfg.files, declared)]
     maps, mapped_side = _apply_maps(files, rules)

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from precisionlab import native
-from precisionlab.runtime import devices, memory, threads
+from precisionlab.runtime import devices, memory, threads, torch_flags
 from precisionlab.catalog import formats
 from precisionlab.io import inputs
 from precisionlab.numerics import accumulators, metrics
@@ -31,6 +31,7 @@ MAX_DIM = 1 << 16
 # K groups), standard normal inputs rounded to the dtype, against float64
 ACC_MN = 64
 ACC_K = (256, 1024, 4096, 16384)
+ACC_DTYPES = formats.ALL  # --dtypes: the inputs are rounded to any format (Format.round)
 
 
 @dataclass
@@ -75,12 +76,12 @@ def _run(cfg: Tf32Config, advance) -> Tf32Result:
     what = f"tf32 --m {cfg.m} --n {cfg.n} --k {cfg.k}" + (f" --sweep-mn {cfg.sweep_mn}" if cfg.sweep else "")
     inputs.check_memory(memory.tf32(cfg.m, cfg.n, cfg.k, cfg.sweep_mn if cfg.sweep else None), what)
     plan = devices.resolve(cfg.device)
-    flags = torch_flags()
+    flags = torch_flags.torch_flags()
     rows: list[dict] = []
     rng = np.random.default_rng(cfg.seed)
     a = rng.standard_normal((cfg.m, cfg.k)).astype(np.float32)
     b = rng.standard_normal((cfg.k, cfg.n)).astype(np.float32)
-    with restored_flags():
+    with torch_flags.restored_flags():
         if plan.cpu:
             threads.fit_torch(cfg.threads, 2.0 * cfg.m * cfg.n * cfg.k)
             rows += _modes_cpu(a, b, advance)
@@ -106,7 +107,7 @@ def _run(cfg: Tf32Config, advance) -> Tf32Result:
 
 
 # ---------------------------------------------------------------------------
-# torch's flags
+# torch's flags (precisionlab.runtime.torch_flags sets and restores them)
 
 
 def _torch():
@@ -117,79 +118,8 @@ def _torch():
     return torch
 
 
-def torch_flags() -> dict:
-    """Every switch that decides an fp32 matmul's precision, as torch reports it."""
-    import os
-
-    t = _torch()
-    out = {"CUBLAS_WORKSPACE_CONFIG": os.environ.get("CUBLAS_WORKSPACE_CONFIG")}
-    if t is None:
-        return out
-    m = t.backends.cuda.matmul
-    out.update({
-        "torch.backends.cuda.matmul.allow_tf32": m.allow_tf32,
-        "torch.backends.cudnn.allow_tf32": t.backends.cudnn.allow_tf32,
-        "torch.get_float32_matmul_precision()": t.get_float32_matmul_precision(),
-        "torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction":
-            m.allow_bf16_reduced_precision_reduction,
-        "torch.backends.cuda.matmul.allow_fp16_reduced_precision_reduction":
-            m.allow_fp16_reduced_precision_reduction,
-        "torch.are_deterministic_algorithms_enabled()": t.are_deterministic_algorithms_enabled(),
-    })
-    if hasattr(m, "fp32_precision"):
-        out["torch.backends.cuda.matmul.fp32_precision"] = m.fp32_precision
-    return out
-
-
-@contextmanager
-def restored_flags():
-    t = _torch()
-    if t is None:
-        yield
-        return
-    m = t.backends.cuda.matmul
-    saved = (m.allow_tf32, t.get_float32_matmul_precision(), getattr(m, "fp32_precision", None),
-             t.backends.cudnn.allow_tf32)
-    try:
-        yield
-    finally:
-        # torch >= 2.9 refuses to *read* the legacy flags once the newer
-        # fp32_precision has been set, but lets them be written: write the
-        # legacy flags first, then put fp32_precision back as it was.
-        # allow_tf32 goes before the precision string: written after, it
-        # would turn a saved "medium" into "high".
-        m.allow_tf32 = saved[0]
-        t.set_float32_matmul_precision(saved[1])
-        t.backends.cudnn.allow_tf32 = saved[3]
-        if saved[2] is not None:
-            m.fp32_precision = saved[2]
-
-
-@contextmanager
-def _mode(name: str):
-    """Select one GPU matmul mode through the switch it names."""
-    t = _torch()
-    m = t.backends.cuda.matmul
-    with restored_flags():
-        t.set_float32_matmul_precision("highest")
-        m.allow_tf32 = False
-        if name == "tf32 (allow_tf32=True)":
-            m.allow_tf32 = True
-        elif name == "tf32 (precision='high')":
-            t.set_float32_matmul_precision("high")
-        elif name == "medium (precision='medium')":
-            t.set_float32_matmul_precision("medium")
-        elif name == "tf32 (fp32_precision='tf32')":
-            m.fp32_precision = "tf32"
-        yield
-
-
 def gpu_modes() -> list[str]:
-    t = _torch()
-    modes = ["fp32 (tf32 off)", "tf32 (allow_tf32=True)", "tf32 (precision='high')", "medium (precision='medium')"]
-    if t is not None and hasattr(t.backends.cuda.matmul, "fp32_precision"):
-        modes.append("tf32 (fp32_precision='tf32')")
-    return [m for m in modes if m not in refused_gpu_modes()] + ["bf16", "fp16"]
+    return [m for m in torch_flags.gpu_fp32_modes() if m not in refused_gpu_modes()] + ["bf16", "fp16"]
 
 
 @functools.cache
@@ -202,10 +132,10 @@ def refused_gpu_modes() -> dict[str, str]:
     refused = {}
     if t is None or not t.cuda.is_available() or not hasattr(t.backends.cuda.matmul, "fp32_precision"):
         return refused
-    mode = "tf32 (fp32_precision='tf32')"
+    mode = torch_flags.TF32_FP32_PRECISION
     x = t.ones(16, 16, device="cuda")
     try:
-        with _mode(mode):
+        with torch_flags.matmul_mode(mode):
             x @ x
         t.cuda.synchronize()
     except RuntimeError as e:
@@ -286,7 +216,7 @@ def _gpu_matmul(ta, tb, mode: str):
         return ta.to(t.bfloat16) @ tb.to(t.bfloat16)
     if mode == "fp16":
         return ta.to(t.float16) @ tb.to(t.float16)
-    with _mode(mode):
+    with torch_flags.matmul_mode(mode):
         return ta @ tb
 
 
@@ -301,7 +231,7 @@ def _modes_gpu(a, b, advance) -> list[dict]:
     rows = []
     for mode in gpu_modes():
         c = _gpu_matmul(ta, tb, mode).float().cpu().numpy()
-        with _mode(mode) if mode not in ("bf16", "fp16") else _null():
+        with torch_flags.matmul_mode(mode) if mode not in ("bf16", "fp16") else _null():
             if mode in ("bf16", "fp16"):
                 xa, xb = (ta.to(t.bfloat16), tb.to(t.bfloat16)) if mode == "bf16" else (ta.half(), tb.half())
                 ms = ct.time_ms(lambda i: xa @ xb, 10, reps=3).median
@@ -369,11 +299,7 @@ def accumulator_rows_plan(cfg: Tf32Config) -> tuple[list, list[str], list[int]]:
         models = accumulators.parse_list(",".join(cfg.accumulators))
     except ValueError as e:
         raise UsageError(f"--accumulator: {e}") from None
-    dtypes = list(dict.fromkeys(cfg.acc_dtypes))
-    for d in dtypes:
-        formats.get(d)  # UsageError naming the choices
-    if not dtypes:
-        raise UsageError("--dtypes: empty list")
+    dtypes = formats.parse_list(",".join(cfg.acc_dtypes), ACC_DTYPES, "--dtypes")
     ks = list(dict.fromkeys(cfg.acc_k))
     for k in ks:
         if k <= 0 or k > 1 << 20:

@@ -49,7 +49,7 @@ from precisionlab.errors import RunError, UsageError
 
 WORLD_SIZES = (1, 2, 4, 8)
 DTYPES = ("fp32", "bf16")
-TORCH_DTYPES = {"fp32": "float32", "bf16": "bfloat16"}
+TORCH_DTYPES = {d: formats.TWINS[d][1] for d in DTYPES}  # the ranks' torch dtype names
 SHAPE = {"m": 64, "k": 4096, "n": 256}  # Y is 64 x 256: 16384 outputs, each a K = 4096 dot product
 MAX_RUNS = 10  # all-reduces repeated per world size: min(--runs, this)
 GLOO_MAX_SEGMENT_BYTES = 1 << 20  # gloo AllreduceOptions::kMaxSegmentSize

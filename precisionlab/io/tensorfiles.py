@@ -35,7 +35,7 @@ _NP_DTYPES = {dt.name: dt for dt, _, _ in formats.TWINS.values()}
 # Raw ml_dtypes arrays saved with np.save come back as void bytes ('|V2'): a
 # two-byte void is bf16 (fp16 has its own descriptor); one byte needs --X-dtype.
 _VOID = {2: "bf16"}  # raw 2-byte values: bf16 (numpy has no dtype of its own for it)
-_FP8 = ("fp8_e4m3", "fp8_e5m2")  # raw 1-byte values: as --a-dtype/--b-dtype says
+_FP8 = formats.FP8  # raw 1-byte values: as --a-dtype/--b-dtype says
 
 # Metadata keys of the dumps `compare model --dump` writes.
 ORDER_KEY, TOKENS_KEY = "precisionlab.order", "precisionlab.token_ids"

@@ -26,7 +26,7 @@ from precisionlab import native
 from precisionlab.catalog import formats
 from precisionlab.errors import UsageError
 
-KERNEL_DTYPES = ("fp32", "bf16", "fp16")  # what the op kernels take
+KERNEL_DTYPES = formats.COMPUTE  # what the op kernels take
 
 
 def _code(t: torch.Tensor) -> int:
