@@ -139,6 +139,8 @@ def _families(tmp_path: Path):
         "compare op matmul": [(["compare", "op", "matmul", "--shape", f"{s}x{s}x{s}", "--dtype", "bf16", "--device",
                                 "cpu", "--json"], memory.compare_op("matmul", (s, s, s), *shapes_used("matmul", (s, s, s))))
                               for s in (256, 512, 768)],
+        "attention": [(["attention", "--seq", str(n), "--rows", "16", "--std", "1", "--json"],
+                       memory.attention(16, n, 128, 128, 256, 0)) for n in (32768, 65536, 131072)],
         "compare model": lambda: _models(tmp_path),
         "compare model --layers": lambda: _layers_models(tmp_path),
         "compare model --layers (embedded)": [(["compare", "model", "--layers", "--steps", str(s), "--json"],
@@ -165,7 +167,7 @@ def _tensor_pair(tmp_path: Path, n: int) -> list[str]:
 GROUPS = [["softmax", "softmax --from"], ["nondeterminism"], ["tf32", "tf32 --sweep-mn"], ["bench"],
           ["compare op matmul", "compare op softmax"], ["compare model"], ["compare model --layers"],
           ["compare model --layers (embedded)"], ["compare tensors"],
-          ["kvcache --model"], ["kvcache"]]
+          ["kvcache --model"], ["kvcache"], ["attention"]]
 
 # Families measured one case per fresh child, each against its whole estimate. The embedded
 # model's kvcache peaks in its attention scores (tens of MB freed and reallocated pass after pass),
@@ -182,6 +184,7 @@ FIRST_USE = {"softmax": memory.softmax(0, 0), "softmax --from": memory.softmax(0
              "compare model": memory.MODEL_FIXED["hf"], "compare tensors": 0,
              "compare model --layers": memory.LAYERS_FIXED["hf"],
              "compare model --layers (embedded)": memory.LAYERS_FIXED["embedded"],
+             "attention": memory.COMPARE_FIXED,
              "kvcache --model": memory.KVCACHE_FIXED["hf"], "kvcache": memory.KVCACHE_FIXED["embedded"]}
 
 

@@ -71,6 +71,7 @@ COMMANDS = (
     (None, 'bench', 'bench'),
     (None, 'formats', 'formats'),
     (None, 'kvcache', 'kvcache'),
+    (None, 'attention', 'attention'),
 )
 GROUPS = {"compare": compare_app}
 

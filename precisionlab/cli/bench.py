@@ -11,10 +11,10 @@ from precisionlab.cli.options import DeviceOpt, SeedOpt, JsonOpt
 
 
 def command(
-    section: Annotated[Optional[str], typer.Argument(help="Sections to run, comma list: accumulate, softmax, matmul "
+    section: Annotated[Optional[str], typer.Argument(help="Sections to run, comma list: accumulate, softmax, matmul, attention "
                                                      "(default: all). Same as --sections.")] = None,
     quick: Annotated[bool, typer.Option("--quick", help="Smaller sizes and fewer runs (under 2 minutes on an H200).")] = False,
-    sections: Annotated[Optional[str], typer.Option("--sections", help="Comma list of sections (default: all): accumulate, softmax, matmul.")] = None,
+    sections: Annotated[Optional[str], typer.Option("--sections", help="Comma list of sections (default: all): accumulate, softmax, matmul, attention (CPU).")] = None,
     cpu_n: Annotated[Optional[int], typer.Option("--cpu-n", help="Elements for the CPU kernels (default 1e8; 1e7 with --quick).")] = None,
     gpu_n: Annotated[Optional[int], typer.Option("--gpu-n", help="Elements for the GPU sums (default 2^28, --quick too).")] = None,
     device: DeviceOpt = "auto",

@@ -23,7 +23,7 @@ from precisionlab.io import inputs
 from precisionlab.errors import UsageError
 from precisionlab.experiments import accumulate_cpu as accumulate_cpu_exp
 
-SECTIONS = ("accumulate", "softmax", "matmul")
+SECTIONS = ("accumulate", "softmax", "matmul", "attention")
 SOFTMAX_SHAPES = [(4096, 1024), (4096, 4096), (4096, 16384), (1024, 32768), (512, 151936), (64, 262144)]
 # What bench times comes from the library's catalog: every GPU variant that is
 # not a deliberate bug and gives a row the same bits in any batch.
@@ -55,7 +55,7 @@ def run(cfg: BenchConfig, advance=lambda k=1: None) -> BenchResult:
     gpu_only = [s for s in sections if s in GPU_ONLY_SECTIONS]
     if cfg.sections is not None and gpu_only and cfg.device.lower() == "cpu":
         raise UsageError(f"bench {', '.join(gpu_only)} runs only on the GPU (--device cuda or auto); "
-                         f"on the CPU only accumulate is benchmarked")
+                         f"on the CPU only accumulate and attention are benchmarked")
     cpu_n = cfg.cpu_n or (10**7 if cfg.quick else 10**8)
     gpu_n = cfg.gpu_n or GPU_N
     res = BenchResult(params={"quick": cfg.quick, "device": cfg.device, "sections": sections, "seed": cfg.seed,
@@ -69,6 +69,8 @@ def run(cfg: BenchConfig, advance=lambda k=1: None) -> BenchResult:
             per_element(res.rows)
         if plan.cuda:
             res.rows += accumulate_gpu(gpu_n, cfg.seed, cfg.quick, advance)
+    if "attention" in sections and plan.cpu:
+        res.rows += attention_cpu(cfg.seed, cfg.quick, advance)
     if "softmax" in sections and plan.cuda:
         res.rows += softmax_gpu(cfg.seed, cfg.quick, advance)
     if "matmul" in sections and plan.cuda:
@@ -157,6 +159,27 @@ def _wall(fn, reps: int = 3) -> float:
         fn()
         best = min(best, time.thread_time() - t0)
     return best
+
+
+# ---------------------------------------------------------------------------
+# attention, CPU: the FlashAttention emulator (experiments/attention.py)
+
+ATTENTION_SHAPE = (8192, 8192, 128)  # keys, query rows (one head of self-attention), d
+
+
+def attention_cpu(seed: int, quick: bool, advance) -> list[dict]:
+    """One emulated head (P bf16, fp32 accumulation, untracked), thread CPU
+    time, once; --quick: 1024 query rows. A time, never a test: the emulator
+    is a model, not a kernel."""
+    from precisionlab.experiments import attention
+
+    seq, rows, dim = ATTENTION_SHAPE
+    got = attention.bench_seconds(seq, 1024 if quick else rows, dim, seed)
+    advance()
+    n = got["rows"] * seq
+    return [{"section": "attention", "device": "cpu", "variant": "flash_emulator", "dtype": "bf16",
+             "accumulator": "fp32", "n": n, "shape": [got["rows"], seq, dim], "time_s": got["time_s"],
+             "gbps": 0.0, "ns_per_score": got["time_s"] * 1e9 / n, "vs_baseline": None, "baseline": None}]
 
 
 # ---------------------------------------------------------------------------

@@ -41,6 +41,14 @@ The models, each one output element c = sum_k a_k b_k at a time:
     added to an fp32 accumulator on the CUDA cores: c = fp32(c + chunk), chunk
     after chunk.
 
+Accumulating onto a running value (``Accumulator.accumulate(c, A, B)``, as a
+kernel's MMA adds into the accumulator it already holds, FlashAttention's O):
+c (M x N, fp32 values) takes the place of the +0 start: ``exact``: fp32(c + the
+exact sum); ``fp32``: the chain starts at c; ``fp32-pairwise``: fp32(c + the
+pairwise tree); ``hopper-fp8``: c is the first group's accumulator (in its
+exponent max); ``promote:N``: each chunk from +0, added to c in fp32.
+``matmul(A, B)`` is ``accumulate(+0, A, B)``.
+
 Every model takes ``order`` = forward | reverse: the K axis is traversed in
 that order (reverse: k = K-1 first), which decides the sequence of groups,
 chunks and additions.
@@ -118,6 +126,29 @@ class Accumulator:
             return _limited(a, bt, np.zeros((a.shape[0], bt.shape[0])), self).astype(np.float32)
         return _promote(a, bt, self)
 
+    def accumulate(self, c, a, b) -> np.ndarray:
+        """c + A @ B under this model, c (M x N, fp32 values) the running
+        accumulator (see the module's docstring), float32 (M x N)."""
+        a = np.asarray(a, dtype=np.float64)
+        b = np.asarray(b, dtype=np.float64)
+        c = np.asarray(c, dtype=np.float32)
+        if a.ndim != 2 or b.ndim != 2 or a.shape[1] != b.shape[0] or c.shape != (a.shape[0], b.shape[1]):
+            raise ValueError(f"shapes {c.shape} + {a.shape} @ {b.shape} do not add up")
+        if not (np.isfinite(a).all() and np.isfinite(b).all() and np.isfinite(c).all()):
+            raise ValueError("the accumulator models take finite inputs")
+        if self.order == "reverse":
+            a, b = a[:, ::-1], b[::-1, :]
+        if self.kind == "fp32":
+            return _fp32_chain(c.copy(), a, b)
+        if self.kind == "hopper-fp8":
+            bt = np.ascontiguousarray(b.T)
+            return _limited(a, bt, c.astype(np.float64), self).astype(np.float32)
+        if self.kind == "exact":
+            return _exact(a, np.ascontiguousarray(b.T), c)
+        tree = (_fp32_pairwise(a, np.ascontiguousarray(b.T)) if self.kind == "fp32-pairwise"
+                else _promote(a, np.ascontiguousarray(b.T), self))
+        return c + tree  # fp32 + fp32, correctly rounded
+
     def peak_bytes(self, m: int, n: int, k: int) -> int:
         """The arrays alive at this model's peak, for a memory check before running."""
         if self.kind == "fp32-pairwise":
@@ -183,6 +214,18 @@ def _fp32_sequential(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     for k in range(a.shape[1]):
         # two float32 operations, each correctly rounded: no FMA contraction in numpy
         c = c + a32[:, k:k + 1] * b32[k:k + 1, :]
+    return c
+
+
+def _fp32_chain(c: np.ndarray, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """c = fp32(c + fp32(a_k b_k)), k in order, in place on c (float32): the
+    same two correctly rounded operations as _fp32_sequential, without a new
+    array a step (a long chain over a big c is memory-bound)."""
+    a32, b32 = a.astype(np.float32), b.astype(np.float32)
+    prod = np.empty_like(c)
+    for k in range(a.shape[1]):
+        np.multiply(a32[:, k:k + 1], b32[k:k + 1, :], out=prod)
+        np.add(c, prod, out=c)
     return c
 
 
@@ -262,9 +305,9 @@ def _extract(p: np.ndarray) -> list[np.ndarray]:
         out.append(np.sum(q, axis=-1))
 
 
-def _exact(a: np.ndarray, bt: np.ndarray) -> np.ndarray:
+def _exact(a: np.ndarray, bt: np.ndarray, c: np.ndarray | None = None) -> np.ndarray:
     m, n = a.shape[0], bt.shape[0]
-    levels: list[np.ndarray] = []
+    levels: list[np.ndarray] = [] if c is None else [c.astype(np.float64)]
     for k0 in range(0, a.shape[1], EXACT_CHUNK):
         levels += _extract(a[:, None, k0:k0 + EXACT_CHUNK] * bt[None, :, k0:k0 + EXACT_CHUNK])
     while len(levels) > 2:  # fold the chunks' levels together: far fewer rationals below

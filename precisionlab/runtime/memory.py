@@ -234,3 +234,17 @@ def kvcache(shape, calibration: int) -> int:
     longest = max(calib, shape.seq)
     return (4 * shape.params + 112 * shape.seq * shape.vocab + 16 * shape.heads * longest * longest
             + 8 * longest * shape.hidden * shape.layers + KVCACHE_FIXED[shape.kind])
+
+
+def attention(rows: int, seq: int, dim: int, block_c: int, chunk_rows: int, model_peak: int) -> int:
+    """attention (experiments/attention.py, numerics/flash_attention.py): q
+    (rows x d) and k, v (seq x d) in float64 with their stored copies (16 per
+    element) and, while one is stored, its x / descale and fp32 round trip
+    (measured: about 22 per element in all); the outputs of the run, the bf16 path and the float64 reference
+    (24 per row element); per chunk of rows: about twenty float64 arrays of
+    chunk x block_c (the scores, P, masks, the reference's tile) and ten of
+    chunk x d, plus the largest accumulator model's own peak (passed in:
+    runtime does not import numerics)."""
+    chunk = min(rows, chunk_rows)
+    return (22 * (rows * dim + 2 * seq * dim) + 24 * rows * dim + 8 * chunk * (20 * block_c + 10 * dim)
+            + model_peak + COMPARE_FIXED)
