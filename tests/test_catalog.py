@@ -221,7 +221,7 @@ def test_the_subsets_agree_with_the_librarys_table():
     assert set(formats.ACCUMULATORS) == {f.name for f in lib.values() if f.code is not None}
     assert set(formats.FP8) == {f.name for f in lib.values() if f.bits == 8 and not f.storage_only}
     assert set(formats.STORAGE) == set(formats.FP8) | set(formats.STORAGE_ONLY)
-    for subset in (formats.COMPUTE, formats.LOW_COMPUTE, formats.FP8, formats.DUMPED):
+    for subset in (formats.COMPUTE, formats.LOW_COMPUTE, formats.FP8):
         assert all(lib[n].torch_name for n in subset), subset  # torch holds them
     assert set(formats.LOW_COMPUTE) < set(formats.COMPUTE) and "fp32" in formats.COMPUTE
     for subset in (formats.DEFAULT_ACCUMULATORS, formats.GPU_ACCUMULATORS, formats.STOCHASTIC_ACCUMULATORS):

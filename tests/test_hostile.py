@@ -152,13 +152,14 @@ def test_tolerances_must_be_finite_and_non_negative(run, opt, value):
 
 
 def test_tolerance_validator_is_reusable():
-    from precisionlab.io import inputs
+    from precisionlab.numerics import compare as comparison
     from precisionlab.errors import UsageError
 
-    assert inputs.check_tolerance(None, "--atol") is None and inputs.check_tolerance(0.0, "--atol") == 0.0
+    comparison.check_override(None, None)
+    comparison.check_override(0.0, 0.0)
     for bad in (float("nan"), float("inf"), -1.0):
         with pytest.raises(UsageError):
-            inputs.check_tolerance(bad, "--atol")
+            comparison.check_override(1e-3, bad)
 
 
 # ---------------------------------------------------------------------------

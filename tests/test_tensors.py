@@ -14,6 +14,7 @@ import torch
 
 from helpers import cli, strict_json
 from precisionlab.experiments import tensors as exp
+from precisionlab.numerics import compare as comparison
 from precisionlab.io.tensorfiles import natural_key
 
 
@@ -33,14 +34,6 @@ def dumps(tmp_path):
 
     save_file({k: torch.from_numpy(v).to(torch.bfloat16) for k, v in a.items()}, str(tmp_path / "many.safetensors"))
     return a, tmp_path
-
-
-def test_assert_close_defaults_match_torch():
-    from torch.testing._comparison import default_tolerances
-
-    for name, dt in (("fp16", torch.float16), ("bf16", torch.bfloat16), ("fp32", torch.float32),
-                     ("fp64", torch.float64)):
-        assert exp.ASSERT_CLOSE_DEFAULTS[name] == default_tolerances(torch.empty(0, dtype=dt))
 
 
 def test_every_format_reads_back(dumps):
@@ -72,7 +65,7 @@ def test_declared_dtype_sets_tolerances(tmp_path):
     np.save(tmp_path / "x.npy", x.astype(np.float32))
     assert cli("compare", "tensors", str(tmp_path / "y.npy"), str(tmp_path / "x.npy")).code == 1  # fp32 tolerances
     r = cli("compare", "tensors", str(tmp_path / "y.npy"), str(tmp_path / "x.npy"), "--a-dtype", "bf16", "--json")
-    assert r.code == 0 and strict_json(r.out)["rows"][0]["rtol"] == exp.ASSERT_CLOSE_DEFAULTS["bf16"][0]
+    assert r.code == 0 and strict_json(r.out)["rows"][0]["rtol"] == comparison.tolerances("bf16")[0]
 
 
 def test_symmetric_verdict(tmp_path):
@@ -288,4 +281,4 @@ def test_bad_tensor_files(dumps):
         assert r.code == 2, (bad, r.err)
         assert len(r.err.strip().splitlines()) == 1 and "Traceback" not in r.err and "pwned" not in r.out
     assert cli("compare", "tensors", str(tmp / "many.npz")).code == 2   # one file is not a comparison
-    assert math.isinf(exp._ratio(1e-3, 0.0)) and exp._ratio(0.0, 0.0) == 0.0
+    assert math.isinf(comparison.ratio(1e-3, 0.0)) and comparison.ratio(0.0, 0.0) == 0.0

@@ -205,8 +205,9 @@ GPU_ACCUMULATORS = Subset(("bf16", "fp32", "fp64"), "an accumulator the GPU sums
 STOCHASTIC_ACCUMULATORS = Subset(LOW_COMPUTE, "a stochastic-rounding accumulator")
 # What compare op --dtype tests: computed in a low precision, or stored in one.
 OP_LOW = Subset(LOW_COMPUTE + STORAGE, "a low precision or a storage format")
-# What a tensor dump's values can be declared to have been before dumping.
-DUMPED = Subset(COMPUTE + FP8, "a format a dump can be declared to hold")
+# What a tensor dump's values can be declared to have been before dumping: any
+# format (fp6/fp4 values come dumped in a wider dtype); it decides the tolerances.
+DUMPED = ALL
 
 
 def find(name: str) -> str | None:

@@ -53,8 +53,6 @@ def command(
 
     from precisionlab.io import inputs
 
-    inputs.check_tolerance(atol, "--atol")
-    inputs.check_tolerance(rtol, "--rtol")
     for value, what in ((impl, "--impl"), (out_dtype, "--out-dtype"), (from_file, "--from")):
         inputs.check_given(value, what)
     cfg = exp.CompareOpConfig(op=name, shape=shape, dtypes=dtype, impl=impl, device=device, seed=seed, atol=atol,

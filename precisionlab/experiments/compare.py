@@ -1,5 +1,5 @@
 """compare op: the three-comparison discipline (compare tensors lives in
-experiments/tensors.py and reuses RATIO_THRESHOLD from here).
+experiments/tensors.py; both judge by numerics/compare.py's rules).
 
 For an op and a low-precision dtype L:
   (1) yours fp32 vs trusted fp32   is your implementation right?
@@ -23,17 +23,9 @@ import numpy as np
 from precisionlab.runtime import devices, memory, threads, torch_flags
 from precisionlab.catalog import formats
 from precisionlab.io import inputs
-from precisionlab.numerics import metrics
+from precisionlab.numerics import compare as comparison, metrics
 from precisionlab.errors import RunError, UsageError
 from precisionlab.experiments import op_harness
-
-# (3) more than this many times (2), or (1) more than this many times (0), is
-# flagged. A correct kernel and torch make rounding choices of the same size as
-# the format itself, so the ratio sits near 1 (0 to ~2 for this project's
-# kernels); an accumulator in the low format, or a real bug, lands 10x and
-# beyond. 4 leaves room for honest differences in reduction order without
-# hiding either.
-RATIO_THRESHOLD = 4.0
 
 OPS = ("softmax", "logsumexp", "rmsnorm", "layernorm", "matmul", "rope", "attention", "swiglu")
 DEFAULT_SHAPES = {"softmax": (64, 4096), "logsumexp": (64, 4096), "rmsnorm": (64, 4096), "layernorm": (64, 4096),
@@ -224,6 +216,7 @@ def load_impl(spec: str):
 
 
 def compare_op(cfg: CompareOpConfig, advance=lambda k=1: None) -> CompareResult:
+    comparison.check_override(cfg.rtol, cfg.atol)
     threads.check(cfg.threads)
     with threads.torch_scope():
         return _compare_op(cfg, advance)
@@ -318,7 +311,7 @@ def _compare_op(cfg: CompareOpConfig, advance) -> CompareResult:
     broken = next((r for r in rows if r["verdict"].startswith("output contract: ")), None)
     return CompareResult(
         params={"op": op, "shape": list(shape), "dtypes": [f.name for f in lows], "impl": cfg.impl or "precisionlab",
-                "device": cfg.device, "seed": cfg.seed, "ratio_threshold": RATIO_THRESHOLD,
+                "device": cfg.device, "seed": cfg.seed, "ratio_threshold": comparison.RATIO_THRESHOLD,
                 "atol": cfg.atol, "rtol": cfg.rtol, "masked": cfg.masked, "scale": cfg.scale,
                 "out_dtype": out_dtype.name if out_dtype else None, "from": cfg.from_file,
                 "cases": {c.name: c.what for c in cases}, "batch_sizes": list(op_harness.BATCH_SIZES),
@@ -432,7 +425,7 @@ def _compare_row(op, dev, case, fmt, idx, label, got, want, atol, rtol, shape, e
     output must have) is given, a result that is not a tensor of want's shape
     and that dtype is a flagged row with the reason, not an error. Non-finite
     reference values must be matched (the same NaN or infinity: torch's
-    equal_nan); the finite rest is measured as usual."""
+    equal_nan, numerics.compare's rule); the finite rest is measured as usual."""
     problem = op_harness.output_problem(got, want, expect) if expect is not None else None
     if isinstance(got, _Raised):
         problem = got.message
@@ -442,14 +435,14 @@ def _compare_row(op, dev, case, fmt, idx, label, got, want, atol, rtol, shape, e
                    rel_l2=math.nan, max_abs_error=math.nan, nonfinite_pattern_mismatch=None)
         return row
     g, w = _np(got), _np(want)
-    agree, ref_nonfinite, mismatch = op_harness.nonfinite_split(g, w)
-    keep = ~agree
-    rep = metrics.error_report(g[keep], w[keep], fmt, atol, rtol)
+    m = comparison.Measured(g, w, fmt, rtol, atol, equal_nan=True)
+    rep, keep, mismatch = m.report, m.kept, m.mismatch
     row = _row(op, dev, fmt.name, idx, label, rep, shape)
+    row["rel_l2"] = m.rel_l2
     if rep.worst_index is not None:  # an index into the kept elements, flattened: back to the output's own
         flat = int(np.flatnonzero(keep.ravel())[rep.worst_index[0]])
         row["worst_index"] = [int(i) for i in np.unravel_index(flat, g.shape)]
-    row.update(case=case.name, reference_nonfinite=ref_nonfinite, nonfinite_pattern_mismatch=mismatch)
+    row.update(case=case.name, reference_nonfinite=m.reference_nonfinite, nonfinite_pattern_mismatch=mismatch)
     if mismatch and idx in (1, 3):
         row.update(flagged=True, ratio=math.inf,
                    verdict=f"{mismatch} element(s) non-finite where the reference is not, or finite where it is not")
@@ -476,8 +469,7 @@ def _contract_takeaways(contract_rows) -> list[str]:
 
 
 def _tols(fmt, cfg) -> tuple[float, float]:
-    rtol, atol = metrics.default_tolerances(fmt)
-    return (cfg.rtol if cfg.rtol is not None else rtol), (cfg.atol if cfg.atol is not None else atol)
+    return comparison.resolve(fmt.name, cfg.rtol, cfg.atol)
 
 
 def _call(fn, args, impl):
@@ -501,24 +493,15 @@ def _row(op, dev, dtype, idx, label, rep: metrics.ErrorReport, shape) -> dict:
             **rep.as_dict(), "ratio": None, "flagged": False, "verdict": ""}
 
 
-def _ratio(got: dict, base: dict) -> float:
-    if not got["finite"]:
-        return math.inf
-    if base["rel_l2"] > 0:
-        return got["rel_l2"] / base["rel_l2"]
-    return 0.0 if got["rel_l2"] == 0 else math.inf
-
-
 def _judge(row: dict, base: dict, dtype: str) -> None:
-    """(1) against (0), and (3) against (2): flagged above RATIO_THRESHOLD.
+    """(1) against (0), and (3) against (2): numerics.compare's verdict, in words.
 
     Elementwise tolerances are reported (outside tol) but do not decide: two
     correct fp32 matmuls at K = 1024 already differ by more than torch's fp32
     atol where the result cancels, because a reduction's error scales with
     sum |terms|, not with |result|."""
-    ratio = _ratio(row, base)
+    ratio, row["flagged"] = comparison.judge(row["rel_l2"], base["rel_l2"])
     row["ratio"] = ratio
-    row["flagged"] = ratio > RATIO_THRESHOLD
     n = 0 if row["comparison"] == 1 else 2
     text = f"({row['comparison']}) is {ratio:.2f}x ({n})"
     if not row["flagged"]:
@@ -527,7 +510,7 @@ def _judge(row: dict, base: dict, dtype: str) -> None:
         row["verdict"] = (f"{text}: your fp32 path loses more than fp32 itself costs: a bug, or an "
                           "accumulation far less accurate than torch's")
     else:
-        row["verdict"] = (f"{text}: above {RATIO_THRESHOLD:g}x, a likely bug or a bad accumulation choice "
+        row["verdict"] = (f"{text}: above {comparison.RATIO_THRESHOLD:g}x, a likely bug or a bad accumulation choice "
                           f"(accumulating in {dtype}?)")
 
 
@@ -543,5 +526,5 @@ def _takeaways(rows, impl) -> list[str]:
     who = impl or "this project's kernels"
     flagged = [r for r in rows if r["flagged"]]
     if not flagged:
-        return [f"{who}: every comparison within {RATIO_THRESHOLD:g}x of what the precision itself costs."]
+        return [f"{who}: every comparison within {comparison.RATIO_THRESHOLD:g}x of what the precision itself costs."]
     return [f"{who}: {r['device']} {r['dtype']}: {r['verdict']}" for r in flagged if r["comparison"] in (1, 3)]

@@ -4,7 +4,8 @@ outlier-injected data (one element per block scaled 10x, 30x, 100x), beside
 bf16 and per-tensor-scaled fp8.
 
 For each configuration and distribution (fp32 inputs, float64 references):
-  rel_rmse      sqrt(fsum((y - x)^2) / fsum(x^2)), y the dequantized values;
+  rel_rmse      numerics.compare.rel_l2(y, x): ||y - x|| / ||x|| exactly, y the
+                dequantized values;
   clip_share    the share of blocks whose largest element clips: its scaled
                 magnitude exceeds the element format's max, so it comes back
                 as +-max * scale, smaller than it went in;
@@ -19,7 +20,6 @@ device; with --device all the GPU's bits must equal the host reference's.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -28,7 +28,7 @@ from precisionlab import native
 from precisionlab.runtime import devices
 from precisionlab.catalog import formats
 from precisionlab.io import inputs
-from precisionlab.numerics import metrics
+from precisionlab.numerics import compare as comparison
 from precisionlab.errors import RunError, UsageError
 
 DISTRIBUTIONS = ("normal", "student_t", "outlier_10x", "outlier_30x", "outlier_100x")
@@ -148,16 +148,6 @@ class _Quantizer:
         return np.concatenate(ys), np.concatenate(cs)
 
 
-def _rel_rmse(y: np.ndarray, x: np.ndarray) -> float:
-    """sqrt(sum((y - x)^2) / sum(x^2)): both sums exact, the root rounded once
-    (fsum of rounded squares, then a rounded quotient and root, was an ulp off)."""
-    x64, y64 = x.astype(np.float64).ravel(), y.astype(np.float64).ravel()
-    if not (np.all(np.isfinite(x64)) and np.all(np.isfinite(y64))):
-        return math.nan if np.isnan(x64).any() or np.isnan(y64).any() else math.inf
-    num, den = metrics.exact_sum_squares_of_difference(y64, x64), metrics.exact_dot(x64, x64)
-    return metrics.sqrt_ratio(num, den) if den > 0 else (0.0 if num == 0 else math.inf)
-
-
 def _flush_share(y: np.ndarray, x: np.ndarray) -> float:
     nz = x != 0
     return float(np.count_nonzero((y == 0) & nz)) / max(int(np.count_nonzero(nz)), 1)
@@ -183,7 +173,7 @@ def _clip_share(y: np.ndarray, x: np.ndarray, codes: np.ndarray, block: int, ele
 def _matmul_error(a_hat: np.ndarray, b_hat: np.ndarray, ref: np.ndarray) -> float:
     c = native.matmul_cpu(np.ascontiguousarray(a_hat, np.float32), np.ascontiguousarray(b_hat, np.float32),
                          formats.get("fp32").code)
-    return _rel_rmse(c, ref)
+    return comparison.rel_l2(c, ref)
 
 
 def _per_tensor(x: np.ndarray, name: str) -> np.ndarray:
@@ -237,7 +227,7 @@ def run(cfg: FormatsConfig, advance=lambda k=1: None) -> FormatsResult:
                 rows.append({
                     "format": fmt, "element": f.element.name, "scale": f.scale.name, "rule": rule, "block": block,
                     "dist": dist, "bits_per_element": f.element.bits + f.scale.bits / block,
-                    "rel_rmse": _rel_rmse(y, vec), "clip_share": _clip_share(y, vec, codes, block, f.element),
+                    "rel_rmse": comparison.rel_l2(y, vec), "clip_share": _clip_share(y, vec, codes, block, f.element),
                     "flush_share": _flush_share(y, vec), "matmul_rel_l2": _matmul_error(a_hat, bt_hat.T, ref),
                 })
                 advance()
@@ -248,7 +238,7 @@ def run(cfg: FormatsConfig, advance=lambda k=1: None) -> FormatsResult:
                         "format": name if name == "bf16" else f"{name} per-tensor", "element": name,
                         "scale": None if name == "bf16" else "fp64 per-tensor", "rule": None, "block": None,
                         "dist": dist, "bits_per_element": float(formats.get(name).bits),
-                        "rel_rmse": _rel_rmse(y, vec), "clip_share": None, "flush_share": _flush_share(y, vec),
+                        "rel_rmse": comparison.rel_l2(y, vec), "clip_share": None, "flush_share": _flush_share(y, vec),
                         "matmul_rel_l2": _matmul_error(_per_tensor(a, name), _per_tensor(bt, name).T, ref),
                     })
                     advance()

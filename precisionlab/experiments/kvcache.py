@@ -50,7 +50,7 @@ import numpy as np
 
 from precisionlab.engines import shape
 from precisionlab.runtime import devices, memory, torch_flags
-from precisionlab.numerics import distribution
+from precisionlab.numerics import compare as comparison, distribution
 from precisionlab.catalog import formats
 from precisionlab.io import inputs
 from precisionlab.errors import NoDeviceError, RunError, UsageError
@@ -328,23 +328,6 @@ def _forced(feed, ids: list[int], first: int) -> np.ndarray:
     return feed(ids[:-1])[first - 1:].double().cpu().numpy()
 
 
-def _rel_l2(a: np.ndarray, ref: np.ndarray) -> np.ndarray:
-    """Per step: ||a - ref|| / ||ref||; a non-finite logit makes the step inf."""
-    out = np.empty(ref.shape[0])
-    for i in range(ref.shape[0]):
-        if not np.isfinite(a[i]).all():
-            out[i] = math.inf
-            continue
-        d = a[i] - ref[i]
-        out[i] = math.sqrt(math.fsum(d * d) / math.fsum(ref[i] * ref[i]))
-    return out
-
-
-def _ratio(a: float, b: float | None) -> float | None:
-    """a / b; None where b is missing or 0 (a NaN stays NaN: it agrees with nothing)."""
-    return None if b is None or b == 0 else a / b
-
-
 def run(cfg: KVCacheConfig, advance=lambda k=1: None) -> KVCacheResult:
     kv_dtypes = formats.parse_list(cfg.dtypes, FP8, "--dtypes")
     modes = inputs.parse_choices(cfg.scales, SCALES, "KV scale")
@@ -420,7 +403,7 @@ def _device_rows(m, cfg: KVCacheConfig, kv_dtypes, modes, device: str, advance) 
         tokens = _greedy(m.session(Stores(store_for(fmt, mode))), m.prompt, cfg.steps, strict=False)
         stores = Stores(store_for(fmt, mode))
         logits = _forced(m.session(stores), path, len(m.prompt))  # the teacher-forced pass alone is counted
-        err = _rel_l2(logits, ref)
+        err = np.array([comparison.rel_l2(logits[i], ref[i]) for i in range(ref.shape[0])])  # per step
         first = next((i for i in range(cfg.steps) if i >= len(tokens) or tokens[i] != ref_tokens[i]), None)
         dist = distribution.summarize(distribution.position_stats(ref, logits, targets))
         if fmt == "bf16":
@@ -429,10 +412,10 @@ def _device_rows(m, cfg: KVCacheConfig, kv_dtypes, modes, device: str, advance) 
         sat = stores.saturated
         rows.append({"device": device, "cache": fmt, "scale": mode, "activation_scale": a,
                      "mean_rel_l2": float(np.mean(err)), "max_rel_l2": float(np.max(err)),
-                     "vs_bf16": _ratio(float(np.mean(err)), bf16["mean_rel_l2"]),
+                     "vs_bf16": comparison.ratio(float(np.mean(err)), bf16["mean_rel_l2"]),
                      "saturated": sat, "entries": stores.entries,
                      "first_divergence": first, "tokens_agree": first is None,
-                     "kld_mean": dist["kld_mean"], "kld_vs_bf16": _ratio(dist["kld_mean"], bf16["kld_mean"]),
+                     "kld_mean": dist["kld_mean"], "kld_vs_bf16": comparison.ratio(dist["kld_mean"], bf16["kld_mean"]),
                      "top1_agree_pct": dist["top1_agree_pct"],
                      "distribution": dist, "distribution_vs_bf16_cache": dist_bf16,
                      "flag": "saturating" if sat else ""})

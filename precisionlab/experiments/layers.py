@@ -15,7 +15,7 @@ teacher-forced). For each watched module (models/hooks.py), in execution order:
                is fp32's phases rounded once (how HF and engines build them);
   (3)          yours vs trusted, both low, same input.
 
-compare op's rule decides: (3) above RATIO_THRESHOLD x (2) is flagged, and the
+numerics.compare's rule decides: (3) above RATIO_THRESHOLD x (2) is flagged, and the
 first flagged module in execution order is the first divergence. The classic
 pitfalls are named by module beside it: RoPE phases not built in fp32, a final
 norm + LM head in the low dtype costing most of the logit error, fp16 values
@@ -41,8 +41,7 @@ from precisionlab.engines import inject as inject_mod
 from precisionlab.io import outputs
 from precisionlab.runtime import torch_flags
 from precisionlab.errors import UsageError
-from precisionlab.experiments.compare import RATIO_THRESHOLD
-from precisionlab.experiments.tensors import _ratio, rel_l2
+from precisionlab.numerics.compare import RATIO_THRESHOLD, judge, rel_l2
 from precisionlab.io.tensorfiles import ORDER_KEY, TOKENS_KEY
 
 FP16_MAX = 65504.0
@@ -268,9 +267,9 @@ def _site_row(runner, site, i, low, tdt, ref_cap, cap, trusted, yours, touched) 
         t_local = _local(runner, site, trusted, ref_cap, cap, tdt) if touched else y_local
     r32, rl, ry, rt = _np(out32), _np(out_low), _np(y_local), _np(t_local)
     yard, diff = rel_l2(rt, r32), rel_l2(ry, rt)
-    ratio = _ratio(diff, yard)
+    ratio, beyond = judge(diff, yard)
     scale, bias_z = _systematic_scale(ry, rt, yard)
-    flagged = ratio > RATIO_THRESHOLD or (bias_z > BIAS_Z and abs(scale - 1) > yard / 10)
+    flagged = beyond or (bias_z > BIAS_Z and abs(scale - 1) > yard / 10)
     return {"dtype": low, "order": i, "module": site.name, "kind": site.kind, "shape": list(out32.shape),
             "accumulated": rel_l2(rl, r32), "local": rel_l2(ry, r32), "yardstick": yard, "yours_vs_trusted": diff,
             "ratio": ratio, "scale_fit": scale, "bias_z": bias_z, "flagged": flagged, "injected": touched,

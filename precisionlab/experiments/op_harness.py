@@ -217,18 +217,6 @@ def output_problem(got, ref, expect_dtype) -> str | None:
     return None
 
 
-def nonfinite_split(got: np.ndarray, ref: np.ndarray) -> tuple[np.ndarray, int, int]:
-    """(mask of elements both sides agree are non-finite, elements the
-    reference has non-finite, mismatches): a NaN where the reference has NaN and
-    the same infinity where it has one agree; anything else non-finite on
-    either side is a mismatch."""
-    nan_g, nan_r = np.isnan(got), np.isnan(ref)
-    inf_g, inf_r = np.isinf(got), np.isinf(ref)
-    agree = (nan_g & nan_r) | (inf_g & inf_r & (got == ref))
-    bad = (~np.isfinite(got) | ~np.isfinite(ref)) & ~agree
-    return agree, int(np.count_nonzero(~np.isfinite(ref))), int(np.count_nonzero(bad))
-
-
 # ---------------------------------------------------------------------------
 # tolerance advisor
 

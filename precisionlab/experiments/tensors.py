@@ -3,15 +3,18 @@ with the three-comparison verdict, so rounding is told from a bug.
 
 Two files A B: each tensor passes when every element satisfies
     |a - b| <= atol + rtol * max(|a|, |b|)          (math.isclose's symmetric rule)
-with torch.testing's default tolerances for the LOWER-precision side, whichever
-argument it is, so swapping A and B never changes a verdict. Identical
-infinities agree (as in torch.testing.assert_close); NaN never agrees unless
---equal-nan. rel-L2 is measured against the higher-precision side (B on a tie).
+with numerics.compare's tolerances (torch.testing's defaults) for the
+LOWER-precision side, whichever argument it is, so swapping A and B never
+changes a verdict. Identical infinities agree (as in
+torch.testing.assert_close); NaN never agrees unless --equal-nan. rel-L2
+(numerics.compare.rel_l2) is measured against the higher-precision side (B on
+a tie).
 
 Three files: per tensor, (2) REF_LOW vs REF_FP32 is what the low precision
 costs there (the yardstick) and (3) YOURS vs REF_LOW is what your engine adds;
-(3) above compare op's RATIO_THRESHOLD times (2) is flagged, and the first
-flagged tensor in execution order is the first divergence.
+(3) above RATIO_THRESHOLD times (2) is flagged (numerics.compare's verdict, as
+in compare op), and the first flagged tensor in execution order is the first
+divergence.
 """
 
 from __future__ import annotations
@@ -27,16 +30,12 @@ import numpy as np
 
 from precisionlab.catalog import formats
 from precisionlab.io import inputs
-from precisionlab.numerics import metrics
+from precisionlab.numerics import compare as comparison, metrics
 from precisionlab.errors import UsageError
-from precisionlab.experiments.compare import RATIO_THRESHOLD, CompareResult
+from precisionlab.experiments.compare import CompareResult
 from precisionlab.io.tensorfiles import DTYPE_TO_FORMAT, TensorFile, natural_key, open_tensor_file
 
-# torch.testing.assert_close's defaults (rtol, atol), kept here so comparing
-# .npz or .safetensors files never imports torch; tests check them against
-# torch's own table. torch has no fp8 entry: there the format's epsilon.
-ASSERT_CLOSE_DEFAULTS = {"fp64": (1e-7, 1e-7), "fp32": (1.3e-6, 1e-5), "fp16": (1e-3, 1e-5), "bf16": (1.6e-2, 1e-5)}
-LOW_DTYPES = formats.DUMPED  # what --a-dtype/--b-dtype/--c-dtype can declare
+LOW_DTYPES = formats.DUMPED  # what --a-dtype/--b-dtype/--c-dtype can declare: numerics.compare's table covers each
 SORTS = ("order", "error")
 
 
@@ -58,11 +57,6 @@ def labels(n: int) -> list[str]:
 
 
 # --- options -------------------------------------------------------------------------
-
-
-def check_tolerance(name: str, v: float | None) -> None:
-    if v is not None and not (math.isfinite(v) and v >= 0):
-        raise UsageError(f"{name} must be a finite number >= 0 (got {v})")
 
 
 def parse_maps(specs: list[str]) -> list[tuple[re.Pattern, str]]:
@@ -134,37 +128,8 @@ def _ordered(files: list[TensorFile], maps: list[dict[str, str]]) -> list[str]:
 # --- statistics -------------------------------------------------------------------------
 
 
-def tolerances(fmt_name: str | None, cfg) -> tuple[float, float]:
-    if fmt_name is None:  # integers: exact
-        rtol, atol = 0.0, 0.0
-    elif fmt_name in ASSERT_CLOSE_DEFAULTS:
-        rtol, atol = ASSERT_CLOSE_DEFAULTS[fmt_name]
-    else:
-        rtol, atol = formats.get(fmt_name).eps, 1e-5
-    return (cfg.rtol if cfg.rtol is not None else rtol), (cfg.atol if cfg.atol is not None else atol)
-
-
 def _precision(fmt_name: str | None) -> float:
     return math.inf if fmt_name is None else formats.get(fmt_name).precision
-
-
-def rel_l2(x: np.ndarray, ref: np.ndarray, equal_nan: bool = False) -> float:
-    """||x - ref|| / ||ref|| over float64 values. Equal elements (the same
-    infinity included) add nothing; any other non-finite pair makes it inf; an
-    all-zero reference gives inf for any difference (0 when equal)."""
-    fx, fr = np.isfinite(x), np.isfinite(ref)
-    if not (fx.all() and fr.all()):
-        same = x == ref
-        if equal_nan:
-            same |= np.isnan(x) & np.isnan(ref)
-        if np.any(~(fx & fr) & ~same):
-            return math.inf
-        both = fx & fr
-        x, ref = x[both], ref[both]
-    num, den = metrics.exact_sum_squares_of_difference(x, ref), metrics.exact_dot(ref, ref)
-    if den == 0:
-        return 0.0 if num == 0 else math.inf
-    return metrics.sqrt_ratio(num, den)  # exact sums: no overflow past 1e154, no underflow below 1e-154
 
 
 def percentile(v: np.ndarray, q: int) -> float:
@@ -182,8 +147,8 @@ def pair_stats(a: np.ndarray, b: np.ndarray, fmt_a: str | None, fmt_b: str | Non
     """Everything one row shows for A against B (float64 arrays, same shape)."""
     low = fmt_a if _precision(fmt_a) <= _precision(fmt_b) else fmt_b
     ref_is_a = _precision(fmt_a) > _precision(fmt_b)
-    rtol, atol = tolerances(low, cfg)
-    ref = a if ref_is_a else b
+    rtol, atol = comparison.resolve(low, cfg.rtol, cfg.atol)
+    ref, other = (a, b) if ref_is_a else (b, a)
     fa, fb = np.isfinite(a), np.isfinite(b)
     all_finite = bool(fa.all() and fb.all())
     n = a.size
@@ -194,10 +159,7 @@ def pair_stats(a: np.ndarray, b: np.ndarray, fmt_a: str | None, fmt_b: str | Non
         av, bv, dv, rv = a.ravel(), b.ravel(), d.ravel(), ref.ravel()
     else:
         both = fa & fb
-        same = (a == b) & ~both
-        if cfg.equal_nan:
-            same |= np.isnan(a) & np.isnan(b)
-        bad = ~both & ~same
+        bad = comparison.nonfinite_pairs(a, b, cfg.equal_nan)[1]
         av, bv, rv = a[both], b[both], ref[both]
         dv = np.subtract(av, bv)
         np.abs(dv, out=dv)
@@ -212,9 +174,8 @@ def pair_stats(a: np.ndarray, b: np.ndarray, fmt_a: str | None, fmt_b: str | Non
         k = int(np.argmax(dv))
         max_abs = float(dv[k])
         flat = k if both is None else int(np.flatnonzero(both.ravel())[k])
-        # exact sums of squares and products, each ratio rounded once: no
-        # overflow past 1e154, no underflow below 1e-154, no last-bit drift
-        num, den = metrics.exact_sum_squares_of_difference(av, bv), metrics.exact_dot(rv, rv)
+        # exact sums of products, the ratio rounded once: no overflow past
+        # 1e154, no underflow below 1e-154, no last-bit drift
         na2, nb2 = metrics.exact_dot(av, av), metrics.exact_dot(bv, bv)
         if na2 > 0 and nb2 > 0:  # undefined for a zero vector
             dot = metrics.exact_dot(av, bv)
@@ -226,20 +187,15 @@ def pair_stats(a: np.ndarray, b: np.ndarray, fmt_a: str | None, fmt_b: str | Non
     else:
         k = flat = None
         max_abs = p50 = p99 = 0.0
-        num = den = Fraction(0)
         cosine, ulps = None, None if low is None else 0.0
     n_bad = 0 if bad is None else int(np.count_nonzero(bad))
     if n_bad:
         flat = int(np.flatnonzero(bad.ravel())[0])  # a non-finite mismatch is the worst there is
-        rel = math.inf
-    elif den == 0.0:
-        rel = 0.0 if num == 0.0 else math.inf     # against an all-zero reference: inf, never a huge number
-    else:
-        rel = metrics.sqrt_ratio(num, den)
+    rel = comparison.rel_l2(other, ref, cfg.equal_nan)
     worst = None if flat is None else tuple(int(i) for i in np.unravel_index(flat, a.shape))
     return {
         "n": n, "n_outside": n_out, "passed": n_out == 0, "max_abs_error": max_abs, "rel_l2": rel,
-        "rel_l2_against": "A" if ref_is_a else "B", "reference_all_zero": bool(den == 0.0 and n_bad == 0 and n > 0),
+        "rel_l2_against": "A" if ref_is_a else "B", "reference_all_zero": bool(n_bad == 0 and n > 0 and not np.any(rv)),
         "cosine": cosine, "p50_abs_error": p50, "p99_abs_error": p99, "max_ulps": ulps, "ulp_format": low,
         "worst_index": None if worst is None else list(worst),
         "worst_a": None if worst is None else float(a[worst]), "worst_b": None if worst is None else float(b[worst]),
@@ -260,18 +216,6 @@ def max_ulps(d: np.ndarray, ref: np.ndarray, fmt) -> float:
 
 
 # --- the comparison ----------------------------------------------------------------------
-
-
-def _ratio(got: float, base: float) -> float:
-    """(3) / (2) as compare op computes it: a non-finite (3) is inf; a zero
-    yardstick makes any difference inf."""
-    if not math.isfinite(got):
-        return math.inf
-    if base > 0 and math.isfinite(base):
-        return got / base
-    if not math.isfinite(base):
-        return 0.0
-    return 0.0 if got == 0 else math.inf
 
 
 def _as64(x: np.ndarray) -> np.ndarray:
@@ -297,8 +241,7 @@ def compare(cfg: CompareTensorsConfig, progress_factory=None) -> CompareResult:
     n_files = len(cfg.files)
     if n_files not in (2, 3):
         raise UsageError(f"compare tensors takes two files (A B) or three (REF_FP32 REF_LOW YOURS), got {n_files}")
-    check_tolerance("--atol", cfg.atol)
-    check_tolerance("--rtol", cfg.rtol)
+    comparison.check_override(cfg.rtol, cfg.atol)
     if cfg.sort not in SORTS:
         raise UsageError(f"--sort must be one of {', '.join(SORTS)} (got {cfg.sort!r})")
     declared = parse_declared(cfg.dtypes, n_files)
@@ -328,7 +271,7 @@ def compare(cfg: CompareTensorsConfig, progress_factory=None) -> CompareResult:
         params={"files": cfg.files, "labels": lab, "mode": "three-way" if n_files == 3 else "two-way",
                 "maps": cfg.maps, "mapped_side": mapped_side, "only": cfg.only, "declared_dtypes": declared,
                 "atol": cfg.atol, "rtol": cfg.rtol, "equal_nan": cfg.equal_nan, "sort": cfg.sort,
-                "fail_fast": cfg.fail_fast, "ratio_threshold": RATIO_THRESHOLD,
+                "fail_fast": cfg.fail_fast, "ratio_threshold": comparison.RATIO_THRESHOLD,
                 "order": "recorded" if any(f.order_recorded for f in files) else "natural",
                 "not_compared": None if stopped is None else len(plan) - stopped},
         rows=rows, flags={"first_divergence": first},
@@ -357,12 +300,13 @@ def _compare_all(cfg, files, maps, declared, plan, progress) -> tuple[list[dict]
                 row["status"] = "ok" if row["passed"] else "fail"
                 row["flagged"] = not row["passed"]
             else:
-                y2 = rel_l2(vals[1], vals[0], cfg.equal_nan)   # (2) ref low vs ref fp32: the yardstick
+                y2 = comparison.rel_l2(vals[1], vals[0], cfg.equal_nan)   # (2) ref low vs ref fp32: the yardstick
                 row.update(pair_stats(vals[2], vals[1], fmts[2], fmts[1], cfg))  # (3) yours vs ref low
                 y3 = row["rel_l2"]
+                ratio, flagged = comparison.judge(y3, y2)
                 row.update(yardstick=y2, rel_l2=y3, rel_l2_against="REF_LOW",
-                           accumulated=rel_l2(vals[2], vals[0], cfg.equal_nan), ratio=_ratio(y3, y2))
-                row["flagged"] = row["ratio"] > RATIO_THRESHOLD
+                           accumulated=comparison.rel_l2(vals[2], vals[0], cfg.equal_nan), ratio=ratio)
+                row["flagged"] = flagged
                 row["status"] = "flagged" if row["flagged"] else "ok"
             row["formats"] = fmts
             del vals
@@ -401,7 +345,7 @@ def _takeaways(rows, n_files, first, stopped, total, skipped) -> list[str]:
                    + (f"; first failing in order: {first}." if first else "."))
     else:
         n_flag = sum(r["flagged"] for r in compared)
-        out.append(f"{n_flag} of {len(compared)} tensors beyond {RATIO_THRESHOLD:g}x what the low precision costs "
+        out.append(f"{n_flag} of {len(compared)} tensors beyond {comparison.RATIO_THRESHOLD:g}x what the low precision costs "
                    f"there" + (f"; first divergence: {first}." if first else ": YOURS is as close as REF_LOW."))
     if one_sided:
         out.append(f"{len(one_sided)} tensors are in some files only (rename with --map 'REGEX=REPLACEMENT').")

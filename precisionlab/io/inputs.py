@@ -58,13 +58,6 @@ def check_given(value: str | None, what: str) -> str | None:
     return value
 
 
-def check_tolerance(value: float | None, what: str) -> float | None:
-    """A tolerance the user gave: finite and >= 0 (NaN would make every comparison pass). None: the default."""
-    if value is not None and not (math.isfinite(value) and value >= 0):
-        raise UsageError(f"{what} must be a finite number >= 0, got {value}")
-    return value
-
-
 def load_npy(path: str, ndim: int | None = None, bytes_per_value: int = 0) -> np.ndarray:
     """A numeric .npy file as float64; ndim=None flattens, else the shape must match.
 

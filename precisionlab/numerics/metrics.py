@@ -191,11 +191,7 @@ def error_report(actual, reference, fmt: Format | None, atol: float, rtol: float
     if np.any(both):
         d = diff[both]
         ab, rb = a[both], r[both]
-        # rel-L2 from exact sums (a float64 norm overflows past 1e154 and
-        # underflows below 1e-154), its square root rounded once
-        num, den = exact_sum_squares_of_difference(ab, rb), exact_dot(rb, rb)
-        # an all-zero reference: any difference is infinitely large relative to it (never a huge finite number)
-        rel_l2 = 0.0 if num == 0 else (sqrt_ratio(num, den) if den > 0 else math.inf)
+        rel_l2 = exact_rel_l2(ab, rb)  # over the pairs finite on both sides: a report, not a verdict
         spacing = (fmt.spacing(rb) if fmt is not None else np.spacing(np.abs(rb)))
         ulps = d / spacing
         flat_worst = int(np.flatnonzero(both)[int(np.argmax(d))])
@@ -213,21 +209,6 @@ def error_report(actual, reference, fmt: Format | None, atol: float, rtol: float
         nonfinite_actual=int(n - np.count_nonzero(fa)), nonfinite_reference=int(n - np.count_nonzero(fr)),
         nan_both=nan_both, atol=atol, rtol=rtol,
     )
-
-
-def default_tolerances(fmt: Format) -> tuple[float, float]:
-    """(rtol, atol) that torch.testing.assert_close uses for this format, read
-    from torch itself. torch keeps the table in a private module; if that ever
-    moves, we fail loudly rather than guess."""
-    if fmt.storage_only:
-        # torch has no fp4/fp6 tensors. One spacing at 1 relative, and half the
-        # smallest subnormal absolute (the most an input flushed to zero moves).
-        return fmt.eps, float(fmt.finfo.smallest_subnormal) / 2
-    import torch
-    from torch.testing._comparison import default_tolerances as torch_defaults
-
-    rtol, atol = torch_defaults(torch.empty(0, dtype=fmt.torch_dtype))
-    return float(rtol), float(atol)
 
 
 # ---------------------------------------------------------------------------
@@ -340,8 +321,19 @@ def sqrt_to_float(q: Fraction) -> float:
 
 
 def sqrt_ratio(num: Fraction, den: Fraction) -> float:
-    """sqrt(num / den) correctly rounded; den > 0."""
+    """sqrt(num / den) correctly rounded, num, den >= 0. den = 0 (a norm
+    against an all-zero reference): 0 when num is 0, else inf, never a huge
+    finite number."""
+    if den == 0:
+        return 0.0 if num == 0 else math.inf
     return sqrt_to_float(num / den)
+
+
+def exact_rel_l2(x: np.ndarray, ref: np.ndarray) -> float:
+    """||x - ref|| / ||ref|| of finite float64 arrays: exact sums (a float64
+    norm overflows past 1e154 and underflows below 1e-154), the root rounded
+    once. The comparison rules (non-finite values) are numerics.compare.rel_l2's."""
+    return sqrt_ratio(exact_sum_squares_of_difference(x, ref), exact_dot(ref, ref))
 
 
 def exact_mean_abs_difference(a: np.ndarray, b: np.ndarray) -> float:
@@ -413,7 +405,7 @@ def _error_report_dd(a, r, r_lo, fmt, atol, rtol, fa, fr, nan_both) -> ErrorRepo
         ulps[at:at + d.size] = d / spacing
         at += d.size
     num_q, den_q = num.total() * Fraction(4) ** kd, den.total() * Fraction(4) ** kr
-    rel_l2 = 0.0 if num_q == 0 else (sqrt_ratio(num_q, den_q) if den_q > 0 else math.inf)
+    rel_l2 = sqrt_ratio(num_q, den_q)
     mean_abs_error = float(total.total() * Fraction(2) ** kd / n_both)
     if n_out and n_both < n:  # a non-finite element is the worst there is
         flat_worst = int(np.flatnonzero(~both1)[0])

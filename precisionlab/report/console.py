@@ -224,3 +224,10 @@ def ulps(x) -> str:
         return num(x)
     return f"{x:.3g}" if x < 1e6 else f"{x:.2e}"
 
+
+
+def times(x) -> str:
+    """A ratio to its yardstick (numerics.compare.ratio): 1.23x; inf as inf."""
+    if x is None:
+        return "-"
+    return num(x) if not math.isfinite(x) else f"{x:.2f}x"

@@ -5,9 +5,8 @@ from __future__ import annotations
 
 from rich.table import Table
 
-from precisionlab.report.console import hint, safe_text, sci, stdout
+from precisionlab.report.console import hint, safe_text, sci, stdout, times
 from precisionlab.report.jsondoc import emit_json
-from precisionlab.report.tensors import _ratio
 
 def table(res) -> None:
     p, info = res.params, res.model_info
@@ -28,7 +27,7 @@ def table(res) -> None:
                 verdict = "rounding"
             t.add_row(str(r["order"]), safe_text(r["module"]), r["kind"], "x".join(map(str, r["shape"])),
                       sci(r["accumulated"]), sci(r["local"]), sci(r["yardstick"]), sci(r["yours_vs_trusted"]),
-                      _ratio(r["ratio"]), verdict)
+                      times(r["ratio"]), verdict)
         stdout.print(t)
     stdout.print(f"accumulated: the {'/'.join(p['dtypes'])} run's output vs fp32's (rel L2). local: the module as the "
                  "low run has it, on fp32's input rounded to the low dtype, vs fp32's output. (2): the same module "

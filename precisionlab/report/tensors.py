@@ -8,7 +8,7 @@ from contextlib import contextmanager
 from rich.markup import escape
 from rich.table import Table
 
-from precisionlab.report.console import hint, num, safe_text, sci, stderr, stdout, ulps
+from precisionlab.report.console import hint, num, safe_text, sci, stderr, stdout, times, ulps
 from precisionlab.report.jsondoc import emit_json
 
 
@@ -78,7 +78,7 @@ def table(res) -> None:
             t.add_row(*head, *([""] * len(cols)))
             continue
         tols[r["tolerance_format"] or "exact"] = (r["rtol"], r["atol"])
-        errs = [sci(r["yardstick"]), sci(r["rel_l2"]), _ratio(r["ratio"])] if three else \
+        errs = [sci(r["yardstick"]), sci(r["rel_l2"]), times(r["ratio"])] if three else \
             [sci(r["rel_l2"]) + (" (ref=0)" if r["reference_all_zero"] and r["rel_l2"] else "")]
         t.add_row(*head, *errs, sci(r["max_abs_error"]), _cos(r), f"{sci(r['p50_abs_error'])} / {sci(r['p99_abs_error'])}",
                   ulps(r["max_ulps"]), escape(_worst(r)),
@@ -108,12 +108,6 @@ def table(res) -> None:
         stdout.print(f"--map renamed {p['mapped_side']}'s tensors.", style="dim", highlight=False)
     for line in res.takeaways:
         stdout.print(f"• {safe_text(line)}", highlight=False)
-
-
-def _ratio(x) -> str:
-    if x is None:
-        return "-"
-    return num(x) if x != x or x in (float("inf"), float("-inf")) else f"{x:.2f}x"
 
 
 def as_json(res) -> None:

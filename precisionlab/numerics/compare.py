@@ -1,0 +1,158 @@
+"""The comparison rules, declared once: what compare op, compare tensors,
+compare model --layers, kvcache and formats judge with.
+
+  tolerances   (rtol, atol) per format: torch.testing.assert_close's table
+               for fp64/fp32/fp16/bf16, a rule from the format's precision
+               for the rest of the catalog (fp8, fp6, fp4);
+  override     --rtol and --atol: each finite and >= 0, both or neither
+               (torch.testing refuses a half-specified pair too);
+  rel_l2       ||x - ref|| / ||ref||, exact, with one rule for non-finite
+               values and for an all-zero reference;
+  ratio        (3) / (2), or (1) / (0): how many times the yardstick an
+               error is, with its rules for zero and non-finite yardsticks;
+  flagged      the verdict: a ratio above RATIO_THRESHOLD.
+
+numpy only: comparing .npz files never imports torch (tests hold the table
+equal to torch's own).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from precisionlab.catalog import formats
+from precisionlab.errors import UsageError
+from precisionlab.numerics import metrics
+
+# --- tolerances ------------------------------------------------------------------------
+
+# torch.testing.assert_close's defaults (rtol, atol), copied from torch's
+# _DTYPE_PRECISIONS so that no comparison needs torch to know them.
+ASSERT_CLOSE_DEFAULTS = {"fp64": (1e-7, 1e-7), "fp32": (1.3e-6, 1e-5), "fp16": (1e-3, 1e-5), "bf16": (1.6e-2, 1e-5)}
+# torch has no entry for the low-bit formats (it compares fp8 with rtol =
+# atol = 0, so every rounded element is "outside"). Here: one spacing at 1
+# relative (the format's eps, 2^(1-p): two roundings' worth), and torch's
+# usual absolute floor.
+LOW_BIT_ATOL = 1e-5
+
+
+def tolerance_formats() -> tuple[str, ...]:
+    """Every format the table covers: the catalog's, in its order."""
+    return tuple(formats.FORMATS)
+
+
+def tolerances(fmt_name: str | None) -> tuple[float, float]:
+    """(rtol, atol) for values of this format; None (integers) is exact: (0, 0)."""
+    if fmt_name is None:
+        return 0.0, 0.0
+    if fmt_name in ASSERT_CLOSE_DEFAULTS:
+        return ASSERT_CLOSE_DEFAULTS[fmt_name]
+    return formats.get(fmt_name).eps, LOW_BIT_ATOL
+
+
+def check_override(rtol: float | None, atol: float | None) -> None:
+    """--rtol / --atol as the user gave them: each finite and >= 0 (NaN would
+    pass every comparison), and both or neither, as torch.testing asks: half
+    a pair would silently mix the user's number with a default."""
+    for name, v in (("--rtol", rtol), ("--atol", atol)):
+        if v is not None and not (math.isfinite(v) and v >= 0):
+            raise UsageError(f"{name} must be a finite number >= 0 (got {v})")
+    if (rtol is None) != (atol is None):
+        given = "--rtol" if atol is None else "--atol"
+        raise UsageError(f"Both --rtol and --atol must be either specified or omitted (got only {given})")
+
+
+def resolve(fmt_name: str | None, rtol: float | None, atol: float | None) -> tuple[float, float]:
+    """(rtol, atol) for this format: the override when given (checked), else the table's."""
+    check_override(rtol, atol)
+    return (rtol, atol) if rtol is not None else tolerances(fmt_name)
+
+
+# --- rel-L2 ------------------------------------------------------------------------------
+
+
+def nonfinite_pairs(x: np.ndarray, ref: np.ndarray, equal_nan: bool = False) -> tuple[np.ndarray, np.ndarray]:
+    """The non-finite rule, as masks (agree, mismatch) over the pairs: the same
+    infinity on both sides agrees, NaN with NaN only under equal_nan (compare
+    op's masked rows, compare tensors --equal-nan), and any other pair with a
+    non-finite side is a mismatch."""
+    finite = np.isfinite(x) & np.isfinite(ref)
+    agree = ~finite & (x == ref)
+    if equal_nan:
+        agree |= np.isnan(x) & np.isnan(ref)
+    return agree, ~finite & ~agree
+
+
+def rel_l2(x: np.ndarray, ref: np.ndarray, equal_nan: bool = False) -> float:
+    """||x - ref|| / ||ref|| over float64 values, from exact sums, rounded once.
+
+    Pairs that agree under the non-finite rule add nothing; any mismatch makes
+    it inf (never NaN: a NaN is the largest error there is). An all-zero
+    reference gives 0 when x equals it and inf for any difference."""
+    x, ref = np.asarray(x, dtype=np.float64), np.asarray(ref, dtype=np.float64)
+    if not (np.isfinite(x).all() and np.isfinite(ref).all()):
+        agree, mismatch = nonfinite_pairs(x, ref, equal_nan)
+        if mismatch.any():
+            return math.inf
+        x, ref = x[~agree], ref[~agree]
+    return metrics.exact_rel_l2(x, ref)
+
+
+# --- the ratio and the verdict ------------------------------------------------------------
+
+# (3) more than this many times (2), or (1) more than this many times (0), is
+# flagged. A correct kernel and torch make rounding choices of the same size as
+# the format itself, so the ratio sits near 1 (0 to ~2 for this project's
+# kernels); an accumulator in the low format, or a real bug, lands 10x and
+# beyond. 4 leaves room for honest differences in reduction order without
+# hiding either.
+RATIO_THRESHOLD = 4.0
+
+
+def ratio(got: float, base: float) -> float:
+    """got / base, two rel-L2s: an error in units of its yardstick.
+
+    A non-finite error (inf, or NaN, which agrees with nothing) is inf. An
+    infinite yardstick (the precision itself overflows there) makes any finite
+    error 0. A zero yardstick (the precision costs nothing there) makes any
+    difference inf and none 0."""
+    if not math.isfinite(got):
+        return math.inf
+    if math.isnan(base):
+        return math.inf
+    if math.isinf(base):
+        return 0.0
+    if base > 0:
+        return got / base
+    return 0.0 if got == 0 else math.inf
+
+
+def flagged(r: float) -> bool:
+    """The verdict on a ratio: beyond RATIO_THRESHOLD is a likely bug, not rounding."""
+    return r > RATIO_THRESHOLD
+
+
+def judge(got: float, base: float) -> tuple[float, bool]:
+    """(ratio, flagged) of an error against its yardstick."""
+    r = ratio(got, base)
+    return r, flagged(r)
+
+
+# --- one comparison, measured -------------------------------------------------------------
+
+
+class Measured:
+    """metrics.error_report over the pairs that do not agree under the
+    non-finite rule, with rel_l2 by the rule above: the exact sums are the
+    report's own (computed once), inf when a pair mismatches."""
+
+    def __init__(self, actual: np.ndarray, reference: np.ndarray, fmt, rtol: float, atol: float,
+                 equal_nan: bool = False):
+        agree, mismatch = nonfinite_pairs(actual, reference, equal_nan)
+        self.kept = ~agree
+        self.report = metrics.error_report(actual[self.kept], reference[self.kept], fmt, atol, rtol)
+        self.mismatch = int(np.count_nonzero(mismatch))
+        self.reference_nonfinite = int(np.count_nonzero(~np.isfinite(reference)))
+        self.rel_l2 = math.inf if self.mismatch else self.report.rel_l2
