@@ -3,8 +3,10 @@ is imported, a bare DIR read as hf:DIR, and what adding an engine costs: the
 FakeEngine below (one class) registered at test time (one line) runs compare
 model and kvcache, and gives the embedded model's numbers, which it wraps."""
 
+import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 from helpers import cli, save_tiny_qwen, strict_json
@@ -62,7 +64,7 @@ _PROBE = ("import sys\nfrom precisionlab.cli import main\nsys.argv = ['precision
 ])
 def test_a_bad_spec_exits_2_before_torch(args):
     r = subprocess.run([sys.executable, "-c", _PROBE, *args], capture_output=True, text=True, timeout=120,
-                       env={**__import__("os").environ, "PYTHONPATH": str(__import__("pathlib").Path(__file__).parents[1])})
+                       env={**os.environ, "PYTHONPATH": str(Path(__file__).parents[1])})
     assert r.stdout.split() == ["2", "False"], (r.stdout, r.stderr)
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1 and "--model" in lines[0] and "Traceback" not in r.stderr

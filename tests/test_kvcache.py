@@ -234,8 +234,6 @@ def test_hf_cli_json_and_usage_errors(tiny_qwen):
 def test_the_cache_keyword_follows_transformers_and_fails_in_one_line():
     # transformers 5.x takes cache=, earlier versions (and 5.x until 5.40,
     # deprecated) past_key_values=: compare model and kvcache ask forward()
-    mexp = hf
-
     class New:
         def forward(self, input_ids=None, cache=None, past_key_values=None, use_cache=None):
             pass
@@ -248,10 +246,10 @@ def test_the_cache_keyword_follows_transformers_and_fails_in_one_line():
         def forward(self, input_ids=None):
             pass
 
-    assert mexp.cache_keyword(New(), "x") == "cache" and mexp.cache_keyword(Old(), "x") == "past_key_values"
+    assert hf.cache_keyword(New(), "x") == "cache" and hf.cache_keyword(Old(), "x") == "past_key_values"
     with pytest.raises(RunError, match=r"Neither.forward takes neither cache= nor past_key_values=; kvcache"):
-        mexp.cache_keyword(Neither(), "kvcache --model")
+        hf.cache_keyword(Neither(), "kvcache --model")
     out = type("Out", (), {"past_key_values": "c"})()
-    assert mexp.returned_cache(out) == "c"
+    assert hf.returned_cache(out) == "c"
     with pytest.raises(RunError, match="returned no cache"):
-        mexp.returned_cache(object())
+        hf.returned_cache(object())
