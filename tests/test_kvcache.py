@@ -10,6 +10,9 @@ import pytest
 from helpers import cli, save_tiny_qwen, strict_json
 
 from precisionlab.catalog import formats
+from precisionlab.engines import hf
+from precisionlab.engines.protocol import greedy
+from precisionlab.engines.registry import open_engine
 from precisionlab.errors import RunError, UsageError
 from precisionlab.experiments import kvcache as exp
 
@@ -131,15 +134,15 @@ def test_hf_distribution_statistics_agree_with_distribution_py_on_the_same_logit
     from precisionlab.numerics import distribution
 
     cfg = _hf_cfg(tiny_qwen, activation_scale=1000.0)
-    m = exp.HFModel(cfg, "cpu")
+    m = open_engine(cfg.model, "cpu")
+    prompt = m.prompt_ids(cfg.prompt, cfg.steps)
     with torch.no_grad():
-        tokens, _ = m.runner.greedy(m.runner.base, m.prompt, cfg.steps)
-        path = m.prompt + tokens
-        ref = m.runner.forward_all(m.runner.base, path[:-1])[len(m.prompt) - 1:]
+        tokens, _ = greedy(m, m.base, prompt, cfg.steps)
+        path = prompt + tokens
+        ref = m.forward(m.base, torch.tensor([path[:-1]]))[0].double().numpy()[len(prompt) - 1:]
         cal = exp.Stores(lambda i: exp.KVStore(None, None, 1000.0))
-        m.calibrate(cal, m.calibration)
-        dyn = exp._forced(m.session(exp.Stores(lambda i: exp.KVStore("fp8_e4m3", "dynamic", 1000.0))), path,
-                          len(m.prompt))
+        m.calibrate(m.base, cal, m.encode(exp.calibration_text()))
+        dyn = exp._forced(m, exp.Stores(lambda i: exp.KVStore("fp8_e4m3", "dynamic", 1000.0)), path, len(prompt))
     want = distribution.summarize(distribution.position_stats(ref, dyn, np.asarray(tokens)))
     row = next(r for r in hf_scaled_run.rows if (r["cache"], r["scale"]) == ("fp8_e4m3", "dynamic"))
     assert row["distribution"] == want
@@ -150,8 +153,9 @@ def test_hf_attention_reads_the_quantized_cache_its_own_token_included(tiny_qwen
     holds the current token; decoding token by token gives the one-pass
     logits; a cache that stores fp32 changes nothing."""
     e4m3 = formats.get("fp8_e4m3")
-    m = exp.HFModel(_hf_cfg(tiny_qwen), "cpu")
-    cls = exp.stored_cache_class()
+    m = open_engine(str(tiny_qwen), "cpu")
+    prompt = m.prompt_ids("the cat sat", 12)
+    cls = hf.stored_cache_class()
     seen = []
     real = cls.update
 
@@ -162,20 +166,20 @@ def test_hf_attention_reads_the_quantized_cache_its_own_token_included(tiny_qwen
         return out
 
     monkeypatch.setattr(cls, "update", spy)
-    path = m.prompt + [1, 2, 3, 4, 5, 6]
+    path = prompt + [1, 2, 3, 4, 5, 6]
     unit = lambda: exp.Stores(lambda i: exp.KVStore("fp8_e4m3", "unit", 1.0))  # noqa: E731
     with torch.no_grad():
-        feed = m.session(unit())
-        steps = [feed(m.prompt)[-1]] + [feed([t])[-1] for t in path[len(m.prompt):-1]]
+        feed = m.session(m.base, unit())
+        steps = [feed(prompt)[-1]] + [feed([t])[-1] for t in path[len(prompt):-1]]
     for new, returned, k, v, held in seen:
         assert returned == held  # the whole cache, this call's tokens included
         for x in (k, v):
             assert np.array_equal(e4m3.round(np.clip(x, -448, 448)), x)
     assert seen[-1][0] == 1 and seen[-1][1] == len(path) - 1
     with torch.no_grad():
-        one_pass = exp._forced(m.session(unit()), path, len(m.prompt))
-        plain = m.runner.forward_all(m.runner.base, path[:-1])[len(m.prompt) - 1:]
-        fp32 = exp._forced(m.session(exp.Stores(lambda i: exp.KVStore(None, None, 1.0))), path, len(m.prompt))
+        one_pass = exp._forced(m, unit(), path, len(prompt))
+        plain = m.forward(m.base, torch.tensor([path[:-1]]))[0].double().numpy()[len(prompt) - 1:]
+        fp32 = exp._forced(m, exp.Stores(lambda i: exp.KVStore(None, None, 1.0)), path, len(prompt))
     stepwise = torch.stack(steps).double().numpy()
     assert np.array_equal(fp32, plain)
     gap = np.abs(one_pass - plain).max()
@@ -199,17 +203,15 @@ def test_hf_memory_is_checked_before_anything_loads(tiny_qwen, monkeypatch):
 def test_hf_cache_api_changes_fail_in_one_line(tiny_qwen, monkeypatch):
     import transformers
 
-    exp.stored_cache_class.cache_clear()
+    hf.stored_cache_class.cache_clear()
     monkeypatch.setattr(transformers.DynamicCache, "update", lambda self, keys, values, idx=0, **kw: (keys, values))
     try:
         with pytest.raises(RunError, match=r"DynamicCache.update is not update\(key_states"):
             exp.run(_hf_cfg(tiny_qwen, steps=2))
     finally:
-        exp.stored_cache_class.cache_clear()
+        hf.stored_cache_class.cache_clear()
     monkeypatch.undo()
-    from precisionlab.experiments import model as mexp
-
-    monkeypatch.setattr(mexp, "cache_keyword", lambda module, command: "kv_cache_by_another_name")
+    monkeypatch.setattr(hf, "cache_keyword", lambda module, command: "kv_cache_by_another_name")
     with pytest.raises(RunError, match=r"never called its KV cache's update\(\)"):
         exp.run(_hf_cfg(tiny_qwen, steps=2))
 
@@ -232,8 +234,6 @@ def test_hf_cli_json_and_usage_errors(tiny_qwen):
 def test_the_cache_keyword_follows_transformers_and_fails_in_one_line():
     # transformers 5.x takes cache=, earlier versions (and 5.x until 5.40,
     # deprecated) past_key_values=: compare model and kvcache ask forward()
-    from precisionlab.experiments import model as mexp
-
     class New:
         def forward(self, input_ids=None, cache=None, past_key_values=None, use_cache=None):
             pass
@@ -246,10 +246,10 @@ def test_the_cache_keyword_follows_transformers_and_fails_in_one_line():
         def forward(self, input_ids=None):
             pass
 
-    assert mexp.cache_keyword(New(), "x") == "cache" and mexp.cache_keyword(Old(), "x") == "past_key_values"
+    assert hf.cache_keyword(New(), "x") == "cache" and hf.cache_keyword(Old(), "x") == "past_key_values"
     with pytest.raises(RunError, match=r"Neither.forward takes neither cache= nor past_key_values=; kvcache"):
-        mexp.cache_keyword(Neither(), "kvcache --model")
+        hf.cache_keyword(Neither(), "kvcache --model")
     out = type("Out", (), {"past_key_values": "c"})()
-    assert mexp.returned_cache(out) == "c"
+    assert hf.returned_cache(out) == "c"
     with pytest.raises(RunError, match="returned no cache"):
-        mexp.returned_cache(object())
+        hf.returned_cache(object())

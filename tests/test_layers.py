@@ -183,11 +183,12 @@ def test_memory_is_estimated_before_the_model_is_opened(monkeypatch):
 
     seen = []
     monkeypatch.setattr(inputs, "memory_limit", lambda: 1 << 20)
-    monkeypatch.setattr(memory, "compare_layers_for", lambda *a, **k: seen.append(k) or (2 << 20))
-    with pytest.raises(UsageError, match=r"compare model --layers \(embedded\) --steps 3 needs about 2 MiB"):
+    monkeypatch.setattr(memory, "compare_layers", lambda *a, **k: seen.append(k) or (2 << 20))
+    with pytest.raises(UsageError, match=r"compare model --layers --model embedded --steps 3 needs about 2 MiB"):
         lexp.run(lexp.LayersConfig(steps=3, dtypes="bf16"))
     assert seen == [{"dump": False}]
+    monkeypatch.undo()
     # the estimate grows with what a run keeps: positions, and the dump's copies
-    shape = shape.model_shape(None, 50, "ROMEO:\n")
-    assert memory.compare_layers(*shape[:7], dump=True) > memory.compare_layers(*shape[:7]) > \
+    s50 = shape.model_shape(None, 50, "ROMEO:\n")
+    assert memory.compare_layers(*s50[:7], dump=True) > memory.compare_layers(*s50[:7]) > \
         memory.compare_layers(*shape.model_shape(None, 10, "ROMEO:\n")[:7])

@@ -11,6 +11,7 @@ from safetensors.numpy import save_file
 
 from helpers import TINY_WORDS, cli, save_tiny_qwen, strict_json
 from precisionlab.numerics import distribution as dist
+from precisionlab.engines import embedded
 from precisionlab.experiments import logits as exp
 
 mpmath.mp.dps = 50
@@ -195,7 +196,7 @@ def test_saved_reference_round_trips_bit_for_bit(saved_pair):
     # Batched as the tool batches (23 full windows together, then the last 56):
     # a matmul's rounding may depend on its row count, which is not this test's subject.
     threads = torch.get_num_threads()
-    torch.set_num_threads(exp.EMBEDDED_THREADS)  # as the tool runs it
+    torch.set_num_threads(embedded.SCORE_THREADS)  # as the tool runs it
     with torch.no_grad():
         full = m(torch.tensor(ids[:2944]).view(23, 128))[0].reshape(2944, -1).numpy()
         rest = m(torch.tensor([ids[2944:3000]]))[0][0].numpy()

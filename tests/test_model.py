@@ -24,9 +24,19 @@ def test_weights_load_and_fp32_is_an_exact_upcast():
 
 
 def test_cache_matches_recomputation():
-    m, tok = charlm.load_default(torch.float32)
-    prompt = tok.encode("ROMEO:\n")
-    assert charlm.greedy_generate(m, prompt, 30) == charlm.greedy_generate(m, prompt, 30, use_cache=False)
+    """The one greedy loop (a KV-cache session: prefill, then one token a step)
+    against recomputing the whole sequence at every step, written out here."""
+    from precisionlab.engines.protocol import greedy
+    from precisionlab.engines.registry import open_engine
+
+    engine = open_engine("embedded", "cpu")
+    prompt = engine.encode("ROMEO:\n")
+    ids = list(prompt)
+    with torch.no_grad():
+        for _ in range(30):
+            ids.append(int(engine.base(torch.tensor([ids]))[0][0, -1].argmax()))
+    tokens, rows = greedy(engine, engine.base, prompt, 30)
+    assert tokens == ids[len(prompt):] and rows.shape == (30, len(engine.tok))
 
 
 def test_deterministic(default_run):

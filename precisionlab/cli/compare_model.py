@@ -8,15 +8,14 @@ import typer
 
 from precisionlab.errors import UsageError
 from precisionlab.catalog import formats
-from precisionlab.cli.options import SeedOpt, JsonOpt, ThreadsOpt, format_names
+from precisionlab.cli.options import ModelOpt, SeedOpt, JsonOpt, ThreadsOpt, check_model, format_names
+from precisionlab.engines.registry import DEFAULT_PROMPT, DEFAULT_SPEC
 
 
 def command(
-    model: Annotated[Optional[str], typer.Option("--model", help="A Hugging Face causal LM: a local directory or a repo id "
-                                                 "already in the local cache (offline only; needs precisionlab[hf]). "
-                                                 "Default: the embedded char-level model.")] = None,
+    model: ModelOpt = DEFAULT_SPEC,
     steps: Annotated[int, typer.Option("--steps", help="Greedy decoding steps.")] = 50,
-    prompt: Annotated[str, typer.Option("--prompt", help="The text to continue.")] = "ROMEO:\n",
+    prompt: Annotated[str, typer.Option("--prompt", help="The text to continue.")] = DEFAULT_PROMPT,
     dtypes: Annotated[str, typer.Option("--dtypes", help="Low precisions against fp32: "
                                         f"{format_names(formats.LOW_COMPUTE)}.")] = format_names(formats.LOW_COMPUTE, ","),
     plot: Annotated[Optional[str], typer.Option("--plot", help="Write rel-L2 per step, divergence marked, to this file (.png, .svg, .pdf, ...).")] = None,
@@ -56,7 +55,7 @@ def command(
     from precisionlab.report.plots import check_plot_path
 
     plot = check_plot_path(plot)  # before the run: a bad path must not cost the result
-    inputs.check_given(model, "--model")
+    check_model(model)
     inputs.check_given(text, "--text")
     if metrics and (layers or dump is not None):
         raise UsageError("--metrics and --layers/--dump are separate runs: give one")

@@ -7,7 +7,8 @@ from typing import Annotated, Optional
 import typer
 
 from precisionlab.catalog import formats
-from precisionlab.cli.options import DeviceOpt, SeedOpt, JsonOpt, format_names
+from precisionlab.cli.options import DeviceOpt, ModelOpt, SeedOpt, JsonOpt, check_model, format_names
+from precisionlab.engines.registry import DEFAULT_PROMPT, DEFAULT_SPEC
 
 
 def command(
@@ -21,22 +22,19 @@ def command(
                                                     "are cached and divide after: the same model with large "
                                                     "activations (try 1000).")] = 1.0,
     steps: Annotated[int, typer.Option("--steps", help="Greedy steps.")] = 50,
-    prompt: Annotated[str, typer.Option("--prompt", help="Prompt text.")] = "ROMEO:\n",
-    model: Annotated[Optional[str], typer.Option("--model", help="A Hugging Face causal LM: a local directory or a "
-                                                 "repo id already in the local cache (offline only; needs "
-                                                 "precisionlab[hf]). Default: the embedded char-level model.")] = None,
+    prompt: Annotated[str, typer.Option("--prompt", help="Prompt text.")] = DEFAULT_PROMPT,
+    model: ModelOpt = DEFAULT_SPEC,
     device: DeviceOpt = "cpu",
     seed: SeedOpt = 0,
     json_out: JsonOpt = False,
 ):
-    """A model (the embedded one, or --model DIR) with its KV cache in fp8 (unit, calibrated or dynamic scales)
+    """A model (the embedded one, or --model hf:DIR) with its KV cache in fp8 (unit, calibrated or dynamic scales)
     against fp32 and bf16 caches."""
-    from precisionlab.io import inputs
     from precisionlab.experiments import kvcache as exp
     from precisionlab.report import kvcache
     from precisionlab.report.output import Output
 
-    inputs.check_given(model, "--model")
+    check_model(model)
     out = Output(kvcache, json_out)
     cfg = exp.KVCacheConfig(dtypes=dtypes, scales=scales, activation_scale=activation_scale, steps=steps,
                             prompt=prompt, device=device, seed=seed, model=model)

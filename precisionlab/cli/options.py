@@ -7,6 +7,7 @@ from typing import Annotated, Optional
 
 import typer
 
+from precisionlab.engines import registry as _registry
 from precisionlab.errors import PrecisionLabError
 
 
@@ -63,5 +64,19 @@ SeedOpt = Annotated[int, typer.Option("--seed", callback=seed_in_range,
 JsonOpt = Annotated[bool, typer.Option("--json", help="One strict JSON document on stdout (non-finite as strings).")]
 AtolOpt = Annotated[Optional[float], typer.Option("--atol", help="Absolute tolerance (default: torch.testing's for the dtype).")]
 RtolOpt = Annotated[Optional[float], typer.Option("--rtol", help="Relative tolerance (default: torch.testing's for the dtype).")]
+# The model commands (compare model, its --metrics and --layers, kvcache): an
+# engine spec, checked by engines/registry.py before anything slow starts.
+ModelOpt = Annotated[str, typer.Option("--model", help=_registry.spec_help())]
+
+
+def check_model(spec: str) -> str:
+    """--model: non-empty, its engine known and its argument openable (exit 2), before torch is imported."""
+    from precisionlab.io import inputs
+
+    inputs.check_given(spec, "--model")
+    _registry.resolve(spec)
+    return spec
+
+
 ThreadsOpt = Annotated[Optional[int], typer.Option("--threads", help="CPU threads for torch work, at most 4 per "
                                                    "core (default: sized for the work, one for small matrices).")]

@@ -215,27 +215,6 @@ class CharLM(nn.Module):
         return self.norm(x) @ self.embed.weight.T, new_cache
 
 
-@torch.no_grad()
-def greedy_generate(model: CharLM, prompt: list[int], n: int, use_cache: bool = True) -> list[int]:
-    """Greedy continuation of prompt by n tokens.
-
-    With use_cache, one prefill plus n single-token steps; without, the whole
-    sequence is recomputed each step (the reference the cache must match).
-    """
-    device = model.embed.weight.device
-    ids = list(prompt)
-    if use_cache:
-        logits, cache = model(torch.tensor([ids], device=device))
-        for _ in range(n):
-            ids.append(int(logits[0, -1].argmax()))
-            logits, cache = model(torch.tensor([ids[-1:]], device=device), cache, len(ids) - 1)
-    else:
-        for _ in range(n):
-            logits, _ = model(torch.tensor([ids], device=device))
-            ids.append(int(logits[0, -1].argmax()))
-    return ids[len(prompt) :]
-
-
 def save(model: CharLM, tokenizer: CharTokenizer, path: str | Path) -> None:
     """Write weights rounded to bf16, with config and vocab in the metadata."""
     from safetensors.torch import save_file

@@ -1,6 +1,6 @@
 """kvcache: a model with its KV cache kept in fp8.
 
-The embedded model, or a Hugging Face causal LM (`--model DIR`), computes in
+The embedded model, or a Hugging Face causal LM (`--model hf:DIR`), computes in
 fp32 throughout; only what the cache stores changes:
   fp32                      the reference cache (the model as shipped);
   bf16                      K and V rounded to bf16;
@@ -18,9 +18,12 @@ times s. `activation_scale` multiplies K and V before they are stored and
 divides them after they are read: the same model with large activations in
 its cache, as models with outlier channels have.
 
-Where the cache sits: the embedded model's `Attention.kv_store`; for a Hugging
-Face model a transformers DynamicCache whose update() rounds the new keys and
-values before appending them (`stored_cache_class`). Both receive the keys
+Where the cache sits is the engine's KV-cache hook (engines/protocol.py,
+Engine.session(model, stores)): the embedded model's `Attention.kv_store`;
+for a Hugging Face model a transformers DynamicCache whose update() rounds the
+new keys and values before appending them (engines/hf.py,
+`stored_cache_class`). The rounding itself (KVStore, below) is this
+experiment's, not the engine's. Both receive the keys
 after RoPE (what both caches hold), and in both attention reads what the cache
 returns, so every query reads quantized K and V, its own token's included, in
 the prompt's pass as in each decoding step. A Hugging Face model's cache holds
@@ -41,21 +44,19 @@ never agrees).
 
 from __future__ import annotations
 
-import functools
-import inspect
 import math
 from dataclasses import dataclass
 
 import numpy as np
 
-from precisionlab.engines import shape
+from precisionlab.engines.protocol import check_finite, greedy
+from precisionlab.engines.registry import DEFAULT_PROMPT, DEFAULT_SPEC, open_engine
 from precisionlab.runtime import devices, memory, torch_flags
 from precisionlab.numerics import compare as comparison, distribution
 from precisionlab.catalog import formats
 from precisionlab.io import inputs
 from precisionlab.errors import NoDeviceError, RunError, UsageError
 
-DEFAULT_PROMPT = "ROMEO:\n"
 FP8 = formats.FP8  # the caches' formats: fp32 and bf16 caches are the yardsticks
 SCALES = ("unit", "calibrated", "dynamic")
 CALIBRATION_CHARS = 512
@@ -70,7 +71,7 @@ class KVCacheConfig:
     prompt: str = DEFAULT_PROMPT
     device: str = "cpu"
     seed: int = 0
-    model: str | None = None      # a Hugging Face folder or cached repo id; None: the embedded model
+    model: str | None = DEFAULT_SPEC  # an engine spec (engines/registry.py); None: the embedded model
 
 
 @dataclass
@@ -159,173 +160,15 @@ class Stores(dict):
         return sum(s.saturated for s in self.values())
 
 
-# ---------------------------------------------------------------------------
-# the two models behind one interface: session(stores) -> feed(ids) -> logits
-
-
-class EmbeddedModel:
-    """The embedded char-LM: the stores go in as each layer's Attention.kv_store."""
-
-    def __init__(self, cfg: KVCacheConfig, device: str):
-        torch = _torch()
-        from precisionlab.engines import charlm
-
-        self.model, tok = charlm.load_default(torch.float32, device)
-        self.device = device
-        self.layers = len(self.model.layers)
-        self.info = {"name": "precisionlab char-LM (embedded, bf16 weights)",
-                     "parameters": sum(p.numel() for p in self.model.parameters()), "layers": self.layers,
-                     "heads": self.model.cfg.n_heads, "head_dim": self.model.cfg.head_dim}
-        missing = sorted({c for c in cfg.prompt if c not in tok.index})
-        if missing or not cfg.prompt:
-            raise UsageError(f"--prompt must be non-empty text the model knows (unknown: {''.join(missing)!r})")
-        self.prompt = tok.encode(cfg.prompt)
-        if len(self.prompt) + cfg.steps > self.model.cfg.max_seq_len:
-            raise UsageError(f"prompt + steps must stay within {self.model.cfg.max_seq_len} tokens")
-        self.calibration = [tok.index[c] for c in calibration_text() if c in tok.index]
-
-    def session(self, stores: Stores | None):
-        torch = _torch()
-        for i, layer in enumerate(self.model.layers):
-            layer.attn.kv_store = None if stores is None else stores[i]
-        state = {"cache": None, "pos": 0}
-
-        def feed(ids: list[int]):
-            logits, state["cache"] = self.model(torch.tensor([ids], device=self.device), state["cache"], state["pos"])
-            state["pos"] += len(ids)
-            return logits[0]
-
-        return feed
-
-    def calibrate(self, stores: Stores, ids: list[int]) -> None:
-        self.session(stores)(ids)
-
-    def close(self) -> None:
-        self.session(None)
-
-
 def calibration_text() -> str:
     from precisionlab.engines import charlm
 
     return charlm.DEFAULT_WEIGHTS.with_name("shakespeare.txt").read_text("utf-8")[:CALIBRATION_CHARS]
 
 
-def _transformers_version() -> str:
-    import transformers
-
-    return getattr(transformers, "__version__", "?")
-
-
-@functools.cache
-def stored_cache_class():
-    """A transformers DynamicCache whose update(key_states, value_states,
-    layer_idx, ...) passes the new keys and values through the layer's
-    KVStore before appending them, and returns what attention reads. update()
-    with that head is the one Cache surface stable from transformers 4.36 to
-    5.x (its later arguments changed name: cache_kwargs, then kwargs; they
-    pass through untouched). Anything else: one line, exit 1."""
-    try:
-        from transformers import DynamicCache
-    except ImportError:
-        raise RunError(f"transformers {_transformers_version()} has no DynamicCache; kvcache --model needs "
-                       "transformers >= 4.45") from None
-    try:
-        head = list(inspect.signature(DynamicCache.update).parameters)[:4]
-    except (TypeError, ValueError):
-        head = []
-    if head != ["self", "key_states", "value_states", "layer_idx"]:
-        raise RunError(f"transformers {_transformers_version()}: DynamicCache.update is not "
-                       f"update(key_states, value_states, layer_idx, ...) (found {head}); kvcache --model cannot "
-                       "put its fp8 rounding in this version's cache")
-
-    class StoredCache(DynamicCache):
-        def __init__(self, stores: Stores | None, config):
-            try:
-                super().__init__(config=config)  # what the model itself builds (sliding layers included)
-            except TypeError:  # transformers before 4.56: no config argument
-                super().__init__()
-            self.stores = stores
-            self.calls = 0
-
-        def update(self, key_states, value_states, layer_idx, *args, **kwargs):
-            self.calls += 1
-            if self.stores is not None:
-                key_states, value_states = self.stores[layer_idx](key_states, value_states)
-            return super().update(key_states, value_states, layer_idx, *args, **kwargs)
-
-    return StoredCache
-
-
-class HFModel:
-    """A Hugging Face causal LM, opened as compare model opens it
-    (model.open_runner: no foreign code, memory checked first), fed through a
-    StoredCache."""
-
-    def __init__(self, cfg: KVCacheConfig, device: str):
-        from precisionlab.experiments import model as mexp
-
-        estimate = functools.partial(shape.kvcache_for, calibration=CALIBRATION_CHARS)
-        self.runner, self.prompt = mexp.open_runner(cfg.model, device, cfg.prompt, cfg.steps, memory_check=True,
-                                                    command="kvcache --model", estimate=estimate)
-        self.model, self.device = self.runner.base, device
-        self.cls = stored_cache_class()
-        self.kw = mexp.cache_keyword(self.model, "kvcache --model")
-        # Calibration needs no logits: the decoder alone (a 150k vocabulary over 512 tokens would be 300 MB).
-        self.decoder = getattr(self.model, "base_model", None) or self.model
-        self.decoder_kw = mexp.cache_keyword(self.decoder, "kvcache --model")
-        cfg_ = self.model.config
-        self.layers = int(getattr(cfg_, "num_hidden_layers", 0) or 0)
-        self.info = self.runner.info() | {"layers": self.layers,
-                                          "heads": int(getattr(cfg_, "num_attention_heads", 0) or 0),
-                                          "transformers": _transformers_version()}
-        self.calibration = self.runner.encode(calibration_text())[:int(self.runner.max_len)]
-        if not self.calibration:
-            raise RunError("the calibration text encodes to no tokens with this model's tokenizer")
-
-    def _call(self, module, kw, cache, ids):
-        torch = _torch()
-        out = module(input_ids=torch.tensor([ids], device=self.device), use_cache=True, **{kw: cache})
-        if cache.calls == 0:
-            raise RunError(f"{type(module).__name__} (transformers {_transformers_version()}) never called its KV "
-                           "cache's update(): kvcache --model cannot see what this model caches")
-        return out
-
-    def session(self, stores: Stores | None):
-        cache = self.cls(stores, self.model.config)
-        return lambda ids: self._call(self.model, self.kw, cache, ids).logits[0]
-
-    def calibrate(self, stores: Stores, ids: list[int]) -> None:
-        self._call(self.decoder, self.decoder_kw, self.cls(stores, self.model.config), ids)
-
-    def close(self) -> None:
-        pass
-
-
-# ---------------------------------------------------------------------------
-
-
-def _greedy(feed, prompt: list[int], steps: int, strict: bool) -> list[int]:
-    """Greedy tokens from a fresh session. A non-finite logit row ends the
-    path there (strict, for the reference: the run fails, exit 1)."""
-    from precisionlab.experiments.model import check_finite
-
-    out: list[int] = []
-    logits = feed(prompt)[-1]
-    for step in range(steps):
-        last = logits.double().cpu().numpy()
-        if not np.isfinite(last).all():
-            if strict:
-                check_finite(last, "fp32", step, "greedy decoding, fp32 cache")
-            break
-        out.append(int(np.argmax(last)))
-        if step + 1 < steps:
-            logits = feed(out[-1:])[-1]
-    return out
-
-
-def _forced(feed, ids: list[int], first: int) -> np.ndarray:
+def _forced(engine, stores, ids: list[int], first: int) -> np.ndarray:
     """Logits predicting ids[first:], reading the whole path in one pass (through the same cache)."""
-    return feed(ids[:-1])[first - 1:].double().cpu().numpy()
+    return engine.session(engine.base, stores)(ids[:-1])[first - 1:].double().cpu().numpy()
 
 
 def run(cfg: KVCacheConfig, advance=lambda k=1: None) -> KVCacheResult:
@@ -347,46 +190,48 @@ def run(cfg: KVCacheConfig, advance=lambda k=1: None) -> KVCacheResult:
     names = [d for d in plan.names if d == "cpu" or torch.cuda.is_available()]
     if not charlm.DEFAULT_WEIGHTS.with_name("shakespeare.txt").is_file():
         raise RunError(f"the calibration text is missing ({charlm.DEFAULT_WEIGHTS.with_name('shakespeare.txt')})")
-    if cfg.model is None:
-        if not charlm.DEFAULT_WEIGHTS.is_file():
-            raise RunError(f"the embedded model's weights are missing ({charlm.DEFAULT_WEIGHTS})")
-        inputs.check_memory(shape.kvcache_for(None, cfg.steps, cfg.prompt, CALIBRATION_CHARS),
-                            f"kvcache --steps {cfg.steps}")
+
     rows: list[dict] = []
     info: dict = {}
     calibration_tokens = 0
     with torch_flags.ieee_fp32(), torch.no_grad():  # fp32 means IEEE fp32 here
         for device in names:
-            m = HFModel(cfg, device) if cfg.model else EmbeddedModel(cfg, device)
+            engine = open_engine(cfg.model, device, estimate=lambda s: memory.kvcache(s, CALIBRATION_CHARS),
+                                 steps=cfg.steps, prompt=cfg.prompt, command="kvcache")
             try:
-                device_rows, info = _device_rows(m, cfg, kv_dtypes, modes, device, advance)
+                prompt = engine.prompt_ids(cfg.prompt, cfg.steps)
+                calibration = engine.encode(calibration_text(), "the calibration text")[:int(engine.max_len)]
+                if not calibration:
+                    raise RunError("the calibration text encodes to no tokens with this model's tokenizer")
+                device_rows, info = _device_rows(engine, prompt, calibration, cfg, kv_dtypes, modes, device,
+                                                 advance)
             finally:
-                m.close()
+                engine.close()
             rows += device_rows
-            calibration_tokens = len(m.calibration)
+            calibration_tokens = len(calibration)
     return KVCacheResult(
-        params={"model": cfg.model or "embedded", "dtypes": kv_dtypes, "scales": modes,
+        params={"model": cfg.model or DEFAULT_SPEC, "dtypes": kv_dtypes, "scales": modes,
                 "activation_scale": cfg.activation_scale, "steps": cfg.steps, "prompt": cfg.prompt,
                 "device": cfg.device, "calibration_chars": CALIBRATION_CHARS,
                 "calibration_tokens": calibration_tokens, "seed": cfg.seed},
         rows=rows, model_info=info, takeaways=takeaways(rows))
 
 
-def _device_rows(m, cfg: KVCacheConfig, kv_dtypes, modes, device: str, advance) -> tuple[list[dict], dict]:
-    from precisionlab.experiments.model import check_finite
-
+def _device_rows(engine, prompt: list[int], calibration: list[int], cfg: KVCacheConfig, kv_dtypes, modes,
+                 device: str, advance) -> tuple[list[dict], dict]:
     a = cfg.activation_scale
-    ref_tokens = _greedy(m.session(None), m.prompt, cfg.steps, strict=True)
-    path = m.prompt + ref_tokens
-    ref = _forced(m.session(None), path, len(m.prompt))
+    m = engine.base  # fp32 throughout: only what the cache stores changes
+    ref_tokens, _ = greedy(engine, m, prompt, cfg.steps, where="greedy decoding, fp32 cache")
+    path = prompt + ref_tokens
+    ref = _forced(engine, None, path, len(prompt))
     for i, row in enumerate(ref):
         check_finite(row, "fp32", i, "teacher-forced, fp32 cache")
     targets = np.asarray(ref_tokens, dtype=np.int64)
     cal = Stores(lambda i: KVStore(None, None, a))
-    m.calibrate(cal, m.calibration)
+    engine.calibrate(m, cal, calibration)
     calibrated = {i: tuple(s.amax) for i, s in cal.items()}
     some = next(iter(cal.values()))
-    info = m.info | {"cache_layers": len(cal), "kv_heads": some.heads, "head_dim": some.head_dim}
+    info = engine.cache_info() | {"cache_layers": len(cal), "kv_heads": some.heads, "head_dim": some.head_dim}
 
     def store_for(fmt, mode):
         def make(i):
@@ -400,9 +245,9 @@ def _device_rows(m, cfg: KVCacheConfig, kv_dtypes, modes, device: str, advance) 
     bf16 = None
     rows = []
     for fmt, mode in order:
-        tokens = _greedy(m.session(Stores(store_for(fmt, mode))), m.prompt, cfg.steps, strict=False)
+        tokens, _ = greedy(engine, m, prompt, cfg.steps, stores=Stores(store_for(fmt, mode)), strict=False)
         stores = Stores(store_for(fmt, mode))
-        logits = _forced(m.session(stores), path, len(m.prompt))  # the teacher-forced pass alone is counted
+        logits = _forced(engine, stores, path, len(prompt))  # the teacher-forced pass alone is counted
         err = np.array([comparison.rel_l2(logits[i], ref[i]) for i in range(ref.shape[0])])  # per step
         first = next((i for i in range(cfg.steps) if i >= len(tokens) or tokens[i] != ref_tokens[i]), None)
         dist = distribution.summarize(distribution.position_stats(ref, logits, targets))

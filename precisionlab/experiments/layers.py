@@ -24,8 +24,6 @@ past 65504.
 
 from __future__ import annotations
 
-import copy
-import functools
 import json
 import math
 import os
@@ -38,6 +36,8 @@ import numpy as np
 
 from precisionlab.catalog import formats
 from precisionlab.engines import inject as inject_mod
+from precisionlab.engines.protocol import greedy
+from precisionlab.engines.registry import DEFAULT_PROMPT, DEFAULT_SPEC, model_device, open_engine
 from precisionlab.io import outputs
 from precisionlab.runtime import torch_flags
 from precisionlab.errors import UsageError
@@ -54,9 +54,9 @@ SMALL_MODEL = 20_000_000  # parameters; see _threads_for
 
 @dataclass
 class LayersConfig:
-    model: str | None = None
+    model: str | None = DEFAULT_SPEC  # an engine spec (engines/registry.py); None: the embedded model
     steps: int = 50
-    prompt: str = "ROMEO:\n"
+    prompt: str = DEFAULT_PROMPT
     dtypes: str = "bf16,fp16"
     device: str = "cpu"
     seed: int = 0
@@ -101,21 +101,22 @@ def run(cfg: LayersConfig, advance=lambda k=1: None) -> LayersResult:
     lows = formats.parse_list(cfg.dtypes, mexp.LOW_DTYPES, "--dtypes")  # no repeated rows
     injections = inject_mod.parse_all(cfg.inject, INJECT_KEYS)
     dump_dir = check_dump_dir(cfg.dump) if cfg.dump is not None else None
-    device = mexp._device(cfg.device)
+    device = model_device(cfg.device)
     import torch
 
     from precisionlab.engines import hooks
 
     torch.manual_seed(cfg.seed)
     t0 = time.perf_counter()
-    from precisionlab.engines import shape as engine_shape
+    from precisionlab.runtime import memory
 
-    estimate = functools.partial(engine_shape.compare_layers_for, dump=dump_dir is not None)
-    runner, prompt = mexp.open_runner(cfg.model, device, cfg.prompt, cfg.steps, memory_check=True,
-                                      command="compare model --layers", estimate=estimate)
-    site_list = hooks.sites(runner.base)
+    estimate = lambda s: memory.compare_layers(*s[:7], dump=dump_dir is not None)  # noqa: E731
+    engine = open_engine(cfg.model, device, estimate=estimate, steps=cfg.steps, prompt=cfg.prompt,
+                         command="compare model --layers")
+    prompt = engine.prompt_ids(cfg.prompt, cfg.steps)
+    site_list = engine.sites(engine.base)
     pseudo = [s.name for s in site_list if s.pseudo]
-    targets = [hooks.resolve(runner.base, inj.target, pseudo) for inj in injections]
+    targets = [hooks.resolve(engine.base, inj.target, pseudo) for inj in injections]
     by_name = {s.name: s for s in site_list}
     for t in targets:  # an injected module that is not watched becomes a site of its own
         if t not in by_name:
@@ -125,34 +126,34 @@ def run(cfg: LayersConfig, advance=lambda k=1: None) -> LayersResult:
 
     t1 = time.perf_counter()
     rows, pitfalls, dumped, first_by = [], [], [], {}
-    with torch_flags.ieee_fp32(), torch.no_grad(), _threads_for(runner.base):  # fp32 means IEEE fp32 here
-        ref = runner.base
-        ref_tokens, _ = runner.greedy(ref, prompt, cfg.steps)
+    with torch_flags.ieee_fp32(), torch.no_grad(), _threads_for(engine.base):  # fp32 means IEEE fp32 here
+        ref = engine.base
+        ref_tokens, _ = greedy(engine, ref, prompt, cfg.steps)
         ids = (prompt + ref_tokens)[:-1]
         x = torch.tensor([ids], device=device)
-        ref_cap = _captured_run(runner, ref, site_list, x)
+        ref_cap = _captured_run(engine, ref, site_list, x)
         order = ref_cap.order
         if dump_dir is not None:
-            dumped.append(_dump(dump_dir, "fp32", ref_cap, order, ids, runner, []))
+            dumped.append(_dump(dump_dir, "fp32", ref_cap, order, ids, engine, []))
         advance()
         for low in lows:
-            tdt = mexp._tdtype(low)
-            trusted = _low_copy(runner, tdt)
-            yours = _low_copy(runner, tdt)
+            tdt = formats.get(low).torch_dtype
+            trusted = _low_copy(engine, low)
+            yours = _low_copy(engine, low)
             for inj, target in zip(injections, targets):
                 hooks.apply(yours, inj, target, by_name)
-            cap = _captured_run(runner, yours, site_list, x)
+            cap = _captured_run(engine, yours, site_list, x)
             if dump_dir is not None:
-                dumped.append(_dump(dump_dir, low, cap, order, ids, runner, injections))
+                dumped.append(_dump(dump_dir, low, cap, order, ids, engine, injections))
             touched = _touched(targets, order)
             dtype_rows = []
             for i, name in enumerate(order):
                 site = by_name[name]
-                row = _site_row(runner, site, i, low, tdt, ref_cap, cap, trusted, yours, name in touched)
+                row = _site_row(engine, site, i, low, tdt, ref_cap, cap, trusted, yours, name in touched)
                 dtype_rows.append(row)
             rows += dtype_rows
             first_by[low] = next((r["module"] for r in dtype_rows if r["flagged"]), None)
-            pitfalls += _pitfalls(low, dtype_rows, runner, ref_cap, cap, ref)
+            pitfalls += _pitfalls(low, dtype_rows, engine, ref_cap, cap, ref)
             del trusted, yours, cap
             advance()
     t_run = time.perf_counter() - t1
@@ -160,9 +161,9 @@ def run(cfg: LayersConfig, advance=lambda k=1: None) -> LayersResult:
     flagged = [r for r in rows if r["flagged"]]
     if flagged:
         first = min(flagged, key=lambda r: r["order"])["module"]
-    info = runner.info()
+    info = engine.info()
     return LayersResult(
-        params={"model": cfg.model or "embedded", "steps": cfg.steps, "prompt": cfg.prompt, "dtypes": lows,
+        params={"model": cfg.model or DEFAULT_SPEC, "steps": cfg.steps, "prompt": cfg.prompt, "dtypes": lows,
                 "device": device, "seed": cfg.seed, "tokens": len(ids), "inject": [str(i) for i in injections],
                 "inject_targets": targets, "ratio_threshold": RATIO_THRESHOLD, "dump": cfg.dump},
         rows=rows, first_divergence=first, first_divergence_by_dtype=first_by, pitfalls=pitfalls,
@@ -186,12 +187,14 @@ def _threads_for(model):
         torch.set_num_threads(before)
 
 
-def _low_copy(runner, tdt):
+def _low_copy(engine, low: str):
+    """The engine's copy in `low`, its RoPE inverse frequencies kept in fp32
+    as transformers' own loader keeps them (a model without such buffers, the
+    embedded one, is unchanged)."""
     from precisionlab.engines import hooks
 
-    m = copy.deepcopy(runner.base).to(tdt)
-    if not hooks._is_charlm(m):
-        hooks.keep_rope_fp32(m, runner.base)
+    m = engine.model(low)
+    hooks.keep_rope_fp32(m, engine.base)
     return m
 
 
@@ -200,20 +203,17 @@ class _Run:
         self.order, self.outputs, self.records, self.t = order, outputs, records, t
 
 
-def _captured_run(runner, model, site_list, x) -> _Run:
+def _captured_run(engine, model, site_list, x) -> _Run:
     from precisionlab.engines import hooks
 
     cap = hooks.Capture(model, site_list)
     try:
-        if hooks._is_charlm(model):
-            model(x)
-        else:  # no KV cache: a module re-run for its local error must not append to one
-            model(input_ids=x, use_cache=False)
+        engine.forward(model, x)  # no KV cache: a module re-run for its local error must not append to one
     finally:
         cap.close()
     outputs = {n: rec[2] for n, rec in cap.records.items()}
     order = list(cap.order)
-    if hooks._is_charlm(model):  # the rope tables are sliced before the embedding runs
+    if any(s.pseudo and s.kind == "rope" for s in site_list):  # tables sliced before the embedding runs
         outputs["rope"] = hooks.charlm_rope(model, x.shape[1], model.dtype)
         order.insert(0, "rope")
     return _Run(order, outputs, cap.records, x.shape[1])
@@ -233,7 +233,7 @@ def _np(t):
     return t.detach().double().cpu().numpy()
 
 
-def _local(runner, site, model, ref_cap, low_cap, tdt):
+def _local(engine, site, model, ref_cap, low_cap, tdt):
     """The site's module in `model` (low dtype) on the fp32 run's input rounded
     to the low dtype; the other arguments (masks, RoPE phases) as the low run had them."""
     import torch
@@ -256,15 +256,15 @@ def _local(runner, site, model, ref_cap, low_cap, tdt):
     return hooks.output_tensor(out, site.kind)
 
 
-def _site_row(runner, site, i, low, tdt, ref_cap, cap, trusted, yours, touched) -> dict:
+def _site_row(engine, site, i, low, tdt, ref_cap, cap, trusted, yours, touched) -> dict:
     from precisionlab.engines import hooks
 
     out32, out_low = ref_cap.outputs[site.name], cap.outputs[site.name]
-    y_local = _local(runner, site, yours, ref_cap, cap, tdt)
+    y_local = _local(engine, site, yours, ref_cap, cap, tdt)
     if site.kind == "rope":
         t_local = out32.to(tdt)  # phases built in fp32, rounded once
     else:
-        t_local = _local(runner, site, trusted, ref_cap, cap, tdt) if touched else y_local
+        t_local = _local(engine, site, trusted, ref_cap, cap, tdt) if touched else y_local
     r32, rl, ry, rt = _np(out32), _np(out_low), _np(y_local), _np(t_local)
     yard, diff = rel_l2(rt, r32), rel_l2(ry, rt)
     ratio, beyond = judge(diff, yard)
@@ -305,7 +305,7 @@ def _worst_position(a, b):
     return int(idx[-2]) if len(idx) >= 2 else int(idx[0])
 
 
-def _pitfalls(low, rows, runner, ref_cap, cap, ref) -> list[dict]:
+def _pitfalls(low, rows, engine, ref_cap, cap, ref) -> list[dict]:
     import torch
 
     out = []
@@ -349,14 +349,14 @@ def _first_input(rec):
     return kwargs.get("hidden_states")
 
 
-def _dump(dir_: Path, label: str, cap: _Run, order, ids, runner, injections) -> str:
+def _dump(dir_: Path, label: str, cap: _Run, order, ids, engine, injections) -> str:
     """DIR/<dtype>.safetensors: each module's output in its run's dtype, the
     execution order and the token ids in the metadata; written atomically."""
     from safetensors.torch import save_file
 
     dir_.mkdir(exist_ok=True)
     tensors = {n: cap.outputs[n].detach().contiguous().clone().cpu() for n in order}
-    meta = {ORDER_KEY: json.dumps(order), TOKENS_KEY: json.dumps(ids), "precisionlab.model": str(runner.name),
+    meta = {ORDER_KEY: json.dumps(order), TOKENS_KEY: json.dumps(ids), "precisionlab.model": str(engine.name),
             "precisionlab.dtype": label, "precisionlab.inject": json.dumps([str(i) for i in injections])}
     return str(outputs.atomic_write(dir_ / f"{label}.safetensors", lambda tmp: save_file(tensors, tmp, metadata=meta)))
 

@@ -20,6 +20,7 @@ from pathlib import Path
 import numpy as np
 
 from precisionlab.catalog import formats
+from precisionlab.engines.registry import DEFAULT_SPEC, model_device, open_engine
 from precisionlab.numerics import distribution
 from precisionlab.io import inputs, logits_file
 from precisionlab.runtime import torch_flags
@@ -27,18 +28,9 @@ from precisionlab.errors import UsageError
 
 DTYPES = formats.COMPUTE  # fp32 may be compared too; the index seeds each run's noise
 DEFAULT_TOKENS = 8192
-# The embedded model was trained on 128-character windows (scripts/train_model.py
-# --ctx); its RoPE table reaches further, but positions it never saw would
-# measure an untrained model, not a precision.
-EMBEDDED_WINDOW = 128
-HF_WINDOW = 1024
 # The held-out part of the shipped text: scripts/train_model.py trains on the
 # first 95 % of its (character) tokens and validates on the rest.
 HELD_OUT_FROM = 0.95
-# torch threads for the embedded model: its matrices are 128 wide, so a second
-# thread mostly waits; on this 2-core machine 8192 positions in fp32, bf16 and
-# fp16 took 2.6 s of CPU on one thread and 6.9 s on two, for no gain in wall time.
-EMBEDDED_THREADS = 1
 # Positions processed together: bounds the float64 working set for a large
 # vocabulary (about ten (positions x vocab) float64 arrays live at once).
 WORKING_BYTES = 256 << 20
@@ -46,7 +38,7 @@ WORKING_BYTES = 256 << 20
 
 @dataclass
 class MetricsConfig:
-    model: str | None = None
+    model: str | None = DEFAULT_SPEC  # an engine spec (engines/registry.py); None: the embedded model
     text: str | None = None
     tokens: int = DEFAULT_TOKENS
     dtypes: str = "bf16,fp16"
@@ -152,20 +144,8 @@ def read_text(path: str) -> str:
         raise UsageError(f"--text {path!r}: cannot read ({e.strerror})") from None
 
 
-def _token_ids(runner, text: str, need: int, source: str) -> list[int]:
-    from precisionlab.experiments.model import EmbeddedRunner
-
-    if isinstance(runner, EmbeddedRunner):
-        text = text[:need]
-        missing = sorted({c for c in text if c not in runner.tok.index})
-        if missing:
-            raise UsageError(f"{source} has characters the embedded model does not know: {''.join(missing)!r}")
-        ids = runner.tok.encode(text)
-    else:
-        # Tokenise a prefix first: a long file need not be tokenised whole.
-        ids = runner.encode(text[:need * 16])
-        if len(ids) < need and len(text) > need * 16:
-            ids = runner.encode(text)
+def _token_ids(engine, text: str, need: int, source: str) -> list[int]:
+    ids = engine.prefix_ids(text, need, source)  # a long file need not be tokenised whole
     if len(ids) < need:
         raise UsageError(f"{source} gives {len(ids)} tokens; --tokens {need - 1} needs {need} "
                          f"(one more than the positions scored)")
@@ -181,15 +161,6 @@ def _tensor_to_numpy(t) -> np.ndarray:
     from precisionlab.catalog import formats
 
     return formats.torch_to_numpy(t.cpu())
-
-
-def _forward(runner, model, ids):
-    """(batch, window) token ids -> (batch, window, vocab) logits in the model's dtype."""
-    from precisionlab.experiments.model import EmbeddedRunner
-
-    if isinstance(runner, EmbeddedRunner):
-        return model(ids)[0]
-    return model(input_ids=ids, use_cache=False).logits
 
 
 def _batches(n: int, window: int, per_batch: int):
@@ -215,7 +186,6 @@ def _torch_threads(torch, n: int | None):
 
 def run_model(cfg: MetricsConfig, advance=lambda k=1: None) -> LogitsResult:
     from precisionlab.engines import inject
-    from precisionlab.experiments import model as mexp
 
     lows = formats.parse_list(cfg.dtypes, DTYPES, "--dtypes")
     if cfg.tokens <= 0:
@@ -239,18 +209,19 @@ def run_model(cfg: MetricsConfig, advance=lambda k=1: None) -> LogitsResult:
     text = read_text(cfg.text) if cfg.text else default_text()
     source = f"--text {cfg.text!r}" if cfg.text else "the held-out Shakespeare text"
 
-    device = mexp._device(cfg.device)
-    torch = mexp._torch()
+    device = model_device(cfg.device)
+    import torch
+
     t0 = time.perf_counter()
-    runner = mexp.HFRunner(cfg.model, device) if cfg.model else mexp.EmbeddedRunner(device)
-    window = EMBEDDED_WINDOW if not cfg.model else max(1, min(HF_WINDOW, int(runner.max_len)))
-    ids = _token_ids(runner, text, cfg.tokens + 1, source)
+    engine = open_engine(cfg.model, device)
+    window = engine.window
+    ids = _token_ids(engine, text, cfg.tokens + 1, source)
     n = cfg.tokens
-    vocab = runner.info()["vocab"]
+    vocab = engine.info()["vocab"]
     per_batch = max(1, min(n // window or 1, WORKING_BYTES // (10 * 8 * window * max(vocab, 1))))
     save_bytes = sum(n * vocab * (8 if (d != "fp32" and sigma) else 4) for d in saves)
     inputs.check_memory(save_bytes + per_batch * window * vocab * 8 * 10 * (1 + len(lows)), "compare model --metrics")
-    models = {d: runner.model(d) for d in dict.fromkeys(["fp32", *lows])}
+    models = {d: engine.model(d) for d in dict.fromkeys(["fp32", *lows])}
     t_load = time.perf_counter() - t0
 
     targets_all = np.asarray(ids[1:], dtype=np.int64)
@@ -260,12 +231,12 @@ def run_model(cfg: MetricsConfig, advance=lambda k=1: None) -> LogitsResult:
     saved: dict[str, np.ndarray | None] = {d: None for d in saves}
     t1, c1 = time.perf_counter(), time.process_time()
     # fp32 means IEEE fp32 here
-    with _torch_threads(torch, None if cfg.model else EMBEDDED_THREADS), torch_flags.ieee_fp32(), torch.no_grad():
+    with _torch_threads(torch, engine.score_threads), torch_flags.ieee_fp32(), torch.no_grad():
         used_threads = torch.get_num_threads()
         for start, k, length in _batches(n, window, per_batch):
             x = torch.tensor(ids[start:start + k * length], device=device).view(k, length)
             targets = targets_all[start:start + k * length]
-            outs = {d: _tensor_to_numpy(_forward(runner, m, x).reshape(k * length, -1)) for d, m in models.items()}
+            outs = {d: _tensor_to_numpy(engine.forward(m, x).reshape(k * length, -1)) for d, m in models.items()}
             ref = outs["fp32"].astype(np.float64)
             if sigma:
                 expected.append(distribution.expected_kl_gaussian_noise(ref, sigma))
@@ -286,7 +257,7 @@ def run_model(cfg: MetricsConfig, advance=lambda k=1: None) -> LogitsResult:
     # measures the neighbours as much as this run.
     t_run, c_run = time.perf_counter() - t1, time.process_time() - c1
     for d, path in saves.items():
-        meta = {"dtype": d, "model": cfg.model or "embedded", "text": cfg.text or "held-out Shakespeare",
+        meta = {"dtype": d, "model": cfg.model or DEFAULT_SPEC, "text": cfg.text or "held-out Shakespeare",
                 "window": window, "noise_sigma": sigma if d != "fp32" else 0.0}
         logits_file.write(path, saved[d], targets_all, meta)
     stats = {d: distribution.PositionStats.concat(parts[d]) for d in lows}
@@ -295,11 +266,11 @@ def run_model(cfg: MetricsConfig, advance=lambda k=1: None) -> LogitsResult:
         e = np.concatenate(expected)
         for r in rows:
             r["noise_kld_expected"] = math.fsum(e.tolist()) / e.size
-    params = {"model": cfg.model or "embedded", "text": cfg.text or "held-out Shakespeare (last 5 %)",
+    params = {"model": cfg.model or DEFAULT_SPEC, "text": cfg.text or "held-out Shakespeare (last 5 %)",
               "tokens": n, "window": window, "dtypes": lows, "device": device, "seed": cfg.seed,
               "inject": [str(s) for s in cfg.inject], "noise_sigma": sigma, "saved": saves}
     failures = _gate(rows, cfg.max_kld, cfg.min_top1)
-    return LogitsResult("compare model --metrics", params, runner.info(), rows, {d: stats[d].kl for d in lows}, failures,
+    return LogitsResult("compare model --metrics", params, engine.info(), rows, {d: stats[d].kl for d in lows}, failures,
                         takeaways(rows), {"load_s": t_load, "run_s": t_run, "run_cpu_s": c_run,
                                                  "torch_threads": used_threads})
 

@@ -1,0 +1,103 @@
+"""The embedded engine (`--model embedded`, the default): the shipped
+character-level decoder of engines/charlm.py, its weights stored in bf16 so
+an fp32 run is an exact upcast. Its KV-cache hook is each layer's
+Attention.kv_store."""
+
+from __future__ import annotations
+
+from precisionlab.engines.protocol import Engine, KVStores
+from precisionlab.errors import RunError, UsageError
+
+# The model was trained on 128-character windows (scripts/train_model.py --ctx);
+# its RoPE table reaches further, but positions it never saw would measure an
+# untrained model, not a precision.
+WINDOW = 128
+# torch threads for --metrics: its matrices are 128 wide, so a second thread
+# mostly waits; on a 2-core machine 8192 positions in fp32, bf16 and fp16 took
+# 2.6 s of CPU on one thread and 6.9 s on two, for no gain in wall time.
+SCORE_THREADS = 1
+
+
+class EmbeddedEngine(Engine):
+    window = WINDOW
+    score_threads = SCORE_THREADS
+
+    @classmethod
+    def check(cls, arg):
+        if arg is not None:
+            raise UsageError(f"--model embedded:{arg}: the embedded model takes no argument; give `embedded`")
+
+    @classmethod
+    def shape(cls, arg, steps, prompt):
+        from precisionlab.engines import shape
+
+        _weights()  # the estimate reads their header
+        return shape.model_shape(None, steps, prompt)
+
+    def __init__(self, arg, device: str):
+        import torch
+
+        from precisionlab.engines import charlm
+
+        self.check(arg)
+        _weights()
+        self.base, self.tok = charlm.load_default(torch.float32, device)
+        self.device = device
+        self.name = "precisionlab char-LM (embedded, bf16 weights)"
+        self.max_len = self.base.cfg.max_seq_len
+
+    def info(self) -> dict:
+        n = sum(p.numel() for p in self.base.parameters())
+        return {"name": self.name, "parameters": n, "vocab": len(self.tok), "max_seq_len": self.max_len}
+
+    def cache_info(self) -> dict:
+        cfg = self.base.cfg
+        return {"name": self.name, "parameters": sum(p.numel() for p in self.base.parameters()),
+                "layers": len(self.base.layers), "heads": cfg.n_heads, "head_dim": cfg.head_dim}
+
+    def encode(self, text: str, source: str = "--prompt") -> list[int]:
+        missing = sorted({c for c in text if c not in self.tok.index})
+        if missing:
+            raise UsageError(f"{source} has characters the embedded model does not know: {''.join(missing)!r}")
+        return self.tok.encode(text)
+
+    def decode(self, ids) -> str:
+        return self.tok.decode(ids)
+
+    def prefix_ids(self, text: str, need: int, source: str) -> list[int]:
+        return self.encode(text[:need], source)  # one character is one token
+
+    def forward(self, model, ids):
+        import torch
+
+        with torch.no_grad():
+            return model(ids)[0]
+
+    def session(self, model, stores: KVStores | None = None):
+        import torch
+
+        for i, layer in enumerate(model.layers):
+            layer.attn.kv_store = None if stores is None else stores[i]
+        state = {"cache": None, "pos": 0}
+
+        def feed(ids: list[int]):
+            with torch.no_grad():
+                logits, state["cache"] = model(torch.tensor([ids], device=self.device), state["cache"], state["pos"])
+            state["pos"] += len(ids)
+            return logits[0]
+
+        return feed
+
+    def close(self) -> None:
+        for layer in self.base.layers:
+            layer.attn.kv_store = None
+
+
+def _weights():
+    """The shipped weights file; missing: one line, exit 1."""
+    from precisionlab.engines import charlm
+
+    if not charlm.DEFAULT_WEIGHTS.is_file():
+        raise RunError(f"the embedded model's weights are missing ({charlm.DEFAULT_WEIGHTS}): "
+                       "reinstall, or train them with scripts/train_model.py")
+    return charlm.DEFAULT_WEIGHTS

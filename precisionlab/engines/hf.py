@@ -1,0 +1,262 @@
+"""The Hugging Face engine (`--model hf:DIR`, or a bare DIR): a transformers
+causal LM from a local directory or a repo id already in the local cache,
+never the network, never code from the model (trust_remote_code=False, and a
+folder whose config names custom code is refused before transformers reads
+it). Its KV-cache hook is a transformers DynamicCache whose update() passes
+the new keys and values through the layer's store (stored_cache_class)."""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import os
+from contextlib import contextmanager
+from pathlib import Path
+
+from precisionlab.engines.protocol import Engine, KVStores
+from precisionlab.errors import RunError, UsageError
+
+# Positions scored together by --metrics, at most (and at most the model's own).
+WINDOW = 1024
+
+# The files of a model folder that can name custom code for transformers to import.
+_CODE_MAPS = ("config.json", "tokenizer_config.json", "processor_config.json", "preprocessor_config.json",
+              "generation_config.json")
+
+
+def refuse_foreign_code(folder) -> None:
+    """Refuse (exit 2) a model folder that could make transformers import code
+    from it: a config with auto_map (custom classes in the folder's .py files).
+    trust_remote_code=False would refuse them too; this says why in one line,
+    before transformers is asked anything. Entries that are not regular files
+    or folders (FIFOs, devices) are refused as well: reading one would hang."""
+    import json
+    import stat
+
+    for entry in sorted(folder.iterdir()):
+        try:
+            mode = entry.stat().st_mode
+        except OSError:
+            continue  # a dangling link: transformers reports it if it needs the file
+        if not (stat.S_ISREG(mode) or stat.S_ISDIR(mode)):
+            raise UsageError(f"--model {str(folder)!r}: {entry.name!r} is not a regular file (a FIFO, device or "
+                             "socket); refused")
+    for name in _CODE_MAPS:
+        f = folder / name
+        if not f.is_file():
+            continue
+        try:
+            doc = json.loads(f.read_text(encoding="utf-8"))
+        except (OSError, ValueError, UnicodeDecodeError):
+            continue  # unreadable: transformers gives the error
+        if isinstance(doc, dict) and doc.get("auto_map"):
+            raise UsageError(f"--model {str(folder)!r}: {name} maps to custom code (auto_map); "
+                             "precisionlab never runs code from a model folder")
+
+
+@contextmanager
+def _quiet_library():
+    """Nothing transformers prints reaches stdout (under --json stdout is the
+    JSON alone), its progress bars and notices go away, and stdin is closed to
+    it: no prompt can wait for, or read, an answer."""
+    import contextlib
+    import io
+    import sys
+
+    try:
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.set_verbosity_error()
+        hf_logging.disable_progress_bar()
+    except Exception:  # an older transformers without these switches
+        pass
+    saved_stdin = sys.stdin
+    sys.stdin = io.StringIO("")  # input() gets EOF at once
+    try:
+        with contextlib.redirect_stdout(sys.stderr):
+            yield
+    finally:
+        sys.stdin = saved_stdin
+
+
+def _transformers_version() -> str:
+    import transformers
+
+    return getattr(transformers, "__version__", "?")
+
+
+def cache_keyword(module, command: str) -> str:
+    """The forward() keyword a cache object is passed by: `cache` in
+    transformers 5.x (`past_key_values` deprecated there, to go in 5.40),
+    `past_key_values` before. Neither: one line, exit 1."""
+    try:
+        names = inspect.signature(module.forward).parameters
+    except (TypeError, ValueError):
+        names = {}
+    for kw in ("cache", "past_key_values"):
+        if kw in names:
+            return kw
+    raise RunError(f"transformers {_transformers_version()}: {type(module).__name__}.forward "
+                   f"takes neither cache= nor past_key_values=; {command} cannot hand it a cache")
+
+
+def returned_cache(out):
+    """The cache a forward() call returns, under either name (see cache_keyword)."""
+    for name in ("cache", "past_key_values"):
+        found = getattr(out, name, None)
+        if found is not None:
+            return found
+    raise RunError("the model returned no cache (use_cache=True): it cannot be decoded step by step")
+
+
+@functools.cache
+def stored_cache_class():
+    """A transformers DynamicCache whose update(key_states, value_states,
+    layer_idx, ...) passes the new keys and values through the layer's
+    store before appending them, and returns what attention reads. update()
+    with that head is the one Cache surface stable from transformers 4.36 to
+    5.x (its later arguments changed name: cache_kwargs, then kwargs; they
+    pass through untouched). Anything else: one line, exit 1."""
+    try:
+        from transformers import DynamicCache
+    except ImportError:
+        raise RunError(f"transformers {_transformers_version()} has no DynamicCache; kvcache --model needs "
+                       "transformers >= 4.45") from None
+    try:
+        head = list(inspect.signature(DynamicCache.update).parameters)[:4]
+    except (TypeError, ValueError):
+        head = []
+    if head != ["self", "key_states", "value_states", "layer_idx"]:
+        raise RunError(f"transformers {_transformers_version()}: DynamicCache.update is not "
+                       f"update(key_states, value_states, layer_idx, ...) (found {head}); kvcache --model cannot "
+                       "put its fp8 rounding in this version's cache")
+
+    class StoredCache(DynamicCache):
+        def __init__(self, stores: KVStores | None, config):
+            try:
+                super().__init__(config=config)  # what the model itself builds (sliding layers included)
+            except TypeError:  # transformers before 4.56: no config argument
+                super().__init__()
+            self.stores = stores
+            self.calls = 0
+
+        def update(self, key_states, value_states, layer_idx, *args, **kwargs):
+            self.calls += 1
+            if self.stores is not None:
+                key_states, value_states = self.stores[layer_idx](key_states, value_states)
+            return super().update(key_states, value_states, layer_idx, *args, **kwargs)
+
+    return StoredCache
+
+
+class HFEngine(Engine):
+    @classmethod
+    def check(cls, arg):
+        import importlib.util
+
+        if not arg:
+            raise UsageError("--model hf: needs a directory or a cached repo id (hf:DIR)")
+        if importlib.util.find_spec("transformers") is None:
+            raise UsageError("--model needs transformers: pip install 'precisionlab[hf]'")
+        p = Path(arg)
+        if not p.exists() and ("/" not in arg or arg.startswith(("/", ".", "~")) or arg.count("/") > 1):
+            raise UsageError(f"--model {arg!r}: no such directory (a repo id looks like org/name)")
+        if p.exists() and not p.is_dir():
+            raise UsageError(f"--model {arg!r} is a file; give the model's directory")
+        if p.is_dir():
+            refuse_foreign_code(p)
+
+    @classmethod
+    def shape(cls, arg, steps, prompt):
+        from precisionlab.engines import shape
+
+        return shape.model_shape(arg, steps, prompt)
+
+    def __init__(self, arg: str, device: str):
+        os.environ.setdefault("HF_HUB_OFFLINE", "1")  # never the network, whatever the cache says
+        os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+        self.check(arg)
+        import transformers
+
+        try:
+            with _quiet_library():
+                config = transformers.AutoConfig.from_pretrained(arg, local_files_only=True, trust_remote_code=False)
+                if getattr(config, "auto_map", None):  # a cached repo id: its config is only readable now
+                    raise UsageError(f"--model {arg!r}: its config maps to custom code (auto_map); "
+                                     "precisionlab never runs code from a model")
+                # trust_remote_code=False on every loader: a model folder never runs its own code
+                self.tok = transformers.AutoTokenizer.from_pretrained(arg, trust_remote_code=False,
+                                                                      local_files_only=True)
+                self.base = transformers.AutoModelForCausalLM.from_pretrained(arg, trust_remote_code=False,
+                                                                              config=config, local_files_only=True)
+        except UsageError:
+            raise
+        except Exception as e:  # OSError, ValueError, KeyError... from an unusable directory or cache entry
+            msg = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            raise UsageError(f"--model {arg!r}: not a loadable causal LM offline ({msg})") from None
+        self.base = self.base.float().to(device).eval()
+        self.device = device
+        self.name = arg
+        self.max_len = getattr(self.base.config, "max_position_embeddings", 1 << 20)
+        self.window = max(1, min(WINDOW, int(self.max_len)))
+
+    def info(self) -> dict:
+        n = sum(p.numel() for p in self.base.parameters())
+        return {"name": self.name, "parameters": n, "vocab": int(self.base.config.vocab_size),
+                "max_seq_len": self.max_len, "architecture": type(self.base).__name__}
+
+    def cache_info(self) -> dict:
+        cfg = self.base.config
+        return self.info() | {"layers": int(getattr(cfg, "num_hidden_layers", 0) or 0),
+                              "heads": int(getattr(cfg, "num_attention_heads", 0) or 0),
+                              "transformers": _transformers_version()}
+
+    def encode(self, text: str, source: str = "--prompt") -> list[int]:
+        return list(self.tok(text, add_special_tokens=False)["input_ids"])
+
+    def decode(self, ids) -> str:
+        return self.tok.decode(ids)
+
+    def forward(self, model, ids):
+        import torch
+
+        with torch.no_grad():  # no KV cache: a module re-run (--layers) must not append to one
+            return model(input_ids=ids, use_cache=False).logits
+
+    def session(self, model, stores: KVStores | None = None):
+        """stores None: the cache the model builds itself, handed back each
+        step; else a StoredCache, which must see update() called (a model that
+        caches some other way would silently bypass the stores)."""
+        import torch
+
+        kw = cache_keyword(model, "precisionlab")
+        state = {"cache": None if stores is None else stored_cache_class()(stores, model.config)}
+
+        def feed(ids: list[int]):
+            x = torch.tensor([ids], device=self.device)
+            with torch.no_grad():
+                if state["cache"] is None:
+                    out = model(input_ids=x, use_cache=True)
+                else:
+                    out = self._call(model, kw, state["cache"], x)
+            state["cache"] = state["cache"] if stores is not None else returned_cache(out)
+            return out.logits[0]
+
+        return feed
+
+    def calibrate(self, model, stores: KVStores, ids: list[int]) -> None:
+        """The decoder alone: calibration needs no logits (a 150k vocabulary over 512 tokens would be 300 MB)."""
+        import torch
+
+        decoder = getattr(model, "base_model", None) or model
+        with torch.no_grad():
+            self._call(decoder, cache_keyword(decoder, "precisionlab"), stored_cache_class()(stores, model.config),
+                       torch.tensor([ids], device=self.device))
+
+    @staticmethod
+    def _call(module, kw, cache, x):
+        out = module(input_ids=x, use_cache=True, **{kw: cache})
+        if getattr(cache, "calls", None) == 0:
+            raise RunError(f"{type(module).__name__} (transformers {_transformers_version()}) never called its KV "
+                           "cache's update(): kvcache --model cannot see what this model caches")
+        return out

@@ -1,0 +1,153 @@
+"""The Engine protocol: what every model adapter offers the model commands
+(compare model, --metrics, --layers, kvcache), and the one greedy loop they
+all decode with.
+
+An engine is opened by a spec string through engines/registry.py. It holds
+its model once, in fp32 (`base`); every run works on `model(dtype)` copies or
+on `base` itself, through these calls only, so an experiment never asks which
+engine it has. Torch is imported by the adapters, never here: the CLI checks a
+spec (`check`) before anything slow is loaded.
+"""
+
+from __future__ import annotations
+
+import copy
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Mapping
+
+import numpy as np
+
+from precisionlab.errors import RunError, UsageError
+
+# A KV-cache hook: layer index -> (keys, values) -> (keys, values) as the cache
+# stores them and attention reads them back; keys after RoPE, (batch, heads,
+# tokens, head_dim). kvcache's Stores is one; None: the cache as shipped.
+KVStores = Mapping[int, Callable]
+
+
+class Engine(ABC):
+    """One model behind the calls the experiments make. Subclasses set
+    `name`, `device`, `base`, `max_len` and `window` in __init__(arg, device)."""
+
+    name: str           # what the JSON's model.name says
+    device: str         # "cpu" | "cuda", resolved
+    base = None         # the model in fp32 (a torch module)
+    max_len: int        # positions the model takes
+    window: int         # positions scored together by --metrics (teacher-forced windows)
+    score_threads: int | None = None  # torch threads for --metrics; None: torch's own choice
+
+    # --- before anything is loaded (classmethods: no torch, no weights) --------------------
+
+    @classmethod
+    def check(cls, arg: str | None) -> None:
+        """Refuse (UsageError, exit 2) a spec argument this engine cannot open,
+        cheaply: no torch, no weights read."""
+
+    @classmethod
+    def shape(cls, arg: str | None, steps: int, prompt: str):
+        """The model's sizes (engines/shape.py's ModelShape) for the memory
+        estimate, read before anything is loaded; None: unknown (no estimate)."""
+        return None
+
+    # --- what decides its numbers, and its tokens --------------------------------------------
+
+    @abstractmethod
+    def info(self) -> dict:
+        """The JSON's `model` object for compare model: name, parameters, vocab,
+        max_seq_len, and whatever else decides the numbers."""
+
+    def cache_info(self) -> dict:
+        """kvcache's `model` object: the same, with the model's layers and heads."""
+        return self.info()
+
+    @abstractmethod
+    def encode(self, text: str, source: str = "--prompt") -> list[int]:
+        """Token ids; text the tokenizer cannot take is a UsageError naming `source`."""
+
+    @abstractmethod
+    def decode(self, ids) -> str: ...
+
+    def prefix_ids(self, text: str, need: int, source: str) -> list[int]:
+        """At least the first `need` tokens of `text` (fewer only where the text
+        is shorter), tokenising no more than it must: a prefix of 16 characters
+        per token first, the whole text only when that falls short."""
+        ids = self.encode(text[:need * 16], source)
+        if len(ids) < need and len(text) > need * 16:
+            ids = self.encode(text, source)
+        return ids
+
+    def prompt_ids(self, prompt: str, steps: int) -> list[int]:
+        """The prompt's ids, checked to leave room for `steps` more positions."""
+        ids = self.encode(prompt, "--prompt")
+        if not ids:
+            raise UsageError("--prompt encodes to no tokens")
+        if len(ids) + steps > self.max_len:
+            raise UsageError(f"prompt ({len(ids)} tokens) + --steps {steps} exceeds the model's "
+                             f"{self.max_len} positions")
+        return ids
+
+    # --- computing --------------------------------------------------------------------------
+
+    def model(self, dtype: str):
+        """A copy of the model computing in `dtype` (a catalog name: fp32, bf16, fp16)."""
+        from precisionlab.catalog import formats
+
+        return copy.deepcopy(self.base).to(formats.get(dtype).torch_dtype)
+
+    @abstractmethod
+    def forward(self, model, ids):
+        """(batch, tokens) token ids -> (batch, tokens, vocab) logits in the
+        model's dtype: one pass, every position, no KV cache."""
+
+    @abstractmethod
+    def session(self, model, stores: KVStores | None = None) -> Callable:
+        """feed(ids) -> (len(ids), vocab) logits: the first call prefills, each
+        later one steps on from what the session's KV cache holds. `stores`
+        (the KV-cache hook) passes each layer's new keys and values through
+        stores[layer] before they are cached."""
+
+    def calibrate(self, model, stores: KVStores, ids: list[int]) -> None:
+        """One pass over ids through `stores`, for what they record (no logits needed)."""
+        self.session(model, stores)(ids)
+
+    def sites(self, model) -> list:
+        """The modules --layers watches (engines/hooks.py's Site list)."""
+        from precisionlab.engines import hooks
+
+        return hooks.sites(model)
+
+    def close(self) -> None:
+        """Undo any hook left on `base`."""
+
+
+def check_finite(logits: np.ndarray, dtype: str, step: int, where: str) -> None:
+    """Non-finite logits end the run (exit 1): every figure after them would be
+    NaN, and an argmax over NaN picks token 0 and calls it a prediction."""
+    if np.all(np.isfinite(logits)):
+        return
+    n_nan, n_inf = int(np.isnan(logits).sum()), int(np.isinf(logits).sum())
+    raise RunError(f"{dtype} logits became non-finite at step {step} ({where}): {n_nan} NaN and {n_inf} inf of "
+                   f"{logits.size}; NaN or inf in the weights, or an overflow in {dtype}")
+
+
+def greedy(engine: Engine, model, prompt: list[int], steps: int, dtype: str = "fp32", *,
+           stores: KVStores | None = None, strict: bool = True,
+           where: str = "greedy decoding") -> tuple[list[int], np.ndarray]:
+    """Greedy decoding from a fresh session: (tokens, the float64 logit rows
+    each was chosen from). A non-finite row ends the path there: the run fails
+    (strict: exit 1, naming dtype, step and `where`), or the path is shorter."""
+    feed = engine.session(model, stores)
+    tokens: list[int] = []
+    rows: list[np.ndarray] = []
+    logits = feed(prompt)[-1]
+    for step in range(steps):
+        last = logits.double().cpu().numpy()
+        if not np.isfinite(last).all():
+            if strict:
+                check_finite(last, dtype, step, where)
+            break
+        rows.append(last)
+        tokens.append(int(np.argmax(last)))
+        if step + 1 < steps:  # the last token needs no logits of its own
+            logits = feed(tokens[-1:])[-1]
+    return tokens, np.stack(rows) if rows else np.empty((0, 0))
