@@ -133,8 +133,7 @@ class KVStore:
             tie_up = int(top / last) % 2 == 1
             over = (z.abs() >= beyond) if tie_up else (z.abs() > beyond)
             self.saturated += int((over | ~torch.isfinite(z)).sum())
-            fp8 = {"fp8_e4m3": torch.float8_e4m3fn, "fp8_e5m2": torch.float8_e5m2}[self.fmt.name]
-            q = z.clamp(-top, top).to(fp8).float() * s
+            q = z.clamp(-top, top).to(self.fmt.torch_dtype).float() * s
         return (q / self.a).to(x.dtype)
 
 
