@@ -55,7 +55,7 @@ def refuse_foreign_code(folder) -> None:
 
 
 @contextmanager
-def _quiet_library():
+def quiet_library():
     """Nothing transformers prints reaches stdout (under --json stdout is the
     JSON alone), its progress bars and notices go away, and stdin is closed to
     it: no prompt can wait for, or read, an answer."""
@@ -179,7 +179,7 @@ class HFEngine(Engine):
         import transformers
 
         try:
-            with _quiet_library():
+            with quiet_library():
                 config = transformers.AutoConfig.from_pretrained(arg, local_files_only=True, trust_remote_code=False)
                 if getattr(config, "auto_map", None):  # a cached repo id: its config is only readable now
                     raise UsageError(f"--model {arg!r}: its config maps to custom code (auto_map); "

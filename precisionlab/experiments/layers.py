@@ -92,13 +92,11 @@ def check_dump_dir(path: str) -> Path:
 
 
 def run(cfg: LayersConfig, advance=lambda k=1: None) -> LayersResult:
-    from precisionlab.experiments import model as mexp
-
     if cfg.steps <= 0:
         raise UsageError(f"--steps must be > 0 (got {cfg.steps})")
     if not cfg.prompt:
         raise UsageError("--prompt is empty: greedy decoding needs at least one token to start from")
-    lows = formats.parse_list(cfg.dtypes, mexp.LOW_DTYPES, "--dtypes")  # no repeated rows
+    lows = formats.parse_list(cfg.dtypes, formats.LOW_COMPUTE, "--dtypes")  # no repeated rows
     injections = inject_mod.parse_all(cfg.inject, INJECT_KEYS)
     dump_dir = check_dump_dir(cfg.dump) if cfg.dump is not None else None
     device = model_device(cfg.device)

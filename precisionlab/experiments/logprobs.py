@@ -86,7 +86,7 @@ def load_decoder(folder: str) -> Callable[[int], str]:
     trust_remote_code=False (a folder that maps to custom code is refused)."""
     import os
 
-    from precisionlab.experiments.model import _quiet_library, refuse_foreign_code
+    from precisionlab.engines.hf import quiet_library, refuse_foreign_code
 
     p = Path(folder)
     if not p.is_dir():
@@ -99,7 +99,7 @@ def load_decoder(folder: str) -> Callable[[int], str]:
     except ImportError:
         raise UsageError("--tokenizer needs transformers: pip install 'precisionlab[hf]'") from None
     try:
-        with _quiet_library():
+        with quiet_library():
             tok = transformers.AutoTokenizer.from_pretrained(str(p), trust_remote_code=False, local_files_only=True)
     except Exception as e:  # OSError, ValueError... from a folder without a usable tokenizer
         msg = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__

@@ -32,7 +32,6 @@ from precisionlab.catalog import formats
 from precisionlab.io import inputs
 from precisionlab.numerics import compare as comparison, metrics
 from precisionlab.errors import UsageError
-from precisionlab.experiments.compare import CompareResult
 from precisionlab.io.tensorfiles import DTYPE_TO_FORMAT, TensorFile, natural_key, open_tensor_file
 
 LOW_DTYPES = formats.DUMPED  # what --a-dtype/--b-dtype/--c-dtype can declare: numerics.compare's table covers each
@@ -50,6 +49,15 @@ class CompareTensorsConfig:
     equal_nan: bool = False
     sort: str = "order"
     fail_fast: bool = False
+
+
+@dataclass
+class TensorsResult:
+    params: dict
+    rows: list[dict]
+    flags: dict = field(default_factory=dict)
+    takeaways: list[str] = field(default_factory=list)
+    any_failed: bool = False
 
 
 def labels(n: int) -> list[str]:
@@ -237,7 +245,7 @@ def parse_declared(dtypes: list[str | None], n_files: int) -> list[str | None]:
     return [None if d is None else formats.parse_one(d, LOW_DTYPES, opt) for d, opt in zip(declared, DTYPE_OPTIONS)]
 
 
-def compare(cfg: CompareTensorsConfig, progress_factory=None) -> CompareResult:
+def compare(cfg: CompareTensorsConfig, progress_factory=None) -> TensorsResult:
     n_files = len(cfg.files)
     if n_files not in (2, 3):
         raise UsageError(f"compare tensors takes two files (A B) or three (REF_FP32 REF_LOW YOURS), got {n_files}")
@@ -267,7 +275,7 @@ def compare(cfg: CompareTensorsConfig, progress_factory=None) -> CompareResult:
         key = "ratio" if n_files == 3 else "rel_l2"
         rows.sort(key=lambda r: (key in r, -(r.get(key) if r.get(key) is not None else 0.0)))
     skipped = [f"{f.path}: {len(f.skipped)} non-tensor entries skipped" for f in files if f.skipped]
-    return CompareResult(
+    return TensorsResult(
         params={"files": cfg.files, "labels": lab, "mode": "three-way" if n_files == 3 else "two-way",
                 "maps": cfg.maps, "mapped_side": mapped_side, "only": cfg.only, "declared_dtypes": declared,
                 "atol": cfg.atol, "rtol": cfg.rtol, "equal_nan": cfg.equal_nan, "sort": cfg.sort,
