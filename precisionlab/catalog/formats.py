@@ -205,6 +205,13 @@ GPU_ACCUMULATORS = Subset(("bf16", "fp32", "fp64"), "an accumulator the GPU sums
 STOCHASTIC_ACCUMULATORS = Subset(LOW_COMPUTE, "a stochastic-rounding accumulator")
 # What compare op --dtype tests: computed in a low precision, or stored in one.
 OP_LOW = Subset(LOW_COMPUTE + STORAGE, "a low precision or a storage format")
+# The arithmetic an emulator runs in (the FlashAttention emulator: fp32 as the
+# kernel does, fp64 as the exact model).
+IEEE_ARITHMETIC = Subset(("fp32", "fp64"), "an IEEE arithmetic")
+# What bench times the GPU sums' accumulators in, and what the tensor-parallel
+# replay of nondeterminism runs in.
+TIMED_ACCUMULATORS = Subset(("fp32", "bf16"), "an accumulator bench times")
+TP_DTYPES = Subset(("fp32", "bf16"), "a format the tensor-parallel ranks compute in")
 # What a tensor dump's values can be declared to have been before dumping: any
 # format (fp6/fp4 values come dumped in a wider dtype); it decides the tolerances.
 DUMPED = ALL

@@ -209,7 +209,7 @@ def accumulate_gpu(n: int, seed: int, quick: bool, advance) -> list[dict]:
         code = formats.get(storage).code
         work = torch.empty(native.sum_workspace_bytes(n, code, "tree"), dtype=torch.uint8, device="cuda")
         dsts = [torch.empty(1, dtype=torch.float64, device="cuda") for _ in bufs]
-        for acc in ("fp32", "bf16"):
+        for acc in formats.TIMED_ACCUMULATORS:
             for method in SUM_KERNELS:
                 acode = formats.get(acc).code
                 t = ct.time_ms(lambda i: native.sum_cuda_device(bufs[i % len(bufs)].data_ptr(), n, code, acode,
@@ -288,7 +288,7 @@ def matmul_gpu(seed: int, quick: bool, advance) -> list[dict]:
     for mode in (torch_flags.FP32_OFF, torch_flags.TF32_ALLOW, "bf16", "fp16"):
         xa, xb = ((a.to(torch.bfloat16), b.to(torch.bfloat16)) if mode == "bf16" else
                   (a.half(), b.half()) if mode == "fp16" else (a, b))
-        with torch_flags.matmul_mode(mode) if mode not in ("bf16", "fp16") else torch_flags.restored_flags():
+        with torch_flags.matmul_mode(mode) if mode not in formats.LOW_COMPUTE else torch_flags.restored_flags():
             t = ct.time_ms(lambda i: xa @ xb, 20, reps=3)
             ms = t.median
         advance()

@@ -119,7 +119,7 @@ def _torch():
 
 
 def gpu_modes() -> list[str]:
-    return [m for m in torch_flags.gpu_fp32_modes() if m not in refused_gpu_modes()] + ["bf16", "fp16"]
+    return [m for m in torch_flags.gpu_fp32_modes() if m not in refused_gpu_modes()] + list(formats.LOW_COMPUTE)
 
 
 @functools.cache
@@ -158,7 +158,7 @@ def emulate_inputs(x: np.ndarray, mode: str) -> np.ndarray:
 
 def matmul_emulated(a: np.ndarray, b: np.ndarray, mode: str) -> np.ndarray:
     c = emulate_inputs(a, mode) @ emulate_inputs(b, mode)  # fp32 accumulate (BLAS sgemm)
-    if mode in ("bf16", "fp16"):
+    if mode in formats.LOW_COMPUTE:
         c = formats.get(mode).round(c.astype(np.float64)).astype(np.float32)
     return c
 
@@ -231,8 +231,8 @@ def _modes_gpu(a, b, advance) -> list[dict]:
     rows = []
     for mode in gpu_modes():
         c = _gpu_matmul(ta, tb, mode).float().cpu().numpy()
-        with torch_flags.matmul_mode(mode) if mode not in ("bf16", "fp16") else _null():
-            if mode in ("bf16", "fp16"):
+        with torch_flags.matmul_mode(mode) if mode not in formats.LOW_COMPUTE else _null():
+            if mode in formats.LOW_COMPUTE:
                 xa, xb = (ta.to(t.bfloat16), tb.to(t.bfloat16)) if mode == "bf16" else (ta.half(), tb.half())
                 ms = ct.time_ms(lambda i: xa @ xb, 10, reps=3).median
             else:

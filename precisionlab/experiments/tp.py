@@ -48,7 +48,7 @@ from precisionlab.runtime import interrupt
 from precisionlab.errors import RunError, UsageError
 
 WORLD_SIZES = (1, 2, 4, 8)
-DTYPES = ("fp32", "bf16")
+DTYPES = formats.TP_DTYPES
 TORCH_DTYPES = {d: formats.TWINS[d][1] for d in DTYPES}  # the ranks' torch dtype names
 SHAPE = {"m": 64, "k": 4096, "n": 256}  # Y is 64 x 256: 16384 outputs, each a K = 4096 dot product
 MAX_RUNS = 10  # all-reduces repeated per world size: min(--runs, this)

@@ -10,10 +10,12 @@ from pathlib import Path
 
 import numpy as np
 
+from precisionlab.catalog import formats
 from precisionlab.errors import UsageError
 
 DISTS = ("uniform", "normal", "lognormal")
-_LOW_PRECISION = {"bfloat16", "float8_e4m3fn", "float8_e5m2"}  # ml_dtypes kinds numpy calls "V"
+# The ml_dtypes formats a .npy may hold besides numpy's own kinds (bf16, fp8): the catalog's twins
+_LOW_PRECISION = {formats.TWINS[n][0].name for n in ("bf16", *formats.FP8)}
 
 
 def parse_values(text: str) -> np.ndarray:

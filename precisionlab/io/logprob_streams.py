@@ -47,6 +47,7 @@ from pathlib import Path
 
 import numpy as np
 
+from precisionlab.catalog import formats
 from precisionlab.errors import UsageError
 from precisionlab.io import inputs
 
@@ -394,7 +395,7 @@ def _dense_tops(st: Stream, entries: list, where: str) -> None:
 # ---------------------------------------------------------------------------
 # arrays: .safetensors and .npz, headers first
 
-_FLOATS = ("float64", "float32", "float16", "bfloat16")
+_FLOATS = tuple(formats.TWINS[n][0].name for n in ("fp64", *formats.COMPUTE))
 
 
 def _read_arrays(p: Path, ext: str, where: str) -> Stream:

@@ -199,7 +199,7 @@ def _open_safetensors(p: Path) -> TensorFile:
     return TensorFile(str(p), names, shapes, dtypes, recorded, meta, get)
 
 
-_ST_RAW = ("float8_e4m3fn", "float8_e5m2")
+_ST_RAW = tuple(formats.TWINS[n][0].name for n in formats.FP8)
 
 
 def _safetensors_raw(p: Path, name: str, dtype: np.dtype) -> np.ndarray:

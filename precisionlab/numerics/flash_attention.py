@@ -106,15 +106,15 @@ import numpy as np
 from precisionlab.catalog import formats
 from precisionlab.numerics import accumulators
 
-P_DTYPES = ("fp64", "fp32", "bf16", "fp16", "fp8_e4m3", "fp8_e5m2")
-INPUT_DTYPES = ("fp32", "bf16", "fp16", "fp8_e4m3", "fp8_e5m2")
-OUT_DTYPES = ("fp32", "bf16", "fp16")
-ARITHMETIC = ("fp32", "fp64")
+P_DTYPES = ("fp64", *formats.COMPUTE, *formats.FP8)
+INPUT_DTYPES = formats.COMPUTE + formats.FP8
+OUT_DTYPES = formats.COMPUTE
+ARITHMETIC = formats.IEEE_ARITHMETIC
 COMBINE_ORDERS = ("forward", "reverse")
 CHUNK_ROWS = 256  # rows emulated together: the hopper-fp8 model holds rows x d x (group + 1) x 6 doubles
 LOG2E = 1.4426950408889634
 FTZ = 2.0 ** -126
-FP8 = ("fp8_e4m3", "fp8_e5m2")
+FP8 = formats.FP8
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,85 @@
+"""Each fact has one owner: the list of formats and its named subsets (the
+catalog), the default prompt and how a model is opened (the engine registry
+and its adapters). These tests read the package's source, so a second copy
+fails CI the day it is written. The comparison rules and the torch flags have
+their own (tests/test_comparison_rules.py, tests/test_torch_flags.py)."""
+
+import ast
+from pathlib import Path
+
+from precisionlab.catalog import formats
+
+PKG = Path(__file__).resolve().parent.parent / "precisionlab"
+
+
+def _modules():
+    for path in sorted(PKG.rglob("*.py")):
+        yield path.relative_to(PKG).as_posix(), ast.parse(path.read_text(encoding="utf-8"), str(path))
+
+
+def _spellings() -> set[str]:
+    """Every name the catalog answers to, aliases included."""
+    names = set()
+    for name, fmt in formats.FORMATS.items():
+        names.add(name)
+        names.update(getattr(fmt, "aliases", ()) or ())
+    return {n for n in names if formats.find(n) is not None}
+
+
+def format_lists(tree) -> list[tuple[int, list[str]]]:
+    """Literal tuples, lists and sets of two or more strings that are all
+    format names: a subset of the catalog written out again."""
+    spell = _spellings()
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Tuple, ast.List, ast.Set)) and len(node.elts) >= 2:
+            if all(isinstance(e, ast.Constant) and isinstance(e.value, str) for e in node.elts):
+                values = [e.value for e in node.elts]
+                if all(v in spell for v in values):
+                    found.append((node.lineno, values))
+    return found
+
+
+def test_format_lists_are_written_only_in_the_catalog():
+    stray = {f"{mod}:{line}": values for mod, tree in _modules() if mod != "catalog/formats.py"
+             for line, values in format_lists(tree)}
+    assert not stray, f"subsets of the formats written outside catalog/formats.py: {stray}"
+
+
+def test_the_format_list_check_can_fail():
+    tree = ast.parse('LOW = ("bf16", "fp16")\nMIXED = ("bf16", "tf32")\nONE = ("fp8_e4m3",)\n')
+    assert format_lists(tree) == [(1, ["bf16", "fp16"])]  # a mode (tf32) or a single name is not a subset
+
+
+def _string_constants(tree):
+    return [n for n in ast.walk(tree) if isinstance(n, ast.Constant) and isinstance(n.value, str)]
+
+
+def test_the_default_prompt_is_declared_once():
+    from precisionlab.engines.registry import DEFAULT_PROMPT
+
+    where = [f"{mod}:{n.lineno}" for mod, tree in _modules() for n in _string_constants(tree)
+             if n.value == DEFAULT_PROMPT]
+    assert where == [w for w in where if w.startswith("engines/registry.py:")] and len(where) == 1, where
+
+
+def _calls(tree, attr: str):
+    return [n for n in ast.walk(tree) if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute)
+            and n.func.attr == attr]
+
+
+def test_models_are_opened_only_by_the_engines():
+    """A causal LM is loaded by engines/hf.py and the embedded model by
+    engines/embedded.py: every command reaches them through the registry."""
+    loads = {}
+    for mod, tree in _modules():
+        for call in _calls(tree, "from_pretrained"):
+            owner = call.func.value
+            name = owner.attr if isinstance(owner, ast.Attribute) else getattr(owner, "id", "?")
+            if name != "AutoTokenizer":  # a tokenizer alone (compare logprobs --tokenizer) is not a model
+                loads.setdefault(mod, []).append(name)
+        if _calls(tree, "load_default") or _calls(tree, "load"):
+            if any(getattr(c.func.value, "id", None) == "charlm" for c in _calls(tree, "load_default") + _calls(tree, "load")):
+                loads.setdefault(mod, []).append("charlm")
+    assert set(loads) <= {"engines/hf.py", "engines/embedded.py"}, loads
+    assert "AutoModelForCausalLM" in loads.get("engines/hf.py", []) and "charlm" in loads.get("engines/embedded.py", [])
