@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import importlib
 import re
+from dataclasses import dataclass
 from pathlib import Path
 
 from precisionlab.errors import UsageError
@@ -23,6 +24,18 @@ ENGINES: dict[str, object] = {
 DEFAULT_SPEC = "embedded"
 DEFAULT_PROMPT = "ROMEO:\n"  # the embedded model's own text (Shakespeare) begins its speeches so
 BARE = "hf"                  # a spec with no known prefix is a Hugging Face folder or repo id
+
+
+@dataclass
+class ModelRun:
+    """What every command that runs a model is given: the engine's spec, the
+    prompt and the steps after it, the low precisions, device and seed."""
+    model: str | None = DEFAULT_SPEC  # None: the embedded model
+    steps: int = 50
+    prompt: str = DEFAULT_PROMPT
+    dtypes: str = "bf16,fp16"  # the catalog's LOW_COMPUTE, as --dtypes spells it
+    device: str = "cpu"
+    seed: int = 0
 
 # What a spec prefix looks like: a lowercase word of two letters or more before the colon
 # (one letter would be a Windows drive).

@@ -20,6 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
+from precisionlab.report.output import Rows
 from precisionlab.runtime import devices, memory, threads, torch_flags
 from precisionlab.catalog import formats
 from precisionlab.io import inputs
@@ -54,12 +55,7 @@ class CompareOpConfig:
 
 
 @dataclass
-class CompareResult:
-    params: dict
-    rows: list[dict]
-    flags: dict = field(default_factory=dict)
-    takeaways: list[str] = field(default_factory=list)
-    any_failed: bool = False
+class CompareResult(Rows):
     contracts: list[dict] = field(default_factory=list)
     advice: list[dict] = field(default_factory=list)
     contract_violation: str | None = None  # the first output-contract row, as one line

@@ -37,7 +37,7 @@ import numpy as np
 from precisionlab.catalog import formats
 from precisionlab.engines import inject as inject_mod
 from precisionlab.engines.protocol import greedy
-from precisionlab.engines.registry import DEFAULT_PROMPT, DEFAULT_SPEC, model_device, open_engine
+from precisionlab.engines.registry import DEFAULT_SPEC, ModelRun, model_device, open_engine
 from precisionlab.io import outputs
 from precisionlab.runtime import torch_flags
 from precisionlab.errors import UsageError
@@ -53,13 +53,7 @@ SMALL_MODEL = 20_000_000  # parameters; see _threads_for
 
 
 @dataclass
-class LayersConfig:
-    model: str | None = DEFAULT_SPEC  # an engine spec (engines/registry.py); None: the embedded model
-    steps: int = 50
-    prompt: str = DEFAULT_PROMPT
-    dtypes: str = "bf16,fp16"
-    device: str = "cpu"
-    seed: int = 0
+class LayersConfig(ModelRun):
     inject: list[str] = field(default_factory=list)
     dump: str | None = None
 

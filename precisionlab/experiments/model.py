@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from precisionlab.engines.protocol import check_finite, greedy
-from precisionlab.engines.registry import DEFAULT_PROMPT, DEFAULT_SPEC, model_device, open_engine
+from precisionlab.engines.registry import DEFAULT_SPEC, ModelRun, model_device, open_engine
 from precisionlab.runtime import memory, threads, torch_flags
 from precisionlab.catalog import formats
 from precisionlab.numerics import metrics
@@ -30,13 +30,7 @@ LOW_DTYPES = formats.LOW_COMPUTE  # each run against the fp32 one
 
 
 @dataclass
-class ModelConfig:
-    model: str | None = DEFAULT_SPEC  # an engine spec (engines/registry.py); None: the embedded model
-    steps: int = 50
-    prompt: str = DEFAULT_PROMPT
-    dtypes: str = "bf16,fp16"
-    device: str = "cpu"
-    seed: int = 0
+class ModelConfig(ModelRun):
     threads: int | None = None  # torch CPU threads; None: sized for the model (precisionlab.runtime.threads)
 
 

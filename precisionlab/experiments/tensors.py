@@ -28,6 +28,7 @@ from fractions import Fraction
 
 import numpy as np
 
+from precisionlab.report.output import Rows
 from precisionlab.catalog import formats
 from precisionlab.io import inputs
 from precisionlab.numerics import compare as comparison, metrics
@@ -51,13 +52,7 @@ class CompareTensorsConfig:
     fail_fast: bool = False
 
 
-@dataclass
-class TensorsResult:
-    params: dict
-    rows: list[dict]
-    flags: dict = field(default_factory=dict)
-    takeaways: list[str] = field(default_factory=list)
-    any_failed: bool = False
+TensorsResult = Rows  # rows, flags (first_divergence), takeaways, any_failed
 
 
 def labels(n: int) -> list[str]:

@@ -97,14 +97,8 @@ def generate(n: int, dist: str, seed: int) -> np.ndarray:
 
 def available_memory() -> int:
     """Bytes the OS says a new allocation can take (MemAvailable), else physical RAM."""
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    kib = _proc_kib("/proc/meminfo", "MemAvailable:")
+    return kib * 1024 if kib is not None else os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
 
 
 def memory_limit() -> int:
@@ -122,14 +116,17 @@ def memory_limit() -> int:
 
 def _address_space_used() -> int:
     """This process's mapped address space (VmSize), 0 where /proc is missing."""
+    kib = _proc_kib("/proc/self/status", "VmSize:")
+    return 0 if kib is None else kib * 1024
+
+
+def _proc_kib(path: str, key: str) -> int | None:
+    """The kB figure of a /proc file's `key` line; None where /proc lacks it."""
     try:
-        with open("/proc/self/status") as f:
-            for line in f:
-                if line.startswith("VmSize:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return 0
+        with open(path) as f:
+            return next((int(line.split()[1]) for line in f if line.startswith(key)), None)
+    except (OSError, ValueError, IndexError):
+        return None
 
 
 def check_memory(need: int, what: str) -> None:

@@ -162,13 +162,19 @@ def _jsonl_records(p: Path, where: str):
                 raise UsageError(f"{at}: not UTF-8 (byte {e.start})") from None
             if not text.strip():
                 continue
-            try:
-                doc = json.loads(text, parse_constant=_parse_constant)
-            except json.JSONDecodeError as e:
-                raise UsageError(f"{at}: not JSON ({e.msg}, column {e.colno})") from None
-            except RecursionError:
-                raise UsageError(f"{at}: nested too deeply to be a record") from None
-            yield from _sequences(doc, at)
+            yield from _sequences(_parse_json(text, at, "a record"), at)
+
+
+def _parse_json(text: str, at: str, what: str, lines: bool = False):
+    """One JSON document, strict about NaN literals; a bad one is one line
+    naming where (the line of a JSONL file, or line and column of a file)."""
+    try:
+        return json.loads(text, parse_constant=_parse_constant)
+    except json.JSONDecodeError as e:
+        where = f"line {e.lineno}, column {e.colno}" if lines else f"column {e.colno}"
+        raise UsageError(f"{at}: not JSON ({e.msg}, {where})") from None
+    except RecursionError:
+        raise UsageError(f"{at}: nested too deeply to be {what}") from None
 
 
 def _json_records(p: Path, where: str):
@@ -178,12 +184,7 @@ def _json_records(p: Path, where: str):
         raise UsageError(f"{where}: not UTF-8 (byte {e.start})") from None
     except OSError as e:
         raise UsageError(f"{where}: cannot read ({e.strerror})") from None
-    try:
-        doc = json.loads(text, parse_constant=_parse_constant)
-    except json.JSONDecodeError as e:
-        raise UsageError(f"{where}: not JSON ({e.msg}, line {e.lineno}, column {e.colno})") from None
-    except RecursionError:
-        raise UsageError(f"{where}: nested too deeply to be a response") from None
+    doc = _parse_json(text, where, "a response", lines=True)
     docs = doc if isinstance(doc, list) else [doc]
     for i, d in enumerate(docs):
         at = f"{where}: response {i}" if isinstance(doc, list) else where

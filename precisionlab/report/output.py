@@ -5,6 +5,8 @@ table(result), as_json(result) and, where the command draws, plot(result, path).
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
+
 from precisionlab.report.console import progress
 from precisionlab.report.plots import check_plot_path
 
@@ -26,3 +28,14 @@ class Output:
         if self.plot:
             self.renderer.plot(result, self.plot)
         (self.renderer.as_json if self.json_out else self.renderer.table)(result)
+
+
+@dataclass
+class Rows:
+    """A result that is a table of rows: what the row renderers read (compare op
+    adds its contracts and advice to it)."""
+    params: dict
+    rows: list[dict]
+    flags: dict = field(default_factory=dict)
+    takeaways: list[str] = field(default_factory=list)
+    any_failed: bool = False

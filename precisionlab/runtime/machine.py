@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import platform
+import re
+from pathlib import Path
 from importlib import metadata
 
 from precisionlab import __version__
@@ -21,11 +23,9 @@ def versions() -> dict:
 
 
 def cpu_name() -> str:
+    """The CPU's model name from /proc/cpuinfo, else what platform knows."""
     try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
+        found = re.search(r"^model name\s*:\s*(.*)$", Path("/proc/cpuinfo").read_text(errors="replace"), re.M)
     except OSError:
-        pass
-    return platform.processor() or platform.machine()
+        found = None
+    return found.group(1).strip() if found else (platform.processor() or platform.machine())
