@@ -28,7 +28,8 @@ def table(res) -> None:
                   verdict)
     stdout.print(t)
     stdout.print(f"flagged when (1) > {p['ratio_threshold']:g}x (0) or (3) > {p['ratio_threshold']:g}x (2); 'outside tol' "
-                 "uses torch.testing's tolerances and is shown, not judged; non-finite reference values must be "
+                 "uses the rtol/atol of each row (torch.testing's for fp32, fp16 and bf16; the format's spacing at 1 "
+                 "and 1e-5 for fp8, fp6 and fp4) and is shown, not judged; non-finite reference values must be "
                  "matched (the same NaN or infinity) and the finite rest is measured. Trusted = torch "
                  f"with TF32 off: " + ", ".join(f"{k}={v}" for k, v in res.flags.items() if "tf32" in k.lower()),
                  style="dim", highlight=False)
