@@ -864,3 +864,196 @@ def test_no_gpu_is_exit_3_without_the_c_functions_name():
     if native.gpu_status().count:
         pytest.skip("a GPU is present")
     one_line(cli("softmax", "--device", "cuda"), 3, "no CUDA GPU available")
+
+
+# ---------------------------------------------------------------------------
+# issue 30: the newer commands (--layers, --dump, --metrics, compare logits,
+# compare tensors, formats, kvcache, completion, the library lookup)
+
+
+def _three_way(tmp_path, ref32, low, yours):
+    paths = []
+    for tag, v in (("ref32", ref32), ("low", low), ("yours", yours)):
+        np.save(tmp_path / f"{tag}.npy", np.asarray(v, np.float32))
+        paths.append(str(tmp_path / f"{tag}.npy"))
+    return paths
+
+
+def _overflowed(n=1000):
+    """REF_FP32, and REF_LOW as its fp16 rounding with element 0 overflowed to inf."""
+    rng = np.random.default_rng(30)
+    ref32 = rng.standard_normal(n).astype(np.float32)
+    low = ref32.astype(np.float16).astype(np.float32)
+    ref32[0], low[0] = 70000.0, np.inf  # past fp16's 65504
+    return ref32, low
+
+
+def test_one_overflowed_element_does_not_excuse_the_finite_rest(run, tmp_path):
+    """REF_LOW inf at one element made the yardstick inf and ratio (3)/(2) 0:
+    YOURS, matching that inf but 100x the rounding error everywhere else,
+    was 'ok', exit 0."""
+    ref32, low = _overflowed()
+    yours = low + 100 * (low - ref32)  # inf at element 0 (inf + 100 * inf), 100x off elsewhere
+    assert np.isinf(yours[0]) and np.isfinite(yours[1:]).all()
+    r = run("compare", "tensors", *_three_way(tmp_path, ref32, low, yours), "--json")
+    assert r.code == 1, r.err
+    row = r.json()["rows"][0]
+    assert row["flagged"] and row["status"] == "flagged"
+    assert row["yardstick"] == "inf" and row["nonfinite_elements"] == 1
+    # the finite elements' ratio is 100 (the error scaled by 100, rounded to fp32: within 1e-3 of it)
+    assert row["ratio"] == pytest.approx(100, rel=1e-3)
+    assert any("non-finite yardstick" in t and "tensor" in t for t in r.json()["takeaways"])
+
+
+@pytest.mark.parametrize("case,code", [("same", 0), ("finite_where_inf", 1)])
+def test_an_overflowed_yardstick_still_passes_a_faithful_engine(run, tmp_path, case, code):
+    """The finite rule changes nothing else: YOURS equal to REF_LOW passes, and
+    a YOURS that is finite where REF_LOW overflowed is still a difference."""
+    ref32, low = _overflowed()
+    yours = low.copy()
+    if case == "finite_where_inf":
+        yours[0] = 65504.0
+    r = run("compare", "tensors", *_three_way(tmp_path, ref32, low, yours), "--json")
+    assert r.code == code, r.err
+    row = r.json()["rows"][0]
+    assert row["ratio"] == (0.0 if code == 0 else "inf")
+
+
+def test_the_finite_yardstick_equals_the_whole_one_when_all_is_finite():
+    from precisionlab.experiments import tensors
+
+    rng = np.random.default_rng(1)
+    a = rng.standard_normal(100)
+    b, c = a + 1e-3 * rng.standard_normal(100), a + 2e-3 * rng.standard_normal(100)
+    fin = tensors.finite_yardstick(a, b, c)
+    assert fin["nonfinite_elements"] == 0
+    y2, y3 = tensors.rel_l2(b, a), tensors.rel_l2(c, b)
+    assert fin["yardstick_finite"] == y2 and fin["rel_l2_finite"] == y3
+    assert tensors.three_way_ratio(y3, fin) == tensors._ratio(y3, y2)
+
+
+def _fail_if_run(monkeypatch):
+    """Every model-running experiment fails if it starts: the refusal must come first."""
+    from precisionlab.experiments import logits, model
+
+    boom = lambda *a, **k: pytest.fail("the run started before its outputs were checked")  # noqa: E731
+    monkeypatch.setattr(model, "open_runner", boom)
+    monkeypatch.setattr(model, "EmbeddedRunner", boom)
+    monkeypatch.setattr(model, "HFRunner", boom)
+    monkeypatch.setattr(logits, "distribution", None)
+
+
+@pytest.mark.parametrize("case", ["save_logits_is_text", "save_logits_bf16_is_text", "save_logits_hard_link",
+                                  "plot_is_text", "save_logits_in_model", "plot_is_logits_ref",
+                                  "plot_is_logits_yours", "plot_is_from", "plot_is_model_file",
+                                  "dump_is_model", "dump_holds_text_dir", "dump_inside_model"])
+def test_an_output_that_is_an_input_is_refused_before_the_run(run, tmp_path, monkeypatch, case):
+    """--save-logits FILE naming the --text just read overwrote it, exit 0.
+    Every writing option is checked against every input of its run."""
+    _fail_if_run(monkeypatch)
+    text = tmp_path / "text.png"  # a name every output option accepts
+    text.write_text("ROMEO: hello\n" * 50)
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text("{}")
+    (model / "p.png").write_bytes(b"weights")
+    link = tmp_path / "link.st"
+    os.link(text, link)
+    dump_home = tmp_path / "dumps"
+    dump_home.mkdir()
+    (dump_home / "t.txt").write_text("x")
+    args = {
+        "save_logits_is_text": ["compare", "model", "--metrics", "--text", str(text), "--save-logits", str(text)],
+        "save_logits_bf16_is_text": ["compare", "model", "--metrics", "--dtypes", "bf16", "--text", str(text),
+                                     "--save-logits", f"bf16={text}"],
+        "save_logits_hard_link": ["compare", "model", "--metrics", "--text", str(text), "--save-logits", str(link)],
+        "plot_is_text": ["compare", "model", "--metrics", "--text", str(text), "--plot", str(text)],
+        "save_logits_in_model": ["compare", "model", "--metrics", "--model", str(model), "--save-logits",
+                                 str(model / "config.json")],
+        "plot_is_logits_ref": ["compare", "logits", str(text), str(link.with_name("y")), "--plot", str(text)],
+        "plot_is_logits_yours": ["compare", "logits", str(link), str(text), "--plot", str(text)],
+        "plot_is_from": ["accumulate", "--device", "cpu", "--from", str(text), "--plot", str(text)],
+        "plot_is_model_file": ["compare", "model", "--model", str(model), "--plot", str(model / "p.png")],
+        "dump_is_model": ["compare", "model", "--layers", "--model", str(model), "--dump", str(model)],
+        "dump_holds_text_dir": ["compare", "model", "--layers", "--model", str(dump_home / "t.txt"),
+                                "--dump", str(dump_home)],
+        "dump_inside_model": ["compare", "model", "--layers", "--model", str(model), "--dump", str(model / "d")],
+    }[case]
+    before = {p: p.read_bytes() for p in (text, model / "config.json", model / "p.png")}
+    r = run(*args)
+    one_line(r, 2, "which the run reads")
+    assert {p: p.read_bytes() for p in before} == before
+    assert not (model / "d").exists()
+
+
+@pytest.mark.parametrize("member", ["dir", "link"])
+def test_a_dump_member_that_cannot_be_a_file_is_refused_before_the_run(run, tmp_path, monkeypatch, member):
+    """DIR/fp32.safetensors being a directory ended in 'internal error:
+    IsADirectoryError' after the whole run."""
+    _fail_if_run(monkeypatch)
+    d = tmp_path / "d"
+    d.mkdir()
+    if member == "dir":
+        (d / "bf16.safetensors").mkdir()
+    else:
+        (d / "bf16.safetensors").symlink_to(tmp_path / "elsewhere")
+    r = run("compare", "model", "--layers", "--steps", "1", "--dtypes", "bf16", "--dump", str(d))
+    one_line(r, 2, "--dump", "bf16.safetensors")
+    assert sorted(os.listdir(d)) == ["bf16.safetensors"]  # nothing written, no temporary file
+
+
+def test_a_failed_dump_write_leaves_no_temporary_file(tmp_path):
+    """atomic_write removes its temporary file whatever stops the write (here the rename fails)."""
+    from precisionlab.io import outputs
+
+    (tmp_path / "x.safetensors").mkdir()
+    with pytest.raises(OSError):
+        outputs.atomic_write(tmp_path / "x.safetensors", b"data")
+    assert os.listdir(tmp_path) == ["x.safetensors"]
+
+
+@pytest.mark.parametrize("args,words", [
+    (["compare", "tensors", "A", "B", "--c-dtype", "bf16"], ["--c-dtype", "three"]),
+    (["compare", "model", "--metrics", "--threads", "0"], ["--threads", "at least 1"]),
+    (["compare", "model", "--layers", "--threads", "100000"], ["--threads", "at most"]),
+    (["compare", "model", "--dump", "D", "--threads", "-1"], ["--threads", "at least 1"]),
+    (["compare", "model", "--metrics", "--threads", "1"], ["--threads", "no effect in --metrics"]),
+    (["compare", "model", "--layers", "--threads", "1"], ["--threads", "no effect in --layers"]),
+    (["compare", "model", "--tokens", "5"], ["--tokens", "no effect", "--metrics"]),
+    (["compare", "model", "--layers", "--tokens", "5"], ["--tokens", "no effect in --layers", "--metrics"]),
+    (["compare", "model", "--dump", "D", "--tokens", "5"], ["--tokens", "--metrics"]),
+    (["compare", "model", "--layers", "--text", "T"], ["--text", "--metrics"]),
+    (["compare", "model", "--layers", "--save-logits", "x.st"], ["--save-logits", "--metrics"]),
+    (["compare", "model", "--layers", "--max-kld", "1"], ["--max-kld", "--metrics"]),
+    (["compare", "model", "--layers", "--min-top1", "1"], ["--min-top1", "--metrics"]),
+    (["compare", "model", "--min-top1", "1"], ["--min-top1", "--metrics"]),
+    (["compare", "model", "--layers", "--plot", "P.png"], ["--plot", "no effect in --layers"]),
+    (["compare", "model", "--dump", "D", "--plot", "P.png"], ["--plot", "--layers"]),
+    (["compare", "model", "--metrics", "--steps", "3"], ["--steps", "no effect in --metrics"]),
+    (["compare", "model", "--metrics", "--prompt", "x"], ["--prompt", "no effect in --metrics"]),
+    (["compare", "model", "--inject", "layers.0.mlp:scale=2"], ["--inject", "no effect", "--layers"]),
+    (["nondeterminism", "--sections", "threads", "--n", "100", "--runs", "2", "--device", "cpu", "--plot", "P.png"],
+     ["--plot", "atomics"]),
+], ids=lambda a: " ".join(a) if isinstance(a, list) and a and a[0] in ("compare", "nondeterminism") else "")
+def test_an_option_without_effect_in_its_mode_is_a_usage_error(run, tmp_path, monkeypatch, args, words):
+    """Each was accepted and ignored (exit 0), or, for --threads, not validated
+    in that mode while every other command refuses it."""
+    _fail_if_run(monkeypatch)
+    sub = {"D": str(tmp_path / "d"), "P.png": str(tmp_path / "p.png"), "T": str(tmp_path / "t.txt"),
+           "A": str(tmp_path / "a.npy"), "B": str(tmp_path / "b.npy")}
+    for k in ("A", "B"):
+        np.save(sub[k], np.ones(3, np.float32))
+    r = run(*[sub.get(a, a) for a in args])
+    one_line(r, 2, *words)
+    assert not os.path.exists(sub["P.png"]) and not os.path.exists(sub["D"])
+
+
+def test_every_option_of_compare_model_is_in_the_mode_table():
+    """A new option of compare model declares the modes it works in, or it would be ignored in the others."""
+    import inspect
+
+    from precisionlab.cli import compare_model
+
+    everywhere = {"ctx", "model", "dtypes", "device", "seed", "json_out", "metrics", "layers", "dump"}
+    params = set(inspect.signature(compare_model.command).parameters)
+    assert params - everywhere == set(compare_model.APPLIES)

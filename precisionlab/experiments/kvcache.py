@@ -264,7 +264,7 @@ class HFModel:
     def __init__(self, cfg: KVCacheConfig, device: str):
         from precisionlab.experiments import model as mexp
 
-        estimate = functools.partial(memory.kvcache_for, calibration=CALIBRATION_CHARS)
+        estimate = functools.partial(shape.kvcache_for, calibration=CALIBRATION_CHARS)
         self.runner, self.prompt = mexp.open_runner(cfg.model, device, cfg.prompt, cfg.steps, memory_check=True,
                                                     command="kvcache --model", estimate=estimate)
         self.model, self.device = self.runner.base, device

@@ -28,7 +28,6 @@ import copy
 import functools
 import json
 import math
-import os
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -76,18 +75,10 @@ class LayersResult:
     dumped: list[str]
 
 
-def check_dump_dir(path: str) -> Path:
-    """--dump DIR: an existing directory, or a new one in an existing parent; checked before the run."""
-    if not path:
-        raise UsageError("--dump needs a directory")
-    p = Path(path)
-    if p.exists() and not p.is_dir():
-        raise UsageError(f"--dump {path}: exists and is not a directory")
-    if not p.exists() and not p.parent.is_dir():
-        raise UsageError(f"--dump {path}: its parent folder does not exist")
-    if not os.access(p if p.exists() else p.parent, os.W_OK):
-        raise UsageError(f"--dump {path}: not writable")
-    return p
+def check_dump_dir(path: str, labels: list[str], model: str | None) -> Path:
+    """--dump DIR, checked before the run: writable, not the model's folder,
+    and every file it will hold (DIR/<dtype>.safetensors) writable as a file."""
+    return outputs.check_output_dir(path, [f"{d}.safetensors" for d in labels], "--dump", [("--model", model)])
 
 
 def run(cfg: LayersConfig, advance=lambda k=1: None) -> LayersResult:
@@ -101,7 +92,7 @@ def run(cfg: LayersConfig, advance=lambda k=1: None) -> LayersResult:
     if not lows or any(d not in mexp.LOW_DTYPES for d in lows):
         raise UsageError(f"--dtypes must be a comma list of {', '.join(mexp.LOW_DTYPES)} (got {cfg.dtypes!r})")
     injections = inject_mod.parse_all(cfg.inject, INJECT_KEYS)
-    dump_dir = check_dump_dir(cfg.dump) if cfg.dump is not None else None
+    dump_dir = check_dump_dir(cfg.dump, ["fp32", *lows], cfg.model) if cfg.dump is not None else None
     device = mexp._device(cfg.device)
     import torch
 
@@ -109,9 +100,9 @@ def run(cfg: LayersConfig, advance=lambda k=1: None) -> LayersResult:
 
     torch.manual_seed(cfg.seed)
     t0 = time.perf_counter()
-    from precisionlab.runtime import memory
+    from precisionlab.engines import shape
 
-    estimate = functools.partial(memory.compare_layers_for, dump=dump_dir is not None)
+    estimate = functools.partial(shape.compare_layers_for, dump=dump_dir is not None)
     runner, prompt = mexp.open_runner(cfg.model, device, cfg.prompt, cfg.steps, memory_check=True,
                                       command="compare model --layers", estimate=estimate)
     site_list = hooks.sites(runner.base)

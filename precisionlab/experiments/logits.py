@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 
 from precisionlab.numerics import distribution
-from precisionlab.io import inputs, logits_file
+from precisionlab.io import inputs, logits_file, outputs
 from precisionlab.errors import UsageError
 
 DTYPES = ("fp32", "bf16", "fp16")
@@ -73,18 +73,16 @@ class LogitsResult:
 # option checks, made before anything runs
 
 
-def check_output_path(path: str, option: str) -> None:
+def check_output_path(path: str, option: str, inputs_: outputs.Inputs = ()) -> None:
     """outputs.check_output_path: a --plot with an extension matplotlib writes,
-    a logits file under any name."""
-    from precisionlab.io import outputs
-
+    a logits file under any name; neither may be one of the run's inputs."""
     kinds = None
     if option == "--plot":
         from precisionlab.report.plots import plot_kinds, require_matplotlib
 
         require_matplotlib()
         kinds = plot_kinds()
-    outputs.check_output_path(path, kinds, option)
+    outputs.check_output_path(path, kinds, option, inputs_)
 
 
 def check_gates(max_kld: float | None, min_top1: float | None) -> None:
@@ -94,7 +92,7 @@ def check_gates(max_kld: float | None, min_top1: float | None) -> None:
         raise UsageError(f"--min-top1 is a percentage in [0, 100] (got {min_top1})")
 
 
-def parse_save(specs: list[str], lows: list[str]) -> dict[str, str]:
+def parse_save(specs: list[str], lows: list[str], inputs_: outputs.Inputs = ()) -> dict[str, str]:
     """--save-logits FILE (the fp32 run) or DTYPE=FILE, repeatable."""
     out: dict[str, str] = {}
     for spec in specs:
@@ -104,7 +102,7 @@ def parse_save(specs: list[str], lows: list[str]) -> dict[str, str]:
             raise UsageError(f"--save-logits {spec!r}: {dtype} is not among --dtypes ({','.join(lows)})")
         if dtype in out:
             raise UsageError(f"--save-logits: {dtype} given twice")
-        check_output_path(path, "--save-logits")
+        check_output_path(path, "--save-logits", inputs_)
         out[dtype] = path
     paths = [os.path.realpath(p) for p in out.values()]
     if len(set(paths)) != len(paths):
@@ -230,9 +228,10 @@ def run_model(cfg: MetricsConfig, advance=lambda k=1: None) -> LogitsResult:
             raise UsageError(f"--inject {inj}: noise applies to the target 'logits' only")
         sigma = inj.params["noise"]
     check_gates(cfg.max_kld, cfg.min_top1)
-    saves = parse_save(cfg.save_logits, lows)
+    read = [("--text", cfg.text), ("--model", cfg.model)]  # what the run reads: never overwritten
+    saves = parse_save(cfg.save_logits, lows, read)
     if cfg.plot:
-        check_output_path(cfg.plot, "--plot")
+        check_output_path(cfg.plot, "--plot", read)
         if os.path.realpath(cfg.plot) in {os.path.realpath(p) for p in saves.values()}:
             raise UsageError("--plot and --save-logits name the same file")
     text = read_text(cfg.text) if cfg.text else default_text()
@@ -322,9 +321,7 @@ class LogitsConfig:
 def compare_files(cfg: LogitsConfig, advance=lambda k=1: None) -> LogitsResult:
     check_gates(cfg.max_kld, cfg.min_top1)
     if cfg.plot is not None:  # "" too: refused as an empty path, never taken for "no plot"
-        check_output_path(cfg.plot, "--plot")
-        if os.path.realpath(cfg.plot) in {os.path.realpath(cfg.ref), os.path.realpath(cfg.yours)}:
-            raise UsageError("--plot would overwrite an input file")
+        check_output_path(cfg.plot, "--plot", [("REF", cfg.ref), ("YOURS", cfg.yours)])
     ref = logits_file.open_file(cfg.ref, "REF")
     yours = logits_file.open_file(cfg.yours, "YOURS")
     logits_file.check_pair(ref, yours)

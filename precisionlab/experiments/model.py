@@ -23,7 +23,8 @@ from pathlib import Path
 
 import numpy as np
 
-from precisionlab.runtime import devices, memory, threads
+from precisionlab.engines import shape
+from precisionlab.runtime import devices, threads
 from precisionlab.catalog import formats
 from precisionlab.io import inputs
 from precisionlab.numerics import metrics
@@ -308,12 +309,12 @@ def open_runner(model: str | None, device: str, prompt: str, steps: int,
     the prompt's token ids, checked to fit prompt + steps positions. A folder
     is refused first if it holds custom code or a FIFO: nothing else, the
     memory estimate (memory_check: estimate(model, steps, prompt) bytes,
-    memory.compare_model_for by default, the refusal naming `command`)
+    shape.compare_model_for by default, the refusal naming `command`)
     included, may open its files before that."""
     if model and Path(model).is_dir():
         refuse_foreign_code(Path(model))
     if memory_check:
-        estimate = estimate or memory.compare_model_for
+        estimate = estimate or shape.compare_model_for
         inputs.check_memory(estimate(model, steps, prompt), f"{command} {model or '(embedded)'} --steps {steps}")
     runner = HFRunner(model, device) if model else EmbeddedRunner(device)
     ids = runner.encode(prompt)

@@ -259,6 +259,36 @@ def max_ulps(d: np.ndarray, ref: np.ndarray, fmt) -> float:
     return float(np.max(np.ldexp(d, e)))
 
 
+# --- the three-way yardstick over finite elements ------------------------------------------
+
+
+def finite_yardstick(ref32: np.ndarray, low: np.ndarray, yours: np.ndarray, equal_nan: bool = False) -> dict:
+    """(2) and (3) again over the elements where all three files are finite.
+
+    One element of REF_LOW that overflowed to inf makes the whole-tensor
+    yardstick inf, and an inf yardstick would excuse any (3): YOURS matching
+    that inf but 100x off everywhere else would pass. So the verdict judges the
+    finite elements by what they cost there, and the count of the others is
+    reported (they are judged by the non-finite rules of rel-L2 and the
+    tolerance check, which still flag a YOURS that differs from REF_LOW there)."""
+    keep = np.isfinite(ref32) & np.isfinite(low) & np.isfinite(yours)
+    k = int(keep.size - np.count_nonzero(keep))
+    if k:
+        ref32, low, yours = ref32[keep], low[keep], yours[keep]
+    return {"yardstick_finite": rel_l2(low, ref32, equal_nan), "rel_l2_finite": rel_l2(yours, low, equal_nan),
+            "nonfinite_elements": k}
+
+
+def three_way_ratio(y3: float, fin: dict) -> float:
+    """The verdict's (3)/(2): inf where YOURS is non-finite where REF_LOW is
+    not (or the reverse), else the finite elements' ratio (finite_yardstick).
+    Where every element is finite, or every non-finite one agrees in all three
+    files, this is _ratio(y3, y2) exactly."""
+    if not math.isfinite(y3):
+        return math.inf
+    return _ratio(fin["rel_l2_finite"], fin["yardstick_finite"])
+
+
 # --- the comparison ----------------------------------------------------------------------
 
 
@@ -354,8 +384,9 @@ def _compare_all(cfg, files, maps, declared, plan, progress) -> tuple[list[dict]
                 y2 = rel_l2(vals[1], vals[0], cfg.equal_nan)   # (2) ref low vs ref fp32: the yardstick
                 row.update(pair_stats(vals[2], vals[1], fmts[2], fmts[1], cfg))  # (3) yours vs ref low
                 y3 = row["rel_l2"]
+                fin = finite_yardstick(vals[0], vals[1], vals[2], cfg.equal_nan)
                 row.update(yardstick=y2, rel_l2=y3, rel_l2_against="REF_LOW",
-                           accumulated=rel_l2(vals[2], vals[0], cfg.equal_nan), ratio=_ratio(y3, y2))
+                           accumulated=rel_l2(vals[2], vals[0], cfg.equal_nan), ratio=three_way_ratio(y3, fin), **fin)
                 row["flagged"] = row["ratio"] > RATIO_THRESHOLD
                 row["status"] = "flagged" if row["flagged"] else "ok"
             row["formats"] = fmts
@@ -397,6 +428,13 @@ def _takeaways(rows, n_files, first, stopped, total, skipped) -> list[str]:
         n_flag = sum(r["flagged"] for r in compared)
         out.append(f"{n_flag} of {len(compared)} tensors beyond {RATIO_THRESHOLD:g}x what the low precision costs "
                    f"there" + (f"; first divergence: {first}." if first else ": YOURS is as close as REF_LOW."))
+    if n_files == 3:
+        overflowed = [r for r in compared if r.get("nonfinite_elements") and not math.isfinite(r["yardstick"])]
+        if overflowed:
+            r = overflowed[0]
+            out.append(f"{len(overflowed)} tensors have a non-finite yardstick (REF_LOW overflowed or is NaN where "
+                       f"REF_FP32 is not; first: {r['name']}, {r['nonfinite_elements']} non-finite elements): "
+                       "their verdict judges the finite elements by what the low precision costs there.")
     if one_sided:
         out.append(f"{len(one_sided)} tensors are in some files only (rename with --map 'REGEX=REPLACEMENT').")
     if shapes:
