@@ -1057,3 +1057,166 @@ def test_every_option_of_compare_model_is_in_the_mode_table():
     everywhere = {"ctx", "model", "dtypes", "device", "seed", "json_out", "metrics", "layers", "dump"}
     params = set(inspect.signature(compare_model.command).parameters)
     assert params - everywhere == set(compare_model.APPLIES)
+
+
+@pytest.fixture
+def refuse_reading(monkeypatch):
+    """refuse(path): opening `path` for reading raises PermissionError, as the OS
+    does for another user's mode-600 file (tests run as root, who reads
+    everything, so os.open, open and io.open are told to refuse instead)."""
+    import builtins
+    import errno
+    import io
+
+    refused: set[str] = set()
+
+    def denied(path):
+        try:
+            return os.path.realpath(os.fspath(path)) in refused
+        except TypeError:  # a file descriptor
+            return False
+
+    real_os_open, real_open = os.open, builtins.open
+
+    def os_open(path, flags, *a, **k):
+        if denied(path) and not flags & (os.O_WRONLY | os.O_RDWR):
+            raise PermissionError(errno.EACCES, "Permission denied", os.fspath(path))
+        return real_os_open(path, flags, *a, **k)
+
+    def open_(file, mode="r", *a, **k):
+        if denied(file) and not set(mode) & set("wax+"):
+            raise PermissionError(errno.EACCES, "Permission denied", os.fspath(file))
+        return real_open(file, mode, *a, **k)
+
+    monkeypatch.setattr(os, "open", os_open)
+    monkeypatch.setattr(builtins, "open", open_)
+    monkeypatch.setattr(io, "open", open_)
+    return lambda p: refused.add(os.path.realpath(p))
+
+
+def _tensor_file(path, ext):
+    x = np.arange(16, dtype=np.float32).reshape(2, 8)
+    if ext == ".npy":
+        np.save(path, x)
+    elif ext == ".npz":
+        np.savez(path, x=x)
+    elif ext == ".safetensors":
+        from safetensors.numpy import save_file
+        save_file({"x": x}, str(path))
+    else:
+        import torch
+        torch.save({"x": torch.from_numpy(x)}, path)
+
+
+@pytest.mark.parametrize("reader", ["accumulate --from", "softmax --from", "compare op --from .npz",
+                                    "compare op --from .pt", "compare op --from .safetensors",
+                                    "compare tensors .npy", "compare tensors .npz", "compare tensors .pt",
+                                    "compare tensors .safetensors", "--metrics --text", "compare logits"])
+def test_an_input_this_user_may_not_read_is_one_line_and_exit_2(run, tmp_path, refuse_reading, reader):
+    """--from a file the user may not read ended in 'internal error:
+    PermissionError' (exit 1). Every reader goes through one check."""
+    ext = reader.split()[-1] if reader.split()[-1].startswith(".") else ".npy"
+    good, bad = tmp_path / f"good{ext}", tmp_path / f"bad{ext}"
+    for p in (good, bad):
+        _tensor_file(p, ext)
+    text = tmp_path / "t.txt"
+    text.write_text("ROMEO: hi\n" * 20)
+    args = {
+        "accumulate --from": ["accumulate", "--device", "cpu", "--from", str(bad)],
+        "softmax --from": ["softmax", "--device", "cpu", "--from", str(bad)],
+        "--metrics --text": ["compare", "model", "--metrics", "--tokens", "8", "--text", str(text)],
+        "compare logits": ["compare", "logits", str(good), str(bad)],
+    }.get(reader)
+    if reader.startswith("compare op"):
+        args = ["compare", "op", "softmax", "--device", "cpu", "--from", str(bad)]
+    elif reader.startswith("compare tensors"):
+        args = ["compare", "tensors", str(good), str(bad)]
+    if reader == "compare logits":
+        from precisionlab.io import logits_file
+        for p in (good, bad):
+            logits_file.write(str(p), np.zeros((4, 5), np.float32), np.arange(4), {})
+    refused = text if reader == "--metrics --text" else bad
+    refuse_reading(refused)
+    r = run(*args)
+    one_line(r, 2, str(refused), "Permission denied")
+
+
+def test_a_file_that_becomes_unreadable_after_the_check_is_still_one_line(run, tmp_path, monkeypatch):
+    """The .npy header read after check_regular_file maps an OSError too."""
+    import builtins
+
+    from precisionlab.io import inputs
+
+    p = tmp_path / "x.npy"
+    np.save(p, np.ones(4))
+    real = builtins.open
+    monkeypatch.setattr(builtins, "open", lambda f, *a, **k: (_ for _ in ()).throw(
+        PermissionError(13, "Permission denied", str(f))) if os.fspath(f) == str(p) else real(f, *a, **k))
+    with pytest.raises(Exception) as e:
+        inputs.npy_header(str(p))
+    assert type(e.value).__name__ == "UsageError" and "Permission denied" in str(e.value)
+
+
+def test_a_mode_000_file_is_refused_for_a_user_who_cannot_read_it(tmp_path):
+    """The real thing, where the tests do not run as root."""
+    if os.geteuid() == 0:
+        pytest.skip("root reads mode-000 files: the in-process refusal above stands in")
+    p = tmp_path / "x.npy"
+    np.save(p, np.ones(4))
+    p.chmod(0)
+    one_line(Result(*_cli3("accumulate", "--device", "cpu", "--from", str(p))), 2, "Permission denied")
+
+
+def _cli3(*args):
+    r = cli(*args)
+    return r.code, r.out, r.err
+
+
+@pytest.mark.parametrize("shell", ["bash", "zsh", "fish"])
+def test_install_completion_into_a_read_only_rc_file_is_one_line(run, tmp_path, monkeypatch, shell):
+    """'internal error: PermissionError' when the rc file may not be written.
+    HOME is a temporary folder; writes there are refused as for a read-only
+    file (root may write mode-444 files, so the refusal is made in process)."""
+    import pathlib
+
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.setenv("SHELL", f"/bin/{shell}")
+    real_write, real_open = pathlib.Path.write_text, pathlib.Path.open
+
+    def refuse(path):
+        raise PermissionError(13, "Permission denied", str(path))
+
+    monkeypatch.setattr(pathlib.Path, "write_text", lambda self, *a, **k: refuse(self)
+                        if str(self).startswith(str(tmp_path)) else real_write(self, *a, **k))
+    monkeypatch.setattr(pathlib.Path, "open", lambda self, mode="r", *a, **k: refuse(self)
+                        if str(self).startswith(str(tmp_path)) and set(mode) & set("wa") else
+                        real_open(self, mode, *a, **k))
+    r = run("--install-completion", shell)
+    one_line(r, 1, "--install-completion", "cannot write", str(tmp_path), "Permission denied")
+
+
+@pytest.mark.parametrize("lib,words", [("DIR", ["is a directory", "libprecisionlab.so"]),
+                                       ("DIR/missing.so", ["does not exist"])])
+def test_a_bad_library_path_says_what_is_wrong_with_the_library(tmp_path, lib, words):
+    """PRECISIONLAB_LIB=DIR was 'does not exist'; and compare tensors blamed the
+    data: "cannot read 'a' from ok.pt: LibraryNotFound ..."."""
+    import torch
+
+    torch.save({"a": torch.ones(3)}, tmp_path / "ok.pt")
+    env = {"PRECISIONLAB_LIB": lib.replace("DIR", str(tmp_path))}
+    for args in (["softmax", "--values", "1,2", "--device", "cpu"], ["compare", "tensors", str(tmp_path / "ok.pt"), str(tmp_path / "ok.pt")]):
+        r = cli(*args, env=env)
+        one_line(Result(r.code, r.out, r.err), 1, "PRECISIONLAB_LIB", *words)
+        assert "cannot read" not in r.err and "ok.pt" not in r.err
+
+
+def test_a_tensor_file_passes_the_library_errors_through():
+    from precisionlab.io import tensorfiles
+    from precisionlab.native.loader import LibraryNotFound
+
+    def get(name):
+        raise LibraryNotFound("PRECISIONLAB_LIB=/x does not exist")
+
+    tf = tensorfiles.TensorFile("ok.pt", ["a"], {"a": (3,)}, {"a": "float32"}, False, {}, get)
+    with pytest.raises(LibraryNotFound):
+        tf.get("a")

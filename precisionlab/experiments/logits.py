@@ -15,7 +15,6 @@ import os
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import numpy as np
 
@@ -133,11 +132,7 @@ def default_text() -> str:
 
 
 def read_text(path: str) -> str:
-    p = Path(path)
-    if not p.exists():
-        raise UsageError(f"--text {path!r}: no such file")
-    if not p.is_file():
-        raise UsageError(f"--text {path!r}: not a file")
+    p = inputs.check_regular_file(path, "--text")
     inputs.check_memory(4 * p.stat().st_size, f"--text {path!r}")  # the bytes and the decoded str
     try:
         return p.read_text("utf-8")

@@ -22,7 +22,7 @@ import numpy as np
 
 from precisionlab.catalog import formats
 from precisionlab.io import inputs
-from precisionlab.errors import UsageError
+from precisionlab.errors import PrecisionLabError, UsageError
 
 LOADABLE = (".npy", ".npz", ".pt", ".pth", ".safetensors")
 
@@ -55,7 +55,7 @@ class TensorFile:
     def get(self, name: str) -> np.ndarray:
         try:
             return self._get(name)
-        except UsageError:
+        except PrecisionLabError:  # the library missing, say: its own message, not the data's
             raise
         except Exception as e:
             raise UsageError(f"cannot read {name!r} from {self.path}: {type(e).__name__}: {_first_line(e)}") from None
@@ -92,7 +92,7 @@ def open_tensor_file(path: str, void_dtype: str | None = None) -> TensorFile:
             tf = _open_safetensors(p)
         else:
             tf = _open_pt(p)
-    except UsageError:
+    except PrecisionLabError:  # a usage error said already, or the library's own (never "cannot read" the data)
         raise
     except Exception as e:
         raise UsageError(f"cannot read {path}: {type(e).__name__}: {_first_line(e)}") from None
