@@ -1220,3 +1220,23 @@ def test_a_tensor_file_passes_the_library_errors_through():
     tf = tensorfiles.TensorFile("ok.pt", ["a"], {"a": (3,)}, {"a": "float32"}, False, {}, get)
     with pytest.raises(LibraryNotFound):
         tf.get("a")
+
+
+def test_reading_an_npz_reads_its_directory_once_whatever_the_member_count(run, tmp_path, monkeypatch):
+    """10,000 small members gave no result in 600 s: every member reopened the
+    archive, re-reading its whole central directory (N members: N^2 work).
+    Counted, not timed: directory reads for N and 2N members must be the same."""
+    import zipfile
+
+    reads = []
+    real = zipfile.ZipFile._RealGetContents
+    monkeypatch.setattr(zipfile.ZipFile, "_RealGetContents", lambda self: (reads.append(1), real(self))[1])
+    counts = {}
+    for n in (50, 100):
+        p = tmp_path / f"m{n}.npz"
+        np.savez(p, **{f"t{i}": np.full(4, i, np.float32) for i in range(n)})
+        reads.clear()
+        r = run("compare", "tensors", str(p), str(p), "--json")
+        assert r.code == 0 and len(r.json()["rows"]) == n, r.err
+        counts[n] = len(reads)
+    assert counts[50] == counts[100] <= 4, counts  # a few per file, never one per member
