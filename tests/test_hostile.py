@@ -1240,3 +1240,29 @@ def test_reading_an_npz_reads_its_directory_once_whatever_the_member_count(run, 
         assert r.code == 0 and len(r.json()["rows"]) == n, r.err
         counts[n] = len(reads)
     assert counts[50] == counts[100] <= 4, counts  # a few per file, never one per member
+
+
+def _declared_logits(path, positions, vocab=1):
+    """A safetensors logits file declaring `positions` rows, its data a hole
+    (a sparse file: gigabytes declared, nothing on disk)."""
+    header = {"logits": {"dtype": "BF16", "shape": [positions, vocab], "data_offsets": [0, 2 * positions * vocab]},
+              "tokens": {"dtype": "I64", "shape": [positions],
+                         "data_offsets": [2 * positions * vocab, 2 * positions * vocab + 8 * positions]}}
+    text = json.dumps(header).encode()
+    text += b" " * (-len(text) % 8)
+    with open(path, "wb") as f:
+        f.write(len(text).to_bytes(8, "little") + text)
+        f.truncate(8 + len(text) + 10 * positions * vocab)
+
+
+def test_a_logits_file_declaring_too_many_positions_is_refused_from_its_header(run, tmp_path, monkeypatch):
+    """512M declared positions: the tokens were read with no memory check and
+    the run ended in 'out of memory' (exit 1). The header says the size first."""
+    from precisionlab.io import inputs
+
+    monkeypatch.setattr(inputs, "memory_limit", lambda: 1 << 30)
+    ref, yours = tmp_path / "ref.st", tmp_path / "yours.st"
+    for p in (ref, yours):
+        _declared_logits(p, 1 << 29)
+    r = run("compare", "logits", str(ref), str(yours))
+    one_line(r, 2, "needs about", "536870912 positions", str(ref))

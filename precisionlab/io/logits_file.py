@@ -83,6 +83,10 @@ def open_file(path: str, what: str) -> LogitsFile:
                 raise UsageError(f"{what} {path!r}: {lshape[0]} logit rows but {tshape[0]} tokens")
             if lshape[0] == 0 or lshape[1] == 0:
                 raise UsageError(f"{what} {path!r}: 'logits' is empty (shape {lshape})")
+            # from the header, before the tokens are read: the array, its int64
+            # copy and the range check's masks (a header may declare 512M positions)
+            width = int(tdtype[1:]) // 8 if tdtype[0] in "IU" else 8
+            inputs.check_memory(tshape[0] * (width + 8 + 3), f"{what} {path!r} ({tshape[0]} positions)")
             tokens = f.get_tensor(TOKENS)
     except UsageError:
         raise
