@@ -1266,3 +1266,55 @@ def test_a_logits_file_declaring_too_many_positions_is_refused_from_its_header(r
         _declared_logits(p, 1 << 29)
     r = run("compare", "logits", str(ref), str(yours))
     one_line(r, 2, "needs about", "536870912 positions", str(ref))
+
+
+USERS_CODE = '''
+import torch
+print("hello from the import")
+
+def raises_on_edges(x):
+    if not torch.isfinite(x).all():
+        raise ValueError("edge \\x1b]0;owned\\x07 \\x1b[2J")
+    return torch.softmax(x, -1)
+
+def prints(x):
+    print("hello from the kernel \\x1b[31m")
+    return torch.softmax(x, -1)
+'''
+
+
+@pytest.fixture
+def users_module(tmp_path, monkeypatch):
+    (tmp_path / "users_code.py").write_text(USERS_CODE)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    yield "users_code"
+    sys.modules.pop("users_code", None)
+
+
+def test_the_users_exception_text_is_escaped_in_the_table(run, users_module):
+    """An edge case's exception, shown in its flagged row, printed its escape
+    sequences raw: the user's kernel could retitle or clear the terminal."""
+    r = run("compare", "op", "softmax", "--shape", "2x8", "--device", "cpu", "--impl", f"{users_module}:raises_on_edges")
+    assert r.code == 1, r.err
+    assert "\x1b" not in r.out and "\x07" not in r.out
+    assert "\\x1b]0;owned\\x07" in "".join(r.out.split())
+
+
+@pytest.mark.parametrize("json_out", [True, False])
+def test_what_the_users_code_prints_stays_off_stdout(run, users_module, json_out):
+    """A print() inside --impl (or at its import) broke --json: stdout is the JSON alone."""
+    r = run("compare", "op", "softmax", "--shape", "2x8", "--device", "cpu", "--impl", f"{users_module}:prints",
+            *(["--json"] if json_out else []))
+    assert r.code == 0, r.err
+    assert "hello from" not in r.out and "hello from the kernel" in r.err and "hello from the import" in r.err
+    if json_out:
+        r.json()
+
+
+def test_formats_runs_with_its_options(run):
+    """The command's --formats option and its report module shared a name:
+    every formats run ended in 'internal error: AttributeError'."""
+    r = run("formats", "--n", "1024", "--shape", "16x64x16", "--device", "cpu", "--formats", "mxfp8_e4m3",
+            "--blocks", "32", "--dists", "normal", "--json")
+    assert r.code == 0, r.err
+    assert {row["format"] for row in r.json()["rows"]} >= {"mxfp8_e4m3"}

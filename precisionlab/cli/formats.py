@@ -31,10 +31,10 @@ def command(
 ):
     """Block-scaled formats (MXFP8/6/4, NVFP4) by scale rule and block size: error, clipping, flushing, matmul."""
     from precisionlab.experiments import formats as exp
-    from precisionlab.report import formats
+    from precisionlab.report import formats as formats_report
     from precisionlab.report.output import Output
 
-    out = Output(formats, json_out, plot)
+    out = Output(formats_report, json_out, plot)
     cfg = exp.FormatsConfig(formats=formats, rules=rules, blocks=blocks, dists=dists, n=n, shape=shape,
                             baselines=baselines, device=device, seed=seed)
     out.run("formats", lambda advance: exp.run(cfg, advance))
