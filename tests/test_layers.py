@@ -175,7 +175,7 @@ def test_an_lm_head_that_overflows_fp16_is_the_head_pitfall(tmp_path):
 
 
 def test_memory_is_estimated_before_the_model_is_opened(monkeypatch):
-    # compare model --layers checks its own estimate (memory.compare_layers) first
+    # compare model --layers checks its own estimate (engines.shape.compare_layers_for, which is memory.compare_layers for the model) first
     from precisionlab.io import inputs
     from precisionlab.engines import shape
     from precisionlab.runtime import memory
@@ -183,7 +183,7 @@ def test_memory_is_estimated_before_the_model_is_opened(monkeypatch):
 
     seen = []
     monkeypatch.setattr(inputs, "memory_limit", lambda: 1 << 20)
-    monkeypatch.setattr(memory, "compare_layers_for", lambda *a, **k: seen.append(k) or (2 << 20))
+    monkeypatch.setattr(shape, "compare_layers_for", lambda *a, **k: seen.append(k) or (2 << 20))
     with pytest.raises(UsageError, match=r"compare model --layers \(embedded\) --steps 3 needs about 2 MiB"):
         lexp.run(lexp.LayersConfig(steps=3, dtypes="bf16"))
     assert seen == [{"dump": False}]
