@@ -175,19 +175,19 @@ def test_an_lm_head_that_overflows_fp16_is_the_head_pitfall(tmp_path):
 
 
 def test_memory_is_estimated_before_the_model_is_opened(monkeypatch):
-    # compare model --layers checks its own estimate (engines.shape.compare_layers_for, which is memory.compare_layers for the model) first
+    # compare model --layers checks its own estimate (engines.shape.compare_layers_for: memory.compare_layers) first
     from precisionlab.io import inputs
-    from precisionlab.engines import shape
+    from precisionlab.engines import shape as engine_shape
     from precisionlab.runtime import memory
     from precisionlab.errors import UsageError
 
     seen = []
     monkeypatch.setattr(inputs, "memory_limit", lambda: 1 << 20)
-    monkeypatch.setattr(shape, "compare_layers_for", lambda *a, **k: seen.append(k) or (2 << 20))
+    monkeypatch.setattr(engine_shape, "compare_layers_for", lambda *a, **k: seen.append(k) or (2 << 20))
     with pytest.raises(UsageError, match=r"compare model --layers \(embedded\) --steps 3 needs about 2 MiB"):
         lexp.run(lexp.LayersConfig(steps=3, dtypes="bf16"))
     assert seen == [{"dump": False}]
     # the estimate grows with what a run keeps: positions, and the dump's copies
-    shape = shape.model_shape(None, 50, "ROMEO:\n")
+    shape = engine_shape.model_shape(None, 50, "ROMEO:\n")
     assert memory.compare_layers(*shape[:7], dump=True) > memory.compare_layers(*shape[:7]) > \
-        memory.compare_layers(*shape.model_shape(None, 10, "ROMEO:\n")[:7])
+        memory.compare_layers(*engine_shape.model_shape(None, 10, "ROMEO:\n")[:7])
