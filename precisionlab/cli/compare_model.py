@@ -76,17 +76,14 @@ def command(
     from precisionlab.experiments import model as exp
 
     from precisionlab.report.plots import check_plot_path
-
     from precisionlab.runtime import threads as threads_mod
 
-    plot = check_plot_path(plot)  # before the run: a bad path must not cost the result
-    check_model(model)
-    inputs.check_given(text, "--text")
     if metrics and (layers or dump is not None):
         raise UsageError("--metrics and --layers/--dump are separate runs: give one")
     threads_mod.check(threads)  # the one --threads validation, whatever the mode
     check_mode_options(ctx, METRICS if metrics else LAYERS if layers or dump is not None else PLAIN)
     inputs.check_given(model, "--model")
+    check_model(model)
     inputs.check_given(text, "--text")
     # before the run: a bad path, or one the run reads, must not cost the result
     plot = check_plot_path(plot, [("--text", text), ("--model", spec_path(model))])
