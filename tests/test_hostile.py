@@ -865,3 +865,457 @@ def test_no_gpu_is_exit_3_without_the_c_functions_name():
     if native.gpu_status().count:
         pytest.skip("a GPU is present")
     one_line(cli("softmax", "--device", "cuda"), 3, "no CUDA GPU available")
+
+
+# ---------------------------------------------------------------------------
+# issue 30: the newer commands (--layers, --dump, --metrics, compare logits,
+# compare tensors, formats, kvcache, completion, the library lookup)
+
+
+def _three_way(tmp_path, ref32, low, yours):
+    paths = []
+    for tag, v in (("ref32", ref32), ("low", low), ("yours", yours)):
+        np.save(tmp_path / f"{tag}.npy", np.asarray(v, np.float32))
+        paths.append(str(tmp_path / f"{tag}.npy"))
+    return paths
+
+
+def _overflowed(n=1000):
+    """REF_FP32, and REF_LOW as its fp16 rounding with element 0 overflowed to inf."""
+    rng = np.random.default_rng(30)
+    ref32 = rng.standard_normal(n).astype(np.float32)
+    low = ref32.astype(np.float16).astype(np.float32)
+    ref32[0], low[0] = 70000.0, np.inf  # past fp16's 65504
+    return ref32, low
+
+
+def test_one_overflowed_element_does_not_excuse_the_finite_rest(run, tmp_path):
+    """REF_LOW inf at one element made the yardstick inf and ratio (3)/(2) 0:
+    YOURS, matching that inf but 100x the rounding error everywhere else,
+    was 'ok', exit 0."""
+    ref32, low = _overflowed()
+    yours = low + 100 * (low - ref32)  # inf at element 0 (inf + 100 * inf), 100x off elsewhere
+    assert np.isinf(yours[0]) and np.isfinite(yours[1:]).all()
+    r = run("compare", "tensors", *_three_way(tmp_path, ref32, low, yours), "--json")
+    assert r.code == 1, r.err
+    row = r.json()["rows"][0]
+    assert row["flagged"] and row["status"] == "flagged"
+    assert row["yardstick"] == "inf" and row["nonfinite_elements"] == 1
+    # the finite elements' ratio is 100 (the error scaled by 100, rounded to fp32: within 1e-3 of it)
+    assert row["ratio"] == pytest.approx(100, rel=1e-3)
+    assert any("non-finite yardstick" in t and "tensor" in t for t in r.json()["takeaways"])
+
+
+@pytest.mark.parametrize("case,code", [("same", 0), ("finite_where_inf", 1)])
+def test_an_overflowed_yardstick_still_passes_a_faithful_engine(run, tmp_path, case, code):
+    """The finite rule changes nothing else: YOURS equal to REF_LOW passes, and
+    a YOURS that is finite where REF_LOW overflowed is still a difference."""
+    ref32, low = _overflowed()
+    yours = low.copy()
+    if case == "finite_where_inf":
+        yours[0] = 65504.0
+    r = run("compare", "tensors", *_three_way(tmp_path, ref32, low, yours), "--json")
+    assert r.code == code, r.err
+    row = r.json()["rows"][0]
+    assert row["ratio"] == (0.0 if code == 0 else "inf")
+
+
+def test_the_finite_yardstick_equals_the_whole_one_when_all_is_finite():
+    from precisionlab.numerics import compare as comparison
+
+    rng = np.random.default_rng(1)
+    a = rng.standard_normal(100)
+    b, c = a + 1e-3 * rng.standard_normal(100), a + 2e-3 * rng.standard_normal(100)
+    fin = comparison.finite_yardstick(a, b, c)
+    assert fin["nonfinite_elements"] == 0
+    y2, y3 = comparison.rel_l2(b, a), comparison.rel_l2(c, b)
+    assert fin["yardstick_finite"] == y2 and fin["rel_l2_finite"] == y3
+    assert comparison.three_way_ratio(y3, fin) == comparison.ratio(y3, y2)
+
+
+def _fail_if_run(monkeypatch):
+    """Every model-running experiment fails if it starts: the refusal must come first."""
+    from precisionlab.experiments import logits, model
+
+    boom = lambda *a, **k: pytest.fail("the run started before its outputs were checked")  # noqa: E731
+    monkeypatch.setattr(model, "open_runner", boom)
+    monkeypatch.setattr(model, "EmbeddedRunner", boom)
+    monkeypatch.setattr(model, "HFRunner", boom)
+    monkeypatch.setattr(logits, "distribution", None)
+
+
+@pytest.mark.parametrize("case", ["save_logits_is_text", "save_logits_bf16_is_text", "save_logits_hard_link",
+                                  "plot_is_text", "save_logits_in_model", "plot_is_logits_ref",
+                                  "plot_is_logits_yours", "plot_is_from", "plot_is_model_file",
+                                  "dump_is_model", "dump_holds_text_dir", "dump_inside_model"])
+def test_an_output_that_is_an_input_is_refused_before_the_run(run, tmp_path, monkeypatch, case):
+    """--save-logits FILE naming the --text just read overwrote it, exit 0.
+    Every writing option is checked against every input of its run."""
+    _fail_if_run(monkeypatch)
+    text = tmp_path / "text.png"  # a name every output option accepts
+    text.write_text("ROMEO: hello\n" * 50)
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text("{}")
+    (model / "p.png").write_bytes(b"weights")
+    link = tmp_path / "link.st"
+    os.link(text, link)
+    dump_home = tmp_path / "dumps"
+    dump_home.mkdir()
+    (dump_home / "t.txt").write_text("x")
+    args = {
+        "save_logits_is_text": ["compare", "model", "--metrics", "--text", str(text), "--save-logits", str(text)],
+        "save_logits_bf16_is_text": ["compare", "model", "--metrics", "--dtypes", "bf16", "--text", str(text),
+                                     "--save-logits", f"bf16={text}"],
+        "save_logits_hard_link": ["compare", "model", "--metrics", "--text", str(text), "--save-logits", str(link)],
+        "plot_is_text": ["compare", "model", "--metrics", "--text", str(text), "--plot", str(text)],
+        "save_logits_in_model": ["compare", "model", "--metrics", "--model", str(model), "--save-logits",
+                                 str(model / "config.json")],
+        "plot_is_logits_ref": ["compare", "logits", str(text), str(link.with_name("y")), "--plot", str(text)],
+        "plot_is_logits_yours": ["compare", "logits", str(link), str(text), "--plot", str(text)],
+        "plot_is_from": ["accumulate", "--device", "cpu", "--from", str(text), "--plot", str(text)],
+        "plot_is_model_file": ["compare", "model", "--model", str(model), "--plot", str(model / "p.png")],
+        "dump_is_model": ["compare", "model", "--layers", "--model", str(model), "--dump", str(model)],
+        "dump_holds_text_dir": ["compare", "model", "--layers", "--model", str(dump_home / "t.txt"),
+                                "--dump", str(dump_home)],
+        "dump_inside_model": ["compare", "model", "--layers", "--model", str(model), "--dump", str(model / "d")],
+    }[case]
+    before = {p: p.read_bytes() for p in (text, model / "config.json", model / "p.png")}
+    r = run(*args)
+    one_line(r, 2, "which the run reads")
+    assert {p: p.read_bytes() for p in before} == before
+    assert not (model / "d").exists()
+
+
+@pytest.mark.parametrize("member", ["dir", "link"])
+def test_a_dump_member_that_cannot_be_a_file_is_refused_before_the_run(run, tmp_path, monkeypatch, member):
+    """DIR/fp32.safetensors being a directory ended in 'internal error:
+    IsADirectoryError' after the whole run."""
+    _fail_if_run(monkeypatch)
+    d = tmp_path / "d"
+    d.mkdir()
+    if member == "dir":
+        (d / "bf16.safetensors").mkdir()
+    else:
+        (d / "bf16.safetensors").symlink_to(tmp_path / "elsewhere")
+    r = run("compare", "model", "--layers", "--steps", "1", "--dtypes", "bf16", "--dump", str(d))
+    one_line(r, 2, "--dump", "bf16.safetensors")
+    assert sorted(os.listdir(d)) == ["bf16.safetensors"]  # nothing written, no temporary file
+
+
+def test_a_failed_dump_write_leaves_no_temporary_file(tmp_path):
+    """atomic_write removes its temporary file whatever stops the write (here the rename fails)."""
+    from precisionlab.io import outputs
+
+    (tmp_path / "x.safetensors").mkdir()
+    with pytest.raises(OSError):
+        outputs.atomic_write(tmp_path / "x.safetensors", b"data")
+    assert os.listdir(tmp_path) == ["x.safetensors"]
+
+
+@pytest.mark.parametrize("args,words", [
+    (["compare", "tensors", "A", "B", "--c-dtype", "bf16"], ["--c-dtype", "three"]),
+    (["compare", "model", "--metrics", "--threads", "0"], ["--threads", "at least 1"]),
+    (["compare", "model", "--layers", "--threads", "100000"], ["--threads", "at most"]),
+    (["compare", "model", "--dump", "D", "--threads", "-1"], ["--threads", "at least 1"]),
+    (["compare", "model", "--metrics", "--threads", "1"], ["--threads", "no effect in --metrics"]),
+    (["compare", "model", "--layers", "--threads", "1"], ["--threads", "no effect in --layers"]),
+    (["compare", "model", "--tokens", "5"], ["--tokens", "no effect", "--metrics"]),
+    (["compare", "model", "--layers", "--tokens", "5"], ["--tokens", "no effect in --layers", "--metrics"]),
+    (["compare", "model", "--dump", "D", "--tokens", "5"], ["--tokens", "--metrics"]),
+    (["compare", "model", "--layers", "--text", "T"], ["--text", "--metrics"]),
+    (["compare", "model", "--layers", "--save-logits", "x.st"], ["--save-logits", "--metrics"]),
+    (["compare", "model", "--layers", "--max-kld", "1"], ["--max-kld", "--metrics"]),
+    (["compare", "model", "--layers", "--min-top1", "1"], ["--min-top1", "--metrics"]),
+    (["compare", "model", "--min-top1", "1"], ["--min-top1", "--metrics"]),
+    (["compare", "model", "--layers", "--plot", "P.png"], ["--plot", "no effect in --layers"]),
+    (["compare", "model", "--dump", "D", "--plot", "P.png"], ["--plot", "--layers"]),
+    (["compare", "model", "--metrics", "--steps", "3"], ["--steps", "no effect in --metrics"]),
+    (["compare", "model", "--metrics", "--prompt", "x"], ["--prompt", "no effect in --metrics"]),
+    (["compare", "model", "--inject", "layers.0.mlp:scale=2"], ["--inject", "no effect", "--layers"]),
+    (["nondeterminism", "--sections", "threads", "--n", "100", "--runs", "2", "--device", "cpu", "--plot", "P.png"],
+     ["--plot", "atomics"]),
+], ids=lambda a: " ".join(a) if isinstance(a, list) and a and a[0] in ("compare", "nondeterminism") else "")
+def test_an_option_without_effect_in_its_mode_is_a_usage_error(run, tmp_path, monkeypatch, args, words):
+    """Each was accepted and ignored (exit 0), or, for --threads, not validated
+    in that mode while every other command refuses it."""
+    _fail_if_run(monkeypatch)
+    sub = {"D": str(tmp_path / "d"), "P.png": str(tmp_path / "p.png"), "T": str(tmp_path / "t.txt"),
+           "A": str(tmp_path / "a.npy"), "B": str(tmp_path / "b.npy")}
+    for k in ("A", "B"):
+        np.save(sub[k], np.ones(3, np.float32))
+    r = run(*[sub.get(a, a) for a in args])
+    one_line(r, 2, *words)
+    assert not os.path.exists(sub["P.png"]) and not os.path.exists(sub["D"])
+
+
+def test_every_option_of_compare_model_is_in_the_mode_table():
+    """A new option of compare model declares the modes it works in, or it would be ignored in the others."""
+    import inspect
+
+    from precisionlab.cli import compare_model
+
+    everywhere = {"ctx", "model", "dtypes", "device", "seed", "json_out", "metrics", "layers", "dump"}
+    params = set(inspect.signature(compare_model.command).parameters)
+    assert params - everywhere == set(compare_model.APPLIES)
+
+
+@pytest.fixture
+def refuse_reading(monkeypatch):
+    """refuse(path): opening `path` for reading raises PermissionError, as the OS
+    does for another user's mode-600 file (tests run as root, who reads
+    everything, so os.open, open and io.open are told to refuse instead)."""
+    import builtins
+    import errno
+    import io
+
+    refused: set[str] = set()
+
+    def denied(path):
+        try:
+            return os.path.realpath(os.fspath(path)) in refused
+        except TypeError:  # a file descriptor
+            return False
+
+    real_os_open, real_open = os.open, builtins.open
+
+    def os_open(path, flags, *a, **k):
+        if denied(path) and not flags & (os.O_WRONLY | os.O_RDWR):
+            raise PermissionError(errno.EACCES, "Permission denied", os.fspath(path))
+        return real_os_open(path, flags, *a, **k)
+
+    def open_(file, mode="r", *a, **k):
+        if denied(file) and not set(mode) & set("wax+"):
+            raise PermissionError(errno.EACCES, "Permission denied", os.fspath(file))
+        return real_open(file, mode, *a, **k)
+
+    monkeypatch.setattr(os, "open", os_open)
+    monkeypatch.setattr(builtins, "open", open_)
+    monkeypatch.setattr(io, "open", open_)
+    return lambda p: refused.add(os.path.realpath(p))
+
+
+def _tensor_file(path, ext):
+    x = np.arange(16, dtype=np.float32).reshape(2, 8)
+    if ext == ".npy":
+        np.save(path, x)
+    elif ext == ".npz":
+        np.savez(path, x=x)
+    elif ext == ".safetensors":
+        from safetensors.numpy import save_file
+        save_file({"x": x}, str(path))
+    else:
+        import torch
+        torch.save({"x": torch.from_numpy(x)}, path)
+
+
+@pytest.mark.parametrize("reader", ["accumulate --from", "softmax --from", "compare op --from .npz",
+                                    "compare op --from .pt", "compare op --from .safetensors",
+                                    "compare tensors .npy", "compare tensors .npz", "compare tensors .pt",
+                                    "compare tensors .safetensors", "--metrics --text", "compare logits"])
+def test_an_input_this_user_may_not_read_is_one_line_and_exit_2(run, tmp_path, refuse_reading, reader):
+    """--from a file the user may not read ended in 'internal error:
+    PermissionError' (exit 1). Every reader goes through one check."""
+    ext = reader.split()[-1] if reader.split()[-1].startswith(".") else ".npy"
+    good, bad = tmp_path / f"good{ext}", tmp_path / f"bad{ext}"
+    for p in (good, bad):
+        _tensor_file(p, ext)
+    text = tmp_path / "t.txt"
+    text.write_text("ROMEO: hi\n" * 20)
+    args = {
+        "accumulate --from": ["accumulate", "--device", "cpu", "--from", str(bad)],
+        "softmax --from": ["softmax", "--device", "cpu", "--from", str(bad)],
+        "--metrics --text": ["compare", "model", "--metrics", "--tokens", "8", "--text", str(text)],
+        "compare logits": ["compare", "logits", str(good), str(bad)],
+    }.get(reader)
+    if reader.startswith("compare op"):
+        args = ["compare", "op", "softmax", "--device", "cpu", "--from", str(bad)]
+    elif reader.startswith("compare tensors"):
+        args = ["compare", "tensors", str(good), str(bad)]
+    if reader == "compare logits":
+        from precisionlab.io import logits_file
+        for p in (good, bad):
+            logits_file.write(str(p), np.zeros((4, 5), np.float32), np.arange(4), {})
+    refused = text if reader == "--metrics --text" else bad
+    refuse_reading(refused)
+    r = run(*args)
+    one_line(r, 2, str(refused), "Permission denied")
+
+
+def test_a_file_that_becomes_unreadable_after_the_check_is_still_one_line(run, tmp_path, monkeypatch):
+    """The .npy header read after check_regular_file maps an OSError too."""
+    import builtins
+
+    from precisionlab.io import inputs
+
+    p = tmp_path / "x.npy"
+    np.save(p, np.ones(4))
+    real = builtins.open
+    monkeypatch.setattr(builtins, "open", lambda f, *a, **k: (_ for _ in ()).throw(
+        PermissionError(13, "Permission denied", str(f))) if os.fspath(f) == str(p) else real(f, *a, **k))
+    with pytest.raises(Exception) as e:
+        inputs.npy_header(str(p))
+    assert type(e.value).__name__ == "UsageError" and "Permission denied" in str(e.value)
+
+
+def test_a_mode_000_file_is_refused_for_a_user_who_cannot_read_it(tmp_path):
+    """The real thing, where the tests do not run as root."""
+    if os.geteuid() == 0:
+        pytest.skip("root reads mode-000 files: the in-process refusal above stands in")
+    p = tmp_path / "x.npy"
+    np.save(p, np.ones(4))
+    p.chmod(0)
+    one_line(Result(*_cli3("accumulate", "--device", "cpu", "--from", str(p))), 2, "Permission denied")
+
+
+def _cli3(*args):
+    r = cli(*args)
+    return r.code, r.out, r.err
+
+
+@pytest.mark.parametrize("shell", ["bash", "zsh", "fish"])
+def test_install_completion_into_a_read_only_rc_file_is_one_line(run, tmp_path, monkeypatch, shell):
+    """'internal error: PermissionError' when the rc file may not be written.
+    HOME is a temporary folder; writes there are refused as for a read-only
+    file (root may write mode-444 files, so the refusal is made in process)."""
+    import pathlib
+
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.setenv("SHELL", f"/bin/{shell}")
+    real_write, real_open = pathlib.Path.write_text, pathlib.Path.open
+
+    def refuse(path):
+        raise PermissionError(13, "Permission denied", str(path))
+
+    monkeypatch.setattr(pathlib.Path, "write_text", lambda self, *a, **k: refuse(self)
+                        if str(self).startswith(str(tmp_path)) else real_write(self, *a, **k))
+    monkeypatch.setattr(pathlib.Path, "open", lambda self, mode="r", *a, **k: refuse(self)
+                        if str(self).startswith(str(tmp_path)) and set(mode) & set("wa") else
+                        real_open(self, mode, *a, **k))
+    r = run("--install-completion", shell)
+    one_line(r, 1, "--install-completion", "cannot write", str(tmp_path), "Permission denied")
+
+
+@pytest.mark.parametrize("lib,words", [("DIR", ["is a directory", "libprecisionlab.so"]),
+                                       ("DIR/missing.so", ["does not exist"])])
+def test_a_bad_library_path_says_what_is_wrong_with_the_library(tmp_path, lib, words):
+    """PRECISIONLAB_LIB=DIR was 'does not exist'; and compare tensors blamed the
+    data: "cannot read 'a' from ok.pt: LibraryNotFound ..."."""
+    import torch
+
+    torch.save({"a": torch.ones(3)}, tmp_path / "ok.pt")
+    env = {"PRECISIONLAB_LIB": lib.replace("DIR", str(tmp_path))}
+    for args in (["softmax", "--values", "1,2", "--device", "cpu"], ["compare", "tensors", str(tmp_path / "ok.pt"), str(tmp_path / "ok.pt")]):
+        r = cli(*args, env=env)
+        one_line(Result(r.code, r.out, r.err), 1, "PRECISIONLAB_LIB", *words)
+        assert "cannot read" not in r.err and "ok.pt" not in r.err
+
+
+def test_a_tensor_file_passes_the_library_errors_through():
+    from precisionlab.io import tensorfiles
+    from precisionlab.native.loader import LibraryNotFound
+
+    def get(name):
+        raise LibraryNotFound("PRECISIONLAB_LIB=/x does not exist")
+
+    tf = tensorfiles.TensorFile("ok.pt", ["a"], {"a": (3,)}, {"a": "float32"}, False, {}, get)
+    with pytest.raises(LibraryNotFound):
+        tf.get("a")
+
+
+def test_reading_an_npz_reads_its_directory_once_whatever_the_member_count(run, tmp_path, monkeypatch):
+    """10,000 small members gave no result in 600 s: every member reopened the
+    archive, re-reading its whole central directory (N members: N^2 work).
+    Counted, not timed: directory reads for N and 2N members must be the same."""
+    import zipfile
+
+    reads = []
+    real = zipfile.ZipFile._RealGetContents
+    monkeypatch.setattr(zipfile.ZipFile, "_RealGetContents", lambda self: (reads.append(1), real(self))[1])
+    counts = {}
+    for n in (50, 100):
+        p = tmp_path / f"m{n}.npz"
+        np.savez(p, **{f"t{i}": np.full(4, i, np.float32) for i in range(n)})
+        reads.clear()
+        r = run("compare", "tensors", str(p), str(p), "--json")
+        assert r.code == 0 and len(r.json()["rows"]) == n, r.err
+        counts[n] = len(reads)
+    assert counts[50] == counts[100] <= 4, counts  # a few per file, never one per member
+
+
+def _declared_logits(path, positions, vocab=1):
+    """A safetensors logits file declaring `positions` rows, its data a hole
+    (a sparse file: gigabytes declared, nothing on disk)."""
+    header = {"logits": {"dtype": "BF16", "shape": [positions, vocab], "data_offsets": [0, 2 * positions * vocab]},
+              "tokens": {"dtype": "I64", "shape": [positions],
+                         "data_offsets": [2 * positions * vocab, 2 * positions * vocab + 8 * positions]}}
+    text = json.dumps(header).encode()
+    text += b" " * (-len(text) % 8)
+    with open(path, "wb") as f:
+        f.write(len(text).to_bytes(8, "little") + text)
+        f.truncate(8 + len(text) + 10 * positions * vocab)
+
+
+def test_a_logits_file_declaring_too_many_positions_is_refused_from_its_header(run, tmp_path, monkeypatch):
+    """512M declared positions: the tokens were read with no memory check and
+    the run ended in 'out of memory' (exit 1). The header says the size first."""
+    from precisionlab.io import inputs
+
+    monkeypatch.setattr(inputs, "memory_limit", lambda: 1 << 30)
+    ref, yours = tmp_path / "ref.st", tmp_path / "yours.st"
+    for p in (ref, yours):
+        _declared_logits(p, 1 << 29)
+    r = run("compare", "logits", str(ref), str(yours))
+    one_line(r, 2, "needs about", "536870912 positions", str(ref))
+
+
+USERS_CODE = '''
+import torch
+print("hello from the import")
+
+def raises_on_edges(x):
+    if not torch.isfinite(x).all():
+        raise ValueError("edge \\x1b]0;owned\\x07 \\x1b[2J")
+    return torch.softmax(x, -1)
+
+def prints(x):
+    print("hello from the kernel \\x1b[31m")
+    return torch.softmax(x, -1)
+'''
+
+
+@pytest.fixture
+def users_module(tmp_path, monkeypatch):
+    (tmp_path / "users_code.py").write_text(USERS_CODE)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    yield "users_code"
+    sys.modules.pop("users_code", None)
+
+
+def test_the_users_exception_text_is_escaped_in_the_table(run, users_module):
+    """An edge case's exception, shown in its flagged row, printed its escape
+    sequences raw: the user's kernel could retitle or clear the terminal."""
+    r = run("compare", "op", "softmax", "--shape", "2x8", "--device", "cpu", "--impl", f"{users_module}:raises_on_edges")
+    assert r.code == 1, r.err
+    assert "\x1b" not in r.out and "\x07" not in r.out
+    assert "\\x1b]0;owned\\x07" in "".join(r.out.split())
+
+
+@pytest.mark.parametrize("json_out", [True, False])
+def test_what_the_users_code_prints_stays_off_stdout(run, users_module, json_out):
+    """A print() inside --impl (or at its import) broke --json: stdout is the JSON alone."""
+    r = run("compare", "op", "softmax", "--shape", "2x8", "--device", "cpu", "--impl", f"{users_module}:prints",
+            *(["--json"] if json_out else []))
+    assert r.code == 0, r.err
+    assert "hello from" not in r.out and "hello from the kernel" in r.err and "hello from the import" in r.err
+    if json_out:
+        r.json()
+
+
+def test_formats_runs_with_its_options(run):
+    """The command's --formats option and its report module shared a name:
+    every formats run ended in 'internal error: AttributeError'."""
+    r = run("formats", "--n", "1024", "--shape", "16x64x16", "--device", "cpu", "--formats", "mxfp8_e4m3",
+            "--blocks", "32", "--dists", "normal", "--json")
+    assert r.code == 0, r.err
+    assert {row["format"] for row in r.json()["rows"]} >= {"mxfp8_e4m3"}

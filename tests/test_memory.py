@@ -120,6 +120,13 @@ def _families(tmp_path: Path):
                      memory.softmax(r, 4096)) for r in (64, 128, 256)],
         "softmax --from": [(["softmax", "--from", _npy(tmp_path, r, 4096), "--device", "cpu", "--json"],
                             memory.softmax(r, 4096)) for r in (64, 128, 256)],
+        # rows longer than the reference's chunk: its temporaries span a whole row (1 x 4M peaked at 4.1x)
+        "softmax long rows": [(["softmax", "--rows", str(r), "--cols", str(c), "--dtype", d, "--device", "cpu",
+                                "--json"], memory.softmax(r, c))
+                              for r, c, d in ((1, 1 << 19, "fp32"), (2, 1 << 20, "bf16"), (1, 1 << 21, "fp16"))],
+        "softmax --from long rows": [(["softmax", "--from", _npy(tmp_path, r, c), "--masked", "zero", "--device",
+                                       "cpu", "--json"], memory.softmax(r, c))
+                                     for r, c in ((1, 1 << 19), (2, 1 << 20), (1, 1 << 21))],
         "nondeterminism": [(["nondeterminism", "--n", str(n), "--runs", "2", "--sections", "atomics,threads",
                              "--device", "cpu", "--json"], memory.nondeterminism(n, ["atomics", "threads"]))
                            for n in (1 << 20, 1 << 21, 1 << 22)]
@@ -164,7 +171,7 @@ def _tensor_pair(tmp_path: Path, n: int) -> list[str]:
 
 
 # Families that share their first-use state run in one child, one after the other.
-GROUPS = [["softmax", "softmax --from"], ["nondeterminism"], ["tf32", "tf32 --sweep-mn"], ["bench"],
+GROUPS = [["softmax", "softmax --from"], ["softmax long rows", "softmax --from long rows"], ["nondeterminism"], ["tf32", "tf32 --sweep-mn"], ["bench"],
           ["compare op matmul", "compare op softmax"], ["compare model"], ["compare model --layers"],
           ["compare model --layers (embedded)"], ["compare tensors"],
           ["kvcache --model"], ["kvcache"], ["attention"]]
@@ -178,6 +185,7 @@ FRESH = {"kvcache"}
 # What a process pays once, on a command's first run, and keeps (BLAS buffers,
 # thread pools, the library's first-use state): each estimate's size-free term.
 FIRST_USE = {"softmax": memory.softmax(0, 0), "softmax --from": memory.softmax(0, 0),
+             "softmax long rows": memory.softmax(0, 0), "softmax --from long rows": memory.softmax(0, 0),
              "nondeterminism": memory.NONDET_FIXED,
              "tf32": memory.tf32(0, 0, 0, None), "tf32 --sweep-mn": memory.BLAS_FIXED, "bench": memory.bench_cpu(0),
              "compare op softmax": memory.COMPARE_FIXED, "compare op matmul": memory.COMPARE_FIXED,

@@ -34,7 +34,7 @@ def command(
     from precisionlab.report import accumulate
     from precisionlab.report.output import Output
 
-    out = Output(accumulate, json_out, plot)
+    out = Output(accumulate, json_out, plot, [("--from", from_file)])
     cfg = exp.AccumulateConfig(dtype=dtype, n=n, value=value, dist=dist, values=values, from_file=from_file,
                                methods=methods, accumulators=accumulators, device=device, seed=seed,
                                trace=plot is not None)

@@ -174,6 +174,9 @@ def _run() -> int:
             first = (str(e).strip().splitlines() or [type(e).__name__])[0]
             _fail(f"out of memory: {first[:200]} (the memory estimate made before the run fit; free memory or "
                   "choose smaller sizes)", 1)
+        if isinstance(e, OSError) and "--install-completion" in sys.argv[1:]:  # typer writes the shell's rc file
+            _fail(f"--install-completion: cannot write {e.filename or 'the shell configuration'} "
+                  f"({e.strerror or e}); --show-completion prints what to add there yourself", 1)
         if isinstance(e, OSError) and e.errno in _SYSTEM_ERRNOS:  # the system refused, not a bug
             _fail(f"{e.strerror}{f': {e.filename}' if e.filename else ''}", 1)
         _fail(f"internal error: {type(e).__name__}: {e} (PRECISIONLAB_DEBUG=1 shows the traceback)", 1)
@@ -182,7 +185,9 @@ def _run() -> int:
 
 # What a write to a full disk, a failing device or past a size limit raises
 # (`precisionlab ... > /dev/full`): a failed run, said as the system says it.
-_SYSTEM_ERRNOS = {errno.ENOSPC, errno.EIO, errno.EDQUOT, errno.EFBIG, errno.EROFS}
+# A permission refused mid-run (a folder's mode changed after the checks made
+# before the run, a file of the system's) is the system's answer too.
+_SYSTEM_ERRNOS = {errno.ENOSPC, errno.EIO, errno.EDQUOT, errno.EFBIG, errno.EROFS, errno.EACCES, errno.EPERM}
 
 
 def _out_of_memory(e: BaseException) -> bool:

@@ -9,10 +9,33 @@ import typer
 from precisionlab.errors import UsageError
 from precisionlab.catalog import formats
 from precisionlab.cli.options import ModelOpt, SeedOpt, JsonOpt, ThreadsOpt, check_model, format_names
-from precisionlab.engines.registry import DEFAULT_PROMPT, DEFAULT_SPEC
+from precisionlab.engines.registry import DEFAULT_PROMPT, DEFAULT_SPEC, spec_path
+
+
+# The runs compare model makes, and the options that mean something in each:
+# an option given in a mode it has no effect in is a usage error naming the
+# modes it needs (never accepted and ignored).
+PLAIN, METRICS, LAYERS = "the plain run (no --metrics, --layers or --dump)", "--metrics", "--layers/--dump"
+APPLIES = {
+    "plot": (PLAIN, METRICS), "threads": (PLAIN,), "steps": (PLAIN, LAYERS), "prompt": (PLAIN, LAYERS),
+    "text": (METRICS,), "tokens": (METRICS,), "save_logits": (METRICS,), "max_kld": (METRICS,),
+    "min_top1": (METRICS,), "inject": (METRICS, LAYERS),
+}
+
+
+def check_mode_options(ctx: typer.Context, mode: str) -> None:
+    """Refuse (exit 2) every option the user gave that `mode` does not use."""
+    for name, modes in APPLIES.items():
+        source = ctx.get_parameter_source(name)  # by name: typer may vendor its own click
+        if mode in modes or source is None or source.name == "DEFAULT":
+            continue
+        opt = "--" + name.replace("_", "-")
+        hint = " (--layers draws nothing: its table and --json are the output)" if name == "plot" else ""
+        raise UsageError(f"{opt} has no effect in {mode}; it is read only by {' and '.join(modes)}{hint}")
 
 
 def command(
+    ctx: typer.Context,
     model: ModelOpt = DEFAULT_SPEC,
     steps: Annotated[int, typer.Option("--steps", help="Greedy decoding steps.")] = 50,
     prompt: Annotated[str, typer.Option("--prompt", help="The text to continue.")] = DEFAULT_PROMPT,
@@ -53,12 +76,17 @@ def command(
     from precisionlab.experiments import model as exp
 
     from precisionlab.report.plots import check_plot_path
+    from precisionlab.runtime import threads as threads_mod
 
-    plot = check_plot_path(plot)  # before the run: a bad path must not cost the result
-    check_model(model)
-    inputs.check_given(text, "--text")
     if metrics and (layers or dump is not None):
         raise UsageError("--metrics and --layers/--dump are separate runs: give one")
+    threads_mod.check(threads)  # the one --threads validation, whatever the mode
+    check_mode_options(ctx, METRICS if metrics else LAYERS if layers or dump is not None else PLAIN)
+    inputs.check_given(model, "--model")
+    check_model(model)
+    inputs.check_given(text, "--text")
+    # before the run: a bad path, or one the run reads, must not cost the result
+    plot = check_plot_path(plot, [("--text", text), ("--model", spec_path(model))])
     if layers or dump is not None:
         from precisionlab.report import layers as layers_report
         from precisionlab.report.output import Output
@@ -84,12 +112,6 @@ def command(
         if mres.failures:
             raise typer.Exit(1)
         return
-    given = [o for o, v in (("--text", text), ("--tokens", tokens), ("--save-logits", save_logits),
-                            ("--max-kld", max_kld), ("--min-top1", min_top1)) if v not in (None, [])]
-    if given:
-        raise UsageError(f"{', '.join(given)} need --metrics")
-    if inject:
-        raise UsageError("--inject needs --metrics (logits:noise) or --layers/--dump (scale, eps, rope)")
     cfg = exp.ModelConfig(model=model, steps=steps, prompt=prompt, dtypes=dtypes, device=device, seed=seed,
                           threads=threads)
     from precisionlab.report import model as model_report

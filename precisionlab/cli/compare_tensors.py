@@ -7,6 +7,7 @@ from typing import Annotated, Optional
 import typer
 
 from precisionlab.cli.options import JsonOpt, AtolOpt, RtolOpt
+from precisionlab.errors import UsageError
 
 
 def command(
@@ -35,6 +36,9 @@ def command(
     from precisionlab.report import tensors as rep
     from precisionlab.experiments import tensors as exp
 
+    if c_dtype is not None and len(files) != 3:  # the third file's format, with no third file: never ignored
+        raise UsageError("--c-dtype declares the third file (YOURS) of a three-way comparison; with two files "
+                         "use --a-dtype/--b-dtype")
     cfg = exp.CompareTensorsConfig(files=files, maps=maps or [], only=only or [], dtypes=[a_dtype, b_dtype, c_dtype],
                                    atol=atol, rtol=rtol, equal_nan=equal_nan, sort=sort, fail_fast=fail_fast)
     result = exp.compare(cfg, progress_factory=lambda total: rep.bar("compare tensors", total, not json_out))

@@ -77,6 +77,13 @@ def parse(spec: str | None) -> tuple[str, str | None]:
     return BARE, spec
 
 
+def spec_path(spec: str | None) -> str | None:
+    """The file or folder a spec reads (hf:DIR -> DIR), None for the embedded
+    model: what an output path must never be (io/outputs' inputs)."""
+    prefix, arg = parse(spec)
+    return None if prefix == DEFAULT_SPEC else arg
+
+
 def engine_class(prefix: str):
     target = ENGINES[prefix]
     if isinstance(target, str):

@@ -11,6 +11,7 @@ and, as the yardstick for (1), (0) trusted fp32 vs trusted fp64: what fp32 costs
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import importlib
 import math
@@ -194,6 +195,14 @@ def parse_shape(op: str, text: str | None) -> tuple:
     return dims
 
 
+@contextlib.contextmanager
+def _users_code():
+    """What the user's module prints goes to stderr: stdout is the table or,
+    under --json, the JSON document alone (a print() there broke it)."""
+    with contextlib.redirect_stdout(sys.stderr):
+        yield
+
+
 def load_impl(spec: str):
     """'package.module:function' -> the callable; the current directory is importable."""
     if ":" not in spec:
@@ -202,7 +211,8 @@ def load_impl(spec: str):
     if str(Path.cwd()) not in sys.path:
         sys.path.insert(0, str(Path.cwd()))
     try:
-        mod = importlib.import_module(mod_name)
+        with _users_code():
+            mod = importlib.import_module(mod_name)
     except Exception as e:  # ImportError, or the module's own error while importing
         raise UsageError(f"--impl: cannot import {mod_name} ({type(e).__name__}: {e})") from None
     fn = getattr(mod, fn_name, None)
@@ -470,7 +480,8 @@ def _tols(fmt, cfg) -> tuple[float, float]:
 
 def _call(fn, args, impl):
     try:
-        return fn(*args)
+        with _users_code():
+            return fn(*args)
     except (UsageError, RunError):
         raise
     except SystemExit as e:  # an implementation may not end the run for us

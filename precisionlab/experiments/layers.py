@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -37,7 +36,7 @@ import numpy as np
 from precisionlab.catalog import formats
 from precisionlab.engines import inject as inject_mod
 from precisionlab.engines.protocol import greedy
-from precisionlab.engines.registry import DEFAULT_SPEC, ModelRun, model_device, open_engine
+from precisionlab.engines.registry import DEFAULT_SPEC, ModelRun, spec_path, model_device, open_engine
 from precisionlab.io import outputs
 from precisionlab.runtime import torch_flags
 from precisionlab.errors import UsageError
@@ -71,18 +70,10 @@ class LayersResult:
     dumped: list[str]
 
 
-def check_dump_dir(path: str) -> Path:
-    """--dump DIR: an existing directory, or a new one in an existing parent; checked before the run."""
-    if not path:
-        raise UsageError("--dump needs a directory")
-    p = Path(path)
-    if p.exists() and not p.is_dir():
-        raise UsageError(f"--dump {path}: exists and is not a directory")
-    if not p.exists() and not p.parent.is_dir():
-        raise UsageError(f"--dump {path}: its parent folder does not exist")
-    if not os.access(p if p.exists() else p.parent, os.W_OK):
-        raise UsageError(f"--dump {path}: not writable")
-    return p
+def check_dump_dir(path: str, labels: list[str], model: str | None) -> Path:
+    """--dump DIR, checked before the run: writable, not the model's folder,
+    and every file it will hold (DIR/<dtype>.safetensors) writable as a file."""
+    return outputs.check_output_dir(path, [f"{d}.safetensors" for d in labels], "--dump", [("--model", spec_path(model))])
 
 
 def run(cfg: LayersConfig, advance=lambda k=1: None) -> LayersResult:
@@ -92,7 +83,7 @@ def run(cfg: LayersConfig, advance=lambda k=1: None) -> LayersResult:
         raise UsageError("--prompt is empty: greedy decoding needs at least one token to start from")
     lows = formats.parse_list(cfg.dtypes, formats.LOW_COMPUTE, "--dtypes")  # no repeated rows
     injections = inject_mod.parse_all(cfg.inject, INJECT_KEYS)
-    dump_dir = check_dump_dir(cfg.dump) if cfg.dump is not None else None
+    dump_dir = check_dump_dir(cfg.dump, ["fp32", *lows], cfg.model) if cfg.dump is not None else None
     device = model_device(cfg.device)
     import torch
 

@@ -15,14 +15,13 @@ import os
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import numpy as np
 
 from precisionlab.catalog import formats
-from precisionlab.engines.registry import DEFAULT_SPEC, model_device, open_engine
+from precisionlab.engines.registry import DEFAULT_SPEC, model_device, open_engine, spec_path
 from precisionlab.numerics import distribution
-from precisionlab.io import inputs, logits_file
+from precisionlab.io import inputs, logits_file, outputs
 from precisionlab.runtime import torch_flags
 from precisionlab.errors import UsageError
 
@@ -67,18 +66,16 @@ class LogitsResult:
 # option checks, made before anything runs
 
 
-def check_output_path(path: str, option: str) -> None:
+def check_output_path(path: str, option: str, inputs_: outputs.Inputs = ()) -> None:
     """outputs.check_output_path: a --plot with an extension matplotlib writes,
-    a logits file under any name."""
-    from precisionlab.io import outputs
-
+    a logits file under any name; neither may be one of the run's inputs."""
     kinds = None
     if option == "--plot":
         from precisionlab.report.plots import plot_kinds, require_matplotlib
 
         require_matplotlib()
         kinds = plot_kinds()
-    outputs.check_output_path(path, kinds, option)
+    outputs.check_output_path(path, kinds, option, inputs_)
 
 
 def check_gates(max_kld: float | None, min_top1: float | None) -> None:
@@ -88,7 +85,7 @@ def check_gates(max_kld: float | None, min_top1: float | None) -> None:
         raise UsageError(f"--min-top1 is a percentage in [0, 100] (got {min_top1})")
 
 
-def parse_save(specs: list[str], lows: list[str]) -> dict[str, str]:
+def parse_save(specs: list[str], lows: list[str], inputs_: outputs.Inputs = ()) -> dict[str, str]:
     """--save-logits FILE (the fp32 run) or DTYPE=FILE (DTYPE: a name or alias of DTYPES), repeatable."""
     out: dict[str, str] = {}
     for spec in specs:
@@ -99,7 +96,7 @@ def parse_save(specs: list[str], lows: list[str]) -> dict[str, str]:
             raise UsageError(f"--save-logits {spec!r}: {dtype} is not among --dtypes ({','.join(lows)})")
         if dtype in out:
             raise UsageError(f"--save-logits: {dtype} given twice")
-        check_output_path(path, "--save-logits")
+        check_output_path(path, "--save-logits", inputs_)
         out[dtype] = path
     paths = [os.path.realpath(p) for p in out.values()]
     if len(set(paths)) != len(paths):
@@ -130,11 +127,7 @@ def default_text() -> str:
 
 
 def read_text(path: str) -> str:
-    p = Path(path)
-    if not p.exists():
-        raise UsageError(f"--text {path!r}: no such file")
-    if not p.is_file():
-        raise UsageError(f"--text {path!r}: not a file")
+    p = inputs.check_regular_file(path, "--text")
     inputs.check_memory(4 * p.stat().st_size, f"--text {path!r}")  # the bytes and the decoded str
     try:
         return p.read_text("utf-8")
@@ -201,9 +194,10 @@ def run_model(cfg: MetricsConfig, advance=lambda k=1: None) -> LogitsResult:
             raise UsageError(f"--inject {inj}: noise applies to the target 'logits' only")
         sigma = inj.params["noise"]
     check_gates(cfg.max_kld, cfg.min_top1)
-    saves = parse_save(cfg.save_logits, lows)
+    read = [("--text", cfg.text), ("--model", spec_path(cfg.model))]  # what the run reads: never overwritten
+    saves = parse_save(cfg.save_logits, lows, read)
     if cfg.plot:
-        check_output_path(cfg.plot, "--plot")
+        check_output_path(cfg.plot, "--plot", read)
         if os.path.realpath(cfg.plot) in {os.path.realpath(p) for p in saves.values()}:
             raise UsageError("--plot and --save-logits name the same file")
     text = read_text(cfg.text) if cfg.text else default_text()
@@ -291,9 +285,7 @@ class LogitsConfig:
 def compare_files(cfg: LogitsConfig, advance=lambda k=1: None) -> LogitsResult:
     check_gates(cfg.max_kld, cfg.min_top1)
     if cfg.plot is not None:  # "" too: refused as an empty path, never taken for "no plot"
-        check_output_path(cfg.plot, "--plot")
-        if os.path.realpath(cfg.plot) in {os.path.realpath(cfg.ref), os.path.realpath(cfg.yours)}:
-            raise UsageError("--plot would overwrite an input file")
+        check_output_path(cfg.plot, "--plot", [("REF", cfg.ref), ("YOURS", cfg.yours)])
     ref = logits_file.open_file(cfg.ref, "REF")
     yours = logits_file.open_file(cfg.yours, "YOURS")
     logits_file.check_pair(ref, yours)

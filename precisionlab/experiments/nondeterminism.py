@@ -73,6 +73,8 @@ def run(cfg: NondetConfig, advance=lambda k=1: None) -> NondetResult:
     if cfg.n <= 0:
         raise UsageError(f"--n must be > 0, got {cfg.n}")
     sections = inputs.parse_choices(cfg.sections, SECTIONS, "section")
+    if cfg.keep_samples and "atomics" not in sections:  # the plot would be an empty histogram
+        raise UsageError("--plot draws the atomics section's histogram; add atomics to --sections")
     inputs.check_memory(memory.nondeterminism(cfg.n, sections), f"nondeterminism --n {cfg.n}")
     plan = devices.resolve(cfg.device)
     cublas_config = "from the environment" if "CUBLAS_WORKSPACE_CONFIG" in os.environ else None

@@ -186,6 +186,9 @@ def _cases(cfg: SoftmaxConfig) -> dict[str, np.ndarray]:
         x = rng.standard_normal((r, c)) if dist == "normal" else rng.random((r, c))
         return {f"random {r}x{c}": x * scale}
     if cfg.from_file is not None:
+        shape, _ = inputs.npy_header(inputs.check_regular_file(cfg.from_file, "--from"))
+        if len(shape) == 2:  # the whole estimate from the header (a long row's reference included), before loading
+            inputs.check_memory(memory.softmax(*shape), f"softmax --from {cfg.from_file}")
         x = inputs.load_npy(cfg.from_file, ndim=2, bytes_per_value=memory.SOFTMAX_PER_ELEMENT)
         return {"file": x}
     return named_cases(cfg.seed)
@@ -210,7 +213,7 @@ def reference(x: np.ndarray, masked: str) -> tuple[np.ndarray, np.ndarray]:
     return p, lse
 
 
-DD_CHUNK = 1 << 12  # elements of double-double reference at a time (its temporaries are ~40 float64 each)
+DD_CHUNK = memory.SOFTMAX_DD_CHUNK  # elements of double-double reference at a time (at least one row)
 
 
 def reference_dd(x: np.ndarray, ref: np.ndarray, ref_lse: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

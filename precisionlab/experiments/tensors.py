@@ -218,6 +218,10 @@ def max_ulps(d: np.ndarray, ref: np.ndarray, fmt) -> float:
     return float(np.max(np.ldexp(d, e)))
 
 
+# --- the three-way yardstick over finite elements ------------------------------------------
+
+
+
 # --- the comparison ----------------------------------------------------------------------
 
 
@@ -306,10 +310,11 @@ def _compare_all(cfg, files, maps, declared, plan, progress) -> tuple[list[dict]
                 y2 = comparison.rel_l2(vals[1], vals[0], cfg.equal_nan)   # (2) ref low vs ref fp32: the yardstick
                 row.update(pair_stats(vals[2], vals[1], fmts[2], fmts[1], cfg))  # (3) yours vs ref low
                 y3 = row["rel_l2"]
-                ratio, flagged = comparison.judge(y3, y2)
+                fin = comparison.finite_yardstick(vals[0], vals[1], vals[2], cfg.equal_nan)
+                ratio = comparison.three_way_ratio(y3, fin)
                 row.update(yardstick=y2, rel_l2=y3, rel_l2_against="REF_LOW",
-                           accumulated=comparison.rel_l2(vals[2], vals[0], cfg.equal_nan), ratio=ratio)
-                row["flagged"] = flagged
+                           accumulated=comparison.rel_l2(vals[2], vals[0], cfg.equal_nan), ratio=ratio, **fin)
+                row["flagged"] = comparison.flagged(ratio)
                 row["status"] = "flagged" if row["flagged"] else "ok"
             row["formats"] = fmts
             del vals
@@ -350,6 +355,13 @@ def _takeaways(rows, n_files, first, stopped, total, skipped) -> list[str]:
         n_flag = sum(r["flagged"] for r in compared)
         out.append(f"{n_flag} of {len(compared)} tensors beyond {comparison.RATIO_THRESHOLD:g}x what the low precision costs "
                    f"there" + (f"; first divergence: {first}." if first else ": YOURS is as close as REF_LOW."))
+    if n_files == 3:
+        overflowed = [r for r in compared if r.get("nonfinite_elements") and not math.isfinite(r["yardstick"])]
+        if overflowed:
+            r = overflowed[0]
+            out.append(f"{len(overflowed)} tensors have a non-finite yardstick (REF_LOW overflowed or is NaN where "
+                       f"REF_FP32 is not; first: {r['name']}, {r['nonfinite_elements']} non-finite elements): "
+                       "their verdict judges the finite elements by what the low precision costs there.")
     if one_sided:
         out.append(f"{len(one_sided)} tensors are in some files only (rename with --map 'REGEX=REPLACEMENT').")
     if shapes:

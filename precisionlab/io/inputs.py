@@ -30,9 +30,11 @@ def parse_values(text: str) -> np.ndarray:
 
 
 def check_regular_file(path: str, what: str) -> Path:
-    """The path, once it names a regular file (a symlink to one is fine). A FIFO,
-    device or socket is refused before anything opens it: opening a FIFO blocks
-    until a writer comes, and /dev/zero never ends."""
+    """The path, once it names a regular file (a symlink to one is fine) that this
+    user may read. A FIFO, device or socket is refused before anything opens it:
+    opening a FIFO blocks until a writer comes, and /dev/zero never ends. Every
+    reader of a user's file comes here first, so an unreadable one is a usage
+    error naming it (exit 2), never an internal error from deep in a reader."""
     if not str(path).strip():  # Path("") is ".", a directory: say what is wrong instead
         raise UsageError(f"{what}: empty path; name a file")
     p = Path(path)
@@ -48,6 +50,10 @@ def check_regular_file(path: str, what: str) -> Path:
         kind = ("a FIFO" if stat.S_ISFIFO(st.st_mode) else "a socket" if stat.S_ISSOCK(st.st_mode)
                 else "a device" if stat.S_ISCHR(st.st_mode) or stat.S_ISBLK(st.st_mode) else "not a regular file")
         raise UsageError(f"{what}: {path} is {kind}, not a regular file; give a regular file")
+    try:  # readable by this user: opened (a regular file: it never blocks) and closed at once
+        os.close(os.open(p, os.O_RDONLY | os.O_CLOEXEC))
+    except OSError as e:  # EACCES, EPERM (an LSM), EIO...: what the reader would meet, said now
+        raise UsageError(f"{what}: cannot read {path} ({e.strerror or e})") from None
     return p
 
 
@@ -234,7 +240,11 @@ def npy_header(f) -> tuple[tuple, np.dtype]:
     from numpy.lib import format as npy_format
 
     if isinstance(f, (str, os.PathLike)):
-        with open(f, "rb") as fh:
+        try:
+            fh = open(f, "rb")
+        except OSError as e:  # checked before (check_regular_file); a file whose mode changed since
+            raise UsageError(f"{f}: cannot read ({e.strerror or e})") from None
+        with fh:
             return npy_header(fh)
     name = getattr(f, "name", "the array")
     try:

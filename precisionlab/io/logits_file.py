@@ -18,12 +18,12 @@ vocabulary never has to fit in memory at once in float64.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from pathlib import Path
 
 import ml_dtypes  # noqa: F401  (registers bfloat16 with numpy, which safetensors' numpy side needs)
 import numpy as np
 
 from precisionlab.errors import UsageError
+from precisionlab.io import inputs
 
 LOGITS, TOKENS = "logits", "tokens"
 FLOAT_DTYPES = ("F64", "F32", "F16", "BF16")
@@ -62,9 +62,7 @@ def open_file(path: str, what: str) -> LogitsFile:
     """Read and check a file's layout; a bad file is a usage error naming it."""
     from safetensors import safe_open
 
-    p = Path(path)
-    if not p.is_file():
-        raise UsageError(f"{what} {path!r}: " + ("not a file" if p.exists() else "no such file"))
+    inputs.check_regular_file(path, what)
     try:
         with safe_open(path, framework="np") as f:
             keys = set(f.keys())
@@ -85,6 +83,10 @@ def open_file(path: str, what: str) -> LogitsFile:
                 raise UsageError(f"{what} {path!r}: {lshape[0]} logit rows but {tshape[0]} tokens")
             if lshape[0] == 0 or lshape[1] == 0:
                 raise UsageError(f"{what} {path!r}: 'logits' is empty (shape {lshape})")
+            # from the header, before the tokens are read: the array, its int64
+            # copy and the range check's masks (a header may declare 512M positions)
+            width = int(tdtype[1:]) // 8 if tdtype[0] in "IU" else 8
+            inputs.check_memory(tshape[0] * (width + 8 + 3), f"{what} {path!r} ({tshape[0]} positions)")
             tokens = f.get_tensor(TOKENS)
     except UsageError:
         raise

@@ -16,20 +16,25 @@ import stat
 import tempfile
 import threading
 from pathlib import Path
-from typing import Callable, Union
+from typing import Callable, Iterable, Optional, Union
 
 from precisionlab.errors import UsageError
 
 Writer = Union[bytes, Callable[[str], None]]
+# What a run reads, as (option, path) pairs (None paths are skipped): an output
+# must never be one of them, nor (for a directory input) a file inside it.
+Inputs = Iterable[tuple[str, Optional[str]]]
 
 _pending: set[str] = set()  # temporary files being written, for an interrupt to remove
 _lock = threading.Lock()
 
 
-def check_output_path(path: str | None, kinds: tuple[str, ...] | list[str] | None, what: str) -> Path:
+def check_output_path(path: str | None, kinds: tuple[str, ...] | list[str] | None, what: str,
+                      inputs: Inputs = ()) -> Path:
     """The path as given, once it is sure to be writable as one of `kinds`
-    (extensions with the dot, lower case; None: any name, for data files);
-    else UsageError naming why."""
+    (extensions with the dot, lower case; None: any name, for data files)
+    and is none of the run's `inputs` (else the result would overwrite the
+    data it was computed from); else UsageError naming why."""
     if path is None or not str(path).strip():
         raise UsageError(f"{what}: empty path; name the file to write (e.g. out{kinds[0] if kinds else ''})")
     p = Path(path)
@@ -45,6 +50,7 @@ def check_output_path(path: str | None, kinds: tuple[str, ...] | list[str] | Non
             raise UsageError(f"{what} {path!r} is a symbolic link; name the file itself")
         if not stat.S_ISREG(st.st_mode):
             raise UsageError(f"{what} {path!r} exists and is not a regular file (a device, FIFO or socket)")
+        _not_an_input(p, str(path), what, inputs)
     parent = p.parent if str(p.parent) else Path(".")
     if not parent.is_dir():
         raise UsageError(f"{what} {path!r}: the folder {str(parent)!r} does not exist")
@@ -55,6 +61,55 @@ def check_output_path(path: str | None, kinds: tuple[str, ...] | list[str] | Non
     except OSError as e:
         raise UsageError(f"{what} {path!r}: cannot write in {str(parent)!r} ({e.strerror or e})") from None
     return p
+
+
+def check_output_dir(path: str | None, members: Iterable[str], what: str, inputs: Inputs = ()) -> Path:
+    """A directory a run writes `members` into (an existing one, or a new one in
+    an existing folder), checked before the run: the directory is not an input,
+    does not hold one and is not inside one, and each member's path passes
+    check_output_path (a member that is a directory or a link is refused now,
+    not after the run)."""
+    if path is None or not str(path).strip():
+        raise UsageError(f"{what}: empty path; name a directory")
+    p = Path(path)
+    if p.exists() and not p.is_dir():
+        raise UsageError(f"{what} {str(path)!r}: exists and is not a directory")
+    parent = p.parent if str(p.parent) else Path(".")
+    if not p.exists() and not parent.is_dir():
+        raise UsageError(f"{what} {str(path)!r}: its parent folder {str(parent)!r} does not exist")
+    if not os.access(p if p.exists() else parent, os.W_OK | os.X_OK):
+        raise UsageError(f"{what} {str(path)!r}: not writable")
+    here = os.path.realpath(p)
+    for option, given in inputs:
+        if given is None or not os.path.exists(given):
+            continue
+        there = os.path.realpath(given)
+        if here == there or _inside(there, here) or (os.path.isdir(there) and _inside(here, there)):
+            raise UsageError(f"{what} {str(path)!r} {'is' if here == there else 'overlaps'} {option} {given!r}, "
+                             "which the run reads; name a directory of its own")
+    if p.exists():
+        for m in members:
+            check_output_path(str(p / m), None, f"{what} {str(path)!r}: member", inputs)
+    return p
+
+
+def _inside(child: str, folder: str) -> bool:
+    """Whether the resolved path `child` lies under the resolved directory `folder`."""
+    return os.path.commonpath([child, folder]) == folder and child != folder
+
+
+def _not_an_input(p: Path, given: str, what: str, inputs: Inputs) -> None:
+    """Refuse an existing output that is an input file, or a file inside an input directory."""
+    here = os.path.realpath(p)
+    for option, path in inputs:
+        if path is None or not os.path.exists(path):
+            continue
+        if os.path.samefile(p, path):  # hard links and symlinked folders included
+            raise UsageError(f"{what} {given!r} is {option} {path!r}, which the run reads: writing it would "
+                             "destroy that input; name another file")
+        if os.path.isdir(path) and _inside(here, os.path.realpath(path)):
+            raise UsageError(f"{what} {given!r} is inside {option} {path!r}, which the run reads; "
+                             "name a file elsewhere")
 
 
 def atomic_write(path: str | os.PathLike, writer: Writer) -> Path:

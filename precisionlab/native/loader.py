@@ -190,8 +190,10 @@ def candidate_paths() -> list[Path]:
 @lru_cache(maxsize=1)
 def _load() -> ctypes.CDLL:
     env = os.environ.get("PRECISIONLAB_LIB")
-    if env and not Path(env).is_file():
-        raise LibraryNotFound(f"PRECISIONLAB_LIB={env} does not exist")
+    if env and not Path(env).is_file():  # say what it is: a folder is the commonest slip
+        what = ("is a directory; name the library file in it (.../" + LIB_NAME + ")" if Path(env).is_dir()
+                else "is not a regular file" if Path(env).exists() else "does not exist")
+        raise LibraryNotFound(f"PRECISIONLAB_LIB={env} {what}")
     path = next((p for p in candidate_paths() if p.is_file()), None)
     if path is None:
         raise LibraryNotFound(f"{LIB_NAME} not built: run `make lib`")

@@ -156,3 +156,29 @@ class Measured:
         self.mismatch = int(np.count_nonzero(mismatch))
         self.reference_nonfinite = int(np.count_nonzero(~np.isfinite(reference)))
         self.rel_l2 = math.inf if self.mismatch else self.report.rel_l2
+
+def finite_yardstick(ref32: np.ndarray, low: np.ndarray, yours: np.ndarray, equal_nan: bool = False) -> dict:
+    """(2) and (3) again over the elements where all three files are finite.
+
+    One element of REF_LOW that overflowed to inf makes the whole-tensor
+    yardstick inf, and an inf yardstick would excuse any (3): YOURS matching
+    that inf but 100x off everywhere else would pass. So the verdict judges the
+    finite elements by what they cost there, and the count of the others is
+    reported (they are judged by the non-finite rules of rel-L2 and the
+    tolerance check, which still flag a YOURS that differs from REF_LOW there)."""
+    keep = np.isfinite(ref32) & np.isfinite(low) & np.isfinite(yours)
+    k = int(keep.size - np.count_nonzero(keep))
+    if k:
+        ref32, low, yours = ref32[keep], low[keep], yours[keep]
+    return {"yardstick_finite": rel_l2(low, ref32, equal_nan), "rel_l2_finite": rel_l2(yours, low, equal_nan),
+            "nonfinite_elements": k}
+
+
+def three_way_ratio(y3: float, fin: dict) -> float:
+    """The verdict's (3)/(2): inf where YOURS is non-finite where REF_LOW is
+    not (or the reverse), else the finite elements' ratio (finite_yardstick).
+    Where every element is finite, or every non-finite one agrees in all three
+    files, this is ratio(y3, y2) exactly."""
+    if not math.isfinite(y3):
+        return math.inf
+    return ratio(fin["rel_l2_finite"], fin["yardstick_finite"])

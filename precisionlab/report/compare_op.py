@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from rich.table import Table
-from rich.markup import escape
 
 from precisionlab.report.console import stdout, safe_text, sci, footer, ulps
 from precisionlab.report.jsondoc import emit_json
@@ -18,7 +17,8 @@ def table(res) -> None:
         t.add_column(col, justify="right")
     t.add_column("verdict", overflow="fold")
     for r in res.rows:
-        verdict = f"[red]{escape(r['verdict'])}[/red]" if r["flagged"] else escape(r["verdict"])
+        # a verdict may quote the --impl's own exception text: control characters escaped too
+        verdict = f"[red]{safe_text(r['verdict'])}[/red]" if r["flagged"] else safe_text(r["verdict"])
         nonfinite = f"{r['nonfinite_actual']}/{r['nonfinite_reference']}"
         if r.get("reference_nonfinite"):
             nonfinite = f"{r['reference_nonfinite']} matched" if not r.get("nonfinite_pattern_mismatch") else \
@@ -50,7 +50,7 @@ def _compare_op_contracts(res) -> None:
     for c in res.contracts:
         verdict = "[green]holds[/green]" if c["passed"] else "[red]broken[/red]"
         t.add_row(c["device"], c["dtype"], c["contract"], verdict,
-                  "-" if c["first_batch_changed"] is None else str(c["first_batch_changed"]), escape(c["detail"]))
+                  "-" if c["first_batch_changed"] is None else str(c["first_batch_changed"]), safe_text(c["detail"]))
     stdout.print(t)
 
 

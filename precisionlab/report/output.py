@@ -12,10 +12,11 @@ from precisionlab.report.plots import check_plot_path
 
 
 class Output:
-    def __init__(self, renderer, json_out: bool, plot: str | None = None):
+    def __init__(self, renderer, json_out: bool, plot: str | None = None, inputs=()):
         self.renderer = renderer
         self.json_out = json_out
-        self.plot = check_plot_path(plot)  # before the run: a bad path must not cost the result
+        # before the run: a bad path, or one the run reads (inputs: (option, path) pairs), must not cost the result
+        self.plot = check_plot_path(plot, inputs)
 
     def run(self, title: str, work):
         """work(advance) under a progress indicator, then the result shown."""

@@ -53,11 +53,12 @@ def plot_kinds() -> tuple[str, ...]:
     return tuple(k for k in first if k in kinds) + tuple(sorted(kinds - set(first)))
 
 
-def check_plot_path(path: str | None) -> str | None:
-    """--plot's path, checked before the run (exit 2 for a path no plot can be written to)."""
+def check_plot_path(path: str | None, inputs=()) -> str | None:
+    """--plot's path, checked before the run (exit 2 for a path no plot can be
+    written to, or that is one of the run's `inputs`: outputs.Inputs)."""
     if path is None:
         return None
     from precisionlab.io import outputs
 
     require_matplotlib()
-    return str(outputs.check_output_path(path, plot_kinds(), "--plot"))
+    return str(outputs.check_output_path(path, plot_kinds(), "--plot", inputs))
