@@ -13,6 +13,7 @@ from precisionlab.engines.registry import DEFAULT_PROMPT, DEFAULT_SPEC
 
 
 def command(
+    ctx: typer.Context,
     model: ModelOpt = DEFAULT_SPEC,
     steps: Annotated[int, typer.Option("--steps", help="Greedy decoding steps.")] = 50,
     prompt: Annotated[str, typer.Option("--prompt", help="The text to continue.")] = DEFAULT_PROMPT,
@@ -44,6 +45,14 @@ def command(
     dump: Annotated[Optional[str], typer.Option("--dump", help="Write each run's per-module outputs to "
                                                 "DIR/fp32.safetensors, DIR/bf16.safetensors, ... (execution order "
                                                 "and token ids in the metadata), for compare tensors.")] = None,
+    contracts: Annotated[bool, typer.Option("--contracts", help="Instead: invariance contracts of the serving path "
+                                            "(prefill vs decode, chunked prefill, shared prefix, padding, batch "
+                                            "mates) on the prompt + --steps fp32 greedy tokens; each break re-run "
+                                            "in fp64: rounding or algorithmic. --dtypes default fp32,bf16.")] = False,
+    chunks: Annotated[Optional[list[int]], typer.Option("--chunks", help="--contracts: chunk sizes beyond 1, 7, 64; "
+                                                        "repeatable.")] = None,
+    batches: Annotated[Optional[list[int]], typer.Option("--batches", help="--contracts: batch sizes beyond 2, 4, 16, "
+                                                         "64; repeatable.")] = None,
     seed: SeedOpt = 0,
     json_out: JsonOpt = False,
     threads: ThreadsOpt = None,
@@ -57,6 +66,13 @@ def command(
     plot = check_plot_path(plot)  # before the run: a bad path must not cost the result
     check_model(model)
     inputs.check_given(text, "--text")
+    if contracts or chunks or batches:
+        given = {"--metrics": metrics, "--layers": layers, "--dump": dump, "--text": text, "--tokens": tokens,
+                 "--save-logits": save_logits, "--max-kld": max_kld, "--min-top1": min_top1, "--inject": inject,
+                 "--plot": plot}
+        return _contracts(ctx, contracts, [o for o, v in given.items() if v not in (None, False, [])],
+                          model=model, steps=steps, prompt=prompt, dtypes=dtypes, chunks=chunks or [],
+                          batches=batches or [], device=device, seed=seed, threads=threads, json_out=json_out)
     if metrics and (layers or dump is not None):
         raise UsageError("--metrics and --layers/--dump are separate runs: give one")
     if layers or dump is not None:
@@ -96,3 +112,20 @@ def command(
     from precisionlab.report.output import Output
 
     Output(model_report, json_out, plot).run("compare model", lambda advance: exp.run(cfg, advance))
+
+
+def _contracts(ctx, on: bool, others: list[str], json_out: bool, dtypes: str, **kw) -> None:
+    """The --contracts mode: its own options only; --dtypes defaults to fp32,bf16 here."""
+    if not on:
+        raise UsageError("--chunks and --batches need --contracts")
+    if others:
+        raise UsageError(f"--contracts is its own run: {', '.join(others)} belong to other modes")
+    from precisionlab.experiments import contracts as cexp
+    from precisionlab.report import contracts as contracts_report
+    from precisionlab.report.output import Output
+
+    source = ctx.get_parameter_source("dtypes")  # typer vendors its own click: compared by name
+    if source is None or source.name in ("DEFAULT", "DEFAULT_MAP"):
+        dtypes = cexp.ContractsConfig.dtypes
+    cfg = cexp.ContractsConfig(dtypes=dtypes, **kw)
+    Output(contracts_report, json_out).run("compare model --contracts", lambda advance: cexp.run(cfg, advance))
