@@ -127,5 +127,7 @@ def _contracts(ctx, on: bool, others: list[str], json_out: bool, dtypes: str, **
     source = ctx.get_parameter_source("dtypes")  # typer vendors its own click: compared by name
     if source is None or source.name in ("DEFAULT", "DEFAULT_MAP"):
         dtypes = cexp.ContractsConfig.dtypes
+    kw["chunks"] = cexp.sizes(kw["chunks"], cexp.CHUNKS, "--chunks")
+    kw["batches"] = cexp.sizes(kw["batches"], cexp.BATCHES, "--batches")
     cfg = cexp.ContractsConfig(dtypes=dtypes, **kw)
     Output(contracts_report, json_out).run("compare model --contracts", lambda advance: cexp.run(cfg, advance))

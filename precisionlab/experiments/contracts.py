@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -48,8 +48,8 @@ class ContractsConfig:
     steps: int = 50
     prompt: str = DEFAULT_PROMPT
     dtypes: str = "fp32,bf16"
-    chunks: list[int] = field(default_factory=list)    # chunk sizes beyond CHUNKS
-    batches: list[int] = field(default_factory=list)   # batch sizes beyond BATCHES
+    chunks: tuple[int, ...] = CHUNKS    # the chunked contract's chunk sizes (the CLI adds --chunks to CHUNKS)
+    batches: tuple[int, ...] = BATCHES  # the batch contract's sizes (the CLI adds --batches to BATCHES)
     device: str = "cpu"
     seed: int = 0
     threads: int | None = None
@@ -71,11 +71,12 @@ def run(cfg: ContractsConfig, advance=lambda k=1: None) -> ContractsResult:
         return _run(cfg, advance)
 
 
-def _sizes(extra: list[int], base: tuple, option: str) -> list[int]:
+def sizes(extra, base: tuple, option: str) -> tuple[int, ...]:
+    """base with the sizes an option adds, sorted, each once; a size <= 0 is a usage error."""
     for v in extra:
         if v <= 0:
             raise UsageError(f"{option} takes positive sizes (got {v})")
-    return sorted(set(base) | set(extra))
+    return tuple(sorted(set(base) | set(extra)))
 
 
 def _run(cfg: ContractsConfig, advance) -> ContractsResult:
@@ -84,8 +85,8 @@ def _run(cfg: ContractsConfig, advance) -> ContractsResult:
     if not cfg.prompt:
         raise UsageError("--prompt is empty: the contracts need a prefix of at least one token")
     dtypes = formats.parse_list(cfg.dtypes, DTYPES, "--dtypes")
-    chunks = _sizes(cfg.chunks, CHUNKS, "--chunks")
-    batches = _sizes(cfg.batches, BATCHES, "--batches")
+    chunks = list(sizes(cfg.chunks, (), "--chunks"))
+    batches = list(sizes(cfg.batches, (), "--batches"))
     device = model_device(cfg.device)
     import torch
 
@@ -94,7 +95,7 @@ def _run(cfg: ContractsConfig, advance) -> ContractsResult:
     # The memory of the largest batch, from the engine's shape, before a weight is read.
     engine = open_engine(cfg.model, device, steps=cfg.steps + PADS, prompt=cfg.prompt,
                          command="compare model --contracts",
-                         estimate=lambda s: memory.compare_contracts(*s[:7], batch=max(batches)))
+                         estimate=lambda s: memory.compare_contracts(*s[:7], batch=max([2, *batches])))
     prompt = engine.prompt_ids(cfg.prompt, cfg.steps + PADS)
     t_load = time.perf_counter() - t0
     n_threads = threads.fit_torch(cfg.threads, 2.0 * engine.info()["parameters"]) if device == "cpu" else None
@@ -109,7 +110,7 @@ def _run(cfg: ContractsConfig, advance) -> ContractsResult:
         vocab = int(engine.info()["vocab"])
         # Other sequences of the same length (batch mates, the second continuation, the padded batch's
         # partner): seeded random tokens; what they hold must not matter to the sequence compared.
-        others = rng.integers(0, vocab, size=(max(batches), len(seq) + PADS)).tolist()
+        others = rng.integers(0, vocab, size=(max([2, *batches]), len(seq) + PADS)).tolist()
         ctx = Context(engine, torch, device, seq, len(prompt), others)
         plan = [("prefill_vs_decode", "decode 1 token a step", {})]
         plan += [("chunked", f"chunks of {c}", {"chunk": c}) for c in chunks]
@@ -232,7 +233,7 @@ def measure(ref, got, dtype: str, start: int) -> dict:
     vocabulary entry (nats, and in ulps of `dtype` at that log-prob), the
     first position that differs with the reference's top-1/top-2 margin
     there, and the positions whose argmax (the greedy token) changes."""
-    a, b = ref.cpu(), got.cpu()
+    a, b = ref.detach().cpu(), got.detach().cpu()
     same = (a == b).all(dim=-1).numpy()  # NaN == NaN is False: two NaNs never agree
     la = _log_softmax(a.double().numpy())
     lb = _log_softmax(b.double().numpy())
