@@ -15,11 +15,13 @@ from precisionlab.engines.registry import DEFAULT_PROMPT, DEFAULT_SPEC, spec_pat
 # The runs compare model makes, and the options that mean something in each:
 # an option given in a mode it has no effect in is a usage error naming the
 # modes it needs (never accepted and ignored).
-PLAIN, METRICS, LAYERS = "the plain run (no --metrics, --layers or --dump)", "--metrics", "--layers/--dump"
+PLAIN, METRICS, LAYERS = "the plain run (no --metrics, --layers, --dump or --contracts)", "--metrics", "--layers/--dump"
+CONTRACTS = "--contracts"
 APPLIES = {
-    "plot": (PLAIN, METRICS), "threads": (PLAIN,), "steps": (PLAIN, LAYERS), "prompt": (PLAIN, LAYERS),
-    "text": (METRICS,), "tokens": (METRICS,), "save_logits": (METRICS,), "max_kld": (METRICS,),
-    "min_top1": (METRICS,), "inject": (METRICS, LAYERS),
+    "plot": (PLAIN, METRICS), "threads": (PLAIN, CONTRACTS), "steps": (PLAIN, LAYERS, CONTRACTS),
+    "prompt": (PLAIN, LAYERS, CONTRACTS), "text": (METRICS,), "tokens": (METRICS,), "save_logits": (METRICS,),
+    "max_kld": (METRICS,), "min_top1": (METRICS,), "inject": (METRICS, LAYERS), "chunks": (CONTRACTS,),
+    "batches": (CONTRACTS,),
 }
 
 
@@ -67,6 +69,14 @@ def command(
     dump: Annotated[Optional[str], typer.Option("--dump", help="Write each run's per-module outputs to "
                                                 "DIR/fp32.safetensors, DIR/bf16.safetensors, ... (execution order "
                                                 "and token ids in the metadata), for compare tensors.")] = None,
+    contracts: Annotated[bool, typer.Option("--contracts", help="Instead: invariance contracts of the serving path "
+                                            "(prefill vs decode, chunked prefill, shared prefix, padding, batch "
+                                            "mates) on the prompt + --steps fp32 greedy tokens; each break re-run "
+                                            "in fp64: rounding or algorithmic. --dtypes default fp32,bf16.")] = False,
+    chunks: Annotated[Optional[list[int]], typer.Option("--chunks", help="--contracts: chunk sizes beyond 1, 7, 64; "
+                                                        "repeatable.")] = None,
+    batches: Annotated[Optional[list[int]], typer.Option("--batches", help="--contracts: batch sizes beyond 2, 4, 16, "
+                                                         "64; repeatable.")] = None,
     seed: SeedOpt = 0,
     json_out: JsonOpt = False,
     threads: ThreadsOpt = None,
@@ -80,13 +90,19 @@ def command(
 
     if metrics and (layers or dump is not None):
         raise UsageError("--metrics and --layers/--dump are separate runs: give one")
+    if contracts and (metrics or layers or dump is not None):
+        raise UsageError("--contracts is its own run: give it without --metrics, --layers or --dump")
     threads_mod.check(threads)  # the one --threads validation, whatever the mode
-    check_mode_options(ctx, METRICS if metrics else LAYERS if layers or dump is not None else PLAIN)
+    check_mode_options(ctx, CONTRACTS if contracts else METRICS if metrics else LAYERS if layers or dump is not None
+                       else PLAIN)
     inputs.check_given(model, "--model")
     check_model(model)
     inputs.check_given(text, "--text")
     # before the run: a bad path, or one the run reads, must not cost the result
     plot = check_plot_path(plot, [("--text", text), ("--model", spec_path(model))])
+    if contracts:
+        return _contracts(ctx, json_out=json_out, dtypes=dtypes, model=model, steps=steps, prompt=prompt,
+                          chunks=chunks or [], batches=batches or [], device=device, seed=seed, threads=threads)
     if layers or dump is not None:
         from precisionlab.report import layers as layers_report
         from precisionlab.report.output import Output
@@ -118,3 +134,19 @@ def command(
     from precisionlab.report.output import Output
 
     Output(model_report, json_out, plot).run("compare model", lambda advance: exp.run(cfg, advance))
+
+
+def _contracts(ctx, json_out: bool, dtypes: str, **kw) -> None:
+    """The --contracts mode (check_mode_options has refused the other modes'
+    options); --dtypes defaults to fp32,bf16 here."""
+    from precisionlab.experiments import contracts as cexp
+    from precisionlab.report import contracts as contracts_report
+    from precisionlab.report.output import Output
+
+    source = ctx.get_parameter_source("dtypes")  # typer vendors its own click: compared by name
+    if source is None or source.name in ("DEFAULT", "DEFAULT_MAP"):
+        dtypes = cexp.ContractsConfig.dtypes
+    kw["chunks"] = cexp.sizes(kw["chunks"], cexp.CHUNKS, "--chunks")
+    kw["batches"] = cexp.sizes(kw["batches"], cexp.BATCHES, "--batches")
+    cfg = cexp.ContractsConfig(dtypes=dtypes, **kw)
+    Output(contracts_report, json_out).run("compare model --contracts", lambda advance: cexp.run(cfg, advance))

@@ -83,7 +83,8 @@ class RMSNorm(nn.Module):
         # code and most engines do: a bf16 sum of squares over d_model terms
         # would lose far more than the rest of the layer, and no real engine
         # ships that. Everything downstream stays in the model's dtype.
-        xf = x.float()
+        # At least fp32: an fp64 run (the contracts' re-run) keeps its precision here.
+        xf = x.to(torch.promote_types(x.dtype, torch.float32))
         xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
         return self.weight * xf.to(x.dtype)
 
@@ -120,7 +121,7 @@ class Attention(nn.Module):
         # and attention reads back (precisionlab/kvcache.py: fp8 caches).
         self.kv_store = None
 
-    def forward(self, x, cos, sin, past, start_pos):
+    def forward(self, x, cos, sin, past, start_pos, key_mask=None):
         b, t, _ = x.shape
         split = lambda y: y.view(b, t, self.n_heads, self.head_dim).transpose(1, 2)
         q = apply_rope(self.q_norm(split(self.wq(x))), cos, sin)
@@ -138,7 +139,12 @@ class Attention(nn.Module):
         scores = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(self.head_dim))
         q_pos = torch.arange(start_pos, start_pos + t, device=x.device)
         k_pos = torch.arange(k.shape[2], device=x.device)
-        scores = scores.masked_fill(k_pos[None, :] > q_pos[:, None], float("-inf"))
+        hidden = k_pos[None, :] > q_pos[:, None]
+        if key_mask is not None:
+            # (batch, keys) False at padding: no query attends to a pad, except
+            # a pad to itself, so a pad's own row stays finite (it is never read).
+            hidden = hidden | (~key_mask[:, None, None, :] & (k_pos[None, :] != q_pos[:, None]))
+        scores = scores.masked_fill(hidden, float("-inf"))
         out = torch.softmax(scores, dim=-1) @ v
         return self.wo(out.transpose(1, 2).reshape(b, t, -1)), (k, v)
 
@@ -162,8 +168,8 @@ class Block(nn.Module):
         self.mlp_norm = RMSNorm(cfg.d_model, cfg.norm_eps)
         self.mlp = SwiGLU(cfg)
 
-    def forward(self, x, cos, sin, past, start_pos):
-        a, kv = self.attn(self.attn_norm(x), cos, sin, past, start_pos)
+    def forward(self, x, cos, sin, past, start_pos, key_mask=None):
+        a, kv = self.attn(self.attn_norm(x), cos, sin, past, start_pos, key_mask)
         x = x + a
         return x + self.mlp(self.mlp_norm(x)), kv
 
@@ -195,21 +201,28 @@ class CharLM(nn.Module):
     def dtype(self) -> torch.dtype:
         return self.embed.weight.dtype
 
-    def forward(self, idx: torch.Tensor, cache: KVCache | None = None, start_pos: int = 0):
+    def forward(self, idx: torch.Tensor, cache: KVCache | None = None, start_pos: int = 0,
+                key_mask: torch.Tensor | None = None, positions: torch.Tensor | None = None):
         """Logits for tokens idx (batch, seq) at positions start_pos.. .
 
         With a cache from a previous call, only the new tokens are passed and
         start_pos is the number already cached. Returns (logits, new_cache).
+        A left-padded batch (no cache) passes key_mask (batch, seq; False at
+        padding) and positions (batch, seq; each token's RoPE position).
         """
         t = idx.shape[1]
         if start_pos + t > self.cfg.max_seq_len:
             raise ValueError(f"sequence of {start_pos + t} exceeds max_seq_len {self.cfg.max_seq_len}")
-        cos = self.rope_cos[start_pos : start_pos + t].to(idx.device, self.dtype)
-        sin = self.rope_sin[start_pos : start_pos + t].to(idx.device, self.dtype)
+        if positions is None:
+            cos = self.rope_cos[start_pos : start_pos + t].to(idx.device, self.dtype)
+            sin = self.rope_sin[start_pos : start_pos + t].to(idx.device, self.dtype)
+        else:  # (batch, 1, seq, head_dim): one row of the table a token, broadcast over the heads
+            cos = self.rope_cos.to(idx.device)[positions][:, None].to(self.dtype)
+            sin = self.rope_sin.to(idx.device)[positions][:, None].to(self.dtype)
         x = self.embed(idx)
         new_cache: KVCache = []
         for i, layer in enumerate(self.layers):
-            x, kv = layer(x, cos, sin, None if cache is None else cache[i], start_pos)
+            x, kv = layer(x, cos, sin, None if cache is None else cache[i], start_pos, key_mask)
             new_cache.append(kv)
         # Tied head: reuse the embedding matrix, as small Qwen3 models do.
         return self.norm(x) @ self.embed.weight.T, new_cache

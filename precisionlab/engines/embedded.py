@@ -73,12 +73,25 @@ class EmbeddedEngine(Engine):
         with torch.no_grad():
             return model(ids)[0]
 
-    def session(self, model, stores: KVStores | None = None):
+    def forward_batch(self, model, ids, attention_mask=None, position_ids=None):
         import torch
 
+        with torch.no_grad():
+            mask = None if attention_mask is None else attention_mask.bool()
+            return model(ids, key_mask=mask, positions=position_ids)[0]
+
+    def session(self, model, stores: KVStores | None = None):
         for i, layer in enumerate(model.layers):
             layer.attn.kv_store = None if stores is None else stores[i]
-        state = {"cache": None, "pos": 0}
+        return self._feed(model, {"cache": None, "pos": 0})
+
+    def fork(self, feed):
+        # The cache's tensors are never written in place (each step concatenates
+        # new ones), so a copy of the list is a copy of the cache.
+        return self._feed(feed.model, {"cache": list(feed.state["cache"] or []) or None, "pos": feed.state["pos"]})
+
+    def _feed(self, model, state: dict):
+        import torch
 
         def feed(ids: list[int]):
             with torch.no_grad():
@@ -86,6 +99,7 @@ class EmbeddedEngine(Engine):
             state["pos"] += len(ids)
             return logits[0]
 
+        feed.model, feed.state = model, state
         return feed
 
     def close(self) -> None:

@@ -223,14 +223,36 @@ class HFEngine(Engine):
         with torch.no_grad():  # no KV cache: a module re-run (--layers) must not append to one
             return model(input_ids=ids, use_cache=False).logits
 
+    def forward_batch(self, model, ids, attention_mask=None, position_ids=None):
+        import torch
+
+        with torch.no_grad():
+            return model(input_ids=ids, attention_mask=attention_mask, position_ids=position_ids,
+                         use_cache=False).logits
+
+    def model(self, dtype: str):
+        m = super().model(dtype)
+        if dtype == "fp64":
+            _fp64_norms(m)
+        return m
+
     def session(self, model, stores: KVStores | None = None):
         """stores None: the cache the model builds itself, handed back each
         step; else a StoredCache, which must see update() called (a model that
         caches some other way would silently bypass the stores)."""
+        state = {"cache": None if stores is None else stored_cache_class()(stores, model.config),
+                 "own": stores is None}
+        return self._feed(model, state)
+
+    def fork(self, feed):
+        import copy
+
+        return self._feed(feed.model, {"cache": copy.deepcopy(feed.state["cache"]), "own": feed.state["own"]})
+
+    def _feed(self, model, state: dict):
         import torch
 
         kw = cache_keyword(model, "precisionlab")
-        state = {"cache": None if stores is None else stored_cache_class()(stores, model.config)}
 
         def feed(ids: list[int]):
             x = torch.tensor([ids], device=self.device)
@@ -239,9 +261,11 @@ class HFEngine(Engine):
                     out = model(input_ids=x, use_cache=True)
                 else:
                     out = self._call(model, kw, state["cache"], x)
-            state["cache"] = state["cache"] if stores is not None else returned_cache(out)
+            if state["own"]:
+                state["cache"] = returned_cache(out)
             return out.logits[0]
 
+        feed.model, feed.state = model, state
         return feed
 
     def calibrate(self, model, stores: KVStores, ids: list[int]) -> None:
@@ -260,3 +284,22 @@ class HFEngine(Engine):
             raise RunError(f"{type(module).__name__} (transformers {_transformers_version()}) never called its KV "
                            "cache's update(): kvcache --model cannot see what this model caches")
         return out
+
+
+def _fp64_norms(model) -> None:
+    """transformers' RMSNorms (Llama, Qwen, Mistral...) cast their input to
+    fp32 whatever the model's dtype: in an fp64 copy (the contracts' re-run)
+    that would put fp32 rounding back into the yardstick. Each such norm of
+    the copy computes in fp64 instead; the fp32/bf16 copies are untouched."""
+    import types
+
+    import torch
+
+    def forward(self, hidden_states):
+        x = hidden_states.to(torch.float64)
+        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.variance_epsilon)
+        return self.weight * x.to(hidden_states.dtype)
+
+    for module in model.modules():
+        if type(module).__name__.endswith("RMSNorm") and hasattr(module, "variance_epsilon"):
+            module.forward = types.MethodType(forward, module)

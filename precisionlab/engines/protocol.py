@@ -25,6 +25,12 @@ from precisionlab.errors import RunError, UsageError
 KVStores = Mapping[int, Callable]
 
 
+class NotSupported(Exception):
+    """An Engine call this engine does not offer (a batch with an attention
+    mask, a KV cache copied): callers report "not supported by this engine"
+    for what needed it, and carry on."""
+
+
 class Engine(ABC):
     """One model behind the calls the experiments make. Subclasses set
     `name`, `device`, `base`, `max_len` and `window` in __init__(arg, device)."""
@@ -35,6 +41,8 @@ class Engine(ABC):
     max_len: int        # positions the model takes
     window: int         # positions scored together by --metrics (teacher-forced windows)
     score_threads: int | None = None  # torch threads for --metrics; None: torch's own choice
+    exact_dtype: str = "fp64"  # the precision a broken contract is re-run in (fp32 where an engine has no fp64)
+    pad_id: int = 0            # the token left padding is made of (masked: its value must not matter)
 
     # --- before anything is loaded (classmethods: no torch, no weights) --------------------
 
@@ -105,6 +113,21 @@ class Engine(ABC):
         later one steps on from what the session's KV cache holds. `stores`
         (the KV-cache hook) passes each layer's new keys and values through
         stores[layer] before they are cached."""
+
+    def forward_batch(self, model, ids, attention_mask=None, position_ids=None):
+        """(batch, tokens) ids -> (batch, tokens, vocab) logits, one pass, no
+        KV cache. attention_mask (batch, tokens; 1 = a token, 0 = padding no
+        query may attend to) and position_ids (batch, tokens; each token's
+        position in its own sequence) describe a left-padded batch; an engine
+        that cannot take them raises NotSupported."""
+        if attention_mask is not None or position_ids is not None:
+            raise NotSupported("an attention mask / position ids in a batch")
+        return self.forward(model, ids)
+
+    def fork(self, feed: Callable) -> Callable:
+        """A new feed that steps on from a copy of what `feed`'s KV cache holds
+        (a prefix served from a saved cache); `feed` itself is left as it was."""
+        raise NotSupported("copying a KV cache")
 
     def calibrate(self, model, stores: KVStores, ids: list[int]) -> None:
         """One pass over ids through `stores`, for what they record (no logits needed)."""

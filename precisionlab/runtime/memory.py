@@ -198,6 +198,19 @@ def compare_model(params: int, seq: int, vocab: int, hidden: int, layers: int, h
             + MODEL_FIXED[kind])
 
 
+def compare_contracts(params: int, seq: int, vocab: int, hidden: int, layers: int, heads: int, kind: str,
+                      batch: int) -> int:
+    """compare model --contracts (experiments/contracts.py), for its largest
+    batch. Weights: the fp32 model (4 per parameter) and one run's copy, an
+    fp32 deep copy then cast, fp64 at most (4 + 8). Activations: the batch's
+    logits in fp64 at most (8 a value) with their float64 copy, one layer's
+    attention scores (heads x seq^2, 8 a value) and a few hidden-state
+    tensors per layer of the batch; the log-probs of the sequence compared
+    (4 float64 arrays of seq x vocab)."""
+    return (16 * params + batch * seq * (16 * vocab + 8 * heads * seq + 48 * hidden * max(1, layers))
+            + 32 * seq * vocab + MODEL_FIXED[kind])
+
+
 # compare model --layers' first-use state, measured: transformers as compare
 # model's; for the embedded model less (no generate(), no kernels for fp16 decoding).
 LAYERS_FIXED = {"hf": MODEL_FIXED["hf"], "embedded": 40 * MiB}

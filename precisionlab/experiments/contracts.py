@@ -1,0 +1,310 @@
+"""compare model --contracts: invariance contracts for a whole model.
+
+"The same prompt gave a different answer" is mostly the serving path, not
+randomness. Each contract computes one token sequence two ways that should
+give the same log-probs, in the run's dtype:
+
+- prefill_vs_decode: one forward pass over the sequence vs its first token
+  prefilled, then one token a step through the KV cache;
+- chunked: the sequence fed through the cache in chunks of C tokens (--chunks);
+- shared_prefix: the prefix's log-probs under two different continuations;
+- prefix_cache: the continuation after a prefix served from a saved (copied,
+  already used) KV cache vs the whole sequence in one pass;
+- padding: the sequence left-padded (attention mask and position ids) in a
+  batch of 1 and of 2 vs alone; pad positions are not compared;
+- batch: the sequence alone vs in a batch of B (--batches) with other
+  sequences of its length.
+
+The sequence is the prompt followed by `steps` tokens of the engine's own
+fp32 greedy continuation, fixed once for every dtype. A contract that breaks
+(a position not bit-identical) is re-run in the engine's exact dtype (fp64):
+where the difference shrinks as rounding would (by about u_fp64 / u_dtype)
+it is rounding; where it stays, the difference is in the algorithm.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+from precisionlab.catalog import formats
+from precisionlab.engines.protocol import NotSupported, greedy
+from precisionlab.engines.registry import DEFAULT_PROMPT, DEFAULT_SPEC, model_device, open_engine
+from precisionlab.errors import UsageError
+from precisionlab.runtime import memory, threads, torch_flags
+
+CHUNKS = (1, 7, 64)
+BATCHES = (2, 4, 16, 64)
+PADS = 8  # left-padding tokens in the padding contract
+DTYPES = formats.COMPUTE
+
+
+@dataclass
+class ContractsConfig:
+    model: str | None = DEFAULT_SPEC
+    steps: int = 50
+    prompt: str = DEFAULT_PROMPT
+    dtypes: str = "fp32,bf16"
+    chunks: tuple[int, ...] = CHUNKS    # the chunked contract's chunk sizes (the CLI adds --chunks to CHUNKS)
+    batches: tuple[int, ...] = BATCHES  # the batch contract's sizes (the CLI adds --batches to BATCHES)
+    device: str = "cpu"
+    seed: int = 0
+    threads: int | None = None
+
+
+@dataclass
+class ContractsResult:
+    params: dict
+    rows: list[dict]
+    model_info: dict
+    flags: dict
+    takeaways: list[str]
+    timing: dict
+
+
+def run(cfg: ContractsConfig, advance=lambda k=1: None) -> ContractsResult:
+    threads.check(cfg.threads)
+    with threads.torch_scope():
+        return _run(cfg, advance)
+
+
+def sizes(extra, base: tuple, option: str) -> tuple[int, ...]:
+    """base with the sizes an option adds, sorted, each once; a size <= 0 is a usage error."""
+    for v in extra:
+        if v <= 0:
+            raise UsageError(f"{option} takes positive sizes (got {v})")
+    return tuple(sorted(set(base) | set(extra)))
+
+
+def _run(cfg: ContractsConfig, advance) -> ContractsResult:
+    if cfg.steps <= 0:
+        raise UsageError(f"--steps must be > 0 (got {cfg.steps})")
+    if not cfg.prompt:
+        raise UsageError("--prompt is empty: the contracts need a prefix of at least one token")
+    dtypes = formats.parse_list(cfg.dtypes, DTYPES, "--dtypes")
+    chunks = list(sizes(cfg.chunks, (), "--chunks"))
+    batches = list(sizes(cfg.batches, (), "--batches"))
+    device = model_device(cfg.device)
+    import torch
+
+    torch.manual_seed(cfg.seed)
+    t0 = time.perf_counter()
+    # The memory of the largest batch, from the engine's shape, before a weight is read.
+    engine = open_engine(cfg.model, device, steps=cfg.steps + PADS, prompt=cfg.prompt,
+                         command="compare model --contracts",
+                         estimate=lambda s: memory.compare_contracts(*s[:7], batch=max([2, *batches])))
+    prompt = engine.prompt_ids(cfg.prompt, cfg.steps + PADS)
+    t_load = time.perf_counter() - t0
+    n_threads = threads.fit_torch(cfg.threads, 2.0 * engine.info()["parameters"]) if device == "cpu" else None
+
+    t1 = time.perf_counter()
+    rows: list[dict] = []
+    with torch_flags.ieee_fp32():  # fp32 means IEEE fp32: TF32 off, set explicitly
+        flags = torch_flags.torch_flags()
+        tokens, _ = greedy(engine, engine.model("fp32"), prompt, cfg.steps, "fp32")
+        seq = prompt + tokens
+        rng = np.random.default_rng(cfg.seed)
+        vocab = int(engine.info()["vocab"])
+        # Other sequences of the same length (batch mates, the second continuation, the padded batch's
+        # partner): seeded random tokens; what they hold must not matter to the sequence compared.
+        others = rng.integers(0, vocab, size=(max([2, *batches]), len(seq) + PADS)).tolist()
+        ctx = Context(engine, torch, device, seq, len(prompt), others)
+        plan = [("prefill_vs_decode", "decode 1 token a step", {})]
+        plan += [("chunked", f"chunks of {c}", {"chunk": c}) for c in chunks]
+        plan += [("shared_prefix", "prefix under two continuations", {}),
+                 ("prefix_cache", "prefix from a saved cache", {}),
+                 ("padding", f"{PADS} pads, batch of 1", {"batch": 1, "pads": PADS}),
+                 ("padding", f"{PADS} pads, batch of 2", {"batch": 2, "pads": PADS})]
+        plan += [("batch", f"batch of {b}", {"batch": b}) for b in batches]
+        exact_model = None
+        for dtype in dtypes:
+            model = engine.model(dtype)
+            for contract, label, kw in plan:
+                row = {"dtype": dtype, "contract": contract, "label": label, "batch": kw.get("batch"),
+                       "chunk": kw.get("chunk"), "pads": kw.get("pads")}
+                try:
+                    ref, got, start = CONTRACTS[contract](ctx, model, **kw)
+                except NotSupported as e:
+                    rows.append(row | _unsupported(str(e)))
+                    continue
+                m = measure(ref, got, dtype, start)
+                row |= m
+                if m["bit_identical_share"] < 1.0:
+                    if exact_model is None:
+                        exact_model = engine.model(engine.exact_dtype)
+                    e_ref, e_got, _ = CONTRACTS[contract](ctx, exact_model, **kw)
+                    row |= verdict(m, measure(e_ref, e_got, engine.exact_dtype, start), dtype, engine.exact_dtype)
+                else:
+                    row |= {"verdict": "holds", "exact_dtype": None, "exact_max_abs_diff": None,
+                            "exact_bit_identical_share": None, "note": "bit-identical"}
+                rows.append(row)
+            advance()
+    t_run = time.perf_counter() - t1
+    info = engine.info()
+    engine.close()
+    return ContractsResult(
+        params={"model": cfg.model or DEFAULT_SPEC, "steps": cfg.steps, "prompt": cfg.prompt, "dtypes": dtypes,
+                "chunks": chunks, "batches": batches, "pads": PADS, "device": device, "seed": cfg.seed,
+                "prompt_tokens": len(prompt), "positions": len(seq), "exact_dtype": engine.exact_dtype},
+        rows=rows, model_info=info, flags=flags, takeaways=takeaways(rows, info),
+        timing={"load_s": t_load, "run_s": t_run, "torch_threads": n_threads})
+
+
+# --- the contracts: each returns (reference rows, rows to compare, first position) ------------------
+
+
+@dataclass
+class Context:
+    engine: object
+    torch: object
+    device: str
+    seq: list[int]
+    prefix: int          # the prompt's tokens: the shared prefix
+    others: list[list[int]]
+
+    def ids(self, rows):
+        return self.torch.tensor(rows, device=self.device)
+
+    def alone(self, model):
+        return self.engine.forward_batch(model, self.ids([self.seq]))[0]
+
+
+def _prefill_vs_decode(ctx, model):
+    return _chunked(ctx, model, chunk=1)
+
+
+def _chunked(ctx, model, chunk: int):
+    feed = ctx.engine.session(model)
+    got = [feed(ctx.seq[i:i + chunk]) for i in range(0, len(ctx.seq), chunk)]
+    return ctx.alone(model), ctx.torch.cat(got), 0
+
+
+def _shared_prefix(ctx, model):
+    p = ctx.prefix
+    other = ctx.seq[:p] + ctx.others[0][:len(ctx.seq) - p]
+    got = ctx.engine.forward_batch(model, ctx.ids([other]))[0]
+    return ctx.alone(model)[:p], got[:p], 0
+
+
+def _prefix_cache(ctx, model):
+    p = ctx.prefix
+    feed = ctx.engine.session(model)
+    feed(ctx.seq[:p])
+    ctx.engine.fork(feed)(ctx.others[0][:len(ctx.seq) - p])  # the saved cache served another request first
+    got = ctx.engine.fork(feed)(ctx.seq[p:])
+    return ctx.alone(model)[p:], got, p
+
+
+def _padding(ctx, model, batch: int, pads: int):
+    torch = ctx.torch
+    n = len(ctx.seq)
+    rows = [[ctx.engine.pad_id] * pads + ctx.seq] + ctx.others[1:batch]  # the partner is longer: no pads
+    mask = torch.ones(batch, n + pads, dtype=torch.long, device=ctx.device)
+    mask[0, :pads] = 0
+    positions = (mask.cumsum(-1) - 1).clamp(min=0)  # each token's place in its own sequence; pads at 0
+    out = ctx.engine.forward_batch(model, ctx.ids(rows), attention_mask=mask, position_ids=positions)
+    return ctx.alone(model), out[0, pads:], 0
+
+
+def _batch(ctx, model, batch: int):
+    n = len(ctx.seq)
+    out = ctx.engine.forward_batch(model, ctx.ids([ctx.seq] + [o[:n] for o in ctx.others[1:batch]]))
+    return ctx.alone(model), out[0], 0
+
+
+CONTRACTS = {"prefill_vs_decode": _prefill_vs_decode, "chunked": _chunked, "shared_prefix": _shared_prefix,
+             "prefix_cache": _prefix_cache, "padding": _padding, "batch": _batch}
+
+
+# --- the figures --------------------------------------------------------------------------------------
+
+
+def _log_softmax(x: np.ndarray) -> np.ndarray:
+    z = x - x.max(axis=1, keepdims=True)
+    return z - np.log(np.exp(z).sum(axis=1, keepdims=True))
+
+
+def measure(ref, got, dtype: str, start: int) -> dict:
+    """The two runs' rows (positions x vocab, the run's dtype) compared: the
+    share of positions bit-identical, the largest |Δ log-prob| over every
+    vocabulary entry (nats, and in ulps of `dtype` at that log-prob), the
+    first position that differs with the reference's top-1/top-2 margin
+    there, and the positions whose argmax (the greedy token) changes."""
+    a, b = ref.detach().cpu(), got.detach().cpu()
+    same = (a == b).all(dim=-1).numpy()  # NaN == NaN is False: two NaNs never agree
+    la = _log_softmax(a.double().numpy())
+    lb = _log_softmax(b.double().numpy())
+    with np.errstate(invalid="ignore"):
+        d = np.abs(la - lb)
+    d = np.where(np.isnan(d), np.inf, d)
+    worst = np.unravel_index(int(np.argmax(d)), d.shape)
+    dmax = float(d[worst])
+    spacing = float(formats.get(dtype).spacing(la[worst]))
+    first = None if same.all() else int(np.argmin(same))
+    margin = None
+    if first is not None:
+        top2 = np.sort(la[first])[-2:]
+        margin = float(top2[1] - top2[0])
+    flips = la.argmax(axis=1) != lb.argmax(axis=1)
+    return {"supported": True, "positions": int(len(same)), "bit_identical_share": float(same.mean()),
+            "max_abs_diff": dmax, "max_abs_diff_ulps": dmax / spacing if math.isfinite(dmax) else dmax,
+            "first_diff_position": None if first is None else start + first, "margin_at_first_diff": margin,
+            "greedy_flips": int(flips.sum()), "greedy_changes": bool(flips.any())}
+
+
+def rounding_ratio(dtype: str, exact: str) -> float:
+    """The Δ ratio (exact / run) below which a break is rounding: the
+    geometric middle of what rounding predicts (u_exact / u_dtype: the same
+    computation, rounded finer) and what an algorithmic difference gives
+    (about 1: it does not depend on the precision)."""
+    return math.sqrt(formats.get(exact).unit_roundoff / formats.get(dtype).unit_roundoff)
+
+
+def verdict(run: dict, exact: dict, dtype: str, exact_dtype: str) -> dict:
+    d, d64 = run["max_abs_diff"], exact["max_abs_diff"]
+    ratio = d64 / d if d > 0 and math.isfinite(d) else (0.0 if d64 == 0 else math.inf)
+    rounding = exact["bit_identical_share"] == 1.0 or ratio <= rounding_ratio(dtype, exact_dtype)
+    if rounding:
+        note = (f"rounding: vanishes in {exact_dtype} (max |Δ logprob| {d:.3g} -> {d64:.3g} nats)")
+    else:
+        note = (f"algorithmic: persists in {exact_dtype} (max |Δ logprob| {d:.3g} -> {d64:.3g} nats)")
+    return {"verdict": "rounding" if rounding else "algorithmic", "exact_dtype": exact_dtype,
+            "exact_max_abs_diff": d64, "exact_bit_identical_share": exact["bit_identical_share"], "note": note}
+
+
+def _unsupported(why: str) -> dict:
+    return {"supported": False, "positions": 0, "bit_identical_share": None, "max_abs_diff": None,
+            "max_abs_diff_ulps": None, "first_diff_position": None, "margin_at_first_diff": None,
+            "greedy_flips": None, "greedy_changes": None, "verdict": "not supported", "exact_dtype": None,
+            "exact_max_abs_diff": None, "exact_bit_identical_share": None,
+            "note": f"not supported by this engine ({why})"}
+
+
+def takeaways(rows: list[dict], info: dict) -> list[str]:
+    lines = []
+    for dtype in dict.fromkeys(r["dtype"] for r in rows):
+        mine = [r for r in rows if r["dtype"] == dtype]
+        held = [r["label"] for r in mine if r["verdict"] == "holds"]
+        alg = [r for r in mine if r["verdict"] == "algorithmic"]
+        rnd = [r for r in mine if r["verdict"] == "rounding"]
+        parts = [f"{dtype}: {len(held)} of {len(mine)} contracts bit-identical"]
+        if rnd:
+            flips = sum(r["greedy_flips"] for r in rnd)
+            parts.append(f"{len(rnd)} break by rounding only (largest |Δ logprob| "
+                         f"{max(r['max_abs_diff'] for r in rnd):.2g} nats; vanishes in fp64"
+                         + (f"; the greedy token changes at {flips} positions" if flips else "") + ")")
+        if alg:
+            parts.append(f"{len(alg)} break in the algorithm, persisting in fp64: "
+                         + ", ".join(r["label"] for r in alg))
+        lines.append("; ".join(parts) + ".")
+        batch_rnd = [r for r in rnd if r["contract"] == "batch"]
+        if batch_rnd and info:
+            lines.append(f"{dtype}: the logits depend on the batch size ({', '.join(r['label'] for r in batch_rnd)}):"
+                         " the matmuls reduce in a batch-dependent order here, a rounding, not a bug.")
+    unsupported = sorted({r["label"] for r in rows if r["verdict"] == "not supported"})
+    if unsupported:
+        lines.append(f"not supported by this engine: {', '.join(unsupported)}.")
+    return lines
