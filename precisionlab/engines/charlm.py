@@ -195,11 +195,15 @@ class CharLM(nn.Module):
     def dtype(self) -> torch.dtype:
         return self.embed.weight.dtype
 
-    def forward(self, idx: torch.Tensor, cache: KVCache | None = None, start_pos: int = 0):
+    def forward(self, idx: torch.Tensor, cache: KVCache | None = None, start_pos: int = 0,
+                head_dtype: torch.dtype | None = None):
         """Logits for tokens idx (batch, seq) at positions start_pos.. .
 
         With a cache from a previous call, only the new tokens are passed and
         start_pos is the number already cached. Returns (logits, new_cache).
+        head_dtype: the LM head (its input, the final norm's output, and the
+        tied weights) computed in this dtype instead of the model's; the
+        layers and the final norm stay in the model's (None: all of it).
         """
         t = idx.shape[1]
         if start_pos + t > self.cfg.max_seq_len:
@@ -212,7 +216,10 @@ class CharLM(nn.Module):
             x, kv = layer(x, cos, sin, None if cache is None else cache[i], start_pos)
             new_cache.append(kv)
         # Tied head: reuse the embedding matrix, as small Qwen3 models do.
-        return self.norm(x) @ self.embed.weight.T, new_cache
+        h, w = self.norm(x), self.embed.weight
+        if head_dtype is not None:  # bf16 -> fp32 casts are exact: only the product's arithmetic changes
+            h, w = h.to(head_dtype), w.to(head_dtype)
+        return h @ w.T, new_cache
 
 
 def save(model: CharLM, tokenizer: CharTokenizer, path: str | Path) -> None:
