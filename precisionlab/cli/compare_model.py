@@ -11,13 +11,16 @@ from precisionlab.catalog import formats
 from precisionlab.cli.options import ModelOpt, SeedOpt, JsonOpt, ThreadsOpt, check_model, format_names
 from precisionlab.engines.registry import DEFAULT_PROMPT, DEFAULT_SPEC
 
+DEFAULT_STEPS = 50
+DEFAULT_DTYPES = format_names(formats.LOW_COMPUTE, ",")
+
 
 def command(
     model: ModelOpt = DEFAULT_SPEC,
-    steps: Annotated[int, typer.Option("--steps", help="Greedy decoding steps.")] = 50,
-    prompt: Annotated[str, typer.Option("--prompt", help="The text to continue.")] = DEFAULT_PROMPT,
+    steps: Annotated[int, typer.Option("--steps", help="Greedy decoding steps.")] = DEFAULT_STEPS,
+    prompt: Annotated[str, typer.Option("--prompt", help="The text to continue (--rollout: every sample's).")] = DEFAULT_PROMPT,
     dtypes: Annotated[str, typer.Option("--dtypes", help="Low precisions against fp32: "
-                                        f"{format_names(formats.LOW_COMPUTE)}.")] = format_names(formats.LOW_COMPUTE, ","),
+                                        f"{format_names(formats.LOW_COMPUTE)}.")] = DEFAULT_DTYPES,
     plot: Annotated[Optional[str], typer.Option("--plot", help="Write rel-L2 per step, divergence marked, to this file (.png, .svg, .pdf, ...).")] = None,
     device: Annotated[str, typer.Option("--device", help="cpu (default) | cuda | auto.")] = "cpu",
     metrics: Annotated[bool, typer.Option("--metrics", help="Instead: next-token distribution statistics over a text, "
@@ -25,7 +28,8 @@ def command(
                                           "by margin); --dtypes may include fp32; --plot draws KLD and flips.")] = False,
     text: Annotated[Optional[str], typer.Option("--text", help="--metrics: a UTF-8 text file (default: the held-out "
                                                 "part of the shipped Shakespeare text).")] = None,
-    tokens: Annotated[Optional[int], typer.Option("--tokens", help="--metrics: positions scored (default 8192).")] = None,
+    tokens: Annotated[Optional[int], typer.Option("--tokens", help="--metrics: positions scored (default 8192); "
+                                                  "--rollout: new tokens a sample (default 64).")] = None,
     save_logits: Annotated[Optional[list[str]], typer.Option("--save-logits", help="--metrics: write a run's logits and "
                                                              "token ids as safetensors: FILE (fp32) or DTYPE=FILE; "
                                                              "repeatable.")] = None,
@@ -44,6 +48,22 @@ def command(
     dump: Annotated[Optional[str], typer.Option("--dump", help="Write each run's per-module outputs to "
                                                 "DIR/fp32.safetensors, DIR/bf16.safetensors, ... (execution order "
                                                 "and token ids in the metadata), for compare tensors.")] = None,
+    trainer: Annotated[Optional[str], typer.Option("--trainer", help="Instead: an RL pipeline's two sides. The "
+                                                   "trainer's engine spec (as --model); with --rollout, N sequences "
+                                                   "sampled from the rollout are scored by both, and compare "
+                                                   "logprobs' statistics reported, also with the rollout's LM head "
+                                                   "and the whole rollout in fp32.")] = None,
+    rollout: Annotated[Optional[str], typer.Option("--rollout", help="The rollout's engine spec (as --model); "
+                                                   "with --trainer.")] = None,
+    trainer_dtype: Annotated[str, typer.Option("--trainer-dtype", help="--trainer: what the trainer computes in: "
+                                               f"{format_names(formats.COMPUTE)}.")] = "fp32",
+    rollout_dtype: Annotated[str, typer.Option("--rollout-dtype", help="--rollout: what the rollout computes in: "
+                                               f"{format_names(formats.COMPUTE)}.")] = "bf16",
+    samples: Annotated[Optional[int], typer.Option("--samples", help="--rollout: sequences sampled (default 8).")] = None,
+    temperature: Annotated[Optional[float], typer.Option("--temperature", help="--rollout: sampling temperature "
+                                                         "(default 1); both sides score logits / T.")] = None,
+    top_p: Annotated[Optional[float], typer.Option("--top-p", help="--rollout: nucleus sampling's kept mass, in "
+                                                   "(0, 1] (default 1: the whole distribution).")] = None,
     seed: SeedOpt = 0,
     json_out: JsonOpt = False,
     threads: ThreadsOpt = None,
@@ -55,6 +75,22 @@ def command(
     from precisionlab.report.plots import check_plot_path
 
     plot = check_plot_path(plot)  # before the run: a bad path must not cost the result
+    if trainer is not None or rollout is not None:
+        return _rollout(trainer, rollout, trainer_dtype, rollout_dtype, samples, tokens, prompt, temperature, top_p,
+                        seed, device, threads, json_out, plot,
+                        others=[o for o, v in (("--metrics", metrics), ("--layers", layers), ("--dump", dump),
+                                               ("--inject", inject), ("--text", text), ("--save-logits", save_logits),
+                                               ("--max-kld", max_kld), ("--min-top1", min_top1),
+                                               # options with defaults: refused where they differ from them
+                                               ("--model", model != DEFAULT_SPEC or None),
+                                               ("--steps", steps != DEFAULT_STEPS or None),
+                                               ("--dtypes", dtypes != DEFAULT_DTYPES or None))
+                                if v not in (None, [], False)])
+    rollout_only = [o for o, v in (("--samples", samples), ("--temperature", temperature), ("--top-p", top_p),
+                                   ("--trainer-dtype", trainer_dtype != "fp32" or None),
+                                   ("--rollout-dtype", rollout_dtype != "bf16" or None)) if v is not None]
+    if rollout_only:
+        raise UsageError(f"{', '.join(rollout_only)} need --trainer and --rollout")
     check_model(model)
     inputs.check_given(text, "--text")
     if metrics and (layers or dump is not None):
@@ -96,3 +132,23 @@ def command(
     from precisionlab.report.output import Output
 
     Output(model_report, json_out, plot).run("compare model", lambda advance: exp.run(cfg, advance))
+
+
+def _rollout(trainer, rollout, trainer_dtype, rollout_dtype, samples, tokens, prompt, temperature, top_p, seed,
+             device, threads, json_out, plot, others):
+    """--trainer SPEC --rollout SPEC: its own mode; the other modes' options are refused."""
+    from precisionlab.experiments import rollout as rexp
+    from precisionlab.report import rollout as report
+    from precisionlab.report.output import Output
+
+    if trainer is None or rollout is None:
+        raise UsageError("--trainer and --rollout come together: give both engine specs")
+    if others:
+        raise UsageError(f"--trainer/--rollout is its own run: {', '.join(others)} belong to other modes")
+    cfg = rexp.RolloutConfig(trainer=trainer, rollout=rollout, trainer_dtype=trainer_dtype,
+                             rollout_dtype=rollout_dtype,
+                             samples=rexp.DEFAULT_SAMPLES if samples is None else samples,
+                             tokens=rexp.DEFAULT_TOKENS if tokens is None else tokens, prompt=prompt,
+                             temperature=1.0 if temperature is None else temperature,
+                             top_p=1.0 if top_p is None else top_p, seed=seed, device=device, threads=threads)
+    Output(report, json_out, plot).run("compare model --rollout", lambda advance: rexp.run(cfg, advance))
