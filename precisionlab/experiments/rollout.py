@@ -402,7 +402,9 @@ def takeaways(rows: list[dict], results: dict, best: str | None, tdt: str, rdt: 
         head, whole = by.get("rollout_head_fp32"), by.get("rollout_fp32")
         if head is not None and whole is not None and whole["mean_abs_diff_removed"] > 0:
             share = head["mean_abs_diff_removed"] / whole["mean_abs_diff_removed"]
-            line += f" The LM head alone accounts for {_pct(share)} of what the whole fp32 rollout removes."
+            where = ("the logits' rounding is most of the mismatch" if share >= 0.5 else
+                     "most of it comes from the layers before the head")
+            line += f" The LM head alone accounts for {_pct(share)} of what the whole fp32 rollout removes: {where}."
         lines.append(line)
     return lines
 
