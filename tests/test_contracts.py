@@ -235,7 +235,7 @@ def test_cli_json_and_usage_errors():
     assert d["command"] == "compare model --contracts" and d["params"]["dtypes"] == ["fp32", "bf16"]
     assert d["params"]["batches"] == [2, 3, 4, 16, 64] and json_glossary_problems(d) == []
     assert d["flags"]["torch.backends.cuda.matmul.allow_tf32"] is False
-    for args, needle in ((["--contracts", "--metrics"], "--contracts is its own run"),
+    for args, needle in ((["--contracts", "--metrics"], "separate runs"),
                          (["--contracts", "--plot", "x.png"], "--plot has no effect in --contracts"),
                          (["--chunks", "3"], "read only by --contracts"), (["--contracts", "--chunks", "0"], "positive")):
         r = cli("compare", "model", *args)

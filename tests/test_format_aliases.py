@@ -27,7 +27,7 @@ from precisionlab.cli.app import app
 from precisionlab.engines import inject
 from precisionlab.errors import RunError, UsageError
 from precisionlab.io import logits_file
-from precisionlab.experiments import accumulate, compare, kvcache, logits, model, softmax, tensors, tf32
+from precisionlab.experiments import accumulate, compare, kvcache, logits, model, rollout, softmax, tensors, tf32
 
 
 def spellings(name: str) -> list[str]:
@@ -85,6 +85,7 @@ MODEL = ("compare", "model", "--steps", "2")
 LAYERS = ("compare", "model", "--layers", "--steps", "2")
 KV = ("kvcache", "--steps", "2", "--scales", "unit")
 METRICS = ("compare", "model", "--metrics", "--tokens", "16")
+ROLLOUT = ("compare", "model", "--trainer", "embedded", "--rollout", "embedded", "--samples", "1", "--tokens", "4")
 
 
 @pytest.fixture(scope="module")
@@ -112,6 +113,8 @@ def options(dumps) -> list[Opt]:
         Opt(LAYERS, "--inject", inject.ROPE_DTYPES, every_spelling_by_cli=False, form="rope:rope={}"),
         Opt(METRICS, "--dtypes", logits.DTYPES, every_spelling_by_cli=False),
         Opt(KV, "--dtypes", kvcache.FP8, every_spelling_by_cli=False),
+        Opt(ROLLOUT, "--trainer-dtype", rollout.DTYPES, every_spelling_by_cli=False, single=True),
+        Opt(ROLLOUT, "--rollout-dtype", rollout.DTYPES, every_spelling_by_cli=False, single=True),
         Opt(("tf32", "--accumulator", "fp32", "--k", "64"), "--dtypes", tf32.ACC_DTYPES, every_spelling_by_cli=False),
     ]
 

@@ -27,6 +27,8 @@ COMMANDS = [
                                  "--save-logits", "{tmp}/fp32.safetensors", "--save-logits", "bf16={tmp}/bf16.safetensors"]),
     ("compare model --layers", ["compare", "model", "--layers", "--steps", "3", "--dtypes", "bf16", "--dump", "{tmp}/dump"]),
     ("compare model --contracts", ["compare", "model", "--contracts", "--steps", "3", "--dtypes", "fp32"]),
+    ("compare model --rollout", ["compare", "model", "--trainer", "embedded", "--rollout", "embedded", "--samples", "2",
+                                 "--tokens", "8", "--top-p", "0.9"]),
     ("compare logits", ["compare", "logits", "{tmp}/fp32.safetensors", "{tmp}/bf16.safetensors"]),
     ("compare logprobs", ["compare", "logprobs", "docs/data/logprobs/trainer.safetensors",
                           "docs/data/logprobs/rollout-top-p.jsonl"]),

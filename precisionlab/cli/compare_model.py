@@ -15,13 +15,15 @@ from precisionlab.engines.registry import DEFAULT_PROMPT, DEFAULT_SPEC, spec_pat
 # The runs compare model makes, and the options that mean something in each:
 # an option given in a mode it has no effect in is a usage error naming the
 # modes it needs (never accepted and ignored).
-PLAIN, METRICS, LAYERS = "the plain run (no --metrics, --layers, --dump or --contracts)", "--metrics", "--layers/--dump"
-CONTRACTS = "--contracts"
+PLAIN = "the plain run (no --metrics, --layers, --dump, --contracts or --trainer/--rollout)"
+METRICS, LAYERS, CONTRACTS, ROLLOUT = "--metrics", "--layers/--dump", "--contracts", "--trainer/--rollout"
+ONE_MODEL = (PLAIN, METRICS, LAYERS, CONTRACTS)  # the modes that run --model in --dtypes
 APPLIES = {
-    "plot": (PLAIN, METRICS), "threads": (PLAIN, CONTRACTS), "steps": (PLAIN, LAYERS, CONTRACTS),
-    "prompt": (PLAIN, LAYERS, CONTRACTS), "text": (METRICS,), "tokens": (METRICS,), "save_logits": (METRICS,),
-    "max_kld": (METRICS,), "min_top1": (METRICS,), "inject": (METRICS, LAYERS), "chunks": (CONTRACTS,),
-    "batches": (CONTRACTS,),
+    "model": ONE_MODEL, "dtypes": ONE_MODEL, "plot": (PLAIN, METRICS, ROLLOUT), "threads": (PLAIN, CONTRACTS, ROLLOUT),
+    "steps": (PLAIN, LAYERS, CONTRACTS), "prompt": (PLAIN, LAYERS, CONTRACTS, ROLLOUT), "text": (METRICS,),
+    "tokens": (METRICS, ROLLOUT), "save_logits": (METRICS,), "max_kld": (METRICS,), "min_top1": (METRICS,),
+    "inject": (METRICS, LAYERS), "chunks": (CONTRACTS,), "batches": (CONTRACTS,), "trainer_dtype": (ROLLOUT,),
+    "rollout_dtype": (ROLLOUT,), "samples": (ROLLOUT,), "temperature": (ROLLOUT,), "top_p": (ROLLOUT,),
 }
 
 
@@ -35,14 +37,17 @@ def check_mode_options(ctx: typer.Context, mode: str) -> None:
         hint = " (--layers draws nothing: its table and --json are the output)" if name == "plot" else ""
         raise UsageError(f"{opt} has no effect in {mode}; it is read only by {' and '.join(modes)}{hint}")
 
+DEFAULT_STEPS = 50
+DEFAULT_DTYPES = format_names(formats.LOW_COMPUTE, ",")
+
 
 def command(
     ctx: typer.Context,
     model: ModelOpt = DEFAULT_SPEC,
-    steps: Annotated[int, typer.Option("--steps", help="Greedy decoding steps.")] = 50,
-    prompt: Annotated[str, typer.Option("--prompt", help="The text to continue.")] = DEFAULT_PROMPT,
+    steps: Annotated[int, typer.Option("--steps", help="Greedy decoding steps.")] = DEFAULT_STEPS,
+    prompt: Annotated[str, typer.Option("--prompt", help="The text to continue (--rollout: every sample's).")] = DEFAULT_PROMPT,
     dtypes: Annotated[str, typer.Option("--dtypes", help="Low precisions against fp32: "
-                                        f"{format_names(formats.LOW_COMPUTE)}.")] = format_names(formats.LOW_COMPUTE, ","),
+                                        f"{format_names(formats.LOW_COMPUTE)}.")] = DEFAULT_DTYPES,
     plot: Annotated[Optional[str], typer.Option("--plot", help="Write rel-L2 per step, divergence marked, to this file (.png, .svg, .pdf, ...).")] = None,
     device: Annotated[str, typer.Option("--device", help="cpu (default) | cuda | auto.")] = "cpu",
     metrics: Annotated[bool, typer.Option("--metrics", help="Instead: next-token distribution statistics over a text, "
@@ -50,7 +55,8 @@ def command(
                                           "by margin); --dtypes may include fp32; --plot draws KLD and flips.")] = False,
     text: Annotated[Optional[str], typer.Option("--text", help="--metrics: a UTF-8 text file (default: the held-out "
                                                 "part of the shipped Shakespeare text).")] = None,
-    tokens: Annotated[Optional[int], typer.Option("--tokens", help="--metrics: positions scored (default 8192).")] = None,
+    tokens: Annotated[Optional[int], typer.Option("--tokens", help="--metrics: positions scored (default 8192); "
+                                                  "--rollout: new tokens a sample (default 64).")] = None,
     save_logits: Annotated[Optional[list[str]], typer.Option("--save-logits", help="--metrics: write a run's logits and "
                                                              "token ids as safetensors: FILE (fp32) or DTYPE=FILE; "
                                                              "repeatable.")] = None,
@@ -77,6 +83,22 @@ def command(
                                                         "repeatable.")] = None,
     batches: Annotated[Optional[list[int]], typer.Option("--batches", help="--contracts: batch sizes beyond 2, 4, 16, "
                                                          "64; repeatable.")] = None,
+    trainer: Annotated[Optional[str], typer.Option("--trainer", help="Instead: an RL pipeline's two sides. The "
+                                                   "trainer's engine spec (as --model); with --rollout, N sequences "
+                                                   "sampled from the rollout are scored by both, and compare "
+                                                   "logprobs' statistics reported, also with the rollout's LM head "
+                                                   "and the whole rollout in fp32.")] = None,
+    rollout: Annotated[Optional[str], typer.Option("--rollout", help="The rollout's engine spec (as --model); "
+                                                   "with --trainer.")] = None,
+    trainer_dtype: Annotated[str, typer.Option("--trainer-dtype", help="--trainer: what the trainer computes in: "
+                                               f"{format_names(formats.COMPUTE)}.")] = "fp32",
+    rollout_dtype: Annotated[str, typer.Option("--rollout-dtype", help="--rollout: what the rollout computes in: "
+                                               f"{format_names(formats.COMPUTE)}.")] = "bf16",
+    samples: Annotated[Optional[int], typer.Option("--samples", help="--rollout: sequences sampled (default 8).")] = None,
+    temperature: Annotated[Optional[float], typer.Option("--temperature", help="--rollout: sampling temperature "
+                                                         "(default 1); both sides score logits / T.")] = None,
+    top_p: Annotated[Optional[float], typer.Option("--top-p", help="--rollout: nucleus sampling's kept mass, in "
+                                                   "(0, 1] (default 1: the whole distribution).")] = None,
     seed: SeedOpt = 0,
     json_out: JsonOpt = False,
     threads: ThreadsOpt = None,
@@ -88,13 +110,15 @@ def command(
     from precisionlab.report.plots import check_plot_path
     from precisionlab.runtime import threads as threads_mod
 
-    if metrics and (layers or dump is not None):
-        raise UsageError("--metrics and --layers/--dump are separate runs: give one")
-    if contracts and (metrics or layers or dump is not None):
-        raise UsageError("--contracts is its own run: give it without --metrics, --layers or --dump")
+    modes = [m for m, on in ((METRICS, metrics), (LAYERS, layers or dump is not None), (CONTRACTS, contracts),
+                             (ROLLOUT, trainer is not None or rollout is not None)) if on]
+    if len(modes) > 1:
+        raise UsageError(f"{' and '.join(modes)} are separate runs: give one")
     threads_mod.check(threads)  # the one --threads validation, whatever the mode
-    check_mode_options(ctx, CONTRACTS if contracts else METRICS if metrics else LAYERS if layers or dump is not None
-                       else PLAIN)
+    check_mode_options(ctx, modes[0] if modes else PLAIN)
+    if modes == [ROLLOUT]:
+        return _rollout(trainer, rollout, trainer_dtype, rollout_dtype, samples, tokens, prompt, temperature, top_p,
+                        seed, device, threads, json_out, check_plot_path(plot))
     inputs.check_given(model, "--model")
     check_model(model)
     inputs.check_given(text, "--text")
@@ -150,3 +174,21 @@ def _contracts(ctx, json_out: bool, dtypes: str, **kw) -> None:
     kw["batches"] = cexp.sizes(kw["batches"], cexp.BATCHES, "--batches")
     cfg = cexp.ContractsConfig(dtypes=dtypes, **kw)
     Output(contracts_report, json_out).run("compare model --contracts", lambda advance: cexp.run(cfg, advance))
+
+
+def _rollout(trainer, rollout, trainer_dtype, rollout_dtype, samples, tokens, prompt, temperature, top_p, seed,
+             device, threads, json_out, plot):
+    """--trainer SPEC --rollout SPEC: its own mode; the other modes' options are refused."""
+    from precisionlab.experiments import rollout as rexp
+    from precisionlab.report import rollout as report
+    from precisionlab.report.output import Output
+
+    if trainer is None or rollout is None:
+        raise UsageError("--trainer and --rollout come together: give both engine specs")
+    cfg = rexp.RolloutConfig(trainer=trainer, rollout=rollout, trainer_dtype=trainer_dtype,
+                             rollout_dtype=rollout_dtype,
+                             samples=rexp.DEFAULT_SAMPLES if samples is None else samples,
+                             tokens=rexp.DEFAULT_TOKENS if tokens is None else tokens, prompt=prompt,
+                             temperature=1.0 if temperature is None else temperature,
+                             top_p=1.0 if top_p is None else top_p, seed=seed, device=device, threads=threads)
+    Output(report, json_out, plot).run("compare model --rollout", lambda advance: rexp.run(cfg, advance))

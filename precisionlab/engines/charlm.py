@@ -202,13 +202,17 @@ class CharLM(nn.Module):
         return self.embed.weight.dtype
 
     def forward(self, idx: torch.Tensor, cache: KVCache | None = None, start_pos: int = 0,
-                key_mask: torch.Tensor | None = None, positions: torch.Tensor | None = None):
+                key_mask: torch.Tensor | None = None, positions: torch.Tensor | None = None,
+                head_dtype: torch.dtype | None = None):
         """Logits for tokens idx (batch, seq) at positions start_pos.. .
 
         With a cache from a previous call, only the new tokens are passed and
         start_pos is the number already cached. Returns (logits, new_cache).
         A left-padded batch (no cache) passes key_mask (batch, seq; False at
         padding) and positions (batch, seq; each token's RoPE position).
+        head_dtype: the LM head (its input, the final norm's output, and the
+        tied weights) computed in this dtype instead of the model's; the
+        layers and the final norm stay in the model's (None: all of it).
         """
         t = idx.shape[1]
         if start_pos + t > self.cfg.max_seq_len:
@@ -225,7 +229,10 @@ class CharLM(nn.Module):
             x, kv = layer(x, cos, sin, None if cache is None else cache[i], start_pos, key_mask)
             new_cache.append(kv)
         # Tied head: reuse the embedding matrix, as small Qwen3 models do.
-        return self.norm(x) @ self.embed.weight.T, new_cache
+        h, w = self.norm(x), self.embed.weight
+        if head_dtype is not None:  # bf16 -> fp32 casts are exact: only the product's arithmetic changes
+            h, w = h.to(head_dtype), w.to(head_dtype)
+        return h @ w.T, new_cache
 
 
 def save(model: CharLM, tokenizer: CharTokenizer, path: str | Path) -> None:

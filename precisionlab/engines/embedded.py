@@ -67,11 +67,14 @@ class EmbeddedEngine(Engine):
     def prefix_ids(self, text: str, need: int, source: str) -> list[int]:
         return self.encode(text[:need], source)  # one character is one token
 
-    def forward(self, model, ids):
+    def forward(self, model, ids, head_dtype: str | None = None):
         import torch
 
+        from precisionlab.catalog import formats
+
+        head = None if head_dtype is None else formats.get(head_dtype).torch_dtype
         with torch.no_grad():
-            return model(ids)[0]
+            return model(ids, head_dtype=head)[0]
 
     def forward_batch(self, model, ids, attention_mask=None, position_ids=None):
         import torch

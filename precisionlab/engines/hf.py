@@ -149,6 +149,38 @@ def stored_cache_class():
     return StoredCache
 
 
+@contextmanager
+def _head_in(model, dtype: str | None):
+    """The model's LM head (get_output_embeddings(), a Linear) computing in
+    `dtype` for the calls inside: its input and weights cast up, the product
+    in that dtype. The model's own forward still runs around it (a logit
+    soft-cap or scaling after the head applies as shipped). The head's forward
+    is replaced on the instance, not wrapped in a hook, so the low-precision
+    product is never computed as well; the instance attribute is removed after."""
+    if dtype is None:
+        yield
+        return
+    import torch
+
+    from precisionlab.catalog import formats
+
+    head = model.get_output_embeddings()
+    if not isinstance(head, torch.nn.Linear):
+        raise RunError(f"{type(model).__name__}'s output embeddings are a {type(head).__name__}, not a Linear: "
+                       f"its LM head cannot be computed in {dtype} alone")
+    want = formats.get(dtype).torch_dtype
+
+    def forward(x):
+        bias = None if head.bias is None else head.bias.to(want)
+        return torch.nn.functional.linear(x.to(want), head.weight.to(want), bias)
+
+    head.forward = forward
+    try:
+        yield
+    finally:
+        del head.forward
+
+
 class HFEngine(Engine):
     @classmethod
     def check(cls, arg):
@@ -217,11 +249,11 @@ class HFEngine(Engine):
     def decode(self, ids) -> str:
         return self.tok.decode(ids)
 
-    def forward(self, model, ids):
+    def forward(self, model, ids, head_dtype: str | None = None):
         import torch
 
-        with torch.no_grad():  # no KV cache: a module re-run (--layers) must not append to one
-            return model(input_ids=ids, use_cache=False).logits
+        with torch.no_grad(), _head_in(model, head_dtype):  # no KV cache: a module re-run (--layers) must not
+            return model(input_ids=ids, use_cache=False).logits  # append to one
 
     def forward_batch(self, model, ids, attention_mask=None, position_ids=None):
         import torch

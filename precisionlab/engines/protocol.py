@@ -103,9 +103,12 @@ class Engine(ABC):
         return copy.deepcopy(self.base).to(formats.get(dtype).torch_dtype)
 
     @abstractmethod
-    def forward(self, model, ids):
+    def forward(self, model, ids, head_dtype: str | None = None):
         """(batch, tokens) token ids -> (batch, tokens, vocab) logits in the
-        model's dtype: one pass, every position, no KV cache."""
+        model's dtype: one pass, every position, no KV cache. head_dtype (a
+        catalog name): the LM head alone computed in that dtype, its input
+        the final hidden states as the model's dtype left them, cast up (the
+        logits then come in head_dtype); None: the model as it is."""
 
     @abstractmethod
     def session(self, model, stores: KVStores | None = None) -> Callable:

@@ -211,6 +211,32 @@ def compare_contracts(params: int, seq: int, vocab: int, hidden: int, layers: in
             + 32 * seq * vocab + MODEL_FIXED[kind])
 
 
+# compare model --trainer/--rollout: bytes kept per sampled token, for each of
+# the up to six streams (chosen and TOP_K listed log-probs and ids, float64 and
+# int64: 16 per value), and compare logprobs' statistics of one pair at a time
+# (experiments/logprobs.py: about twenty float64 a token, eight per listed pair).
+ROLLOUT_STREAMS = 6
+ROLLOUT_STATS_PER_TOKEN = 20 * 8
+
+
+def rollout(shape, low_copies: int, samples: int, tokens: int, top_k: int, fixed: bool = True) -> int:
+    """compare model --trainer/--rollout (experiments/rollout.py), one engine's
+    share. Weights: its model in fp32 (4 per parameter) and each low-precision
+    copy, an fp32 deep copy then cast (4 + 2 while made, 2 kept): 4 + 6 per
+    copy, as an upper bound. One teacher-forced pass over seq positions at a
+    time: its logits in the model's dtype, scaled by 1/T, the fp32
+    log-softmax and its float64 copy, the top-k sort's index array (4 + 4 +
+    4 + 8 + 8 = 28 per logit), every layer's hidden states (16 per position
+    and hidden unit) and one layer's attention scores with eager attention's
+    copies (16 per head and pair of positions). The per-sample cost: what the
+    streams hold per token (samples x tokens of them). `fixed`: the first use
+    of this kind of engine (its imports) is counted here."""
+    seq, per_token = shape.seq, ROLLOUT_STREAMS * (1 + top_k) * 16 + ROLLOUT_STATS_PER_TOKEN + 2 * top_k * 64
+    return ((4 + 6 * low_copies) * shape.params + 28 * seq * shape.vocab + 16 * seq * shape.hidden * shape.layers
+            + 16 * shape.heads * seq * seq + per_token * samples * tokens
+            + (MODEL_FIXED[shape.kind] if fixed else 0))
+
+
 # compare model --layers' first-use state, measured: transformers as compare
 # model's; for the embedded model less (no generate(), no kernels for fp16 decoding).
 LAYERS_FIXED = {"hf": MODEL_FIXED["hf"], "embedded": 40 * MiB}
