@@ -28,6 +28,7 @@ from precisionlab.engines import inject
 from precisionlab.errors import RunError, UsageError
 from precisionlab.io import logits_file
 from precisionlab.experiments import accumulate, compare, kvcache, logits, model, rollout, softmax, tensors, tf32
+from precisionlab.numerics import flash_attention as fa
 
 
 def spellings(name: str) -> list[str]:
@@ -86,6 +87,7 @@ LAYERS = ("compare", "model", "--layers", "--steps", "2")
 KV = ("kvcache", "--steps", "2", "--scales", "unit")
 METRICS = ("compare", "model", "--metrics", "--tokens", "16")
 ROLLOUT = ("compare", "model", "--trainer", "embedded", "--rollout", "embedded", "--samples", "1", "--tokens", "4")
+ATTN = ("attention", "--seq", "64", "--rows", "4", "--dim", "8", "--std", "1", "--block-c", "16")
 
 
 @pytest.fixture(scope="module")
@@ -116,6 +118,9 @@ def options(dumps) -> list[Opt]:
         Opt(ROLLOUT, "--trainer-dtype", rollout.DTYPES, every_spelling_by_cli=False, single=True),
         Opt(ROLLOUT, "--rollout-dtype", rollout.DTYPES, every_spelling_by_cli=False, single=True),
         Opt(("tf32", "--accumulator", "fp32", "--k", "64"), "--dtypes", tf32.ACC_DTYPES, every_spelling_by_cli=False),
+        Opt(ATTN, "--p-dtype", fa.P_DTYPES, every_spelling_by_cli=False, single=True),
+        Opt(ATTN, "--input-dtype", fa.INPUT_DTYPES, every_spelling_by_cli=False, single=True),
+        Opt(ATTN, "--out-dtype", fa.OUT_DTYPES, every_spelling_by_cli=False, single=True),
     ]
 
 

@@ -207,6 +207,10 @@ STOCHASTIC_ACCUMULATORS = Subset(LOW_COMPUTE, "a stochastic-rounding accumulator
 OP_LOW = Subset(LOW_COMPUTE + STORAGE, "a low precision or a storage format")
 # The arithmetic an emulator runs in (the FlashAttention emulator: fp32 as the
 # kernel does, fp64 as the exact model).
+# The FlashAttention emulator's formats: what P is stored in before P.V (fp64:
+# not stored), what Q, K, V are held in, what the output is written in.
+ATTENTION_P = Subset(("fp64", *COMPUTE, *FP8), "a format P can be stored in")
+ATTENTION_INPUTS = Subset(COMPUTE + FP8, "a format Q, K and V can be held in")
 IEEE_ARITHMETIC = Subset(("fp32", "fp64"), "an IEEE arithmetic")
 # What bench times the GPU sums' accumulators in, and what the tensor-parallel
 # replay of nondeterminism runs in.

@@ -6,7 +6,8 @@ from typing import Annotated, Optional
 
 import typer
 
-from precisionlab.cli.options import JsonOpt, SeedOpt
+from precisionlab.catalog import formats
+from precisionlab.cli.options import JsonOpt, SeedOpt, format_names
 
 
 def command(
@@ -18,9 +19,9 @@ def command(
     block_c: Annotated[int, typer.Option("--block-c", help="Bc: keys a tile.")] = 128,
     max_offset: Annotated[float, typer.Option("--max-offset", help="FA3's FP8 offset, log2 units: P in (0, 2^offset].")] = 0.0,
     rescale_threshold: Annotated[float, typer.Option("--rescale-threshold", help="Lazy rescale: only when the max grows by more than this (log2 units); 0: eager.")] = 0.0,
-    p_dtype: Annotated[str, typer.Option("--p-dtype", help="P's format for the P.V product: fp64, fp32, bf16, fp16, fp8_e4m3, fp8_e5m2.")] = "bf16",
+    p_dtype: Annotated[str, typer.Option("--p-dtype", help=f"P's format for the P.V product: {format_names(formats.ATTENTION_P)}.")] = "bf16",
     p_scale: Annotated[float, typer.Option("--p-scale", help="Multiplies P before the cast (divided out at the end).")] = 1.0,
-    input_dtype: Annotated[str, typer.Option("--input-dtype", help="Q, K, V stored in: fp32, bf16, fp16, fp8_e4m3, fp8_e5m2 (FP8: per-tensor descale amax/max).")] = "fp32",
+    input_dtype: Annotated[str, typer.Option("--input-dtype", help=f"Q, K, V stored in: {format_names(formats.ATTENTION_INPUTS)} (FP8: per-tensor descale amax/max).")] = "fp32",
     splits: Annotated[int, typer.Option("--splits", help="Split-KV: the key tiles over this many splits, then combined.")] = 1,
     combine_order: Annotated[str, typer.Option("--combine-order", help="forward | reverse.")] = "forward",
     pv_accumulator: Annotated[str, typer.Option("--pv-accumulator", help="The P.V MMA's accumulator: exact, fp32, fp32-pairwise, hopper-fp8[:bits=B:group=G:rounding=R], promote:N, fp64.")] = "fp32",
@@ -28,7 +29,7 @@ def command(
     promote_tiles: Annotated[Optional[int], typer.Option("--promote-tiles", help="Two-level P.V: promoted to fp32 every N tiles.")] = None,
     causal: Annotated[bool, typer.Option("--causal", help="Causal mask, bottom-right aligned.")] = False,
     arithmetic: Annotated[str, typer.Option("--arithmetic", help="fp32 (the kernel's) | fp64 (the exact model).")] = "fp32",
-    out_dtype: Annotated[str, typer.Option("--out-dtype", help="The output's format: fp32, bf16, fp16.")] = "fp32",
+    out_dtype: Annotated[str, typer.Option("--out-dtype", help=f"The output's format: {format_names(formats.COMPUTE)}.")] = "fp32",
     plot: Annotated[Optional[str], typer.Option("--plot", help="Write the running error against position to this file.")] = None,
     seed: SeedOpt = 0,
     json_out: JsonOpt = False,
@@ -42,6 +43,9 @@ def command(
     from precisionlab.report.output import Output
 
     out = Output(attention, json_out, plot)
+    p_dtype = formats.parse_one(p_dtype, fa.P_DTYPES, "--p-dtype")  # every alias the catalog lists
+    input_dtype = formats.parse_one(input_dtype, fa.INPUT_DTYPES, "--input-dtype")
+    out_dtype = formats.parse_one(out_dtype, fa.OUT_DTYPES, "--out-dtype")
     try:
         stds = tuple(float(s) for s in std.split(",") if s.strip())
     except ValueError:

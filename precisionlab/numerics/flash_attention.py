@@ -106,8 +106,8 @@ import numpy as np
 from precisionlab.catalog import formats
 from precisionlab.numerics import accumulators
 
-P_DTYPES = ("fp64", *formats.COMPUTE, *formats.FP8)
-INPUT_DTYPES = formats.COMPUTE + formats.FP8
+P_DTYPES = formats.ATTENTION_P
+INPUT_DTYPES = formats.ATTENTION_INPUTS
 OUT_DTYPES = formats.COMPUTE
 ARITHMETIC = formats.IEEE_ARITHMETIC
 COMBINE_ORDERS = ("forward", "reverse")
