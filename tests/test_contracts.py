@@ -12,9 +12,9 @@ import pytest
 import torch
 from helpers import cli, json_glossary_problems, save_tiny_qwen, strict_json
 
+from test_engines import FakeEngine  # an adapter with the protocol's abstract calls alone
 from precisionlab.engines import registry
 from precisionlab.engines.embedded import EmbeddedEngine
-from precisionlab.engines.protocol import Engine
 from precisionlab.experiments import contracts as exp
 
 # A clean fp32 break is a few dozen roundings deep: |Δ logprob| stays far below 1e-3 nats
@@ -124,29 +124,12 @@ class BatchOrder(_Planted):
         return out
 
 
-class NoBatchNoCache(Engine):
-    """An engine with only the abstract calls: no mask, no cache copy."""
+class NoBatchNoCache(FakeEngine):
+    """An engine with only the abstract calls (test_engines' adapter): no mask, no cache copy."""
 
-    window = 128
-
-    def __init__(self, arg, device):
-        self.inner = EmbeddedEngine(None, device)
-        self.base, self.device, self.max_len, self.name = self.inner.base, device, self.inner.max_len, "bare"
-
-    def info(self):
-        return self.inner.info() | {"name": self.name}
-
-    def encode(self, text, source="--prompt"):
-        return self.inner.encode(text, source)
-
-    def decode(self, ids):
-        return self.inner.decode(ids)
-
-    def forward(self, model, ids):
-        return self.inner.forward(model, ids)
-
-    def session(self, model, stores=None):
-        return self.inner.session(model, stores)
+    @classmethod
+    def check(cls, arg):
+        pass
 
 
 @pytest.fixture

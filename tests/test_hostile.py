@@ -196,11 +196,17 @@ def correct(x): return torch.softmax(x, -1)
 '''
 
 
+def _importable(tmp_path, monkeypatch, name: str, code: str) -> str:
+    """A module of the user's, importable by `name` for the test (removed after by monkeypatch)."""
+    (tmp_path / f"{name}.py").write_text(code)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(sys.modules, name, raising=False)
+    return name
+
+
 @pytest.fixture
 def impl_module(tmp_path, monkeypatch):
-    (tmp_path / "hostile_impls.py").write_text(IMPLS)
-    monkeypatch.syspath_prepend(str(tmp_path))
-    yield "hostile_impls"
+    yield _importable(tmp_path, monkeypatch, "hostile_impls", IMPLS)
     sys.modules.pop("hostile_impls", None)
 
 
@@ -1287,9 +1293,7 @@ def prints(x):
 
 @pytest.fixture
 def users_module(tmp_path, monkeypatch):
-    (tmp_path / "users_code.py").write_text(USERS_CODE)
-    monkeypatch.syspath_prepend(str(tmp_path))
-    yield "users_code"
+    yield _importable(tmp_path, monkeypatch, "users_code", USERS_CODE)
     sys.modules.pop("users_code", None)
 
 

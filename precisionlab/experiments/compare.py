@@ -223,9 +223,7 @@ def load_impl(spec: str):
 
 def compare_op(cfg: CompareOpConfig, advance=lambda k=1: None) -> CompareResult:
     comparison.check_override(cfg.rtol, cfg.atol)
-    threads.check(cfg.threads)
-    with threads.torch_scope():
-        return _compare_op(cfg, advance)
+    return threads.scoped(cfg.threads, _compare_op, cfg, advance)
 
 
 def op_flops(op: str, shape: tuple) -> float:

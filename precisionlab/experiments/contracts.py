@@ -66,9 +66,7 @@ class ContractsResult:
 
 
 def run(cfg: ContractsConfig, advance=lambda k=1: None) -> ContractsResult:
-    threads.check(cfg.threads)
-    with threads.torch_scope():
-        return _run(cfg, advance)
+    return threads.scoped(cfg.threads, _run, cfg, advance)
 
 
 def sizes(extra, base: tuple, option: str) -> tuple[int, ...]:

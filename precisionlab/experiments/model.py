@@ -46,9 +46,7 @@ class ModelResult:
 
 
 def run(cfg: ModelConfig, advance=lambda k=1: None) -> ModelResult:
-    threads.check(cfg.threads)
-    with threads.torch_scope():
-        return _run(cfg, advance)
+    return threads.scoped(cfg.threads, _run, cfg, advance)
 
 
 def _run(cfg: ModelConfig, advance) -> ModelResult:

@@ -62,9 +62,7 @@ class Tf32Result:
 def run(cfg: Tf32Config, advance=lambda k=1: None) -> Tf32Result:
     if cfg.accumulators is not None:  # numpy only: torch is never imported
         return _run_accumulators(cfg, advance)
-    threads.check(cfg.threads)
-    with threads.torch_scope():
-        return _run(cfg, advance)
+    return threads.scoped(cfg.threads, _run, cfg, advance)
 
 
 def _run(cfg: Tf32Config, advance) -> Tf32Result:

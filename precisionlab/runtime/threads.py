@@ -92,6 +92,14 @@ def torch_scope():
             torch.set_num_threads(before)
 
 
+def scoped(threads: int | None, work, *args):
+    """work(*args) with --threads checked and torch's thread count restored
+    after: how every command that sizes torch's threads runs."""
+    check(threads)
+    with torch_scope():
+        return work(*args)
+
+
 def fit_torch(threads: int | None, flops: float) -> int:
     """Set torch's intra-op threads for work of `flops` (or to --threads); the count."""
     n = choose(threads, flops)
