@@ -4,16 +4,12 @@
 from __future__ import annotations
 
 import ctypes
-import math
-import os
-from ctypes import POINTER, c_char_p, c_double, c_float, c_int, c_int64, c_size_t, c_uint64, c_void_p
+from ctypes import POINTER, c_char_p, c_double, c_int
 from dataclasses import dataclass
 from functools import lru_cache
-from pathlib import Path
 
-import numpy as np
 
-from precisionlab.errors import NoDeviceError, RunError, UsageError
+from precisionlab.errors import UsageError
 from precisionlab.native.loader import _call, _table
 
 

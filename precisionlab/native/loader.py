@@ -10,10 +10,8 @@ every status; the functions at the bottom are the public API.
 from __future__ import annotations
 
 import ctypes
-import math
 import os
 from ctypes import POINTER, c_char_p, c_double, c_float, c_int, c_int64, c_size_t, c_uint64, c_void_p
-from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 

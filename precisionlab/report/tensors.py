@@ -8,7 +8,7 @@ from contextlib import contextmanager
 from rich.markup import escape
 from rich.table import Table
 
-from precisionlab.report.console import hint, num, safe_text, sci, stderr, stdout, times, ulps
+from precisionlab.report.console import num, safe_text, sci, stderr, stdout, times, ulps
 from precisionlab.report.jsondoc import emit_json
 
 
