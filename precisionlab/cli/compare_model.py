@@ -44,6 +44,13 @@ def command(
     dump: Annotated[Optional[str], typer.Option("--dump", help="Write each run's per-module outputs to "
                                                 "DIR/fp32.safetensors, DIR/bf16.safetensors, ... (execution order "
                                                 "and token ids in the metadata), for compare tensors.")] = None,
+    engine: Annotated[Optional[list[str]], typer.Option("--engine", help="Instead: a real engine against --reference, "
+                                                        "teacher-forced over --text (--tokens, default 512) and "
+                                                        "greedy from --prompt: llamacpp:FILE.gguf[,kv=f32,flash=1,"
+                                                        "threads=N], ct2:DIR[,compute=int8], onnx:FILE, or any "
+                                                        "--model spec; repeatable.")] = None,
+    reference: Annotated[Optional[str], typer.Option("--reference", help="--engine: the reference run, in fp32 "
+                                                     "(default: the embedded model).")] = None,
     seed: SeedOpt = 0,
     json_out: JsonOpt = False,
     threads: ThreadsOpt = None,
@@ -57,6 +64,9 @@ def command(
     plot = check_plot_path(plot)  # before the run: a bad path must not cost the result
     check_model(model)
     inputs.check_given(text, "--text")
+    if engine or reference is not None:
+        _engines(engine, reference, text, tokens, steps, prompt, device, max_kld, min_top1, json_out)
+        return
     if metrics and (layers or dump is not None):
         raise UsageError("--metrics and --layers/--dump are separate runs: give one")
     if layers or dump is not None:
@@ -96,3 +106,19 @@ def command(
     from precisionlab.report.output import Output
 
     Output(model_report, json_out, plot).run("compare model", lambda advance: exp.run(cfg, advance))
+
+
+def _engines(engine, reference, text, tokens, steps, prompt, device, max_kld, min_top1, json_out):
+    """compare model --engine: its own block, so the other modes stay as they were."""
+    from precisionlab.experiments import engines as eexp
+    from precisionlab.report import engines as engines_report
+    from precisionlab.report.output import Output
+
+    if not engine:
+        raise UsageError("--reference needs --engine")
+    cfg = eexp.EnginesConfig(engines=engine, reference=reference, text=text,
+                             tokens=eexp.DEFAULT_TOKENS if tokens is None else tokens, steps=steps, prompt=prompt,
+                             device=device, max_kld=max_kld, min_top1=min_top1)
+    res = Output(engines_report, json_out).run("compare model --engine", lambda advance: eexp.run(cfg, advance))
+    if res.failures:
+        raise typer.Exit(1)

@@ -28,6 +28,11 @@ def write(src: str, out: str, variant: str) -> list[str]:
             changes.append(f"{key}: none in the model; set to token 0 ({first!r}) because ctranslate2 requires one "
                            "(generation's stop rule only, not the logits)")
     cfg_path.write_text(json.dumps(cfg, indent=2) + "\n")
+    import shutil
+
+    for name in ("tokenizer.json", "tokenizer_config.json"):  # for the ct2 engine's encode()
+        if (Path(src) / name).is_file():
+            shutil.copy2(Path(src) / name, Path(out) / name)
     return changes + [f"weights: stored as {variant} by ctranslate2's converter (it computes in the type asked for at "
             "load time: compute_type)",
             "vocabulary: the tokenizer's tokens, in id order (vocabulary.json)"]

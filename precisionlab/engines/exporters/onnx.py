@@ -18,7 +18,7 @@ def write_embedded(out: str, variant: str) -> list[str]:
 
     from precisionlab.engines import charlm
 
-    model, _ = charlm.load_default(torch.float16 if variant == "fp16" else torch.float32, "cpu")
+    model, tok = charlm.load_default(torch.float16 if variant == "fp16" else torch.float32, "cpu")
 
     class Logits(torch.nn.Module):
         def __init__(self, m):
@@ -34,5 +34,15 @@ def write_embedded(out: str, variant: str) -> list[str]:
         torch.onnx.export(Logits(model.eval()), (ids,), out, input_names=["input_ids"], output_names=["logits"],
                           dynamic_axes={"input_ids": {0: "batch", 1: "tokens"}, "logits": {0: "batch", 1: "tokens"}},
                           opset_version=17, dynamo=False, verbose=False)
+    import json
+
+    import onnx
+
+    graph = onnx.load(out)
+    for key, value in (("precisionlab.vocab", json.dumps(tok.vocab)),
+                       ("precisionlab.max_seq_len", str(model.cfg.max_seq_len))):
+        graph.metadata_props.add(key=key, value=value)
+    onnx.save(graph, out)
     return [f"graph: logits for every position, no KV cache, {variant} weights and arithmetic, opset 17",
-            f"positions: the RoPE table is a constant of {model.cfg.max_seq_len} rows"]
+            f"positions: the RoPE table is a constant of {model.cfg.max_seq_len} rows",
+            "tokenizer: the character vocabulary in the file's metadata (precisionlab.vocab)"]
