@@ -14,6 +14,8 @@ computes a bfloat16 model in float32; the shipped weights are bf16-exact,
 so it is fp32-equal there).
 """
 
+import math
+
 import numpy as np
 import pytest
 
@@ -197,3 +199,79 @@ def test_usage_errors_exit_2(args):
     r = cli(*args)
     assert r.code == 2, (r.code, r.err)
     assert r.err.count("\n") == 1 and "Traceback" not in r.err
+
+
+def _fake_endpoint(noise: float):
+    """A local /v1/completions that answers from the embedded model in fp32,
+    its logits plus seeded Gaussian noise, top 5 per position: the true KL of
+    what it serves is known, so the bound can be checked against it."""
+    import json
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    import torch
+
+    from precisionlab.engines import charlm
+    from precisionlab.numerics import distribution
+
+    model, tok = charlm.load_default(torch.float32)
+    served = {}
+
+    class H(BaseHTTPRequestHandler):
+        def log_message(self, *a):
+            pass
+
+        def do_POST(self):
+            body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+            ids = body["prompt"]
+            with torch.no_grad():
+                x = model(torch.tensor([ids]))[0][0].double().numpy()
+            x = x + noise * np.random.default_rng(len(ids)).standard_normal(x.shape)
+            served[len(ids)] = x
+            lq = distribution.log_softmax(x)
+            k = body["logprobs"]
+            tops = [None] + [{tok.vocab[j]: float(lq[i - 1, j]) for j in np.argsort(-lq[i - 1])[:k]}
+                             for i in range(1, len(ids) + 1)]
+            doc = {"choices": [{"logprobs": {"tokens": [tok.vocab[i] for i in ids] + ["x"],
+                                             "top_logprobs": tops, "token_logprobs": [None] * (len(ids) + 1)}}]}
+            data = json.dumps(doc).encode()
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+    srv = ThreadingHTTPServer(("127.0.0.1", 0), H)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    return srv, served
+
+
+@pytest.mark.parametrize("noise", [0.0, 0.3])
+def test_openai_top_k_gives_a_labelled_lower_bound(noise):
+    from precisionlab.experiments import engines
+    from precisionlab.numerics import distribution
+
+    srv, served = _fake_endpoint(noise)
+    try:
+        url = f"http://127.0.0.1:{srv.server_address[1]}"
+        res = engines.run(engines.EnginesConfig(engines=[f"openai:{url},timeout=30"], tokens=64, steps=4))
+    finally:
+        srv.shutdown()
+    row = res.rows[0]
+    assert "lower bound" in row["kld_note"] and "kld_mean" not in row
+    # the true KL of what was served, over the same 64 positions, from the full rows
+    import torch
+
+    from precisionlab.engines import charlm
+
+    model, _ = charlm.load_default(torch.float32)
+    x = served[65]
+    ids = engines.lexp._token_ids(engines.open_engine(None, "cpu"), engines.lexp.default_text(), 65, "t")
+    with torch.no_grad():
+        ref = model(torch.tensor([ids[:64]]))[0][0].double().numpy()
+    true = distribution.kl_rows(distribution.log_softmax(ref), distribution.log_softmax(x[:64]))
+    bound_mean = row["kld_lower_bound_mean"]
+    assert bound_mean <= math.fsum(true.tolist()) / true.size * (1 + 1e-9) + 1e-15
+    if noise == 0.0:
+        assert row["kld_lower_bound_max"] < FP32_MAX_KLD and row["top1_agree_pct"] == 100.0
+    else:
+        assert bound_mean > 1e-3  # sigma 0.3 on the logits: KL ~ sigma^2/2 (1 - sum p^2), of order 1e-2

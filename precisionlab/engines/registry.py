@@ -22,6 +22,7 @@ ENGINES: dict[str, object] = {
     "llamacpp": "precisionlab.engines.llamacpp:LlamaCppEngine",
     "ct2": "precisionlab.engines.ct2:CT2Engine",
     "onnx": "precisionlab.engines.onnx:OnnxEngine",
+    "openai": "precisionlab.engines.openai:OpenAIEngine",
 }
 DEFAULT_SPEC = "embedded"
 DEFAULT_PROMPT = "ROMEO:\n"  # the embedded model's own text (Shakespeare) begins its speeches so

@@ -24,6 +24,10 @@ def table(res) -> None:
                 "max |Δ logit| (shifted)", "greedy divergence", "ref margin there"):
         t.add_column(col, justify="left" if col == "engine" else "right")
     for r in res.rows:
+        if "kld_mean" not in r:  # a top-k stream: a bound, labelled
+            t.add_row(safe_text(r["dtype"]), f"≥ {sci(r['kld_lower_bound_mean'])} (bound)", "-",
+                      f"≥ {sci(r['kld_lower_bound_max'])}", num(r["top1_agree_pct"], 5), "-", "-", "-", "-")
+            continue
         t.add_row(safe_text(r["dtype"]), sci(r["kld_mean"]), sci(r["kld_p99"]), sci(r["kld_max"]),
                   num(r["top1_agree_pct"], 5), sci(r["ln_ppl_ratio"]), sci(r["max_abs_logit_diff_shifted"]),
                   "-" if r["greedy_diverged_at"] is None else f"step {r['greedy_diverged_at']}",
