@@ -19,7 +19,7 @@ import math
 import numpy as np
 import pytest
 
-from helpers import cli, strict_json
+from helpers import cli, json_glossary_problems, strict_json
 
 FP32_MAX_KLD = 1e-8
 FP32_MAX_SHIFTED = 1e-4
@@ -179,10 +179,13 @@ def test_export_and_compare_cli(tmp_path):
     r = cli("export", "embedded", "--to", "gguf:f32", "--out", str(out), "--json")
     assert r.code == 0, r.err
     doc = strict_json(r.out)
+    assert json_glossary_problems(doc) == []
     assert any("tied" in c for c in doc["changes"]) and out.is_file()
     r = cli("compare", "model", "--engine", f"llamacpp:{out},kv=f32", "--tokens", "128", "--steps", "8", "--json")
     assert r.code == 0, r.err
-    row = strict_json(r.out)["engines"][0]
+    doc = strict_json(r.out)
+    assert json_glossary_problems(doc) == [] and doc["command"] == "compare model --engine"
+    row = doc["rows"][0]
     assert row["tokens"] == "identical" and row["greedy_diverged_at"] is None
     assert row["kld_max"] < FP32_MAX_KLD and row["engine"]["kv_cache_type"] == "f32"
 

@@ -103,7 +103,7 @@ def _top_k_row(spec, eng, ref, ref_model, ids, targets, n, device, advance) -> d
         agree.append(np.array([bool(t) and max(t, key=t.get) == int(np.argmax(r)) for t, r in zip(top, R)]))
         advance()
     b, a = np.concatenate(bounds), np.concatenate(agree)
-    return {"dtype": spec, "engine": eng.info(), "tokens": "the reference's ids, checked against the echo",
+    return {"engine_spec": spec, "engine": eng.info(), "tokens": "the reference's ids, checked against the echo",
             "positions": int(b.size), "kld_lower_bound_mean": distribution._mean(b),
             "kld_lower_bound_max": float(np.max(b)), "top_k": eng.settings["top_logprobs"],
             "kld_note": "a lower bound: KL over the endpoint's top k tokens plus one bucket for the rest",
@@ -161,18 +161,19 @@ def run(cfg: EnginesConfig, advance=lambda k=1: None) -> EnginesResult:
             if div is not None:
                 top = np.sort(ref_rows[div])[-2:]
                 margin = float(top[1] - top[0])
-            row = {"dtype": spec, "engine": eng.info(), "tokens": tokens_note, "prompt_tokens": prompt_note,
-                   **distribution.summarize(stats), "max_abs_logit_diff_shifted": shifted_max_abs(R, E),
+            row = {"engine_spec": spec, "engine": eng.info(), "tokens": tokens_note, "prompt_tokens": prompt_note,
+                   **distribution.summarize(stats), "max_abs_diff_shifted": shifted_max_abs(R, E),
                    "greedy_steps": cfg.steps, "greedy_diverged_at": div, "reference_margin_at_divergence": margin,
                    "engine_s": time.perf_counter() - t1}
             rows.append(row)
             eng.close()
-    full = [r for r in rows if "kld_mean" in r]
+    # takeaways and the gates name a row by its `dtype`; here that is the engine's spec
+    full = [{**r, "dtype": r["engine_spec"]} for r in rows if "kld_mean" in r]
     failures = lexp._gate(full, cfg.max_kld, cfg.min_top1)
     params = {"engines": cfg.engines, "reference": cfg.reference or "embedded", "text": cfg.text or
               "held-out Shakespeare (last 5 %)", "tokens": n, "steps": cfg.steps, "prompt": cfg.prompt,
               "device": device}
-    bound_lines = [f"{r['dtype']}: KLD >= {r['kld_lower_bound_mean']:.3g} nats on average (a lower bound from "
+    bound_lines = [f"{r['engine_spec']}: KLD >= {r['kld_lower_bound_mean']:.3g} nats on average (a lower bound from "
                    f"the top {r['top_k']} log-probabilities and a tail bucket), top-1 agreement "
                    f"{r['top1_agree_pct']:.2f} %." for r in rows if "kld_mean" not in r]
     return EnginesResult(params, ref.info(), rows, failures, lexp.takeaways(full) + bound_lines,

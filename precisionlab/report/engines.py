@@ -16,7 +16,7 @@ def table(res) -> None:
                  f"{p['steps']} greedy steps")
     for r in res.rows:
         settings = ", ".join(f"{k}={v}" for k, v in r["engine"].items() if k not in _SKIP)
-        stdout.print(f"{safe_text(r['dtype'])}: {safe_text(r['engine'].get('engine', ''))} "
+        stdout.print(f"{safe_text(r['engine_spec'])}: {safe_text(r['engine'].get('engine', ''))} "
                      f"{safe_text(r['engine'].get('version', ''))}; {safe_text(settings)}; tokens "
                      f"{safe_text(r['tokens'])}")
     t = Table(title="compare model --engine", title_justify="left")
@@ -25,11 +25,11 @@ def table(res) -> None:
         t.add_column(col, justify="left" if col == "engine" else "right")
     for r in res.rows:
         if "kld_mean" not in r:  # a top-k stream: a bound, labelled
-            t.add_row(safe_text(r["dtype"]), f"≥ {sci(r['kld_lower_bound_mean'])} (bound)", "-",
+            t.add_row(safe_text(r["engine_spec"]), f"≥ {sci(r['kld_lower_bound_mean'])} (bound)", "-",
                       f"≥ {sci(r['kld_lower_bound_max'])}", num(r["top1_agree_pct"], 5), "-", "-", "-", "-")
             continue
-        t.add_row(safe_text(r["dtype"]), sci(r["kld_mean"]), sci(r["kld_p99"]), sci(r["kld_max"]),
-                  num(r["top1_agree_pct"], 5), sci(r["ln_ppl_ratio"]), sci(r["max_abs_logit_diff_shifted"]),
+        t.add_row(safe_text(r["engine_spec"]), sci(r["kld_mean"]), sci(r["kld_p99"]), sci(r["kld_max"]),
+                  num(r["top1_agree_pct"], 5), sci(r["ln_ppl_ratio"]), sci(r["max_abs_diff_shifted"]),
                   "-" if r["greedy_diverged_at"] is None else f"step {r['greedy_diverged_at']}",
                   num(r["reference_margin_at_divergence"], 4))
     stdout.print(t)
@@ -37,6 +37,6 @@ def table(res) -> None:
 
 
 def as_json(res) -> None:
-    emit_json("compare model --engine", {"params": res.params, "reference": res.reference, "engines": res.rows,
+    emit_json("compare model --engine", {"params": res.params, "reference": res.reference, "rows": res.rows,
                                          "failures": res.failures, "takeaways": res.takeaways,
                                          "timing": res.timing})
