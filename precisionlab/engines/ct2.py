@@ -21,7 +21,7 @@ class CT2Engine(ExternalEngine):
         path, opts = split_spec(arg, "ct2", KEYS)
         need_package("ctranslate2", "ct2", "ct2")
         if not (Path(path) / "model.bin").is_file():
-            raise UsageError(f"--engine ct2:{path}: not a CTranslate2 model folder (no model.bin)")
+            raise UsageError(f"engine ct2:{path}: not a CTranslate2 model folder (no model.bin)")
         int_opt(opts, "threads", 1, "ct2")
 
     def __init__(self, arg, device: str):
@@ -34,7 +34,7 @@ class CT2Engine(ExternalEngine):
         try:
             self.gen = ctranslate2.Generator(path, device=device, compute_type=asked, intra_threads=threads)
         except (ValueError, RuntimeError) as e:
-            raise UsageError(f"--engine ct2:{path}: ctranslate2 cannot load it ({str(e).splitlines()[0]})") from None
+            raise UsageError(f"engine ct2:{path}: ctranslate2 cannot load it ({str(e).splitlines()[0]})") from None
         tok = Path(path) / "tokenizer.json"
         self.tok = None
         if tok.is_file():

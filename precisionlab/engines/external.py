@@ -21,14 +21,14 @@ from precisionlab.errors import UsageError
 def split_spec(arg: str | None, prefix: str, keys: dict[str, str]) -> tuple[str, dict[str, str]]:
     """`PATH,key=value,...` -> (PATH, {key: value}); keys maps each known key to its help."""
     if not arg:
-        raise UsageError(f"--engine {prefix}: needs a path ({prefix}:PATH[,key=value...])")
+        raise UsageError(f"engine {prefix}: needs a path ({prefix}:PATH[,key=value...])")
     path, *rest = arg.split(",")
     opts = {}
     for item in rest:
         k, eq, v = item.partition("=")
         if not eq or k not in keys:
             known = ", ".join(f"{k} ({h})" for k, h in keys.items())
-            raise UsageError(f"--engine {prefix}:{arg}: {item!r} is not KEY=VALUE with a known key: {known}")
+            raise UsageError(f"engine {prefix}:{arg}: {item!r} is not KEY=VALUE with a known key: {known}")
         opts[k] = v
     return path, opts
 
@@ -37,9 +37,9 @@ def int_opt(opts: dict, key: str, default: int, prefix: str) -> int:
     try:
         v = int(opts.get(key, default))
     except ValueError:
-        raise UsageError(f"--engine {prefix}: {key}={opts[key]!r} is not an integer") from None
+        raise UsageError(f"engine {prefix}: {key}={opts[key]!r} is not an integer") from None
     if v < 0:
-        raise UsageError(f"--engine {prefix}: {key} must be >= 0")
+        raise UsageError(f"engine {prefix}: {key} must be >= 0")
     return v
 
 
@@ -47,7 +47,7 @@ def need_package(module: str, extra: str, prefix: str) -> None:
     import importlib.util
 
     if importlib.util.find_spec(module) is None:
-        raise UsageError(f"--engine {prefix}: needs the {module} package: pip install 'precisionlab[{extra}]'")
+        raise UsageError(f"engine {prefix}: needs the {module} package: pip install 'precisionlab[{extra}]'")
 
 
 class ExternalEngine(Engine):

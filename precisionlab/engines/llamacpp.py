@@ -29,11 +29,11 @@ class LlamaCppEngine(ExternalEngine):
         path, opts = split_spec(arg, "llamacpp", KEYS)
         need_package("llama_cpp", "llamacpp", "llamacpp")
         if not Path(path).is_file():
-            raise UsageError(f"--engine llamacpp:{path}: no such file (a .gguf)")
+            raise UsageError(f"engine llamacpp:{path}: no such file (a .gguf)")
         if opts.get("kv", "f16") not in _KV:
-            raise UsageError(f"--engine llamacpp: kv={opts['kv']!r}; one of {', '.join(_KV)}")
+            raise UsageError(f"engine llamacpp: kv={opts['kv']!r}; one of {', '.join(_KV)}")
         if opts.get("flash", "0") not in ("0", "1"):
-            raise UsageError("--engine llamacpp: flash is 0 or 1")
+            raise UsageError("engine llamacpp: flash is 0 or 1")
         for k in ("threads", "batch", "ubatch", "ctx"):
             int_opt(opts, k, 1, "llamacpp")
 
@@ -59,7 +59,7 @@ class LlamaCppEngine(ExternalEngine):
                                        n_ubatch=self.settings["n_ubatch"], type_k=_KV[kv], type_v=_KV[kv],
                                        flash_attn=self.settings["flash_attn"], n_gpu_layers=0, verbose=False)
         except (ValueError, RuntimeError) as e:
-            raise UsageError(f"--engine llamacpp:{path}: llama.cpp cannot load it ({str(e).splitlines()[0]})") from None
+            raise UsageError(f"engine llamacpp:{path}: llama.cpp cannot load it ({str(e).splitlines()[0]})") from None
         self.settings["n_ctx"] = ctx
         self.device = "cpu"
         self.name = f"llamacpp:{path}"

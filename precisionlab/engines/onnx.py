@@ -26,9 +26,9 @@ class OnnxEngine(ExternalEngine):
         path, opts = split_spec(arg, "onnx", KEYS)
         need_package("onnxruntime", "onnx", "onnx")
         if not Path(path).is_file():
-            raise UsageError(f"--engine onnx:{path}: no such file")
+            raise UsageError(f"engine onnx:{path}: no such file")
         if opts.get("opt", "all") not in _OPT:
-            raise UsageError(f"--engine onnx: opt is one of {', '.join(_OPT)}")
+            raise UsageError(f"engine onnx: opt is one of {', '.join(_OPT)}")
         int_opt(opts, "threads", 1, "onnx")
 
     def __init__(self, arg, device: str):
@@ -42,12 +42,12 @@ class OnnxEngine(ExternalEngine):
         so.graph_optimization_level = getattr(ort.GraphOptimizationLevel, _OPT[opts.get("opt", "all")])
         provider = opts.get("provider", "CPUExecutionProvider")
         if provider not in ort.get_available_providers():
-            raise UsageError(f"--engine onnx: provider {provider!r} not available here "
+            raise UsageError(f"engine onnx: provider {provider!r} not available here "
                              f"({', '.join(ort.get_available_providers())})")
         try:
             self.sess = ort.InferenceSession(path, sess_options=so, providers=[provider])
         except Exception as e:  # onnxruntime raises its own Fail/InvalidGraph types
-            raise UsageError(f"--engine onnx:{path}: onnxruntime cannot load it ({str(e).splitlines()[0]})") from None
+            raise UsageError(f"engine onnx:{path}: onnxruntime cannot load it ({str(e).splitlines()[0]})") from None
         meta = self.sess.get_modelmeta().custom_metadata_map
         self.chars = json.loads(meta["precisionlab.vocab"]) if "precisionlab.vocab" in meta else None
         out = self.sess.get_outputs()[0]

@@ -27,9 +27,9 @@ class OpenAIEngine(ExternalEngine):
     def check(cls, arg):
         url, opts = split_spec(arg, "openai", KEYS)
         if not url.startswith(("http://", "https://")):
-            raise UsageError(f"--engine openai:{url}: give the endpoint's http:// or https:// URL")
+            raise UsageError(f"engine openai:{url}: give the endpoint's http:// or https:// URL")
         if int_opt(opts, "top", 5, "openai") < 1 or int_opt(opts, "timeout", 60, "openai") < 1:
-            raise UsageError("--engine openai: top and timeout must be >= 1")
+            raise UsageError("engine openai: top and timeout must be >= 1")
 
     def __init__(self, arg, device: str):
         self.check(arg)
