@@ -139,7 +139,10 @@ def test_token_checks_name_a_mismatch_and_a_bos_shift():
     from precisionlab.experiments.engines import token_check
 
     assert token_check([5, 6, 7], [5, 6, 7], "e") == "identical"
+    assert token_check([5, 6, 7], [5, 6, 7, 8], "e") == "identical"  # a longer prefix was tokenised
     assert token_check([5, 6, 7], [1, 5, 6, 7], "e").startswith("bos shift (the engine prepends id 1")
+    with pytest.raises(RunError, match="at token 0"):
+        token_check([5, 6, 7], [1, 5, 6], "e")  # a BOS and a shorter text is not a shift
     with pytest.raises(RunError, match="differs from the reference's at token 1"):
         token_check([5, 6, 7], [5, 9, 7], "e")
 

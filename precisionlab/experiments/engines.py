@@ -53,14 +53,16 @@ class EnginesResult:
 
 
 def token_check(ref_ids: list[int], eng_ids: list[int] | None, name: str) -> str:
-    """'identical', 'bos shift (...)' or 'none (...)'; a mismatch is a RunError naming where."""
+    """'identical', 'bos shift (...)' or 'none (...)'; a mismatch is a RunError
+    naming where. eng_ids may run longer than ref_ids (a prefix was asked for)."""
+    n = len(ref_ids)
     if eng_ids is None:
         return "none (the engine has no tokenizer; it reads the reference's ids)"
-    if eng_ids == ref_ids:
+    if eng_ids[:n] == ref_ids:
         return "identical"
-    if len(eng_ids) == len(ref_ids) + 1 and eng_ids[1:] == ref_ids:
+    if eng_ids[1:n + 1] == ref_ids and (not ref_ids or eng_ids[0] != ref_ids[0]):
         return f"bos shift (the engine prepends id {eng_ids[0]}; left out so both read the same tokens)"
-    at = next((i for i, (a, b) in enumerate(zip(ref_ids, eng_ids)) if a != b), min(len(ref_ids), len(eng_ids)))
+    at = next((i for i, (a, b) in enumerate(zip(ref_ids, eng_ids)) if a != b), min(n, len(eng_ids)))
     raise RunError(f"{name}: its tokenizer differs from the reference's at token {at} "
                    f"(reference {ref_ids[at:at + 4]}, engine {eng_ids[at:at + 4]}); the two models do not read "
                    "the same text")
@@ -74,7 +76,7 @@ def shifted_max_abs(ref: np.ndarray, low: np.ndarray) -> float:
 
 def _encode(engine, text: str, need: int, source: str):
     try:
-        return engine.prefix_ids(text, need, source)[:need]
+        return engine.prefix_ids(text, need + 1, source)[:need + 1]  # one more: room for a BOS
     except UsageError:
         if getattr(engine, "chars", "x") is None:  # an ONNX file without a vocabulary
             return None
