@@ -281,3 +281,29 @@ def test_openai_top_k_gives_a_labelled_lower_bound(noise):
         assert row["kld_lower_bound_max"] < FP32_MAX_KLD and row["top1_agree_pct"] == 100.0
     else:
         assert bound_mean > 1e-3  # sigma 0.3 on the logits: KL ~ sigma^2/2 (1 - sum p^2), of order 1e-2
+
+
+def test_export_refuses_foreign_code(tmp_path):
+    import json
+
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "qwen3", "auto_map": {"AutoModel": "x.Y"}}))
+    r = cli("export", f"hf:{tmp_path}", "--to", "hf", "--out", str(tmp_path / "out"))
+    assert r.code == 2 and "custom code" in r.err and not (tmp_path / "out").exists()
+
+
+def test_a_hugging_face_folder_through_ct2_against_its_hf_run(tmp_path):
+    pytest.importorskip("ctranslate2", reason="CTranslate2's engine needs the ctranslate2 package")
+    from helpers import save_tiny_qwen
+
+    src = save_tiny_qwen(tmp_path / "tiny")
+    out = tmp_path / "tiny-ct2"
+    r = cli("export", f"hf:{src}", "--to", "ct2:float32", "--out", str(out))
+    assert r.code == 0, r.err
+    text = tmp_path / "t.txt"
+    text.write_text("the cat sat on a mat and the dog ran to it " * 6)
+    r = cli("compare", "model", "--engine", f"ct2:{out}", "--reference", f"hf:{src}", "--text", str(text),
+            "--tokens", "48", "--steps", "5", "--prompt", "the cat", "--json")
+    assert r.code == 0, r.err
+    row = strict_json(r.out)["rows"][0]
+    assert row["tokens"] == "identical" and row["engine"]["compute_type"] == "float32"
+    assert row["kld_max"] < FP32_MAX_KLD and row["max_abs_diff_shifted"] < FP32_MAX_SHIFTED
