@@ -307,3 +307,34 @@ def test_a_hugging_face_folder_through_ct2_against_its_hf_run(tmp_path):
     row = strict_json(r.out)["rows"][0]
     assert row["tokens"] == "identical" and row["engine"]["compute_type"] == "float32"
     assert row["kld_max"] < FP32_MAX_KLD and row["max_abs_diff_shifted"] < FP32_MAX_SHIFTED
+
+
+def test_llamacpp_capture_maps_ggml_names_to_hf_modules(hf_dir, reference, tmp_path):
+    pytest.importorskip("llama_cpp", reason="llama.cpp's engine needs llama-cpp-python")
+    pytest.importorskip("gguf", reason="the GGUF export needs the gguf package")
+    import torch
+    import transformers
+
+    from precisionlab.engines import llamacpp
+    from precisionlab.engines.exporters import gguf
+
+    assert llamacpp.hf_site("l_out-3") == "model.layers.3" and llamacpp.hf_site("result_norm") == "model.norm"
+    assert llamacpp.hf_site("kq-0") is None and llamacpp.hf_site("l_out") is None
+    ids = reference[0][:40]
+    path = tmp_path / "m.gguf"
+    gguf.write(str(hf_dir), str(path), "f32")
+    got = llamacpp.capture(llamacpp.LlamaCppEngine(f"{path},kv=f32", "cpu"), ids)
+    model = transformers.AutoModelForCausalLM.from_pretrained(hf_dir, trust_remote_code=False).eval()
+    seen = {}
+    mods = dict(model.named_modules())
+    for name in got:
+        mods[name].register_forward_hook(
+            lambda m, i, o, name=name: seen.__setitem__(name, (o[0] if isinstance(o, tuple) else o)[0].numpy()))
+    with torch.no_grad():
+        model(input_ids=torch.tensor([ids]))
+    for layer in range(5):  # every block's output, norms and MLP are captured
+        for site in ("", ".input_layernorm", ".post_attention_layernorm", ".mlp"):
+            assert f"model.layers.{layer}{site}" in got, (layer, site, sorted(got))
+    for name, x in got.items():
+        if name in seen:  # fp32 against fp32: within the logits' band
+            assert np.max(np.abs(x - seen[name].reshape(x.shape))) < FP32_MAX_SHIFTED, name

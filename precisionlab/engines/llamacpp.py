@@ -90,3 +90,70 @@ class LlamaCppEngine(ExternalEngine):
         self.llm.reset()
         self.llm.eval(ids)
         return np.array(self.llm.scores[:len(ids)], dtype=np.float32)
+
+
+# llama.cpp's graph names (the cb() names its model builders give, with "-N"
+# for layer N) -> the Hugging Face module names --layers reports.
+GGML_TO_HF = {"attn_norm": "model.layers.{}.input_layernorm", "attn_out": "model.layers.{}.self_attn",
+              "ffn_norm": "model.layers.{}.post_attention_layernorm", "ffn_out": "model.layers.{}.mlp",
+              "l_out": "model.layers.{}", "result_norm": "model.norm", "result_output": "lm_head"}
+
+
+def hf_site(ggml_name: str) -> str | None:
+    head, dash, layer = ggml_name.rpartition("-")
+    if dash and layer.isdigit() and head in GGML_TO_HF:
+        return GGML_TO_HF[head].format(layer)
+    return GGML_TO_HF.get(ggml_name) if "{}" not in GGML_TO_HF.get(ggml_name, "{}") else None
+
+
+def capture(engine: LlamaCppEngine, ids: list[int]) -> dict[str, "np.ndarray"]:
+    """Each mapped graph tensor's value (float32, tokens x width) for one
+    eval of ids, under its Hugging Face name, through llama.cpp's eval
+    callback (cb_eval): the context is rebuilt with the callback set, since
+    llama-cpp-python takes it only at context creation. The tensor's type and
+    shape are read from the head of struct ggml_tensor (type, buffer, ne[4]),
+    a layout ggml has kept since 2023; only F32 tensors are taken."""
+    import ctypes
+
+    import llama_cpp
+    import numpy as np
+    from llama_cpp import _internals
+
+    lib = ctypes.CDLL(str(Path(llama_cpp.__file__).parent / "lib" / "libggml-base.so"))
+    lib.ggml_get_name.restype, lib.ggml_get_name.argtypes = ctypes.c_char_p, [ctypes.c_void_p]
+    lib.ggml_nbytes.restype, lib.ggml_nbytes.argtypes = ctypes.c_size_t, [ctypes.c_void_p]
+    lib.ggml_backend_tensor_get.restype = None
+    lib.ggml_backend_tensor_get.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_size_t]
+
+    class Head(ctypes.Structure):  # the start of struct ggml_tensor
+        _fields_ = [("type", ctypes.c_int), ("buffer", ctypes.c_void_p), ("ne", ctypes.c_int64 * 4)]
+
+    got: dict[str, np.ndarray] = {}
+
+    def cb(t, ask, _user):
+        name = (lib.ggml_get_name(t) or b"").decode("utf-8", "replace")
+        site = hf_site(name)
+        head = Head.from_address(t)
+        if ask:
+            return site is not None and head.type == 0  # GGML_TYPE_F32
+        if site is not None and head.type == 0:
+            n = lib.ggml_nbytes(t)
+            buf = np.empty(n // 4, dtype=np.float32)
+            lib.ggml_backend_tensor_get(t, buf.ctypes.data, 0, n)
+            width = int(head.ne[0])
+            got[site] = buf.reshape(-1, width).copy()
+        return True
+
+    llm = engine.llm
+    callback = llama_cpp.ggml_backend_sched_eval_callback(cb)
+    params = llm.context_params
+    params.cb_eval = callback
+    old = llm._ctx
+    llm._ctx = _internals.LlamaContext(model=llm._model, params=params, verbose=False)
+    try:
+        llm._batch = _internals.LlamaBatch(n_tokens=llm.n_batch, embd=0, n_seq_max=params.n_ctx, verbose=False)
+        engine.rows(ids)
+    finally:
+        params.cb_eval = llama_cpp.ggml_backend_sched_eval_callback()
+        llm._ctx = old
+    return got
