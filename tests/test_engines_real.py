@@ -184,6 +184,7 @@ def test_export_and_compare_cli(tmp_path):
     doc = strict_json(r.out)
     assert json_glossary_problems(doc) == []
     assert any("tied" in c for c in doc["changes"]) and out.is_file()
+    assert doc["rows"] == [{"name": "m.gguf", "bytes": out.stat().st_size}]
     r = cli("compare", "model", "--engine", f"llamacpp:{out},kv=f32", "--tokens", "128", "--steps", "8", "--json")
     assert r.code == 0, r.err
     doc = strict_json(r.out)

@@ -17,4 +17,4 @@ def table(res) -> None:
 
 def as_json(res) -> None:
     emit_json("export", {"params": {"model": res.spec, "to": res.to, "out": res.out}, "changes": res.changes,
-                         "files": res.files, "timing": res.timing})
+                         "rows": res.files, "timing": res.timing})
