@@ -16,9 +16,9 @@ def table(res) -> None:
                  f"{p['steps']} greedy steps")
     for r in res.rows:
         settings = ", ".join(f"{k}={v}" for k, v in r["engine"].items() if k not in _SKIP)
-        stdout.print(f"{safe_text(r['engine_spec'])}: {safe_text(r['engine'].get('engine', ''))} "
-                     f"{safe_text(r['engine'].get('version', ''))}; {safe_text(settings)}; tokens "
-                     f"{safe_text(r['tokens'])}")
+        what = " ".join(str(r["engine"][k]) for k in ("engine", "version") if r["engine"].get(k))
+        stdout.print(f"{safe_text(r['engine_spec'])}: {safe_text(what or r['engine'].get('name', ''))}; "
+                     f"{safe_text(settings)}; tokens {safe_text(r['tokens'])}")
     t = Table(title="compare model --engine", title_justify="left")
     for col in ("engine", "mean KLD", "KLD p99", "max KLD", "top-1 agree %", "ln PPL ratio",
                 "max |Δ logit| (shifted)", "greedy divergence", "ref margin there"):
