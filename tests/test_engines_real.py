@@ -284,6 +284,14 @@ def test_openai_top_k_gives_a_labelled_lower_bound(noise):
         assert bound_mean > 1e-3  # sigma 0.3 on the logits: KL ~ sigma^2/2 (1 - sum p^2), of order 1e-2
 
 
+def test_export_never_replaces_a_folder_that_holds_no_model(tmp_path):
+    keep = tmp_path / "notes"
+    keep.mkdir()
+    (keep / "todo.txt").write_text("mine")
+    r = cli("export", "embedded", "--to", "hf", "--out", str(keep))
+    assert r.code == 2 and "holds no model" in r.err and (keep / "todo.txt").read_text() == "mine"
+
+
 def test_export_refuses_foreign_code(tmp_path):
     import json
 

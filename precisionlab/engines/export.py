@@ -90,6 +90,12 @@ def check(spec: str, to: str, out: str) -> tuple[str, str | None, str | None]:
     p = Path(out)
     if not out or (p.exists() and not (p.is_dir() if FORMATS[kind][2] else p.is_file())):
         raise UsageError(f"--out {out!r}: {'a folder' if FORMATS[kind][2] else 'a file'} is written there")
+    if p.is_dir() and any(p.iterdir()) and not ((p / "config.json").is_file() or (p / "model.bin").is_file()):
+        # a folder is replaced whole: only an earlier export (a model folder) or an empty one
+        raise UsageError(f"--out {out!r}: a folder that holds no model (no config.json or model.bin) is not "
+                         "replaced; name a new or empty folder")
+    if p.resolve() == Path.cwd().resolve() or p.resolve() == Path(p.resolve().anchor):
+        raise UsageError(f"--out {out!r}: not the current or the root folder")
     parent = p.parent if str(p.parent) else Path(".")
     if not parent.is_dir() or not os.access(parent, os.W_OK):
         raise UsageError(f"--out {out!r}: {str(parent)!r} is not a writable folder")
