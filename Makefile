@@ -39,7 +39,7 @@ endif
 HOST_FLAGS := -O2 -std=c++17 -fPIC -ffp-contract=off -Wall -Wextra
 NVCC_FLAGS := -O3 -std=c++17 --threads 0 --fmad=false -cudart static $(GENCODE) -Xcompiler -fPIC,-ffp-contract=off,-Wall
 
-.PHONY: setup lib demo test gpu-test emu-test sanitize sass-check arch-check bench clean dist docs docs-check
+.PHONY: setup engines lib demo test gpu-test emu-test sanitize sass-check arch-check bench clean dist docs docs-check
 
 setup: $(SETUP)
 
@@ -48,6 +48,11 @@ setup: $(SETUP)
 	.venv/bin/python -c "import torch" 2>/dev/null || .venv/bin/pip install -q "$(TORCH)"
 	.venv/bin/pip install -q -e ".[dev]"
 	touch $@
+
+# The real engines' packages (llama.cpp, CTranslate2, onnxruntime, gguf): not in
+# `setup`, since their tests skip without them and the wheels are large.
+engines: setup
+	.venv/bin/pip install -q -e ".[engines]"
 
 lib: $(PKG_LIB)
 

@@ -23,8 +23,9 @@ def test_spec_parsing(tmp_path, monkeypatch):
     assert registry.parse("Qwen/Qwen3-0.6B") == ("hf", "Qwen/Qwen3-0.6B")
     assert registry.parse("hf:a:b") == ("hf", "a:b")                  # only the first colon splits
     assert registry.parse("embedded:x") == ("embedded", "x")           # refused by the engine (below)
-    with pytest.raises(UsageError, match=r"no engine 'llamacpp'; known: embedded, hf"):
-        registry.parse("llamacpp:model.gguf")
+    with pytest.raises(UsageError, match=r"no engine 'tgi'; known: embedded, hf, llamacpp, ct2, onnx, openai"):
+        registry.parse("tgi:model")
+    assert registry.parse("llamacpp:model.gguf") == ("llamacpp", "model.gguf")
     # an existing folder whose name looks like a spec is a folder
     monkeypatch.chdir(tmp_path)
     (tmp_path / "run1:final").mkdir()
@@ -57,10 +58,10 @@ _PROBE = ("import sys\nfrom precisionlab.cli import main\nsys.argv = ['precision
 
 
 @pytest.mark.parametrize("args", [
-    ["compare", "model", "--model", "llamacpp:model.gguf"],
+    ["compare", "model", "--model", "tgi:model"],
     ["compare", "model", "--metrics", "--model", "hf:/nonexistent/model"],
     ["compare", "model", "--layers", "--model", "embedded:x"],
-    ["kvcache", "--model", "llamacpp:model.gguf"],
+    ["kvcache", "--model", "tgi:model"],
 ])
 def test_a_bad_spec_exits_2_before_torch(args):
     r = subprocess.run([sys.executable, "-c", _PROBE, *args], capture_output=True, text=True, timeout=120,
@@ -68,8 +69,8 @@ def test_a_bad_spec_exits_2_before_torch(args):
     assert r.stdout.split() == ["2", "False"], (r.stdout, r.stderr)
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1 and "--model" in lines[0] and "Traceback" not in r.stderr
-    if "llamacpp" in args[-1]:
-        assert "known: embedded, hf" in lines[0]
+    if "tgi" in args[-1]:
+        assert "known: embedded, hf, llamacpp" in lines[0]
 
 
 def test_model_help_names_the_specs():

@@ -1062,7 +1062,7 @@ def test_every_option_of_compare_model_is_in_the_mode_table():
     from precisionlab.cli import compare_model
 
     everywhere = {"ctx", "device", "seed", "json_out"}
-    mode_switches = {"metrics", "layers", "dump", "contracts", "trainer", "rollout"}  # they choose the mode
+    mode_switches = {"metrics", "layers", "dump", "contracts", "trainer", "rollout", "engine"}  # they choose the mode
     params = set(inspect.signature(compare_model.command).parameters)
     assert params - everywhere - mode_switches == set(compare_model.APPLIES)
 

@@ -72,6 +72,7 @@ COMMANDS = (
     (None, 'formats', 'formats'),
     (None, 'kvcache', 'kvcache'),
     (None, 'attention', 'attention'),
+    (None, 'export', 'export'),
 )
 GROUPS = {"compare": compare_app}
 

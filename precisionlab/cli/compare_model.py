@@ -15,13 +15,15 @@ from precisionlab.engines.registry import DEFAULT_PROMPT, DEFAULT_SPEC, spec_pat
 # The runs compare model makes, and the options that mean something in each:
 # an option given in a mode it has no effect in is a usage error naming the
 # modes it needs (never accepted and ignored).
-PLAIN = "the plain run (no --metrics, --layers, --dump, --contracts or --trainer/--rollout)"
-METRICS, LAYERS, CONTRACTS, ROLLOUT = "--metrics", "--layers/--dump", "--contracts", "--trainer/--rollout"
+PLAIN = "the plain run (no --metrics, --layers, --dump, --contracts, --trainer/--rollout or --engine)"
+METRICS, LAYERS, CONTRACTS, ROLLOUT, ENGINE = ("--metrics", "--layers/--dump", "--contracts", "--trainer/--rollout",
+                                               "--engine")
 ONE_MODEL = (PLAIN, METRICS, LAYERS, CONTRACTS)  # the modes that run --model in --dtypes
 APPLIES = {
     "model": ONE_MODEL, "dtypes": ONE_MODEL, "plot": (PLAIN, METRICS, ROLLOUT), "threads": (PLAIN, CONTRACTS, ROLLOUT),
-    "steps": (PLAIN, LAYERS, CONTRACTS), "prompt": (PLAIN, LAYERS, CONTRACTS, ROLLOUT), "text": (METRICS,),
-    "tokens": (METRICS, ROLLOUT), "save_logits": (METRICS,), "max_kld": (METRICS,), "min_top1": (METRICS,),
+    "steps": (PLAIN, LAYERS, CONTRACTS, ENGINE), "prompt": (PLAIN, LAYERS, CONTRACTS, ROLLOUT, ENGINE),
+    "text": (METRICS, ENGINE), "tokens": (METRICS, ROLLOUT, ENGINE), "save_logits": (METRICS,),
+    "max_kld": (METRICS, ENGINE), "min_top1": (METRICS, ENGINE), "reference": (ENGINE,),
     "inject": (METRICS, LAYERS), "chunks": (CONTRACTS,), "batches": (CONTRACTS,), "trainer_dtype": (ROLLOUT,),
     "rollout_dtype": (ROLLOUT,), "samples": (ROLLOUT,), "temperature": (ROLLOUT,), "top_p": (ROLLOUT,),
 }
@@ -99,6 +101,13 @@ def command(
                                                          "(default 1); both sides score logits / T.")] = None,
     top_p: Annotated[Optional[float], typer.Option("--top-p", help="--rollout: nucleus sampling's kept mass, in "
                                                    "(0, 1] (default 1: the whole distribution).")] = None,
+    engine: Annotated[Optional[list[str]], typer.Option("--engine", help="Instead: a real engine against --reference, "
+                                                        "teacher-forced over --text (--tokens, default 512) and "
+                                                        "greedy from --prompt: llamacpp:FILE.gguf[,kv=f32,flash=1,"
+                                                        "threads=N], ct2:DIR[,compute=int8], onnx:FILE, or any "
+                                                        "--model spec; repeatable.")] = None,
+    reference: Annotated[Optional[str], typer.Option("--reference", help="--engine: the reference run, in fp32 "
+                                                     "(default: the embedded model).")] = None,
     seed: SeedOpt = 0,
     json_out: JsonOpt = False,
     threads: ThreadsOpt = None,
@@ -111,11 +120,14 @@ def command(
     from precisionlab.runtime import threads as threads_mod
 
     modes = [m for m, on in ((METRICS, metrics), (LAYERS, layers or dump is not None), (CONTRACTS, contracts),
-                             (ROLLOUT, trainer is not None or rollout is not None)) if on]
+                             (ROLLOUT, trainer is not None or rollout is not None),
+                             (ENGINE, bool(engine) or reference is not None)) if on]
     if len(modes) > 1:
         raise UsageError(f"{' and '.join(modes)} are separate runs: give one")
     threads_mod.check(threads)  # the one --threads validation, whatever the mode
     check_mode_options(ctx, modes[0] if modes else PLAIN)
+    if modes == [ENGINE]:
+        return _engines(engine, reference, text, tokens, steps, prompt, device, max_kld, min_top1, json_out)
     if modes == [ROLLOUT]:
         return _rollout(trainer, rollout, trainer_dtype, rollout_dtype, samples, tokens, prompt, temperature, top_p,
                         seed, device, threads, json_out, check_plot_path(plot))
@@ -192,3 +204,17 @@ def _rollout(trainer, rollout, trainer_dtype, rollout_dtype, samples, tokens, pr
                              temperature=1.0 if temperature is None else temperature,
                              top_p=1.0 if top_p is None else top_p, seed=seed, device=device, threads=threads)
     Output(report, json_out, plot).run("compare model --rollout", lambda advance: rexp.run(cfg, advance))
+def _engines(engine, reference, text, tokens, steps, prompt, device, max_kld, min_top1, json_out):
+    """compare model --engine: its own block, so the other modes stay as they were."""
+    from precisionlab.experiments import engines as eexp
+    from precisionlab.report import engines as engines_report
+    from precisionlab.report.output import Output
+
+    if not engine:
+        raise UsageError("--reference needs --engine")
+    cfg = eexp.EnginesConfig(engines=engine, reference=reference, text=text,
+                             tokens=eexp.DEFAULT_TOKENS if tokens is None else tokens, steps=steps, prompt=prompt,
+                             device=device, max_kld=max_kld, min_top1=min_top1)
+    res = Output(engines_report, json_out).run("compare model --engine", lambda advance: eexp.run(cfg, advance))
+    if res.failures:
+        raise typer.Exit(1)

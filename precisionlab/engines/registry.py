@@ -20,6 +20,10 @@ from precisionlab.errors import UsageError
 ENGINES: dict[str, object] = {
     "embedded": "precisionlab.engines.embedded:EmbeddedEngine",
     "hf": "precisionlab.engines.hf:HFEngine",
+    "llamacpp": "precisionlab.engines.llamacpp:LlamaCppEngine",
+    "ct2": "precisionlab.engines.ct2:CT2Engine",
+    "onnx": "precisionlab.engines.onnx:OnnxEngine",
+    "openai": "precisionlab.engines.openai:OpenAIEngine",
 }
 DEFAULT_SPEC = "embedded"
 DEFAULT_PROMPT = "ROMEO:\n"  # the embedded model's own text (Shakespeare) begins its speeches so

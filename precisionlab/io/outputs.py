@@ -143,6 +143,36 @@ def atomic_write(path: str | os.PathLike, writer: Writer) -> Path:
     return p
 
 
+def atomic_dir(path: str | os.PathLike, writer: Callable[[str], None]) -> Path:
+    """A folder's twin of atomic_write: `writer` fills a temporary folder
+    beside `path`, which is then renamed to `path` (an existing folder at
+    `path` is replaced only once the new one is complete)."""
+    import shutil
+
+    p = Path(path)
+    parent = p.parent if str(p.parent) else Path(".")
+    tmp = tempfile.mkdtemp(dir=parent, prefix=f".{p.name}.", suffix=".tmp")
+    with _lock:
+        _pending.add(tmp)
+    try:
+        writer(tmp)
+        os.chmod(tmp, 0o777 & ~_umask())
+        if p.is_dir() and not p.is_symlink():
+            old = tempfile.mkdtemp(dir=parent, prefix=f".{p.name}.", suffix=".old")
+            os.replace(p, Path(old) / "x")
+            os.replace(tmp, p)
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            os.replace(tmp, p)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    finally:
+        with _lock:
+            _pending.discard(tmp)
+    return p
+
+
 def remove_pending() -> None:
     """Remove temporary files whose write was cut short (called on Ctrl-C)."""
     with _lock:
@@ -153,6 +183,11 @@ def remove_pending() -> None:
 
 def _remove(tmp: str) -> None:
     try:
+        if os.path.isdir(tmp) and not os.path.islink(tmp):  # an atomic_dir() cut short
+            import shutil
+
+            shutil.rmtree(tmp, ignore_errors=True)
+            return
         os.unlink(tmp)
     except FileNotFoundError:
         pass

@@ -288,3 +288,25 @@ def expected_kl_gaussian_noise(ref: np.ndarray, sigma: float) -> np.ndarray:
     N(0, sigma^2): sigma^2/2 * (1 - sum p^2), per row (second order in sigma)."""
     p = np.exp(log_softmax(ref))
     return sigma * sigma / 2 * (1.0 - np.sum(p * p, axis=1))
+
+
+def kl_lower_bound_top_k(lp: np.ndarray, top: list[dict[int, float]]) -> np.ndarray:
+    """Per row, a lower bound on KL(P||Q) when only Q's top-k log-probabilities
+    are known (an endpoint's top_logprobs): the KL between P and Q coarsened
+    to the k tokens Q lists plus one bucket for all the others. Merging
+    outcomes never increases KL (the data-processing inequality), so this is
+    <= the true KL; it is exact when P and Q put the same mass outside the k.
+    lp: P's log-probabilities (rows x vocab); top[i]: {token id: log Q}."""
+    out = np.empty(lp.shape[0])
+    for i, row in enumerate(top):
+        ids = np.fromiter(row.keys(), dtype=np.int64, count=len(row))
+        lq = np.fromiter(row.values(), dtype=np.float64, count=len(row))
+        lpk = lp[i, ids]
+        terms = np.exp(lpk) * (lpk - lq)
+        p_tail = -np.expm1(np.logaddexp.reduce(lpk)) if len(ids) else 1.0
+        q_tail = -np.expm1(np.logaddexp.reduce(lq)) if len(ids) else 1.0
+        tail = 0.0
+        if p_tail > 0:
+            tail = math.inf if q_tail <= 0 else p_tail * math.log(p_tail / q_tail)
+        out[i] = math.fsum([*terms.tolist(), tail])
+    return out

@@ -1,0 +1,148 @@
+"""A Hugging Face Qwen3 or Llama folder as a llama.cpp GGUF file, written
+with the `gguf` package (llama.cpp's own Python writer; its converter script
+is not shipped in any wheel).
+
+Tensor names are llama.cpp's (blk.N.attn_q, ...). 1-D tensors (the norm
+gains) stay F32 whatever the type, as llama.cpp's converter keeps them; every
+2-D tensor takes the requested type. A tied head is written once, as
+token_embd (llama.cpp reuses it for the output when no output.weight exists).
+The tokenizer is written as GPT-2 style byte-level BPE with no merges: each
+byte is then one token, which is exactly a character tokenizer over ASCII
+text; a vocabulary with tokens longer than one byte (a real BPE) is refused,
+as this writer does not translate merges.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from precisionlab.errors import UsageError
+
+VARIANTS = ("f32", "f16", "bf16", "q8_0", "q4_0")
+# K-quants (q4_k_m): gguf-py can only dequantize them, and their 256-wide
+# super-blocks do not divide a 128-wide row anyway.
+MISSING = {"q4_k_m": "the gguf package cannot quantize K-quants (only dequantize); q4_0 is the 4-bit type offered"}
+
+_ARCH = {"qwen3": "qwen3", "llama": "llama"}
+_LAYER = {"input_layernorm": "attn_norm", "post_attention_layernorm": "ffn_norm",
+          "self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v",
+          "self_attn.o_proj": "attn_output", "self_attn.q_norm": "attn_q_norm", "self_attn.k_norm": "attn_k_norm",
+          "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up", "mlp.down_proj": "ffn_down"}
+
+
+def gguf_name(name: str) -> str | None:
+    if name == "model.embed_tokens.weight":
+        return "token_embd.weight"
+    if name == "model.norm.weight":
+        return "output_norm.weight"
+    if name == "lm_head.weight":
+        return "output.weight"
+    parts = name.split(".")
+    if parts[:2] == ["model", "layers"]:
+        key = ".".join(parts[3:-1])
+        if key in _LAYER:
+            return f"blk.{parts[2]}.{_LAYER[key]}.{parts[-1]}"
+    return None
+
+
+def _byte_unicode() -> dict[int, str]:
+    """GPT-2's byte -> printable character table (what byte-level BPE vocabularies are written in)."""
+    keep = list(range(ord("!"), ord("~") + 1)) + list(range(0xA1, 0xAD)) + list(range(0xAE, 0x100))
+    table, extra = {}, 0
+    for b in range(256):
+        if b in keep:
+            table[b] = chr(b)
+        else:
+            table[b] = chr(256 + extra)
+            extra += 1
+    return table
+
+
+def write(src: str, out: str, variant: str) -> list[str]:
+    import gguf
+    import numpy as np
+    import torch
+    import transformers
+
+    cfg = json.loads((Path(src) / "config.json").read_text())
+    arch = _ARCH.get(cfg.get("model_type"))
+    if arch is None:
+        raise UsageError(f"--to gguf: model_type {cfg.get('model_type')!r} is not written by this exporter "
+                         f"(it writes {', '.join(_ARCH)})")
+    model = transformers.AutoModelForCausalLM.from_pretrained(src, trust_remote_code=False, local_files_only=True,
+                                                              dtype=torch.float32)
+    tok = transformers.AutoTokenizer.from_pretrained(src, trust_remote_code=False, local_files_only=True)
+    vocab = sorted(tok.get_vocab().items(), key=lambda kv: kv[1])
+    if [i for _, i in vocab] != list(range(len(vocab))) or any(len(t.encode()) != 1 for t, _ in vocab):
+        raise UsageError("--to gguf: only a character (single-byte token) vocabulary is translated by this writer")
+    bu = _byte_unicode()
+    tokens = [bu[t.encode()[0]] for t, _ in vocab]
+    changes = []
+    n_vocab = int(cfg["vocab_size"])
+    if n_vocab != len(tokens):
+        raise UsageError(f"--to gguf: the tokenizer has {len(tokens)} tokens, the model {n_vocab} rows")
+
+    qtype = {"f32": gguf.GGMLQuantizationType.F32, "f16": gguf.GGMLQuantizationType.F16,
+             "bf16": gguf.GGMLQuantizationType.BF16, "q8_0": gguf.GGMLQuantizationType.Q8_0,
+             "q4_0": gguf.GGMLQuantizationType.Q4_0}[variant]
+    ftype = {"f32": gguf.LlamaFileType.ALL_F32, "f16": gguf.LlamaFileType.MOSTLY_F16,
+             "bf16": gguf.LlamaFileType.MOSTLY_BF16, "q8_0": gguf.LlamaFileType.MOSTLY_Q8_0,
+             "q4_0": gguf.LlamaFileType.MOSTLY_Q4_0}[variant]
+
+    w = gguf.GGUFWriter(out, arch)
+    head_dim = int(cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"])
+    theta = float((cfg.get("rope_parameters") or {}).get("rope_theta", cfg.get("rope_theta", 10000.0)))
+    w.add_name("precisionlab export")
+    w.add_context_length(int(cfg["max_position_embeddings"]))
+    w.add_embedding_length(int(cfg["hidden_size"]))
+    w.add_block_count(int(cfg["num_hidden_layers"]))
+    w.add_feed_forward_length(int(cfg["intermediate_size"]))
+    w.add_head_count(int(cfg["num_attention_heads"]))
+    w.add_head_count_kv(int(cfg.get("num_key_value_heads") or cfg["num_attention_heads"]))
+    w.add_key_length(head_dim)
+    w.add_value_length(head_dim)
+    w.add_rope_dimension_count(head_dim)
+    w.add_rope_freq_base(theta)
+    w.add_layer_norm_rms_eps(float(cfg["rms_norm_eps"]))
+    w.add_file_type(ftype)
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre("default")
+    w.add_token_list(tokens)
+    w.add_token_types([gguf.TokenType.NORMAL] * len(tokens))
+    w.add_token_merges(["\u0100 \u0100"])  # never applies: a merge llama.cpp requires the list to exist
+    w.add_add_bos_token(False)
+    w.add_add_eos_token(False)
+    changes.append(f"tokenizer: {len(tokens)} characters as byte-level BPE tokens with no merges "
+                   "(one byte, one token), no BOS/EOS added")
+    changes.append(f"rope: NEOX (rotate-half) style, freq_base {theta:g}, {head_dim} dimensions (llama.cpp's "
+                   f"{arch} layout)")
+
+    tied = bool(cfg.get("tie_word_embeddings")) or "lm_head.weight" not in dict(model.named_parameters())
+    if tied:
+        changes.append("head: tied; written once as token_embd (llama.cpp reuses it for the output)")
+    state = model.state_dict()
+    if arch == "llama":
+        raise UsageError("--to gguf: llama folders need q/k rows permuted for llama.cpp's rope layout; "
+                         "only qwen3 is written")
+    for name, t in state.items():
+        if name == "lm_head.weight" and tied:
+            continue
+        g = gguf_name(name)
+        if g is None:
+            raise UsageError(f"--to gguf: no llama.cpp name for tensor {name!r}")
+        data = t.detach().float().numpy()
+        if data.ndim == 1 or variant == "f32":
+            w.add_tensor(g, np.ascontiguousarray(data, dtype=np.float32))
+        elif variant == "f16":
+            w.add_tensor(g, data.astype(np.float16))
+        else:
+            q = gguf.quants.quantize(data, qtype)
+            w.add_tensor(g, q, raw_shape=q.shape, raw_dtype=qtype)
+    if variant != "f32":
+        changes.append(f"weights: every 2-D tensor as {variant.upper()} (round to nearest), the norm gains F32")
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return changes

@@ -1,0 +1,105 @@
+"""What the real engines (llama.cpp, CTranslate2, onnxruntime, an OpenAI-style
+endpoint) share behind the Engine protocol.
+
+Such an engine computes in the settings it was opened with (a GGUF's types, a
+CTranslate2 compute_type, an ONNX graph's dtype), not in a dtype precisionlab
+picks: model("fp32") is the engine as opened and any other dtype is refused.
+Its settings come from the spec, `PREFIX:PATH,key=value,...`, and are all
+reported by info(), since they decide its numbers. It keeps no cache for
+precisionlab: a session re-runs the whole sequence each step, which gives the
+same logits as the engine's own cached decoding would only where its cache
+is exact; compare model --engine teacher-forces one sequence, so it never
+depends on that.
+"""
+
+from __future__ import annotations
+
+from precisionlab.engines.protocol import Engine, KVStores
+from precisionlab.errors import UsageError
+
+
+def split_spec(arg: str | None, prefix: str, keys: dict[str, str]) -> tuple[str, dict[str, str]]:
+    """`PATH,key=value,...` -> (PATH, {key: value}); keys maps each known key to its help."""
+    if not arg:
+        raise UsageError(f"engine {prefix}: needs a path ({prefix}:PATH[,key=value...])")
+    path, *rest = arg.split(",")
+    opts = {}
+    for item in rest:
+        k, eq, v = item.partition("=")
+        if not eq or k not in keys:
+            known = ", ".join(f"{k} ({h})" for k, h in keys.items())
+            raise UsageError(f"engine {prefix}:{arg}: {item!r} is not KEY=VALUE with a known key: {known}")
+        opts[k] = v
+    return path, opts
+
+
+def int_opt(opts: dict, key: str, default: int, prefix: str) -> int:
+    try:
+        v = int(opts.get(key, default))
+    except ValueError:
+        raise UsageError(f"engine {prefix}: {key}={opts[key]!r} is not an integer") from None
+    if v < 0:
+        raise UsageError(f"engine {prefix}: {key} must be >= 0")
+    return v
+
+
+def need_package(module: str, extra: str, prefix: str) -> None:
+    import importlib.util
+
+    if importlib.util.find_spec(module) is None:
+        raise UsageError(f"engine {prefix}: needs the {module} package: pip install 'precisionlab[{extra}]'")
+
+
+class ExternalEngine(Engine):
+    window = 1024
+    vocab: int              # the logical vocabulary: columns beyond it (engine padding) are trimmed
+    padded_from: int | None = None  # the engine's own width where it padded the vocabulary
+
+    def rows(self, ids: list[int]):
+        """(len(ids), width) float logits for one sequence, every position, from the engine (numpy)."""
+        raise NotImplementedError
+
+    def model(self, dtype: str):
+        if dtype != "fp32":
+            raise UsageError(f"{self.name}: computes in the settings it was opened with; --dtypes {dtype} does "
+                             "not apply (compare model --engine SPEC --reference SPEC compares two engines)")
+        return None
+
+    def logits(self, ids: list[int]):
+        """rows(), with a vocabulary padded by the engine trimmed to the logical one (and that said in info())."""
+        import numpy as np
+
+        out = np.asarray(self.rows(list(ids)), dtype=np.float32)
+        if out.shape[1] > self.vocab:
+            self.padded_from = int(out.shape[1])
+            out = out[:, :self.vocab]
+        return out
+
+    def forward(self, model, ids):
+        import numpy as np
+        import torch
+
+        batch = ids.tolist() if hasattr(ids, "tolist") else ids
+        return torch.from_numpy(np.stack([self.logits(row) for row in batch]))
+
+    def session(self, model, stores: KVStores | None = None):
+        import torch
+
+        if stores is not None:
+            raise UsageError(f"{self.name}: its KV cache is the engine's own; kvcache's stores cannot reach it")
+        seen: list[int] = []
+
+        def feed(ids: list[int]):
+            start = len(seen)
+            seen.extend(ids)
+            return torch.from_numpy(self.logits(seen)[start:])
+
+        return feed
+
+    def sites(self, model):
+        raise UsageError(f"{self.name}: --layers needs the model's modules (an hf: or the embedded model)")
+
+    def trim_note(self) -> dict:
+        return {} if self.padded_from is None else {"vocab_padded_from": self.padded_from,
+                                                    "vocab_note": f"the engine's {self.padded_from} columns trimmed "
+                                                                  f"to the model's {self.vocab}"}

@@ -1,0 +1,159 @@
+"""llama.cpp through llama-cpp-python (`--engine llamacpp:FILE.gguf[,key=value...]`).
+
+Every position's logits come from one eval() with logits_all=True. The
+settings that decide its numbers are the GGUF's tensor types (the file) and
+these, all reported by info(): the KV cache's types (kv=f16 is llama.cpp's
+default; kv=f32 keeps the cache exact), flash attention (its CPU kernel
+accumulates V in f16), n_threads (the order of its sums), n_batch and
+n_ubatch (how a prompt is split into graphs). Defaults are llama.cpp's own,
+except n_threads=1 (a fixed summation order) and flash=0.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from precisionlab.engines.external import ExternalEngine, int_opt, need_package, split_spec
+from precisionlab.errors import UsageError
+
+KEYS = {"kv": "KV cache type: f16 (llama.cpp's default) | f32 | bf16 | q8_0", "flash": "flash attention 0|1",
+        "threads": "n_threads (default 1)", "batch": "n_batch (default 512)", "ubatch": "n_ubatch (default 512)",
+        "ctx": "n_ctx (default: the model's, at most 4096)"}
+# ggml_type ids (ggml.h) of the KV cache types offered
+_KV = {"f32": 0, "f16": 1, "q8_0": 8, "bf16": 30}
+
+
+class LlamaCppEngine(ExternalEngine):
+    @classmethod
+    def check(cls, arg):
+        path, opts = split_spec(arg, "llamacpp", KEYS)
+        need_package("llama_cpp", "llamacpp", "llamacpp")
+        if not Path(path).is_file():
+            raise UsageError(f"engine llamacpp:{path}: no such file (a .gguf)")
+        if opts.get("kv", "f16") not in _KV:
+            raise UsageError(f"engine llamacpp: kv={opts['kv']!r}; one of {', '.join(_KV)}")
+        if opts.get("flash", "0") not in ("0", "1"):
+            raise UsageError("engine llamacpp: flash is 0 or 1")
+        for k in ("threads", "batch", "ubatch", "ctx"):
+            int_opt(opts, k, 1, "llamacpp")
+
+    def __init__(self, arg, device: str):
+        self.check(arg)
+        import llama_cpp
+
+        path, opts = split_spec(arg, "llamacpp", KEYS)
+        self.path = path
+        kv = opts.get("kv", "f16")
+        self.settings = {"kv_cache_type": kv, "flash_attn": opts.get("flash", "0") == "1",
+                         "n_threads": int_opt(opts, "threads", 1, "llamacpp"),
+                         "n_batch": int_opt(opts, "batch", 512, "llamacpp"),
+                         "n_ubatch": int_opt(opts, "ubatch", 512, "llamacpp")}
+        try:
+            probe = llama_cpp.Llama(path, vocab_only=True, verbose=False)
+            arch = probe.metadata.get("general.architecture", "")
+            train_ctx = int(probe.metadata.get(f"{arch}.context_length", 4096))
+            del probe
+            ctx = int_opt(opts, "ctx", min(train_ctx, 4096), "llamacpp") or min(train_ctx, 4096)
+            self.llm = llama_cpp.Llama(path, logits_all=True, n_ctx=ctx, n_threads=self.settings["n_threads"],
+                                       n_threads_batch=self.settings["n_threads"], n_batch=self.settings["n_batch"],
+                                       n_ubatch=self.settings["n_ubatch"], type_k=_KV[kv], type_v=_KV[kv],
+                                       flash_attn=self.settings["flash_attn"], n_gpu_layers=0, verbose=False)
+        except (ValueError, RuntimeError) as e:
+            raise UsageError(f"engine llamacpp:{path}: llama.cpp cannot load it ({str(e).splitlines()[0]})") from None
+        self.settings["n_ctx"] = ctx
+        self.device = "cpu"
+        self.name = f"llamacpp:{path}"
+        self.vocab = int(self.llm.n_vocab())
+        self.max_len = ctx
+        self.window = min(1024, ctx)
+        meta = self.llm.metadata
+        self.file_type = meta.get("general.file_type")
+        self.version = getattr(llama_cpp, "__version__", "?")
+
+    def info(self) -> dict:
+        return {"name": self.name, "engine": "llama.cpp", "version": self.version, "vocab": self.vocab,
+                "max_seq_len": self.max_len, "parameters": None, "gguf_file_type": self.file_type,
+                **self.settings, **self.trim_note()}
+
+    def encode(self, text: str, source: str = "--prompt") -> list[int]:
+        # add_bos=True: a BOS only where the GGUF says the model wants one (llama.cpp's rule)
+        return list(self.llm.tokenize(text.encode("utf-8"), add_bos=True, special=False))
+
+    def decode(self, ids) -> str:
+        return self.llm.detokenize([int(i) for i in ids]).decode("utf-8", "replace")
+
+    def rows(self, ids):
+        import numpy as np
+
+        if len(ids) > self.max_len:
+            raise UsageError(f"{self.name}: {len(ids)} tokens exceed n_ctx {self.max_len}")
+        self.llm.reset()
+        self.llm.eval(ids)
+        return np.array(self.llm.scores[:len(ids)], dtype=np.float32)
+
+
+# llama.cpp's graph names (the cb() names its model builders give, with "-N"
+# for layer N) -> the Hugging Face module names --layers reports.
+GGML_TO_HF = {"attn_norm": "model.layers.{}.input_layernorm", "attn_out": "model.layers.{}.self_attn",
+              "ffn_norm": "model.layers.{}.post_attention_layernorm", "ffn_out": "model.layers.{}.mlp",
+              "l_out": "model.layers.{}", "result_norm": "model.norm", "result_output": "lm_head"}
+
+
+def hf_site(ggml_name: str) -> str | None:
+    head, dash, layer = ggml_name.rpartition("-")
+    if dash and layer.isdigit() and head in GGML_TO_HF:
+        return GGML_TO_HF[head].format(layer)
+    return GGML_TO_HF.get(ggml_name) if "{}" not in GGML_TO_HF.get(ggml_name, "{}") else None
+
+
+def capture(engine: LlamaCppEngine, ids: list[int]) -> dict[str, "np.ndarray"]:
+    """Each mapped graph tensor's value (float32, tokens x width) for one
+    eval of ids, under its Hugging Face name, through llama.cpp's eval
+    callback (cb_eval): the context is rebuilt with the callback set, since
+    llama-cpp-python takes it only at context creation. The tensor's type and
+    shape are read from the head of struct ggml_tensor (type, buffer, ne[4]),
+    a layout ggml has kept since 2023; only F32 tensors are taken."""
+    import ctypes
+
+    import llama_cpp
+    import numpy as np
+    from llama_cpp import _internals
+
+    lib = ctypes.CDLL(str(Path(llama_cpp.__file__).parent / "lib" / "libggml-base.so"))
+    lib.ggml_get_name.restype, lib.ggml_get_name.argtypes = ctypes.c_char_p, [ctypes.c_void_p]
+    lib.ggml_nbytes.restype, lib.ggml_nbytes.argtypes = ctypes.c_size_t, [ctypes.c_void_p]
+    lib.ggml_backend_tensor_get.restype = None
+    lib.ggml_backend_tensor_get.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_size_t]
+
+    class Head(ctypes.Structure):  # the start of struct ggml_tensor
+        _fields_ = [("type", ctypes.c_int), ("buffer", ctypes.c_void_p), ("ne", ctypes.c_int64 * 4)]
+
+    got: dict[str, np.ndarray] = {}
+
+    def cb(t, ask, _user):
+        name = (lib.ggml_get_name(t) or b"").decode("utf-8", "replace")
+        site = hf_site(name)
+        head = Head.from_address(t)
+        if ask:
+            return site is not None and head.type == 0  # GGML_TYPE_F32
+        if site is not None and head.type == 0:
+            n = lib.ggml_nbytes(t)
+            buf = np.empty(n // 4, dtype=np.float32)
+            lib.ggml_backend_tensor_get(t, buf.ctypes.data, 0, n)
+            width = int(head.ne[0])
+            got[site] = buf.reshape(-1, width).copy()
+        return True
+
+    llm = engine.llm
+    callback = llama_cpp.ggml_backend_sched_eval_callback(cb)
+    params = llm.context_params
+    params.cb_eval = callback
+    old = llm._ctx
+    llm._ctx = _internals.LlamaContext(model=llm._model, params=params, verbose=False)
+    try:
+        llm._batch = _internals.LlamaBatch(n_tokens=llm.n_batch, embd=0, n_seq_max=params.n_ctx, verbose=False)
+        engine.rows(ids)
+    finally:
+        params.cb_eval = llama_cpp.ggml_backend_sched_eval_callback()
+        llm._ctx = old
+    return got

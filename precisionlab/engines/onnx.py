@@ -1,0 +1,81 @@
+"""onnxruntime (`--engine onnx:FILE[,threads=N,provider=NAME]`): an
+InferenceSession over a graph input_ids (batch, tokens) -> logits (batch,
+tokens, vocab), as precisionlab export --to onnx writes it. What decides its
+numbers: the graph's dtype (the file), the execution provider, the graph
+optimisation level (all: onnxruntime fuses and may reorder) and the intra-op
+threads, all in info(). The tokenizer is the character vocabulary the file
+carries in its metadata (precisionlab.vocab); without one the reference's ids
+are used and that is said."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from precisionlab.engines.external import ExternalEngine, int_opt, need_package, split_spec
+from precisionlab.errors import UsageError
+
+KEYS = {"threads": "intra_op_num_threads (default 1)", "provider": "execution provider (default CPUExecutionProvider)",
+        "opt": "graph optimisation: all (default) | basic | off"}
+_OPT = {"all": "ORT_ENABLE_ALL", "basic": "ORT_ENABLE_BASIC", "off": "ORT_DISABLE_ALL"}
+
+
+class OnnxEngine(ExternalEngine):
+    @classmethod
+    def check(cls, arg):
+        path, opts = split_spec(arg, "onnx", KEYS)
+        need_package("onnxruntime", "onnx", "onnx")
+        if not Path(path).is_file():
+            raise UsageError(f"engine onnx:{path}: no such file")
+        if opts.get("opt", "all") not in _OPT:
+            raise UsageError(f"engine onnx: opt is one of {', '.join(_OPT)}")
+        int_opt(opts, "threads", 1, "onnx")
+
+    def __init__(self, arg, device: str):
+        self.check(arg)
+        import onnxruntime as ort
+
+        path, opts = split_spec(arg, "onnx", KEYS)
+        so = ort.SessionOptions()
+        so.intra_op_num_threads = int_opt(opts, "threads", 1, "onnx")
+        so.inter_op_num_threads = 1
+        so.graph_optimization_level = getattr(ort.GraphOptimizationLevel, _OPT[opts.get("opt", "all")])
+        provider = opts.get("provider", "CPUExecutionProvider")
+        if provider not in ort.get_available_providers():
+            raise UsageError(f"engine onnx: provider {provider!r} not available here "
+                             f"({', '.join(ort.get_available_providers())})")
+        try:
+            self.sess = ort.InferenceSession(path, sess_options=so, providers=[provider])
+        except Exception as e:  # onnxruntime raises its own Fail/InvalidGraph types
+            raise UsageError(f"engine onnx:{path}: onnxruntime cannot load it ({str(e).splitlines()[0]})") from None
+        meta = self.sess.get_modelmeta().custom_metadata_map
+        self.chars = json.loads(meta["precisionlab.vocab"]) if "precisionlab.vocab" in meta else None
+        out = self.sess.get_outputs()[0]
+        self.vocab = int(out.shape[-1]) if isinstance(out.shape[-1], int) else len(self.chars or [])
+        self.settings = {"provider": self.sess.get_providers()[0], "intra_op_num_threads": so.intra_op_num_threads,
+                         "graph_optimization": opts.get("opt", "all"), "output_type": out.type}
+        self.device = "cpu"
+        self.name = f"onnx:{path}"
+        self.max_len = int(meta.get("precisionlab.max_seq_len", 1 << 16))
+        self.version = ort.__version__
+
+    def info(self) -> dict:
+        return {"name": self.name, "engine": "onnxruntime", "version": self.version, "vocab": self.vocab,
+                "max_seq_len": self.max_len, "parameters": None, **self.settings, **self.trim_note()}
+
+    def encode(self, text: str, source: str = "--prompt") -> list[int]:
+        if self.chars is None:
+            raise UsageError(f"{self.name}: the file carries no vocabulary (precisionlab.vocab)")
+        index = {c: i for i, c in enumerate(self.chars)}
+        missing = sorted({c for c in text if c not in index})
+        if missing:
+            raise UsageError(f"{source} has characters {self.name} does not know: {''.join(missing)!r}")
+        return [index[c] for c in text]
+
+    def decode(self, ids) -> str:
+        return "".join(self.chars[int(i)] for i in ids) if self.chars else ""
+
+    def rows(self, ids):
+        import numpy as np
+
+        return self.sess.run(None, {"input_ids": np.asarray([ids], dtype=np.int64)})[0][0]

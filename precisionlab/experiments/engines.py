@@ -1,0 +1,182 @@
+"""compare model --engine SPEC --reference SPEC: a real engine's next-token
+distributions against a reference run of the same model, teacher-forced over
+one token sequence, and the first greedy divergence from a prompt.
+
+The reference tokenises the text; each engine's own tokenizer must give the
+same ids (a BOS the engine prepends is named as a shift and left out, so both
+read the same tokens; any other difference ends the run, naming the first
+position: statistics over misaligned tokens would mean nothing). The
+distribution statistics are numerics/distribution's, as in --metrics, with
+the reference in the fp32 column; beside them the max |Δ logit| after
+removing each row's constant shift (softmax ignores one): half the row's
+range of differences, the smallest max |Δ - c| over all shifts c.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from precisionlab.engines import protocol
+from precisionlab.engines.registry import DEFAULT_PROMPT, model_device, open_engine
+from precisionlab.errors import RunError, UsageError
+from precisionlab.experiments import logits as lexp
+from precisionlab.numerics import distribution
+from precisionlab.runtime import torch_flags
+
+DEFAULT_TOKENS = 512  # the engines re-run whole windows; 512 positions take seconds on a tiny model
+
+
+@dataclass
+class EnginesConfig:
+    engines: list[str]
+    reference: str | None = None  # None: the embedded model in fp32
+    text: str | None = None
+    tokens: int = DEFAULT_TOKENS
+    steps: int = 50
+    prompt: str = DEFAULT_PROMPT
+    device: str = "cpu"
+    max_kld: float | None = None
+    min_top1: float | None = None
+
+
+@dataclass
+class EnginesResult:
+    params: dict
+    reference: dict
+    rows: list[dict]
+    failures: list[str]
+    takeaways: list[str] = field(default_factory=list)
+    timing: dict = field(default_factory=dict)
+
+
+def token_check(ref_ids: list[int], eng_ids: list[int] | None, name: str) -> str:
+    """'identical', 'bos shift (...)' or 'none (...)'; a mismatch is a RunError
+    naming where. eng_ids may run longer than ref_ids (a prefix was asked for)."""
+    n = len(ref_ids)
+    if eng_ids is None:
+        return "none (the engine has no tokenizer; it reads the reference's ids)"
+    if eng_ids[:n] == ref_ids:
+        return "identical"
+    if eng_ids[1:n + 1] == ref_ids and (not ref_ids or eng_ids[0] != ref_ids[0]):
+        return f"bos shift (the engine prepends id {eng_ids[0]}; left out so both read the same tokens)"
+    at = next((i for i, (a, b) in enumerate(zip(ref_ids, eng_ids)) if a != b), min(n, len(eng_ids)))
+    raise RunError(f"{name}: its tokenizer differs from the reference's at token {at} "
+                   f"(reference {ref_ids[at:at + 4]}, engine {eng_ids[at:at + 4]}); the two models do not read "
+                   "the same text")
+
+
+def shifted_max_abs(ref: np.ndarray, low: np.ndarray) -> float:
+    """max over rows of min_c max_j |low - ref - c|: (max - min) / 2 of each row's differences."""
+    d = low.astype(np.float64) - ref.astype(np.float64)
+    return float(np.max((d.max(axis=1) - d.min(axis=1)) / 2)) if d.size else 0.0
+
+
+def _encode(engine, text: str, need: int, source: str):
+    try:
+        return engine.prefix_ids(text, need + 1, source)[:need + 1]  # one more: room for a BOS
+    except UsageError:
+        if getattr(engine, "chars", "x") is None:  # an ONNX file without a vocabulary
+            return None
+        raise
+
+
+def _greedy(engine, model, prompt_ids, steps):
+    return protocol.greedy(engine, model, prompt_ids, steps, strict=False)
+
+
+def _top_k_row(spec, eng, ref, ref_model, ids, targets, n, device, advance) -> dict:
+    """An endpoint that returns only the top K log-probabilities: a KLD lower
+    bound (top K plus one tail bucket) and top-1 agreement; no greedy run."""
+    import torch
+
+    t1 = time.perf_counter()
+    vocab = int(ref.info()["vocab"])
+    eng.bind(lambda i: ref.decode([i]), vocab)
+    bounds, agree = [], []
+    for start in range(0, n, ref.window):
+        stop = min(n, start + ref.window)
+        R = lexp._tensor_to_numpy(ref.forward(ref_model, torch.tensor([ids[start:stop]], device=device))[0])
+        R = R.astype(np.float64)
+        top = eng.top_logprobs(ids[start:stop + 1])
+        bounds.append(distribution.kl_lower_bound_top_k(distribution.log_softmax(R), top))
+        agree.append(np.array([bool(t) and max(t, key=t.get) == int(np.argmax(r)) for t, r in zip(top, R)]))
+        advance()
+    b, a = np.concatenate(bounds), np.concatenate(agree)
+    return {"engine_spec": spec, "engine": eng.info(), "tokens": "the reference's ids, checked against the echo",
+            "positions": int(b.size), "kld_lower_bound_mean": distribution._mean(b),
+            "kld_lower_bound_max": float(np.max(b)), "top_k": eng.settings["top_logprobs"],
+            "kld_note": "a lower bound: KL over the endpoint's top k tokens plus one bucket for the rest",
+            "top1_agree_pct": 100.0 * int(a.sum()) / a.size, "greedy_steps": 0, "engine_s": time.perf_counter() - t1}
+
+
+def run(cfg: EnginesConfig, advance=lambda k=1: None) -> EnginesResult:
+    import torch
+
+    lexp.check_gates(cfg.max_kld, cfg.min_top1)
+    if cfg.tokens <= 0:
+        raise UsageError(f"--tokens must be > 0 (got {cfg.tokens})")
+    if cfg.steps < 0:
+        raise UsageError(f"--steps must be >= 0 (got {cfg.steps})")
+    text = lexp.read_text(cfg.text) if cfg.text else lexp.default_text()
+    source = f"--text {cfg.text!r}" if cfg.text else "the held-out Shakespeare text"
+    device = model_device(cfg.device)
+    t0 = time.perf_counter()
+    ref = open_engine(cfg.reference, device)
+    ref_model = ref.model("fp32")
+    ids = lexp._token_ids(ref, text, cfg.tokens + 1, source)
+    prompt_ids = ref.prompt_ids(cfg.prompt, cfg.steps)
+    targets = np.asarray(ids[1:], dtype=np.int64)
+    n = cfg.tokens
+    rows, failures = [], []
+    with torch_flags.ieee_fp32(), torch.no_grad():
+        ref_tokens, ref_rows = _greedy(ref, ref_model, prompt_ids, cfg.steps)
+        ref_windows: dict[tuple[int, int], np.ndarray] = {}
+        for spec in cfg.engines:
+            eng = open_engine(spec, device)
+            if getattr(eng, "top_k_only", False):
+                rows.append(_top_k_row(spec, eng, ref, ref_model, ids, targets, n, device, advance))
+                continue
+            eng_model = eng.model("fp32")
+            t1 = time.perf_counter()
+            tokens_note = token_check(ids, _encode(eng, text, cfg.tokens + 1, source), spec)
+            prompt_note = token_check(prompt_ids, _encode(eng, cfg.prompt, len(prompt_ids), "--prompt"), spec)
+            window = min(ref.window, eng.window)
+            ref_parts, eng_parts = [], []
+            for start in range(0, n, window):
+                chunk = ids[start:min(n, start + window)]
+                x = torch.tensor([chunk], device=device)
+                if (start, window) not in ref_windows:
+                    ref_windows[start, window] = lexp._tensor_to_numpy(ref.forward(ref_model, x)[0]).astype(np.float64)
+                ref_parts.append(ref_windows[start, window])
+                eng_parts.append(lexp._tensor_to_numpy(eng.forward(eng_model, x)[0]).astype(np.float64))
+                advance()
+            R, E = np.concatenate(ref_parts), np.concatenate(eng_parts)
+            if R.shape != E.shape:
+                raise RunError(f"{spec}: {E.shape[1]} logits per position against the reference's {R.shape[1]}")
+            stats = distribution.position_stats(R, E, targets)
+            eng_tokens, _ = _greedy(eng, eng_model, prompt_ids, cfg.steps)
+            div = next((i for i, (a, b) in enumerate(zip(ref_tokens, eng_tokens)) if a != b), None)
+            margin = None
+            if div is not None:
+                top = np.sort(ref_rows[div])[-2:]
+                margin = float(top[1] - top[0])
+            row = {"engine_spec": spec, "engine": eng.info(), "tokens": tokens_note, "prompt_tokens": prompt_note,
+                   **distribution.summarize(stats), "max_abs_diff_shifted": shifted_max_abs(R, E),
+                   "greedy_steps": cfg.steps, "greedy_diverged_at": div, "reference_margin_at_divergence": margin,
+                   "engine_s": time.perf_counter() - t1}
+            rows.append(row)
+            eng.close()
+    # takeaways and the gates name a row by its `dtype`; here that is the engine's spec
+    full = [{**r, "dtype": r["engine_spec"]} for r in rows if "kld_mean" in r]
+    failures = lexp._gate(full, cfg.max_kld, cfg.min_top1)
+    params = {"engines": cfg.engines, "reference": cfg.reference or "embedded", "text": cfg.text or
+              "held-out Shakespeare (last 5 %)", "tokens": n, "steps": cfg.steps, "prompt": cfg.prompt,
+              "device": device}
+    bound_lines = [f"{r['engine_spec']}: KLD >= {r['kld_lower_bound_mean']:.3g} nats on average (a lower bound from "
+                   f"the top {r['top_k']} log-probabilities and a tail bucket), top-1 agreement "
+                   f"{r['top1_agree_pct']:.2f} %." for r in rows if "kld_mean" not in r]
+    return EnginesResult(params, ref.info(), rows, failures, lexp.takeaways(full) + bound_lines,
+                         {"run_s": time.perf_counter() - t0})

@@ -1,0 +1,349 @@
+"""The real engines on the embedded model exported: precisionlab export's
+Hugging Face checkpoint against the embedded model, and llama.cpp, CTranslate2
+and onnxruntime against the embedded fp32 run, with the expected orderings.
+
+Bands, chosen from the arithmetic, not from a run: every fp32 path computes
+the same 5-layer, 128-wide model in IEEE fp32 with its own summation order,
+so a logit (|x| <= ~15, one ulp ~1e-6) may move by some hundred ulps: at most
+1e-4 after removing the row's constant shift. KL over such a perturbation is
+about Var(Δ)/2 <= 5e-9, so "fp32-equal" is max KLD < 1e-8 at every position.
+A 16-bit weight (half: 11 significant bits) moves a logit by ~1e-3 and a
+Q8_0 weight (8 bits and a per-32 scale) by ~1e-1: the KLDs are ordered
+F16 < Q8_0 < Q4_0, int8 > bfloat16 (on a CPU without fast bf16 CTranslate2
+computes a bfloat16 model in float32; the shipped weights are bf16-exact,
+so it is fp32-equal there).
+"""
+
+import math
+
+import numpy as np
+import pytest
+
+from helpers import cli, json_glossary_problems, strict_json
+
+FP32_MAX_KLD = 1e-8
+FP32_MAX_SHIFTED = 1e-4
+TEXT = "ROMEO:\nBut soft, what light through yonder window breaks?\nIt is the east, and Juliet is the sun.\n"
+
+
+@pytest.fixture(scope="module")
+def hf_dir(tmp_path_factory):
+    pytest.importorskip("transformers", reason="the hf export needs transformers (precisionlab[hf])")
+    from precisionlab.engines.exporters import hf
+
+    d = tmp_path_factory.mktemp("hf")
+    hf.write_embedded(str(d))
+    return d
+
+
+@pytest.fixture(scope="module")
+def reference():
+    import torch
+
+    from precisionlab.engines import charlm
+
+    model, tok = charlm.load_default(torch.float32)
+    ids = tok.encode(TEXT)
+    with torch.no_grad():
+        fp32 = model(torch.tensor([ids]))[0][0].double().numpy()
+        fp64 = model.double()(torch.tensor([ids]))[0][0].numpy()
+    return ids, fp32, fp64
+
+
+def _stats(ref, low, ids):
+    from precisionlab.experiments.engines import shifted_max_abs
+    from precisionlab.numerics import distribution
+
+    s = distribution.position_stats(ref, low, np.asarray(ids[1:] + [ids[0]]))
+    return distribution.summarize(s), shifted_max_abs(ref, low)
+
+
+def test_hf_export_is_the_embedded_model(hf_dir, reference):
+    import torch
+    import transformers
+
+    ids, fp32, fp64 = reference
+    tok = transformers.AutoTokenizer.from_pretrained(hf_dir, trust_remote_code=False)
+    assert tok(TEXT, add_special_tokens=False)["input_ids"] == ids
+    assert tok.decode(ids) == TEXT
+    model = transformers.AutoModelForCausalLM.from_pretrained(hf_dir, trust_remote_code=False).eval()
+    assert type(model).__name__ == "Qwen3ForCausalLM"
+    with torch.no_grad():
+        got = model(input_ids=torch.tensor([ids])).logits[0].double().numpy()
+    # Against the float64 run of charlm: both fp32 paths are within fp32 rounding of it.
+    assert np.max(np.abs(got - fp64)) < FP32_MAX_SHIFTED
+    assert np.max(np.abs(fp32 - fp64)) < FP32_MAX_SHIFTED
+    with pytest.raises(Exception):
+        tok("é")  # no <unk>: an unknown character is an error, never a silent token
+
+
+def test_gguf_orderings(hf_dir, reference, tmp_path):
+    llama_cpp = pytest.importorskip("llama_cpp", reason="llama.cpp's engine needs llama-cpp-python")
+    pytest.importorskip("gguf", reason="the GGUF export needs the gguf package")
+    from precisionlab.engines.exporters import gguf
+    from precisionlab.engines.llamacpp import LlamaCppEngine
+
+    ids, fp32, _ = reference
+    kld = {}
+    for v in ("f32", "f16", "q8_0", "q4_0"):
+        path = tmp_path / f"m-{v}.gguf"
+        gguf.write(str(hf_dir), str(path), v)
+        eng = LlamaCppEngine(f"{path},kv=f32", "cpu")
+        assert eng.encode(TEXT) == ids  # the same tokens, no BOS
+        row, shifted = _stats(fp32, eng.logits(ids).astype(np.float64), ids)
+        kld[v] = row["kld_mean"]
+        if v == "f32":
+            assert row["kld_max"] < FP32_MAX_KLD and shifted < FP32_MAX_SHIFTED, (row["kld_max"], shifted)
+            assert eng.info()["kv_cache_type"] == "f32" and eng.info()["flash_attn"] is False
+    assert kld["f32"] < kld["f16"] < kld["q8_0"] < kld["q4_0"], kld
+    del llama_cpp
+
+
+def test_ct2_orderings(hf_dir, reference, tmp_path):
+    pytest.importorskip("ctranslate2", reason="CTranslate2's engine needs the ctranslate2 package")
+    from precisionlab.engines.ct2 import CT2Engine
+    from precisionlab.engines.exporters import ct2
+
+    ids, fp32, _ = reference
+    kld = {}
+    for v in ("float32", "bfloat16", "int8"):
+        d = tmp_path / f"ct2-{v}"
+        ct2.write(str(hf_dir), str(d), v)
+        eng = CT2Engine(str(d), "cpu")
+        assert eng.encode(TEXT) == ids
+        row, shifted = _stats(fp32, eng.logits(ids).astype(np.float64), ids)
+        kld[v] = row["kld_mean"]
+        if v == "float32":
+            assert row["kld_max"] < FP32_MAX_KLD and shifted < FP32_MAX_SHIFTED, (row["kld_max"], shifted)
+    assert kld["int8"] > kld["bfloat16"], kld
+
+
+def test_onnx_fp32_is_fp32_equal(reference, tmp_path):
+    pytest.importorskip("onnxruntime", reason="the ONNX engine needs onnxruntime")
+    pytest.importorskip("onnx", reason="the ONNX export needs the onnx package")
+    from precisionlab.engines.exporters import onnx
+    from precisionlab.engines.onnx import OnnxEngine
+
+    ids, fp32, _ = reference
+    path = tmp_path / "m.onnx"
+    onnx.write_embedded(str(path), "fp32")
+    eng = OnnxEngine(str(path), "cpu")
+    assert eng.encode(TEXT) == ids
+    row, shifted = _stats(fp32, eng.logits(ids).astype(np.float64), ids)
+    assert row["kld_max"] < FP32_MAX_KLD and shifted < FP32_MAX_SHIFTED
+    assert eng.info()["provider"] == "CPUExecutionProvider"
+
+
+def test_token_checks_name_a_mismatch_and_a_bos_shift():
+    from precisionlab.errors import RunError
+    from precisionlab.experiments.engines import token_check
+
+    assert token_check([5, 6, 7], [5, 6, 7], "e") == "identical"
+    assert token_check([5, 6, 7], [5, 6, 7, 8], "e") == "identical"  # a longer prefix was tokenised
+    assert token_check([5, 6, 7], [1, 5, 6, 7], "e").startswith("bos shift (the engine prepends id 1")
+    with pytest.raises(RunError, match="at token 0"):
+        token_check([5, 6, 7], [1, 5, 6], "e")  # a BOS and a shorter text is not a shift
+    with pytest.raises(RunError, match="differs from the reference's at token 1"):
+        token_check([5, 6, 7], [5, 9, 7], "e")
+
+
+def test_shift_removed_and_padding_trimmed():
+    from precisionlab.engines.external import ExternalEngine
+    from precisionlab.experiments.engines import shifted_max_abs
+
+    ref = np.array([[1.0, 2.0, 3.0], [0.0, 0.0, 0.0]])
+    assert shifted_max_abs(ref, ref + 7.25) == 0.0  # a row's constant shift is no error
+    assert shifted_max_abs(ref, ref + np.array([[0.0, 0.5, 0.0], [0, 0, 0]])) == 0.25
+
+    class Padded(ExternalEngine):
+        name, vocab = "padded", 3
+
+        def info(self):
+            return self.trim_note()
+
+        def encode(self, text, source="--prompt"):
+            return []
+
+        def decode(self, ids):
+            return ""
+
+        def rows(self, ids):
+            return np.arange(len(ids) * 8, dtype=np.float32).reshape(len(ids), 8)
+
+    e = Padded()
+    assert e.logits([1, 2]).shape == (2, 3)
+    assert e.info()["vocab_padded_from"] == 8
+
+
+def test_export_and_compare_cli(tmp_path):
+    pytest.importorskip("llama_cpp", reason="llama.cpp's engine needs llama-cpp-python")
+    pytest.importorskip("gguf", reason="the GGUF export needs the gguf package")
+    out = tmp_path / "m.gguf"
+    r = cli("export", "embedded", "--to", "gguf:f32", "--out", str(out), "--json")
+    assert r.code == 0, r.err
+    doc = strict_json(r.out)
+    assert json_glossary_problems(doc) == []
+    assert any("tied" in c for c in doc["changes"]) and out.is_file()
+    assert doc["rows"] == [{"name": "m.gguf", "bytes": out.stat().st_size}]
+    r = cli("compare", "model", "--engine", f"llamacpp:{out},kv=f32", "--tokens", "128", "--steps", "8", "--json")
+    assert r.code == 0, r.err
+    doc = strict_json(r.out)
+    assert json_glossary_problems(doc) == [] and doc["command"] == "compare model --engine"
+    row = doc["rows"][0]
+    assert row["tokens"] == "identical" and row["greedy_diverged_at"] is None
+    assert row["kld_max"] < FP32_MAX_KLD and row["engine"]["kv_cache_type"] == "f32"
+
+
+@pytest.mark.parametrize("args", [
+    ("export", "embedded", "--to", "gguf:q4_k_m", "--out", "x.gguf"),
+    ("export", "embedded", "--to", "tflite", "--out", "x"),
+    ("export", "embedded", "--to", "ct2:int4", "--out", "x"),
+    ("compare", "model", "--reference", "embedded"),
+    ("compare", "model", "--engine", "llamacpp:/no/such.gguf"),
+    ("compare", "model", "--engine", "ct2:/tmp,bogus=1"),
+])
+def test_usage_errors_exit_2(args):
+    r = cli(*args)
+    assert r.code == 2, (r.code, r.err)
+    assert r.err.count("\n") == 1 and "Traceback" not in r.err
+
+
+def _fake_endpoint(noise: float):
+    """A local /v1/completions that answers from the embedded model in fp32,
+    its logits plus seeded Gaussian noise, top 5 per position: the true KL of
+    what it serves is known, so the bound can be checked against it."""
+    import json
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    import torch
+
+    from precisionlab.engines import charlm
+    from precisionlab.numerics import distribution
+
+    model, tok = charlm.load_default(torch.float32)
+    served = {}
+
+    class H(BaseHTTPRequestHandler):
+        def log_message(self, *a):
+            pass
+
+        def do_POST(self):
+            body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+            ids = body["prompt"]
+            with torch.no_grad():
+                x = model(torch.tensor([ids]))[0][0].double().numpy()
+            x = x + noise * np.random.default_rng(len(ids)).standard_normal(x.shape)
+            served[len(ids)] = x
+            lq = distribution.log_softmax(x)
+            k = body["logprobs"]
+            tops = [None] + [{tok.vocab[j]: float(lq[i - 1, j]) for j in np.argsort(-lq[i - 1])[:k]}
+                             for i in range(1, len(ids) + 1)]
+            doc = {"choices": [{"logprobs": {"tokens": [tok.vocab[i] for i in ids] + ["x"],
+                                             "top_logprobs": tops, "token_logprobs": [None] * (len(ids) + 1)}}]}
+            data = json.dumps(doc).encode()
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+    srv = ThreadingHTTPServer(("127.0.0.1", 0), H)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    return srv, served
+
+
+@pytest.mark.parametrize("noise", [0.0, 0.3])
+def test_openai_top_k_gives_a_labelled_lower_bound(noise):
+    from precisionlab.experiments import engines
+    from precisionlab.numerics import distribution
+
+    srv, served = _fake_endpoint(noise)
+    try:
+        url = f"http://127.0.0.1:{srv.server_address[1]}"
+        res = engines.run(engines.EnginesConfig(engines=[f"openai:{url},timeout=30"], tokens=64, steps=4))
+    finally:
+        srv.shutdown()
+    row = res.rows[0]
+    assert "lower bound" in row["kld_note"] and "kld_mean" not in row
+    # the true KL of what was served, over the same 64 positions, from the full rows
+    import torch
+
+    from precisionlab.engines import charlm
+
+    model, _ = charlm.load_default(torch.float32)
+    x = served[65]
+    ids = engines.lexp._token_ids(engines.open_engine(None, "cpu"), engines.lexp.default_text(), 65, "t")
+    with torch.no_grad():
+        ref = model(torch.tensor([ids[:64]]))[0][0].double().numpy()
+    true = distribution.kl_rows(distribution.log_softmax(ref), distribution.log_softmax(x[:64]))
+    bound_mean = row["kld_lower_bound_mean"]
+    assert bound_mean <= math.fsum(true.tolist()) / true.size * (1 + 1e-9) + 1e-15
+    if noise == 0.0:
+        assert row["kld_lower_bound_max"] < FP32_MAX_KLD and row["top1_agree_pct"] == 100.0
+    else:
+        assert bound_mean > 1e-3  # sigma 0.3 on the logits: KL ~ sigma^2/2 (1 - sum p^2), of order 1e-2
+
+
+def test_export_never_replaces_a_folder_that_holds_no_model(tmp_path):
+    keep = tmp_path / "notes"
+    keep.mkdir()
+    (keep / "todo.txt").write_text("mine")
+    r = cli("export", "embedded", "--to", "hf", "--out", str(keep))
+    assert r.code == 2 and "holds no model" in r.err and (keep / "todo.txt").read_text() == "mine"
+
+
+def test_export_refuses_foreign_code(tmp_path):
+    import json
+
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "qwen3", "auto_map": {"AutoModel": "x.Y"}}))
+    r = cli("export", f"hf:{tmp_path}", "--to", "hf", "--out", str(tmp_path / "out"))
+    assert r.code == 2 and "custom code" in r.err and not (tmp_path / "out").exists()
+
+
+def test_a_hugging_face_folder_through_ct2_against_its_hf_run(tmp_path):
+    pytest.importorskip("ctranslate2", reason="CTranslate2's engine needs the ctranslate2 package")
+    from helpers import save_tiny_qwen
+
+    src = save_tiny_qwen(tmp_path / "tiny")
+    out = tmp_path / "tiny-ct2"
+    r = cli("export", f"hf:{src}", "--to", "ct2:float32", "--out", str(out))
+    assert r.code == 0, r.err
+    text = tmp_path / "t.txt"
+    text.write_text("the cat sat on a mat and the dog ran to it " * 6)
+    r = cli("compare", "model", "--engine", f"ct2:{out}", "--reference", f"hf:{src}", "--text", str(text),
+            "--tokens", "48", "--steps", "5", "--prompt", "the cat", "--json")
+    assert r.code == 0, r.err
+    row = strict_json(r.out)["rows"][0]
+    assert row["tokens"] == "identical" and row["engine"]["compute_type"] == "float32"
+    assert row["kld_max"] < FP32_MAX_KLD and row["max_abs_diff_shifted"] < FP32_MAX_SHIFTED
+
+
+def test_llamacpp_capture_maps_ggml_names_to_hf_modules(hf_dir, reference, tmp_path):
+    pytest.importorskip("llama_cpp", reason="llama.cpp's engine needs llama-cpp-python")
+    pytest.importorskip("gguf", reason="the GGUF export needs the gguf package")
+    import torch
+    import transformers
+
+    from precisionlab.engines import llamacpp
+    from precisionlab.engines.exporters import gguf
+
+    assert llamacpp.hf_site("l_out-3") == "model.layers.3" and llamacpp.hf_site("result_norm") == "model.norm"
+    assert llamacpp.hf_site("kq-0") is None and llamacpp.hf_site("l_out") is None
+    ids = reference[0][:40]
+    path = tmp_path / "m.gguf"
+    gguf.write(str(hf_dir), str(path), "f32")
+    got = llamacpp.capture(llamacpp.LlamaCppEngine(f"{path},kv=f32", "cpu"), ids)
+    model = transformers.AutoModelForCausalLM.from_pretrained(hf_dir, trust_remote_code=False).eval()
+    seen = {}
+    mods = dict(model.named_modules())
+    for name in got:
+        mods[name].register_forward_hook(
+            lambda m, i, o, name=name: seen.__setitem__(name, (o[0] if isinstance(o, tuple) else o)[0].numpy()))
+    with torch.no_grad():
+        model(input_ids=torch.tensor([ids]))
+    for layer in range(5):  # every block's output, norms and MLP are captured
+        for site in ("", ".input_layernorm", ".post_attention_layernorm", ".mlp"):
+            assert f"model.layers.{layer}{site}" in got, (layer, site, sorted(got))
+    for name, x in got.items():
+        if name in seen:  # fp32 against fp32: within the logits' band
+            assert np.max(np.abs(x - seen[name].reshape(x.shape))) < FP32_MAX_SHIFTED, name
