@@ -52,7 +52,7 @@ setup: $(SETUP)
 # The real engines' packages (llama.cpp, CTranslate2, onnxruntime, gguf): not in
 # `setup`, since their tests skip without them and the wheels are large.
 engines: setup
-	.venv/bin/pip install -q -e ".[engines]"
+	$(PYTHON) -m pip install -q -e ".[engines]"
 
 lib: $(PKG_LIB)
 

@@ -968,7 +968,8 @@ def test_an_output_that_is_an_input_is_refused_before_the_run(run, tmp_path, mon
     os.link(text, link)
     dump_home = tmp_path / "dumps"
     dump_home.mkdir()
-    (dump_home / "t.txt").write_text("x")
+    (dump_home / "m").mkdir()  # a model folder inside the dump's: --dump would write around what it reads
+    (dump_home / "m" / "config.json").write_text("{}")
     args = {
         "save_logits_is_text": ["compare", "model", "--metrics", "--text", str(text), "--save-logits", str(text)],
         "save_logits_bf16_is_text": ["compare", "model", "--metrics", "--dtypes", "bf16", "--text", str(text),
@@ -982,7 +983,7 @@ def test_an_output_that_is_an_input_is_refused_before_the_run(run, tmp_path, mon
         "plot_is_from": ["accumulate", "--device", "cpu", "--from", str(text), "--plot", str(text)],
         "plot_is_model_file": ["compare", "model", "--model", str(model), "--plot", str(model / "p.png")],
         "dump_is_model": ["compare", "model", "--layers", "--model", str(model), "--dump", str(model)],
-        "dump_holds_text_dir": ["compare", "model", "--layers", "--model", str(dump_home / "t.txt"),
+        "dump_holds_text_dir": ["compare", "model", "--layers", "--model", str(dump_home / "m"),
                                 "--dump", str(dump_home)],
         "dump_inside_model": ["compare", "model", "--layers", "--model", str(model), "--dump", str(model / "d")],
     }[case]
