@@ -941,12 +941,12 @@ def test_the_finite_yardstick_equals_the_whole_one_when_all_is_finite():
 
 def _fail_if_run(monkeypatch):
     """Every model-running experiment fails if it starts: the refusal must come first."""
-    from precisionlab.experiments import logits, model
+    from precisionlab.engines import embedded, hf
+    from precisionlab.experiments import logits
 
     boom = lambda *a, **k: pytest.fail("the run started before its outputs were checked")  # noqa: E731
-    monkeypatch.setattr(model, "open_runner", boom)
-    monkeypatch.setattr(model, "EmbeddedRunner", boom)
-    monkeypatch.setattr(model, "HFRunner", boom)
+    monkeypatch.setattr(embedded.EmbeddedEngine, "__init__", boom)  # opening an engine is the run's start
+    monkeypatch.setattr(hf.HFEngine, "__init__", boom)
     monkeypatch.setattr(logits, "distribution", None)
 
 
