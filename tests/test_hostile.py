@@ -644,6 +644,10 @@ _NUMBER = re.compile(r"-?\d+(?:\.\d+)?(?:e[+-]\d+)?")
 def test_narrow_terminals_keep_every_number(run, monkeypatch, command, width):
     """Every number of the wide table is in the narrow output (folding may
     break a line, never drop a digit)."""
+    _narrow_keeps_numbers(run, monkeypatch, NARROW[command], width)
+
+
+def _narrow_keeps_numbers(run, monkeypatch, argv, width):
     from precisionlab.report import console as report
 
     def table_numbers(text):
@@ -659,17 +663,30 @@ def test_narrow_terminals_keep_every_number(run, monkeypatch, command, width):
         return out
 
     monkeypatch.setattr(report.stdout, "width", 400)
-    wide = run(*NARROW[command])
+    wide = run(*argv)
     assert wide.code in (0, 1), wide.err
     numbers = table_numbers(wide.out)
     assert numbers
     monkeypatch.setattr(report.stdout, "width", width)
-    narrow = run(*NARROW[command])
+    narrow = run(*argv)
     assert narrow.code == wide.code, narrow.err
     assert max(len(line) for line in narrow.out.splitlines()) <= width
     flat = "".join(narrow.out.split())
     missing = [n for n in numbers if n not in flat]
     assert not missing, missing
+
+
+NARROW_NEWER = {  # the newer renderers, at the narrowest width the issue met (COLUMNS=20)
+    "formats": ["formats", "--n", "1024", "--shape", "16x64x16", "--dists", "normal", "--rules", "floor",
+                "--device", "cpu"],
+    "kvcache": ["kvcache", "--steps", "2", "--scales", "unit"],
+    "compare model --layers": ["compare", "model", "--layers", "--steps", "2", "--dtypes", "bf16"],
+}
+
+
+@pytest.mark.parametrize("command", list(NARROW_NEWER))
+def test_narrow_terminals_keep_every_number_of_the_newer_commands(run, monkeypatch, command):
+    _narrow_keeps_numbers(run, monkeypatch, NARROW_NEWER[command], 20)
 
 
 def test_columns_sets_the_width_of_a_pipe():
