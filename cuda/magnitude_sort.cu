@@ -26,6 +26,18 @@ inline uint64_t magnitude_key(double v, bool descending) {
 }
 }  // namespace
 
+// The 8-bit digits a radix pass must sort by: a digit whose 256 counts put all
+// n keys in one bucket would move nothing, so its pass is skipped.
+static int radix_passes(const std::vector<int64_t>& count, int digits, int64_t n, int* passes) {
+    int found = 0;
+    for (int d = 0; d < digits; ++d) {
+        bool trivial = false;
+        for (int b = 0; b < 256; ++b) trivial |= count[(size_t)(d * 256 + b)] == n;
+        if (!trivial) passes[found++] = d;
+    }
+    return found;
+}
+
 extern "C" int pl_sort_by_magnitude(const double* x, int64_t n, int descending, double* out, double* work) {
     PL_REQUIRE_PTR(x);
     PL_REQUIRE_PTR(out);
@@ -40,12 +52,8 @@ extern "C" int pl_sort_by_magnitude(const double* x, int64_t n, int descending, 
         const uint64_t k = magnitude_key(x[i], desc);
         for (int d = 0; d < 8; ++d) ++count[(size_t)(d * 256 + ((k >> (8 * d)) & 255))];
     }
-    int passes[8], np_ = 0;
-    for (int d = 0; d < 8; ++d) {
-        bool trivial = false;
-        for (int b = 0; b < 256; ++b) trivial |= count[(size_t)(d * 256 + b)] == n;
-        if (!trivial) passes[np_++] = d;
-    }
+    int passes[8];
+    const int np_ = radix_passes(count, 8, n, passes);
     if (np_ == 0) {
         std::memcpy(out, x, bytes);
         return PL_OK;
@@ -143,12 +151,8 @@ extern "C" int pl_sort_float32_by_magnitude(const double* x, int64_t n, int desc
         const uint32_t k = magnitude_key32(b, desc);
         for (int d = 0; d < 4; ++d) ++count[(size_t)(d * 256 + ((k >> (8 * d)) & 255))];
     }
-    int passes[4], np_ = 0;
-    for (int d = 0; d < 4; ++d) {
-        bool trivial = false;
-        for (int b = 0; b < 256; ++b) trivial |= count[(size_t)(d * 256 + b)] == n;
-        if (!trivial) passes[np_++] = d;
-    }
+    int passes[4];
+    const int np_ = radix_passes(count, 4, n, passes);
     int at = 0;  // the half the floats are in
     if (np_ == 0) {
         for (int64_t i = 0; i < n; ++i) {

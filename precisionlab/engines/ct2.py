@@ -51,9 +51,7 @@ class CT2Engine(ExternalEngine):
         self.max_len = 1 << 16
         self.version = ctranslate2.__version__
 
-    def info(self) -> dict:
-        return {"name": self.name, "engine": "ctranslate2", "version": self.version, "vocab": self.vocab,
-                "max_seq_len": self.max_len, "parameters": None, **self.settings, **self.trim_note()}
+    ENGINE = "ctranslate2"
 
     def encode(self, text: str, source: str = "--prompt") -> list[int]:
         if self.tok is None:

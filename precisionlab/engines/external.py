@@ -14,6 +14,8 @@ depends on that.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from precisionlab.engines.protocol import Engine, KVStores
 from precisionlab.errors import UsageError
 
@@ -99,7 +101,28 @@ class ExternalEngine(Engine):
     def sites(self, model):
         raise UsageError(f"{self.name}: --layers needs the model's modules (an hf: or the embedded model)")
 
+    ENGINE = ""  # the engine's own name, as info() reports it
+
+    def info(self) -> dict:
+        """The settings that decide its numbers, beside what every engine reports."""
+        return {"name": self.name, "engine": self.ENGINE, "version": self.version, "vocab": self.vocab,
+                "max_seq_len": self.max_len, "parameters": None, **self.extra_info(), **self.settings,
+                **self.trim_note()}
+
+    def extra_info(self) -> dict:
+        return {}
+
     def trim_note(self) -> dict:
         return {} if self.padded_from is None else {"vocab_padded_from": self.padded_from,
                                                     "vocab_note": f"the engine's {self.padded_from} columns trimmed "
                                                                   f"to the model's {self.vocab}"}
+
+
+def file_spec(arg: str | None, prefix: str, keys: dict[str, str], module: str, what: str = "") -> tuple[str, dict]:
+    """An engine spec that names one file: (path, settings), the engine's
+    package and the file checked (exit 2 naming what is missing)."""
+    path, opts = split_spec(arg, prefix, keys)
+    need_package(module, prefix, prefix)
+    if not Path(path).is_file():
+        raise UsageError(f"engine {prefix}:{path}: no such file{what}")
+    return path, opts

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from precisionlab.engines.external import ExternalEngine, int_opt, need_package, split_spec
+from precisionlab.engines.external import ExternalEngine, file_spec, int_opt, split_spec
 from precisionlab.errors import UsageError
 
 KEYS = {"kv": "KV cache type: f16 (llama.cpp's default) | f32 | bf16 | q8_0", "flash": "flash attention 0|1",
@@ -26,10 +26,7 @@ _KV = {"f32": 0, "f16": 1, "q8_0": 8, "bf16": 30}
 class LlamaCppEngine(ExternalEngine):
     @classmethod
     def check(cls, arg):
-        path, opts = split_spec(arg, "llamacpp", KEYS)
-        need_package("llama_cpp", "llamacpp", "llamacpp")
-        if not Path(path).is_file():
-            raise UsageError(f"engine llamacpp:{path}: no such file (a .gguf)")
+        path, opts = file_spec(arg, "llamacpp", KEYS, "llama_cpp", " (a .gguf)")
         if opts.get("kv", "f16") not in _KV:
             raise UsageError(f"engine llamacpp: kv={opts['kv']!r}; one of {', '.join(_KV)}")
         if opts.get("flash", "0") not in ("0", "1"):
@@ -70,10 +67,10 @@ class LlamaCppEngine(ExternalEngine):
         self.file_type = meta.get("general.file_type")
         self.version = getattr(llama_cpp, "__version__", "?")
 
-    def info(self) -> dict:
-        return {"name": self.name, "engine": "llama.cpp", "version": self.version, "vocab": self.vocab,
-                "max_seq_len": self.max_len, "parameters": None, "gguf_file_type": self.file_type,
-                **self.settings, **self.trim_note()}
+    ENGINE = "llama.cpp"
+
+    def extra_info(self) -> dict:
+        return {"gguf_file_type": self.file_type}
 
     def encode(self, text: str, source: str = "--prompt") -> list[int]:
         # add_bos=True: a BOS only where the GGUF says the model wants one (llama.cpp's rule)

@@ -10,9 +10,8 @@ are used and that is said."""
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
-from precisionlab.engines.external import ExternalEngine, int_opt, need_package, split_spec
+from precisionlab.engines.external import ExternalEngine, file_spec, int_opt, split_spec
 from precisionlab.errors import UsageError
 
 KEYS = {"threads": "intra_op_num_threads (default 1)", "provider": "execution provider (default CPUExecutionProvider)",
@@ -23,10 +22,7 @@ _OPT = {"all": "ORT_ENABLE_ALL", "basic": "ORT_ENABLE_BASIC", "off": "ORT_DISABL
 class OnnxEngine(ExternalEngine):
     @classmethod
     def check(cls, arg):
-        path, opts = split_spec(arg, "onnx", KEYS)
-        need_package("onnxruntime", "onnx", "onnx")
-        if not Path(path).is_file():
-            raise UsageError(f"engine onnx:{path}: no such file")
+        path, opts = file_spec(arg, "onnx", KEYS, "onnxruntime")
         if opts.get("opt", "all") not in _OPT:
             raise UsageError(f"engine onnx: opt is one of {', '.join(_OPT)}")
         int_opt(opts, "threads", 1, "onnx")
@@ -59,9 +55,7 @@ class OnnxEngine(ExternalEngine):
         self.max_len = int(meta.get("precisionlab.max_seq_len", 1 << 16))
         self.version = ort.__version__
 
-    def info(self) -> dict:
-        return {"name": self.name, "engine": "onnxruntime", "version": self.version, "vocab": self.vocab,
-                "max_seq_len": self.max_len, "parameters": None, **self.settings, **self.trim_note()}
+    ENGINE = "onnxruntime"
 
     def encode(self, text: str, source: str = "--prompt") -> list[int]:
         if self.chars is None:
