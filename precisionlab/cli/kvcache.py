@@ -6,7 +6,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from precisionlab.cli.options import DeviceOpt, SeedOpt, JsonOpt
+from precisionlab.cli.options import SeedOpt, JsonOpt
 
 
 def command(
@@ -23,7 +23,8 @@ def command(
     model: Annotated[Optional[str], typer.Option("--model", help="A Hugging Face causal LM: a local directory or a "
                                                  "repo id already in the local cache (offline only; needs "
                                                  "precisionlab[hf]). Default: the embedded char-level model.")] = None,
-    device: DeviceOpt = "cpu",
+    device: Annotated[str, typer.Option("--device", help="cpu (the default for a model run, unlike the other "
+                                        "commands) | cuda | auto (CPU, plus GPU where present) | all.")] = "cpu",
     seed: SeedOpt = 0,
     json_out: JsonOpt = False,
 ):
