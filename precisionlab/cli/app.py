@@ -89,8 +89,8 @@ app = typer.Typer(
 )
 
 
-compare_app = typer.Typer(cls=_Group, help="Error reports: the three comparisons for an op, tensor dumps, a whole model.",
-                           no_args_is_help=True)
+compare_app = typer.Typer(cls=_Group, no_args_is_help=True,
+                          help="Error reports: the three comparisons for an op, tensor dumps, a whole model.")
 app.add_typer(compare_app, name="compare")
 
 
