@@ -13,7 +13,9 @@ CXX    ?= g++
 
 LIB      := build/libprecisionlab.so
 PKG_LIB  := precisionlab/lib/libprecisionlab.so
-SOURCES  := $(wildcard cuda/*.cu)
+# Largest first: with -j the longest compile (softmax.cu) starts at once
+# rather than last, so it does not end the build alone.
+SOURCES  := $(shell ls -S cuda/*.cu)
 HEADERS  := $(wildcard cuda/*.h cuda/*.cuh)
 
 # A venv only when PYTHON is the venv's interpreter; PYTHON=python3 uses that
@@ -39,7 +41,7 @@ endif
 HOST_FLAGS := -O2 -std=c++17 -fPIC -ffp-contract=off -Wall -Wextra
 NVCC_FLAGS := -O3 -std=c++17 --threads 0 --fmad=false -cudart static $(GENCODE) -Xcompiler -fPIC,-ffp-contract=off,-Wall
 
-.PHONY: setup engines lib demo test gpu-test emu-test sanitize sass-check arch-check bench clean dist docs docs-check
+.PHONY: FORCE objects setup engines lib demo test gpu-test emu-test sanitize sass-check arch-check bench clean dist docs docs-check
 
 setup: $(SETUP)
 
@@ -59,14 +61,45 @@ lib: $(PKG_LIB)
 $(PKG_LIB): $(LIB)
 	cp $< $@.tmp && mv -f $@.tmp $@  # a new inode: a process that has the old one mapped keeps it
 
-$(LIB): $(SOURCES) $(HEADERS) Makefile
-	@mkdir -p build
+# One object a .cu file, compiled in parallel (one job a core; a caller's own
+# -jN is kept), then one link. No -rdc: no kernel calls a device function of
+# another file (the shared ones are inline in common.cuh), so each file is
+# whole-program code as in a single nvcc call. build/obj/build.cmd holds the
+# compiler and flags: changing either (NVCC=/nonexistent for a host-only build,
+# another GPU) rebuilds everything rather than linking stale objects.
+JOBS    ?= $(shell nproc 2>/dev/null || echo 2)
+OBJ_DIR := build/obj
+OBJECTS := $(patsubst cuda/%.cu,$(OBJ_DIR)/%.o,$(SOURCES))
 ifneq ($(HAVE_NVCC),)
-	$(NVCC) $(NVCC_FLAGS) -DPL_BUILD_FLAGS='"nvcc $(NVCC_FLAGS)"' -shared -o $@ $(SOURCES) -lpthread
+BUILD_CMD := $(NVCC) $(NVCC_FLAGS)
+COMPILE    = $(NVCC) $(NVCC_FLAGS) -DPL_BUILD_FLAGS='"nvcc $(NVCC_FLAGS)"' -c -o $@ $<
+LINK       = $(NVCC) $(NVCC_FLAGS) -shared -o $@ $(OBJECTS) -lpthread
 else
-	@echo "precisionlab: nvcc not found: building the host-only library; GPU experiments are unavailable." >&2
-	$(CXX) $(HOST_FLAGS) -DPL_BUILD_FLAGS='"$(CXX) $(HOST_FLAGS)"' -x c++ -shared -o $@ $(SOURCES) -lpthread
+BUILD_CMD := $(CXX) $(HOST_FLAGS) -x c++
+COMPILE    = $(CXX) $(HOST_FLAGS) -DPL_BUILD_FLAGS='"$(CXX) $(HOST_FLAGS)"' -x c++ -c -o $@ $<
+LINK       = $(CXX) $(HOST_FLAGS) -shared -o $@ $(OBJECTS) -lpthread
 endif
+
+$(OBJ_DIR)/build.cmd: FORCE
+	@mkdir -p $(@D)
+	@echo '$(BUILD_CMD)' | cmp -s - $@ || echo '$(BUILD_CMD)' > $@
+
+$(OBJ_DIR)/%.o: cuda/%.cu $(HEADERS) $(OBJ_DIR)/build.cmd Makefile
+	$(COMPILE)
+
+# The objects are built by a sub-make so that `make lib`, `make demo`,
+# `make test` and setup.py's `make build/libprecisionlab.so` all compile in
+# parallel without -j on their command line.
+$(LIB): $(SOURCES) $(HEADERS) $(OBJ_DIR)/build.cmd Makefile
+ifeq ($(HAVE_NVCC),)
+	@echo "precisionlab: nvcc not found: building the host-only library; GPU experiments are unavailable." >&2
+endif
+	+@$(MAKE) --no-print-directory $(if $(findstring jobserver,$(MAKEFLAGS)),,-j$(JOBS)) objects
+	$(LINK)
+
+objects: $(OBJECTS)
+
+FORCE:
 
 # The sdist and the wheel, built from this tree into dist/ (the wheel's build
 # runs the $(LIB) rule above; setup.py says why). scripts/check_install.sh

@@ -21,6 +21,15 @@ class Run:
         return json.loads(self.out)
 
 
+def loaded_timeout(seconds: float) -> float:
+    """A timeout of `seconds` on an idle machine, stretched by the load per
+    core: a command that takes 3 minutes alone takes 15 where the load is 10 on
+    2 cores (a shared machine), and a timeout is there to end a hang, not a
+    slow run."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return seconds * max(1.0, max(os.getloadavg()[:2]) / cores)  # the 1- and 5-minute averages
+
+
 def cli(*args: str, env: dict | None = None, timeout: float = 300) -> Run:
     e = {k: v for k, v in os.environ.items() if k != "PRECISIONLAB_DEBUG"}
     e.update({"PYTHONPATH": str(ROOT), **(env or {})})

@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from helpers import ROOT, save_tiny_qwen
+from helpers import ROOT, loaded_timeout, save_tiny_qwen
 from precisionlab.io import inputs
 from precisionlab.engines import shape as engine_shape
 from precisionlab.runtime import memory
@@ -29,6 +29,7 @@ from precisionlab.experiments.op_harness import shapes_used
 from precisionlab.errors import UsageError
 
 RATIO = 1.5  # the estimate must lie within 1.5x of the measured growth, either way
+UPPER_ONLY = "upper only"  # a case whose growth must not pass RATIO x the estimate; it may fall short of it
 
 CHILD = textwrap.dedent("""
     import ctypes, gc, json, os, sys
@@ -65,7 +66,7 @@ def _measure(cases: list[list[str]]) -> list[dict]:
     env = {k: v for k, v in os.environ.items() if k != "PRECISIONLAB_DEBUG"}
     env["PYTHONPATH"] = str(ROOT)
     p = subprocess.run([sys.executable, "-c", CHILD, json.dumps(cases)], capture_output=True, text=True, env=env,
-                       timeout=600, cwd=ROOT)
+                       timeout=loaded_timeout(600), cwd=ROOT)
     assert p.returncode == 0, p.stderr[-2000:]
     return json.loads(p.stdout.strip().splitlines()[-1])
 
@@ -129,11 +130,20 @@ def _families(tmp_path: Path):
                                      for r, c in ((1, 1 << 19), (2, 1 << 20), (1, 1 << 21))],
         "nondeterminism": [(["nondeterminism", "--n", str(n), "--runs", "2", "--sections", "atomics,threads",
                              "--device", "cpu", "--json"], memory.nondeterminism(n, ["atomics", "threads"]))
-                           for n in (1 << 20, 1 << 21, 1 << 22)]
-        # and once with every section, whose fixed-size work (batch, torch_ops, splitk) sets the peak
+                           for n in (1 << 20, 1 << 21, 1 << 22)],
+        # the sections of fixed-size work, one a fresh child (FRESH), and all of them together
+        "nondeterminism sections": [
+            (["nondeterminism", "--n", str(1 << 20), "--runs", "2", "--device", "cpu", "--json", "--sections", s],
+             memory.nondeterminism(1 << 20, [s])) for s in ("splitk", "batch", "torch_ops")]
+        # Together, held to one side only: what one section's memory left in the allocator's
+        # per-thread arenas is or is not reused by the next, as the threads happened to be
+        # scheduled: after one warm-up run, all sections grew 91 to 132 MiB on one 2-core
+        # machine as its load went from 10 to 7 (111 MiB pinned to one core), where each section
+        # alone repeats within 1 %. The estimate covers the worst of these; a loaded machine
+        # reaches less of it.
         + [(["nondeterminism", "--n", str(1 << 20), "--runs", "2", "--device", "cpu", "--json",
              "--sections", "atomics,splitk,batch,torch_ops,threads"],
-            memory.nondeterminism(1 << 20, ["atomics", "splitk", "batch", "torch_ops", "threads"]))],
+            memory.nondeterminism(1 << 20, ["atomics", "splitk", "batch", "torch_ops", "threads"]), UPPER_ONLY)],
         "tf32": [(["tf32", "--m", str(s), "--n", str(s), "--k", str(s), "--no-sweep", "--device", "cpu", "--json"],
                   memory.tf32(s, s, s, None)) for s in (512, 768, 1024)],
         "tf32 --sweep-mn": [(["tf32", "--m", "64", "--n", "64", "--k", "64", "--sweep-mn", str(s), "--device", "cpu",
@@ -171,22 +181,31 @@ def _tensor_pair(tmp_path: Path, n: int) -> list[str]:
 
 
 # Families that share their first-use state run in one child, one after the other.
-GROUPS = [["softmax", "softmax --from"], ["softmax long rows", "softmax --from long rows"], ["nondeterminism"], ["tf32", "tf32 --sweep-mn"], ["bench"],
+GROUPS = [["softmax", "softmax --from"], ["softmax long rows", "softmax --from long rows"], ["nondeterminism"],
+          ["nondeterminism sections"], ["tf32", "tf32 --sweep-mn"], ["bench"],
           ["compare op matmul", "compare op softmax"], ["compare model"], ["compare model --layers"],
           ["compare model --layers (embedded)"], ["compare tensors"],
           ["kvcache --model"], ["kvcache"], ["attention"]]
 
-# Families measured one case per fresh child, each against its whole estimate. The embedded
+# Families measured one case per fresh child: family -> the warm-up run made there first, unmeasured
+# (None: none, and the case is held to its whole estimate). The embedded
 # model's kvcache peaks in its attention scores (tens of MB freed and reallocated pass after pass),
 # and what the allocator kept of one run's left the next run's growth depending on it: 1000 steps
 # after 800 grew 49 MiB in one child and 80 MiB in another. Fresh, the same sizes repeat within 15 %.
-FRESH = {"kvcache"}
+# nondeterminism's sections of fixed size: one after another in a child, each one's growth
+# depended on what the one before left in the allocator (torch_ops grew 95 MiB after the warm-up,
+# 145 after batch); without the warm-up, the first-use state torch sets up in them varied with the
+# load (torch_ops 124 to 139 MiB). After the warm-up, fresh, each repeats within 1 % at loads 4 to
+# 9 on 2 cores, and pinned to one core.
+FRESH = {"kvcache": None,
+         "nondeterminism sections": ["nondeterminism", "--n", str(1 << 20), "--runs", "2", "--sections",
+                                     "atomics,threads", "--device", "cpu", "--json"]}
 
 # What a process pays once, on a command's first run, and keeps (BLAS buffers,
 # thread pools, the library's first-use state): each estimate's size-free term.
 FIRST_USE = {"softmax": memory.softmax(0, 0), "softmax --from": memory.softmax(0, 0),
              "softmax long rows": memory.softmax(0, 0), "softmax --from long rows": memory.softmax(0, 0),
-             "nondeterminism": memory.NONDET_FIXED,
+             "nondeterminism": memory.NONDET_FIXED, "nondeterminism sections": memory.NONDET_FIXED,
              "tf32": memory.tf32(0, 0, 0, None), "tf32 --sweep-mn": memory.BLAS_FIXED, "bench": memory.bench_cpu(0),
              "compare op softmax": memory.COMPARE_FIXED, "compare op matmul": memory.COMPARE_FIXED,
              "compare model": memory.MODEL_FIXED["hf"], "compare tensors": 0,
@@ -200,24 +219,27 @@ FIRST_USE = {"softmax": memory.softmax(0, 0), "softmax --from": memory.softmax(0
 def test_estimate_tracks_the_measured_peak(group, tmp_path):
     """Three ascending sizes per command. The first run of a fresh child pays
     the first-use state and is held against the whole estimate; every later
-    run in the same child against the estimate less that state, which it finds
-    in place."""
+    run in the same child (and a FRESH case after its warm-up run) against the
+    estimate less that state, which it finds in place."""
     families = _families(tmp_path)
-    cases = [(family, argv, est) for family in group
-             for argv, est in (families[family]() if callable(families[family]) else families[family])]
-    if set(group) <= FRESH:
-        measured = [m for _, argv, _ in cases for m in _measure([argv])]
+    cases = [(family, argv, est, sides) for family in group
+             for argv, est, *sides in (families[family]() if callable(families[family]) else families[family])]
+    if set(group) <= set(FRESH):
+        measured = [_measure([FRESH[family], argv] if FRESH[family] else [argv])[-1] for family, argv, _, _ in cases]
     else:
-        measured = _measure([argv for _, argv, _ in cases])
-    report, ratios = [], []
-    for i, ((family, argv, est), m) in enumerate(zip(cases, measured)):
+        measured = _measure([argv for _, argv, _, _ in cases])
+    report, fits = [], []
+    for i, ((family, argv, est, sides), m) in enumerate(zip(cases, measured)):
         assert m["rc"] in (0, 1), m  # 1: compare op flags a comparison; the run itself completed
-        want = est if i == 0 or family in FRESH else est - FIRST_USE[family]
-        ratios.append(want / m["growth"])
-        report.append(f"{' '.join(argv[:7])}: estimate {want / 2**20:.1f} MiB, measured {m['growth'] / 2**20:.1f} MiB, "
-                      f"ratio {ratios[-1]:.2f}")
+        first = FRESH[family] is None if family in FRESH else i == 0  # it pays the first-use state
+        want = est if first else est - FIRST_USE[family]
+        ratio = want / m["growth"]
+        fits.append(1 / RATIO <= ratio and (ratio <= RATIO or UPPER_ONLY in sides))
+        shown = " ".join(a for a in argv if a != "--json")
+        report.append(f"{shown}: estimate {want / 2**20:.1f} MiB, measured {m['growth'] / 2**20:.1f} MiB, "
+                      f"ratio {ratio:.2f}{' (growth above the estimate x 1.5 only fails)' if sides else ''}")
     print("\n".join(report))
-    assert all(1 / RATIO <= r <= RATIO for r in ratios), "\n".join(report)
+    assert all(fits), "\n".join(report)
 
 
 # ---------------------------------------------------------------------------

@@ -74,6 +74,36 @@ def test_no_gpu_is_an_answer_not_an_error():
             native.DeviceArray((8,), np.float32)
 
 
+# pl_cuda_device_count's lines (cuda/runtime.cu) for the CUDA runtime's answers
+INSUFFICIENT = ("no usable CUDA driver or device (cudaErrorInsufficientDriver: CUDA driver version is insufficient "
+                "for CUDA runtime version)")
+NO_DEVICE = "no usable CUDA driver or device (cudaErrorNoDevice: no CUDA-capable device is detected)"
+
+
+def test_no_driver_reads_as_no_gpu_not_as_a_broken_install():
+    # the static runtime without libcuda: "insufficient driver" although there is no driver at all
+    reason = native.no_gpu_reason(INSUFFICIENT, 13000, 0, None)
+    assert reason == "no GPU on this machine: no NVIDIA driver is installed"
+
+
+def test_an_old_driver_is_named_with_both_versions():
+    reason = native.no_gpu_reason(INSUFFICIENT, 13000, 12020, None)
+    assert "driver supports CUDA up to 12.2" in reason and "runtime 13.0" in reason
+    assert "update the driver" in reason and "cudaErrorInsufficientDriver" in reason
+
+
+@pytest.mark.parametrize("line", [NO_DEVICE, "no CUDA device found"])
+def test_no_device_reads_as_no_gpu(line):
+    assert native.no_gpu_reason(line, 13000, 13000, None) == "no GPU on this machine: the NVIDIA driver sees no device"
+    assert native.no_gpu_reason(line, 13000, 13000, "0") == "no GPU on this machine: the NVIDIA driver sees no device"
+    assert "CUDA_VISIBLE_DEVICES=''" in native.no_gpu_reason(line, 13000, 13000, "")
+
+
+def test_other_cuda_errors_pass_through():
+    line = "no usable CUDA driver or device (cudaErrorDevicesUnavailable: CUDA-capable device(s) is/are busy)"
+    assert native.no_gpu_reason(line, 13000, 13000, None) == line
+
+
 def test_device_memory_calls_validate():
     assert lib.pl_device_free(None) == native.OK  # freeing NULL is a no-op, GPU or not
     assert lib.pl_device_alloc(16, None) in (native.NULL_POINTER, native.NO_CUDA)

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from emulate import round_exact
-from helpers import ROOT, json_glossary_problems
+from helpers import ROOT, json_glossary_problems, loaded_timeout
 from precisionlab import native
 from precisionlab.catalog import formats
 from precisionlab.errors import RunError, UsageError
@@ -257,14 +257,22 @@ def test_ctrl_c_leaves_no_ranks():
     p = subprocess.Popen([sys.executable, "-m", "precisionlab", "nondeterminism", "--sections", "tp", "--device",
                           "cpu"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=ROOT)
     try:
-        deadline = time.monotonic() + 60
+        # Ready when every rank is running. The parent imports torch before it
+        # starts them, which on a loaded machine (a load of 10 on 2 cores) took
+        # more than the minute this test used to allow: wait for readiness as
+        # long as the parent lives, up to tp's own rank timeout stretched by the load.
+        limit = loaded_timeout(tp.TIMEOUT_S)
+        deadline = time.monotonic() + limit
         seen: list[int] = []
-        while time.monotonic() < deadline and len(seen) < max(tp.WORLD_SIZES):
+        while time.monotonic() < deadline and len(seen) < max(tp.WORLD_SIZES) and p.poll() is None:
             seen = _rank_pids(p.pid)
             time.sleep(0.05)
-        assert len(seen) == max(tp.WORLD_SIZES), "the ranks never started"
+        if p.poll() is not None:
+            out, err = p.communicate()
+            pytest.fail(f"the run ended (exit {p.returncode}) before all its ranks were seen running: {err[-2000:]}")
+        assert len(seen) == max(tp.WORLD_SIZES), f"the ranks did not all start within {limit:.0f} s"
         p.send_signal(signal.SIGINT)
-        out, err = p.communicate(timeout=60)
+        out, err = p.communicate(timeout=120)  # Ctrl-C answers at once; the ranks are killed and reaped (_stop)
     finally:
         if p.poll() is None:
             p.kill()

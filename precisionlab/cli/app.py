@@ -19,9 +19,66 @@ try:  # typer >= 0.20 vendors click
 except ImportError:  # older typer depends on click
     from click.exceptions import ClickException
 
+from typer.core import TyperArgument, TyperCommand, TyperGroup
+
 from precisionlab.errors import PrecisionLabError
 
+
+class _PlainHelp:
+    """Help texts here are plain text, never Rich markup: typer renders them
+    through Rich, which would take `precisionlab[hf]` for a style tag and drop
+    it. So, once, for every command and group: brackets are escaped, a
+    paragraph's line breaks (a docstring's) become spaces (Rich would keep
+    them in a group's list of commands), an argument's metavar is its name in
+    capitals (NAME, FILES...) as click writes it, and a default with a newline
+    in it ('ROMEO:\\n') is shown escaped, on one line."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        import inspect
+        from rich.markup import escape
+
+        rich = getattr(self, "rich_markup_mode", None) == "rich"
+
+        def plain(text: str) -> str:
+            paragraphs = inspect.cleandoc(text).split("\n\n")
+            text = "\n\n".join(" ".join(p.split()) for p in paragraphs)
+            return escape(text) if rich else text
+
+        self.help = self.help and plain(self.help)
+        self.short_help = self.short_help and plain(self.short_help)
+        for p in self.params:
+            p.help = getattr(p, "help", None) and plain(p.help)
+            if isinstance(p, TyperArgument) and p.metavar is None:
+                p.metavar = p.name.upper() + ("..." if p.nargs != 1 else "")
+            shown = getattr(p, "show_default", None)  # False: hidden; a str: the command's own wording
+            if isinstance(p.default, str) and not p.default.isprintable() and shown is not False \
+                    and not isinstance(shown, str):
+                p.show_default = repr(p.default)
+
+    def collect_usage_pieces(self, ctx):
+        """`[OPTIONS] NAME` and `[SECTION]`, where typer writes `{name}`."""
+        pieces = [self.options_metavar] if self.options_metavar else []
+        for p in self.get_params(ctx):
+            if isinstance(p, TyperArgument):
+                pieces.append(p.metavar if p.required else f"[{p.metavar}]")
+            else:
+                pieces.extend(p.get_usage_pieces(ctx))
+        if isinstance(self, TyperGroup):
+            pieces.append(self.subcommand_metavar)
+        return pieces
+
+
+class _Command(_PlainHelp, TyperCommand):
+    pass
+
+
+class _Group(_PlainHelp, TyperGroup):
+    pass
+
+
 app = typer.Typer(
+    cls=_Group,
     name="precisionlab",
     help="A command-line lab for numerical precision: floating-point formats and reduction orders, "
     "shown, measured and explained.",
@@ -32,8 +89,8 @@ app = typer.Typer(
 )
 
 
-compare_app = typer.Typer(help="Error reports: the three comparisons for an op, tensor dumps, a whole model.",
-                           no_args_is_help=True)
+compare_app = typer.Typer(cls=_Group, no_args_is_help=True,
+                          help="Error reports: the three comparisons for an op, tensor dumps, a whole model.")
 app.add_typer(compare_app, name="compare")
 
 
@@ -82,7 +139,7 @@ def _register() -> None:
 
     for group, name, module in COMMANDS:
         fn = importlib.import_module(f"precisionlab.cli.{module}").command
-        (app if group is None else GROUPS[group]).command(name)(fn)
+        (app if group is None else GROUPS[group]).command(name, cls=_Command)(fn)
 
 
 _register()

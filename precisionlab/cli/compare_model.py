@@ -51,7 +51,8 @@ def command(
     dtypes: Annotated[str, typer.Option("--dtypes", help="Low precisions against fp32: "
                                         f"{format_names(formats.LOW_COMPUTE)}.")] = DEFAULT_DTYPES,
     plot: Annotated[Optional[str], typer.Option("--plot", help="Write rel-L2 per step, divergence marked, to this file (.png, .svg, .pdf, ...).")] = None,
-    device: Annotated[str, typer.Option("--device", help="cpu (default) | cuda | auto.")] = "cpu",
+    device: Annotated[str, typer.Option("--device", help="cpu (the default for a model run, unlike the other "
+                                          "commands) | cuda | auto (the GPU where present, else the CPU).")] = "cpu",
     metrics: Annotated[bool, typer.Option("--metrics", help="Instead: next-token distribution statistics over a text, "
                                           "teacher-forced (KL divergence, top-1/top-5 agreement, Δp, perplexity, flips "
                                           "by margin); --dtypes may include fp32; --plot draws KLD and flips.")] = False,

@@ -7,7 +7,7 @@ from typing import Annotated, Optional
 import typer
 
 from precisionlab.catalog import formats
-from precisionlab.cli.options import DeviceOpt, ModelOpt, SeedOpt, JsonOpt, check_model, format_names
+from precisionlab.cli.options import ModelOpt, SeedOpt, JsonOpt, check_model, format_names
 from precisionlab.engines.registry import DEFAULT_PROMPT, DEFAULT_SPEC
 
 
@@ -24,7 +24,8 @@ def command(
     steps: Annotated[int, typer.Option("--steps", help="Greedy steps.")] = 50,
     prompt: Annotated[str, typer.Option("--prompt", help="Prompt text.")] = DEFAULT_PROMPT,
     model: ModelOpt = DEFAULT_SPEC,
-    device: DeviceOpt = "cpu",
+    device: Annotated[str, typer.Option("--device", help="cpu (the default for a model run, unlike the other "
+                                        "commands) | cuda | auto (CPU, plus GPU where present) | all.")] = "cpu",
     seed: SeedOpt = 0,
     json_out: JsonOpt = False,
 ):

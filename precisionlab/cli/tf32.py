@@ -23,8 +23,8 @@ def command(
     threads: ThreadsOpt = None,
     accumulator: Annotated[Optional[str], typer.Option(
         "--accumulator", help="Instead of the modes: accumulator models MODEL[,MODEL...] (exact, fp32, "
-        "fp32-pairwise, hopper-fp8[:bits=B:group=G:rounding=trunc|rne], promote:N), emulated on the CPU at "
-        "64 x K x 64, error against float64 for each --dtypes and --k.")] = None,
+        "fp32-pairwise, hopper-fp8 with optional :bits=B :group=G :rounding=trunc|rne, promote:N), emulated on the "
+        "CPU at 64 x K x 64, error against float64 for each --dtypes and --k.")] = None,
     dtypes: Annotated[str, typer.Option("--dtypes", help="With --accumulator: the input formats.")] = "fp8_e4m3",
 ):
     """TF32, bf16 and fp16 matmuls against float64: error, speed, integer exactness, error against K."""

@@ -96,10 +96,34 @@ def gpu_status() -> GpuStatus:
     if status == OK:
         return GpuStatus(count.value, "")
     if status in (NO_DEVICE, NO_CUDA):
-        # the reason users read ("no usable CUDA driver or device (...)"), without the C function's name
-        reason = lib.pl_last_error().decode(errors="replace")
-        return GpuStatus(0, reason.removeprefix("pl_cuda_device_count: "))
+        # the reason users read, without the C function's name
+        reason = lib.pl_last_error().decode(errors="replace").removeprefix("pl_cuda_device_count: ")
+        if status == NO_DEVICE:
+            reason = no_gpu_reason(reason, *cuda_versions(), os.environ.get("CUDA_VISIBLE_DEVICES"))
+        return GpuStatus(0, reason)
     raise _error("pl_cuda_device_count", status)
+
+
+def no_gpu_reason(cuda_error: str, runtime: int, driver: int, visible: str | None) -> str:
+    """Why there is no GPU, as a user should read it. The CUDA runtime (linked
+    statically) answers a machine with no NVIDIA driver at all with
+    cudaErrorInsufficientDriver, "CUDA driver version is insufficient", which
+    reads like a broken install: without a driver (its version 0) that is
+    simply no GPU on this machine. A driver older than the runtime is the real
+    insufficient driver. cuda_error is pl_last_error's line, kept in the
+    answer where it adds something; runtime and driver are the CUDA versions
+    (cuda_versions(): 1000 * major + 10 * minor, the driver's 0 without one);
+    visible is $CUDA_VISIBLE_DEVICES."""
+    if "cudaErrorInsufficientDriver" in cuda_error:
+        if driver == 0:
+            return "no GPU on this machine: no NVIDIA driver is installed"
+        return (f"the NVIDIA driver supports CUDA up to {driver // 1000}.{driver % 1000 // 10}, older than the "
+                f"library's CUDA runtime {runtime // 1000}.{runtime % 1000 // 10}: update the driver ({cuda_error})")
+    if "cudaErrorNoDevice" in cuda_error or "no CUDA device found" in cuda_error:
+        if visible is not None and visible.strip() in ("", "-1"):
+            return f"no GPU visible: CUDA_VISIBLE_DEVICES={visible!r} hides them"
+        return "no GPU on this machine: the NVIDIA driver sees no device"
+    return cuda_error
 
 
 @dataclass(frozen=True)
