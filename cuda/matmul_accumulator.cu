@@ -76,10 +76,12 @@ PL_HD inline double pow2d(int q) {  // q in the normal double range
     memcpy(&x, &b, 8);
     return x;
 }
-PL_HD inline int bitlen64(uint64_t v) {
-    int l = 0;
-    while (v) { ++l; v >>= 1; }
-    return l;
+PL_HD inline int bitlen64(uint64_t v) {  // bits up to the leading one; 0 for 0
+#if defined(__CUDA_ARCH__)
+    return 64 - __clzll((long long)v);
+#else
+    return v ? 64 - __builtin_clzll(v) : 0;
+#endif
 }
 PL_HD inline bool finite(float x) { return (fbits(x) & 0x7F800000u) != 0x7F800000u; }
 
@@ -188,7 +190,10 @@ PL_HD inline float fused_group(float c, const dot_args& d, int64_t s0, int64_t s
         const float x = d.xv(s), y = d.yv(s);
         if (!finite(x) || !finite(y)) return NAN;
         const term t = product(x, y);
-        if (t.sig && top_exp(t) > e) e = top_exp(t);
+        if (t.sig) {
+            const int te = top_exp(t);
+            if (te > e) e = te;
+        }
     }
     if (e == INT_MIN) return 0.0f;  // every term zero: +0
     const int ul = e - bits + 1;
