@@ -38,6 +38,7 @@
  *                        numerics lab's kernel, not a fast one.
  */
 #include <climits>
+#include <type_traits>
 
 #include "common.cuh"
 
@@ -288,22 +289,29 @@ PL_HD inline float exact(const dot_args& d) {
     return acc.round_fp32();
 }
 
-// One output under the model (its fields checked by check_args).
-PL_HD inline float dot(const dot_args& d, const pl_accumulator& a) {
-    switch (a.kind) {
-        case PL_ACC_EXACT: return exact(d);
-        case PL_ACC_FP32: return fp32_sequential(d);
-        case PL_ACC_FP32_PAIRWISE: return fp32_pairwise(d);
-        case PL_ACC_HOPPER_FP8: return limited(0.0f, d, 0, d.k, a);
-        case PL_ACC_PROMOTE: return promote(d, a);
-    }
-    return NAN;  // not reached: the kind is checked first
-}
-
+// One output under the model of kind KIND (its fields checked by check_args).
+// A template, so a kernel instance holds only its kind's per-thread arrays.
+template <int KIND>
 PL_HD inline float output(const float* a, const float* b, int64_t i, int64_t j, int64_t n, int64_t k,
                           const pl_accumulator& acc) {
     const dot_args d{a + i * k, 1, b + j, n, k, acc.order == PL_ORDER_REVERSED};
-    return dot(d, acc);
+    if constexpr (KIND == PL_ACC_EXACT) return exact(d);
+    else if constexpr (KIND == PL_ACC_FP32) return fp32_sequential(d);
+    else if constexpr (KIND == PL_ACC_FP32_PAIRWISE) return fp32_pairwise(d);
+    else if constexpr (KIND == PL_ACC_HOPPER_FP8) return limited(0.0f, d, 0, d.k, acc);
+    else return promote(d, acc);
+}
+
+// f(kind constant) for the model's kind (checked first: the last case is PL_ACC_PROMOTE).
+template <typename F>
+inline auto with_kind(int kind, F&& f) {
+    switch (kind) {
+        case PL_ACC_EXACT: return f(std::integral_constant<int, PL_ACC_EXACT>{});
+        case PL_ACC_FP32: return f(std::integral_constant<int, PL_ACC_FP32>{});
+        case PL_ACC_FP32_PAIRWISE: return f(std::integral_constant<int, PL_ACC_FP32_PAIRWISE>{});
+        case PL_ACC_HOPPER_FP8: return f(std::integral_constant<int, PL_ACC_HOPPER_FP8>{});
+    }
+    return f(std::integral_constant<int, PL_ACC_PROMOTE>{});
 }
 
 // ---------------------------------------------------------------------------
@@ -382,8 +390,11 @@ extern "C" int pl_matmul_acc_cpu(const float* a, const float* b, int64_t m, int6
     if (int st = check_values(a, m * k, format, "a", __func__)) return st;
     if (int st = check_values(b, k * n, format, "b", __func__)) return st;
     const pl_accumulator model = *acc;
-    for (int64_t i = 0; i < m; ++i)
-        for (int64_t j = 0; j < n; ++j) c[i * n + j] = output(a, b, i, j, n, k, model);
+    with_kind(model.kind, [&](auto kind) {
+        for (int64_t i = 0; i < m; ++i)
+            for (int64_t j = 0; j < n; ++j) c[i * n + j] = output<decltype(kind)::value>(a, b, i, j, n, k, model);
+        return 0;
+    });
     return PL_OK;
 }
 
@@ -394,10 +405,11 @@ namespace {
 constexpr int kThreads = 128;
 
 // Version 1: one thread per output, grid-stride.
+template <int KIND>
 __global__ void matmul_acc_thread(const float* __restrict__ a, const float* __restrict__ b, float* __restrict__ c,
                                   int64_t m, int64_t n, int64_t k, pl_accumulator acc) {
     for (int64_t e = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; e < m * n; e += (int64_t)gridDim.x * blockDim.x)
-        c[e] = output(a, b, e / n, e % n, n, k, acc);
+        c[e] = output<KIND>(a, b, e / n, e % n, n, k, acc);
 }
 
 }  // namespace
@@ -410,7 +422,12 @@ extern "C" int pl_matmul_acc_cuda(const float* a_dev, const float* b_dev, int64_
     if (int st = pl_require_device(b_dev, sizeof(float), "b_dev", __func__)) return st;
     if (int st = pl_require_device(c_dev, sizeof(float), "c_dev", __func__)) return st;
     const int64_t blocks = (m * n + kThreads - 1) / kThreads;
-    matmul_acc_thread<<<(unsigned)(blocks < 65535 ? blocks : 65535), kThreads>>>(a_dev, b_dev, c_dev, m, n, k, *acc);
+    const unsigned grid = (unsigned)(blocks < 65535 ? blocks : 65535);
+    const pl_accumulator model = *acc;
+    with_kind(model.kind, [&](auto kind) {
+        matmul_acc_thread<decltype(kind)::value><<<grid, kThreads>>>(a_dev, b_dev, c_dev, m, n, k, model);
+        return 0;
+    });
     PL_CUDA_CHECK(cudaGetLastError());
     return PL_OK;
 }

@@ -41,7 +41,9 @@ def test_gpu_matches_the_host_and_numpy_bit_for_bit(model, variant):
     rng = np.random.default_rng(MODELS.index(model))
     for k in (1, 3, 33, 129, 1031):
         for name, dtype in DTYPES.items():
-            spread = 2.0 if name == "fp8_e4m3" else 30.0
+            spread = 2.0 if name == "fp8_e4m3" else 30.0  # fp32, bf16: alignment shifts past 48 bits
+            if m.kind == "exact":  # numpy's exact extraction takes a pass per ~50 bits of range: keep it short
+                spread = min(spread, 6.0)
             a = (rng.standard_normal((3, k)) * np.exp2(rng.uniform(-spread, spread, (3, k)))).astype(dtype)
             b = (rng.standard_normal((k, 5)) * np.exp2(rng.uniform(-spread, spread, (k, 5)))).astype(dtype)
             a, b = a.astype(np.float64), b.astype(np.float64)
