@@ -301,6 +301,50 @@ int pl_matmul_workspace_bytes(int64_t m, int64_t n, int variant, int splits, siz
 int pl_matmul_cuda(const void* a_dev, const void* b_dev, int64_t m, int64_t n, int64_t k, int dtype, int variant,
                    int splits, void* work_dev, size_t work_bytes, void* c_dev);
 
+/* ---- matmul under an accumulator model (matmul_accumulator.cu) ---------------
+ * How a matmul's dot products are carried, bit for bit as
+ * precisionlab/numerics/accumulators.py's docstring defines each model:
+ *   PL_ACC_EXACT          the exact sum, rounded once to fp32
+ *   PL_ACC_FP32           IEEE sequential: c = fp32(c + fp32(a_k b_k))
+ *   PL_ACC_FP32_PAIRWISE  adjacent pairs level by level, in fp32
+ *   PL_ACC_HOPPER_FP8     groups of `group` products and c aligned to their
+ *                         largest exponent, cut to `bits` bits (`rounding`),
+ *                         summed exactly, rounded once to fp32
+ *   PL_ACC_PROMOTE        chunks of `interval` k by PL_ACC_HOPPER_FP8 from +0,
+ *                         added in fp32
+ * order: PL_ORDER_AS_GIVEN (k ascending) or PL_ORDER_REVERSED. bits (1..40,
+ * with (group + 1) 2^bits < 2^53), group (>= 1) and rounding are read by the
+ * hopper-fp8 and promote kinds only, interval (>= 1) by promote only.
+ * The names are the library's: pl_accumulator_kind_info and
+ * pl_accumulator_rounding_info give them (the Python spellings). */
+enum pl_accumulator_kind { PL_ACC_EXACT = 0, PL_ACC_FP32 = 1, PL_ACC_FP32_PAIRWISE = 2, PL_ACC_HOPPER_FP8 = 3,
+                           PL_ACC_PROMOTE = 4, PL_ACC_KIND_COUNT_ = 5 };
+enum pl_accumulator_rounding { PL_ACC_TRUNC = 0, PL_ACC_RNE = 1, PL_ACC_ROUNDING_COUNT_ = 2 };
+typedef struct {
+    int32_t kind;     /* pl_accumulator_kind */
+    int32_t bits;     /* bits kept of the group's largest term */
+    int32_t group;    /* products fused per step */
+    int32_t rounding; /* pl_accumulator_rounding of the cut */
+    int64_t interval; /* promote: k per chunk */
+    int32_t order;    /* pl_input_order: PL_ORDER_AS_GIVEN or PL_ORDER_REVERSED */
+} pl_accumulator;
+/* The kind's / rounding's name (static text) in *name. */
+int pl_accumulator_kind_info(int id, const char** name);
+int pl_accumulator_rounding_info(int id, const char** name);
+/* C = A @ B, row-major: a m x k, b k x n, c m x n, all fp32 arrays; every
+ * value of a and b must be a value of `format` (PL_FP32, PL_TF32, PL_BF16,
+ * PL_FP16, PL_FP8_E4M3, PL_FP8_E5M2; the host checks, naming the first that is
+ * not). Each output is computed by the model alone: no other rounding. NaN or
+ * inf inputs (outside the models' domain) give NaN under exact, hopper-fp8 and
+ * promote, IEEE's result under fp32 and fp32-pairwise. */
+int pl_matmul_acc_cpu(const float* a, const float* b, int64_t m, int64_t n, int64_t k, int format,
+                      const pl_accumulator* acc, float* c);
+/* The same outputs, bit for bit, on the GPU (variants: the catalog's op
+ * "matmul_acc"). Device pointers, acc a host pointer; asynchronous on the
+ * legacy default stream; the values are not checked against the format. */
+int pl_matmul_acc_cuda(const float* a_dev, const float* b_dev, int64_t m, int64_t n, int64_t k, int format,
+                       const pl_accumulator* acc, float* c_dev, int variant);
+
 /* ---- all-reduce order: CPU replay (allreduce.cu) ------------------------------
  * partials: ranks * n doubles, rank r's vector at partials[r * n]; each must be
  *    a value of `format` (NaN allowed). out: n doubles, the sums.

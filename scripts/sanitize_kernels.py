@@ -71,6 +71,18 @@ def _device_pointer_kernels(rng) -> int:
                                work_bytes=work.nbytes)
             c.numpy()
             calls += 1
+    for m, k, n in ((1, 1, 1), (5, 129, 7), (33, 4097, 3)):  # the accumulator models: every kind, reverse too
+        e4m3 = formats.get("fp8_e4m3")
+        a = dev(e4m3.round(rng.standard_normal((m, k))).astype(np.float32))
+        bm = dev(e4m3.round(rng.standard_normal((k, n))).astype(np.float32))
+        c = native.DeviceArray((m, n), np.float32)
+        for kind in native.accumulator_kinds():
+            for order in ("forward", "reverse"):
+                model = native.accumulator(kind, bits=14, group=32, rounding="rne", interval=128, order=order)
+                for version in (v.name for v in native.variants("matmul_acc", "cuda")):
+                    native.matmul_acc_cuda(a.ptr, bm.ptr, m, n, k, e4m3.code, model, c.ptr, version)
+                    c.numpy()
+                    calls += 1
     for name in ("fp32", "bf16", "fp16"):  # swiglu, rope, attention on odd sizes
         fmt = formats.get(name)
         arr = lambda *shape: dev(np.ascontiguousarray(fmt.round(rng.standard_normal(shape)).astype(fmt.dtype)))

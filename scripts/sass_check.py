@@ -108,6 +108,8 @@ def ctas_per_sm(regs: int, threads: int = PAIR_THREADS) -> int:
 # be __cosf/__sinf, the approximate intrinsics this project never uses.
 STACK_ALLOWED = {
     "rope_v1": (32, "cosf/sinf's Payne-Hanek reduction for |angle| > 105615 rad keeps its table on the stack"),
+    "matmul_acc_thread": (256, "the accumulator models' per-thread arrays indexed at run time: fp32-pairwise's "
+                               "64 partial sums, exact's 640-bit fixed-point sum"),
 }
 
 ELEM_BYTES = {"float": 4, "double": 8, "__nv_bfloat16": 2, "__half": 2, "__nv_fp8_e4m3": 1, "__nv_fp8_e5m2": 1}

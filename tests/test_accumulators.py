@@ -7,6 +7,7 @@ storage format (any rounding will do: the models take the stored values)."""
 from __future__ import annotations
 
 import math
+import re
 from fractions import Fraction
 
 import ml_dtypes
@@ -90,14 +91,15 @@ DTYPES = {"fp8_e4m3": ml_dtypes.float8_e4m3fn, "fp8_e5m2": ml_dtypes.float8_e5m2
           "fp16": np.float16, "fp32": np.float32}
 
 
+@pytest.mark.parametrize("backend", acc.BACKENDS)
 @pytest.mark.parametrize("model", MODELS)
 @pytest.mark.parametrize("k", [1, 3, 17, 33, 129])
-def test_bit_for_bit_against_fractions(model, k):
+def test_bit_for_bit_against_fractions(model, k, backend):
     rng = np.random.default_rng(k * 7919 + MODELS.index(model))
     for name, dtype in DTYPES.items():
         spread = 6.0 if name in ("bf16", "fp32") else 2.0  # wide exponents: alignment shifts of many bits
         a, b = draw(rng, (2, k), dtype, spread), draw(rng, (k, 3), dtype, spread)
-        got = acc.parse(model).matmul(a, b)
+        got = acc.parse(model).matmul(a, b, backend=backend, dtype=name)
         assert got.dtype == np.float32
         want = np.array([[emulate(model, [Fraction(v) for v in a[i]], [Fraction(v) for v in b[:, j]])
                           for j in range(3)] for i in range(2)], dtype=np.float32)
@@ -222,3 +224,132 @@ def test_tf32_accumulator_refuses_bad_options():  # (no torch import: tests/test
                        (["--accumulator", "fp32", "--k", "0"], "--k 0")):
         r = cli("tf32", *args)
         assert r.code == 2 and word in r.err and len(r.err.strip().splitlines()) == 1, (args, r.err)
+
+
+# ---------------------------------------------------------------------------
+# the library's implementation (backend="native", cuda/matmul_accumulator.cu)
+# against the numpy one: two codes written from the docstring, bit for bit.
+
+NATIVE_MODELS = MODELS + ["hopper-fp8:group=1", "hopper-fp8:bits=1", "hopper-fp8:bits=24:group=1000",
+                          "hopper-fp8:bits=40:group=31:rounding=rne", "promote:1", "promote:4097",
+                          "promote:33:order=reverse:rounding=rne", "fp32-pairwise:order=reverse",
+                          "exact:order=reverse"]
+
+
+@pytest.mark.parametrize("model", NATIVE_MODELS)
+@pytest.mark.parametrize("k", [1, 3, 17, 33, 129, 4097])
+def test_native_matches_numpy_bit_for_bit(model, k):
+    rng = np.random.default_rng([k, NATIVE_MODELS.index(model)])
+    m = acc.parse(model)
+    for name, dtype in DTYPES.items():
+        spread = {"fp8_e4m3": 2.0, "fp8_e5m2": 4.0, "fp16": 4.0}.get(name, 30.0)  # fp32, bf16: shifts past 48 bits
+        if m.kind == "exact":  # numpy's extraction takes a pass per ~50 bits of the products' range: keep it short
+            spread = min(spread, 6.0)
+        a, b = draw(rng, (3, k), dtype, spread), draw(rng, (k, 5), dtype, spread)
+        if k > 3:
+            a[0, : k // 2] = 0.0  # zero products: all-zero groups, and the sign of zero
+            b[: k // 3, 1] = -b[: k // 3, 2]
+        want = m.matmul(a, b)
+        got = m.matmul(a, b, backend="native", dtype=name)
+        assert got.dtype == np.float32 and got.shape == want.shape
+        assert np.array_equal(got.view(np.uint32), want.view(np.uint32)), (name, got, want)
+
+
+def test_native_at_the_edges_of_fp32():
+    """Subnormal products (down to 2^-298, below fp32's range, where the fused
+    groups' one rounding lands in fp32's subnormals or at 0), exact
+    cancellation, and sums past fp32's largest value (inf in every model but
+    exact's one rounding when it stays finite)."""
+    tiny = np.float32(2.0**-149)
+    cases = {
+        "subnormal": (np.array([[tiny, -tiny, 2.0**-126, 3 * tiny]]), np.array([[tiny], [tiny], [2.0**-20], [0.5]])),
+        "underflow": (np.array([[2.0**-100, -(2.0**-100), 2.0**-140]]), np.array([[2.0**-40], [2.0**-41], [1.0]])),
+        "overflow": (np.full((1, 40), 2.0**126), np.full((40, 1), 4.0)),
+        "cancel": (np.array([[3e38, 3e38, -3e38, -3e38, 1.0]], dtype=np.float32).astype(np.float64),
+                   np.array([[1.0], [1.0], [1.0], [1.0], [2.0**-30]])),
+    }
+    for model in NATIVE_MODELS:
+        m = acc.parse(model)
+        for case, (a, b) in cases.items():
+            with np.errstate(over="ignore", invalid="ignore"):
+                want = m.matmul(a, b)
+            got = m.matmul(a, b, backend="native")
+            assert np.array_equal(got.view(np.uint32), want.view(np.uint32)), (model, case, got, want)
+
+
+def test_native_kind_names_are_the_modules():
+    from precisionlab import native
+
+    assert tuple(native.accumulator_kinds()) == acc.KINDS
+    assert tuple(native.accumulator_roundings()) == acc.ROUNDINGS
+    assert acc.default_backend() == "native"
+
+
+def _call_status(fn, *args):
+    from precisionlab import native
+
+    lib = native._load()
+    return getattr(lib, fn)(*args), (lib.pl_last_error() or b"").decode()
+
+
+def test_native_refuses_bad_arguments_with_a_message():
+    import ctypes
+
+    from precisionlab import native
+    from precisionlab.catalog import formats
+
+    fp32 = formats.get("fp32").code
+    x = np.ones(64, np.float32)
+    p = x.ctypes.data
+    good = native.accumulator("promote", interval=8)
+
+    def model(**change):
+        a = native.accumulator("promote", interval=8)
+        for key, v in change.items():
+            setattr(a, key, v)
+        return ctypes.byref(a)
+
+    fn = "pl_matmul_acc_cpu"
+    cases = [
+        ((None, p, 2, 2, 2, fp32, ctypes.byref(good), p), native.NULL_POINTER, "a is NULL"),
+        ((p, None, 2, 2, 2, fp32, ctypes.byref(good), p), native.NULL_POINTER, "b is NULL"),
+        ((p, p, 2, 2, 2, fp32, None, p), native.NULL_POINTER, "acc is NULL"),
+        ((p, p, 2, 2, 2, fp32, ctypes.byref(good), None), native.NULL_POINTER, "c is NULL"),
+        ((p, p, 0, 2, 2, fp32, ctypes.byref(good), p), native.INVALID_ARGUMENT, "m, n, k must be > 0"),
+        ((p, p, 2, 2, -1, fp32, ctypes.byref(good), p), native.INVALID_ARGUMENT, "m, n, k must be > 0"),
+        ((p, p, 1 << 40, 2, 1 << 30, fp32, ctypes.byref(good), p), native.SIZE_OVERFLOW, "overflow"),
+        ((p, p, 2, 2, 2, 99, ctypes.byref(good), p), native.INVALID_ARGUMENT, "unknown format 99"),
+        ((p, p, 2, 2, 2, formats.get("fp64").code, ctypes.byref(good), p), native.UNSUPPORTED, "format fp64"),
+        ((p, p, 2, 2, 2, fp32, model(kind=7), p), native.INVALID_ARGUMENT, "unknown accumulator kind 7"),
+        ((p, p, 2, 2, 2, fp32, model(kind=-1), p), native.INVALID_ARGUMENT, "unknown accumulator kind -1"),
+        ((p, p, 2, 2, 2, fp32, model(bits=0), p), native.INVALID_ARGUMENT, r"bits must be in \[1, 40\] \(got 0\)"),
+        ((p, p, 2, 2, 2, fp32, model(bits=41), p), native.INVALID_ARGUMENT, r"bits must be in \[1, 40\]"),
+        ((p, p, 2, 2, 2, fp32, model(bits=40, group=8192), p), native.INVALID_ARGUMENT, "below 2\\^53"),
+        ((p, p, 2, 2, 2, fp32, model(group=0), p), native.INVALID_ARGUMENT, "group must be >= 1"),
+        ((p, p, 2, 2, 2, fp32, model(rounding=2), p), native.INVALID_ARGUMENT, "unknown acc->rounding 2"),
+        ((p, p, 2, 2, 2, fp32, model(interval=0), p), native.INVALID_ARGUMENT, "interval must be >= 1"),
+        ((p, p, 2, 2, 2, fp32, model(order=2), p), native.INVALID_ARGUMENT, "order must be"),
+    ]
+    for args, status, said in cases:
+        st, msg = _call_status(fn, *args)
+        assert st == status and re.match(rf"{fn}: .*{said}", msg), (args, st, msg)
+    # the fields a kind does not read are not checked: fp32 with bits = 0 runs
+    st, msg = _call_status(fn, p, p, 2, 2, 2, fp32, ctypes.byref(native.accumulator("fp32", bits=0, group=0)), p)
+    assert st == native.OK, msg
+
+
+def test_native_refuses_values_outside_the_format():
+    from precisionlab import native
+    from precisionlab.catalog import formats
+    from precisionlab.errors import UsageError
+
+    a = np.ones((2, 3))
+    a[1, 2] = 1.0 + 2.0**-10  # a bf16 has 8 significand bits: not a bf16 value
+    with pytest.raises(UsageError, match=r"pl_matmul_acc_cpu: a\[5\] = 1.0009765\d* is not a bf16 value"):
+        native.matmul_acc_cpu(a, np.ones((3, 2)), formats.get("bf16").code, native.accumulator("exact"))
+    b = np.full((3, 2), 500.0)  # past e4m3's 448
+    with pytest.raises(UsageError, match=r"b\[0\] = 500 is not a fp8_e4m3 value"):
+        native.matmul_acc_cpu(np.ones((2, 3)), b, formats.get("fp8_e4m3").code, native.accumulator("fp32"))
+    with pytest.raises(UsageError, match=r"a\[0\] = 1.125 is not a fp8_e5m2 value"):  # e5m2: 3 significand bits
+        native.matmul_acc_cpu(np.full((1, 1), 1.125), np.ones((1, 1)), formats.get("fp8_e5m2").code,
+                              native.accumulator("fp32"))

@@ -44,6 +44,10 @@ def test_every_entry_point_takes_the_ids_of_its_rows_and_refuses_others():
             elif op == "sum":
                 native._call("pl_accumulate_cpu", native._dptr(np.ones(3)), 3, FP32, stray, 0,
                              ctypes.byref(ctypes.c_double()), None, None, None)
+            elif op == "matmul_acc":  # the CPU entry has one variant; the GPU's is checked before any device
+                f32 = np.zeros(4, np.float32).ctypes.data
+                native._call("pl_matmul_acc_cuda", f32, f32, 2, 2, 1, FP32,
+                             ctypes.byref(native.accumulator("fp32")), f32, stray)
             elif op == "allreduce":
                 native._call("pl_allreduce_cpu", native._dptr(np.ones(4)), 2, 2, FP32, stray, 0, 1, -1,
                              native._dptr(np.ones(2)))
@@ -194,6 +198,7 @@ def test_every_cpu_entry_point_refuses_a_format_code_no_format_has(code):
         "pl_matmul_cpu": (f32, f32, 2, 2, 2, code, f32),
         "pl_rope_cpu": (f32, 1, 8, code, np.zeros(1, np.int64).ctypes.data, ctypes.c_float(1e4), FP32, f32),
         "pl_attention_cpu": (f32, f32, f32, 1, 1, 1, 2, 2, code, 0, None, ctypes.c_float(1.0), f32),
+        "pl_matmul_acc_cpu": (f32, f32, 2, 2, 2, code, ctypes.byref(native.accumulator("fp32")), f32),
         "pl_format_info": (code, ctypes.byref(native._FormatDesc())),
     }
     lib = native._load()

@@ -27,8 +27,9 @@ from precisionlab.errors import UsageError
 K_SWEEP = [256, 512, 1024, 2048, 4096, 8192, 16384]
 CPU_MODES = ["fp32", "tf32", "bf16", "fp16"]
 MAX_DIM = 1 << 16
-# the accumulator section: m = n = ACC_MN outputs (numpy emulation, a loop over
-# K groups), standard normal inputs rounded to the dtype, against float64
+# the accumulator section: m = n = ACC_MN outputs (the library's models, or
+# numpy's where it is missing: the same bits), standard normal inputs rounded
+# to the dtype, against float64
 ACC_MN = 64
 ACC_K = (256, 1024, 4096, 16384)
 ACC_DTYPES = formats.ALL  # --dtypes: the inputs are rounded to any format (Format.round)
@@ -311,6 +312,7 @@ def _run_accumulators(cfg: Tf32Config, advance) -> Tf32Result:
     inputs.check_memory(memory.accumulator_models(mn, mn, max(ks), [m.peak_bytes(mn, mn, max(ks)) for m in models]),
                         f"tf32 --accumulator with --k {max(ks)}")
     rows = []
+    backend = accumulators.default_backend()  # the library's C++ where it loads: the same bits, faster
     for dtype in dtypes:
         fmt = formats.get(dtype)
         for k in ks:
@@ -321,7 +323,7 @@ def _run_accumulators(cfg: Tf32Config, advance) -> Tf32Result:
             scale = float(np.max(np.abs(ref)))
             for model in models:
                 t0 = time.perf_counter()
-                c = model.matmul(a, b).astype(np.float64)
+                c = model.matmul(a, b, backend=backend, dtype=dtype).astype(np.float64)
                 dt = time.perf_counter() - t0
                 rep = metrics.error_report(c, ref, None, 0.0, 0.0)
                 rows.append({"section": "accumulator", "device": "cpu", "accumulator": model.name, "dtype": dtype,

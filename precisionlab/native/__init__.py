@@ -1,6 +1,7 @@
 """The library's public API for numpy callers: each entry point wrapped once over
-the loader (loader.py), the catalog of variants and formats (catalog.py) and the
-block-scaled formats (blockscale.py). No GPU is an answer (gpu_status()), not
+the loader (loader.py), the catalog of variants and formats (catalog.py), the
+block-scaled formats (blockscale.py) and the accumulator models' matmul
+(matmul_acc.py). No GPU is an answer (gpu_status()), not
 an exception."""
 
 from __future__ import annotations
@@ -75,6 +76,15 @@ from precisionlab.native.blockscale import (  # noqa: F401  (the package's API)
     blockscale_dequantize_cuda,
 )
 
+
+from precisionlab.native.matmul_acc import (  # noqa: F401  (the package's API)
+    _Accumulator,
+    accumulator_kinds,
+    accumulator_roundings,
+    accumulator,
+    matmul_acc_cpu,
+    matmul_acc_cuda,
+)
 
 
 def build_info() -> str:

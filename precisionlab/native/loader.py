@@ -134,6 +134,17 @@ _PROTOTYPES = {
     #                    int variant, int splits, void* work_dev, size_t work_bytes, void* c_dev)
     "pl_matmul_cuda": (c_int, [c_void_p, c_void_p, c_int64, c_int64, c_int64, c_int, c_int, c_int, c_void_p, c_size_t,
                                c_void_p]),
+    # int pl_accumulator_kind_info(int id, const char** name)
+    "pl_accumulator_kind_info": (c_int, [c_int, POINTER(c_char_p)]),
+    # int pl_accumulator_rounding_info(int id, const char** name)
+    "pl_accumulator_rounding_info": (c_int, [c_int, POINTER(c_char_p)]),
+    # int pl_matmul_acc_cpu(const float* a, const float* b, int64_t m, int64_t n, int64_t k, int format,
+    #                       const pl_accumulator* acc, float* c)
+    "pl_matmul_acc_cpu": (c_int, [c_void_p, c_void_p, c_int64, c_int64, c_int64, c_int, c_void_p, c_void_p]),
+    # int pl_matmul_acc_cuda(const float* a_dev, const float* b_dev, int64_t m, int64_t n, int64_t k, int format,
+    #                        const pl_accumulator* acc, float* c_dev, int variant)
+    "pl_matmul_acc_cuda": (c_int, [c_void_p, c_void_p, c_int64, c_int64, c_int64, c_int, c_void_p, c_void_p,
+                                   c_int]),
     # int pl_allreduce_cpu(const double* partials, int ranks, int64_t n, int format, int order, int64_t offset,
     #                      int64_t chunk, int step, double* out)
     "pl_allreduce_cpu": (c_int, [_d, c_int, c_int64, c_int, c_int, c_int64, c_int64, c_int, _d]),

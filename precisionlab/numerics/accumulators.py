@@ -63,6 +63,12 @@ Vectorised over the M x N outputs; the loop runs over K (groups, chunks or
 single k), never over elements, in the order a kernel would follow: for
 ``hopper-fp8``, per group: products, exponent max with c, cut, exact sum, one
 fp32 rounding.
+
+Two implementations of these definitions: this module's numpy
+(``backend="numpy"``) and the library's C++ (``backend="native"``,
+cuda/matmul_accumulator.cu: integer arithmetic on the significands, one
+output at a time, the same code as its CUDA kernel). tests/test_accumulators.py
+holds both to a fractions emulation and to each other, bit for bit.
 """
 
 from __future__ import annotations
@@ -73,6 +79,11 @@ from fractions import Fraction
 
 import numpy as np
 
+from precisionlab import native
+from precisionlab.catalog import formats
+from precisionlab.errors import RunError
+
+BACKENDS = ("numpy", "native")
 KINDS = ("exact", "fp32", "fp32-pairwise", "hopper-fp8", "promote")
 ROUNDINGS = ("trunc", "rne")
 ORDERS = ("forward", "reverse")
@@ -105,14 +116,20 @@ class Accumulator:
             extra.append(f"order={self.order}")
         return ":".join([s, *extra])
 
-    def matmul(self, a, b) -> np.ndarray:
-        """C = A @ B under this model, float32 (M x N)."""
+    def matmul(self, a, b, backend: str = "numpy", dtype: str = "fp32") -> np.ndarray:
+        """C = A @ B under this model, float32 (M x N). backend "native": the
+        library's implementation, which also checks that every value is one of
+        `dtype` (fp32 holds them all)."""
         a = np.asarray(a, dtype=np.float64)
         b = np.asarray(b, dtype=np.float64)
         if a.ndim != 2 or b.ndim != 2 or a.shape[1] != b.shape[0]:
             raise ValueError(f"shapes {a.shape} @ {b.shape} do not multiply")
         if not (np.isfinite(a).all() and np.isfinite(b).all()):
             raise ValueError("the accumulator models take finite inputs")
+        if backend == "native":
+            return self._native(a, b, dtype)
+        if backend != "numpy":
+            raise ValueError(f"backend {backend!r}: one of {', '.join(BACKENDS)}")
         if self.order == "reverse":
             a, b = a[:, ::-1], b[::-1, :]
         bt = np.ascontiguousarray(b.T)  # (N, K): products are a[:, None, ks] * bt[None, :, ks]
@@ -148,6 +165,15 @@ class Accumulator:
         tree = (_fp32_pairwise(a, np.ascontiguousarray(b.T)) if self.kind == "fp32-pairwise"
                 else _promote(a, np.ascontiguousarray(b.T), self))
         return c + tree  # fp32 + fp32, correctly rounded
+
+    def _native(self, a: np.ndarray, b: np.ndarray, dtype: str) -> np.ndarray:
+        m, n = a.shape[0], b.shape[1]
+        if a.shape[1] == 0:  # the library takes k >= 1; an empty sum is +0 in every model
+            return np.zeros((m, n), dtype=np.float32)
+        if m == 0 or n == 0:
+            return np.zeros((m, n), dtype=np.float32)
+        model = native.accumulator(self.kind, self.bits, self.group, self.rounding, self.interval or 0, self.order)
+        return native.matmul_acc_cpu(a.astype(np.float32), b.astype(np.float32), formats.get(dtype).code, model)
 
     def peak_bytes(self, m: int, n: int, k: int) -> int:
         """The arrays alive at this model's peak, for a memory check before running."""
@@ -194,6 +220,15 @@ def parse(text: str) -> Accumulator:
         raise ValueError(f"accumulator {text!r}: bits={acc.bits} with group={acc.group} would not sum exactly "
                          f"here (at most bits={MAX_BITS} and (group + 1) 2^bits < 2^53)")
     return acc
+
+
+def default_backend() -> str:
+    """"native" where the library loads, else "numpy": the same bits either way."""
+    try:
+        native.accumulator_kinds()
+    except RunError:
+        return "numpy"
+    return "native"
 
 
 def parse_list(text: str) -> list[Accumulator]:
