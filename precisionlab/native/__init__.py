@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import ctypes
 import math
+import os
 from ctypes import c_double, c_int, c_int64, c_size_t, c_void_p
 from dataclasses import dataclass
 from functools import lru_cache
