@@ -1199,26 +1199,33 @@ def _cli3(*args):
 
 
 @pytest.mark.parametrize("shell", ["bash", "zsh", "fish"])
-def test_install_completion_into_a_read_only_rc_file_is_one_line(run, tmp_path, monkeypatch, shell):
+def test_install_completion_into_a_read_only_rc_file_is_one_line(tmp_path, shell):
     """'internal error: PermissionError' when the rc file may not be written.
     HOME is a temporary folder; writes there are refused as for a read-only
-    file (root may write mode-444 files, so the refusal is made in process)."""
-    import pathlib
+    file (root may write mode-444 files, so the refusal is made in the child,
+    which runs main() as the console script does)."""
+    import subprocess
 
-    monkeypatch.setenv("HOME", str(tmp_path))
-    monkeypatch.setenv("SHELL", f"/bin/{shell}")
-    real_write, real_open = pathlib.Path.write_text, pathlib.Path.open
+    from helpers import ROOT
 
-    def refuse(path):
-        raise PermissionError(13, "Permission denied", str(path))
-
-    monkeypatch.setattr(pathlib.Path, "write_text", lambda self, *a, **k: refuse(self)
-                        if str(self).startswith(str(tmp_path)) else real_write(self, *a, **k))
-    monkeypatch.setattr(pathlib.Path, "open", lambda self, mode="r", *a, **k: refuse(self)
-                        if str(self).startswith(str(tmp_path)) and set(mode) & set("wa") else
-                        real_open(self, mode, *a, **k))
-    r = run("--install-completion", shell)
-    one_line(r, 1, "--install-completion", "cannot write", str(tmp_path), "Permission denied")
+    code = f"""
+import pathlib, sys
+home = {str(tmp_path)!r}
+real_write, real_open = pathlib.Path.write_text, pathlib.Path.open
+def refuse(path):
+    raise PermissionError(13, "Permission denied", str(path))
+pathlib.Path.write_text = lambda self, *a, **k: refuse(self) if str(self).startswith(home) else real_write(self, *a, **k)
+pathlib.Path.open = lambda self, mode="r", *a, **k: (refuse(self) if str(self).startswith(home) and set(mode) & set("wa")
+                                                     else real_open(self, mode, *a, **k))
+sys.argv = ["precisionlab", "--install-completion", {shell!r}]
+from precisionlab.cli import main
+main()
+"""
+    env = {k: v for k, v in os.environ.items() if k != "PRECISIONLAB_DEBUG"}
+    env.update(HOME=str(tmp_path), SHELL=f"/bin/{shell}", PYTHONPATH=str(ROOT))
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=ROOT, timeout=120)
+    one_line(Result(p.returncode, p.stdout, p.stderr), 1, "--install-completion", "cannot write", str(tmp_path),
+             "Permission denied")
 
 
 @pytest.mark.parametrize("lib,words", [("DIR", ["is a directory", "libprecisionlab.so"]),

@@ -308,7 +308,7 @@ def test_compare_logits_usage_errors(tmp_path):
 @pytest.mark.parametrize("args,needle", [
     (["--tokens", "0"], "--tokens must be > 0"),
     (["--tokens", "100000000"], "needs"),
-    (["--dtypes", "fp8"], "unknown --dtypes"),
+    (["--dtypes", "fp8"], "--dtypes: unknown format"),
     (["--inject", "logits:scale=2"], "not applied here"),
     (["--inject", "layers.0:noise=0.1"], "target 'logits' only"),
     (["--inject", "logits:noise=-1"], "out of range"),

@@ -315,7 +315,9 @@ def test_failed_allocation_is_one_line_and_exit_1():
 
 
 def test_out_of_memory_covers_torch_allocators():
-    from precisionlab.cli import app as cli
+    import importlib
+
+    cli = importlib.import_module("precisionlab.cli.app")  # the module: precisionlab.cli.app is also the Typer app's name
 
     torch = pytest.importorskip("torch")
     assert cli._out_of_memory(MemoryError())

@@ -70,7 +70,8 @@ def _calls(tree, attr: str):
 
 def test_models_are_opened_only_by_the_engines():
     """A causal LM is loaded by engines/hf.py and the embedded model by
-    engines/embedded.py: every command reaches them through the registry."""
+    engines/embedded.py (the exporters read them to convert them): every
+    command reaches them through the registry."""
     loads = {}
     for mod, tree in _modules():
         for call in _calls(tree, "from_pretrained"):
@@ -81,5 +82,5 @@ def test_models_are_opened_only_by_the_engines():
         if _calls(tree, "load_default") or _calls(tree, "load"):
             if any(getattr(c.func.value, "id", None) == "charlm" for c in _calls(tree, "load_default") + _calls(tree, "load")):
                 loads.setdefault(mod, []).append("charlm")
-    assert set(loads) <= {"engines/hf.py", "engines/embedded.py"}, loads
+    assert all(m in ("engines/hf.py", "engines/embedded.py") or m.startswith("engines/export") for m in loads), loads
     assert "AutoModelForCausalLM" in loads.get("engines/hf.py", []) and "charlm" in loads.get("engines/embedded.py", [])

@@ -108,6 +108,9 @@ def test_bench_quick_smoke_json():
     cpu = [x for x in d["rows"] if x["device"] == "cpu"]
     assert {x["variant"] for x in cpu} >= {"numpy.sum", "sequential", "pairwise", "kahan", "neumaier"}
     for x in cpu:
+        if x["section"] == "attention":  # the emulator's row: a time, no bandwidth
+            assert x["time_s"] > 0
+            continue
         assert x["time_s"] > 0 and x["gbps"] > 0 and x["vs_baseline"] > 0
 
 

@@ -104,8 +104,8 @@ def command(
                                                    "(0, 1] (default 1: the whole distribution).")] = None,
     engine: Annotated[Optional[list[str]], typer.Option("--engine", help="Instead: a real engine against --reference, "
                                                         "teacher-forced over --text (--tokens, default 512) and "
-                                                        "greedy from --prompt: llamacpp:FILE.gguf[,kv=f32,flash=1,"
-                                                        "threads=N], ct2:DIR[,compute=int8], onnx:FILE, or any "
+                                                        "greedy from --prompt: llamacpp:FILE.gguf with optional ,kv=f32 ,flash=1 "
+                                                        ",threads=N, ct2:DIR[,compute=int8], onnx:FILE, or any "
                                                         "--model spec; repeatable.")] = None,
     reference: Annotated[Optional[str], typer.Option("--reference", help="--engine: the reference run, in fp32 "
                                                      "(default: the embedded model).")] = None,

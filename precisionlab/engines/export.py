@@ -10,6 +10,8 @@ its checks and the tests read it.
 
 from __future__ import annotations
 
+from precisionlab.catalog import formats
+
 import importlib.util
 import os
 import tempfile
@@ -24,7 +26,7 @@ FORMATS = {
     "hf": ((), "transformers", True),
     "gguf": (("f32", "f16", "bf16", "q8_0", "q4_0"), "gguf", False),
     "ct2": (("float32", "int8", "bfloat16", "int8_float32"), "ctranslate2", True),
-    "onnx": (("fp32", "fp16"), "onnx", False),
+    "onnx": (formats.ONNX_EXPORT, "onnx", False),
 }
 # Asked for by name, not offered, and why.
 UNAVAILABLE = {"gguf:q4_k_m": "the gguf package cannot quantize K-quants (only dequantize them), and their "
@@ -109,9 +111,9 @@ def run(spec: str, to: str, out: str) -> ExportResult:
     kind, variant, src = check(spec, to, out)
     t0 = time.perf_counter()
     changes: list[str] = []
-    from precisionlab.engines.hf import _quiet_library
+    from precisionlab.engines.hf import quiet_library
 
-    with _quiet_library(), tempfile.TemporaryDirectory(prefix="precisionlab-export-") as work:
+    with quiet_library(), tempfile.TemporaryDirectory(prefix="precisionlab-export-") as work:
         if src is None and kind != "onnx":
             changes += hf.write_embedded(work)
             src = work

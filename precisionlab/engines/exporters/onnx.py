@@ -8,7 +8,9 @@ the graph keeps charlm's own casts (RMSNorm's fp32 statistic)."""
 
 from __future__ import annotations
 
-VARIANTS = ("fp32", "fp16")
+from precisionlab.catalog import formats
+
+VARIANTS = formats.ONNX_EXPORT
 
 
 def write_embedded(out: str, variant: str) -> list[str]:
