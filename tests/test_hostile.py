@@ -1222,10 +1222,37 @@ from precisionlab.cli import main
 main()
 """
     env = {k: v for k, v in os.environ.items() if k != "PRECISIONLAB_DEBUG"}
-    env.update(HOME=str(tmp_path), SHELL=f"/bin/{shell}", PYTHONPATH=str(ROOT))
+    # typer's own switch: the shell is the option's value, not found from this
+    # process's parents (which differ between a terminal, make and CI)
+    env.update(HOME=str(tmp_path), SHELL=f"/bin/{shell}", PYTHONPATH=str(ROOT),
+               _TYPER_COMPLETE_TEST_DISABLE_SHELL_DETECTION="1")
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=ROOT, timeout=120)
     one_line(Result(p.returncode, p.stdout, p.stderr), 1, "--install-completion", "cannot write", str(tmp_path),
              "Permission denied")
+
+
+@pytest.mark.parametrize("found", ["sh", None])
+def test_install_completion_from_a_shell_typer_cannot_serve_is_a_usage_error(tmp_path, found):
+    """Run from sh (or from a parent no shell at all), typer printed 'Shell sh is
+    not supported.' on stdout and exited 1; CI's make runs under sh."""
+    import subprocess
+
+    from helpers import ROOT
+
+    code = f"""
+import sys
+from typer import _completion_shared
+_completion_shared._get_shell_name = lambda: {found!r}
+sys.argv = ["precisionlab", "--install-completion"]
+from precisionlab.cli import main
+main()
+"""
+    env = {k: v for k, v in os.environ.items() if k not in ("PRECISIONLAB_DEBUG",
+                                                          "_TYPER_COMPLETE_TEST_DISABLE_SHELL_DETECTION")}
+    env.update(HOME=str(tmp_path), PYTHONPATH=str(ROOT))
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=ROOT, timeout=120)
+    one_line(Result(p.returncode, p.stdout, p.stderr), 2, "--install-completion", "bash", "--show-completion")
+    assert p.stdout == "" and not list(tmp_path.iterdir())  # nothing written
 
 
 @pytest.mark.parametrize("lib,words", [("DIR", ["is a directory", "libprecisionlab.so"]),

@@ -204,6 +204,8 @@ def _interrupted() -> None:
 def _run() -> int:
     """The app, every failure turned into one stderr line and an exit code."""
     debug = os.environ.get("PRECISIONLAB_DEBUG") == "1"
+    if "--install-completion" in sys.argv[1:]:
+        _check_completion_shell()
     try:
         # the command's name, also under `python -m`: shell completion is for `precisionlab`
         rc = app(standalone_mode=False, prog_name="precisionlab")
@@ -257,6 +259,22 @@ def _out_of_memory(e: BaseException) -> bool:
     if oom is not None and isinstance(e, oom):
         return True
     return isinstance(e, RuntimeError) and "can't allocate memory" in str(e)
+
+
+def _check_completion_shell() -> None:
+    """typer finds the shell from the process tree (shellingham), and for one it
+    cannot serve (sh, dash, a script's parent) prints 'not supported' on stdout
+    and exits 1: said here first, as a usage error on stderr."""
+    if os.environ.get("_TYPER_COMPLETE_TEST_DISABLE_SHELL_DETECTION"):  # then the shell is the option's value
+        return
+    from typer import _completion_shared as shared
+
+    name = shared._get_shell_name()
+    if name not in {s.value for s in shared.Shells}:
+        found = f"the shell running this is {name!r}" if name else "the shell running this cannot be told"
+        _fail(f"--install-completion: {found}, and completion is written for "
+              f"{', '.join(s.value for s in shared.Shells)}; run it from one of those, or add what "
+              "--show-completion prints to your shell's configuration yourself", 2)
 
 
 def _fail(message: str, code: int) -> None:
