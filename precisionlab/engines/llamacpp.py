@@ -5,12 +5,17 @@ settings that decide its numbers are the GGUF's tensor types (the file) and
 these, all reported by info(): the KV cache's types (kv=f16 is llama.cpp's
 default; kv=f32 keeps the cache exact), flash attention (its CPU kernel
 accumulates V in f16), n_threads (the order of its sums), n_batch and
-n_ubatch (how a prompt is split into graphs). Defaults are llama.cpp's own,
-except n_threads=1 (a fixed summation order) and flash=0.
+n_ubatch (how a prompt is split into graphs), and the extra weight buffers
+(extra=1: AMX and repacked CPU kernels, which compute quantised matmuls in
+their own order). Defaults are llama.cpp's own, except n_threads=1 (a fixed
+summation order), flash=0, and extra=0 for a quantised GGUF on a CPU with AMX:
+llama.cpp's AMX kernels (llama-cpp-python 0.3.36) segfault there on small
+models (a 128 x 352 MLP in q8_0 or q4_0), and a crash is never an answer.
 """
 
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
 
 from precisionlab.engines.external import ExternalEngine, file_spec, int_opt, split_spec
@@ -18,9 +23,39 @@ from precisionlab.errors import UsageError
 
 KEYS = {"kv": "KV cache type: f16 (llama.cpp's default) | f32 | bf16 | q8_0", "flash": "flash attention 0|1",
         "threads": "n_threads (default 1)", "batch": "n_batch (default 512)", "ubatch": "n_ubatch (default 512)",
-        "ctx": "n_ctx (default: the model's, at most 4096)"}
+        "ctx": "n_ctx (default: the model's, at most 4096)",
+        "extra": "extra weight buffers, AMX/repacked kernels, 0|1 (default 1; 0 for a quantised GGUF on an AMX CPU)"}
 # ggml_type ids (ggml.h) of the KV cache types offered
 _KV = {"f32": 0, "f16": 1, "q8_0": 8, "bf16": 30}
+
+
+# llama_ftype values of unquantised files: ALL_F32, MOSTLY_F16, MOSTLY_BF16
+_UNQUANTISED_FTYPES = {"0", "1", "32"}
+
+
+def _cpu_has_amx(llama_cpp) -> bool:
+    """What ggml itself detected on this CPU (its system info line)."""
+    return b"AMX_INT8 = 1" in llama_cpp.llama_print_system_info()
+
+
+@contextlib.contextmanager
+def _model_params(llama_cpp, **fields):
+    """Llama() takes no use_extra_bufts: its defaults, with these fields set,
+    for the one construction inside this block."""
+    module = llama_cpp.llama_cpp
+    default = module.llama_model_default_params
+
+    def params():
+        p = default()
+        for k, v in fields.items():
+            setattr(p, k, v)
+        return p
+
+    module.llama_model_default_params = params
+    try:
+        yield
+    finally:
+        module.llama_model_default_params = default
 
 
 class LlamaCppEngine(ExternalEngine):
@@ -31,6 +66,8 @@ class LlamaCppEngine(ExternalEngine):
             raise UsageError(f"engine llamacpp: kv={opts['kv']!r}; one of {', '.join(_KV)}")
         if opts.get("flash", "0") not in ("0", "1"):
             raise UsageError("engine llamacpp: flash is 0 or 1")
+        if opts.get("extra", "0") not in ("0", "1"):
+            raise UsageError("engine llamacpp: extra is 0 or 1")
         for k in ("threads", "batch", "ubatch", "ctx"):
             int_opt(opts, k, 1, "llamacpp")
 
@@ -49,12 +86,17 @@ class LlamaCppEngine(ExternalEngine):
             probe = llama_cpp.Llama(path, vocab_only=True, verbose=False)
             arch = probe.metadata.get("general.architecture", "")
             train_ctx = int(probe.metadata.get(f"{arch}.context_length", 4096))
+            # a file that does not say its type counts as quantised (the safe side)
+            quantised = str(probe.metadata.get("general.file_type", "")) not in _UNQUANTISED_FTYPES
             del probe
             ctx = int_opt(opts, "ctx", min(train_ctx, 4096), "llamacpp") or min(train_ctx, 4096)
-            self.llm = llama_cpp.Llama(path, logits_all=True, n_ctx=ctx, n_threads=self.settings["n_threads"],
-                                       n_threads_batch=self.settings["n_threads"], n_batch=self.settings["n_batch"],
-                                       n_ubatch=self.settings["n_ubatch"], type_k=_KV[kv], type_v=_KV[kv],
-                                       flash_attn=self.settings["flash_attn"], n_gpu_layers=0, verbose=False)
+            extra = opts.get("extra", "0" if quantised and _cpu_has_amx(llama_cpp) else "1") == "1"
+            self.settings["extra_bufts"] = extra
+            with _model_params(llama_cpp, use_extra_bufts=extra):
+                self.llm = llama_cpp.Llama(path, logits_all=True, n_ctx=ctx, n_threads=self.settings["n_threads"],
+                                           n_threads_batch=self.settings["n_threads"], n_batch=self.settings["n_batch"],
+                                           n_ubatch=self.settings["n_ubatch"], type_k=_KV[kv], type_v=_KV[kv],
+                                           flash_attn=self.settings["flash_attn"], n_gpu_layers=0, verbose=False)
         except (ValueError, RuntimeError) as e:
             raise UsageError(f"engine llamacpp:{path}: llama.cpp cannot load it ({str(e).splitlines()[0]})") from None
         self.settings["n_ctx"] = ctx
