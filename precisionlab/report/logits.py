@@ -70,7 +70,8 @@ def _fixed(fmt: str, v, se) -> str:
 
 def say_departure(w: dict) -> str:
     """One yardstick row in words: the statistic, both values, the ratio, the paired difference."""
-    text = f"{w['statistic']} {sci(w['yours'])} against REF_LOW's {sci(w['ref_low'])}, {w['ratio']:.3g}x"
+    fmt = (lambda v: f"{v:.2f} %") if w["statistic"].endswith("_pct") else sci
+    text = f"{w['statistic']} {fmt(w['yours'])} against REF_LOW's {fmt(w['ref_low'])}, {w['ratio']:.3g}x"
     if w["z"] is not None:
         text += f", a difference of {sci(w['diff'])} ± {sci(w['diff_se'])} (z = {w['z']:.3g})"
     return text
