@@ -7,20 +7,31 @@ from typing import Annotated, Optional
 import typer
 
 from precisionlab.cli.options import JsonOpt
+from precisionlab.errors import UsageError
 
 
 def command(
-    ref: Annotated[str, typer.Argument(help="The reference logits file (safetensors: 'logits' positions x vocab, "
-                                       "'tokens' positions), e.g. from compare model --metrics --save-logits.")],
-    yours: Annotated[str, typer.Argument(help="Your engine's logits file, same layout and the same tokens.")],
+    files: Annotated[list[str], typer.Argument(
+        help="REF YOURS, or REF REF_LOW YOURS (REF_LOW: the reference run in the low precision, the yardstick), "
+             "or REF alone with --write-kld-base. Each a logits file (safetensors: 'logits' positions x vocab, "
+             "'tokens' positions, e.g. from compare model --metrics --save-logits) or, for REF, llama.cpp's "
+             "--kl-divergence-base file.", show_default=False)],
     plot: Annotated[Optional[str], typer.Option("--plot", help="Write KLD per position and flips by margin to this PNG.")] = None,
-    max_kld: Annotated[Optional[float], typer.Option("--max-kld", help="Exit 1 when the mean KLD is above this.")] = None,
-    min_top1: Annotated[Optional[float], typer.Option("--min-top1", help="Exit 1 when top-1 agreement (%) is below this.")] = None,
+    max_kld: Annotated[Optional[float], typer.Option("--max-kld", help="Exit 1 when YOURS' mean KLD is above this.")] = None,
+    min_top1: Annotated[Optional[float], typer.Option("--min-top1", help="Exit 1 when YOURS' top-1 agreement (%) is below this.")] = None,
+    write_kld_base: Annotated[Optional[str], typer.Option("--write-kld-base", help="Write REF as llama.cpp's "
+                                                          "--kl-divergence-base file (uint16 log-probs).")] = None,
+    kld_ctx: Annotated[Optional[int], typer.Option("--kld-ctx", help="Its chunk length n_ctx (default: the window "
+                                                   "REF's run restarted at, from its metadata).")] = None,
     json_out: JsonOpt = False,
 ):
-    """Next-token distribution statistics between two logits files: KL divergence, agreement, Δp, perplexity.
+    """Next-token distribution statistics between logits files: KL divergence, agreement, Δp, perplexity, with ±.
 
-    Exit 1 when --max-kld or --min-top1 is not met."""
+    With REF_LOW, every statistic of YOURS stands beside the yardstick's. Exit 1 when --max-kld or --min-top1 is
+    not met, when YOURS is non-finite where REF is finite, or when YOURS departs from the yardstick (beyond 4x
+    and 3 standard errors)."""
+    if not 1 <= len(files) <= 3:
+        raise UsageError(f"compare logits takes REF YOURS or REF REF_LOW YOURS (got {len(files)} files)")
     from precisionlab.report import logits as logits_report
     from precisionlab.report.console import progress
     from precisionlab.report.plots import require_matplotlib
@@ -28,7 +39,10 @@ def command(
 
     if plot:
         require_matplotlib()
-    cfg = exp.LogitsConfig(ref=ref, yours=yours, plot=plot, max_kld=max_kld, min_top1=min_top1)
+    ref, *rest = files
+    low, yours = (rest[0], rest[1]) if len(rest) == 2 else (None, rest[0] if rest else None)
+    cfg = exp.LogitsConfig(ref=ref, yours=yours, ref_low=low, plot=plot, max_kld=max_kld, min_top1=min_top1,
+                           write_kld_base=write_kld_base, kld_ctx=kld_ctx)
     with progress("compare logits", enabled=not json_out) as advance:
         result = exp.compare_files(cfg, advance)
     logits_report.show(result, plot, json_out)

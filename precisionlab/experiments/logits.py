@@ -60,6 +60,9 @@ class LogitsResult:
     failures: list[str]              # --max-kld / --min-top1 verdicts that failed
     takeaways: list[str]
     timing: dict
+    yardstick: list[dict] = field(default_factory=list)  # compare logits with REF_LOW: one row per statistic
+    worst: dict | None = None                             # the yardstick row that departs most
+    llamacpp: dict = field(default_factory=dict)          # per side, llama-perplexity's report (a base-file REF)
 
 
 # ---------------------------------------------------------------------------
@@ -276,38 +279,195 @@ def run_model(cfg: MetricsConfig, advance=lambda k=1: None) -> LogitsResult:
 @dataclass
 class LogitsConfig:
     ref: str
-    yours: str
+    yours: str | None
+    ref_low: str | None = None
     plot: str | None = None
     max_kld: float | None = None
     min_top1: float | None = None
+    write_kld_base: str | None = None
+    kld_ctx: int | None = None
+
+
+# Row keys of distribution.summarize that say "fp32" for the reference: in
+# compare logits the reference is REF, whatever its format.
+_REF_NAMES = {"fp32_top1_in_top5_pct": "ref_top1_in_top5_pct", "top1_in_fp32_top5_pct": "top1_in_ref_top5_pct",
+              "ppl_fp32": "ppl_ref"}
+_SHOWN_POSITIONS = 5  # non-finite positions named in a message
+_SHARES = ("top1_agree_pct", "ref_top1_in_top5_pct", "top1_in_ref_top5_pct")  # percentages where 100 is REF itself
+
+
+def _departure(key: str, r: dict) -> float:
+    """How far from REF a row's statistic puts its side (>= 0; 0 is REF itself)."""
+    if key in _SHARES:
+        return 100.0 - r[key]
+    return abs(r[key])
+
+
+# Statistics set beside the yardstick: (key, the per-position values whose
+# paired difference gives the difference's standard error; None for the
+# percentiles and the RMS, which have no such ±).
+YARDSTICK = (("kld_mean", "kl"), ("kld_median", None), ("kld_p90", None), ("kld_p99", None),
+             ("kld_p99_9", None), ("kld_max", None), ("top1_agree_pct", "flip"), ("ref_top1_in_top5_pct", "miss5"),
+             ("top1_in_ref_top5_pct", "miss5r"),
+             ("dp_mean", "dp"), ("dp_rms", None), ("ln_ppl_ratio", "dnll"))
+# a departure counts only this many paired standard errors away from the yardstick's
+Z_BEYOND = 3.0
+
+
+def _paired(stats: distribution.PositionStats) -> dict[str, np.ndarray]:
+    return {"kl": stats.kl, "flip": (~stats.top1).astype(np.float64) * 100, "miss5": (~stats.ref_in_top5) * 100.0,
+            "miss5r": (~stats.low_in_top5) * 100.0,
+            "dp": stats.dp, "dnll": stats.dnll}
+
+
+def yardstick(yours: dict, low: dict, ps_y: distribution.PositionStats, ps_l: distribution.PositionStats) -> list[dict]:
+    """Each statistic of YOURS beside REF_LOW's, with the ratio of their
+    departures from REF and, for a mean or a share, the paired difference
+    with its standard error (the same positions on both sides)."""
+    from precisionlab.numerics import compare
+
+    py, pl = _paired(ps_y), _paired(ps_l)
+    out = []
+    for key, per in YARDSTICK:
+        dy, dl = _departure(key, yours), _departure(key, low)
+        r = compare.ratio(dy, dl)
+        row = {"statistic": key, "yours": yours[key], "ref_low": low[key], "ratio": r, "diff": None, "diff_se": None,
+               "z": None}
+        if per is not None:
+            with np.errstate(invalid="ignore"):
+                d = py[per] - pl[per]
+            diff, se = distribution._mean(d), distribution.standard_error(d)
+            # z > 0: YOURS further from REF than the yardstick (a share's departure is its complement)
+            sign = 1.0 if key in (*_SHARES, "kld_mean") else math.copysign(1.0, yours[key]) if yours[key] else 1.0
+            z = sign * diff / se if se and math.isfinite(se) and se > 0 else (math.inf if diff else 0.0)
+            row.update(diff=diff, diff_se=se, z=z)
+        row["flagged"] = bool(compare.flagged(r) and (row["z"] is None or row["z"] > Z_BEYOND))
+        out.append(row)
+    return out
+
+
+def _overflow(ref: np.ndarray, side: np.ndarray) -> np.ndarray:
+    """Per row, the entries the side has non-finite where REF is finite."""
+    return np.count_nonzero(np.isfinite(ref) & ~np.isfinite(side), axis=1)
+
+
+def _side_row(side: str, path: str, f, stats, overflow: np.ndarray) -> dict:
+    label = f.metadata.get("dtype")
+    row = {"side": side, "file": path, "dtype": label if label in DTYPES else None}
+    for k, v in distribution.summarize(stats).items():
+        row[_REF_NAMES.get(k, k)] = v
+    where = np.flatnonzero(overflow)
+    row.update(nonfinite_positions=int(where.size), nonfinite_entries=int(overflow.sum()),
+               first_nonfinite_positions=[int(i) for i in where[:_SHOWN_POSITIONS]])
+    return row
 
 
 def compare_files(cfg: LogitsConfig, advance=lambda k=1: None) -> LogitsResult:
+    from precisionlab.io import kld_base_file
+    from precisionlab.numerics import llamacpp_stats
+    from precisionlab.report.logits import say_departure
+
     check_gates(cfg.max_kld, cfg.min_top1)
+    named = [("REF", cfg.ref)] + [(s, p) for s, p in (("REF_LOW", cfg.ref_low), ("YOURS", cfg.yours)) if p]
     if cfg.plot is not None:  # "" too: refused as an empty path, never taken for "no plot"
-        check_output_path(cfg.plot, "--plot", [("REF", cfg.ref), ("YOURS", cfg.yours)])
+        check_output_path(cfg.plot, "--plot", named)
+    if cfg.write_kld_base is not None:
+        check_output_path(cfg.write_kld_base, "--write-kld-base", named + ([("--plot", cfg.plot)] if cfg.plot else []))
+    elif cfg.kld_ctx is not None:
+        raise UsageError("--kld-ctx sets the chunk length of --write-kld-base; give that too")
+    if cfg.yours is None and cfg.write_kld_base is None:
+        raise UsageError("compare logits needs REF and YOURS (or REF REF_LOW YOURS), or REF with --write-kld-base")
+    if cfg.yours is None and (cfg.plot is not None or cfg.max_kld is not None or cfg.min_top1 is not None):
+        raise UsageError("--plot, --max-kld and --min-top1 judge YOURS: give REF YOURS")
     ref = logits_file.open_file(cfg.ref, "REF")
-    yours = logits_file.open_file(cfg.yours, "YOURS")
-    logits_file.check_pair(ref, yours)
+    written = None
+    if cfg.write_kld_base is not None:
+        if hasattr(ref, "source_positions"):
+            raise UsageError(f"--write-kld-base: REF {cfg.ref!r} is already a kl-divergence-base file")
+        n_ctx = cfg.kld_ctx if cfg.kld_ctx is not None else _window(ref)
+        written = kld_base_file.write(cfg.write_kld_base, ref, n_ctx, advance)
+    sides = [(s, p, logits_file.open_file(p, s)) for s, p in named[1:]]
+    sides = [(s, p, logits_file.align(ref, f, s)) for s, p, f in sides]
+    for s, _, f in sides:
+        logits_file.check_pair(ref, f, s)
     n, vocab = ref.positions, ref.vocab
-    step = max(1, WORKING_BYTES // (10 * 8 * vocab))
-    inputs.check_memory(step * vocab * 8 * 10, "compare logits")
+    base = hasattr(ref, "source_positions")  # llama.cpp's base file: its own report too
+    step = max(1, WORKING_BYTES // (12 * 8 * vocab))
+    inputs.check_memory(step * vocab * 8 * (10 + 2 * len(sides)), "compare logits")
     t0 = time.perf_counter()
-    parts = []
-    for s in range(0, n, step):
-        e = min(n, s + step)
-        parts.append(distribution.position_stats(ref.rows(s, e), yours.rows(s, e), ref.tokens[s:e]))
+    parts = {s: [] for s, _, _ in sides}
+    over = {s: [] for s, _, _ in sides}
+    llama = {s: [] for s, _, _ in sides}
+    for a in range(0, n if sides else 0, step):
+        e = min(n, a + step)
+        r = ref.rows(a, e)
+        raw = ref.rows(a, e, raw=True) if base else None
+        for s, _, f in sides:
+            y = f.rows(a, e)
+            parts[s].append(distribution.position_stats(r, y, ref.tokens[a:e]))
+            over[s].append(_overflow(r, y))
+            if base:
+                llama[s].append(llamacpp_stats.position_values(raw, y, ref.tokens[a:e]))
         advance()
-    stats = distribution.PositionStats.concat(parts)
-    label = yours.metadata.get("dtype")
-    label = label if label in DTYPES else "yours"  # metadata is a stranger's text: only a known name is shown
-    rows = [{"dtype": label, **distribution.summarize(stats)}]
-    params = {"ref": cfg.ref, "yours": cfg.yours, "tokens": n, "vocab": vocab,
-              "ref_dtype": ref.dtype, "yours_dtype": yours.dtype}
+    stats = {s: distribution.PositionStats.concat(parts[s]) for s in parts}
+    rows = [_side_row(s, p, f, stats[s], np.concatenate(over[s])) for s, p, f in sides]
+    by = {r["side"]: r for r in rows}
+    rows.sort(key=lambda r: r["side"] != "YOURS")  # YOURS first, its yardstick beside it
+    params = {"ref": cfg.ref, "ref_low": cfg.ref_low, "yours": cfg.yours, "tokens": n, "vocab": vocab,
+              "ref_dtype": ref.dtype, "ref_low_dtype": sides[0][2].dtype if cfg.ref_low else None,
+              "yours_dtype": next((f.dtype for s, _, f in sides if s == "YOURS"), None),
+              "written": written}
+    if base:
+        params["ref_base"] = {"n_ctx": ref.n_ctx, "n_chunk": ref.n_chunk}
     info = {"name": f"{cfg.yours} against {cfg.ref}", "vocab": vocab}
-    failures = _gate(rows, cfg.max_kld, cfg.min_top1)
-    return LogitsResult("compare logits", params, info, rows, {label: stats.kl}, failures, takeaways(rows),
-                        {"run_s": time.perf_counter() - t0})
+    failures = _gate([{**r, "dtype": r["side"]} for r in rows if r["side"] == "YOURS"], cfg.max_kld, cfg.min_top1)
+    y = by.get("YOURS")
+    if y and y["nonfinite_positions"]:
+        failures.append(f"YOURS is non-finite where REF is finite at {y['nonfinite_positions']} positions "
+                        f"({y['nonfinite_entries']} logits; first at {_positions(y)}): an overflow, not rounding")
+    ys = yardstick(y, by["REF_LOW"], stats["YOURS"], stats["REF_LOW"]) if y and "REF_LOW" in by else []
+    worst = _worst(ys)
+    if worst and worst["flagged"]:
+        failures.append(f"YOURS departs from the yardstick REF_LOW: {say_departure(worst)}")
+    return LogitsResult("compare logits", params, info, rows, {r["side"]: stats[r["side"]].kl for r in rows},
+                        failures, _file_takeaways(rows, written) + takeaways(rows),
+                        {"run_s": time.perf_counter() - t0}, ys, worst,
+                        {r["side"]: llamacpp_stats.report(llamacpp_stats.concat(llama[r["side"]]))
+                         for r in rows if llama[r["side"]]})
+
+
+def _window(ref) -> int:
+    """The chunk length for --write-kld-base: the window REF's run used (its metadata, from this tool)."""
+    w = ref.metadata.get("window", "")
+    if isinstance(w, str) and w.isdigit() and 3 <= int(w) <= ref.positions:
+        return int(w)
+    raise UsageError("--write-kld-base: REF's metadata names no window its run restarted at; give --kld-ctx N "
+                     "(the context length llama-perplexity will use, -c N)")
+
+
+def _positions(r: dict) -> str:
+    shown = ", ".join(str(i) for i in r["first_nonfinite_positions"])
+    return shown + (", ..." if r["nonfinite_positions"] > len(r["first_nonfinite_positions"]) else "")
+
+
+def _worst(ys: list[dict]) -> dict | None:
+    """The statistic that departs most from the yardstick: flagged ones first, then by ratio."""
+    if not ys:
+        return None
+    return max(ys, key=lambda r: (r["flagged"], r["ratio"]))
+
+
+def _file_takeaways(rows: list[dict], written: dict | None) -> list[str]:
+    lines = []
+    if written:
+        lines.append(f"wrote {written['path']}: {written['n_chunk']} chunks of n_ctx={written['n_ctx']} "
+                     f"({written['scored']} scored positions; {written['left_out']} trailing positions left out); "
+                     f"the first input token is not in a logits file and is written as 0.")
+    for r in rows:
+        if r["nonfinite_positions"]:
+            lines.append(f"{r['side']}: non-finite where REF is finite at {r['nonfinite_positions']} positions "
+                         f"({r['nonfinite_entries']} logits), first at {_positions(r)}: an overflow.")
+    return lines
 
 
 # ---------------------------------------------------------------------------
@@ -316,26 +476,28 @@ def compare_files(cfg: LogitsConfig, advance=lambda k=1: None) -> LogitsResult:
 def takeaways(rows: list[dict]) -> list[str]:
     lines = []
     for r in rows:
-        d = r["dtype"]
+        d = r.get("side") or r["dtype"]
+        ref = "REF" if "side" in r else "fp32"
         if r["undefined_positions"]:
             lines.append(f"{d}: {r['undefined_positions']} positions have no distribution (NaN or +inf logits, "
                          f"or all -inf), so the KL statistics are NaN.")
             continue
         if r["kld_inf_positions"]:
-            lines.append(f"{d}: KL is inf at {r['kld_inf_positions']} positions: fp32 gives probability to tokens "
+            lines.append(f"{d}: KL is inf at {r['kld_inf_positions']} positions: {ref} gives probability to tokens "
                          f"this run gives none (a -inf logit).")
         if "noise_kld_expected" in r:
             lines.append(f"{d}: with the injected noise, small-noise theory expects a mean KLD of "
                          f"sigma^2/2 (1 - sum p^2) = {r['noise_kld_expected']:.3g}; measured {r['kld_mean']:.3g}.")
         if r["kld_max"] == 0:
-            lines.append(f"{d}: the same distributions as fp32 at every position (KL exactly 0).")
+            lines.append(f"{d}: the same distributions as {ref} at every position (KL exactly 0).")
             continue
         flips = [b for b in r["flips_by_margin"] if b["flips"]]
         where = ""
         if flips:
             top = max(b["margin_hi"] for b in flips)
-            where = f"; every flip sits where fp32's top-2 margin is below {top:g}"
+            where = f"; every flip sits where {ref}'s top-2 margin is below {top:g}"
         lines.append(f"{d}: mean KLD {r['kld_mean']:.3g} nats, top-1 agreement {r['top1_agree_pct']:.2f} %, "
-                     f"perplexity {r['ppl']:.4g} against {r['ppl_fp32']:.4g} (ln ratio {r['ln_ppl_ratio']:+.2e})"
+                     f"perplexity {r['ppl']:.4g} against {r.get('ppl_ref', r.get('ppl_fp32')):.4g} "
+                     f"(ln ratio {r['ln_ppl_ratio']:+.2e})"
                      f"{where}.")
     return lines

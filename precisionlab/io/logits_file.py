@@ -58,11 +58,17 @@ class LogitsFile:
             return np.asarray(f.get_slice(LOGITS)[start:stop], dtype=np.float64)
 
 
-def open_file(path: str, what: str) -> LogitsFile:
-    """Read and check a file's layout; a bad file is a usage error naming it."""
+def open_file(path: str, what: str):
+    """Read and check a file's layout; a bad file is a usage error naming it.
+    A llama.cpp kl-divergence-base file (its magic, or a .kld name) is read by
+    io.kld_base_file, with the same attributes and rows()."""
     from safetensors import safe_open
 
+    from precisionlab.io import kld_base_file
+
     inputs.check_regular_file(path, what)
+    if kld_base_file.looks_like(path) or path.lower().endswith(".kld"):
+        return kld_base_file.open_file(path, what)
     try:
         with safe_open(path, framework="np") as f:
             keys = set(f.keys())
@@ -101,17 +107,50 @@ def open_file(path: str, what: str) -> LogitsFile:
     return LogitsFile(path, lshape[0], lshape[1], ldtype, tokens.astype(np.int64), meta)
 
 
-def check_pair(ref: LogitsFile, yours: LogitsFile) -> None:
+@dataclass
+class Selected:
+    """Some positions of a logits file, in the order given: a full run seen
+    through a kl-divergence-base file's chunks (the rows it scores)."""
+
+    inner: LogitsFile
+    index: np.ndarray
+
+    def __post_init__(self):
+        self.path, self.vocab, self.dtype, self.metadata = (self.inner.path, self.inner.vocab, self.inner.dtype,
+                                                            self.inner.metadata)
+        self.positions = self.index.size
+        self.tokens = self.inner.tokens[self.index]
+
+    def rows(self, start: int, stop: int) -> np.ndarray:
+        lo, hi = int(self.index[start]), int(self.index[stop - 1]) + 1  # increasing: one read, then picked
+        return self.inner.rows(lo, hi)[self.index[start:stop] - lo]
+
+
+def align(ref, other, what: str):
+    """`other` as rows of ref's positions: itself, or where REF is a base file
+    and `other` a whole run (as many positions as the chunks' text or more),
+    the rows the base file scores."""
+    src = getattr(ref, "source_positions", None)
+    if src is None or other.positions == ref.positions or hasattr(other, "source_positions"):
+        return other
+    if other.positions <= int(src[-1]):
+        raise UsageError(f"{what} {other.path!r} has {other.positions} positions; REF's {ref.n_chunk} chunks of "
+                         f"n_ctx={ref.n_ctx} score positions up to {int(src[-1])} (or give exactly its "
+                         f"{ref.positions} scored rows)")
+    return Selected(other, src)
+
+
+def check_pair(ref, yours, what: str = "YOURS") -> None:
     """The two files must score the same tokens over the same vocabulary."""
     if ref.vocab != yours.vocab:
-        raise UsageError(f"vocabulary sizes differ: REF has {ref.vocab} logits per position, YOURS {yours.vocab} "
+        raise UsageError(f"vocabulary sizes differ: REF has {ref.vocab} logits per position, {what} {yours.vocab} "
                          f"(first at position 0)")
     n = min(ref.positions, yours.positions)
     diff = np.flatnonzero(ref.tokens[:n] != yours.tokens[:n])
     if diff.size:
         i = int(diff[0])
         raise UsageError(f"token ids differ first at position {i}: REF {int(ref.tokens[i])}, "
-                         f"YOURS {int(yours.tokens[i])}")
+                         f"{what} {int(yours.tokens[i])}")
     if ref.positions != yours.positions:
-        raise UsageError(f"REF has {ref.positions} positions, YOURS {yours.positions}: they differ first at "
+        raise UsageError(f"REF has {ref.positions} positions, {what} {yours.positions}: they differ first at "
                          f"position {n}")

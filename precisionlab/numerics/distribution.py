@@ -219,6 +219,29 @@ def _mean(x: np.ndarray) -> float:
     return _fsum(x) / x.size
 
 
+def standard_error(x: np.ndarray) -> float:
+    """The standard error of the mean of x: sqrt(sum (x - mean)^2 / (n (n - 1))),
+    the sample standard deviation over sqrt(n), as llama.cpp's perplexity tool
+    prints beside its means (its sum2/n - mean^2 over n - 1 is the same number,
+    computed here in two passes so it does not cancel). NaN below two values or
+    where a value is not finite (an inf mean has no spread to speak of)."""
+    n = x.size
+    if n < 2 or not np.isfinite(x).all():
+        return math.nan
+    m = math.fsum(x.tolist()) / n
+    d = x - m
+    return math.sqrt(math.fsum((d * d).tolist()) / (n * (n - 1)))
+
+
+def share_standard_error(count: int, n: int) -> float:
+    """Of a share count/n, in percent: the binomial sqrt(p (1 - p) / (n - 1)),
+    which is standard_error of the 0/1 indicators (llama.cpp's "same top p" ±)."""
+    if n < 2:
+        return math.nan
+    p = count / n
+    return 100.0 * math.sqrt(p * (1 - p) / (n - 1))
+
+
 def _exp(x: float) -> float:
     try:
         return math.exp(x)
@@ -247,11 +270,14 @@ def summarize(s: PositionStats) -> dict:
             for q in PERCENTILES}
     mean_nll_ref, mean_nll_low = _mean(s.nll_ref), _mean(s.nll_low)
     # The difference of the two mean NLLs in one exact sum, not two rounded means.
+    dnll = s.dnll if s.dnll is not None else s.nll_low - s.nll_ref
     ln_ratio = _fsum(s.dnll if s.dnll is not None else np.concatenate([s.nll_low, -s.nll_ref])) / n
     top1 = int(s.top1.sum())
+    dp_rms = math.sqrt(_mean(s.dp * s.dp))
     return {
         "positions": n,
         "kld_mean": _mean(kl),
+        "kld_mean_se": standard_error(kl),
         "kld_median": pcts.pop("kld_p50"),
         **pcts,
         "kld_max": math.nan if nan_kl else float(np.max(kl)),
@@ -259,13 +285,20 @@ def summarize(s: PositionStats) -> dict:
         "undefined_positions": nan_kl,
         "top1_agree": top1,
         "top1_agree_pct": _pct(top1, n),
+        "top1_agree_pct_se": share_standard_error(top1, n),
         "fp32_top1_in_top5_pct": _pct(int(s.ref_in_top5.sum()), n),
         "top1_in_fp32_top5_pct": _pct(int(s.low_in_top5.sum()), n),
         "dp_mean": _mean(s.dp),
-        "dp_rms": math.sqrt(_mean(s.dp * s.dp)),
+        "dp_mean_se": standard_error(s.dp),
+        "dp_rms": dp_rms,
+        # the delta method on sqrt(mean dp^2), as llama.cpp: d sqrt(m) = dm / (2 sqrt(m))
+        "dp_rms_se": standard_error(s.dp * s.dp) / (2 * dp_rms) if dp_rms > 0 else math.nan,
         "ppl_fp32": _exp(mean_nll_ref),
         "ppl": _exp(mean_nll_low),
         "ln_ppl_ratio": ln_ratio,
+        # from the per-token differences: the two NLLs move together, so their
+        # separate errors would overstate this one by far
+        "ln_ppl_ratio_se": standard_error(dnll),
         "flips_by_margin": flips_by_margin(s),
     }
 

@@ -36,9 +36,131 @@ def show(res, plot: str | None, json_out: bool) -> None:
         hint(f"FAIL {f}")
 
 
-def table(res) -> None:
+# compare logits: the sides by role, never by a format ("fp32" is what
+# compare model --metrics compares against; here it is REF, whatever it is).
+FILE_STATS = (
+    ("KLD mean", "kld_mean", "kld_mean_se"), ("KLD median", "kld_median", None), ("KLD p90", "kld_p90", None),
+    ("KLD p99", "kld_p99", None), ("KLD p99.9", "kld_p99_9", None), ("KLD max", "kld_max", None),
+    ("top-1 agreement", "top1_agree_pct", "top1_agree_pct_se"),
+    ("REF top-1 in its top 5", "ref_top1_in_top5_pct", None),
+    ("its top-1 in REF top 5", "top1_in_ref_top5_pct", None),
+    ("Δp mean", "dp_mean", "dp_mean_se"), ("Δp RMS", "dp_rms", "dp_rms_se"),
+    ("perplexity", "ppl", None), ("ln(PPL / PPL REF)", "ln_ppl_ratio", "ln_ppl_ratio_se"),
+)
+# llama-perplexity's closing report, in its order, with its names and its
+# printf formats (so the two printouts can be read side by side)
+_F6, _F3 = "{:.6f}", "{:.3f}"
+LLAMA_STATS = (
+    ("Mean PPL(Q)", "ppl_q", None, _F6), ("Mean PPL(base)", "ppl_base", None, _F6),
+    ("Mean ln(PPL(Q)/PPL(base))", "mean_ln_ppl_ratio", "mean_ln_ppl_ratio_se", _F6),
+    ("Mean    KLD", "mean_kld", "mean_kld_se", _F6), ("Maximum KLD", "max_kld", None, _F6),
+    ("99.9%   KLD", "kld_p99_9", None, _F6), ("99.0%   KLD", "kld_p99", None, _F6),
+    ("95.0%   KLD", "kld_p95", None, _F6), ("90.0%   KLD", "kld_p90", None, _F6),
+    ("Median  KLD", "median_kld", None, _F6), ("10.0%   KLD", "kld_p10", None, _F6),
+    (" 5.0%   KLD", "kld_p5", None, _F6), (" 1.0%   KLD", "kld_p1", None, _F6),
+    (" 0.1%   KLD", "kld_p0_1", None, _F6), ("Minimum KLD", "min_kld", None, _F6),
+    ("Mean    Δp (%)", "mean_dp_pct", "mean_dp_pct_se", _F3), ("RMS Δp    (%)", "rms_dp_pct", "rms_dp_pct_se", _F3),
+    ("Same top p (%)", "same_top_p_pct", "same_top_p_pct_se", _F3),
+)
+
+
+def _fixed(fmt: str, v, se) -> str:
+    return fmt.format(v) if se is None else f"{fmt.format(v)} ± {fmt.format(se)}"
+
+
+def say_departure(w: dict) -> str:
+    """One yardstick row in words: the statistic, both values, the ratio, the paired difference."""
+    fmt = (lambda v: f"{v:.2f} %") if w["statistic"].endswith("_pct") else sci
+    text = f"{w['statistic']} {fmt(w['yours'])} against REF_LOW's {fmt(w['ref_low'])}, {w['ratio']:.3g}x"
+    if w["z"] is not None:
+        text += f", a difference of {sci(w['diff'])} ± {sci(w['diff_se'])} (z = {w['z']:.3g})"
+    return text
+
+
+def _pm(v, se) -> str:
+    return sci(v) if se is None else f"{sci(v)} ± {sci(se)}"
+
+
+def _side_head(r: dict) -> str:
+    return escape(r["side"] + "\n" + _printable(r["file"]))
+
+
+def table_files(res) -> None:
     p = res.params
-    model = res.command == "compare model --metrics"  # else compare logits
+    title = f"compare logits: REF {p['ref']} ({p['ref_dtype']}), {p['tokens']} positions"
+    stdout.print(escape(_printable(title)), highlight=False)
+    if not res.rows:
+        footer(None, res.takeaways)
+        return
+    ratios = {y["statistic"]: y for y in res.yardstick}
+    t = Table(title="next-token distributions against REF", title_justify="left")
+    t.add_column("statistic")
+    for r in res.rows:
+        t.add_column(_side_head(r), justify="right")
+    if ratios:
+        t.add_column("YOURS / REF_LOW", justify="right")
+    for label, key, se in FILE_STATS:
+        cells = []
+        for r in res.rows:
+            if key == "top1_agree_pct":
+                cells.append(f"{r['top1_agree']}/{r['positions']} ({r[key]:.2f} ± {r[se]:.2f} %)")
+            elif key.endswith("_pct"):
+                cells.append(_PCT(r[key]))
+            elif key == "ppl":
+                cells.append(num(r[key], 6))
+            else:
+                cells.append(_pm(r[key], r[se] if se else None))
+        if ratios:
+            y = ratios.get(key)
+            cells.append("" if y is None else "-" if y["ratio"] == 0 and y["yours"] == y["ref_low"] else
+                         f"{y['ratio']:.3g}x" + (" !" if y["flagged"] else ""))
+        t.add_row(label, *cells)
+    stdout.print(t)
+    stdout.print(f"REF perplexity {num(res.rows[0]['ppl_ref'], 6)} over {res.rows[0]['positions']} positions",
+                 highlight=False)
+    if res.worst:
+        stdout.print(f"departs most from the yardstick: {say_departure(res.worst)}; " + (
+            "beyond what REF_LOW's rounding costs" if res.worst["flagged"] else
+            "within 4x of the yardstick or 3 standard errors of it"), highlight=False)
+    if res.llamacpp:
+        lt = Table(title="as llama-perplexity --kl-divergence reports it (KL over base log-probs above -16, "
+                         "interpolated percentiles)", title_justify="left")
+        lt.add_column("statistic (its printf formats; full values in --json)")
+        for side in res.llamacpp:
+            lt.add_column(side, justify="right")
+        for label, key, se, fmt in LLAMA_STATS:
+            lt.add_row(label, *[_fixed(fmt, rep[key], rep[se] if se else None) for rep in res.llamacpp.values()])
+        stdout.print(lt)
+    _flips(res, "REF")
+    stdout.print("KLD: KL(P_REF || P_side) per position in nats; percentiles are nearest-rank; ± is the standard "
+                 "error of the mean (of the per-position differences for ln PPL). Δp: the side's probability of "
+                 "the text's next token minus REF's. YOURS / REF_LOW: the ratio of their departures from REF "
+                 "(for agreement, of the disagreement); ! beyond 4x and 3 paired standard errors.",
+                 style="dim", highlight=False)
+    footer(None, res.takeaways)
+
+
+def _flips(res, name: str) -> None:
+    ref = res.rows[0]
+    m = Table(title=f"top-1 flips by {name}'s top-1 minus top-2 logit margin", title_justify="left")
+    m.add_column("margin", justify="right")
+    m.add_column("positions", justify="right")
+    for r in res.rows:
+        m.add_column(f"{escape(r.get('side') or r['dtype'])} flips", justify="right")
+    for i, b in enumerate(ref["flips_by_margin"]):
+        cells = []
+        for r in res.rows:
+            c = r["flips_by_margin"][i]
+            cells.append("-" if c["flip_rate"] is None else f"{c['flips']} ({100 * c['flip_rate']:.3g} %)")
+        m.add_row(f"[{b['margin_lo']:g}, {b['margin_hi']:g})", str(b["positions"]), *cells)
+    stdout.print(m)
+
+
+def table(res) -> None:
+    if res.command == "compare logits":
+        return table_files(res)
+    p = res.params
+    model = True
     if model:
         title = (f"{res.model_info['name']}: {p['tokens']} positions of {p['text']}, "
                  f"teacher-forced in windows of {p['window']}")
@@ -59,21 +181,8 @@ def table(res) -> None:
             t.add_row(label, *[fmt(r[key]) for r in res.rows])
     stdout.print(t)
     ref = res.rows[0]
-    name = "fp32" if model else "REF"
-    stdout.print(f"{name} perplexity {num(ref['ppl_fp32'], 6)} over {ref['positions']} positions", highlight=False)
-
-    m = Table(title="top-1 flips by fp32's top-1 minus top-2 logit margin", title_justify="left")
-    m.add_column("margin", justify="right")
-    m.add_column("positions", justify="right")
-    for r in res.rows:
-        m.add_column(f"{escape(r['dtype'])} flips", justify="right")
-    for i, b in enumerate(ref["flips_by_margin"]):
-        cells = []
-        for r in res.rows:
-            c = r["flips_by_margin"][i]
-            cells.append("-" if c["flip_rate"] is None else f"{c['flips']} ({100 * c['flip_rate']:.3g} %)")
-        m.add_row(f"[{b['margin_lo']:g}, {b['margin_hi']:g})", str(b["positions"]), *cells)
-    stdout.print(m)
+    stdout.print(f"fp32 perplexity {num(ref['ppl_fp32'], 6)} over {ref['positions']} positions", highlight=False)
+    _flips(res, "fp32")
     stdout.print("KLD: KL(P_fp32 || P_run) per position in nats; percentiles are nearest-rank. Δp: the run's "
                  "probability of the text's next token minus fp32's.", style="dim", highlight=False)
     if "load_s" in res.timing:
@@ -84,8 +193,11 @@ def table(res) -> None:
 
 
 def as_json(res) -> None:
+    extra = {}
+    if res.command == "compare logits":
+        extra = {"yardstick": res.yardstick, "worst": res.worst, "llamacpp": res.llamacpp}
     emit_json(res.command, {"params": res.params, "model": res.model_info, "timing": res.timing,
-                            "rows": res.rows, "failures": res.failures, "takeaways": res.takeaways})
+                            "rows": res.rows, **extra, "failures": res.failures, "takeaways": res.takeaways})
 
 
 def draw(res, path: str) -> None:
