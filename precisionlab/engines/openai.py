@@ -23,7 +23,9 @@ from precisionlab.engines.external import ExternalEngine, int_opt, split_spec
 from precisionlab.errors import RunError, UsageError
 
 KEYS = {"model": "the model name the endpoint serves", "top": "top_logprobs K (default 5)",
-        "timeout": "seconds per request (default 60)"}
+        "timeout": "seconds per request (default 60)",
+        "lag": "0: echo's top_logprobs[j] is token j's distribution (OpenAI's rule, default); 1: token j+1's "
+               "(llama-cpp-python 0.3.36's echo, one position late)"}
 
 
 def v1_base(url: str) -> str:
@@ -122,6 +124,8 @@ class OpenAIEngine(ExternalEngine):
         v1_base(url)
         if int_opt(opts, "top", 5, "openai") < 1 or int_opt(opts, "timeout", 60, "openai") < 1:
             raise UsageError("engine openai: top and timeout must be >= 1")
+        if int_opt(opts, "lag", 0, "openai") > 1:
+            raise UsageError("engine openai: lag is 0 or 1")
 
     def __init__(self, arg, device: str):
         self.check(arg)
@@ -129,12 +133,14 @@ class OpenAIEngine(ExternalEngine):
         self.url = v1_base(url)
         self.settings = {"url": self.url + "/completions", "served_model": opts.get("model", ""),
                          "top_logprobs": int_opt(opts, "top", 5, "openai"),
-                         "timeout_s": int_opt(opts, "timeout", 60, "openai"), "echo": True, "temperature": 0}
+                         "timeout_s": int_opt(opts, "timeout", 60, "openai"), "echo": True, "temperature": 0,
+                         "prompt_as": "token ids", "lag": int_opt(opts, "lag", 0, "openai")}
         self.name = f"openai:{url}"
         self.device = "cpu"
         self.max_len = 1 << 20
         self.vocab = 0
         self.strings: dict[str, int] | None = None
+        self.names: list[str] = []  # id -> the reference's string, for a server that takes only text
 
     def info(self) -> dict:
         return {"name": self.name, "engine": "openai-completions", "vocab": None, "max_seq_len": None,
@@ -150,16 +156,13 @@ class OpenAIEngine(ExternalEngine):
         """The reference's vocabulary: each id's string, for mapping the endpoint's token strings back."""
         self.vocab = vocab
         self.strings = {}
-        for i in range(vocab):
-            self.strings.setdefault(decode_one(i), i)
+        self.names = [decode_one(i) for i in range(vocab)]
+        for i, s in enumerate(self.names):
+            self.strings.setdefault(s, i)
 
     def top_logprobs(self, ids: list[int]) -> list[dict[int, float]]:
         """For each position i < len(ids) - 1: {id: log Q(id | ids[:i+1])} over the top K."""
-        body = {"prompt": list(ids), "max_tokens": 1, "echo": True, "logprobs": self.settings["top_logprobs"],
-                "temperature": 0}
-        if self.settings["served_model"]:
-            body["model"] = self.settings["served_model"]
-        doc = Client(self.url, self.settings["timeout_s"]).post("/completions", body)
+        doc = self._echo(ids)
         try:
             lp = doc["choices"][0]["logprobs"]
             tokens, tops = lp["tokens"], lp["top_logprobs"]
@@ -170,9 +173,12 @@ class OpenAIEngine(ExternalEngine):
             if self.strings.get(s) != want:
                 raise RunError(f"{self.name}: echoed token {j} is {s!r}, not the id {want} sent: the endpoint's "
                                "tokenizer differs from the reference's")
+        if len(tokens) < len(ids) or len(tops) < len(ids):
+            raise RunError(f"{self.name}: echoed {len(tokens)} tokens for the {len(ids)} sent")
         out = []
+        lag = self.settings["lag"]
         for j in range(1, len(ids)):
-            row = tops[j] or {}
+            row = tops[j - lag] or {}  # lag 1: the first position's row is null, a miss in the top-1 count
             mapped = {}
             for s, v in row.items():
                 if s not in self.strings:
@@ -180,3 +186,22 @@ class OpenAIEngine(ExternalEngine):
                 mapped[self.strings[s]] = float(v)
             out.append(mapped)
         return out
+
+    def _echo(self, ids: list[int]) -> dict:
+        """The endpoint's echo of ids. The token ids go as the prompt; a server
+        whose API takes only text (llama-cpp-python's answers a list of ints
+        with HTTP 500, a validation error) gets the reference's strings of those ids joined, from then on,
+        said in info()'s prompt_as, and the echoed tokens are still checked
+        against the ids, so a tokenization that differs is named, not averaged."""
+        body = {"max_tokens": 1, "echo": True, "logprobs": self.settings["top_logprobs"], "temperature": 0}
+        if self.settings["served_model"]:
+            body["model"] = self.settings["served_model"]
+        client = Client(self.url, self.settings["timeout_s"])
+        if self.settings["prompt_as"] == "token ids":
+            try:
+                return client.post("/completions", {**body, "prompt": list(ids)})
+            except RunError as e:
+                if ": HTTP " not in str(e) or not self.names:  # no answer at all: text would fare no better
+                    raise
+                self.settings["prompt_as"] = "text (the server refused token ids)"
+        return client.post("/completions", {**body, "prompt": "".join(self.names[i] for i in ids)})
