@@ -7,17 +7,112 @@ lower bound over those K tokens plus one tail bucket (numerics/distribution's
 kl_lower_bound_top_k), labelled as a bound. Token strings are mapped to ids
 through the reference's vocabulary; an echoed token that is not the id sent
 is a tokenizer mismatch, named. Every request has a timeout.
+
+Client is the one HTTP client of the project (this adapter's and
+`nondeterminism --endpoint`'s): JSON in and out of the one server the user
+named, a timeout on every socket operation, each answer a dict or one
+RunError line, and close_all() to drop the connections in flight (Ctrl-C).
 """
 
 from __future__ import annotations
 
 import json
+import threading
 
 from precisionlab.engines.external import ExternalEngine, int_opt, split_spec
 from precisionlab.errors import RunError, UsageError
 
 KEYS = {"model": "the model name the endpoint serves", "top": "top_logprobs K (default 5)",
-        "timeout": "seconds per request (default 60)"}
+        "timeout": "seconds per request (default 60)",
+        "lag": "0: echo's top_logprobs[j] is token j's distribution (OpenAI's rule, default); 1: token j+1's "
+               "(llama-cpp-python 0.3.36's echo, one position late)"}
+
+
+def v1_base(url: str) -> str:
+    """The user's URL as the API's base: `http://host:port` and `.../v1` both give `.../v1`."""
+    if not url.startswith(("http://", "https://")):
+        raise UsageError(f"endpoint {url!r}: give the server's http:// or https:// URL")
+    url = url.rstrip("/")
+    return url if url.endswith("/v1") else url + "/v1"
+
+
+class Client:
+    """JSON requests to one server (the user's URL, never another); thread-safe."""
+
+    def __init__(self, base: str, timeout: float):
+        from urllib.parse import urlsplit
+
+        self.base = base
+        self.timeout = timeout
+        parts = urlsplit(base)
+        if not parts.hostname:
+            raise UsageError(f"endpoint {base!r}: no host in the URL")
+        self._https = parts.scheme == "https"
+        self._host, self._port, self._path = parts.hostname, parts.port, parts.path.rstrip("/")
+        self._live: set = set()
+        self._lock = threading.Lock()
+        self.closed = False
+
+    def get(self, path: str, timeout: float | None = None) -> dict:
+        return self._request("GET", path, None, timeout)
+
+    def post(self, path: str, body: dict, timeout: float | None = None) -> dict:
+        return self._request("POST", path, body, timeout)
+
+    def close_all(self) -> None:
+        """Drop every connection in flight and refuse new ones: the server sees
+        each request's client go away (what Ctrl-C must do)."""
+        import socket
+
+        with self._lock:
+            self.closed = True
+            live = list(self._live)
+        for conn in live:
+            try:
+                if conn.sock is not None:
+                    conn.sock.shutdown(socket.SHUT_RDWR)
+                conn.close()
+            except OSError:
+                pass
+
+    def _request(self, method: str, path: str, body: dict | None, timeout: float | None) -> dict:
+        import http.client
+
+        t = self.timeout if timeout is None else timeout
+        cls = http.client.HTTPSConnection if self._https else http.client.HTTPConnection
+        conn = cls(self._host, self._port, timeout=t)
+        url = self.base + path
+        with self._lock:
+            if self.closed:
+                raise RunError(f"{url}: stopped")
+            self._live.add(conn)
+        try:
+            data = None if body is None else json.dumps(body).encode()
+            conn.request(method, self._path + path, body=data,
+                         headers={"Content-Type": "application/json"} if data else {})
+            r = conn.getresponse()
+            raw = r.read()
+            if r.status != 200:
+                text = raw.decode("utf-8", "replace").strip().splitlines()
+                raise RunError(f"{url}: HTTP {r.status} {r.reason}"
+                               + (f": {text[0][:200]!r}" if text else ""))
+            doc = json.loads(raw.decode("utf-8"))
+        except TimeoutError:
+            raise RunError(f"{url}: no answer within {t:g} s (timeout)") from None
+        except ConnectionRefusedError:
+            raise RunError(f"{url}: connection refused (nothing listens there)") from None
+        except (OSError, http.client.HTTPException, ValueError) as e:
+            if self.closed:
+                raise RunError(f"{url}: stopped") from None
+            why = str(e).splitlines()[0] if str(e) else ""
+            raise RunError(f"{url}: no usable answer ({type(e).__name__}{': ' + why if why else ''})") from None
+        finally:
+            with self._lock:
+                self._live.discard(conn)
+            conn.close()
+        if not isinstance(doc, dict):
+            raise RunError(f"{url}: the answer is JSON but not an object")
+        return doc
 
 
 class OpenAIEngine(ExternalEngine):
@@ -26,25 +121,26 @@ class OpenAIEngine(ExternalEngine):
     @classmethod
     def check(cls, arg):
         url, opts = split_spec(arg, "openai", KEYS)
-        if not url.startswith(("http://", "https://")):
-            raise UsageError(f"engine openai:{url}: give the endpoint's http:// or https:// URL")
+        v1_base(url)
         if int_opt(opts, "top", 5, "openai") < 1 or int_opt(opts, "timeout", 60, "openai") < 1:
             raise UsageError("engine openai: top and timeout must be >= 1")
+        if int_opt(opts, "lag", 0, "openai") > 1:
+            raise UsageError("engine openai: lag is 0 or 1")
 
     def __init__(self, arg, device: str):
         self.check(arg)
         url, opts = split_spec(arg, "openai", KEYS)
-        self.url = url.rstrip("/")
-        if not self.url.endswith("/v1"):
-            self.url += "/v1"
+        self.url = v1_base(url)
         self.settings = {"url": self.url + "/completions", "served_model": opts.get("model", ""),
                          "top_logprobs": int_opt(opts, "top", 5, "openai"),
-                         "timeout_s": int_opt(opts, "timeout", 60, "openai"), "echo": True, "temperature": 0}
+                         "timeout_s": int_opt(opts, "timeout", 60, "openai"), "echo": True, "temperature": 0,
+                         "prompt_as": "token ids", "lag": int_opt(opts, "lag", 0, "openai")}
         self.name = f"openai:{url}"
         self.device = "cpu"
         self.max_len = 1 << 20
         self.vocab = 0
         self.strings: dict[str, int] | None = None
+        self.names: list[str] = []  # id -> the reference's string, for a server that takes only text
 
     def info(self) -> dict:
         return {"name": self.name, "engine": "openai-completions", "vocab": None, "max_seq_len": None,
@@ -60,35 +156,29 @@ class OpenAIEngine(ExternalEngine):
         """The reference's vocabulary: each id's string, for mapping the endpoint's token strings back."""
         self.vocab = vocab
         self.strings = {}
-        for i in range(vocab):
-            self.strings.setdefault(decode_one(i), i)
+        self.names = [decode_one(i) for i in range(vocab)]
+        for i, s in enumerate(self.names):
+            self.strings.setdefault(s, i)
 
     def top_logprobs(self, ids: list[int]) -> list[dict[int, float]]:
         """For each position i < len(ids) - 1: {id: log Q(id | ids[:i+1])} over the top K."""
-        import urllib.error
-        import urllib.request
-
-        body = {"prompt": list(ids), "max_tokens": 1, "echo": True, "logprobs": self.settings["top_logprobs"],
-                "temperature": 0}
-        if self.settings["served_model"]:
-            body["model"] = self.settings["served_model"]
-        req = urllib.request.Request(self.settings["url"], data=json.dumps(body).encode(),
-                                     headers={"Content-Type": "application/json"}, method="POST")
+        doc = self._echo(ids)
         try:
-            with urllib.request.urlopen(req, timeout=self.settings["timeout_s"]) as r:
-                doc = json.loads(r.read().decode("utf-8"))
             lp = doc["choices"][0]["logprobs"]
             tokens, tops = lp["tokens"], lp["top_logprobs"]
-        except (urllib.error.URLError, OSError, ValueError, KeyError, IndexError, TypeError) as e:
+        except (KeyError, IndexError, TypeError) as e:
             raise RunError(f"{self.name}: no usable completions answer ({type(e).__name__}: "
                            f"{str(e).splitlines()[0] if str(e) else ''})") from None
         for j, (s, want) in enumerate(zip(tokens, ids)):
             if self.strings.get(s) != want:
                 raise RunError(f"{self.name}: echoed token {j} is {s!r}, not the id {want} sent: the endpoint's "
                                "tokenizer differs from the reference's")
+        if len(tokens) < len(ids) or len(tops) < len(ids):
+            raise RunError(f"{self.name}: echoed {len(tokens)} tokens for the {len(ids)} sent")
         out = []
+        lag = self.settings["lag"]
         for j in range(1, len(ids)):
-            row = tops[j] or {}
+            row = tops[j - lag] or {}  # lag 1: the first position's row is null, a miss in the top-1 count
             mapped = {}
             for s, v in row.items():
                 if s not in self.strings:
@@ -96,3 +186,22 @@ class OpenAIEngine(ExternalEngine):
                 mapped[self.strings[s]] = float(v)
             out.append(mapped)
         return out
+
+    def _echo(self, ids: list[int]) -> dict:
+        """The endpoint's echo of ids. The token ids go as the prompt; a server
+        whose API takes only text (llama-cpp-python's answers a list of ints
+        with HTTP 500, a validation error) gets the reference's strings of those ids joined, from then on,
+        said in info()'s prompt_as, and the echoed tokens are still checked
+        against the ids, so a tokenization that differs is named, not averaged."""
+        body = {"max_tokens": 1, "echo": True, "logprobs": self.settings["top_logprobs"], "temperature": 0}
+        if self.settings["served_model"]:
+            body["model"] = self.settings["served_model"]
+        client = Client(self.url, self.settings["timeout_s"])
+        if self.settings["prompt_as"] == "token ids":
+            try:
+                return client.post("/completions", {**body, "prompt": list(ids)})
+            except RunError as e:
+                if ": HTTP " not in str(e) or not self.names:  # no answer at all: text would fare no better
+                    raise
+                self.settings["prompt_as"] = "text (the server refused token ids)"
+        return client.post("/completions", {**body, "prompt": "".join(self.names[i] for i in ids)})
