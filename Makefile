@@ -54,7 +54,7 @@ setup: $(SETUP)
 # The real engines' packages (llama.cpp, CTranslate2, onnxruntime, gguf): not in
 # `setup`, since their tests skip without them and the wheels are large.
 engines: setup
-	$(PYTHON) -m pip install -q -e ".[engines]"
+	$(PYTHON) -m pip install -q -e ".[engines,server]"
 
 lib: $(PKG_LIB)
 

@@ -1,0 +1,3 @@
+class RequestIdPlugin:
+    def __init__(self, *a, **k):
+        pass
