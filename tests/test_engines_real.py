@@ -276,7 +276,7 @@ def test_openai_top_k_gives_a_labelled_lower_bound(noise):
 
     model, _ = charlm.load_default(torch.float32)
     x = served[65]
-    ids = engines.lexp._token_ids(engines.open_engine(None, "cpu"), engines.lexp.default_text(), 65, "t")
+    ids = engines.lexp.token_ids(engines.open_engine(None, "cpu"), engines.lexp.default_text(), 65, "t")
     with torch.no_grad():
         ref = model(torch.tensor([ids[:64]]))[0][0].double().numpy()
     true = distribution.kl_rows(distribution.log_softmax(ref), distribution.log_softmax(x[:64]))

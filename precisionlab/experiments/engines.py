@@ -24,6 +24,7 @@ from precisionlab.engines.registry import DEFAULT_PROMPT, model_device, open_eng
 from precisionlab.errors import RunError, UsageError
 from precisionlab.experiments import logits as lexp
 from precisionlab.numerics import distribution
+from precisionlab.numerics.metrics import exact_mean
 from precisionlab.runtime import torch_flags
 
 DEFAULT_TOKENS = 512  # the engines re-run whole windows; 512 positions take seconds on a tiny model
@@ -98,7 +99,7 @@ def _top_k_row(spec, eng, ref, ref_model, ids, targets, n, device, advance) -> d
     bounds, agree = [], []
     for start in range(0, n, ref.window):
         stop = min(n, start + ref.window)
-        R = lexp._tensor_to_numpy(ref.forward(ref_model, torch.tensor([ids[start:stop]], device=device))[0])
+        R = lexp.to_numpy(ref.forward(ref_model, torch.tensor([ids[start:stop]], device=device))[0])
         R = R.astype(np.float64)
         top = eng.top_logprobs(ids[start:stop + 1])
         bounds.append(distribution.kl_lower_bound_top_k(distribution.log_softmax(R), top))
@@ -106,7 +107,7 @@ def _top_k_row(spec, eng, ref, ref_model, ids, targets, n, device, advance) -> d
         advance()
     b, a = np.concatenate(bounds), np.concatenate(agree)
     return {"engine_spec": spec, "engine": eng.info(), "tokens": "the reference's ids, checked against the echo",
-            "positions": int(b.size), "kld_lower_bound_mean": distribution._mean(b),
+            "positions": int(b.size), "kld_lower_bound_mean": exact_mean(b),
             "kld_lower_bound_max": float(np.max(b)), "top_k": eng.settings["top_logprobs"],
             "kld_note": "a lower bound: KL over the endpoint's top k tokens plus one bucket for the rest",
             "top1_agree_pct": 100.0 * int(a.sum()) / a.size, "greedy_steps": 0, "engine_s": time.perf_counter() - t1}
@@ -126,7 +127,7 @@ def run(cfg: EnginesConfig, advance=lambda k=1: None) -> EnginesResult:
     t0 = time.perf_counter()
     ref = open_engine(cfg.reference, device)
     ref_model = ref.model("fp32")
-    ids = lexp._token_ids(ref, text, cfg.tokens + 1, source)
+    ids = lexp.token_ids(ref, text, cfg.tokens + 1, source)
     prompt_ids = ref.prompt_ids(cfg.prompt, cfg.steps)
     targets = np.asarray(ids[1:], dtype=np.int64)
     n = cfg.tokens
@@ -149,9 +150,9 @@ def run(cfg: EnginesConfig, advance=lambda k=1: None) -> EnginesResult:
                 chunk = ids[start:min(n, start + window)]
                 x = torch.tensor([chunk], device=device)
                 if (start, window) not in ref_windows:
-                    ref_windows[start, window] = lexp._tensor_to_numpy(ref.forward(ref_model, x)[0]).astype(np.float64)
+                    ref_windows[start, window] = lexp.to_numpy(ref.forward(ref_model, x)[0]).astype(np.float64)
                 ref_parts.append(ref_windows[start, window])
-                eng_parts.append(lexp._tensor_to_numpy(eng.forward(eng_model, x)[0]).astype(np.float64))
+                eng_parts.append(lexp.to_numpy(eng.forward(eng_model, x)[0]).astype(np.float64))
                 advance()
             R, E = np.concatenate(ref_parts), np.concatenate(eng_parts)
             if R.shape != E.shape:
@@ -171,7 +172,7 @@ def run(cfg: EnginesConfig, advance=lambda k=1: None) -> EnginesResult:
             eng.close()
     # takeaways and the gates name a row by its `dtype`; here that is the engine's spec
     full = [{**r, "dtype": r["engine_spec"]} for r in rows if "kld_mean" in r]
-    failures = lexp._gate(full, cfg.max_kld, cfg.min_top1)
+    failures = lexp.gate_failures(full, cfg.max_kld, cfg.min_top1)
     params = {"engines": cfg.engines, "reference": cfg.reference or "embedded", "text": cfg.text or
               "held-out Shakespeare (last 5 %)", "tokens": n, "steps": cfg.steps, "prompt": cfg.prompt,
               "device": device}

@@ -21,6 +21,7 @@ import numpy as np
 from precisionlab.catalog import formats
 from precisionlab.engines.registry import DEFAULT_SPEC, model_device, open_engine, spec_path
 from precisionlab.numerics import distribution
+from precisionlab.numerics.metrics import exact_mean
 from precisionlab.io import inputs, logits_file, outputs
 from precisionlab.runtime import torch_flags
 from precisionlab.errors import UsageError
@@ -107,7 +108,7 @@ def parse_save(specs: list[str], lows: list[str], inputs_: outputs.Inputs = ()) 
     return out
 
 
-def _gate(rows: list[dict], max_kld: float | None, min_top1: float | None) -> list[str]:
+def gate_failures(rows: list[dict], max_kld: float | None, min_top1: float | None) -> list[str]:
     """The CI verdicts; a NaN statistic fails (it is not <= anything)."""
     out = []
     for r in rows:
@@ -140,7 +141,7 @@ def read_text(path: str) -> str:
         raise UsageError(f"--text {path!r}: cannot read ({e.strerror})") from None
 
 
-def _token_ids(engine, text: str, need: int, source: str) -> list[int]:
+def token_ids(engine, text: str, need: int, source: str) -> list[int]:
     ids = engine.prefix_ids(text, need, source)  # a long file need not be tokenised whole
     if len(ids) < need:
         raise UsageError(f"{source} gives {len(ids)} tokens; --tokens {need - 1} needs {need} "
@@ -152,7 +153,7 @@ def _token_ids(engine, text: str, need: int, source: str) -> list[int]:
 # compare model --metrics
 
 
-def _tensor_to_numpy(t) -> np.ndarray:
+def to_numpy(t) -> np.ndarray:
     """A CPU tensor's values in its own dtype (bf16 through ml_dtypes, exactly)."""
     from precisionlab.catalog import formats
 
@@ -212,7 +213,7 @@ def run_model(cfg: MetricsConfig, advance=lambda k=1: None) -> LogitsResult:
     t0 = time.perf_counter()
     engine = open_engine(cfg.model, device)
     window = engine.window
-    ids = _token_ids(engine, text, cfg.tokens + 1, source)
+    ids = token_ids(engine, text, cfg.tokens + 1, source)
     n = cfg.tokens
     vocab = engine.info()["vocab"]
     per_batch = max(1, min(n // window or 1, WORKING_BYTES // (10 * 8 * window * max(vocab, 1))))
@@ -233,7 +234,7 @@ def run_model(cfg: MetricsConfig, advance=lambda k=1: None) -> LogitsResult:
         for start, k, length in _batches(n, window, per_batch):
             x = torch.tensor(ids[start:start + k * length], device=device).view(k, length)
             targets = targets_all[start:start + k * length]
-            outs = {d: _tensor_to_numpy(engine.forward(m, x).reshape(k * length, -1)) for d, m in models.items()}
+            outs = {d: to_numpy(engine.forward(m, x).reshape(k * length, -1)) for d, m in models.items()}
             ref = outs["fp32"].astype(np.float64)
             if sigma:
                 expected.append(distribution.expected_kl_gaussian_noise(ref, sigma))
@@ -266,7 +267,7 @@ def run_model(cfg: MetricsConfig, advance=lambda k=1: None) -> LogitsResult:
     params = {"model": cfg.model or DEFAULT_SPEC, "text": cfg.text or "held-out Shakespeare (last 5 %)",
               "tokens": n, "window": window, "dtypes": lows, "device": device, "seed": cfg.seed,
               "inject": [str(s) for s in cfg.inject], "noise_sigma": sigma, "saved": saves}
-    failures = _gate(rows, cfg.max_kld, cfg.min_top1)
+    failures = gate_failures(rows, cfg.max_kld, cfg.min_top1)
     return LogitsResult("compare model --metrics", params, engine.info(), rows, {d: stats[d].kl for d in lows}, failures,
                         takeaways(rows), {"load_s": t_load, "run_s": t_run, "run_cpu_s": c_run,
                                                  "torch_threads": used_threads})
@@ -336,7 +337,7 @@ def yardstick(yours: dict, low: dict, ps_y: distribution.PositionStats, ps_l: di
         if per is not None:
             with np.errstate(invalid="ignore"):
                 d = py[per] - pl[per]
-            diff, se = distribution._mean(d), distribution.standard_error(d)
+            diff, se = exact_mean(d), distribution.standard_error(d)
             # z > 0: YOURS further from REF than the yardstick (a share's departure is its complement)
             sign = 1.0 if key in (*_SHARES, "kld_mean") else math.copysign(1.0, yours[key]) if yours[key] else 1.0
             z = sign * diff / se if se and math.isfinite(se) and se > 0 else (math.inf if diff else 0.0)
@@ -420,7 +421,7 @@ def compare_files(cfg: LogitsConfig, advance=lambda k=1: None) -> LogitsResult:
     if base:
         params["ref_base"] = {"n_ctx": ref.n_ctx, "n_chunk": ref.n_chunk}
     info = {"name": f"{cfg.yours} against {cfg.ref}", "vocab": vocab}
-    failures = _gate([{**r, "dtype": r["side"]} for r in rows if r["side"] == "YOURS"], cfg.max_kld, cfg.min_top1)
+    failures = gate_failures([{**r, "dtype": r["side"]} for r in rows if r["side"] == "YOURS"], cfg.max_kld, cfg.min_top1)
     y = by.get("YOURS")
     if y and y["nonfinite_positions"]:
         failures.append(f"YOURS is non-finite where REF is finite at {y['nonfinite_positions']} positions "

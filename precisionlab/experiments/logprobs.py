@@ -22,7 +22,7 @@ from precisionlab.errors import UsageError
 from precisionlab.io import inputs, logprob_streams
 from precisionlab.io.logprob_streams import Stream
 from precisionlab.numerics import logprobs as lpstats
-from precisionlab.numerics.metrics import exact_sum
+from precisionlab.numerics.metrics import exact_sum, exp_or_inf
 
 # Bytes per token the statistics hold at once (about twenty float64 arrays),
 # and per listed alternative (both lists, their matches and differences).
@@ -156,14 +156,14 @@ def compare_streams(a: Stream, b: Stream, clips=lpstats.DEFAULT_CLIPS, cap: floa
         positions.append({"sequence": int(c.sequence[i]), "position": int(c.position[i]),
                           "token_id": None if ids is None else int(ids[i]), "token": token(i),
                           "logprob_a": float(a.logprobs[i]), "logprob_b": float(b.logprobs[i]),
-                          "diff": float(c.diff[i]), "ratio": _exp(float(c.diff[i]))})
+                          "diff": float(c.diff[i]), "ratio": exp_or_inf(float(c.diff[i]))})
     sequences = []
     for s in c.worst_sequences:
         lo, hi = int(a.offsets[s]), int(a.offsets[s + 1])
         ad = np.abs(c.diff[lo:hi])
         w = int(np.argmax(ad))
         sequences.append({"sequence": s, "n": hi - lo, "log_ratio": float(c.seq_log_ratio[s]),
-                          "ratio": _exp(float(c.seq_log_ratio[s])),
+                          "ratio": exp_or_inf(float(c.seq_log_ratio[s])),
                           "mean_abs_diff": exact_sum(ad) / (hi - lo), "max_abs_diff": float(ad[w]),
                           "worst_position": w})
     row = {"label": "A - B", **c.row}
@@ -174,12 +174,6 @@ def compare_streams(a: Stream, b: Stream, clips=lpstats.DEFAULT_CLIPS, cap: floa
                           takeaways(row, c.diagnoses, c.nonfinite, cap), {"run_s": time.perf_counter() - t0},
                           c.diff, c.position)
 
-
-def _exp(x: float) -> float:
-    try:
-        return math.exp(x)
-    except OverflowError:
-        return math.inf
 
 
 def _where(first: list[dict]) -> str:

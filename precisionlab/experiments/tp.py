@@ -44,6 +44,7 @@ import numpy as np
 
 from precisionlab import native
 from precisionlab.catalog import formats
+from precisionlab.numerics.metrics import exact_mean
 from precisionlab.runtime import interrupt
 from precisionlab.errors import RunError, UsageError
 
@@ -279,9 +280,6 @@ def _same(a, b) -> np.ndarray:
     return (a32.view(np.uint32) == b32.view(np.uint32)) & ~np.isnan(a32)
 
 
-def _mean(v: np.ndarray) -> float:
-    return math.fsum(np.asarray(v, np.float64).ravel().tolist()) / v.size
-
 
 def _absent_rows(why_gloo: str | None, why_nccl: str, cfg: TpConfig) -> list[dict]:
     rows = []
@@ -349,7 +347,7 @@ def _analyse(ranks: dict, dtype: str, cfg: TpConfig) -> list[dict]:
     # ulp of its own that would inflate the count
     ulp = float(fmt.spacing(scale))
     base = ranks[0][f"{dtype}/{min(cfg.world_sizes)}/out"].ravel()
-    base_err = _mean(np.abs(base - ref))
+    base_err = exact_mean(np.abs(base - ref))
     rows = []
     for p in cfg.world_sizes:
         key = f"{dtype}/{p}"
@@ -375,8 +373,8 @@ def _analyse(ranks: dict, dtype: str, cfg: TpConfig) -> list[dict]:
             all_ranks_agree=all(_same(ranks[r][f"{key}/out"], out).all() for r in range(p)),
             differs_from_ws1=float(np.mean(~_same(out, base))),
             max_abs_diff_vs_ws1=float(np.max(np.abs(out - base))),
-            max_abs_error=float(np.max(err)), mean_abs_error=_mean(err),
-            error_ratio_to_ws1=_mean(err) / base_err if base_err else math.nan,
+            max_abs_error=float(np.max(err)), mean_abs_error=exact_mean(err),
+            error_ratio_to_ws1=exact_mean(err) / base_err if base_err else math.nan,
             big_elements=big_n, big_offset=offset,
             big_same_bits=bool(_same(big, out).all()), big_differs=float(np.mean(~_same(big, out))),
             algorithm=_algorithm(p, matches),
@@ -392,7 +390,7 @@ def _analyse(ranks: dict, dtype: str, cfg: TpConfig) -> list[dict]:
             tree_differs_from_ring=float(np.mean(~_same(tree, ring))),
             ring_tree_max_abs_diff=float(np.max(np.abs(tree - ring))),
             ring_tree_max_ulps=float(np.max(np.abs(tree - ring)) / ulp),
-            tree_max_abs_error=float(np.max(tree_err)), tree_mean_abs_error=_mean(tree_err),
+            tree_max_abs_error=float(np.max(tree_err)), tree_mean_abs_error=exact_mean(tree_err),
         ))
     return rows
 

@@ -28,6 +28,8 @@ from fractions import Fraction
 
 import numpy as np
 
+from precisionlab.numerics.metrics import exact_mean, exact_sum, exp_or_inf
+
 # Buckets of fp32's top-1 minus top-2 logit, [lo, hi): argmax flips
 # concentrate where this margin is below the low precision's logit error.
 MARGIN_EDGES = (0.0, 0.01, 0.03, 0.1, 0.3, 1.0, 3.0, 10.0, math.inf)
@@ -208,15 +210,6 @@ def position_stats(ref: np.ndarray, low: np.ndarray, targets: np.ndarray) -> Pos
     )
 
 
-def _fsum(x: np.ndarray) -> float:
-    """math.fsum, with IEEE semantics for non-finite terms (fsum raises on inf - inf)."""
-    if not np.isfinite(x).all():
-        return float(np.sum(x))
-    return math.fsum(x.tolist())
-
-
-def _mean(x: np.ndarray) -> float:
-    return _fsum(x) / x.size
 
 
 def standard_error(x: np.ndarray) -> float:
@@ -242,12 +235,6 @@ def share_standard_error(count: int, n: int) -> float:
     return 100.0 * math.sqrt(p * (1 - p) / (n - 1))
 
 
-def _exp(x: float) -> float:
-    try:
-        return math.exp(x)
-    except OverflowError:  # math.exp raises where IEEE gives inf
-        return math.inf
-
 
 def nearest_rank(q: float, n: int) -> int:
     """The 1-based rank of the q-th percentile of n values: the smallest k with
@@ -268,15 +255,15 @@ def summarize(s: PositionStats) -> dict:
     srt = np.sort(kl)
     pcts = {f"kld_p{q:g}".replace(".", "_"): (math.nan if nan_kl else float(srt[nearest_rank(q, n) - 1]))
             for q in PERCENTILES}
-    mean_nll_ref, mean_nll_low = _mean(s.nll_ref), _mean(s.nll_low)
+    mean_nll_ref, mean_nll_low = exact_mean(s.nll_ref), exact_mean(s.nll_low)
     # The difference of the two mean NLLs in one exact sum, not two rounded means.
     dnll = s.dnll if s.dnll is not None else s.nll_low - s.nll_ref
-    ln_ratio = _fsum(s.dnll if s.dnll is not None else np.concatenate([s.nll_low, -s.nll_ref])) / n
+    ln_ratio = exact_sum(s.dnll if s.dnll is not None else np.concatenate([s.nll_low, -s.nll_ref])) / n
     top1 = int(s.top1.sum())
-    dp_rms = math.sqrt(_mean(s.dp * s.dp))
+    dp_rms = math.sqrt(exact_mean(s.dp * s.dp))
     return {
         "positions": n,
-        "kld_mean": _mean(kl),
+        "kld_mean": exact_mean(kl),
         "kld_mean_se": standard_error(kl),
         "kld_median": pcts.pop("kld_p50"),
         **pcts,
@@ -288,13 +275,13 @@ def summarize(s: PositionStats) -> dict:
         "top1_agree_pct_se": share_standard_error(top1, n),
         "fp32_top1_in_top5_pct": _pct(int(s.ref_in_top5.sum()), n),
         "top1_in_fp32_top5_pct": _pct(int(s.low_in_top5.sum()), n),
-        "dp_mean": _mean(s.dp),
+        "dp_mean": exact_mean(s.dp),
         "dp_mean_se": standard_error(s.dp),
         "dp_rms": dp_rms,
         # the delta method on sqrt(mean dp^2), as llama.cpp: d sqrt(m) = dm / (2 sqrt(m))
         "dp_rms_se": standard_error(s.dp * s.dp) / (2 * dp_rms) if dp_rms > 0 else math.nan,
-        "ppl_fp32": _exp(mean_nll_ref),
-        "ppl": _exp(mean_nll_low),
+        "ppl_fp32": exp_or_inf(mean_nll_ref),
+        "ppl": exp_or_inf(mean_nll_low),
         "ln_ppl_ratio": ln_ratio,
         # from the per-token differences: the two NLLs move together, so their
         # separate errors would overstate this one by far

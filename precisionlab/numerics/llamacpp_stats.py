@@ -21,7 +21,8 @@ import math
 
 import numpy as np
 
-from precisionlab.numerics.distribution import _exp, _fsum, log_softmax, share_standard_error, standard_error
+from precisionlab.numerics.distribution import log_softmax, share_standard_error, standard_error
+from precisionlab.numerics.metrics import exact_sum, exp_or_inf
 
 KL_FLOOR = -16.0  # base log-probabilities at or below this are left out of the KL sum
 # (key, fraction) of the KLD percentiles llama-perplexity prints, top down
@@ -67,20 +68,20 @@ def report(v: dict[str, np.ndarray]) -> dict:
     n = v["kl"].size
     kl = np.sort(v["kl"])
     dp2 = v["dp"] * v["dp"]
-    rms = math.sqrt(_fsum(dp2) / n)
+    rms = math.sqrt(exact_sum(dp2) / n)
     same = int(np.count_nonzero(v["same_top"]))
     d = v["nll"] - v["nll_base"]
     return {
         "positions": n,
-        "mean_kld": _fsum(kl) / n, "mean_kld_se": standard_error(v["kl"]),
+        "mean_kld": exact_sum(kl) / n, "mean_kld_se": standard_error(v["kl"]),
         "max_kld": float(kl[-1]),
         **{key: interpolated(kl, f) for key, f in KLD_PERCENTILES[:4]},
         "median_kld": _median(kl),
         **{key: interpolated(kl, f) for key, f in KLD_PERCENTILES[4:]},
         "min_kld": float(kl[0]),
-        "mean_dp_pct": 100 * _fsum(v["dp"]) / n, "mean_dp_pct_se": 100 * standard_error(v["dp"]),
+        "mean_dp_pct": 100 * exact_sum(v["dp"]) / n, "mean_dp_pct_se": 100 * standard_error(v["dp"]),
         "rms_dp_pct": 100 * rms, "rms_dp_pct_se": 100 * standard_error(dp2) / (2 * rms) if rms > 0 else math.nan,
         "same_top_p_pct": 100 * same / n, "same_top_p_pct_se": share_standard_error(same, n),
-        "mean_ln_ppl_ratio": _fsum(d) / n, "mean_ln_ppl_ratio_se": standard_error(d),
-        "ppl_q": _exp(_fsum(v["nll"]) / n), "ppl_base": _exp(_fsum(v["nll_base"]) / n),
+        "mean_ln_ppl_ratio": exact_sum(d) / n, "mean_ln_ppl_ratio_se": standard_error(d),
+        "ppl_q": exp_or_inf(exact_sum(v["nll"]) / n), "ppl_base": exp_or_inf(exact_sum(v["nll_base"]) / n),
     }

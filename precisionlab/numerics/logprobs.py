@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from precisionlab.numerics.distribution import nearest_rank, phi
-from precisionlab.numerics.metrics import exact_sum
+from precisionlab.numerics.metrics import exact_mean, exact_sum, exp_or_inf
 
 DEFAULT_CLIPS = (1.1, 1.25, 2.0)
 DEFAULT_CAP = 2.0
@@ -102,22 +102,13 @@ def locate(offsets: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return seq, pos
 
 
-def _mean(x: np.ndarray) -> float:
-    return exact_sum(x) / x.size if x.size else math.nan
-
-
-def _exp(x: float) -> float:
-    try:
-        return math.exp(x)
-    except OverflowError:  # math.exp raises where IEEE gives inf
-        return math.inf
 
 
 def _pearson(x: np.ndarray, y: np.ndarray) -> float:
     """Pearson's correlation, centred on exact means; NaN when either side is constant."""
     if x.size < 2:
         return math.nan
-    dx, dy = x - _mean(x), y - _mean(y)
+    dx, dy = x - exact_mean(x), y - exact_mean(y)
     den = math.sqrt(exact_sum(dx * dx)) * math.sqrt(exact_sum(dy * dy))
     return exact_sum(dx * dy) / den if den > 0 else math.nan
 
@@ -153,20 +144,20 @@ def token_stats(a: np.ndarray, b: np.ndarray, clips=DEFAULT_CLIPS) -> dict:
     with np.errstate(over="ignore", invalid="ignore"):
         r = np.exp(d)
         em1 = np.expm1(d)
-    mean_r = _mean(r)
+    mean_r = exact_mean(r)
     with np.errstate(over="ignore", invalid="ignore"):
         dev = r - mean_r
     pct = {f"p{q:g}_abs_diff": (float(srt[nearest_rank(q, n) - 1]) if n else math.nan) for q in PERCENTILES}
     row = {
         "n": n,
-        "mean_diff": _mean(d),
-        "mean_abs_diff": _mean(ad),
-        "rms_diff": math.sqrt(_mean(d * d)) if n else math.nan,
+        "mean_diff": exact_mean(d),
+        "mean_abs_diff": exact_mean(ad),
+        "rms_diff": math.sqrt(exact_mean(d * d)) if n else math.nan,
         **pct,
         "max_abs_diff": float(srt[-1]) if n else math.nan,
         "prob_pearson": _pearson(np.exp(a), np.exp(b)),
         "mean_ratio": mean_r,
-        "std_ratio": math.sqrt(_mean(dev * dev)) if n else math.nan,
+        "std_ratio": math.sqrt(exact_mean(dev * dev)) if n else math.nan,
         "min_ratio": float(np.min(r)) if n else math.nan,
         "max_ratio": float(np.max(r)) if n else math.nan,
         "outside_clip": [],
@@ -177,13 +168,13 @@ def token_stats(a: np.ndarray, b: np.ndarray, clips=DEFAULT_CLIPS) -> dict:
         row["outside_clip"].append({"clip": c, "n_outside": k, "frac_outside": k / n if n else math.nan})
     row["ess_frac"] = row["ess"] / n if n else math.nan
     row["kl_k1"] = -row["mean_diff"] if n else math.nan
-    row["kl_k2"] = _mean(d * d) / 2 if n else math.nan
-    row["kl_k3"] = _mean(phi(d))  # expm1(d) - d, accurate where d is small
+    row["kl_k2"] = exact_mean(d * d) / 2 if n else math.nan
+    row["kl_k3"] = exact_mean(phi(d))  # expm1(d) - d, accurate where d is small
     with np.errstate(over="ignore", invalid="ignore"):
-        row["chi2"] = _mean(em1 * em1)
+        row["chi2"] = exact_mean(em1 * em1)
     row["ln_ppl_ratio"] = row["kl_k1"]
-    row["ppl_a"] = _exp(-_mean(a))
-    row["ppl_b"] = _exp(-_mean(b))
+    row["ppl_a"] = exp_or_inf(-exact_mean(a))
+    row["ppl_b"] = exp_or_inf(-exact_mean(b))
     return row
 
 
@@ -194,11 +185,11 @@ def sequence_stats(log_ratio: np.ndarray, cap: float = DEFAULT_CAP) -> dict:
     m = log_ratio.size
     with np.errstate(over="ignore"):
         big = np.exp(log_ratio)
-    mean = _mean(log_ratio)
+    mean = exact_mean(log_ratio)
     out = {
         "seq_n": m,
         "mean_seq_log_ratio": mean,
-        "std_seq_log_ratio": math.sqrt(_mean((log_ratio - mean) ** 2)) if m else math.nan,
+        "std_seq_log_ratio": math.sqrt(exact_mean((log_ratio - mean) ** 2)) if m else math.nan,
         "min_seq_log_ratio": float(np.min(log_ratio)) if m else math.nan,
         "max_seq_log_ratio": float(np.max(log_ratio)) if m else math.nan,
         "cap": cap,
@@ -215,7 +206,7 @@ def one_sided(d: np.ndarray) -> dict:
     scale estimated from the values on the other side (sqrt(2 mean(d^2 there)),
     which is sigma for symmetric noise), and the share on the mean's side."""
     n = d.size
-    mean = _mean(d)
+    mean = exact_mean(d)
     if not n or mean == 0 or not math.isfinite(mean):
         return {"mean": mean, "other_side_scale": math.nan, "share": math.nan, "one_sided": False}
     sign = math.copysign(1.0, mean)
@@ -261,8 +252,8 @@ def top_offsets(top_a: Top, top_b: Top) -> dict:
     slope_se = (math.sqrt(exact_sum((rr - slope * dx) ** 2) / dof2 / sxx) if sxx > 0 and dof2 > 0 else math.nan)
     return {"offset": offset, "shared": k, "positions": int(multi.sum()), "within_rms": within,
             "slope": slope, "slope_se": slope_se,
-            "offset_rms": math.sqrt(_mean(offsets * offsets)) if offsets.size else math.nan,
-            "offset_z": (math.sqrt(_mean(kz * offsets * offsets)) / within if within > 0 else
+            "offset_rms": math.sqrt(exact_mean(offsets * offsets)) if offsets.size else math.nan,
+            "offset_z": (math.sqrt(exact_mean(kz * offsets * offsets)) / within if within > 0 else
                          (math.inf if offsets.size and np.any(offsets != 0) else math.nan)),
             "b_truncated": int((np.isfinite(lpa) & np.isneginf(lpb)).any(axis=1).sum()),
             "a_truncated": int((np.isneginf(lpa) & np.isfinite(lpb)).any(axis=1).sum())}
@@ -310,12 +301,12 @@ def renormalisation(d: np.ndarray, a: np.ndarray, b: np.ndarray, tops: dict | No
     kept = np.exp(np.minimum(log_s, 0.0))
     ren, other = (b, a) if renorm == "b" else (a, b)
     out = {"kind": "renormalised", "side": renorm, "evidence": evidence,
-           "offset_mean": _mean(per_position), "kept_mass": _exp(_mean(log_s)),
-           "kept_mass_mean": _mean(kept), "kept_mass_min": float(np.min(kept)),
+           "offset_mean": exact_mean(per_position), "kept_mass": exp_or_inf(exact_mean(log_s)),
+           "kept_mass_mean": exact_mean(kept), "kept_mass_min": float(np.min(kept)),
            "share_on_side": side["share"], "other_side_scale": side["other_side_scale"],
            # a support of one token: the renormalised side says probability 1
            "one_token_support": int(((np.abs(ren) <= CERTAIN) & (other < -CERTAIN)).sum()),
-           "residual_rms_diff": math.sqrt(_mean((d - per_position) ** 2)) if evidence == "top_logprobs" else None,
+           "residual_rms_diff": math.sqrt(exact_mean((d - per_position) ** 2)) if evidence == "top_logprobs" else None,
            "_log_s": log_s}
     if tops is not None:
         out.update({"positions_with_top": tops["positions"], "within_position_rms": tops["within_rms"],

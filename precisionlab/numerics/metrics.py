@@ -39,6 +39,20 @@ def exact_sum(values: np.ndarray) -> float:
         return _exact_sum_wide(v)
 
 
+def exact_mean(values: np.ndarray) -> float:
+    """exact_sum over the count: one rounding of the sum, one of the division; NaN when empty."""
+    v = np.asarray(values)
+    return exact_sum(v) / v.size if v.size else math.nan
+
+
+def exp_or_inf(x: float) -> float:
+    """math.exp with IEEE's answer past the range (math.exp raises OverflowError there)."""
+    try:
+        return math.exp(x)
+    except OverflowError:
+        return math.inf
+
+
 def _exact_sum_wide(v: np.ndarray) -> float:
     """exact_sum where fsum overflowed. Scaled by 2^-64 the partial sums fit,
     and the scaling is exact while no value or result falls below 2^-958
