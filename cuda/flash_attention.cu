@@ -393,9 +393,10 @@ extern "C" int pl_flash_attention_cuda(const float* q_dev, const float* k_dev, c
     if (lse_dev)
         if (int st = pl_require_device(lse_dev, sizeof(float), "lse_dev", __func__)) return st;
     const flash_params fp = params_of(*cfg, rows, keys, d, dv);
+    // past 48 KiB the kernel must opt in; cudaLaunchKernelEx names the kernel, so the CPU emulator checks it too
     PL_CUDA_CHECK(cudaFuncSetAttribute(flash_tiled<float>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes));
-    flash_tiled<float><<<(unsigned)blocks, kFlashThreads, bytes>>>(q_dev, k_dev, v_dev, out_dev, lse_dev, fp);
-    PL_CUDA_CHECK(cudaGetLastError());
+    const cudaLaunchConfig_t launch = {dim3((unsigned)blocks), dim3(kFlashThreads), bytes, 0, nullptr, 0};
+    PL_CUDA_CHECK(cudaLaunchKernelEx(&launch, flash_tiled<float>, q_dev, k_dev, v_dev, out_dev, lse_dev, fp));
     return PL_OK;
 }
 

@@ -41,6 +41,18 @@ def test_kernel_matches_the_emulator_and_the_host_bit_for_bit(case, variant):
     assert np.array_equal(bits(out), bits(host_out)) and np.array_equal(bits(lse), bits(host_lse))
 
 
+def test_tiles_past_48_kib_of_shared_memory_opt_in():
+    """Br = Bc = 64 at d = 128 take 148 KiB of shared memory: the launch opts
+    in (the emulator refuses past 48 KiB otherwise, as a GPU does)."""
+    case = (70, 130, 128, 64, 64, "fp8_e4m3", 8.0, 4.0, 1.0, True, 1.5)
+    emu_cfg, lib_cfg = configs(case)
+    assert native.flash_attention_shared_bytes(128, 128, lib_cfg) > 48 * 1024
+    q, k, v = inputs(case, 7)
+    out, lse = run_gpu(q, k, v, lib_cfg)
+    want = fa.attention(q, k, v, emu_cfg, track=False)
+    assert np.array_equal(bits(out), bits(want.out)) and np.array_equal(bits(lse), bits(want.lse))
+
+
 def test_gpu_entry_point_validates_its_arguments():
     d = native.DeviceArray((256,), np.float32)
     cfg = native.flash_config(4, 4, formats.get("bf16").code)
