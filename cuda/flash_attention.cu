@@ -85,56 +85,12 @@ PL_HD inline double from_dbits(uint64_t b) {
     return x;
 }
 
-// IEEE fp32 operations, rounded once to nearest even, the same on both sides
-// (the host build does not contract; the device says _rn).
-PL_HD inline float fmul_rn(float a, float b) {
-#if defined(__CUDA_ARCH__)
-    return __fmul_rn(a, b);
-#else
-    return a * b;
-#endif
-}
-PL_HD inline float fadd_rn(float a, float b) {
-#if defined(__CUDA_ARCH__)
-    return __fadd_rn(a, b);
-#else
-    return a + b;
-#endif
-}
-PL_HD inline float fsub_rn(float a, float b) {
-#if defined(__CUDA_ARCH__)
-    return __fsub_rn(a, b);
-#else
-    return a - b;
-#endif
-}
-PL_HD inline float fdiv_rn(float a, float b) {
-#if defined(__CUDA_ARCH__)
-    return __fdiv_rn(a, b);
-#else
-    return a / b;
-#endif
-}
-PL_HD inline float ffma_rn(float a, float b, float c) {
-#if defined(__CUDA_ARCH__)
-    return __fmaf_rn(a, b, c);
-#else
-    return std::fma(a, b, c);
-#endif
-}
-PL_HD inline float to_float_rn(double v) {
-#if defined(__CUDA_ARCH__)
-    return __double2float_rn(v);
-#else
-    return (float)v;
-#endif
-}
 
 constexpr float kInf = __builtin_huge_valf();
 
 // 2^x rounded to fp32, flushed to +0 below 2^-126 (the emulator's exp2 under fp32 arithmetic).
 PL_HD inline float exp2_ftz(float x) {
-    const float y = to_float_rn(exp2((double)x));
+    const float y = pl_to_float_rn(exp2((double)x));
     return y < 1.1754943508222875e-38f ? 0.0f : y;
 }
 
@@ -161,7 +117,7 @@ PL_HD inline float round_p(float x, const p_format& f) {
 // Step 1: a score, the fp32 chain over d from +0.
 PL_HD inline float qk_dot(const float* q, const float* k, int64_t d) {
     float s = 0.0f;
-    for (int64_t i = 0; i < d; ++i) s = fadd_rn(s, fmul_rn(q[i], k[i]));
+    for (int64_t i = 0; i < d; ++i) s = pl_fadd_rn(s, pl_fmul_rn(q[i], k[i]));
     return s;
 }
 
@@ -173,37 +129,37 @@ PL_HD inline float row_tile(float& m, float& l, float* s, int64_t n, bool first,
     for (int64_t j = 0; j < n; ++j) mt = s[j] > mt ? s[j] : mt;
     float m_new = m > mt ? m : mt;
     float m_safe = m_new == -kInf ? 0.0f : m_new;
-    const float a = fmul_rn(fsub_rn(m, m_safe), fp.c);  // -inf while the row has no max yet
+    const float a = pl_fmul_rn(pl_fsub_rn(m, m_safe), fp.c);  // -inf while the row has no max yet
     const bool keep = !first && fp.threshold > 0.0f && a >= -fp.threshold && m != -kInf;
     if (keep) m_new = m_safe = m;  // within the threshold: not rescaled
     const float alpha = keep ? 1.0f : exp2_ftz(m == -kInf ? -kInf : a);
     m = m_new;
-    const float ms = m_new == -kInf ? 0.0f : ffma_rn(m_safe, fp.c, -fp.max_offset);
-    l = fmul_rn(l, alpha);
+    const float ms = m_new == -kInf ? 0.0f : pl_ffma_rn(m_safe, fp.c, -fp.max_offset);
+    l = pl_fmul_rn(l, alpha);
     for (int64_t j = 0; j < n; ++j) {
-        const float p = s[j] == -kInf ? 0.0f : exp2_ftz(ffma_rn(s[j], fp.c, -ms));
-        l = fadd_rn(l, p);  // the sum takes the fp32 P, before the cast
-        s[j] = round_p(fp.p_scale != 1.0f ? fmul_rn(p, fp.p_scale) : p, fp.pf);
+        const float p = s[j] == -kInf ? 0.0f : exp2_ftz(pl_ffma_rn(s[j], fp.c, -ms));
+        l = pl_fadd_rn(l, p);  // the sum takes the fp32 P, before the cast
+        s[j] = round_p(fp.p_scale != 1.0f ? pl_fmul_rn(p, fp.p_scale) : p, fp.pf);
     }
     return alpha;
 }
 
 // Step 8 of one output entry: O = R(O alpha), then the fp32 chain over the tile's keys.
 PL_HD inline float pv_step(float o, float alpha, const float* p, const float* v, int64_t stride, int64_t n) {
-    o = fmul_rn(o, alpha);
-    for (int64_t j = 0; j < n; ++j) o = fadd_rn(o, fmul_rn(p[j], v[j * stride]));
+    o = pl_fmul_rn(o, alpha);
+    for (int64_t j = 0; j < n; ++j) o = pl_fadd_rn(o, pl_fmul_rn(p[j], v[j * stride]));
     return o;
 }
 
 // The end of a row: the factor its O is multiplied by, and its lse.
 PL_HD inline float row_factor(float l, const flash_params& fp) {
-    const float inv = l > 0.0f ? fdiv_rn(1.0f, l) : 0.0f;
-    return fmul_rn(inv, fp.inv_p_scale);
+    const float inv = l > 0.0f ? pl_fdiv_rn(1.0f, l) : 0.0f;
+    return pl_fmul_rn(inv, fp.inv_p_scale);
 }
 PL_HD inline float row_lse(float m, float l, const flash_params& fp) {
     if (!(l > 0.0f)) return -kInf;
-    const float lg = to_float_rn(log((double)to_float_rn((double)l * fp.offset_pow)));
-    return ffma_rn(m == -kInf ? 0.0f : m, fp.c_ln2, lg);
+    const float lg = pl_to_float_rn(log((double)pl_to_float_rn((double)l * fp.offset_pow)));
+    return pl_ffma_rn(m == -kInf ? 0.0f : m, fp.c_ln2, lg);
 }
 
 // Key j is visible to row i (the queries are the last `rows` positions).
@@ -301,7 +257,7 @@ extern "C" int pl_flash_attention_cpu(const float* q, const float* k, const floa
                 o[(size_t)c] = pv_step(o[(size_t)c], alpha, s.data(), v + lo * dv + c, dv, n);
         }
         const float f = row_factor(l, fp);
-        for (int64_t c = 0; c < dv; ++c) out[i * dv + c] = fmul_rn(o[(size_t)c], f);
+        for (int64_t c = 0; c < dv; ++c) out[i * dv + c] = pl_fmul_rn(o[(size_t)c], f);
         if (lse) lse[i] = row_lse(m, l, fp);
     }
     return PL_OK;
@@ -370,7 +326,7 @@ __global__ void __launch_bounds__(kFlashThreads) flash_tiled(const T* __restrict
         if (lse) lse[r0 + r] = row_lse(rm[r], rl[r], fp);
     }
     __syncthreads();
-    for (int64_t e = tid; e < nr * dv; e += nt) out[r0 * dv + e] = fmul_rn(os[e], ra[e / dv]);
+    for (int64_t e = tid; e < nr * dv; e += nt) out[r0 * dv + e] = pl_fmul_rn(os[e], ra[e / dv]);
 }
 
 }  // namespace
