@@ -155,21 +155,6 @@ PL_HD static inline int bitlen(uint32_t v) {
 }
 PL_HD static inline float fabs_bits(float x) { return ffrom(fbits(x) & 0x7FFFFFFFu); }
 
-// fp32 products and quotients rounded once to nearest even, the same on both sides.
-PL_HD static inline float fmul_rn(float a, float b) {
-#if defined(__CUDA_ARCH__)
-    return __fmul_rn(a, b);
-#else
-    return a * b;
-#endif
-}
-PL_HD static inline float fdiv_rn(float a, float b) {
-#if defined(__CUDA_ARCH__)
-    return __fdiv_rn(a, b);
-#else
-    return a / b;
-#endif
-}
 
 PL_HD static inline uint8_t mf_max_code(const pl_mf f) {
     return (uint8_t)(((f.emax + f.bias) << f.mbits) | (f.max_r - (1 << f.mbits)));
@@ -289,12 +274,12 @@ PL_HD static inline void quantize_block(const float* x, int64_t len, int format,
     }
     if (nv) {
         const pl_mf e4 = mf_of(PL_MF_E4M3);
-        const uint8_t sc = mf_encode(fmul_rn(fdiv_rn(amax, 6.0f), g_enc), 0, e4);
+        const uint8_t sc = mf_encode(pl_fmul_rn(pl_fdiv_rn(amax, 6.0f), g_enc), 0, e4);
         const float s = (float)mf_decode(sc, e4);
-        float enc = s == 0.0f ? 0.0f : fdiv_rn(g_enc, s);
+        float enc = s == 0.0f ? 0.0f : pl_fdiv_rn(g_enc, s);
         if (enc > FLT_MAX) enc = FLT_MAX;
         *scale = sc;
-        for (int64_t i = 0; i < len; ++i) codes[i] = mf_encode(fmul_rn(x[i], enc), 0, f);
+        for (int64_t i = 0; i < len; ++i) codes[i] = mf_encode(pl_fmul_rn(x[i], enc), 0, f);
         return;
     }
     const int e = amax == 0.0f ? -127 : mx_scale_exp(amax, f, rule);
@@ -308,7 +293,7 @@ PL_HD static inline float dequantize_one(uint8_t code, uint8_t scale, int format
     const double p = mf_decode(code, f);
     if (format == PL_NVFP4) {
         const float s = (float)mf_decode(scale, mf_of(PL_MF_E4M3));
-        return fmul_rn(fmul_rn((float)p, s), g_dec);
+        return pl_fmul_rn(pl_fmul_rn((float)p, s), g_dec);
     }
     if (scale == kE8M0Nan) return NAN;
     return (float)(p * pow2d((int)scale - 127));  // exact, or inf past fp32's range
@@ -437,9 +422,9 @@ __global__ void quantize_warp_per_block(const float* __restrict__ x, int64_t n, 
         uint8_t sc;
         if (nv) {
             const pl_mf e4 = mf_of(PL_MF_E4M3);
-            sc = mf_encode(fmul_rn(fdiv_rn(amax, 6.0f), g_enc), 0, e4);
+            sc = mf_encode(pl_fmul_rn(pl_fdiv_rn(amax, 6.0f), g_enc), 0, e4);
             const float s = (float)mf_decode(sc, e4);
-            enc = s == 0.0f ? 0.0f : fdiv_rn(g_enc, s);
+            enc = s == 0.0f ? 0.0f : pl_fdiv_rn(g_enc, s);
             if (enc > FLT_MAX) enc = FLT_MAX;
         } else {
             e = amax == 0.0f ? -127 : mx_scale_exp(amax, f, rule);
@@ -447,7 +432,7 @@ __global__ void quantize_warp_per_block(const float* __restrict__ x, int64_t n, 
         }
         if (lane == 0) scales[b] = sc;
         for (int64_t i = lane; i < len; i += 32)
-            codes[i0 + i] = nv ? mf_encode(fmul_rn(x[i0 + i], enc), 0, f) : mf_encode(x[i0 + i], e, f);
+            codes[i0 + i] = nv ? mf_encode(pl_fmul_rn(x[i0 + i], enc), 0, f) : mf_encode(x[i0 + i], e, f);
     }
 }
 

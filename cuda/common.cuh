@@ -296,6 +296,22 @@ static inline float pl_lane_sum(F f, int64_t n, int lanes) {
 
 constexpr float pl_neg_inf = -std::numeric_limits<float>::infinity();
 
+// IEEE fp32 operations rounded once to nearest even, the same on the host and
+// the device (the host build does not contract, -ffp-contract=off; the device
+// says _rn), for the kernels whose bits a host reference reproduces.
+#if defined(__CUDA_ARCH__)
+#define PL_RN_(device, host) return device
+#else
+#define PL_RN_(device, host) return host
+#endif
+PL_HD static inline float pl_fmul_rn(float a, float b) { PL_RN_(__fmul_rn(a, b), a * b); }
+PL_HD static inline float pl_fadd_rn(float a, float b) { PL_RN_(__fadd_rn(a, b), a + b); }
+PL_HD static inline float pl_fsub_rn(float a, float b) { PL_RN_(__fsub_rn(a, b), a - b); }
+PL_HD static inline float pl_fdiv_rn(float a, float b) { PL_RN_(__fdiv_rn(a, b), a / b); }
+PL_HD static inline float pl_ffma_rn(float a, float b, float c) { PL_RN_(__fmaf_rn(a, b, c), std::fma(a, b, c)); }
+PL_HD static inline float pl_to_float_rn(double v) { PL_RN_(__double2float_rn(v), (float)v); }
+#undef PL_RN_
+
 // max that keeps NaN from either side. fmax drops a NaN operand, so a row
 // holding NaN and -inf would look fully masked (max -inf) and be zeroed under
 // the masked=zero policy; with this max a NaN anywhere makes the row NaN, as

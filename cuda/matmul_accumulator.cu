@@ -86,29 +86,6 @@ PL_HD inline int bitlen64(uint64_t v) {  // bits up to the leading one; 0 for 0
 }
 PL_HD inline bool finite(float x) { return (fbits(x) & 0x7F800000u) != 0x7F800000u; }
 
-// IEEE fp32 operations rounded once to nearest even, the same on both sides
-// (the host build does not contract; the device says _rn).
-PL_HD inline float fmul_rn(float a, float b) {
-#if defined(__CUDA_ARCH__)
-    return __fmul_rn(a, b);
-#else
-    return a * b;
-#endif
-}
-PL_HD inline float fadd_rn(float a, float b) {
-#if defined(__CUDA_ARCH__)
-    return __fadd_rn(a, b);
-#else
-    return a + b;
-#endif
-}
-PL_HD inline float to_float_rn(double v) {
-#if defined(__CUDA_ARCH__)
-    return __double2float_rn(v);
-#else
-    return (float)v;
-#endif
-}
 
 // A finite value or product as (-1)^neg sig 2^ex exactly; sig == 0 for zero.
 struct term {
@@ -161,7 +138,7 @@ struct dot_args {
 
 PL_HD inline float fp32_sequential(const dot_args& d) {
     float c = 0.0f;
-    for (int64_t s = 0; s < d.k; ++s) c = fadd_rn(c, fmul_rn(d.xv(s), d.yv(s)));
+    for (int64_t s = 0; s < d.k; ++s) c = pl_fadd_rn(c, pl_fmul_rn(d.xv(s), d.yv(s)));
     return c;
 }
 
@@ -171,12 +148,12 @@ PL_HD inline float fp32_pairwise(const dot_args& d) {
     float stack[64];
     int depth = 0;
     for (int64_t s = 0; s < d.k; ++s) {
-        float v = fmul_rn(d.xv(s), d.yv(s));
-        for (uint64_t t = (uint64_t)s; t & 1; t >>= 1) v = fadd_rn(stack[--depth], v);
+        float v = pl_fmul_rn(d.xv(s), d.yv(s));
+        for (uint64_t t = (uint64_t)s; t & 1; t >>= 1) v = pl_fadd_rn(stack[--depth], v);
         stack[depth++] = v;
     }
     float v = stack[depth - 1];  // the partial blocks, smallest last: the tree folds them from the right
-    for (int i = depth - 2; i >= 0; --i) v = fadd_rn(stack[i], v);
+    for (int i = depth - 2; i >= 0; --i) v = pl_fadd_rn(stack[i], v);
     return v;
 }
 
@@ -202,7 +179,7 @@ PL_HD inline float fused_group(float c, const dot_args& d, int64_t s0, int64_t s
     for (int64_t s = s0; s < s1; ++s) total += cut(product(d.xv(s), d.yv(s)), ul, rne);
     // |total| < 2^53 and 2^ul in the normal range: the double is exact, the float its one rounding;
     // + 0 turns an underflowed -0 into +0, as an exact zero sum is
-    return fadd_rn(to_float_rn((double)total * pow2d(ul)), 0.0f);
+    return pl_fadd_rn(pl_to_float_rn((double)total * pow2d(ul)), 0.0f);
 }
 
 PL_HD inline float limited(float c, const dot_args& d, int64_t s0, int64_t s1, const pl_accumulator& a) {
@@ -217,7 +194,7 @@ PL_HD inline float promote(const dot_args& d, const pl_accumulator& a) {
     float c = 0.0f;
     for (int64_t q0 = 0; q0 < d.k; q0 += a.interval) {
         const int64_t q1 = d.k - q0 > a.interval ? q0 + a.interval : d.k;
-        c = fadd_rn(c, limited(0.0f, d, q0, q1, a));  // the CUDA-core fp32 addition
+        c = pl_fadd_rn(c, limited(0.0f, d, q0, q1, a));  // the CUDA-core fp32 addition
     }
     return c;
 }

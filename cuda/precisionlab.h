@@ -71,7 +71,8 @@ enum pl_input_order { PL_ORDER_AS_GIVEN = 0, PL_ORDER_REVERSED = 1, PL_ORDER_ASC
 enum pl_sass_check {
     PL_SASS_SINGLE_PASS = 1, /* the row in registers: every load before the first reduction */
     PL_SASS_STREAMING = 2,   /* a hot loop over the input: its instructions per element loaded */
-    PL_SASS_TWO_AN_SM = 4    /* registers that let two 512-thread CTAs share an SM */
+    PL_SASS_TWO_AN_SM = 4,   /* registers that let two 512-thread CTAs share an SM */
+    PL_SASS_SHARED_LOOPS = 8 /* a tiled kernel: its innermost loop over shared memory, per element it reads */
 };
 typedef struct {
     const char* kernel; /* the __global__ function (its template's name, as cuobjdump shows it) */
@@ -344,6 +345,34 @@ int pl_matmul_acc_cpu(const float* a, const float* b, int64_t m, int64_t n, int6
  * legacy default stream; the values are not checked against the format. */
 int pl_matmul_acc_cuda(const float* a_dev, const float* b_dev, int64_t m, int64_t n, int64_t k, int format,
                        const pl_accumulator* acc, float* c_dev, int variant);
+
+/* ---- FlashAttention's forward pass, one head (flash_attention.cu) ----------
+ * Tiled online softmax bit for bit as precisionlab/numerics/flash_attention.py
+ * defines it, at its knobs below and fp32 everywhere else (inputs, Q.K^T and
+ * P.V accumulated by the fp32 model, one split). q rows x d, k keys x d,
+ * v keys x dv, out rows x dv, all fp32 row-major; lse (may be NULL): rows
+ * log-sum-exp values (natural log). Row i sees key j unless causal and
+ * j > i + keys - rows (causal needs rows <= keys). */
+typedef struct {
+    int32_t block_r, block_c;  /* Br query rows a block, Bc keys a tile: 1..1024 */
+    int32_t p_format;          /* P's format: PL_FP32, PL_BF16, PL_FP16, PL_FP8_E4M3, PL_FP8_E5M2 (FP8 saturating) */
+    int32_t causal;            /* 0 or 1 */
+    float max_offset;          /* log2 units, [0, 64]: P in (0, 2^max_offset] */
+    float rescale_threshold;   /* log2 units, [0, 64]: rescale only when the max grows by more; 0 eager */
+    float p_scale;             /* > 0: P multiplied before its cast, undone at the end (1: none) */
+    double softmax_scale;      /* > 0; 0: 1 / sqrt(d) */
+} pl_flash_config;
+int pl_flash_attention_cpu(const float* q, const float* k, const float* v, int64_t rows, int64_t keys, int64_t d,
+                           int64_t dv, const pl_flash_config* cfg, float* out, float* lse);
+/* The dynamic shared memory a GPU block takes at these tiles (the GPU call
+ * refuses more than 227 KiB). */
+int pl_flash_attention_shared_bytes(int64_t d, int64_t dv, const pl_flash_config* cfg, size_t* bytes);
+/* The same outputs, bit for bit, on the GPU (variants: the catalog's op
+ * "flash_attention"). Device pointers (lse_dev may be NULL), cfg a host
+ * pointer; asynchronous on the legacy default stream. */
+int pl_flash_attention_cuda(const float* q_dev, const float* k_dev, const float* v_dev, int64_t rows, int64_t keys,
+                            int64_t d, int64_t dv, const pl_flash_config* cfg, float* out_dev, float* lse_dev,
+                            int variant);
 
 /* ---- all-reduce order: CPU replay (allreduce.cu) ------------------------------
  * partials: ranks * n doubles, rank r's vector at partials[r * n]; each must be

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One device call: a one-second preflight, then build, the softmax and sum
-# benchmark table, GPU tests, the GPU runs the issue notes quote,
+# benchmark table, the FlashAttention kernel against its emulator, GPU tests, the GPU runs the issue notes quote,
 # torch._scaled_mm against the accumulator models, and the sanitizers, most valuable first. For the device tool:
 #   run(command="bash scripts/gpu_check.sh", timeout_s=480)
 # Every step gets what is left of a 420 s budget at most (machine start-up
@@ -66,6 +66,10 @@ for r in rows:
     print(f"{r['section']:>10} {label:>24} {r['dtype']:>5} {str(r['accumulator']):>5} {shape:>12} "
           f"{r['gbps']:8.1f} GB/s vs={r['vs_baseline'] or 0:.3f} copy%={r.get('pct_of_copy') or 0:.1f}{spread}{plan}")
 PY
+
+echo "== flash"   # the FlashAttention kernel bit for bit against the host and the numpy emulator (issue 27)
+step flash 60 python3 scripts/flash_check.py --json "$R/flash.json" > "$R/flash.txt" 2>&1
+tail -3 "$R/flash.txt"
 
 echo "== gpu-test"
 step gpu-test 150 make gpu-test PYTHON=python3 > "$R/gpu-test.log" 2>&1

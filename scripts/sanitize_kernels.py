@@ -83,6 +83,15 @@ def _device_pointer_kernels(rng) -> int:
                     native.matmul_acc_cuda(a.ptr, bm.ptr, m, n, k, e4m3.code, model, c.ptr, version)
                     c.numpy()
                     calls += 1
+    for rows, keys, d, causal in ((1, 1, 8, False), (37, 101, 40, True), (70, 300, 64, False)):  # flash, odd tiles
+        q, k, v = (dev(rng.standard_normal(shape).astype(np.float32)) for shape in ((rows, d), (keys, d), (keys, d)))
+        out, lse = native.DeviceArray((rows, d), np.float32), native.DeviceArray((rows,), np.float32)
+        for p in ("bf16", "fp8_e4m3"):
+            cfg = native.flash_config(16, 24, formats.get(p).code, causal, 8.0, 4.0)
+            for version in (v.name for v in native.variants("flash_attention", "cuda")):
+                native.flash_attention_cuda(q.ptr, k.ptr, v.ptr, rows, keys, d, d, cfg, out.ptr, lse.ptr, version)
+                out.numpy()
+                calls += 1
     for name in ("fp32", "bf16", "fp16"):  # swiglu, rope, attention on odd sizes
         fmt = formats.get(name)
         arr = lambda *shape: dev(np.ascontiguousarray(fmt.round(rng.standard_normal(shape)).astype(fmt.dtype)))

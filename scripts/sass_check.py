@@ -13,7 +13,9 @@ nvidia-cuda-cuobjdump where the toolkit lacks it):
   in registers) the growth of its body from one register tier to the next
   over the growth in elements a thread holds; for a streaming kernel its hot
   loop (the backward branch whose body loads) over the elements one trip
-  loads.
+  loads; for a tiled kernel (its products over tiles in shared memory) its
+  innermost loop that reads the most shared memory a trip, over the elements
+  that trip reads.
 
 - two CTAs in flight an SM: the kernels whose CTA holds a row (or piece) of
   up to 16384 elements in at most 512 threads (softmax versions 2 and 5)
@@ -57,7 +59,7 @@ ROOT = Path(__file__).resolve().parent.parent
 @dataclass(frozen=True)
 class Rule:
     """What the library says one kernel family gets: its checks and, by dtype, its ceiling."""
-    checks: frozenset  # of "single_pass", "streaming", "two_an_sm"
+    checks: frozenset  # of "single_pass", "streaming", "two_an_sm", "shared_loops"
     ceilings: dict  # format name -> instructions per element
 
 
@@ -289,10 +291,13 @@ def check_residency(k: Kernel) -> None:
         k.problems.append(f"{k.regs} registers a thread: {k.ctas_per_sm} CTA of {PAIR_THREADS} threads an SM, not two")
 
 
-def check_streaming(k: Kernel) -> None:
+def _hot_loop(k: Kernel, load: str, innermost: bool):
+    """(instructions, bytes loaded) of the loop (a backward branch and its body)
+    whose body loads the most bytes with `load` ("LDG": global, "LDS": shared)
+    per trip; innermost: only loops holding no other loop. None: no such loop."""
     ops = k.sass
     addr_index = {a: i for i, (a, _, _) in enumerate(ops)}
-    best = None
+    loops = []
     for i, (addr, op, operands) in enumerate(ops):
         if not op.startswith("BRA"):
             continue
@@ -302,17 +307,40 @@ def check_streaming(k: Kernel) -> None:
         target = int(m.group(1), 16)
         if target >= addr or target not in addr_index:
             continue
-        j = addr_index[target]
+        loops.append((addr_index[target], i))
+    best = None
+    for j, i in loops:
+        if innermost and any(j <= j2 and i2 <= i and (j2, i2) != (j, i) for j2, i2 in loops):
+            continue
         body = ops[j:i + 1]
-        loaded = sum(_load_width(op2) for _, op2, _ in body if op2.startswith("LDG"))
+        loaded = sum(_load_width(op2) for _, op2, _ in body if op2.startswith(load))
         if loaded and (best is None or loaded > best[1]):
-            best = (len(body), loaded, target, addr)
+            best = (len(body), loaded, ops[j][0], ops[i][0])
+    return best
+
+
+def check_streaming(k: Kernel) -> None:
+    best = _hot_loop(k, "LDG", innermost=False)
     if best is None:
         return
     n, loaded, start, end = best
     elems = loaded / ELEM_BYTES.get(k.elem, 4)
     k.ipe = n / elems
     k.ipe_what = f"loop {start:#06x}-{end:#06x}: {n} instructions / {elems:g} elements a trip"
+
+
+def check_shared_loops(k: Kernel) -> None:
+    """A tiled kernel's inner products run over tiles in shared memory: its
+    innermost loop that reads the most shared memory a trip, over the elements
+    that trip reads."""
+    best = _hot_loop(k, "LDS", innermost=True)
+    if best is None:
+        k.problems.append("no innermost loop reading shared memory found")
+        return
+    n, loaded, start, end = best
+    elems = loaded / ELEM_BYTES.get(k.elem, 4)
+    k.ipe = n / elems
+    k.ipe_what = f"inner loop {start:#06x}-{end:#06x}: {n} instructions / {elems:g} shared elements a trip"
 
 
 def ceiling(k: Kernel, rules: dict[str, Rule]) -> float | None:
@@ -338,6 +366,8 @@ def analyse(lib: Path, tool: str, rules: dict[str, Rule]) -> list[Kernel]:
             check_residency(k)
         elif "streaming" in checks:
             check_streaming(k)
+        elif "shared_loops" in checks:
+            check_shared_loops(k)
     single_pass_marginals(list(kernels.values()))
     for k in kernels.values():
         c = ceiling(k, rules)

@@ -48,6 +48,10 @@ def test_every_entry_point_takes_the_ids_of_its_rows_and_refuses_others():
                 f32 = np.zeros(4, np.float32).ctypes.data
                 native._call("pl_matmul_acc_cuda", f32, f32, 2, 2, 1, FP32,
                              ctypes.byref(native.accumulator("fp32")), f32, stray)
+            elif op == "flash_attention":  # as matmul_acc: the GPU entry checks the variant before any device
+                f32 = np.zeros(16, np.float32).ctypes.data
+                native._call("pl_flash_attention_cuda", f32, f32, f32, 2, 2, 2, 2,
+                             ctypes.byref(native.flash_config(2, 2, FP32)), f32, None, stray)
             elif op == "allreduce":
                 native._call("pl_allreduce_cpu", native._dptr(np.ones(4)), 2, 2, FP32, stray, 0, 1, -1,
                              native._dptr(np.ones(2)))

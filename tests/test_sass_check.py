@@ -110,3 +110,18 @@ def test_two_variants_that_disagree_on_a_kernel_are_an_error():
 
     with pytest.raises(ValueError, match="ceiling"):
         sc.rules_from([row("a", 18.0), row("b", 19.0)])
+
+
+def test_shared_loops_take_the_innermost_loop_reading_the_most_shared_memory():
+    # an outer loop (0x00-0x60) around an inner one (0x10-0x40) that reads two
+    # fp32 values a trip: 4 instructions / 2 elements; the outer one, reading more, is not counted
+    k = kernel(["MOV R0, RZ", "LDS R4, [R2]", "LDS R5, [R3]", "FFMA R0, R4, R5, R0", "BRA 0x10", "LDS R6, [R9]",
+                "BRA 0x0", "EXIT"], name="void (anonymous namespace)::flash_tiled<float>(float const*)")
+    sc.check_shared_loops(k)
+    assert k.ipe == 4 / 2 and not k.problems
+
+
+def test_shared_loops_without_one_is_a_problem():
+    k = kernel(["MOV R0, RZ", "BRA 0x0", "EXIT"], name="void (anonymous namespace)::flash_tiled<float>(float const*)")
+    sc.check_shared_loops(k)
+    assert k.problems

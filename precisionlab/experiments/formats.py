@@ -13,7 +13,15 @@ For each configuration and distribution (fp32 inputs, float64 references):
   matmul_rel_l2 relative Frobenius error of C = A @ B, both operands
                 block-scaled along K (A's rows, B's columns), dequantized and
                 multiplied with fp32 accumulation (the library's CPU matmul),
-                against float64 A @ B of the unquantized fp32 operands.
+                against float64 A @ B of the unquantized fp32 operands;
+                with --accumulator MODEL[,MODEL...] the product is each
+                numerics.accumulators model's instead (exact, fp32,
+                fp32-pairwise, hopper-fp8, promote:N: the dequantized values
+                are fp32 values, their products exact), one row per model,
+                carrying `accumulator` (None: the library's fp32 matmul);
+  accumulation_rel_l2  (with --accumulator) the model's C against float64
+                A_hat @ B_hat of the same dequantized operands: the
+                accumulator's own error, apart from the quantization's.
 The quantization runs in the library (cuda/blockscale.cu) on the chosen
 device; with --device all the GPU's bits must equal the host reference's.
 """
@@ -28,7 +36,7 @@ from precisionlab import native
 from precisionlab.runtime import devices
 from precisionlab.catalog import formats
 from precisionlab.io import inputs
-from precisionlab.numerics import compare as comparison
+from precisionlab.numerics import accumulators, compare as comparison
 from precisionlab.errors import RunError, UsageError
 
 DISTRIBUTIONS = ("normal", "student_t", "outlier_10x", "outlier_30x", "outlier_100x")
@@ -48,6 +56,7 @@ class FormatsConfig:
     baselines: bool = True
     device: str = "auto"
     seed: int = 0
+    accumulators: str | None = None  # MODEL[,MODEL...] for the matmul (numerics.accumulators); None: fp32 BLAS-like
 
 
 @dataclass
@@ -176,6 +185,29 @@ def _matmul_error(a_hat: np.ndarray, b_hat: np.ndarray, ref: np.ndarray) -> floa
     return comparison.rel_l2(c, ref)
 
 
+def _matmul_fields(a_hat: np.ndarray, b_hat: np.ndarray, ref: np.ndarray, model, backend: str) -> dict:
+    """The row's matmul fields: the library's fp32 matmul (model None), or the
+    accumulator model's (the dequantized values are fp32 values: dtype fp32),
+    with its error against the float64 product of the same dequantized
+    operands too: what the accumulator alone costs."""
+    if model is None:
+        return {"accumulator": None, "matmul_rel_l2": _matmul_error(a_hat, b_hat, ref), "accumulation_rel_l2": None}
+    c = model.matmul(a_hat, b_hat, backend=backend, dtype="fp32")
+    own = np.asarray(a_hat, np.float64) @ np.asarray(b_hat, np.float64)
+    return {"accumulator": model.name, "matmul_rel_l2": comparison.rel_l2(c, ref),
+            "accumulation_rel_l2": comparison.rel_l2(c, own)}
+
+
+def parse_accumulators(text: str | None) -> list[accumulators.Accumulator | None]:
+    """--accumulator's models (tf32's parser), or [None]: the library's fp32 matmul."""
+    if text is None:
+        return [None]
+    try:
+        return list(accumulators.parse_list(text))
+    except ValueError as e:
+        raise UsageError(f"--accumulator: {e}") from None
+
+
 def _per_tensor(x: np.ndarray, name: str) -> np.ndarray:
     """bf16: a plain rounding. fp8: one scale for the tensor, amax / max, in
     float64; x / s rounded to fp8 (never past max), times s."""
@@ -199,8 +231,12 @@ def run(cfg: FormatsConfig, advance=lambda k=1: None) -> FormatsResult:
     if cfg.seed < 0:
         raise UsageError(f"--seed must be >= 0 (got {cfg.seed})")
     m, k, n = _parse_shape(cfg.shape)
-    # the largest live set: one distribution's vector and matmul operands, float64 copies, dequantized values
-    inputs.check_memory((cfg.n + m * k + k * n) * 8 * 6 + m * n * 8 * 3, "formats")
+    models = parse_accumulators(cfg.accumulators)
+    backend = accumulators.default_backend() if models != [None] else "numpy"
+    model_peak = max((a.peak_bytes(m, n, k) for a in models if a is not None and backend == "numpy"), default=0)
+    # the largest live set: one distribution's vector and matmul operands, float64 copies, dequantized values,
+    # and an accumulator model's arrays
+    inputs.check_memory((cfg.n + m * k + k * n) * 8 * 6 + m * n * 8 * 3 + model_peak, "formats")
     plan = devices.resolve(cfg.device)
     q = _Quantizer(plan.names)
 
@@ -224,27 +260,32 @@ def run(cfg: FormatsConfig, advance=lambda k=1: None) -> FormatsResult:
                 y, codes = q.roundtrip(vec, fmt, rule, block)
                 a_hat, _ = q.roundtrip(a, fmt, rule, block)
                 bt_hat, _ = q.roundtrip(bt, fmt, rule, block)
-                rows.append({
+                stats = {
                     "format": fmt, "element": f.element.name, "scale": f.scale.name, "rule": rule, "block": block,
                     "dist": dist, "bits_per_element": f.element.bits + f.scale.bits / block,
                     "rel_rmse": comparison.rel_l2(y, vec), "clip_share": _clip_share(y, vec, codes, block, f.element),
-                    "flush_share": _flush_share(y, vec), "matmul_rel_l2": _matmul_error(a_hat, bt_hat.T, ref),
-                })
+                    "flush_share": _flush_share(y, vec),
+                }
+                for model in models:
+                    rows.append(stats | _matmul_fields(a_hat, bt_hat.T, ref, model, backend))
                 advance()
             if cfg.baselines and block == blocks[0]:  # no blocks: once per distribution
                 for name in BASELINES:
                     y = _per_tensor(vec, name)
-                    rows.append({
+                    stats = {
                         "format": name if name == "bf16" else f"{name} per-tensor", "element": name,
                         "scale": None if name == "bf16" else "fp64 per-tensor", "rule": None, "block": None,
                         "dist": dist, "bits_per_element": float(formats.get(name).bits),
                         "rel_rmse": comparison.rel_l2(y, vec), "clip_share": None, "flush_share": _flush_share(y, vec),
-                        "matmul_rel_l2": _matmul_error(_per_tensor(a, name), _per_tensor(bt, name).T, ref),
-                    })
+                    }
+                    a_t, bt_t = _per_tensor(a, name), _per_tensor(bt, name)
+                    for model in models:
+                        rows.append(stats | _matmul_fields(a_t, bt_t.T, ref, model, backend))
                     advance()
     return FormatsResult(
         params={"formats": fmts, "rules": rules, "blocks": blocks, "dists": dists, "n": cfg.n,
-                "shape": [m, k, n], "student_df": STUDENT_DF, "device": cfg.device, "seed": cfg.seed},
+                "shape": [m, k, n], "student_df": STUDENT_DF, "device": cfg.device, "seed": cfg.seed,
+                "accumulators": [a.name for a in models if a is not None] or None},
         devices=plan.describe(), rows=rows, takeaways=takeaways(rows))
 
 

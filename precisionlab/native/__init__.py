@@ -87,6 +87,13 @@ from precisionlab.native.matmul_acc import (  # noqa: F401  (the package's API)
     matmul_acc_cuda,
 )
 
+from precisionlab.native.flash import (  # noqa: F401  (the package's API)
+    FlashConfig,
+    flash_config,
+    flash_attention_cpu,
+    flash_attention_shared_bytes,
+    flash_attention_cuda,
+)
 
 def build_info() -> str:
     return _load().pl_build_info().decode()

@@ -34,7 +34,7 @@ class _FormatDesc(ctypes.Structure):  # pl_format_desc
 KINDS = ("algorithm", "kernel", "bug")                                       # pl_variant_kind
 INPUT_ORDERS = ("as_given", "reversed", "ascending_abs", "descending_abs")   # pl_input_order
 _DEVICE_BITS = (("cpu", 1), ("cuda", 2))                                     # pl_device_bits
-_SASS_CHECK_BITS = (("single_pass", 1), ("streaming", 2), ("two_an_sm", 4))   # pl_sass_check
+_SASS_CHECK_BITS = (("single_pass", 1), ("streaming", 2), ("two_an_sm", 4), ("shared_loops", 8))  # pl_sass_check
 
 
 @dataclass(frozen=True)
@@ -42,7 +42,7 @@ class SassCeiling:
     """One of a variant's GPU kernels as make sass-check holds it (pl_sass_rule):
     the checks it gets and its most instructions per element for these dtypes."""
     kernel: str  # the __global__ function template's name
-    checks: tuple[str, ...]  # of "single_pass", "streaming", "two_an_sm"
+    checks: tuple[str, ...]  # of "single_pass", "streaming", "two_an_sm", "shared_loops"
     dtypes: tuple[str, ...]  # format names
     ceiling: float
 

@@ -145,6 +145,17 @@ _PROTOTYPES = {
     #                        const pl_accumulator* acc, float* c_dev, int variant)
     "pl_matmul_acc_cuda": (c_int, [c_void_p, c_void_p, c_int64, c_int64, c_int64, c_int, c_void_p, c_void_p,
                                    c_int]),
+    # int pl_flash_attention_cpu(const float* q, const float* k, const float* v, int64_t rows, int64_t keys,
+    #                            int64_t d, int64_t dv, const pl_flash_config* cfg, float* out, float* lse)
+    "pl_flash_attention_cpu": (c_int, [c_void_p, c_void_p, c_void_p, c_int64, c_int64, c_int64, c_int64, c_void_p,
+                                       c_void_p, c_void_p]),
+    # int pl_flash_attention_shared_bytes(int64_t d, int64_t dv, const pl_flash_config* cfg, size_t* bytes)
+    "pl_flash_attention_shared_bytes": (c_int, [c_int64, c_int64, c_void_p, _sz]),
+    # int pl_flash_attention_cuda(const float* q_dev, const float* k_dev, const float* v_dev, int64_t rows,
+    #                             int64_t keys, int64_t d, int64_t dv, const pl_flash_config* cfg, float* out_dev,
+    #                             float* lse_dev, int variant)
+    "pl_flash_attention_cuda": (c_int, [c_void_p, c_void_p, c_void_p, c_int64, c_int64, c_int64, c_int64, c_void_p,
+                                        c_void_p, c_void_p, c_int]),
     # int pl_allreduce_cpu(const double* partials, int ranks, int64_t n, int format, int order, int64_t offset,
     #                      int64_t chunk, int step, double* out)
     "pl_allreduce_cpu": (c_int, [_d, c_int, c_int64, c_int, c_int, c_int64, c_int64, c_int, _d]),

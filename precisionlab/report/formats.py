@@ -20,18 +20,22 @@ def table(res) -> None:
         rows = [r for r in res.rows if r["dist"] == dist]
         title = f"formats: {dist.replace('_', ' ')}" + (f" (df {res.params['student_df']})" if dist == "student_t" else "")
         t = Table(title=title, title_justify="left")
-        for col in ("format", "scale", "rule", "block", "bits/elem"):
+        models = bool(res.params.get("accumulators"))  # the accumulator column only when models were asked for
+        for col in ("format", "scale", "rule", "block", "bits/elem") + (("accumulator",) if models else ()):
             t.add_column(col, overflow="fold")
-        for col in ("rel RMSE", "blocks clipped", "flushed to 0", "matmul rel err"):
+        for col in ("rel RMSE", "blocks clipped", "flushed to 0", "matmul rel err") + (("accum. rel err",) if models else ()):
             t.add_column(col, justify="right")
         for r in rows:
             t.add_row(r["format"], r["scale"] or "-", r["rule"] or "-", "-" if r["block"] is None else str(r["block"]),
-                      f"{r['bits_per_element']:.4g}", sci(r["rel_rmse"]), _pct(r["clip_share"]),
-                      _pct(r["flush_share"]), sci(r["matmul_rel_l2"]))
+                      f"{r['bits_per_element']:.4g}", *((r["accumulator"],) if models else ()), sci(r["rel_rmse"]),
+                      _pct(r["clip_share"]), _pct(r["flush_share"]), sci(r["matmul_rel_l2"]),
+                      *((sci(r["accumulation_rel_l2"]),) if models else ()))
         stdout.print(t)
     m, k, n = res.params["shape"]
     stdout.print(f"{res.params['n']} values per distribution (fp32); matmul {m}x{k} @ {k}x{n}, operands block-scaled "
-                 "along K, dequantized, fp32 accumulation, against float64 of the unquantized operands. blocks clipped: "
+                 "along K, dequantized, " + ("under each accumulator model" if res.params.get("accumulators") else "fp32 accumulation") +
+                 ", against float64 of the unquantized operands" + ("; accum. rel err: against float64 of the "
+                 "dequantized operands, the accumulator's own error" if res.params.get("accumulators") else "") + ". blocks clipped: "
                  "the block's largest element came back smaller than it went in, at the element's max code. "
                  "bits/elem: element bits + scale bits / block.", style="dim", highlight=False)
     footer(None, res.takeaways)

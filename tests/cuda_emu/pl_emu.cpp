@@ -76,6 +76,7 @@ int cluster_live = 0;
 dim3 g_cdim(1, 1, 1);
 std::map<const void*, size_t> slot_bytes;  // every __shared__ declaration seen: its size
 std::set<const void*> nonportable;         // kernels allowed clusters of more than 8 blocks
+std::map<const void*, size_t> smem_optin;  // kernels allowed more than 48 KiB of dynamic shared memory: how much
 std::vector<Barrier> warp_bars;
 std::vector<int> warp_live;
 std::vector<uint64_t> warp_slots;
@@ -294,6 +295,12 @@ void allow_nonportable_cluster(const void* kernel, bool allow) {
     else nonportable.erase(kernel);
 }
 
+bool allow_dynamic_shared(const void* kernel, int bytes) {
+    if (bytes < 0 || bytes > 227 * 1024) return false;  // an sm_90 block's opt-in most
+    smem_optin[kernel] = (size_t)bytes;
+    return true;
+}
+
 bool cluster_size_allowed(const void* kernel, unsigned blocks) {
     return blocks <= 8 || (blocks <= 16 && nonportable.count(kernel));  // 8 portable, 16 with the attribute (sm_90)
 }
@@ -302,7 +309,9 @@ void launch(dim3 grid, dim3 block, const std::function<void()>& fn, size_t smem,
     std::lock_guard<std::mutex> lock(launch_mutex);
     const long long nthreads = (long long)block.x * block.y * block.z;
     if (nthreads < 1 || nthreads > 1024 || grid.x < 1 || grid.y < 1 || grid.z < 1 || grid.y > 65535 || grid.z > 65535 ||
-        smem > 48 * 1024) {  // past 48 KiB a GPU needs an opt-in attribute the kernels do not set
+        smem > std::max<size_t>(48 * 1024, kernel && smem_optin.count(kernel) ? smem_optin[kernel] : 0)) {
+        // past 48 KiB a GPU needs the kernel's opt-in (cudaFuncAttributeMaxDynamicSharedMemorySize), which
+        // only a launch that names its kernel (cudaLaunchKernelEx) can be checked against here
         last_error = cudaErrorInvalidConfiguration;
         return;
     }

@@ -77,6 +77,8 @@ void cluster_sync();
 void syncthreads();
 cudaError_t take_last_error();
 void allow_nonportable_cluster(const void* kernel, bool allow);
+// cudaFuncAttributeMaxDynamicSharedMemorySize: false past an sm_90's 227 KiB
+bool allow_dynamic_shared(const void* kernel, int bytes);
 
 // cudaLaunchKernelEx (translate.py renames the calls): the grid, block,
 // dynamic shared bytes and a cluster dimension, if one is given.
@@ -95,6 +97,9 @@ template <typename F>
 cudaError_t func_set_attribute(F* kernel, cudaFuncAttribute attr, int value) {
     if (attr == cudaFuncAttributeNonPortableClusterSizeAllowed)
         allow_nonportable_cluster(reinterpret_cast<const void*>(kernel), value != 0);
+    if (attr == cudaFuncAttributeMaxDynamicSharedMemorySize &&
+        !allow_dynamic_shared(reinterpret_cast<const void*>(kernel), value))
+        return cudaErrorInvalidValue;
     return cudaSuccess;
 }
 template <typename F>
