@@ -442,32 +442,54 @@ bool all_in_format(const double* x, int64_t n, const fast_fmt& ff) {
     return true;
 }
 
+// The compensated sums (Kahan, Neumaier) share one driver: a running sum s and
+// a compensation c, both kept in registers across the loop, and a narrow loop
+// that stops at the first x its step does not admit, from where
+// narrow_or_wide goes on in the general loop: the same operations, exactly.
+// A Step holds the two things that differ: admits(x's magnitude bits), the
+// narrow loop's test (off the chains), and add<NARROW>(x, s, c), one term.
+template <class Step, bool NARROW>
+int64_t compensated_loop(const double* x, int64_t i, int64_t n, const fast_acc& acc, reg& s_io, reg& c_io) {
+    reg s = s_io, c = c_io;
+    for (; i < n; ++i) {
+        if (NARROW && !PL_LIKELY(Step::admits(pl_bits(x[i]) & ~kSign, acc.ff))) break;
+        Step::template add<NARROW>(x[i], acc, s, c);
+    }
+    s_io = s;
+    c_io = c;
+    return i;
+}
+
+template <class Step>
+void compensated_sum(const double* x, int64_t n, const fast_acc& acc, reg& s, reg& c) {
+    s = r_set(0.0);
+    c = r_set(0.0);
+    narrow_or_wide(n, [&](int64_t i) { return compensated_loop<Step, true>(x, i, n, acc, s, c); },
+                   [&](int64_t i, int64_t end) { return compensated_loop<Step, false>(x, i, end, acc, s, c); });
+}
+
 // Kahan. The chain c -> y -> t -> c is the cost; its last two operations,
 // c = (t - s) - y, are exact whenever |s| >= |y| (Fast2Sum: s and y are
 // values of the format), and then equal t - v when v = s + y is exact in
 // double too, which (v - s) == y tells (Dekker). One double subtraction then
 // stands for two roundings. (add_in's ties to even would spare the branch on
 // exact ties, but its two integer ops sit on this chain twice: slower.)
-// NARROW_X: every x so far has at most p significant bits, as a narrow
+// NARROW: every x so far has at most p significant bits, as a narrow
 // storage format's values do (bf16 in bf16, fp16 or fp8 in fp16). Then
 // y = x - c adds two p-bit values, a double result on a midpoint is exact
 // (Figueroa), and its ties go to even on the bits behind a branch of their
 // own (sub_in): a fifth of the y's are ties with bf16 normal data, which
 // sub's branch, taken for any midpoint into slow_add, guessed wrong at a
 // higher price. (Ties to even without a branch cost more still: two integer
-// ops on the chain.) The loop returns at the first x that is wider (checked
-// off the chain), and narrow_or_wide goes on in the general loop from there:
-// the same operations, exactly.
-template <bool NARROW_X>
-int64_t kahan_loop(const double* x, int64_t i, int64_t n, const fast_acc& acc, reg& s_io, reg& c_io) {
-    const pl_fmt& f = *acc.ff.f;
-    reg s = s_io, c = c_io;
-    for (; i < n; ++i) {
-        if (NARROW_X) {
-            const uint64_t a = pl_bits(x[i]) & ~kSign;
-            if (!PL_LIKELY((((a & acc.ff.low) == 0) & ((a >> 52) - 1 < 0x7FE)) | (a == 0))) break;
-        }
-        const reg y = NARROW_X ? acc.sub_in(r_set(x[i]), c) : acc.sub(r_set(x[i]), c);
+// ops on the chain.)
+struct kahan_step {
+    static bool admits(uint64_t a, const fast_fmt& ff) {
+        return (((a & ff.low) == 0) & ((a >> 52) - 1 < 0x7FE)) | (a == 0);
+    }
+    template <bool NARROW>
+    static void add(double x, const fast_acc& acc, reg& s, reg& c) {
+        const pl_fmt& f = *acc.ff.f;
+        const reg y = NARROW ? acc.sub_in(r_set(x), c) : acc.sub(r_set(x), c);
         const reg v = r_add(s, y);
         reg t = r_round(v, acc.k);
         const bool ok = fast_ok(r_bits(v), acc.ff);
@@ -479,16 +501,12 @@ int64_t kahan_loop(const double* x, int64_t i, int64_t n, const fast_acc& acc, r
             c = r_set(pl_sub(pl_sub(r_get(t), sd, f), yd, f));
         s = t;
     }
-    s_io = s;
-    c_io = c;
-    return i;
-}
+};
 
 double fast_kahan(const double* x, int64_t n, const pl_fmt& f) {
     const fast_acc acc(f);
-    reg s = r_set(0.0), c = r_set(0.0);
-    narrow_or_wide(n, [&](int64_t i) { return kahan_loop<true>(x, i, n, acc, s, c); },
-                   [&](int64_t i, int64_t end) { return kahan_loop<false>(x, i, end, acc, s, c); });
+    reg s, c;
+    compensated_sum<kahan_step>(x, n, acc, s, c);
     return r_get(s);
 }
 
@@ -498,23 +516,19 @@ double fast_kahan(const double* x, int64_t n, const pl_fmt& f) {
 // format, lost = (s - t) + x is exact (Fast2Sum), so neither rounds; else, when
 // |t| >= |s| / 2, s - t is exact in the format (Sterbenz), so only the second
 // one rounds. c and lost are always values of the format (add_in). The
-// X_IN_FORMAT loop stops at the first x that is not, and narrow_or_wide goes
-// on in the general loop from there (a pass over x to decide first cost as
-// much as the sum's own 0.9 ns a value).
-template <bool X_IN_FORMAT>
-int64_t neumaier_loop(const double* x, int64_t i, int64_t n, const fast_acc& acc, reg& s_io, reg& c_io) {
-    reg s = s_io, c = c_io;
-    for (; i < n; ++i) {
-        if (X_IN_FORMAT) {  // 0 or a normal value of the format (checked off the chains)
-            const uint64_t a = pl_bits(x[i]) & ~kSign;
-            if (!PL_LIKELY(((a - acc.ff.minb <= acc.ff.maxb - acc.ff.minb) & ((a & acc.ff.low) == 0)) | (a == 0)))
-                break;
-        }
-        const reg xi = r_set(x[i]);
-        const reg t = X_IN_FORMAT ? acc.add_in(s, xi) : acc.add(s, xi);
-        const double as = std::fabs(r_get(s)), ax = std::fabs(x[i]);
+// NARROW loop (x in the format) stops at the first x that is not (a pass over
+// x to decide first cost as much as the sum's own 0.9 ns a value).
+struct neumaier_step {
+    static bool admits(uint64_t a, const fast_fmt& ff) {  // 0 or a normal value of the format
+        return ((a - ff.minb <= ff.maxb - ff.minb) & ((a & ff.low) == 0)) | (a == 0);
+    }
+    template <bool NARROW>
+    static void add(double x, const fast_acc& acc, reg& s, reg& c) {
+        const reg xi = r_set(x);
+        const reg t = NARROW ? acc.add_in(s, xi) : acc.add(s, xi);
+        const double as = std::fabs(r_get(s)), ax = std::fabs(x);
         reg lost;
-        if (X_IN_FORMAT && PL_LIKELY(as >= ax)) {
+        if (NARROW && PL_LIKELY(as >= ax)) {
             lost = r_add(r_sub(s, t), xi);
         } else if (PL_LIKELY(as >= ax && 2.0 * std::fabs(r_get(t)) >= as)) {
             lost = acc.add(r_sub(s, t), xi);
@@ -526,16 +540,12 @@ int64_t neumaier_loop(const double* x, int64_t i, int64_t n, const fast_acc& acc
         c = acc.add_in(c, lost);
         s = t;
     }
-    s_io = s;
-    c_io = c;
-    return i;
-}
+};
 
 double fast_neumaier(const double* x, int64_t n, const pl_fmt& f) {
     const fast_acc acc(f);
-    reg s = r_set(0.0), c = r_set(0.0);
-    narrow_or_wide(n, [&](int64_t i) { return neumaier_loop<true>(x, i, n, acc, s, c); },
-                   [&](int64_t i, int64_t end) { return neumaier_loop<false>(x, i, end, acc, s, c); });
+    reg s, c;
+    compensated_sum<neumaier_step>(x, n, acc, s, c);
     return r_get(acc.add_in(s, c));
 }
 
