@@ -58,51 +58,75 @@ PL_DECLARE_VARIANTS(sum, SUM_CPU_VARIANTS);
 
 namespace {
 
-void cpu_sequential(const double* x, int64_t n, const pl_fmt& f, bool stochastic, uint64_t seed,
-                    double* result, int64_t* stall_step, double* stall_value, double* trace) {
-    double s = 0.0;
+// The sequential sum's loop, whatever its arithmetic: add(s, i) is s + x[i]
+// in the accumulator, get(s) the double s holds. The stall is the first step
+// where a nonzero finite x leaves s as it was (watch_stall: a stochastic sum
+// reports none).
+template <typename S, typename Add, typename Get>
+void sequential_loop(const double* x, int64_t n, S s, Add add, Get get, bool watch_stall, double* result,
+                     int64_t* stall_step, double* stall_value, double* trace) {
     int64_t stall = -1;
     double stall_at = std::numeric_limits<double>::quiet_NaN();
     for (int64_t i = 0; i < n; ++i) {
-        // fp64 has no wider format to draw the rounding from: there it is plain RNE.
-        const double t = stochastic && f.precision < 53
-                             ? pl_round_stochastic(pl_add_round_odd(s, x[i]), f, pl_uniform(seed, (uint64_t)i))
-                             : pl_add(s, x[i], f);
-        if (!stochastic && stall < 0 && t == s && x[i] != 0.0 && std::isfinite(x[i])) {
+        const S t = add(s, i);
+        if (watch_stall && stall < 0 && get(t) == get(s) && x[i] != 0.0 && std::isfinite(x[i])) {
             stall = i;
-            stall_at = s;
+            stall_at = get(s);
         }
         s = t;
-        if (trace) trace[i] = s;
+        if (trace) trace[i] = get(s);
     }
-    *result = s;
+    *result = get(s);
     if (stall_step) *stall_step = stall;
     if (stall_value) *stall_value = stall_at;
+}
+
+void cpu_sequential(const double* x, int64_t n, const pl_fmt& f, bool stochastic, uint64_t seed,
+                    double* result, int64_t* stall_step, double* stall_value, double* trace) {
+    // fp64 has no wider format to draw the rounding from: there it is plain RNE.
+    const bool draw = stochastic && f.precision < 53;
+    sequential_loop(
+        x, n, 0.0,
+        [&](double s, int64_t i) {
+            return draw ? pl_round_stochastic(pl_add_round_odd(s, x[i]), f, pl_uniform(seed, (uint64_t)i))
+                        : pl_add(s, x[i], f);
+        },
+        [](double s) { return s; }, !stochastic, result, stall_step, stall_value, trace);
 }
 
 // Level-by-level pairwise summation, streamed: a stack of partial sums tagged
 // with their tree level; equal levels merge as soon as they meet, and what is
 // left merges from the right at the end, exactly as the odd tails are carried
-// up in the level-by-level description.
-double cpu_pairwise(const double* x, int64_t n, const pl_fmt& f) {
-    double val[66];
-    int level[66];
+// up in the level-by-level description. op(a, b) is the accumulator's a + b.
+template <typename T, typename Op>
+struct pairwise_stack {
+    Op op;
+    T val[66] = {};
+    int level[66] = {};
     int top = 0;
-    for (int64_t i = 0; i < n; ++i) {
-        double v = x[i];
-        int l = 0;
+    explicit pairwise_stack(Op o) : op(o) {}
+    void push(T v, int l) {
         while (top > 0 && level[top - 1] == l) {
-            v = pl_add(val[--top], v, f);
+            v = op(val[--top], v);
             ++l;
         }
         val[top] = v;
         level[top++] = l;
     }
-    while (top > 1) {
-        const double r = val[--top];
-        val[top - 1] = pl_add(val[top - 1], r, f);
+    T finish() {
+        while (top > 1) {
+            const T r = val[--top];
+            val[top - 1] = op(val[top - 1], r);
+        }
+        return val[0];
     }
-    return pl_round_to(val[0], f);  // n == 1: the lone value still lands in the accumulator
+};
+
+double cpu_pairwise(const double* x, int64_t n, const pl_fmt& f) {
+    const auto add = [&](double a, double b) { return pl_add(a, b, f); };
+    pairwise_stack<double, decltype(add)> st(add);
+    for (int64_t i = 0; i < n; ++i) st.push(x[i], 0);
+    return pl_round_to(st.finish(), f);  // n == 1: the lone value still lands in the accumulator
 }
 
 double cpu_kahan(const double* x, int64_t n, const pl_fmt& f) {
@@ -317,22 +341,9 @@ void narrow_or_wide(int64_t n, Narrow narrow, Wide wide) {
 void fast_sequential(const double* x, int64_t n, const pl_fmt& f, double* result, int64_t* stall_step,
                      double* stall_value, double* trace) {
     const fast_acc acc(f);
-    reg s = r_set(0.0);
-    int64_t stall = -1;
-    double stall_at = std::numeric_limits<double>::quiet_NaN();
-    for (int64_t i = 0; i < n; ++i) {
-        const reg xi = r_set(x[i]);
-        const reg t = acc.add(s, xi);
-        if (stall < 0 && r_get(t) == r_get(s) && x[i] != 0.0 && std::isfinite(x[i])) {
-            stall = i;
-            stall_at = r_get(s);
-        }
-        s = t;
-        if (trace) trace[i] = r_get(s);
-    }
-    *result = r_get(s);
-    if (stall_step) *stall_step = stall;
-    if (stall_value) *stall_value = stall_at;
+    sequential_loop(
+        x, n, r_set(0.0), [&](reg s, int64_t i) { return acc.add(s, r_set(x[i])); }, [](reg s) { return r_get(s); },
+        true, result, stall_step, stall_value, trace);
 }
 
 // Stochastic rounding of v = RN_53(s + x): the exact path rounds the round-to-
@@ -389,41 +400,36 @@ void fast_stochastic(const double* x, int64_t n, const pl_fmt& f, uint64_t seed,
 constexpr int kPairLog = 6;
 constexpr int kPairBlock = 1 << kPairLog;
 
+// One block's tree, level by level: add(a, b) is the accumulator's a + b.
+template <typename T, typename Add>
+T block_tree(const double* b, Add add) {
+    T tmp[kPairBlock / 2];
+    for (int j = 0; j < kPairBlock / 2; ++j) tmp[j] = add((T)b[2 * j], (T)b[2 * j + 1]);
+    for (int w = kPairBlock / 4; w >= 1; w /= 2)
+        for (int j = 0; j < w; ++j) tmp[j] = add(tmp[2 * j], tmp[2 * j + 1]);
+    return tmp[0];
+}
+
+// The whole blocks through block(first value), each pushed as one node of
+// level kPairLog, the tail value by value.
+template <typename T, typename Op, typename Block>
+T pairwise_blocks(const double* x, int64_t n, Op op, Block block) {
+    pairwise_stack<T, Op> st(op);
+    int64_t i = 0;
+    for (; i + kPairBlock <= n; i += kPairBlock) st.push(block(x + i), kPairLog);
+    for (; i < n; ++i) st.push((T)x[i], 0);
+    return st.finish();
+}
+
 double fast_pairwise(const double* x, int64_t n, const pl_fmt& f) {
     const fast_acc acc(f);
-    double val[66] = {};
-    int level[66] = {};
-    int top = 0;
-    auto op = [&](double a, double b) { return r_get(acc.add(r_set(a), r_set(b))); };
-    auto push = [&](double v, int l) {
-        while (top > 0 && level[top - 1] == l) {
-            v = op(val[--top], v);
-            ++l;
-        }
-        val[top] = v;
-        level[top++] = l;
-    };
-    double tmp[kPairBlock / 2];
-    int64_t i = 0;
-    for (; i + kPairBlock <= n; i += kPairBlock) {
-        const double* b = x + i;
+    const auto op = [&](double a, double b) { return r_get(acc.add(r_set(a), r_set(b))); };
+    const auto block = [&](const double* b) {
         bool ok = true;
-        for (int j = 0; j < kPairBlock / 2; ++j) tmp[j] = acc.add_flag(b[2 * j], b[2 * j + 1], ok);
-        for (int w = kPairBlock / 4; w >= 1; w /= 2)
-            for (int j = 0; j < w; ++j) tmp[j] = acc.add_flag(tmp[2 * j], tmp[2 * j + 1], ok);
-        if (!ok) {
-            for (int j = 0; j < kPairBlock / 2; ++j) tmp[j] = pl_add(b[2 * j], b[2 * j + 1], f);
-            for (int w = kPairBlock / 4; w >= 1; w /= 2)
-                for (int j = 0; j < w; ++j) tmp[j] = pl_add(tmp[2 * j], tmp[2 * j + 1], f);
-        }
-        push(tmp[0], kPairLog);
-    }
-    for (; i < n; ++i) push(x[i], 0);
-    while (top > 1) {
-        const double r = val[--top];
-        val[top - 1] = op(val[top - 1], r);
-    }
-    return pl_round_to(val[0], f);
+        const double t = block_tree<double>(b, [&](double u, double v) { return acc.add_flag(u, v, ok); });
+        return ok ? t : block_tree<double>(b, [&](double u, double v) { return pl_add(u, v, f); });
+    };
+    return pl_round_to(pairwise_blocks<double>(x, n, op, block), f);
 }
 
 // Whether every x is 0 or a normal value of the format (decides the fp32
@@ -556,51 +562,15 @@ double fast_neumaier(const double* x, int64_t n, const pl_fmt& f) {
 template <typename T>
 void plain_sequential(const double* x, int64_t n, double* result, int64_t* stall_step, double* stall_value,
                       double* trace) {
-    T s = 0;
-    int64_t stall = -1;
-    double stall_at = std::numeric_limits<double>::quiet_NaN();
-    for (int64_t i = 0; i < n; ++i) {
-        const T t = s + (T)x[i];
-        if (stall < 0 && t == s && x[i] != 0.0 && std::isfinite(x[i])) {
-            stall = i;
-            stall_at = s;
-        }
-        s = t;
-        if (trace) trace[i] = s;
-    }
-    *result = s;
-    if (stall_step) *stall_step = stall;
-    if (stall_value) *stall_value = stall_at;
+    sequential_loop(
+        x, n, (T)0, [&](T s, int64_t i) { return s + (T)x[i]; }, [](T s) { return (double)s; }, true, result,
+        stall_step, stall_value, trace);
 }
 
 template <typename T>
 double plain_pairwise(const double* x, int64_t n) {
-    T val[66] = {};
-    int level[66] = {};
-    int top = 0;
-    auto push = [&](T v, int l) {
-        while (top > 0 && level[top - 1] == l) {
-            v = val[--top] + v;
-            ++l;
-        }
-        val[top] = v;
-        level[top++] = l;
-    };
-    T tmp[kPairBlock / 2];
-    int64_t i = 0;
-    for (; i + kPairBlock <= n; i += kPairBlock) {
-        const double* b = x + i;
-        for (int j = 0; j < kPairBlock / 2; ++j) tmp[j] = (T)b[2 * j] + (T)b[2 * j + 1];
-        for (int w = kPairBlock / 4; w >= 1; w /= 2)
-            for (int j = 0; j < w; ++j) tmp[j] = tmp[2 * j] + tmp[2 * j + 1];
-        push(tmp[0], kPairLog);
-    }
-    for (; i < n; ++i) push((T)x[i], 0);
-    while (top > 1) {
-        const T r = val[--top];
-        val[top - 1] = val[top - 1] + r;
-    }
-    return val[0];
+    const auto add = [](T a, T b) { return a + b; };
+    return pairwise_blocks<T>(x, n, add, [&](const double* b) { return block_tree<T>(b, add); });
 }
 
 template <typename T>
