@@ -4,8 +4,8 @@
 from __future__ import annotations
 
 import ctypes
-from ctypes import POINTER, c_char_p, c_double, c_int
 import dataclasses
+from ctypes import POINTER, c_char_p, c_double, c_int
 from dataclasses import dataclass
 from functools import lru_cache
 
