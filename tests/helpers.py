@@ -38,6 +38,21 @@ def cli(*args: str, env: dict | None = None, timeout: float = 300) -> Run:
     return Run(p.returncode, p.stdout, p.stderr)
 
 
+def cli_in_process(*argv: str, pre: str = "", from_bash: bool = False) -> subprocess.CompletedProcess:
+    """The CLI run by runpy in a fresh interpreter, after the statements `pre`,
+    so that what it imported shows: its stderr ends with TORCH=True or
+    TORCH=False (whether torch was imported). from_bash: started from a bash, as
+    a user types it (typer's --show-completion names the shell it was started
+    from)."""
+    code = (f"import sys, runpy\n{pre}\nsys.argv = {['precisionlab', *argv]!r}\n"
+            "try:\n    runpy.run_module('precisionlab', run_name='__main__')\n"
+            "except SystemExit:\n    pass\n"
+            "sys.stderr.write('TORCH=' + str('torch' in sys.modules))\n")
+    command = ["bash", "-c", '"$0" -c "$1"; exit $?', sys.executable, code] if from_bash else [sys.executable, "-c", code]
+    return subprocess.run(command, capture_output=True, text=True, cwd=ROOT,
+                          env={**os.environ, "PYTHONPATH": str(ROOT)})
+
+
 def strict_json(text: str):
     """json.loads that refuses NaN/Infinity literals."""
     def bad(c):
