@@ -60,6 +60,39 @@ def strict_json(text: str):
     return json.loads(text, parse_constant=bad)
 
 
+class StrictRun(Run):
+    """A run whose stdout must be strict JSON where it is read as JSON."""
+
+    def json(self):
+        return strict_json(self.out)
+
+
+def one_line(r: Run, code: int, *words: str) -> None:
+    """A refusal as the house says it: exit `code`, one line on stderr that
+    starts "precisionlab: " and holds each of `words`, no internal error, no
+    traceback, no C function's error string."""
+    assert r.code == code, (r.code, r.out[-500:], r.err)
+    lines = r.err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("precisionlab: "), r.err
+    assert "internal error" not in r.err and "Traceback" not in r.err
+    assert not re.search(r"\bpl_[a-z_]+:", r.err), f"a C error string reached the user: {r.err}"
+    for w in words:
+        assert w in r.err, (w, r.err)
+
+
+def fail_if_a_model_runs(monkeypatch) -> None:
+    """Every model-running experiment fails if it starts: the refusal must come first."""
+    import pytest
+
+    from precisionlab.engines import embedded, hf
+    from precisionlab.experiments import logits
+
+    boom = lambda *a, **k: pytest.fail("the run started before its outputs were checked")  # noqa: E731
+    monkeypatch.setattr(embedded.EmbeddedEngine, "__init__", boom)  # opening an engine is the run's start
+    monkeypatch.setattr(hf.HFEngine, "__init__", boom)
+    monkeypatch.setattr(logits, "distribution", None)
+
+
 # The JSON field glossary (docs/json.md), as rules a document can be checked
 # against: one name for each quantity, so no document may use a synonym.
 GLOSSARY_FORBIDDEN = {
