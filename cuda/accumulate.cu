@@ -58,51 +58,75 @@ PL_DECLARE_VARIANTS(sum, SUM_CPU_VARIANTS);
 
 namespace {
 
-void cpu_sequential(const double* x, int64_t n, const pl_fmt& f, bool stochastic, uint64_t seed,
-                    double* result, int64_t* stall_step, double* stall_value, double* trace) {
-    double s = 0.0;
+// The sequential sum's loop, whatever its arithmetic: add(s, i) is s + x[i]
+// in the accumulator, get(s) the double s holds. The stall is the first step
+// where a nonzero finite x leaves s as it was (watch_stall: a stochastic sum
+// reports none).
+template <typename S, typename Add, typename Get>
+void sequential_loop(const double* x, int64_t n, S s, Add add, Get get, bool watch_stall, double* result,
+                     int64_t* stall_step, double* stall_value, double* trace) {
     int64_t stall = -1;
     double stall_at = std::numeric_limits<double>::quiet_NaN();
     for (int64_t i = 0; i < n; ++i) {
-        // fp64 has no wider format to draw the rounding from: there it is plain RNE.
-        const double t = stochastic && f.precision < 53
-                             ? pl_round_stochastic(pl_add_round_odd(s, x[i]), f, pl_uniform(seed, (uint64_t)i))
-                             : pl_add(s, x[i], f);
-        if (!stochastic && stall < 0 && t == s && x[i] != 0.0 && std::isfinite(x[i])) {
+        const S t = add(s, i);
+        if (watch_stall && stall < 0 && get(t) == get(s) && x[i] != 0.0 && std::isfinite(x[i])) {
             stall = i;
-            stall_at = s;
+            stall_at = get(s);
         }
         s = t;
-        if (trace) trace[i] = s;
+        if (trace) trace[i] = get(s);
     }
-    *result = s;
+    *result = get(s);
     if (stall_step) *stall_step = stall;
     if (stall_value) *stall_value = stall_at;
+}
+
+void cpu_sequential(const double* x, int64_t n, const pl_fmt& f, bool stochastic, uint64_t seed,
+                    double* result, int64_t* stall_step, double* stall_value, double* trace) {
+    // fp64 has no wider format to draw the rounding from: there it is plain RNE.
+    const bool draw = stochastic && f.precision < 53;
+    sequential_loop(
+        x, n, 0.0,
+        [&](double s, int64_t i) {
+            return draw ? pl_round_stochastic(pl_add_round_odd(s, x[i]), f, pl_uniform(seed, (uint64_t)i))
+                        : pl_add(s, x[i], f);
+        },
+        [](double s) { return s; }, !stochastic, result, stall_step, stall_value, trace);
 }
 
 // Level-by-level pairwise summation, streamed: a stack of partial sums tagged
 // with their tree level; equal levels merge as soon as they meet, and what is
 // left merges from the right at the end, exactly as the odd tails are carried
-// up in the level-by-level description.
-double cpu_pairwise(const double* x, int64_t n, const pl_fmt& f) {
-    double val[66];
-    int level[66];
+// up in the level-by-level description. op(a, b) is the accumulator's a + b.
+template <typename T, typename Op>
+struct pairwise_stack {
+    Op op;
+    T val[66] = {};
+    int level[66] = {};
     int top = 0;
-    for (int64_t i = 0; i < n; ++i) {
-        double v = x[i];
-        int l = 0;
+    explicit pairwise_stack(Op o) : op(o) {}
+    void push(T v, int l) {
         while (top > 0 && level[top - 1] == l) {
-            v = pl_add(val[--top], v, f);
+            v = op(val[--top], v);
             ++l;
         }
         val[top] = v;
         level[top++] = l;
     }
-    while (top > 1) {
-        const double r = val[--top];
-        val[top - 1] = pl_add(val[top - 1], r, f);
+    T finish() {
+        while (top > 1) {
+            const T r = val[--top];
+            val[top - 1] = op(val[top - 1], r);
+        }
+        return val[0];
     }
-    return pl_round_to(val[0], f);  // n == 1: the lone value still lands in the accumulator
+};
+
+double cpu_pairwise(const double* x, int64_t n, const pl_fmt& f) {
+    const auto add = [&](double a, double b) { return pl_add(a, b, f); };
+    pairwise_stack<double, decltype(add)> st(add);
+    for (int64_t i = 0; i < n; ++i) st.push(x[i], 0);
+    return pl_round_to(st.finish(), f);  // n == 1: the lone value still lands in the accumulator
 }
 
 double cpu_kahan(const double* x, int64_t n, const pl_fmt& f) {
@@ -317,22 +341,9 @@ void narrow_or_wide(int64_t n, Narrow narrow, Wide wide) {
 void fast_sequential(const double* x, int64_t n, const pl_fmt& f, double* result, int64_t* stall_step,
                      double* stall_value, double* trace) {
     const fast_acc acc(f);
-    reg s = r_set(0.0);
-    int64_t stall = -1;
-    double stall_at = std::numeric_limits<double>::quiet_NaN();
-    for (int64_t i = 0; i < n; ++i) {
-        const reg xi = r_set(x[i]);
-        const reg t = acc.add(s, xi);
-        if (stall < 0 && r_get(t) == r_get(s) && x[i] != 0.0 && std::isfinite(x[i])) {
-            stall = i;
-            stall_at = r_get(s);
-        }
-        s = t;
-        if (trace) trace[i] = r_get(s);
-    }
-    *result = r_get(s);
-    if (stall_step) *stall_step = stall;
-    if (stall_value) *stall_value = stall_at;
+    sequential_loop(
+        x, n, r_set(0.0), [&](reg s, int64_t i) { return acc.add(s, r_set(x[i])); }, [](reg s) { return r_get(s); },
+        true, result, stall_step, stall_value, trace);
 }
 
 // Stochastic rounding of v = RN_53(s + x): the exact path rounds the round-to-
@@ -389,41 +400,36 @@ void fast_stochastic(const double* x, int64_t n, const pl_fmt& f, uint64_t seed,
 constexpr int kPairLog = 6;
 constexpr int kPairBlock = 1 << kPairLog;
 
+// One block's tree, level by level: add(a, b) is the accumulator's a + b.
+template <typename T, typename Add>
+T block_tree(const double* b, Add add) {
+    T tmp[kPairBlock / 2];
+    for (int j = 0; j < kPairBlock / 2; ++j) tmp[j] = add((T)b[2 * j], (T)b[2 * j + 1]);
+    for (int w = kPairBlock / 4; w >= 1; w /= 2)
+        for (int j = 0; j < w; ++j) tmp[j] = add(tmp[2 * j], tmp[2 * j + 1]);
+    return tmp[0];
+}
+
+// The whole blocks through block(first value), each pushed as one node of
+// level kPairLog, the tail value by value.
+template <typename T, typename Op, typename Block>
+T pairwise_blocks(const double* x, int64_t n, Op op, Block block) {
+    pairwise_stack<T, Op> st(op);
+    int64_t i = 0;
+    for (; i + kPairBlock <= n; i += kPairBlock) st.push(block(x + i), kPairLog);
+    for (; i < n; ++i) st.push((T)x[i], 0);
+    return st.finish();
+}
+
 double fast_pairwise(const double* x, int64_t n, const pl_fmt& f) {
     const fast_acc acc(f);
-    double val[66] = {};
-    int level[66] = {};
-    int top = 0;
-    auto op = [&](double a, double b) { return r_get(acc.add(r_set(a), r_set(b))); };
-    auto push = [&](double v, int l) {
-        while (top > 0 && level[top - 1] == l) {
-            v = op(val[--top], v);
-            ++l;
-        }
-        val[top] = v;
-        level[top++] = l;
-    };
-    double tmp[kPairBlock / 2];
-    int64_t i = 0;
-    for (; i + kPairBlock <= n; i += kPairBlock) {
-        const double* b = x + i;
+    const auto op = [&](double a, double b) { return r_get(acc.add(r_set(a), r_set(b))); };
+    const auto block = [&](const double* b) {
         bool ok = true;
-        for (int j = 0; j < kPairBlock / 2; ++j) tmp[j] = acc.add_flag(b[2 * j], b[2 * j + 1], ok);
-        for (int w = kPairBlock / 4; w >= 1; w /= 2)
-            for (int j = 0; j < w; ++j) tmp[j] = acc.add_flag(tmp[2 * j], tmp[2 * j + 1], ok);
-        if (!ok) {
-            for (int j = 0; j < kPairBlock / 2; ++j) tmp[j] = pl_add(b[2 * j], b[2 * j + 1], f);
-            for (int w = kPairBlock / 4; w >= 1; w /= 2)
-                for (int j = 0; j < w; ++j) tmp[j] = pl_add(tmp[2 * j], tmp[2 * j + 1], f);
-        }
-        push(tmp[0], kPairLog);
-    }
-    for (; i < n; ++i) push(x[i], 0);
-    while (top > 1) {
-        const double r = val[--top];
-        val[top - 1] = op(val[top - 1], r);
-    }
-    return pl_round_to(val[0], f);
+        const double t = block_tree<double>(b, [&](double u, double v) { return acc.add_flag(u, v, ok); });
+        return ok ? t : block_tree<double>(b, [&](double u, double v) { return pl_add(u, v, f); });
+    };
+    return pl_round_to(pairwise_blocks<double>(x, n, op, block), f);
 }
 
 // Whether every x is 0 or a normal value of the format (decides the fp32
@@ -442,32 +448,54 @@ bool all_in_format(const double* x, int64_t n, const fast_fmt& ff) {
     return true;
 }
 
+// The compensated sums (Kahan, Neumaier) share one driver: a running sum s and
+// a compensation c, both kept in registers across the loop, and a narrow loop
+// that stops at the first x its step does not admit, from where
+// narrow_or_wide goes on in the general loop: the same operations, exactly.
+// A Step holds the two things that differ: admits(x's magnitude bits), the
+// narrow loop's test (off the chains), and add<NARROW>(x, s, c), one term.
+template <class Step, bool NARROW>
+int64_t compensated_loop(const double* x, int64_t i, int64_t n, const fast_acc& acc, reg& s_io, reg& c_io) {
+    reg s = s_io, c = c_io;
+    for (; i < n; ++i) {
+        if (NARROW && !PL_LIKELY(Step::admits(pl_bits(x[i]) & ~kSign, acc.ff))) break;
+        Step::template add<NARROW>(x[i], acc, s, c);
+    }
+    s_io = s;
+    c_io = c;
+    return i;
+}
+
+template <class Step>
+void compensated_sum(const double* x, int64_t n, const fast_acc& acc, reg& s, reg& c) {
+    s = r_set(0.0);
+    c = r_set(0.0);
+    narrow_or_wide(n, [&](int64_t i) { return compensated_loop<Step, true>(x, i, n, acc, s, c); },
+                   [&](int64_t i, int64_t end) { return compensated_loop<Step, false>(x, i, end, acc, s, c); });
+}
+
 // Kahan. The chain c -> y -> t -> c is the cost; its last two operations,
 // c = (t - s) - y, are exact whenever |s| >= |y| (Fast2Sum: s and y are
 // values of the format), and then equal t - v when v = s + y is exact in
 // double too, which (v - s) == y tells (Dekker). One double subtraction then
 // stands for two roundings. (add_in's ties to even would spare the branch on
 // exact ties, but its two integer ops sit on this chain twice: slower.)
-// NARROW_X: every x so far has at most p significant bits, as a narrow
+// NARROW: every x so far has at most p significant bits, as a narrow
 // storage format's values do (bf16 in bf16, fp16 or fp8 in fp16). Then
 // y = x - c adds two p-bit values, a double result on a midpoint is exact
 // (Figueroa), and its ties go to even on the bits behind a branch of their
 // own (sub_in): a fifth of the y's are ties with bf16 normal data, which
 // sub's branch, taken for any midpoint into slow_add, guessed wrong at a
 // higher price. (Ties to even without a branch cost more still: two integer
-// ops on the chain.) The loop returns at the first x that is wider (checked
-// off the chain), and narrow_or_wide goes on in the general loop from there:
-// the same operations, exactly.
-template <bool NARROW_X>
-int64_t kahan_loop(const double* x, int64_t i, int64_t n, const fast_acc& acc, reg& s_io, reg& c_io) {
-    const pl_fmt& f = *acc.ff.f;
-    reg s = s_io, c = c_io;
-    for (; i < n; ++i) {
-        if (NARROW_X) {
-            const uint64_t a = pl_bits(x[i]) & ~kSign;
-            if (!PL_LIKELY((((a & acc.ff.low) == 0) & ((a >> 52) - 1 < 0x7FE)) | (a == 0))) break;
-        }
-        const reg y = NARROW_X ? acc.sub_in(r_set(x[i]), c) : acc.sub(r_set(x[i]), c);
+// ops on the chain.)
+struct kahan_step {
+    static bool admits(uint64_t a, const fast_fmt& ff) {
+        return (((a & ff.low) == 0) & ((a >> 52) - 1 < 0x7FE)) | (a == 0);
+    }
+    template <bool NARROW>
+    static void add(double x, const fast_acc& acc, reg& s, reg& c) {
+        const pl_fmt& f = *acc.ff.f;
+        const reg y = NARROW ? acc.sub_in(r_set(x), c) : acc.sub(r_set(x), c);
         const reg v = r_add(s, y);
         reg t = r_round(v, acc.k);
         const bool ok = fast_ok(r_bits(v), acc.ff);
@@ -479,16 +507,12 @@ int64_t kahan_loop(const double* x, int64_t i, int64_t n, const fast_acc& acc, r
             c = r_set(pl_sub(pl_sub(r_get(t), sd, f), yd, f));
         s = t;
     }
-    s_io = s;
-    c_io = c;
-    return i;
-}
+};
 
 double fast_kahan(const double* x, int64_t n, const pl_fmt& f) {
     const fast_acc acc(f);
-    reg s = r_set(0.0), c = r_set(0.0);
-    narrow_or_wide(n, [&](int64_t i) { return kahan_loop<true>(x, i, n, acc, s, c); },
-                   [&](int64_t i, int64_t end) { return kahan_loop<false>(x, i, end, acc, s, c); });
+    reg s, c;
+    compensated_sum<kahan_step>(x, n, acc, s, c);
     return r_get(s);
 }
 
@@ -498,23 +522,19 @@ double fast_kahan(const double* x, int64_t n, const pl_fmt& f) {
 // format, lost = (s - t) + x is exact (Fast2Sum), so neither rounds; else, when
 // |t| >= |s| / 2, s - t is exact in the format (Sterbenz), so only the second
 // one rounds. c and lost are always values of the format (add_in). The
-// X_IN_FORMAT loop stops at the first x that is not, and narrow_or_wide goes
-// on in the general loop from there (a pass over x to decide first cost as
-// much as the sum's own 0.9 ns a value).
-template <bool X_IN_FORMAT>
-int64_t neumaier_loop(const double* x, int64_t i, int64_t n, const fast_acc& acc, reg& s_io, reg& c_io) {
-    reg s = s_io, c = c_io;
-    for (; i < n; ++i) {
-        if (X_IN_FORMAT) {  // 0 or a normal value of the format (checked off the chains)
-            const uint64_t a = pl_bits(x[i]) & ~kSign;
-            if (!PL_LIKELY(((a - acc.ff.minb <= acc.ff.maxb - acc.ff.minb) & ((a & acc.ff.low) == 0)) | (a == 0)))
-                break;
-        }
-        const reg xi = r_set(x[i]);
-        const reg t = X_IN_FORMAT ? acc.add_in(s, xi) : acc.add(s, xi);
-        const double as = std::fabs(r_get(s)), ax = std::fabs(x[i]);
+// NARROW loop (x in the format) stops at the first x that is not (a pass over
+// x to decide first cost as much as the sum's own 0.9 ns a value).
+struct neumaier_step {
+    static bool admits(uint64_t a, const fast_fmt& ff) {  // 0 or a normal value of the format
+        return ((a - ff.minb <= ff.maxb - ff.minb) & ((a & ff.low) == 0)) | (a == 0);
+    }
+    template <bool NARROW>
+    static void add(double x, const fast_acc& acc, reg& s, reg& c) {
+        const reg xi = r_set(x);
+        const reg t = NARROW ? acc.add_in(s, xi) : acc.add(s, xi);
+        const double as = std::fabs(r_get(s)), ax = std::fabs(x);
         reg lost;
-        if (X_IN_FORMAT && PL_LIKELY(as >= ax)) {
+        if (NARROW && PL_LIKELY(as >= ax)) {
             lost = r_add(r_sub(s, t), xi);
         } else if (PL_LIKELY(as >= ax && 2.0 * std::fabs(r_get(t)) >= as)) {
             lost = acc.add(r_sub(s, t), xi);
@@ -526,16 +546,12 @@ int64_t neumaier_loop(const double* x, int64_t i, int64_t n, const fast_acc& acc
         c = acc.add_in(c, lost);
         s = t;
     }
-    s_io = s;
-    c_io = c;
-    return i;
-}
+};
 
 double fast_neumaier(const double* x, int64_t n, const pl_fmt& f) {
     const fast_acc acc(f);
-    reg s = r_set(0.0), c = r_set(0.0);
-    narrow_or_wide(n, [&](int64_t i) { return neumaier_loop<true>(x, i, n, acc, s, c); },
-                   [&](int64_t i, int64_t end) { return neumaier_loop<false>(x, i, end, acc, s, c); });
+    reg s, c;
+    compensated_sum<neumaier_step>(x, n, acc, s, c);
     return r_get(acc.add_in(s, c));
 }
 
@@ -546,51 +562,15 @@ double fast_neumaier(const double* x, int64_t n, const pl_fmt& f) {
 template <typename T>
 void plain_sequential(const double* x, int64_t n, double* result, int64_t* stall_step, double* stall_value,
                       double* trace) {
-    T s = 0;
-    int64_t stall = -1;
-    double stall_at = std::numeric_limits<double>::quiet_NaN();
-    for (int64_t i = 0; i < n; ++i) {
-        const T t = s + (T)x[i];
-        if (stall < 0 && t == s && x[i] != 0.0 && std::isfinite(x[i])) {
-            stall = i;
-            stall_at = s;
-        }
-        s = t;
-        if (trace) trace[i] = s;
-    }
-    *result = s;
-    if (stall_step) *stall_step = stall;
-    if (stall_value) *stall_value = stall_at;
+    sequential_loop(
+        x, n, (T)0, [&](T s, int64_t i) { return s + (T)x[i]; }, [](T s) { return (double)s; }, true, result,
+        stall_step, stall_value, trace);
 }
 
 template <typename T>
 double plain_pairwise(const double* x, int64_t n) {
-    T val[66] = {};
-    int level[66] = {};
-    int top = 0;
-    auto push = [&](T v, int l) {
-        while (top > 0 && level[top - 1] == l) {
-            v = val[--top] + v;
-            ++l;
-        }
-        val[top] = v;
-        level[top++] = l;
-    };
-    T tmp[kPairBlock / 2];
-    int64_t i = 0;
-    for (; i + kPairBlock <= n; i += kPairBlock) {
-        const double* b = x + i;
-        for (int j = 0; j < kPairBlock / 2; ++j) tmp[j] = (T)b[2 * j] + (T)b[2 * j + 1];
-        for (int w = kPairBlock / 4; w >= 1; w /= 2)
-            for (int j = 0; j < w; ++j) tmp[j] = tmp[2 * j] + tmp[2 * j + 1];
-        push(tmp[0], kPairLog);
-    }
-    for (; i < n; ++i) push((T)x[i], 0);
-    while (top > 1) {
-        const T r = val[--top];
-        val[top - 1] = val[top - 1] + r;
-    }
-    return val[0];
+    const auto add = [](T a, T b) { return a + b; };
+    return pairwise_blocks<T>(x, n, add, [&](const double* b) { return block_tree<T>(b, add); });
 }
 
 template <typename T>

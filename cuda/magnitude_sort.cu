@@ -38,14 +38,30 @@ static int radix_passes(const std::vector<int64_t>& count, int digits, int64_t n
     return found;
 }
 
+// Where each of digit d's 256 buckets starts in the pass's output: the counts
+// of the smaller buckets, summed.
+static void bucket_starts(const std::vector<int64_t>& count, int d, int64_t pos[256]) {
+    int64_t acc = 0;
+    for (int b = 0; b < 256; ++b) {
+        pos[b] = acc;
+        acc += count[(size_t)(d * 256 + b)];
+    }
+}
+
+// The checks both sorts make, in order: the pointers by name, n (and its
+// bytes as doubles), and descending as 0 or 1.
+static int check_sort_args(const char* func, std::initializer_list<pl_named_ptr> ptrs, int64_t n, int descending,
+                           size_t* bytes) {
+    if (int st = pl_check_ptrs(func, ptrs)) return st;
+    if (int st = pl_checked_bytes(n, sizeof(double), bytes, func)) return st;
+    if (descending != 0 && descending != 1)
+        return pl_fail(PL_ERR_INVALID_ARGUMENT, func, "descending must be 0 or 1 (got %d)", descending);
+    return PL_OK;
+}
+
 extern "C" int pl_sort_by_magnitude(const double* x, int64_t n, int descending, double* out, double* work) {
-    PL_REQUIRE_PTR(x);
-    PL_REQUIRE_PTR(out);
-    PL_REQUIRE_PTR(work);
     size_t bytes = 0;
-    if (int st = pl_checked_bytes(n, sizeof(double), &bytes, __func__)) return st;
-    PL_REQUIRE(descending == 0 || descending == 1, PL_ERR_INVALID_ARGUMENT, "descending must be 0 or 1 (got %d)",
-               descending);
+    if (int st = check_sort_args(__func__, {{"x", x}, {"out", out}, {"work", work}}, n, descending, &bytes)) return st;
     const bool desc = descending == 1;
     std::vector<int64_t> count(8 * 256, 0);
     for (int64_t i = 0; i < n; ++i) {
@@ -62,11 +78,8 @@ extern "C" int pl_sort_by_magnitude(const double* x, int64_t n, int descending, 
     double* dst = (np_ % 2 == 1) ? out : work;  // the last pass lands in out
     for (int p = 0; p < np_; ++p) {
         const int d = passes[p];
-        int64_t pos[256], acc = 0;
-        for (int b = 0; b < 256; ++b) {
-            pos[b] = acc;
-            acc += count[(size_t)(d * 256 + b)];
-        }
+        int64_t pos[256];
+        bucket_starts(count, d, pos);
         for (int64_t i = 0; i < n; ++i) dst[pos[(magnitude_key(src[i], desc) >> (8 * d)) & 255]++] = src[i];
         src = dst;
         dst = (dst == out) ? work : out;
@@ -130,12 +143,8 @@ inline uint32_t f32_bits_at(const unsigned char* base, int64_t i) {
 }  // namespace
 
 extern "C" int pl_sort_float32_by_magnitude(const double* x, int64_t n, int descending, double* out) {
-    PL_REQUIRE_PTR(x);
-    PL_REQUIRE_PTR(out);
     size_t bytes = 0;
-    if (int st = pl_checked_bytes(n, sizeof(double), &bytes, __func__)) return st;
-    PL_REQUIRE(descending == 0 || descending == 1, PL_ERR_INVALID_ARGUMENT, "descending must be 0 or 1 (got %d)",
-               descending);
+    if (int st = check_sort_args(__func__, {{"x", x}, {"out", out}}, n, descending, &bytes)) return st;
     PL_REQUIRE(x != out, PL_ERR_INVALID_ARGUMENT, "out must not be x itself");
     const bool desc = descending == 1;
     unsigned char* const base = reinterpret_cast<unsigned char*>(out);
@@ -162,11 +171,8 @@ extern "C" int pl_sort_float32_by_magnitude(const double* x, int64_t n, int desc
     }
     for (int p = 0; p < np_; ++p) {
         const int d = passes[p];
-        int64_t pos[256], acc = 0;
-        for (int b = 0; b < 256; ++b) {
-            pos[b] = acc;
-            acc += count[(size_t)(d * 256 + b)];
-        }
+        int64_t pos[256];
+        bucket_starts(count, d, pos);
         unsigned char* const dst = half[p == 0 ? 0 : 1 - at];
         for (int64_t i = 0; i < n; ++i) {
             uint32_t b;

@@ -54,3 +54,23 @@ def pytest_collection_modifyitems(config, items):
 def _no_debug_env(monkeypatch):
     monkeypatch.delenv("PRECISIONLAB_DEBUG", raising=False)
     yield
+
+
+@pytest.fixture
+def run(capsys, monkeypatch):
+    """run(*args) -> helpers.StrictRun: precisionlab's main() as the console
+    script runs it, in this process (fast; output captured)."""
+    from helpers import StrictRun
+
+    from precisionlab import cli as cli_mod
+
+    def _run(*args: str) -> StrictRun:
+        capsys.readouterr()
+        monkeypatch.setattr(sys, "argv", ["precisionlab", *args])
+        with pytest.raises(SystemExit) as e:
+            cli_mod.main()
+        cap = capsys.readouterr()
+        code = e.value.code if isinstance(e.value.code, int) else (0 if e.value.code is None else 1)
+        return StrictRun(code, cap.out, cap.err)
+
+    return _run

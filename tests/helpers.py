@@ -38,11 +38,59 @@ def cli(*args: str, env: dict | None = None, timeout: float = 300) -> Run:
     return Run(p.returncode, p.stdout, p.stderr)
 
 
+def cli_in_process(*argv: str, pre: str = "", from_bash: bool = False) -> subprocess.CompletedProcess:
+    """The CLI run by runpy in a fresh interpreter, after the statements `pre`,
+    so that what it imported shows: its stderr ends with TORCH=True or
+    TORCH=False (whether torch was imported). from_bash: started from a bash, as
+    a user types it (typer's --show-completion names the shell it was started
+    from)."""
+    code = (f"import sys, runpy\n{pre}\nsys.argv = {['precisionlab', *argv]!r}\n"
+            "try:\n    runpy.run_module('precisionlab', run_name='__main__')\n"
+            "except SystemExit:\n    pass\n"
+            "sys.stderr.write('TORCH=' + str('torch' in sys.modules))\n")
+    command = ["bash", "-c", '"$0" -c "$1"; exit $?', sys.executable, code] if from_bash else [sys.executable, "-c", code]
+    return subprocess.run(command, capture_output=True, text=True, cwd=ROOT,
+                          env={**os.environ, "PYTHONPATH": str(ROOT)})
+
+
 def strict_json(text: str):
     """json.loads that refuses NaN/Infinity literals."""
     def bad(c):
         raise ValueError(f"non-strict JSON constant {c}")
     return json.loads(text, parse_constant=bad)
+
+
+class StrictRun(Run):
+    """A run whose stdout must be strict JSON where it is read as JSON."""
+
+    def json(self):
+        return strict_json(self.out)
+
+
+def one_line(r: Run, code: int, *words: str) -> None:
+    """A refusal as the house says it: exit `code`, one line on stderr that
+    starts "precisionlab: " and holds each of `words`, no internal error, no
+    traceback, no C function's error string."""
+    assert r.code == code, (r.code, r.out[-500:], r.err)
+    lines = r.err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("precisionlab: "), r.err
+    assert "internal error" not in r.err and "Traceback" not in r.err
+    assert not re.search(r"\bpl_[a-z_]+:", r.err), f"a C error string reached the user: {r.err}"
+    for w in words:
+        assert w in r.err, (w, r.err)
+
+
+def fail_if_a_model_runs(monkeypatch) -> None:
+    """Every model-running experiment fails if it starts: the refusal must come first."""
+    import pytest
+
+    from precisionlab.engines import embedded, hf
+    from precisionlab.experiments import logits
+
+    boom = lambda *a, **k: pytest.fail("the run started before its outputs were checked")  # noqa: E731
+    monkeypatch.setattr(embedded.EmbeddedEngine, "__init__", boom)  # opening an engine is the run's start
+    monkeypatch.setattr(hf.HFEngine, "__init__", boom)
+    monkeypatch.setattr(logits, "distribution", None)
 
 
 # The JSON field glossary (docs/json.md), as rules a document can be checked

@@ -1,13 +1,11 @@
 """CLI conventions every command keeps: exit codes, one-line errors, strict JSON
 on stdout alone, and no torch import where it is not needed."""
 
-import subprocess
-import sys
 
 import numpy as np
 import pytest
 
-from helpers import ROOT, cli, strict_json
+from helpers import cli, cli_in_process, strict_json
 
 
 def one_line_error(r, code):
@@ -104,24 +102,12 @@ def test_seed_changes_random_inputs_and_is_reproducible():
     assert a["exact_stored"] != c["exact_stored"]
 
 
-def _modules_after(argv: list[str]) -> str:
-    code = (
-        "import sys, runpy\n"
-        f"sys.argv = {['precisionlab', *argv]!r}\n"
-        "try:\n    runpy.run_module('precisionlab', run_name='__main__')\n"
-        "except SystemExit:\n    pass\n"
-        "sys.stderr.write('TORCH=' + str('torch' in sys.modules))\n"
-    )
-    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
-    return p.stderr
-
-
 @pytest.mark.parametrize("argv", [["--help"], ["accumulate", "--help"],
                                   ["accumulate", "--n", "100", "--device", "cpu"],
                                   ["accumulate", "--n", "100", "--json"],
                                   ["tf32", "--accumulator", "hopper-fp8", "--k", "64", "--json"]])
 def test_no_torch_where_not_needed(argv):
-    assert "TORCH=False" in _modules_after(argv)
+    assert "TORCH=False" in cli_in_process(*argv).stderr
 
 
 def test_plot_writes_a_png(tmp_path):

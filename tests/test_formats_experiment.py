@@ -123,18 +123,9 @@ def test_plot_path_is_checked_before_the_run_and_written_atomically(tmp_path):
                                                           "--blocks", "32", "--n", "64", "--shape", "2x32x2",
                                                           "--device", "cpu", "--json"]])
 def test_formats_needs_no_torch(argv):
-    import subprocess
-    import sys
+    from helpers import cli_in_process
 
-    from helpers import ROOT
-
-    code = ("import sys, runpy\n"
-            f"sys.argv = {['precisionlab', *argv]!r}\n"
-            "try:\n    runpy.run_module('precisionlab', run_name='__main__')\n"
-            "except SystemExit:\n    pass\n"
-            "sys.stderr.write('TORCH=' + str('torch' in sys.modules))\n")
-    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
-    assert "TORCH=False" in p.stderr
+    assert "TORCH=False" in cli_in_process(*argv).stderr
 
 
 MODELS = ("exact", "fp32", "promote:128", "hopper-fp8")

@@ -339,18 +339,10 @@ def test_metrics_options_need_metrics(tmp_path):
 
 
 def test_compare_logits_needs_no_torch(tmp_path):
-    import subprocess
-    import sys
-
-    from helpers import ROOT
+    from helpers import cli_in_process
 
     x = np.random.default_rng(0).standard_normal((8, 5)).astype(np.float32)
     a = _file(tmp_path, "a.st", logits=x, tokens=np.arange(8) % 5)
     b = _file(tmp_path, "b.st", logits=x + np.float32(0.01), tokens=np.arange(8) % 5)
-    code = ("import sys, runpy\n"
-            f"sys.argv = ['precisionlab', 'compare', 'logits', {a!r}, {b!r}, '--json']\n"
-            "try:\n    runpy.run_module('precisionlab', run_name='__main__')\n"
-            "except SystemExit:\n    pass\n"
-            "sys.stderr.write('TORCH=' + str('torch' in sys.modules))\n")
-    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
+    p = cli_in_process("compare", "logits", str(a), str(b), "--json")
     assert "TORCH=False" in p.stderr and '"kld_mean"' in p.stdout

@@ -1,13 +1,10 @@
 """`precisionlab --version`, shell completion and the JSON schema version: what
 they report, and that none of them imports torch."""
 
-import os
-import subprocess
-import sys
 from importlib import metadata
 
 import pytest
-from helpers import ROOT, cli, strict_json
+from helpers import cli, cli_in_process, strict_json
 
 from precisionlab import __version__, native
 from precisionlab.report import jsondoc
@@ -48,32 +45,21 @@ def test_version_without_the_library_still_answers():
     assert r.out.splitlines()[1] == "library: unavailable: PRECISIONLAB_LIB=/nonexistent/libprecisionlab.so does not exist"
 
 
-def _run_in_process(argv: list[str], pre: str = "") -> subprocess.CompletedProcess:
-    code = (f"import sys, runpy\n{pre}\nsys.argv = {['precisionlab', *argv]!r}\n"
-            "try:\n    runpy.run_module('precisionlab', run_name='__main__')\n"
-            "except SystemExit:\n    pass\n"
-            "sys.stderr.write('TORCH=' + str('torch' in sys.modules))\n")
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    # from a bash, as a user types it: typer's --show-completion names the shell it was started from
-    return subprocess.run(["bash", "-c", '"$0" -c "$1"; exit $?', sys.executable, code], capture_output=True, text=True,
-                          cwd=ROOT, env=env)
-
-
 @pytest.mark.parametrize("argv", [["--version"], ["--show-completion"], ["--help"]])
 def test_version_completion_and_help_never_import_torch(argv):
-    assert "TORCH=False" in _run_in_process(argv).stderr
+    assert "TORCH=False" in cli_in_process(*argv, from_bash=True).stderr
 
 
 def test_version_names_torch_when_it_is_already_imported():
     torch = pytest.importorskip("torch")
-    p = _run_in_process(["--version"], pre="import torch")
+    p = cli_in_process("--version", pre="import torch", from_bash=True)
     assert f"torch {torch.__version__}" in p.stdout.splitlines()
 
 
 def test_completion_is_offered_for_the_command():
     r = cli("--help")
     assert "--install-completion" in r.out and "--show-completion" in r.out
-    script = _run_in_process(["--show-completion"])
+    script = cli_in_process("--show-completion", from_bash=True)
     assert "complete -o default -F _precisionlab_completion precisionlab" in script.stdout
     env = {"_PRECISIONLAB_COMPLETE": "complete_bash", "COMP_WORDS": "precisionlab accumulate --dt", "COMP_CWORD": "2"}
     assert cli(env=env).out.split() == ["--dtype"]

@@ -12,7 +12,7 @@ from functools import lru_cache
 import numpy as np
 
 from precisionlab.errors import UsageError
-from precisionlab.native.catalog import _variant_id
+from precisionlab.native.catalog import ValueRange, _from_desc, _variant_id
 from precisionlab.native.loader import _call, _table
 
 
@@ -29,19 +29,13 @@ class _BlockFormatDesc(ctypes.Structure):  # struct pl_block_format_desc
 
 
 @dataclass(frozen=True)
-class Minifloat:
+class Minifloat(ValueRange):
     id: int
     name: str
     bits: int
     ebits: int
     mbits: int
     bias: int
-    emin: int
-    emax: int
-    max: float
-    min_subnormal: float
-    has_inf: bool
-    has_nan: bool
 
 
 @dataclass(frozen=True)
@@ -65,8 +59,7 @@ def minifloats() -> dict[str, Minifloat]:
     def one(i):
         d = _MinifloatDesc()
         _call("pl_minifloat_info", i, ctypes.byref(d))
-        return Minifloat(i, d.name.decode(), d.bits, d.ebits, d.mbits, d.bias, d.emin, d.emax, d.max,
-                         d.min_subnormal, bool(d.has_inf), bool(d.has_nan))
+        return _from_desc(Minifloat, d, id=i)
     return {m.name: m for m in _table(one)}
 
 

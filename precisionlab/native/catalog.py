@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import ctypes
+import dataclasses
 from ctypes import POINTER, c_char_p, c_double, c_int
 from dataclasses import dataclass
 from functools import lru_cache
@@ -117,19 +118,35 @@ def _variant_id(op: str, name: str) -> int:
     return variant(op, name).id
 
 
-@dataclass(frozen=True)
-class FormatDesc:
-    """One arithmetic format as the library declares it (pl_format_desc)."""
-    code: int
-    name: str
-    bits: int
-    precision: int
+@dataclass(frozen=True, kw_only=True)
+class ValueRange:
+    """What every format description of the library carries (pl_format_desc,
+    pl_minifloat_desc): the exponent range, the largest finite value, the
+    smallest subnormal, and whether inf and NaN exist."""
     emin: int
     emax: int
     max: float
     min_subnormal: float
     has_inf: bool
     has_nan: bool
+
+
+def _from_desc(cls, d: ctypes.Structure, **given):
+    """A `cls` record from the library's struct `d`: each field not given is
+    d's field of the same name (C strings decoded, has_* flags as bools)."""
+    def value(name: str):
+        v = getattr(d, name)
+        return v.decode() if isinstance(v, bytes) else bool(v) if name.startswith("has_") else v
+    return cls(**given, **{f.name: value(f.name) for f in dataclasses.fields(cls) if f.name not in given})
+
+
+@dataclass(frozen=True)
+class FormatDesc(ValueRange):
+    """One arithmetic format as the library declares it (pl_format_desc)."""
+    code: int
+    name: str
+    bits: int
+    precision: int
     bytes: int
 
 
@@ -139,6 +156,5 @@ def format_table() -> tuple[FormatDesc, ...]:
     def one(i):
         d = _FormatDesc()
         _call("pl_format_info", i, ctypes.byref(d))
-        return FormatDesc(i, d.name.decode(), d.bits, d.precision, d.emin, d.emax, d.max, d.min_subnormal,
-                          bool(d.has_inf), bool(d.has_nan), d.bytes)
+        return _from_desc(FormatDesc, d, code=i)
     return tuple(_table(one))

@@ -5,7 +5,7 @@ from __future__ import annotations
 from rich.table import Table
 
 from precisionlab.report.console import stdout, sci, footer, safe_text
-from precisionlab.report.jsondoc import emit_json
+from precisionlab.report.jsondoc import emit_rows
 from precisionlab.report.plots import figure
 
 KNOBS = ("block_c", "max_offset", "rescale_threshold", "p_dtype", "p_scale", "input_dtype", "splits",
@@ -32,7 +32,7 @@ def table(res) -> None:
 
 
 def as_json(res) -> None:
-    emit_json("attention", {"params": res.params, "rows": res.rows, "takeaways": res.takeaways})
+    emit_rows("attention", res)
 
 
 def plot(res, path: str) -> None:

@@ -207,9 +207,12 @@ def sci(x) -> str:
     return "0" if x == 0 else f"{x:.2e}"
 
 
-def footer(unavailable: str | None, takeaways) -> None:
-    """What every experiment table ends with: why GPU rows are missing, then
-    the computed takeaways."""
+def footer(unavailable: str | None, takeaways, note: str | None = None) -> None:
+    """What every experiment table ends with: the note that says what its
+    columns mean (dim, plain text), why GPU rows are missing, then the computed
+    takeaways."""
+    if note:
+        stdout.print(note, style="dim", highlight=False)
     if unavailable:
         stdout.print(f"GPU rows unavailable: {safe_text(unavailable)}", style="dim", highlight=False)
     for line in takeaways:  # plain text that may quote a file name, a token or an --impl

@@ -9,7 +9,7 @@ from rich.table import Table
 
 from precisionlab.io import outputs
 from precisionlab.report.console import footer, hint, sci, stdout
-from precisionlab.report.jsondoc import emit_json
+from precisionlab.report.jsondoc import emit_rows
 
 def _pct(x) -> str:
     return "-" if x is None else f"{100 * x:.1f} %"
@@ -32,18 +32,17 @@ def table(res) -> None:
                       *((sci(r["accumulation_rel_l2"]),) if models else ()))
         stdout.print(t)
     m, k, n = res.params["shape"]
-    stdout.print(f"{res.params['n']} values per distribution (fp32); matmul {m}x{k} @ {k}x{n}, operands block-scaled "
-                 "along K, dequantized, " + ("under each accumulator model" if res.params.get("accumulators") else "fp32 accumulation") +
-                 ", against float64 of the unquantized operands" + ("; accum. rel err: against float64 of the "
-                 "dequantized operands, the accumulator's own error" if res.params.get("accumulators") else "") + ". blocks clipped: "
-                 "the block's largest element came back smaller than it went in, at the element's max code. "
-                 "bits/elem: element bits + scale bits / block.", style="dim", highlight=False)
-    footer(None, res.takeaways)
+    acc = bool(res.params.get("accumulators"))
+    footer(None, res.takeaways, note=(
+        f"{res.params['n']} values per distribution (fp32); matmul {m}x{k} @ {k}x{n}, operands block-scaled along K, "
+        "dequantized, " + ("under each accumulator model" if acc else "fp32 accumulation") +
+        ", against float64 of the unquantized operands" + ("; accum. rel err: against float64 of the dequantized "
+        "operands, the accumulator's own error" if acc else "") + ". blocks clipped: the block's largest element "
+        "came back smaller than it went in, at the element's max code. bits/elem: element bits + scale bits / block."))
 
 
 def as_json(res) -> None:
-    emit_json("formats", {"params": res.params, "devices": res.devices, "rows": res.rows,
-                          "takeaways": res.takeaways})
+    emit_rows("formats", res, devices=res.devices)
 
 
 def plot(res, path: str) -> None:

@@ -57,3 +57,8 @@ def emit_json(command: str, doc: dict) -> None:
     sys.stdout.write(text + "\n")
 
 
+def emit_rows(command: str, res, **fields) -> None:
+    """The document of a result made of params, rows and takeaways (as
+    report.output.Rows): `fields` stand between params and rows, in the order
+    given."""
+    emit_json(command, {"params": res.params, **fields, "rows": res.rows, "takeaways": res.takeaways})

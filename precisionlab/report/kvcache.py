@@ -6,7 +6,7 @@ from __future__ import annotations
 from rich.table import Table
 
 from precisionlab.report.console import footer, safe_text, sci, stdout
-from precisionlab.report.jsondoc import emit_json
+from precisionlab.report.jsondoc import emit_rows
 
 
 def _x(v) -> str:
@@ -39,18 +39,22 @@ def table(res) -> None:
                   sci(s["kld_max"]), _x(r["kld_vs_bf16"]), f"{s['top1_agree']}/{s['positions']}",
                   f"{s['fp32_top1_in_top5_pct']:.1f} %", sci(s["dp_rms"]), sci(b["kld_mean"]))
     stdout.print(d)
-    where = (f"the first {p['calibration_chars']} characters of the training text" if p["model"] == "embedded" else
-             f"the first {p['calibration_chars']} characters of the embedded model's training text "
-             f"({p['calibration_tokens']} tokens)")
-    stdout.print("logit rel L2: teacher-forced along the fp32 cache's greedy path, against it. saturated: entries "
-                 "whose scaled value lay past max + half a spacing and were clamped to +-max. calibrated: one scale "
-                 f"per layer for K and for V from {where}. dynamic: one scale per (key/value) head and token. "
-                 "KLD: KL(P_fp32 cache || P_cache) per position in nats, percentiles nearest-rank; vs bf16 cache: "
-                 "the ratio of mean KLDs; the last column: the mean KLD with the bf16 cache as P. Δp: this cache's "
-                 "probability of the fp32 cache's greedy token minus the fp32 cache's.", style="dim", highlight=False)
-    footer(None, res.takeaways)
+    footer(None, res.takeaways, note=_note(p))
 
 
 def as_json(res) -> None:
-    emit_json("kvcache", {"params": res.params, "model": res.model_info, "rows": res.rows,
-                          "takeaways": res.takeaways})
+    emit_rows("kvcache", res, model=res.model_info)
+
+
+def _note(p: dict) -> str:
+    """What the two tables' columns mean."""
+    where = (f"the first {p['calibration_chars']} characters of the training text" if p["model"] == "embedded" else
+             f"the first {p['calibration_chars']} characters of the embedded model's training text "
+             f"({p['calibration_tokens']} tokens)")
+    return (
+        "logit rel L2: teacher-forced along the fp32 cache's greedy path, against it. saturated: entries whose scaled "
+        "value lay past max + half a spacing and were clamped to +-max. calibrated: one scale per layer for K and for "
+        f"V from {where}. dynamic: one scale per (key/value) head and token. KLD: KL(P_fp32 cache || P_cache) per "
+        "position in nats, percentiles nearest-rank; vs bf16 cache: the ratio of mean KLDs; the last column: the mean "
+        "KLD with the bf16 cache as P. Δp: this cache's probability of the fp32 cache's greedy token minus the fp32 "
+        "cache's.")

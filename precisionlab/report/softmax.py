@@ -6,7 +6,7 @@ from rich.table import Table
 from rich.markup import escape
 
 from precisionlab.report.console import stdout, num, sci, footer
-from precisionlab.report.jsondoc import emit_json
+from precisionlab.report.jsondoc import emit_rows
 
 def _probs(r) -> str:
     if r["output"] is None:
@@ -46,5 +46,4 @@ def table(res) -> None:
 
 
 def as_json(res) -> None:
-    emit_json("softmax", {"params": res.params, "devices": res.devices, "tolerances": res.tolerances,
-                          "rows": res.rows, "takeaways": res.takeaways})
+    emit_rows("softmax", res, devices=res.devices, tolerances=res.tolerances)

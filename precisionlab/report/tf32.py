@@ -5,7 +5,7 @@ from __future__ import annotations
 from rich.table import Table
 
 from precisionlab.report.console import stdout, num, sci, footer, safe_text
-from precisionlab.report.jsondoc import emit_json
+from precisionlab.report.jsondoc import emit_rows
 from precisionlab.report.plots import figure
 
 def _accumulator_table(res) -> None:
@@ -76,8 +76,7 @@ def table(res) -> None:
 
 
 def as_json(res) -> None:
-    emit_json("tf32", {"params": res.params, "devices": res.devices, "flags_before": res.flags_before,
-                       "rows": res.rows, "takeaways": res.takeaways})
+    emit_rows("tf32", res, devices=res.devices, flags_before=res.flags_before)
 
 
 def plot(res, path: str) -> None:
