@@ -150,3 +150,66 @@ def test_cli_json_says_the_layout_and_exits_by_the_verdict(dumps):
     assert r.code == 1
     t = cli("compare", "tensors", *files, *fixed)
     assert t.code == 0 and "transposed" in t.out and "squeezed" in t.out
+
+
+# --- scripts/dump_hooks.py: any torch model's dump, read by compare tensors -----------------
+
+
+def _hook_script():
+    import importlib.util
+
+    from helpers import ROOT
+
+    spec = importlib.util.spec_from_file_location("dump_hooks", ROOT / "scripts" / "dump_hooks.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+class _Tiny(torch.nn.Module):
+    """An embedding, two residual MLP blocks, a head: the smallest model with an execution order worth keeping."""
+
+    def __init__(self):
+        super().__init__()
+        self.embed = torch.nn.Embedding(16, 32)
+        self.blocks = torch.nn.ModuleList(torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.GELU(),
+                                                              torch.nn.Linear(64, 32)) for _ in range(2))
+        self.head = torch.nn.Linear(32, 16)
+
+    def forward(self, ids):
+        x = self.embed(ids)
+        for b in self.blocks:
+            x = x + b(x)
+        return self.head(x)
+
+
+def test_the_hook_script_dumps_any_model_for_compare_tensors(tmp_path):
+    from precisionlab.io.tensorfiles import ORDER_KEY, open_tensor_file
+
+    hooks = _hook_script()
+    assert hooks.ORDER_KEY == ORDER_KEY  # the script stands alone: its key must be the one compare tensors reads
+    torch.manual_seed(0)
+    model = _Tiny()
+    ids = torch.tensor([[1, 5, 7, 2, 9, 3]])
+    include = ["embed", "blocks.*", "lm_head"]
+    paths = {}
+    for label, dtype, scale in (("fp32", torch.float32, None), ("bf16", torch.bfloat16, None),
+                                ("clean", torch.bfloat16, None), ("bug", torch.bfloat16, 1.1)):
+        m = _Tiny().to(dtype)
+        m.load_state_dict(model.state_dict())
+        if scale is not None:  # an engine's bug in the second block's MLP
+            m.blocks[1][2].register_forward_hook(lambda _m, _a, y: y * scale)
+        with torch.no_grad(), hooks.DumpHooks(m, include) as dump:
+            m(ids)
+        paths[label] = str(tmp_path / f"{label}.safetensors")
+        dump.save(paths[label])
+    f = open_tensor_file(paths["bf16"])
+    # names are the modules', in the order they ran (a block after its layers), the model itself as lm_head
+    assert f.order_recorded and f.names[0] == "embed" and f.names[-1] == "lm_head"
+    assert f.names.index("blocks.0.2") < f.names.index("blocks.0") < f.names.index("blocks.1.0")
+    assert f.shapes["blocks.1"] == (1, 6, 32) and f.dtypes["blocks.1"] == "bfloat16"
+    clean = cli("compare", "tensors", paths["fp32"], paths["bf16"], paths["clean"], "--json")
+    assert clean.code == 0 and not any(r["flagged"] for r in strict_json(clean.out)["rows"])
+    bug = cli("compare", "tensors", paths["fp32"], paths["bf16"], paths["bug"], "--json")
+    d = strict_json(bug.out)
+    assert bug.code == 1 and d["first_divergence"] == "blocks.1.2", d["first_divergence"]

@@ -423,14 +423,24 @@ def _coarser(shape: tuple, target: tuple) -> bool:
 
 
 def hint_shards(name: str, present: dict[str, tuple], ref_shapes: dict[str, tuple]) -> str | None:
-    """For a tensor of YOURS named NAME.shardK whose NAME is the reference's: --unshard NAME:DIM, DIM from the shapes."""
+    """For a tensor of YOURS named NAME.shardK whose NAME is the reference's:
+    --unshard NAME:DIM, DIM the shards' axis whose concatenation gives the
+    reference's shape (size-1 axes aside), with --transpose where it holds
+    the last two axes swapped."""
     m = SHARD.match(name)
     if not m or m["base"] not in ref_shapes:
         return None
-    base, ref = m["base"], ref_shapes[m["base"]]
+    base = m["base"]
+    bare = lambda s: tuple(d for d in s if d != 1)  # noqa: E731
+    ref = bare(ref_shapes[base])
     shards = [s for n, s in present.items() if (mm := SHARD.match(n)) and mm["base"] == base]
-    for d in range(len(ref)):
-        if all(len(s) == len(ref) and s[:d] + s[d + 1:] == ref[:d] + ref[d + 1:] for s in shards) \
-                and sum(s[d] for s in shards) == ref[d]:
+    first = shards[0]
+    for d in range(len(first)):
+        if not all(len(s) == len(first) and s[:d] + s[d + 1:] == first[:d] + first[d + 1:] for s in shards):
+            continue
+        whole = first[:d] + (sum(s[d] for s in shards),) + first[d + 1:]
+        if bare(whole) == ref:
             return f"--unshard '{base}:{d}'"
+        if len(whole) >= 2 and bare(whole[:-2] + (whole[-1], whole[-2])) == ref:
+            return f"--unshard '{base}:{d}' --transpose '{base}'"
     return f"--unshard '{base}:DIM'"
