@@ -10,6 +10,11 @@ from precisionlab.cli.options import JsonOpt, AtolOpt, RtolOpt
 from precisionlab.errors import UsageError
 
 
+def _yours(flag: str, text: str):
+    """A repeatable option that changes YOURS' layout (io/tensor_layout)."""
+    return Annotated[Optional[list[str]], typer.Option(flag, help=text[:-1] + " (repeatable).")]
+
+
 def command(
     files: Annotated[list[str], typer.Argument(help="A B (two dumps), or REF_FP32 REF_LOW YOURS (three-way). Each: "
                                                ".npy, .npz, .pt (nested containers flattened; weights_only) or "
@@ -19,18 +24,14 @@ def command(
                                                       "names match, YOURS/B on a tie). 'NAME=A+B' (a '+' on the right) "
                                                       "compares NAME with the sum of YOURS' A and B, in float64; each "
                                                       "'*' stands for the same text in every term.")] = None,
-    layouts: Annotated[Optional[list[str]], typer.Option("--layout", help="Permute the axes of YOURS' tensors "
-                                                         "matching GLOB: 'GLOB=PERM' (numpy.transpose's axes, e.g. "
-                                                         "'*.self_attn=1,0,2'; repeatable).")] = None,
-    transposes: Annotated[Optional[list[str]], typer.Option("--transpose", help="Swap the last two axes of YOURS' "
-                                                            "tensors matching GLOB (logits [vocab,T] -> [T,vocab]; "
-                                                            "repeatable).")] = None,
-    reshapes: Annotated[Optional[list[str]], typer.Option("--reshape", help="Reshape YOURS' tensors matching "
-                                                          "GLOB: 'GLOB=SHAPE' (comma list, one -1 allowed; after "
-                                                          "--layout/--transpose; repeatable).")] = None,
-    unshards: Annotated[Optional[list[str]], typer.Option("--unshard", help="Concatenate YOURS' tensor-parallel "
-                                                          "shards NAME.shard0, NAME.shard1, ... into NAME along DIM: "
-                                                          "'GLOB:DIM' (repeatable).")] = None,
+    layouts: _yours("--layout", "Permute the axes of YOURS' tensors matching GLOB: 'GLOB=PERM' "
+                              "(numpy.transpose's axes, e.g. '*.self_attn=1,0,2').") = None,
+    transposes: _yours("--transpose", "Swap the last two axes of YOURS' tensors matching GLOB (logits "
+                                      "[vocab,T] -> [T,vocab]).") = None,
+    reshapes: _yours("--reshape", "Reshape YOURS' tensors matching GLOB: 'GLOB=SHAPE' (comma list, one -1 "
+                                  "allowed; after --layout/--transpose).") = None,
+    unshards: _yours("--unshard", "Concatenate YOURS' tensor-parallel shards NAME.shard0, NAME.shard1, ... "
+                                  "into NAME along DIM: 'GLOB:DIM'.") = None,
     only: Annotated[Optional[list[str]], typer.Option("--only", help="Compare only names matching this glob "
                                                       "(repeatable).")] = None,
     a_dtype: Annotated[Optional[str], typer.Option("--a-dtype", help="The first file's values were this format "
