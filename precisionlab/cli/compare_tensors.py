@@ -10,13 +10,28 @@ from precisionlab.cli.options import JsonOpt, AtolOpt, RtolOpt
 from precisionlab.errors import UsageError
 
 
+def _yours(flag: str, text: str):
+    """A repeatable option that changes YOURS' layout (io/tensor_layout)."""
+    return Annotated[Optional[list[str]], typer.Option(flag, help=text[:-1] + " (repeatable).")]
+
+
 def command(
     files: Annotated[list[str], typer.Argument(help="A B (two dumps), or REF_FP32 REF_LOW YOURS (three-way). Each: "
                                                ".npy, .npz, .pt (nested containers flattened; weights_only) or "
                                                ".safetensors.", show_default=False)],
     maps: Annotated[Optional[list[str]], typer.Option("--map", help="Rename one side's tensors: 'REGEX=REPLACEMENT' "
                                                       "(re.sub; repeatable; applied to the side where it makes more "
-                                                      "names match, YOURS/B on a tie).")] = None,
+                                                      "names match, YOURS/B on a tie). 'NAME=A+B' (a '+' on the right) "
+                                                      "compares NAME with the sum of YOURS' A and B, in float64; each "
+                                                      "'*' stands for the same text in every term.")] = None,
+    layouts: _yours("--layout", "Permute the axes of YOURS' tensors matching GLOB: 'GLOB=PERM' "
+                              "(numpy.transpose's axes, e.g. '*.self_attn=1,0,2').") = None,
+    transposes: _yours("--transpose", "Swap the last two axes of YOURS' tensors matching GLOB (logits "
+                                      "[vocab,T] -> [T,vocab]).") = None,
+    reshapes: _yours("--reshape", "Reshape YOURS' tensors matching GLOB: 'GLOB=SHAPE' (comma list, one -1 "
+                                  "allowed; after --layout/--transpose).") = None,
+    unshards: _yours("--unshard", "Concatenate YOURS' tensor-parallel shards NAME.shard0, NAME.shard1, ... "
+                                  "into NAME along DIM: 'GLOB:DIM'.") = None,
     only: Annotated[Optional[list[str]], typer.Option("--only", help="Compare only names matching this glob "
                                                       "(repeatable).")] = None,
     a_dtype: Annotated[Optional[str], typer.Option("--a-dtype", help="The first file's values were this format "
@@ -32,6 +47,8 @@ def command(
 ):
     """Compare tensor dumps name by name; with three files, tell your engine's error from what the precision costs.
 
+    YOURS (B of two files) is brought to the reference's layout by --unshard, --map sums, --layout,
+    --transpose and --reshape, in that order; size-1 axes are dropped where that makes shapes agree.
     Exit 0 when all pass, 1 when any fails, is flagged or is in one file only."""
     from precisionlab.report import tensors as rep
     from precisionlab.experiments import tensors as exp
@@ -40,7 +57,9 @@ def command(
         raise UsageError("--c-dtype declares the third file (YOURS) of a three-way comparison; with two files "
                          "use --a-dtype/--b-dtype")
     cfg = exp.CompareTensorsConfig(files=files, maps=maps or [], only=only or [], dtypes=[a_dtype, b_dtype, c_dtype],
-                                   atol=atol, rtol=rtol, equal_nan=equal_nan, sort=sort, fail_fast=fail_fast)
+                                   atol=atol, rtol=rtol, equal_nan=equal_nan, sort=sort, fail_fast=fail_fast,
+                                   layouts=layouts or [], transposes=transposes or [], reshapes=reshapes or [],
+                                   unshards=unshards or [])
     result = exp.compare(cfg, progress_factory=lambda total: rep.bar("compare tensors", total, not json_out))
     (rep.as_json if json_out else rep.table)(result)
     if result.any_failed:

@@ -30,7 +30,7 @@ import numpy as np
 
 from precisionlab.report.output import Rows
 from precisionlab.catalog import formats
-from precisionlab.io import inputs
+from precisionlab.io import inputs, tensor_layout
 from precisionlab.numerics import compare as comparison, metrics
 from precisionlab.errors import UsageError
 from precisionlab.io.tensorfiles import DTYPE_TO_FORMAT, TensorFile, natural_key, open_tensor_file
@@ -50,6 +50,11 @@ class CompareTensorsConfig:
     equal_nan: bool = False
     sort: str = "order"
     fail_fast: bool = False
+    # YOURS' layout (io/tensor_layout): --layout, --transpose, --reshape, --unshard; sums come in --map
+    layouts: list[str] = field(default_factory=list)
+    transposes: list[str] = field(default_factory=list)
+    reshapes: list[str] = field(default_factory=list)
+    unshards: list[str] = field(default_factory=list)
 
 
 TensorsResult = Rows  # rows, flags (first_divergence), takeaways, any_failed
@@ -252,9 +257,11 @@ def compare(cfg: CompareTensorsConfig, progress_factory=None) -> TensorsResult:
     if cfg.sort not in SORTS:
         raise UsageError(f"--sort must be one of {', '.join(SORTS)} (got {cfg.sort!r})")
     declared = parse_declared(cfg.dtypes, n_files)
-    rules = parse_maps(cfg.maps)
+    layout, renames = tensor_layout.parse(cfg.maps, cfg.layouts, cfg.transposes, cfg.reshapes, cfg.unshards)
+    rules = parse_maps(renames)
     files = [open_tensor_file(p, d) for p, d in zip(cfg.files, declared)]
     maps, mapped_side = _apply_maps(files, rules)
+    files, maps, layout_notes = tensor_layout.arrange(files, maps, layout, labels(n_files))
     names = _ordered(files, maps)
     if cfg.only:
         names = [n for n in names if any(fnmatch.fnmatchcase(n, g) for g in cfg.only)]
@@ -269,6 +276,7 @@ def compare(cfg: CompareTensorsConfig, progress_factory=None) -> TensorsResult:
     _check_memory(files, maps, plan)
     with (progress_factory(len(plan)) if progress_factory else nullcontext(lambda k=1: None)) as progress:
         rows, stopped = _compare_all(cfg, files, maps, declared, plan, progress)
+    _layout_fields(rows, files, maps, layout_notes)
     first = next((r["name"] for r in rows if r["flagged"]), None)
     if cfg.sort == "error":
         key = "ratio" if n_files == 3 else "rel_l2"
@@ -276,7 +284,7 @@ def compare(cfg: CompareTensorsConfig, progress_factory=None) -> TensorsResult:
     skipped = [f"{f.path}: {len(f.skipped)} non-tensor entries skipped" for f in files if f.skipped]
     return TensorsResult(
         params={"files": cfg.files, "labels": lab, "mode": "three-way" if n_files == 3 else "two-way",
-                "maps": cfg.maps, "mapped_side": mapped_side, "only": cfg.only, "declared_dtypes": declared,
+                "maps": cfg.maps, "mapped_side": mapped_side, **layout.params(), "only": cfg.only, "declared_dtypes": declared,
                 "atol": cfg.atol, "rtol": cfg.rtol, "equal_nan": cfg.equal_nan, "sort": cfg.sort,
                 "fail_fast": cfg.fail_fast, "ratio_threshold": comparison.RATIO_THRESHOLD,
                 "order": "recorded" if any(f.order_recorded for f in files) else "natural",
@@ -326,6 +334,22 @@ def _compare_all(cfg, files, maps, declared, plan, progress) -> tuple[list[dict]
     return rows, stopped
 
 
+def _layout_fields(rows, files, maps, notes) -> None:
+    """Each row's `layout` (what was done to bring its shapes together) and,
+    where they still differ or a shard stands alone, `layout_hint`: the option
+    that would bring YOURS (the last file) to the reference's layout."""
+    ref_shapes = {n: files[0].shapes[k] for n, k in maps[0].items()}
+    our_shapes = {n: files[-1].shapes[k] for n, k in maps[-1].items()}
+    for r in rows:
+        r["layout"] = notes.get(r["name"], [])
+        hint = None
+        if r["status"] == "shape mismatch":
+            hint = tensor_layout.hint_shapes(r["name"], tuple(r["shapes"][0]), tuple(r["shapes"][-1]))
+        elif r["name"] in our_shapes and r["name"] not in ref_shapes:
+            hint = tensor_layout.hint_shards(r["name"], our_shapes, ref_shapes)
+        r["layout_hint"] = hint
+
+
 def _check_memory(files, maps, plan) -> None:
     """Peak: one tensor from each file in its stored dtype, its float64 copies,
     and the statistics' float64 temporaries (difference, tolerance, ratio)."""
@@ -365,7 +389,13 @@ def _takeaways(rows, n_files, first, stopped, total, skipped) -> list[str]:
     if one_sided:
         out.append(f"{len(one_sided)} tensors are in some files only (rename with --map 'REGEX=REPLACEMENT').")
     if shapes:
-        out.append(f"{len(shapes)} tensors differ in shape.")
+        hinted = next((r for r in shapes if r.get("layout_hint")), None)
+        out.append(f"{len(shapes)} tensors differ in shape" + (
+            f"; {hinted['name']}: {' vs '.join(tensor_layout.dims(s) for s in hinted['shapes'])}, which "
+            f"{hinted['layout_hint']} brings to the reference's layout." if hinted else "."))
+    shards = next((r for r in one_sided if r.get("layout_hint")), None)
+    if shards:
+        out.append(f"{shards['name']} looks like a tensor-parallel shard: {shards['layout_hint']} concatenates them.")
     if stopped is not None and stopped < total:
         out.append(f"--fail-fast: stopped after {stopped} of {total} tensors.")
     return out + skipped

@@ -56,6 +56,20 @@ def _status(r) -> str:
     return f"[red]{text}[/red]" if r["flagged"] else f"[green]{text}[/green]"
 
 
+def layout_lines(rows) -> list[str]:
+    """What was done to each tensor's layout before it was compared (io/tensor_layout),
+    one line per change, naming the tensors it was done to."""
+    by_note: dict[str, list[str]] = {}
+    for r in rows:
+        for note in r.get("layout") or []:
+            by_note.setdefault(note, []).append(r["name"])
+    out = []
+    for note, names in by_note.items():
+        shown = ", ".join(names[:4]) + (f" and {len(names) - 4} more" if len(names) > 4 else "")
+        out.append(f"layout: {note} ({shown})")
+    return out
+
+
 def table(res) -> None:
     p = res.params
     three = p["mode"] == "three-way"
@@ -106,6 +120,8 @@ def table(res) -> None:
                  style="dim", highlight=False)
     if p["mapped_side"]:
         stdout.print(f"--map renamed {p['mapped_side']}'s tensors.", style="dim", highlight=False)
+    for line in layout_lines(res.rows):
+        stdout.print(safe_text(line), style="dim", highlight=False)
     for line in res.takeaways:
         stdout.print(f"• {safe_text(line)}", highlight=False)
 
