@@ -213,7 +213,7 @@ def _ends(by_case, feats, key, spread, need):
     return lo, hi
 
 
-def _along(op, rows, feats, explained, key, spread, growth, need):
+def _along(rows, feats, explained, key, spread, growth, need):
     """The series whose excess grows by `growth` from the low to the high end of `key`."""
     hits, picked = [], []
     for (comp, dtype), by_case in _series([r for r in rows if id(r) not in explained]).items():
@@ -227,29 +227,31 @@ def _along(op, rows, feats, explained, key, spread, growth, need):
     return hits, picked
 
 
+def _growth_cause(name, rows, feats, explained, key, spread, growth, need, label, head, tail):
+    hits, picked = _along(rows, feats, explained, key, spread, growth, need)
+    if not hits:
+        return None
+    _take(explained, picked)
+    text = "; ".join(_series_text(c, d, b, feats, key, label) for c, d, b in hits)
+    return _cause(name, f"{head} ({text}). {tail}", picked)
+
+
 def _rope(op, rows, feats, explained):
     if op != "rope":
         return None
-    hits, picked = _along(op, rows, feats, explained, "position", SPREAD, GROWTH, need="lowest")
-    if not hits:
-        return None
-    _take(explained, picked)
-    text = "; ".join(_series_text(c, d, b, feats, "position", lambda v: f"pos <= {v}") for c, d, b in hits)
-    return _cause("rope_phases", f"RoPE phases in low precision: the error grows with the position ({text}). An "
-                  "angle pos * inv_freq rounded to the low format is off by about its unit roundoff times pos "
-                  "(at 32767 a bf16 angle is a multiple of 256 rad): compute inv_freq, the angles and cos/sin in "
-                  "fp32, then cast.", picked)
+    return _growth_cause("rope_phases", rows, feats, explained, "position", SPREAD, GROWTH, "lowest",
+                         lambda v: f"pos <= {v}", "RoPE phases in low precision: the error grows with the position",
+                         "An angle pos * inv_freq rounded to the low format is off by about its unit roundoff times "
+                         "pos (at 32767 a bf16 angle is a multiple of 256 rad): compute inv_freq, the angles and "
+                         "cos/sin in fp32, then cast.")
 
 
 def _accumulation(op, rows, feats, explained):
-    hits, picked = _along(op, rows, feats, explained, "length", MIN_LENGTH_RATIO, LENGTH_GROWTH, need="random")
-    if not hits:
-        return None
-    _take(explained, picked)
-    text = "; ".join(_series_text(c, d, b, feats, "length", lambda v: f"length {v}") for c, d, b in hits)
-    return _cause("accumulation", f"accumulation in low precision: the error grows with the reduction's length "
-                  f"({text}). The format's own cost is one rounding of the result at any length; an accumulator "
-                  "kept in the low format loses more with every term: accumulate in fp32.", picked)
+    return _growth_cause("accumulation", rows, feats, explained, "length", MIN_LENGTH_RATIO, LENGTH_GROWTH, "random",
+                         lambda v: f"length {v}",
+                         "accumulation in low precision: the error grows with the reduction's length",
+                         "The format's own cost is one rounding of the result at any length; an accumulator kept in "
+                         "the low format loses more with every term: accumulate in fp32.")
 
 
 def _otherwise(rows, explained):
@@ -276,7 +278,7 @@ def _otherwise(rows, explained):
                        "It shows in fp32, so not the low format: a different formula or order of operations "
                        "(a sequential sum against torch's blocked one costs a few x; a wrong formula far more)",
             "rounding": f"rounding: (3) beyond what the format costs (excess over (2)): {cases}, with no growth "
-                        "across scale, length or position: an intermediate rounded to the low format (a cast "
+                        "measured across the cases run (scale, length, position): an intermediate rounded to the low format (a cast "
                         "between steps)",
         }[kind]
         out.append(_cause(kind, text, picked))
