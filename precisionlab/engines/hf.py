@@ -204,6 +204,30 @@ class HFEngine(Engine):
 
         return shape.model_shape(arg, steps, prompt)
 
+    @classmethod
+    def module_tree(cls, arg):
+        """The architecture from config.json on the meta device: every module
+        name, no weight read (the weights load is the slow part of a big
+        model; this costs the torch and transformers imports only)."""
+        os.environ.setdefault("HF_HUB_OFFLINE", "1")
+        os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+        cls.check(arg)
+        import torch
+        import transformers
+
+        try:
+            with quiet_library():
+                config = transformers.AutoConfig.from_pretrained(arg, local_files_only=True, trust_remote_code=False)
+                if getattr(config, "auto_map", None):
+                    raise UsageError(f"--model {arg!r}: its config maps to custom code (auto_map); "
+                                     "precisionlab never runs code from a model")
+                with torch.device("meta"):
+                    return transformers.AutoModelForCausalLM.from_config(config, trust_remote_code=False)
+        except UsageError:
+            raise
+        except Exception:  # the load proper reports an unusable folder in its own words
+            return None
+
     def __init__(self, arg: str, device: str):
         os.environ.setdefault("HF_HUB_OFFLINE", "1")  # never the network, whatever the cache says
         os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")

@@ -57,6 +57,15 @@ class Engine(ABC):
         estimate, read before anything is loaded; None: unknown (no estimate)."""
         return None
 
+    @classmethod
+    def module_tree(cls, arg: str | None):
+        """The model's modules without its weights (a torch module on the meta
+        device, built from its config), for checking --inject's module names
+        before the weights load; None where that is not cheaper than loading
+        (the names are then checked right after the load, before any forward
+        pass)."""
+        return None
+
     # --- what decides its numbers, and its tokens --------------------------------------------
 
     @abstractmethod

@@ -27,7 +27,7 @@ from precisionlab.catalog import formats
 from precisionlab.io import inputs
 from precisionlab.numerics import compare as comparison, metrics
 from precisionlab.errors import RunError, UsageError
-from precisionlab.experiments import op_harness
+from precisionlab.experiments import op_diagnosis, op_harness
 
 OPS = ("softmax", "logsumexp", "rmsnorm", "layernorm", "matmul", "rope", "attention", "swiglu")
 DEFAULT_SHAPES = {"softmax": (64, 4096), "logsumexp": (64, 4096), "rmsnorm": (64, 4096), "layernorm": (64, 4096),
@@ -59,6 +59,7 @@ class CompareOpConfig:
 class CompareResult(Rows):
     contracts: list[dict] = field(default_factory=list)
     advice: list[dict] = field(default_factory=list)
+    causes: list[dict] = field(default_factory=list)  # op_diagnosis: one a cause, with its cases
     contract_violation: str | None = None  # the first output-contract row, as one line
 
 
@@ -267,6 +268,7 @@ def _compare_op(cfg: CompareOpConfig, advance) -> CompareResult:
     contract_rows: list[dict] = []
     advice: list[dict] = []
     fp32 = formats.get("fp32")
+    feats: dict = {}  # case -> what op_diagnosis reads of its inputs (the same on every device)
     with torch_flags.ieee_fp32():  # trusted fp32 is IEEE fp32, stated
         flags = torch_flags.torch_flags()
         for dev in plan.names:
@@ -276,6 +278,7 @@ def _compare_op(cfg: CompareOpConfig, advance) -> CompareResult:
             for case in cases:
                 args = case.build(base, shape, cfg.seed)
                 cshape = _shape_of(op, args)
+                feats.setdefault(case.name, op_diagnosis.features(op, args))
                 t32 = ref(*args)
                 t64 = ref(*_cast(args, torch.float64))
                 y32 = _call_case(yours, args, cfg.impl, case)
@@ -312,6 +315,7 @@ def _compare_op(cfg: CompareOpConfig, advance) -> CompareResult:
                     contract_rows.append(c)
                 advance()
     any_failed = any(r["flagged"] for r in rows) or any(c["flagged"] for c in contract_rows)
+    causes = op_diagnosis.diagnose(op, rows, feats, cfg.impl or "this project's kernels")
     broken = next((r for r in rows if r["verdict"].startswith("output contract: ")), None)
     return CompareResult(
         params={"op": op, "shape": list(shape), "dtypes": [f.name for f in lows], "impl": cfg.impl or "precisionlab",
@@ -320,8 +324,8 @@ def _compare_op(cfg: CompareOpConfig, advance) -> CompareResult:
                 "out_dtype": out_dtype.name if out_dtype else None, "from": cfg.from_file,
                 "cases": {c.name: c.what for c in cases}, "batch_sizes": list(op_harness.BATCH_SIZES),
                 "cuda_unavailable": plan.cuda_unavailable or None},
-        rows=rows, flags=flags, takeaways=_takeaways(rows, cfg.impl) + _contract_takeaways(contract_rows),
-        any_failed=any_failed, contracts=contract_rows, advice=advice,
+        rows=rows, flags=flags, takeaways=_takeaways(rows, causes, cfg.impl) + _contract_takeaways(contract_rows),
+        any_failed=any_failed, contracts=contract_rows, advice=advice, causes=causes,
         contract_violation=None if broken is None else
         f"{cfg.impl or 'precisionlab'} {broken['verdict'].removeprefix('output contract: ')} "
         f"(case {broken['case']}, {broken['dtype']})")
@@ -515,8 +519,8 @@ def _judge(row: dict, base: dict, dtype: str) -> None:
         row["verdict"] = (f"{text}: your fp32 path loses more than fp32 itself costs: a bug, or an "
                           "accumulation far less accurate than torch's")
     else:
-        row["verdict"] = (f"{text}: above {comparison.RATIO_THRESHOLD:g}x, a likely bug or a bad accumulation choice "
-                          f"(accumulating in {dtype}?)")
+        row["verdict"] = (f"{text}: above {comparison.RATIO_THRESHOLD:g}x what {dtype} itself costs (the cause, "
+                          "read across the cases, is below the table)")
 
 
 def _verdict(r1: dict, r2: dict, r3: dict) -> None:
@@ -527,9 +531,9 @@ def _verdict(r1: dict, r2: dict, r3: dict) -> None:
         r3["verdict"] += "; (1) already fails: fix the fp32 path first"
 
 
-def _takeaways(rows, impl) -> list[str]:
+def _takeaways(rows, causes, impl) -> list[str]:
+    """One line a cause (op_diagnosis), naming its cases; the all-clear when nothing is flagged."""
     who = impl or "this project's kernels"
-    flagged = [r for r in rows if r["flagged"]]
-    if not flagged:
+    if not any(r["flagged"] for r in rows):
         return [f"{who}: every comparison within {comparison.RATIO_THRESHOLD:g}x of what the precision itself costs."]
-    return [f"{who}: {r['device']} {r['dtype']}: {r['verdict']}" for r in flagged if r["comparison"] in (1, 3)]
+    return [c["text"] for c in causes]

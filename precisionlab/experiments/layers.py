@@ -76,6 +76,25 @@ def check_dump_dir(path: str, labels: list[str], model: str | None) -> Path:
     return outputs.check_output_dir(path, [f"{d}.safetensors" for d in labels], "--dump", [("--model", spec_path(model))])
 
 
+def _check_targets_before_load(model: str | None, injections) -> None:
+    """--inject's module names against the model's module tree from its config
+    (an HF model on the meta device: no weight read), so a typo is refused
+    before the weights load. Engines with no cheap tree (the embedded model,
+    whose load is itself cheap) are checked right after the load, before the
+    forward passes (hooks.resolve in run())."""
+    if not injections:
+        return
+    from precisionlab.engines import hooks, registry
+
+    cls, arg = registry.resolve(model)
+    tree = cls.module_tree(arg)
+    if tree is None:
+        return
+    pseudo = [s.name for s in hooks.sites(tree) if s.pseudo]
+    for inj in injections:
+        hooks.resolve(tree, inj.target, pseudo)
+
+
 def run(cfg: LayersConfig, advance=lambda k=1: None) -> LayersResult:
     if cfg.steps <= 0:
         raise UsageError(f"--steps must be > 0 (got {cfg.steps})")
@@ -94,6 +113,7 @@ def run(cfg: LayersConfig, advance=lambda k=1: None) -> LayersResult:
     from precisionlab.runtime import memory
 
     estimate = lambda s: memory.compare_layers(*s[:7], dump=dump_dir is not None)  # noqa: E731
+    _check_targets_before_load(cfg.model, injections)
     engine = open_engine(cfg.model, device, estimate=estimate, steps=cfg.steps, prompt=cfg.prompt,
                          command="compare model --layers")
     prompt = engine.prompt_ids(cfg.prompt, cfg.steps)

@@ -29,6 +29,7 @@ from precisionlab.errors import UsageError
 BATCH_SIZES = (1, 2, 3, 8, 64, 257, 1024)
 DETERMINISM_CALLS = 10
 VOCAB = 151936
+LONG_ROW = 16384  # norms' long_rows: 4x the default row, the length step op_diagnosis' accumulation rule reads
 
 
 def _torch():
@@ -101,12 +102,22 @@ def _norm_cases() -> list[Case]:
     def zero_row(args, shape, seed):
         return _with_first(args, _rows_set(args[0], [0], 0.0))
 
+    def long_rows(args, shape, seed):
+        # the random case's distributions (x ~ N(0.5, 1), weight ~ 1 + 0.1 N, bias ~ 0.1 N) at another length
+        gen = _torch().Generator().manual_seed(seed + 4)
+        dev = args[0].device
+        rnd = lambda *s: _torch().randn(*s, generator=gen).to(dev)
+        out = (rnd(2, LONG_ROW) + 0.5, 1 + 0.1 * rnd(LONG_ROW))
+        return out + ((0.1 * rnd(LONG_ROW),) if len(args) == 4 else ()) + (args[-1],)
+
     return [
         Case("large_scale", "x * 3000: squares near 1e8 overflow a 16-bit accumulator",
              lambda a, s, seed: _with_first(a, a[0] * 3000)),
         Case("tiny_scale", "x * 1e-4: squares near 1e-8 underflow fp16",
              lambda a, s, seed: _with_first(a, a[0] * 1e-4)),
         Case("zero_row", "row 0 all zeros: eps alone keeps the division finite", zero_row),
+        Case("long_rows", f"two rows of {LONG_ROW}: a long sum of squares (an accumulator kept in 16 bits stalls)",
+             long_rows),
     ]
 
 
@@ -278,7 +289,9 @@ def shapes_used(op: str, shape: tuple) -> tuple[tuple, tuple]:
         return ((16, 16384, 16),), (big, min(k, 1024), min(n, 256))
     if op == "attention":
         return (), (big, 32, 32)
-    return (((2, VOCAB),) if op in ("softmax", "logsumexp") else ()), (big, min(shape[1], 1024))
+    extra = {"softmax": ((2, VOCAB),), "logsumexp": ((2, VOCAB),), "rmsnorm": ((2, LONG_ROW),),
+             "layernorm": ((2, LONG_ROW),)}.get(op, ())
+    return extra, (big, min(shape[1], 1024))
 
 
 def batched_inputs(op: str, shape: tuple, seed: int, device: str, make_inputs) -> tuple[tuple, Callable]:

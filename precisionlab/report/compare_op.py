@@ -79,4 +79,4 @@ def _compare_op_advice(res) -> None:
 
 def as_json(res) -> None:
     emit_json("compare op", {"params": res.params, "flags": res.flags, "rows": res.rows, "contracts": res.contracts,
-                             "advice": res.advice, "takeaways": res.takeaways})
+                             "advice": res.advice, "causes": res.causes, "takeaways": res.takeaways})

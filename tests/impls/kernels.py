@@ -92,3 +92,14 @@ def softmax_batch_variant(x):
     else:
         s = e.sum(-1, keepdim=True)
     return (e / s).to(x.dtype)
+
+
+def rmsnorm_fixed_eps(x, weight, eps):
+    # the mistake: eps hard-coded (a Llama's 1e-5) where the model says 1e-6
+    ms = x.float().pow(2).mean(-1, keepdim=True)
+    return (x.float() * torch.rsqrt(ms + 1e-5) * weight.float()).to(x.dtype)
+
+
+def layernorm_fixed_eps(x, weight, bias, eps):
+    # the same mistake in a LayerNorm: 1e-6 where the model says 1e-5
+    return torch.nn.functional.layer_norm(x.float(), (x.shape[-1],), weight.float(), bias.float(), 1e-6).to(x.dtype)
