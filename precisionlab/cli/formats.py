@@ -25,7 +25,7 @@ def command(
                                             "(e4m3, e5m2).")] = True,
     accumulator: Annotated[Optional[str], typer.Option(
         "--accumulator", help="The matmul under accumulator models MODEL[,MODEL...] (exact, fp32, fp32-pairwise, "
-        "hopper-fp8[:bits=B:group=G:rounding=trunc|rne], promote:N), one row each; default: the library's fp32 "
+        "hopper-fp8 with optional :bits=B :group=G :rounding=trunc|rne, promote:N), one row each; default: the library's fp32 "
         "matmul.")] = None,
     plot: Annotated[Optional[str], typer.Option("--plot", help="Write relative RMSE per configuration to this "
                                                 ".png/.pdf/.svg (checked before the run, written atomically).")] = None,
