@@ -48,10 +48,9 @@ def table(res) -> None:
                   "-" if r["parting_margin"] is None else num(r["parting_margin"], 4),
                   f"{r['distinct_logprobs']} of {r['answered']}", spread)
     stdout.print(t)
-    stdout.print("margin there: the smallest top-1 minus top-2 log-prob (nats) any completion had where they part; "
-                 "log-prob spread: max - min of a position's returned log-prob over the N, on the common prefix.",
-                 style="dim", highlight=False)
-    footer(None, res.takeaways)
+    footer(None, res.takeaways, note="margin there: the smallest top-1 minus top-2 log-prob (nats) any completion had "
+           "where they part; log-prob spread: max - min of a position's returned log-prob over the N, on the common "
+           "prefix.")
 
 
 def as_json(res) -> None:

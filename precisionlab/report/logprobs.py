@@ -86,10 +86,9 @@ def table(res) -> None:
                       "-" if q["token"] is None else safe_text(repr(q["token"])), _g(q["logprob_a"], 6),
                       _g(q["logprob_b"], 6), sci(q["diff"]), _g(q["ratio"]))
         stdout.print(p)
-    stdout.print("KL(B||A) over tokens sampled from B (Schulman's k1, k2, k3; r = p_A/p_B); ln(PPL_A / PPL_B) is "
-                 "-mean Δ, which over the same tokens is k1. Percentiles are nearest-rank, std the population's.",
-                 style="dim", highlight=False)
-    footer(None, res.takeaways)
+    footer(None, res.takeaways, note="KL(B||A) over tokens sampled from B (Schulman's k1, k2, k3; r = p_A/p_B); "
+           "ln(PPL_A / PPL_B) is -mean Δ, which over the same tokens is k1. Percentiles are nearest-rank, std the "
+           "population's.")
 
 
 def as_json(res) -> None:
