@@ -79,3 +79,12 @@ def test_examples_are_found_with_their_marks():
             "```\nnot an example\n```\n")
     found = [(m.group("mark"), m.group("cmd")) for m in update_docs.BLOCK.finditer(text)]
     assert found == [(None, "info"), ("gpu", "bench --device cuda")]
+
+
+def test_an_example_recorded_on_another_cpu_is_compared_without_its_digits():
+    text = "<!-- example: cpu AMD EPYC -->\n```\n$ precisionlab tf32 --m 64\nrel L2 1.25e-07\n```\n"
+    m = update_docs.BLOCK.search(text)
+    assert (m.group("mark"), m.group("arg"), m.group("cmd")) == ("cpu", "AMD EPYC", "tf32 --m 64")
+    a, b = normalise("rel L2 1.25e-07 flagged\n"), normalise("rel L2 1.37e-07 flagged\n")
+    assert a != b and update_docs.mask_numbers(a) == update_docs.mask_numbers(b)
+    assert update_docs.mask_numbers(a) != update_docs.mask_numbers(normalise("rel L2 1.25e-07 ok\n"))  # the words count
