@@ -312,6 +312,12 @@ PL_HD static inline float pl_ffma_rn(float a, float b, float c) { PL_RN_(__fmaf_
 PL_HD static inline float pl_to_float_rn(double v) { PL_RN_(__double2float_rn(v), (float)v); }
 #undef PL_RN_
 
+// One step of the `fp32` accumulator model (precisionlab/numerics/accumulators.py):
+// c = fp32(c + fp32(x y)), two roundings, no fused multiply-add. Declared once:
+// matmul_accumulator.cu's fp32 model and flash_attention.cu's Q.K^T and P.V
+// chains both take it, so the kernel's accumulation is the model's.
+PL_HD static inline float pl_fp32_acc_step(float c, float x, float y) { return pl_fadd_rn(c, pl_fmul_rn(x, y)); }
+
 // max that keeps NaN from either side. fmax drops a NaN operand, so a row
 // holding NaN and -inf would look fully masked (max -inf) and be zeroed under
 // the masked=zero policy; with this max a NaN anywhere makes the row NaN, as

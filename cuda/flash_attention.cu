@@ -114,10 +114,10 @@ PL_HD inline float round_p(float x, const p_format& f) {
     return (float)y;  // exact: y is a value of the format
 }
 
-// Step 1: a score, the fp32 chain over d from +0.
+// Step 1: a score, the fp32 accumulator model's chain over d from +0 (common.cuh's step).
 PL_HD inline float qk_dot(const float* q, const float* k, int64_t d) {
     float s = 0.0f;
-    for (int64_t i = 0; i < d; ++i) s = pl_fadd_rn(s, pl_fmul_rn(q[i], k[i]));
+    for (int64_t i = 0; i < d; ++i) s = pl_fp32_acc_step(s, q[i], k[i]);
     return s;
 }
 
@@ -147,7 +147,7 @@ PL_HD inline float row_tile(float& m, float& l, float* s, int64_t n, bool first,
 // Step 8 of one output entry: O = R(O alpha), then the fp32 chain over the tile's keys.
 PL_HD inline float pv_step(float o, float alpha, const float* p, const float* v, int64_t stride, int64_t n) {
     o = pl_fmul_rn(o, alpha);
-    for (int64_t j = 0; j < n; ++j) o = pl_fadd_rn(o, pl_fmul_rn(p[j], v[j * stride]));
+    for (int64_t j = 0; j < n; ++j) o = pl_fp32_acc_step(o, p[j], v[j * stride]);
     return o;
 }
 

@@ -138,7 +138,7 @@ struct dot_args {
 
 PL_HD inline float fp32_sequential(const dot_args& d) {
     float c = 0.0f;
-    for (int64_t s = 0; s < d.k; ++s) c = pl_fadd_rn(c, pl_fmul_rn(d.xv(s), d.yv(s)));
+    for (int64_t s = 0; s < d.k; ++s) c = pl_fp32_acc_step(c, d.xv(s), d.yv(s));
     return c;
 }
 

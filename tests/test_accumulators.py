@@ -79,6 +79,32 @@ def emulate(model: str, x: list[Fraction], y: list[Fraction]) -> np.float32:
     return to_f32(c)
 
 
+def emulate_onto(model: str, c: Fraction, x: list[Fraction], y: list[Fraction]) -> Fraction:
+    """c + x.y under the model, c an fp32 value (the docstring's "Accumulating
+    onto a running value"), step by step in rationals."""
+    a = acc.parse(model)
+    if a.order == "reverse":
+        x, y = x[::-1], y[::-1]
+    prods = [xi * yi for xi, yi in zip(x, y)]
+    if a.kind == "exact":
+        return round_f32(c + sum(prods, Fraction(0)))
+    if a.kind == "fp32":
+        for p in prods:
+            c = round_f32(c + round_f32(p))
+        return c
+    if a.kind == "fp32-pairwise":
+        level = [round_f32(p) for p in prods] or [Fraction(0)]
+        while len(level) > 1:
+            nxt = [round_f32(level[i] + level[i + 1]) for i in range(0, len(level) - 1, 2)]
+            level = nxt + ([level[-1]] if len(level) % 2 else [])
+        return round_f32(c + level[0])
+    if a.kind == "hopper-fp8":
+        return emu_limited(prods, c, a.bits, a.group, a.rounding)
+    for k0 in range(0, len(prods), a.interval):  # promote: each chunk from 0, added to c chunk after chunk
+        c = round_f32(c + emu_limited(prods[k0:k0 + a.interval], Fraction(0), a.bits, a.group, a.rounding))
+    return c
+
+
 def draw(rng, shape, dtype, spread=0.0):
     x = rng.standard_normal(shape) * np.exp2(rng.uniform(-spread, spread, shape))
     return x.astype(dtype).astype(np.float64)
@@ -104,6 +130,28 @@ def test_bit_for_bit_against_fractions(model, k, backend):
         want = np.array([[emulate(model, [Fraction(v) for v in a[i]], [Fraction(v) for v in b[:, j]])
                           for j in range(3)] for i in range(2)], dtype=np.float32)
         assert np.array_equal(got.view(np.uint32), want.view(np.uint32)), (name, got, want)
+
+
+@pytest.mark.parametrize("model", MODELS + ["fp32-pairwise:order=reverse", "exact:order=reverse", "promote:1"])
+@pytest.mark.parametrize("k", [1, 5, 37, 70])
+def test_accumulate_onto_a_running_value_bit_for_bit(model, k):
+    """Accumulator.accumulate(c, A, B), the attention emulator's P.V step,
+    against the docstring's semantics in rationals, c of both signs and of
+    magnitudes near, above and below the products'."""
+    rng = np.random.default_rng([k, 31, len(model)])
+    for name, dtype in DTYPES.items():
+        spread = 6.0 if name in ("bf16", "fp32") else 2.0
+        a, b = draw(rng, (2, k), dtype, spread), draw(rng, (k, 3), dtype, spread)
+        c = (rng.standard_normal((2, 3)) * np.array([[1.0, 2.0**12, 2.0**-12]])).astype(np.float32)
+        got = acc.parse(model).accumulate(c, a, b)
+        assert got.dtype == np.float32
+        want = np.array([[to_f32(emulate_onto(model, Fraction(float(c[i, j])), [Fraction(v) for v in a[i]],
+                                              [Fraction(v) for v in b[:, j]])) for j in range(3)] for i in range(2)],
+                        dtype=np.float32)
+        assert np.array_equal(got.view(np.uint32), want.view(np.uint32)), (name, got, want)
+    zero = np.zeros((2, 3), np.float32)  # matmul is accumulate(+0, ...)
+    assert np.array_equal(acc.parse(model).accumulate(zero, a, b).view(np.uint32),
+                          acc.parse(model).matmul(a, b).view(np.uint32))
 
 
 def test_cancellation_and_zeros():
@@ -149,6 +197,29 @@ def test_parse_spellings():
             acc.parse_list(bad) if bad == "" else acc.parse(bad)
 
 
+def test_acc_bits_and_rounding_fill_the_fields_a_model_does_not_spell():
+    got = acc.parse_list("hopper-fp8, promote:128:bits=12, exact, hopper-fp8:rounding=trunc", bits=10, rounding="rne")
+    assert [a.name for a in got] == ["hopper-fp8:bits=10:rounding=rne", "promote:128:bits=12:rounding=rne", "exact",
+                                     "hopper-fp8:bits=10"]
+    assert [(a.bits, a.rounding) for a in got] == [(10, "rne"), (12, "rne"), (14, "trunc"), (10, "trunc")]
+    assert acc.parse_list("promote:64", bits=14)[0].name == "promote:64"  # the default, left out of the name
+    with pytest.raises(ValueError, match="--acc-bits"):
+        acc.parse_list("exact,fp32", bits=10)
+    with pytest.raises(ValueError, match="--acc-rounding"):
+        acc.parse_list("fp32-pairwise", rounding="rne")
+
+
+def test_fields_carry_every_parameter():
+    assert acc.parse("promote:64:bits=12:group=16:rounding=rne:order=reverse").fields() == {
+        "accumulator": "promote:64:bits=12:group=16:rounding=rne:order=reverse", "acc_kind": "promote",
+        "acc_bits": 12, "acc_group": 16, "acc_rounding": "rne", "acc_interval": 64, "acc_order": "reverse"}
+    assert acc.parse("fp32").fields() == {"accumulator": "fp32", "acc_kind": "fp32", "acc_bits": None,
+                                          "acc_group": None, "acc_rounding": None, "acc_interval": None,
+                                          "acc_order": "forward"}
+    for m in MODELS:  # the spelling is the model: parsing it back gives the same fields
+        assert acc.parse(acc.parse(m).fields()["accumulator"]) == acc.parse(m)
+
+
 # The error's size. Setup fixed before running: A (64 x 4096) and B (4096 x 64)
 # standard normal, cast to fp8 e4m3 by ml_dtypes, seed 0; the reference is
 # float64 A @ B of those stored values (so only accumulation is measured);
@@ -180,6 +251,15 @@ def test_hopper_fp8_error_at_k4096_and_promotion():
     assert 1e-3 <= fast <= 1e-2, fast
     assert _max_rel("promote:128", a, b, ref) * 10 <= fast
     assert _max_rel("hopper-fp8:rounding=rne", a, b, ref) < fast  # unbiased cuts lose less
+
+
+@pytest.mark.xfail(strict=True, reason="measured 0.29 % with standard normal e4m3 inputs (the construction above, "
+                   "fixed before running): the issue's 0.5-5 % band for the published 'near 2 %' does not hold for "
+                   "this distribution; test_hopper_fp8_error_at_k4096_and_promotion holds the model's own estimate")
+def test_hopper_fp8_error_at_k4096_in_the_issues_band():
+    """The issue's claim as written: K = 4096, FP8 e4m3, hopper-fp8, max relative error within 0.5-5 %."""
+    a, b, ref = _fp8_problem(4096)
+    assert 5e-3 <= _max_rel("hopper-fp8", a, b, ref) <= 5e-2
 
 
 def test_error_grows_with_k_and_interval():

@@ -21,7 +21,7 @@ import numpy as np
 import pytest
 
 from precisionlab.numerics import flash_attention as fa
-from test_accumulators import emu_limited, round_f32
+from test_accumulators import emulate, emulate_onto, round_f32
 
 D, ROWS, S = 128, 128, 8192
 F32 = np.float32
@@ -167,7 +167,6 @@ def scalar_row(i, q, k, v, cfg, rows_total, qd=1.0, kd=1.0, vd=1.0):
     last_key = i + s_k - rows_total if cfg.causal else s_k - 1
     block_last = min(rows_total, (i // cfg.block_r + 1) * cfg.block_r) - 1
     tiles_max = -(-min(s_k, block_last + 1 + s_k - rows_total) // cfg.block_c) if cfg.causal else n_blocks
-    acc = fa.accumulators.parse(cfg.pv_accumulator)
     outs, lses = [], []
     for sp in range(cfg.splits):
         a0, b0 = min(sp * per, n_blocks), min((sp + 1) * per, n_blocks)
@@ -178,10 +177,9 @@ def scalar_row(i, q, k, v, cfg, rows_total, qd=1.0, kd=1.0, vd=1.0):
                 continue
             keys = range(t * cfg.block_c, min(s_k, (t + 1) * cfg.block_c))
             s = []
-            for j in keys:
-                x = 0.0
-                for y in range(d):
-                    x = f32(x + f32(F32(q[i, y]) * F32(k[j, y])))
+            for j in keys:  # the Q.K^T model from +0, the rationals' emulation (fp32: the IEEE chain)
+                x = float(emulate(cfg.qk_accumulator, [Fraction(float(F32(z))) for z in q[i]],
+                                  [Fraction(float(F32(z))) for z in k[j]]))
                 s.append(x if j <= last_key else -math.inf)
             m_new = max([m] + s)
             m_safe = 0.0 if m_new == -math.inf else m_new
@@ -200,15 +198,9 @@ def scalar_row(i, q, k, v, cfg, rows_total, qd=1.0, kd=1.0, vd=1.0):
             o = [f32(x * alpha) for x in o]
             tt = [f32(x * alpha) for x in tt]
             target = tt if cfg.promote_tiles else o
-            for y in range(v.shape[1]):
-                if acc.kind == "fp32":
-                    z = target[y]
-                    for x, j in zip(stored, keys):
-                        z = f32(z + f32(F32(x) * F32(v[j, y])))
-                else:
-                    z = float(emu_limited([Fraction(x) * Fraction(v[j, y]) for x, j in zip(stored, keys)],
-                                          Fraction(target[y]), acc.bits, acc.group, acc.rounding))
-                target[y] = z
+            for y in range(v.shape[1]):  # the P.V model onto the running O (or T), in rationals
+                target[y] = float(emulate_onto(cfg.pv_accumulator, Fraction(target[y]),
+                                               [Fraction(x) for x in stored], [Fraction(v[j, y]) for j in keys]))
             if cfg.promote_tiles and (n % cfg.promote_tiles == 0 or t == b0 - 1):
                 o = [f32(x + z) for x, z in zip(o, tt)]
                 tt = [0.0] * v.shape[1]
@@ -247,6 +239,12 @@ CASES = [
     dict(p_dtype="fp8_e4m3", max_offset=8.0, input_dtype="fp8_e4m3", pv_accumulator="hopper-fp8:group=4:bits=10",
          promote_tiles=2, causal=True, splits=2),
     dict(p_dtype="fp32", block_c=64, block_r=2, causal=True),
+    # every P.V model of numerics/accumulators.py onto the running O, and a limited Q.K^T
+    dict(p_dtype="bf16", pv_accumulator="promote:3:group=2:bits=9", splits=2),
+    dict(p_dtype="fp8_e4m3", max_offset=4.0, pv_accumulator="exact", qk_accumulator="hopper-fp8:bits=12:group=4"),
+    dict(p_dtype="fp16", pv_accumulator="fp32-pairwise:order=reverse", promote_tiles=3, rescale_threshold=1.0),
+    dict(p_dtype="fp8_e5m2", pv_accumulator="hopper-fp8:rounding=rne:group=5", qk_accumulator="promote:4:group=2",
+         causal=True),
 ]
 
 
@@ -257,12 +255,12 @@ def test_bit_for_bit_against_the_scalar_emulation(case):
     rows, s_k, d = 5, 37, 6  # neither a multiple of the tiles
     dtype = kw.get("input_dtype", "fp32")
     q, k, v = draw(rng, (rows, d), dtype, 3.0), draw(rng, (s_k, d), dtype, 2.0), draw(rng, (s_k, 3), dtype)
-    desc = 2.0 if dtype.startswith("fp8") else 1.0  # a power of two: x / descale exact
+    # descales Q, K, V: powers of two, so the given x (stored value times descale) / descale is the stored value
+    qd, kd, vd = (0.5, 4.0, 2.0) if case % 2 == 0 or dtype.startswith("fp8") else (1.0, 1.0, 1.0)
     cfg = fa.FlashConfig(**{"block_c": 8, "block_r": 3, "softmax_scale": 0.4, **kw},
-                         **({"q_descale": 1.0, "k_descale": 1.0, "v_descale": desc} if desc != 1 else {}))
-    vin = v * desc
-    got = fa.attention(q, k, vin, cfg).out
-    want = np.array([scalar_row(i, q, k, v, cfg, rows, vd=desc) for i in range(rows)])
+                         q_descale=qd, k_descale=kd, v_descale=vd)
+    got = fa.attention(q * qd, k * kd, v * vd, cfg).out
+    want = np.array([scalar_row(i, q, k, v, cfg, rows, qd=qd, kd=kd, vd=vd) for i in range(rows)])
     assert np.array_equal(got.astype(np.float32).view(np.uint32), want.astype(np.float32).view(np.uint32)), \
         (got, want)
 

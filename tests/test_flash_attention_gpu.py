@@ -69,3 +69,20 @@ def test_gpu_entry_point_validates_its_arguments():
     with pytest.raises(native.UsageError, match="p_scale"):
         native.flash_attention_cuda(d.ptr, d.ptr, d.ptr, 2, 2, 4, 4, native.flash_config(4, 4, 3, p_scale=-1.0),
                                     d.ptr, None)
+
+
+def test_the_gpu_check_script_runs_on_the_emulator():
+    """scripts/flash_check.py (the hardware run scripts/gpu_check.sh owes), its
+    --quick cases on whatever device the library has: on a GPU, or under make
+    emu-test the CPU emulator, every output and lse as the host's and the
+    emulator's."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    p = subprocess.run([sys.executable, str(root / "scripts" / "flash_check.py"), "--quick"], capture_output=True,
+                       text=True, cwd=root, env=dict(os.environ), timeout=600)
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert "6 cases, 0 outputs or lse values differing from the host or the emulator" in p.stdout, p.stdout

@@ -8,7 +8,13 @@ import typer
 
 from precisionlab.errors import RunError
 from precisionlab.catalog import formats
-from precisionlab.cli.options import DeviceOpt, SeedOpt, JsonOpt, AtolOpt, RtolOpt, ThreadsOpt, format_names
+from precisionlab.cli.options import (AccBitsOpt, AccRoundingOpt, AtolOpt, DeviceOpt, JsonOpt, RtolOpt, SeedOpt,
+                                      ThreadsOpt, accumulator_option, format_names)
+
+
+MatmulAccumulatorOpt = accumulator_option("matmul: also each model's result on the same inputs (the tf32 and "
+                                          "formats models), (4) the model against float64 and (5) yours against "
+                                          "the model, judged by (4), with the share of bit-identical outputs.")
 
 
 def command(
@@ -38,6 +44,9 @@ def command(
                                                      "tensor (the first argument), or tensors named after the "
                                                      "arguments (x, weight, bias, a, b, positions, q, k, v, kv_start, "
                                                      "gate, up).")] = None,
+    accumulator: MatmulAccumulatorOpt = None,
+    acc_bits: AccBitsOpt = None,
+    acc_rounding: AccRoundingOpt = None,
     atol: AtolOpt = None,
     rtol: RtolOpt = None,
     device: DeviceOpt = "auto",
@@ -57,7 +66,8 @@ def command(
         inputs.check_given(value, what)
     cfg = exp.CompareOpConfig(op=name, shape=shape, dtypes=dtype, impl=impl, device=device, seed=seed, atol=atol,
                               rtol=rtol, cases=cases, masked=masked, scale=scale, out_dtype=out_dtype,
-                              from_file=from_file, threads=threads)
+                              from_file=from_file, threads=threads,
+                              accumulators=accumulator, acc_bits=acc_bits, acc_rounding=acc_rounding)
     from precisionlab.report import compare_op as compare_op_report
     from precisionlab.report.output import Output
 

@@ -6,7 +6,12 @@ from typing import Annotated, Optional
 
 import typer
 
-from precisionlab.cli.options import DeviceOpt, SeedOpt, JsonOpt, block_format_names
+from precisionlab.cli.options import (AccBitsOpt, AccRoundingOpt, DeviceOpt, JsonOpt, SeedOpt, accumulator_option,
+                                      block_format_names)
+
+
+FormatsAccumulatorOpt = accumulator_option("The block-scaled matmul under each model, one row each; default: "
+                                           "the library's fp32 matmul.")
 
 
 def command(
@@ -23,10 +28,9 @@ def command(
     shape: Annotated[str, typer.Option("--shape", help="The matmul, MxKxN; blocks run along K.")] = "64x1024x64",
     baselines: Annotated[bool, typer.Option("--baselines/--no-baselines", help="Also bf16 and per-tensor-scaled fp8 "
                                             "(e4m3, e5m2).")] = True,
-    accumulator: Annotated[Optional[str], typer.Option(
-        "--accumulator", help="The matmul under accumulator models MODEL[,MODEL...] (exact, fp32, fp32-pairwise, "
-        "hopper-fp8 with optional :bits=B :group=G :rounding=trunc|rne, promote:N), one row each; default: the library's fp32 "
-        "matmul.")] = None,
+    accumulator: FormatsAccumulatorOpt = None,
+    acc_bits: AccBitsOpt = None,
+    acc_rounding: AccRoundingOpt = None,
     plot: Annotated[Optional[str], typer.Option("--plot", help="Write relative RMSE per configuration to this "
                                                 ".png/.pdf/.svg (checked before the run, written atomically).")] = None,
     device: DeviceOpt = "auto",
@@ -40,5 +44,6 @@ def command(
 
     out = Output(formats_report, json_out, plot)
     cfg = exp.FormatsConfig(formats=formats, rules=rules, blocks=blocks, dists=dists, n=n, shape=shape,
-                            baselines=baselines, device=device, seed=seed, accumulators=accumulator)
+                            baselines=baselines, device=device, seed=seed, accumulators=accumulator,
+                            acc_bits=acc_bits, acc_rounding=acc_rounding)
     out.run("formats", lambda advance: exp.run(cfg, advance))

@@ -80,3 +80,25 @@ def check_model(spec: str) -> str:
 
 ThreadsOpt = Annotated[Optional[int], typer.Option("--threads", help="CPU threads for torch work, at most 4 per "
                                                    "core (default: sized for the work, one for small matrices).")]
+
+
+# The accumulator models (numerics/accumulators.py), one option for every
+# matmul path: tf32, formats' block-scaled matmul, compare op matmul. Each
+# command says what the models do there (`role`); the spellings, --acc-bits and
+# --acc-rounding are the same everywhere, parsed by accumulators.parse_list.
+ACCUMULATOR_MODELS = ("exact, fp32, fp32-pairwise, hopper-fp8 (optional :bits=B :group=G :rounding=trunc|rne "
+                      ":order=reverse), promote:N (the same fields)")
+
+
+def accumulator_option(role: str):
+    """--accumulator MODEL[,MODEL...] with the command's `role` in its help."""
+    return Annotated[Optional[str], typer.Option("--accumulator", help=f"Accumulator models MODEL[,MODEL...]: "
+                                                 f"{ACCUMULATOR_MODELS}. {role}")]
+
+
+AccBitsOpt = Annotated[Optional[int], typer.Option("--acc-bits", help="With --accumulator: B, the bits hopper-fp8 and "
+                                                   "promote:N keep of each group's aligned terms (default 14), for "
+                                                   "every such model that does not spell its own :bits=.")]
+AccRoundingOpt = Annotated[Optional[str], typer.Option("--acc-rounding", help="With --accumulator: how hopper-fp8 "
+                                                       "and promote:N cut the aligned terms, trunc (default) | rne, "
+                                                       "for every such model that does not spell its own.")]

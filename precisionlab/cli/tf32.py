@@ -6,7 +6,12 @@ from typing import Annotated, Optional
 
 import typer
 
-from precisionlab.cli.options import DeviceOpt, SeedOpt, JsonOpt, ThreadsOpt
+from precisionlab.cli.options import (AccBitsOpt, AccRoundingOpt, DeviceOpt, JsonOpt, SeedOpt, ThreadsOpt,
+                                      accumulator_option)
+
+
+Tf32AccumulatorOpt = accumulator_option("Instead of the modes: each model emulated on the CPU at 64 x K x 64, "
+                                        "error against float64 for each --dtypes and --k.")
 
 
 def command(
@@ -21,10 +26,9 @@ def command(
     seed: SeedOpt = 0,
     json_out: JsonOpt = False,
     threads: ThreadsOpt = None,
-    accumulator: Annotated[Optional[str], typer.Option(
-        "--accumulator", help="Instead of the modes: accumulator models MODEL[,MODEL...] (exact, fp32, "
-        "fp32-pairwise, hopper-fp8 with optional :bits=B :group=G :rounding=trunc|rne, promote:N), emulated on the "
-        "CPU at 64 x K x 64, error against float64 for each --dtypes and --k.")] = None,
+    accumulator: Tf32AccumulatorOpt = None,
+    acc_bits: AccBitsOpt = None,
+    acc_rounding: AccRoundingOpt = None,
     dtypes: Annotated[str, typer.Option("--dtypes", help="With --accumulator: the input formats.")] = "fp8_e4m3",
 ):
     """TF32, bf16 and fp16 matmuls against float64: error, speed, integer exactness, error against K."""
@@ -45,8 +49,11 @@ def command(
         raise UsageError("--k takes one value unless --accumulator is given")
     cfg = exp.Tf32Config(m=m, n=n, k=ks[0], sweep_mn=sweep_mn, sweep=not no_sweep, device=device, seed=seed,
                          threads=threads)
+    if accumulator is None and (acc_bits is not None or acc_rounding is not None):
+        raise UsageError("--acc-bits and --acc-rounding go with --accumulator")
     if accumulator is not None:
         cfg.accumulators = [accumulator]
+        cfg.acc_bits, cfg.acc_rounding = acc_bits, acc_rounding
         cfg.acc_dtypes = tuple(s.strip() for s in dtypes.split(",") if s.strip())
         cfg.acc_k = exp.ACC_K if k is None else tuple(ks)
     out.run("tf32", lambda advance: exp.run(cfg, advance))

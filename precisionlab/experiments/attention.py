@@ -119,7 +119,7 @@ def takeaways(rows: list[dict]) -> list[str]:
             out.append(f"std {r['std']:g}: a row keeps only {r['min_mass_kept']:.3f} of its probability mass "
                        f"({r['p_flushed']} P entries flushed to zero in {r['p_dtype']}).")
         if r["jump_position"] is not None:
-            out.append(f"std {r['std']:g}: the running error first jumps > {JUMP:g}x at the tile ending at key "
+            out.append(f"std {r['std']:g}: the running error first jumps > {JUMP:g}x in the tile starting at key "
                        f"{r['jump_position']}.")
     return out
 

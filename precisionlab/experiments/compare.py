@@ -27,7 +27,7 @@ from precisionlab.catalog import formats
 from precisionlab.io import inputs
 from precisionlab.numerics import compare as comparison, metrics
 from precisionlab.errors import RunError, UsageError
-from precisionlab.experiments import op_diagnosis, op_harness
+from precisionlab.experiments import op_accumulator, op_diagnosis, op_harness
 
 OPS = ("softmax", "logsumexp", "rmsnorm", "layernorm", "matmul", "rope", "attention", "swiglu")
 DEFAULT_SHAPES = {"softmax": (64, 4096), "logsumexp": (64, 4096), "rmsnorm": (64, 4096), "layernorm": (64, 4096),
@@ -53,6 +53,9 @@ class CompareOpConfig:
     out_dtype: str | None = None  # the dtype your low-precision output is declared to have
     from_file: str | None = None  # inputs from a .npy / .pt / .safetensors file
     threads: int | None = None  # torch CPU threads; None: sized for the op (precisionlab.runtime.threads)
+    accumulators: str | None = None  # matmul: MODEL[,MODEL...], rows (4) and (5) (experiments/op_accumulator.py)
+    acc_bits: int | None = None      # --acc-bits, --acc-rounding: accumulators.parse_option
+    acc_rounding: str | None = None
 
 
 @dataclass
@@ -246,7 +249,10 @@ def _compare_op(cfg: CompareOpConfig, advance) -> CompareResult:
     if cfg.shape is not None and cfg.from_file:  # the file's tensors give the shape
         raise UsageError("--shape and --from: the file's tensors give the shape; give one")
     shape = parse_shape(op, cfg.shape)
-    inputs.check_memory(memory.compare_op(op, shape, *op_harness.shapes_used(op, shape)),
+    models = op_accumulator.plan(op, cfg.accumulators, cfg.acc_bits, cfg.acc_rounding)
+    case_shapes, contract_shape = op_harness.shapes_used(op, shape)
+    inputs.check_memory(memory.compare_op(op, shape, case_shapes, contract_shape)
+                        + op_accumulator.peak_bytes(models, (shape, *case_shapes)),
                         f"compare op {op} --shape {'x'.join(map(str, shape))}")
     lows = [formats.get(d) for d in formats.parse_list(cfg.dtypes, LOW_DTYPES, "--dtype")]  # no repeated rows
     if cfg.masked not in ("nan", "zero"):
@@ -268,6 +274,7 @@ def _compare_op(cfg: CompareOpConfig, advance) -> CompareResult:
     contract_rows: list[dict] = []
     advice: list[dict] = []
     fp32 = formats.get("fp32")
+    skipped: list[str] = []  # cases whose inputs the accumulator models cannot take
     feats: dict = {}  # case -> what op_diagnosis reads of its inputs (the same on every device)
     with torch_flags.ieee_fp32():  # trusted fp32 is IEEE fp32, stated
         flags = torch_flags.torch_flags()
@@ -290,6 +297,7 @@ def _compare_op(cfg: CompareOpConfig, advance) -> CompareResult:
                 if not row1["flagged"]:
                     _judge(row1, row0, "fp32")
                 rows += [row0, row1]
+                rows += _model_rows(models, op, dev, case, fp32, args, y32, row1, t32.dtype, cshape, cfg, skipped)
                 advance()
                 for low in lows:
                     largs = _low_args(args, low)
@@ -300,6 +308,7 @@ def _compare_op(cfg: CompareOpConfig, advance) -> CompareResult:
                     r3 = _compare_row(op, dev, case, low, 3, "yours low vs trusted low", yl, tl, atol, rtol, cshape,
                                       expect=out_dtype.torch_dtype if out_dtype else tl.dtype)
                     rows += [r2, r3]
+                    rows += _model_rows(models, op, dev, case, low, largs, yl, r3, tl.dtype, cshape, cfg, skipped)
                     r2["verdict"] = "the cost of the format"
                     if not r3["flagged"]:
                         _verdict(row1, r2, r3)
@@ -323,12 +332,29 @@ def _compare_op(cfg: CompareOpConfig, advance) -> CompareResult:
                 "atol": cfg.atol, "rtol": cfg.rtol, "masked": cfg.masked, "scale": cfg.scale,
                 "out_dtype": out_dtype.name if out_dtype else None, "from": cfg.from_file,
                 "cases": {c.name: c.what for c in cases}, "batch_sizes": list(op_harness.BATCH_SIZES),
-                "cuda_unavailable": plan.cuda_unavailable or None},
-        rows=rows, flags=flags, takeaways=_takeaways(rows, causes, cfg.impl) + _contract_takeaways(contract_rows),
+                "cuda_unavailable": plan.cuda_unavailable or None,
+                "accumulators": [m.name for m in models] or None},
+        rows=rows, flags=flags, takeaways=_takeaways(rows, causes, cfg.impl) + _contract_takeaways(contract_rows)
+        + op_accumulator.takeaways(rows, skipped),
         any_failed=any_failed, contracts=contract_rows, advice=advice, causes=causes,
         contract_violation=None if broken is None else
         f"{cfg.impl or 'precisionlab'} {broken['verdict'].removeprefix('output contract: ')} "
         f"(case {broken['case']}, {broken['dtype']})")
+
+
+def _model_rows(models, op, dev, case, fmt, args, yours, yours_row, out_dtype, cshape, cfg, skipped) -> list[dict]:
+    """Rows (4) and (5) of each --accumulator model (experiments/op_accumulator.py)."""
+    if not models:
+        return []
+    broken = yours_row["verdict"].startswith("output contract: ")  # flagged already; nothing to compare
+
+    def row(idx, label, got, want, atol, rtol):
+        return _compare_row(op, dev, case, fmt, idx, label, got, want, atol, rtol, cshape)
+
+    out, finite = op_accumulator.rows(models, args, None if broken else yours, out_dtype, row, _tols(fmt, cfg))
+    if not finite:
+        skipped.append(case.name)
+    return out
 
 
 # The names --from files may give each argument (one unnamed tensor is the first).

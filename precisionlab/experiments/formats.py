@@ -57,6 +57,8 @@ class FormatsConfig:
     device: str = "auto"
     seed: int = 0
     accumulators: str | None = None  # MODEL[,MODEL...] for the matmul (numerics.accumulators); None: fp32 BLAS-like
+    acc_bits: int | None = None      # --acc-bits, --acc-rounding: accumulators.parse_option
+    acc_rounding: str | None = None
 
 
 @dataclass
@@ -185,27 +187,30 @@ def _matmul_error(a_hat: np.ndarray, b_hat: np.ndarray, ref: np.ndarray) -> floa
     return comparison.rel_l2(c, ref)
 
 
+NO_MODEL = dict.fromkeys(accumulators.Accumulator("fp32").fields())  # the library's matmul: every field null
+
+
 def _matmul_fields(a_hat: np.ndarray, b_hat: np.ndarray, ref: np.ndarray, model, backend: str) -> dict:
     """The row's matmul fields: the library's fp32 matmul (model None), or the
     accumulator model's (the dequantized values are fp32 values: dtype fp32),
     with its error against the float64 product of the same dequantized
     operands too: what the accumulator alone costs."""
     if model is None:
-        return {"accumulator": None, "matmul_rel_l2": _matmul_error(a_hat, b_hat, ref), "accumulation_rel_l2": None}
+        return {**NO_MODEL, "matmul_rel_l2": _matmul_error(a_hat, b_hat, ref), "accumulation_rel_l2": None}
     c = model.matmul(a_hat, b_hat, backend=backend, dtype="fp32")
     own = np.asarray(a_hat, np.float64) @ np.asarray(b_hat, np.float64)
-    return {"accumulator": model.name, "matmul_rel_l2": comparison.rel_l2(c, ref),
+    return {**model.fields(), "matmul_rel_l2": comparison.rel_l2(c, ref),
             "accumulation_rel_l2": comparison.rel_l2(c, own)}
 
 
-def parse_accumulators(text: str | None) -> list[accumulators.Accumulator | None]:
-    """--accumulator's models (tf32's parser), or [None]: the library's fp32 matmul."""
+def parse_accumulators(text: str | None, bits: int | None = None,
+                       rounding: str | None = None) -> list[accumulators.Accumulator | None]:
+    """--accumulator's models (every command's parser), or [None]: the library's fp32 matmul."""
     if text is None:
+        if bits is not None or rounding is not None:
+            raise UsageError("--acc-bits and --acc-rounding go with --accumulator")
         return [None]
-    try:
-        return list(accumulators.parse_list(text))
-    except ValueError as e:
-        raise UsageError(f"--accumulator: {e}") from None
+    return list(accumulators.parse_option(text, bits, rounding))
 
 
 def _per_tensor(x: np.ndarray, name: str) -> np.ndarray:
@@ -231,7 +236,7 @@ def run(cfg: FormatsConfig, advance=lambda k=1: None) -> FormatsResult:
     if cfg.seed < 0:
         raise UsageError(f"--seed must be >= 0 (got {cfg.seed})")
     m, k, n = _parse_shape(cfg.shape)
-    models = parse_accumulators(cfg.accumulators)
+    models = parse_accumulators(cfg.accumulators, cfg.acc_bits, cfg.acc_rounding)
     backend = accumulators.default_backend() if models != [None] else "numpy"
     model_peak = max((a.peak_bytes(m, n, k) for a in models if a is not None and backend == "numpy"), default=0)
     # the largest live set: one distribution's vector and matmul operands, float64 copies, dequantized values,

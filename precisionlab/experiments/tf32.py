@@ -49,6 +49,8 @@ class Tf32Config:
     accumulators: list[str] | None = None
     acc_dtypes: tuple[str, ...] = ("fp8_e4m3",)
     acc_k: tuple[int, ...] = ACC_K
+    acc_bits: int | None = None       # --acc-bits: B of the limited models that do not spell it
+    acc_rounding: str | None = None   # --acc-rounding: trunc | rne, likewise
 
 
 @dataclass
@@ -294,10 +296,7 @@ def _sweep(cfg: Tf32Config, device: str, advance) -> list[dict]:
 
 def accumulator_rows_plan(cfg: Tf32Config) -> tuple[list, list[str], list[int]]:
     """The parsed models, dtypes and K list, refused (exit 2) before any work."""
-    try:
-        models = accumulators.parse_list(",".join(cfg.accumulators))
-    except ValueError as e:
-        raise UsageError(f"--accumulator: {e}") from None
+    models = accumulators.parse_option(",".join(cfg.accumulators), cfg.acc_bits, cfg.acc_rounding)
     dtypes = formats.parse_list(",".join(cfg.acc_dtypes), ACC_DTYPES, "--dtypes")
     ks = list(dict.fromkeys(cfg.acc_k))
     for k in ks:
@@ -327,7 +326,7 @@ def _run_accumulators(cfg: Tf32Config, advance) -> Tf32Result:
                 c = model.matmul(a, b, backend=backend if dtype != "fp64" else "numpy", dtype=dtype).astype(np.float64)
                 dt = time.perf_counter() - t0
                 rep = metrics.error_report(c, ref, None, 0.0, 0.0)
-                rows.append({"section": "accumulator", "device": "cpu", "accumulator": model.name, "dtype": dtype,
+                rows.append({"section": "accumulator", "device": "cpu", **model.fields(), "dtype": dtype,
                              "emulated": True, "m": mn, "n": mn, "k": k,
                              "max_rel_error": rep.max_abs_error / scale if scale > 0 else 0.0,
                              "rel_l2": rep.rel_l2, "max_abs_error": rep.max_abs_error, "time_s": dt})

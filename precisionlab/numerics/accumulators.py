@@ -46,7 +46,8 @@ kernel's MMA adds into the accumulator it already holds, FlashAttention's O):
 c (M x N, fp32 values) takes the place of the +0 start: ``exact``: fp32(c + the
 exact sum); ``fp32``: the chain starts at c; ``fp32-pairwise``: fp32(c + the
 pairwise tree); ``hopper-fp8``: c is the first group's accumulator (in its
-exponent max); ``promote:N``: each chunk from +0, added to c in fp32.
+exponent max); ``promote:N``: each chunk from +0, added to c in fp32 chunk
+after chunk (c = fp32(c + chunk), the first chunk onto the given c).
 ``matmul(A, B)`` is ``accumulate(+0, A, B)``.
 
 Every model takes ``order`` = forward | reverse: the K axis is traversed in
@@ -81,7 +82,7 @@ import numpy as np
 
 from precisionlab import native
 from precisionlab.catalog import formats
-from precisionlab.errors import RunError
+from precisionlab.errors import RunError, UsageError
 
 BACKENDS = ("numpy", "native")
 KINDS = ("exact", "fp32", "fp32-pairwise", "hopper-fp8", "promote")
@@ -162,9 +163,9 @@ class Accumulator:
             return _limited(a, bt, c.astype(np.float64), self).astype(np.float32)
         if self.kind == "exact":
             return _exact(a, np.ascontiguousarray(b.T), c)
-        tree = (_fp32_pairwise(a, np.ascontiguousarray(b.T)) if self.kind == "fp32-pairwise"
-                else _promote(a, np.ascontiguousarray(b.T), self))
-        return c + tree  # fp32 + fp32, correctly rounded
+        if self.kind == "promote":
+            return _promote(a, np.ascontiguousarray(b.T), self, c)
+        return c + _fp32_pairwise(a, np.ascontiguousarray(b.T))  # fp32 + fp32, correctly rounded
 
     def _native(self, a: np.ndarray, b: np.ndarray, dtype: str) -> np.ndarray:
         m, n = a.shape[0], b.shape[1]
@@ -174,6 +175,15 @@ class Accumulator:
             return np.zeros((m, n), dtype=np.float32)
         model = native.accumulator(self.kind, self.bits, self.group, self.rounding, self.interval or 0, self.order)
         return native.matmul_acc_cpu(a.astype(np.float32), b.astype(np.float32), formats.get(dtype).code, model)
+
+    def fields(self) -> dict:
+        """Every parameter, for a --json row: the spelling and each field
+        (null where the kind has none)."""
+        limited = self.kind in ("hopper-fp8", "promote")
+        return {"accumulator": self.name, "acc_kind": self.kind,
+                "acc_bits": self.bits if limited else None, "acc_group": self.group if limited else None,
+                "acc_rounding": self.rounding if limited else None, "acc_interval": self.interval,
+                "acc_order": self.order}
 
     def peak_bytes(self, m: int, n: int, k: int) -> int:
         """The arrays alive at this model's peak, for a memory check before running."""
@@ -231,12 +241,49 @@ def default_backend() -> str:
     return "native"
 
 
-def parse_list(text: str) -> list[Accumulator]:
-    """'hopper-fp8,promote:128' -> both, in order, each once."""
+def parse_list(text: str, bits: int | None = None, rounding: str | None = None) -> list[Accumulator]:
+    """'hopper-fp8,promote:128' -> both, in order, each once. `bits` and
+    `rounding` (--acc-bits, --acc-rounding) set B and the cut's rounding of
+    every limited-precision model (hopper-fp8, promote:N) in the list that
+    does not spell its own (``:bits=``, ``:rounding=``); ValueError when no
+    model in the list takes them."""
     names = [s for s in (t.strip() for t in text.split(",")) if s]
     if not names:
         raise ValueError(f"empty accumulator list {text!r}")
+    extra = {key: value for key, value in (("bits", bits), ("rounding", rounding)) if value is not None}
+    if extra:
+        if not any(parse(n).kind in LIMITED for n in names):
+            given = " and ".join(f"--acc-{key}" for key in extra)
+            raise ValueError(f"{given} set the limited-precision models' fields (hopper-fp8, promote:N); "
+                             f"{text!r} has none")
+        names = [_with_defaults(n, extra) for n in names]
     return list({a.name: a for a in map(parse, names)}.values())
+
+
+def parse_option(text: str, bits: int | None = None, rounding: str | None = None) -> list[Accumulator]:
+    """--accumulator with --acc-bits and --acc-rounding, as every command
+    takes them (tf32, formats, compare op matmul): the models, or a
+    UsageError (exit 2) naming the option."""
+    if bits is not None and not 0 < bits <= MAX_BITS:
+        raise UsageError(f"--acc-bits {bits}: between 1 and {MAX_BITS}")
+    if rounding is not None and rounding not in ROUNDINGS:
+        raise UsageError(f"--acc-rounding {rounding!r}: one of {', '.join(ROUNDINGS)}")
+    try:
+        return parse_list(text, bits, rounding)
+    except ValueError as e:
+        raise UsageError(f"--accumulator: {e}") from None
+
+
+LIMITED = ("hopper-fp8", "promote")  # the kinds with B, g and the cut's rounding
+
+
+def _with_defaults(name: str, extra: dict) -> str:
+    """A limited model's spelling with the fields it leaves out added (its own win)."""
+    parts = [p.strip() for p in name.strip().split(":")]
+    if parts[0] not in LIMITED:
+        return name
+    spelled = {p.partition("=")[0] for p in parts[1:]}
+    return ":".join(parts + [f"{key}={value}" for key, value in extra.items() if key not in spelled])
 
 
 # ---------------------------------------------------------------------------
@@ -305,9 +352,10 @@ def _limited(a: np.ndarray, bt: np.ndarray, c: np.ndarray, acc: Accumulator) -> 
     return c
 
 
-def _promote(a: np.ndarray, bt: np.ndarray, acc: Accumulator) -> np.ndarray:
+def _promote(a: np.ndarray, bt: np.ndarray, acc: Accumulator, c: np.ndarray | None = None) -> np.ndarray:
+    """Chunk after chunk, each from +0, added into c (+0 unless given) in fp32."""
     m, n = a.shape[0], bt.shape[0]
-    c = np.zeros((m, n), dtype=np.float32)
+    c = np.zeros((m, n), dtype=np.float32) if c is None else c
     for k0 in range(0, a.shape[1], acc.interval):
         chunk = _limited(a[:, k0:k0 + acc.interval], bt[:, k0:k0 + acc.interval], np.zeros((m, n)), acc)
         c = c + chunk.astype(np.float32)  # the CUDA-core fp32 addition, correctly rounded

@@ -27,7 +27,9 @@ def table(res) -> None:
                   sci(r["rel_l2"]), sci(r["max_abs_error"]), ulps(r["max_ulps"]), f"{r['n_outside']}/{r['n']}", nonfinite,
                   verdict)
     stdout.print(t)
-    stdout.print(f"flagged when (1) > {p['ratio_threshold']:g}x (0) or (3) > {p['ratio_threshold']:g}x (2); 'outside tol' "
+    acc = (f" or (5) > {p['ratio_threshold']:g}x (4), the cost of each --accumulator model "
+           f"({safe_text(', '.join(p['accumulators']))})" if p.get("accumulators") else "")
+    stdout.print(f"flagged when (1) > {p['ratio_threshold']:g}x (0) or (3) > {p['ratio_threshold']:g}x (2){acc}; 'outside tol' "
                  "uses the rtol/atol of each row (torch.testing's for fp32, fp16 and bf16; the format's spacing at 1 "
                  "and 1e-5 for fp8, fp6 and fp4) and is shown, not judged; non-finite reference values must be "
                  "matched (the same NaN or infinity) and the finite rest is measured. Trusted = torch "

@@ -1,0 +1,65 @@
+"""scripts/scaled_mm_check.py (issue 27's H200 check of torch._scaled_mm
+against the accumulator models), checked on the CPU where it can be: without
+CUDA it says so in one line and exits 0; with the GPU product replaced by a
+planted model (hopper-fp8 for use_fast_accum=True, promote:128 for False) its
+bookkeeping must find exactly those, 100 % identical, as the best fits. What
+the H200 itself answers stays owed to scripts/gpu_check.sh."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+SCRIPT = ROOT / "scripts" / "scaled_mm_check.py"
+
+
+def load():
+    spec = importlib.util.spec_from_file_location("scaled_mm_check_under_test", SCRIPT)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_without_cuda_one_line_exit_0():
+    p = subprocess.run([sys.executable, str(SCRIPT), "--quick"], capture_output=True, text=True, cwd=ROOT, timeout=300)
+    assert p.returncode == 0 and p.stdout.startswith("scaled_mm_check: skipped") and len(p.stdout.splitlines()) == 1
+
+
+class _InProcess:
+    def __init__(self, *a, **k):
+        pass
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+    def map(self, fn, items):
+        return map(fn, items)
+
+
+def test_planted_models_are_found_bit_for_bit(monkeypatch, tmp_path):
+    import torch
+
+    mod = load()
+    planted = {True: "hopper-fp8", False: "promote:128"}
+    monkeypatch.setattr(mod, "_gpu", lambda torch_, k, i, fast: mod._model_bits((planted[fast], k, i)))
+    monkeypatch.setattr(mod, "ProcessPoolExecutor", _InProcess)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: "planted models")
+    out = tmp_path / "scaled_mm.json"
+    monkeypatch.setattr(sys, "argv", ["scaled_mm_check.py", "--quick", "--json", str(out)])
+    assert mod.main() == 0
+    res = json.loads(out.read_text())
+    assert res["fast_best"] == "hopper-fp8" and res["slow_best"] == "promote:128"
+    assert res["fast"]["hopper-fp8"]["share_identical"] == 1.0 and res["slow"]["promote:128"]["share_identical"] == 1.0
+    # every other candidate differs somewhere: the sweep can tell B, g, the rounding and N apart
+    others = [v["share_identical"] for side in ("fast", "slow") for m, v in res[side].items()
+              if m != planted[side == "fast"]]
+    assert others and max(others) < 1.0, others
