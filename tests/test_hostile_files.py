@@ -635,10 +635,16 @@ def test_the_finite_yardstick_equals_the_whole_one_when_all_is_finite():
 @pytest.mark.parametrize("case", ["save_logits_is_text", "save_logits_bf16_is_text", "save_logits_hard_link",
                                   "plot_is_text", "save_logits_in_model", "plot_is_logits_ref",
                                   "plot_is_logits_yours", "plot_is_from", "plot_is_model_file",
-                                  "dump_is_model", "dump_holds_text_dir", "dump_inside_model"])
+                                  "dump_is_model", "dump_holds_text_dir", "dump_inside_model",
+                                  "plot_in_trainer_model", "plot_in_rollout_model", "plot_in_logprobs_tokenizer",
+                                  "export_over_its_model", "export_inside_its_model", "export_onto_a_model_file"])
 def test_an_output_that_is_an_input_is_refused_before_the_run(run, tmp_path, monkeypatch, case):
     """--save-logits FILE naming the --text just read overwrote it, exit 0.
-    Every writing option is checked against every input of its run."""
+    Every writing option is checked against every input of its run (the
+    rollout mode's --plot, compare logprobs' --plot and export's --out wrote
+    into the folders they read, exit 0)."""
+    if case == "export_onto_a_model_file":
+        pytest.importorskip("gguf")
     fail_if_a_model_runs(monkeypatch)
     text = tmp_path / "text.png"  # a name every output option accepts
     text.write_text("ROMEO: hello\n" * 50)
@@ -668,6 +674,15 @@ def test_an_output_that_is_an_input_is_refused_before_the_run(run, tmp_path, mon
         "dump_holds_text_dir": ["compare", "model", "--layers", "--model", str(dump_home / "m"),
                                 "--dump", str(dump_home)],
         "dump_inside_model": ["compare", "model", "--layers", "--model", str(model), "--dump", str(model / "d")],
+        "plot_in_trainer_model": ["compare", "model", "--trainer", str(model), "--rollout", "embedded",
+                                  "--plot", str(model / "p.png")],
+        "plot_in_rollout_model": ["compare", "model", "--trainer", "embedded", "--rollout", f"hf:{model}",
+                                  "--plot", str(model / "p.png")],
+        "plot_in_logprobs_tokenizer": ["compare", "logprobs", str(link), str(link), "--tokenizer", str(model),
+                                       "--plot", str(model / "p.png")],
+        "export_over_its_model": ["export", f"hf:{model}", "--to", "hf", "--out", str(model)],
+        "export_inside_its_model": ["export", f"hf:{model}", "--to", "hf", "--out", str(model / "d")],
+        "export_onto_a_model_file": ["export", f"hf:{model}", "--to", "gguf:f32", "--out", str(model / "p.png")],
     }[case]
     before = {p: p.read_bytes() for p in (text, model / "config.json", model / "p.png")}
     r = run(*args)
