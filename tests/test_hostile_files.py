@@ -413,6 +413,17 @@ def test_an_input_this_user_may_not_read_is_one_line_and_exit_2(run, tmp_path, r
     one_line(r, 2, str(refused), "Permission denied")
 
 
+@pytest.mark.parametrize("command", [["compare", "model"], ["kvcache"]], ids=" ".join)
+@pytest.mark.parametrize("name", ["model.safetensors", "config.json"])
+def test_a_model_file_this_user_may_not_read_is_named(run, tiny_models, refuse_reading, command, name):
+    """A model.safetensors the user may not read was "No such file or directory"
+    (safetensors' words for it): the folder's files are opened once before the run."""
+    refuse_reading(tiny_models["good"] / name)
+    r = run(*command, "--model", str(tiny_models["good"]), "--steps", "2", "--prompt", "the cat")
+    one_line(r, 2, name, "Permission denied")
+    assert "No such file" not in r.err
+
+
 def test_a_file_that_becomes_unreadable_after_the_check_is_still_one_line(run, tmp_path, monkeypatch):
     """The .npy header read after check_regular_file maps an OSError too."""
     import builtins
