@@ -574,6 +574,21 @@ def test_a_logits_file_declaring_too_many_positions_is_refused_from_its_header(r
     one_line(r, 2, "needs about", "536870912 positions", str(ref))
 
 
+def test_a_logits_file_whose_results_would_not_fit_is_refused_from_its_header(run, tmp_path, monkeypatch):
+    """The header check counted the tokens alone: where they fitted, 512M
+    positions passed it and the run was killed for memory minutes later (it
+    holds about 224 bytes a position for each side compared). 4M positions
+    under 512 MiB: the tokens fit (80 MB), the results (940 MB) do not."""
+    from precisionlab.io import inputs
+
+    monkeypatch.setattr(inputs, "memory_limit", lambda: 512 << 20)
+    ref, yours = tmp_path / "ref.st", tmp_path / "yours.st"
+    for p in (ref, yours):
+        _declared_logits(p, 1 << 22)
+    r = run("compare", "logits", str(ref), str(yours))
+    one_line(r, 2, "needs about", "4194304 positions", str(ref))
+
+
 # ---------------------------------------------------------------------------
 # overflowed values in compare tensors: the finite yardstick
 
