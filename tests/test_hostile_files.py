@@ -413,6 +413,17 @@ def test_an_input_this_user_may_not_read_is_one_line_and_exit_2(run, tmp_path, r
     one_line(r, 2, str(refused), "Permission denied")
 
 
+@pytest.mark.parametrize("command", [["compare", "model"], ["kvcache"]], ids=" ".join)
+@pytest.mark.parametrize("name", ["model.safetensors", "config.json"])
+def test_a_model_file_this_user_may_not_read_is_named(run, tiny_models, refuse_reading, command, name):
+    """A model.safetensors the user may not read was "No such file or directory"
+    (safetensors' words for it): the folder's files are opened once before the run."""
+    refuse_reading(tiny_models["good"] / name)
+    r = run(*command, "--model", str(tiny_models["good"]), "--steps", "2", "--prompt", "the cat")
+    one_line(r, 2, name, "Permission denied")
+    assert "No such file" not in r.err
+
+
 def test_a_file_that_becomes_unreadable_after_the_check_is_still_one_line(run, tmp_path, monkeypatch):
     """The .npy header read after check_regular_file maps an OSError too."""
     import builtins
@@ -563,6 +574,21 @@ def test_a_logits_file_declaring_too_many_positions_is_refused_from_its_header(r
     one_line(r, 2, "needs about", "536870912 positions", str(ref))
 
 
+def test_a_logits_file_whose_results_would_not_fit_is_refused_from_its_header(run, tmp_path, monkeypatch):
+    """The header check counted the tokens alone: where they fitted, 512M
+    positions passed it and the run was killed for memory minutes later (it
+    holds about 224 bytes a position for each side compared). 4M positions
+    under 512 MiB: the tokens fit (80 MB), the results (940 MB) do not."""
+    from precisionlab.io import inputs
+
+    monkeypatch.setattr(inputs, "memory_limit", lambda: 512 << 20)
+    ref, yours = tmp_path / "ref.st", tmp_path / "yours.st"
+    for p in (ref, yours):
+        _declared_logits(p, 1 << 22)
+    r = run("compare", "logits", str(ref), str(yours))
+    one_line(r, 2, "needs about", "4194304 positions", str(ref))
+
+
 # ---------------------------------------------------------------------------
 # overflowed values in compare tensors: the finite yardstick
 
@@ -635,10 +661,16 @@ def test_the_finite_yardstick_equals_the_whole_one_when_all_is_finite():
 @pytest.mark.parametrize("case", ["save_logits_is_text", "save_logits_bf16_is_text", "save_logits_hard_link",
                                   "plot_is_text", "save_logits_in_model", "plot_is_logits_ref",
                                   "plot_is_logits_yours", "plot_is_from", "plot_is_model_file",
-                                  "dump_is_model", "dump_holds_text_dir", "dump_inside_model"])
+                                  "dump_is_model", "dump_holds_text_dir", "dump_inside_model",
+                                  "plot_in_trainer_model", "plot_in_rollout_model", "plot_in_logprobs_tokenizer",
+                                  "export_over_its_model", "export_inside_its_model", "export_onto_a_model_file"])
 def test_an_output_that_is_an_input_is_refused_before_the_run(run, tmp_path, monkeypatch, case):
     """--save-logits FILE naming the --text just read overwrote it, exit 0.
-    Every writing option is checked against every input of its run."""
+    Every writing option is checked against every input of its run (the
+    rollout mode's --plot, compare logprobs' --plot and export's --out wrote
+    into the folders they read, exit 0)."""
+    if case == "export_onto_a_model_file":
+        pytest.importorskip("gguf")
     fail_if_a_model_runs(monkeypatch)
     text = tmp_path / "text.png"  # a name every output option accepts
     text.write_text("ROMEO: hello\n" * 50)
@@ -668,6 +700,15 @@ def test_an_output_that_is_an_input_is_refused_before_the_run(run, tmp_path, mon
         "dump_holds_text_dir": ["compare", "model", "--layers", "--model", str(dump_home / "m"),
                                 "--dump", str(dump_home)],
         "dump_inside_model": ["compare", "model", "--layers", "--model", str(model), "--dump", str(model / "d")],
+        "plot_in_trainer_model": ["compare", "model", "--trainer", str(model), "--rollout", "embedded",
+                                  "--plot", str(model / "p.png")],
+        "plot_in_rollout_model": ["compare", "model", "--trainer", "embedded", "--rollout", f"hf:{model}",
+                                  "--plot", str(model / "p.png")],
+        "plot_in_logprobs_tokenizer": ["compare", "logprobs", str(link), str(link), "--tokenizer", str(model),
+                                       "--plot", str(model / "p.png")],
+        "export_over_its_model": ["export", f"hf:{model}", "--to", "hf", "--out", str(model)],
+        "export_inside_its_model": ["export", f"hf:{model}", "--to", "hf", "--out", str(model / "d")],
+        "export_onto_a_model_file": ["export", f"hf:{model}", "--to", "gguf:f32", "--out", str(model / "p.png")],
     }[case]
     before = {p: p.read_bytes() for p in (text, model / "config.json", model / "p.png")}
     r = run(*args)

@@ -227,6 +227,33 @@ def test_what_the_users_code_prints_stays_off_stdout(run, users_module, json_out
         r.json()
 
 
+FD_WRITES = '''
+import ctypes, os, subprocess, sys
+import torch
+
+def writes_to_fd_1(x):
+    os.write(1, b"os.write from the kernel\\n")
+    ctypes.CDLL(None).printf(b"printf from the kernel\\n")  # C's buffered stdout
+    subprocess.run([sys.executable, "-c", "print('a child of the kernel')"])
+    return torch.softmax(x, -1)
+'''
+
+
+def test_what_the_users_code_writes_to_fd_1_stays_off_stdout(tmp_path):
+    """What bypasses sys.stdout (os.write(1, ...), a C extension's printf, a
+    child process) still broke --json: fd 1 points at stderr while the user's
+    code runs. A real process: the in-process runner's stdout is not fd 1."""
+    (tmp_path / "fd_writes.py").write_text(FD_WRITES)
+    from helpers import ROOT
+
+    r = cli("compare", "op", "softmax", "--shape", "2x8", "--device", "cpu", "--impl", "fd_writes:writes_to_fd_1",
+            "--json", env={"PYTHONPATH": f"{tmp_path}{os.pathsep}{ROOT}"})
+    assert r.code == 0, r.err
+    json.loads(r.out)
+    for text in ("os.write from the kernel", "printf from the kernel", "a child of the kernel"):
+        assert text not in r.out and text in r.err, text
+
+
 # ---------------------------------------------------------------------------
 # threads, names, paths, dtypes, scales
 

@@ -180,6 +180,14 @@ NARROW_NEWER = {  # the newer renderers, at the narrowest width the issue met (C
                 "--device", "cpu"],
     "kvcache": ["kvcache", "--steps", "2", "--scales", "unit"],
     "compare model --layers": ["compare", "model", "--layers", "--steps", "2", "--dtypes", "bf16"],
+    "compare model --rollout": ["compare", "model", "--trainer", "embedded", "--rollout", "embedded", "--samples", "2",
+                                "--tokens", "8", "--top-p", "0.9"],
+    "compare logprobs": ["compare", "logprobs", str(ROOT / "docs/data/logprobs/trainer.safetensors"),
+                         str(ROOT / "docs/data/logprobs/rollout-top-p.jsonl"), "--worst", "2"],
+    "compare tensors": ["compare", "tensors", *(str(ROOT / f"docs/data/dumps/{d}.safetensors")
+                                                for d in ("fp32", "bf16", "engine"))],
+    "compare logits": ["compare", "logits", str(ROOT / "docs/data/logits/ref.safetensors"),
+                       str(ROOT / "docs/data/logits/bf16.safetensors")],
 }
 
 

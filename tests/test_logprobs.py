@@ -465,6 +465,33 @@ def test_the_docs_streams_show_the_renormalised_rollout_in_json():
     assert [d["kind"] for d in strict_json(raw.out)["diagnoses"]] == []  # fp32 against bf16 alone: noise
 
 
+def test_tokenizer_decodes_the_worst_tokens_and_clip_and_cap_are_the_users(tmp_path):
+    """--tokenizer names the worst positions' tokens; --clip and --cap set the
+    intervals and the cap counted (against the reference's counts)."""
+    pytest.importorskip("transformers")
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    words = ["[UNK]", "the", "cat", "sat", "on", "a", "mat"]
+    tok = Tokenizer(models.WordLevel(vocab={w: i for i, w in enumerate(words)}, unk_token="[UNK]"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="[UNK]").save_pretrained(tmp_path / "tok")
+    a, b, offsets = random_streams(51, sequences=5, mean_len=12, sigma=0.3)
+    ids = np.random.default_rng(51).integers(1, len(words), a.size)
+    write_jsonl(tmp_path / "a.jsonl", ids, a, offsets)
+    write_jsonl(tmp_path / "b.jsonl", ids, b, offsets)
+    r = cli("compare", "logprobs", str(tmp_path / "a.jsonl"), str(tmp_path / "b.jsonl"), "--tokenizer",
+            str(tmp_path / "tok"), "--clip", "1.05,3", "--cap", "1.5", "--worst", "3", "--json")
+    assert r.code == 0, r.err
+    doc = strict_json(r.out)
+    worst = doc["worst_positions"]
+    assert len(worst) == 3 and all(w["token"] == words[w["token_id"]] for w in worst)
+    want = reference(a, b, offsets.tolist(), clips=(1.05, 3.0), cap=1.5)
+    row = doc["rows"][0]
+    assert [(c["clip"], c["n_outside"]) for c in row["outside_clip"]] == list(zip((1.05, 3.0), want["outside"]))
+    assert row["seq_frac_above_cap"] == want["seq_frac_above_cap"] and doc["params"]["cap"] == 1.5
+
+
 def test_plot_is_written(tmp_path):
     pytest.importorskip("matplotlib")
     out = tmp_path / "lp.png"

@@ -32,6 +32,6 @@ def command(
     from precisionlab.report import logprobs as report
     from precisionlab.report.output import Output
 
-    out = Output(report, json_out, plot)
+    out = Output(report, json_out, plot, [("A", a), ("B", b), ("--tokenizer", tokenizer)])  # --plot is none of them
     cfg = exp.LogprobsConfig(a=a, b=b, clip=clip, cap=cap, tokenizer=tokenizer, worst=worst)
     out.run("compare logprobs", lambda advance: exp.run(cfg, advance))

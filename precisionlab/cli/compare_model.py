@@ -131,7 +131,8 @@ def command(
         return _engines(engine, reference, text, tokens, steps, prompt, device, max_kld, min_top1, json_out)
     if modes == [ROLLOUT]:
         return _rollout(trainer, rollout, trainer_dtype, rollout_dtype, samples, tokens, prompt, temperature, top_p,
-                        seed, device, threads, json_out, check_plot_path(plot))
+                        seed, device, threads, json_out,
+                        check_plot_path(plot, _spec_paths(("--trainer", trainer), ("--rollout", rollout))))
     inputs.check_given(model, "--model")
     check_model(model)
     inputs.check_given(text, "--text")
@@ -171,6 +172,19 @@ def command(
     from precisionlab.report.output import Output
 
     Output(model_report, json_out, plot).run("compare model", lambda advance: exp.run(cfg, advance))
+
+
+def _spec_paths(*specs: tuple[str, str | None]) -> list[tuple[str, str | None]]:
+    """(option, the file or folder a model spec reads) for each spec: what an
+    output must not be, nor lie inside. A spec that does not parse is left to
+    the run's own refusal, which names its option."""
+    out = []
+    for option, spec in specs:
+        try:
+            out.append((option, spec_path(spec)))
+        except UsageError:
+            pass
+    return out
 
 
 def _contracts(ctx, json_out: bool, dtypes: str, **kw) -> None:

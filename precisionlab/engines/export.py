@@ -98,6 +98,14 @@ def check(spec: str, to: str, out: str) -> tuple[str, str | None, str | None]:
                          "replaced; name a new or empty folder")
     if p.resolve() == Path.cwd().resolve() or p.resolve() == Path(p.resolve().anchor):
         raise UsageError(f"--out {out!r}: not the current or the root folder")
+    if src is not None:  # never over the folder it reads, nor a file in it, nor around it
+        from precisionlab.io import outputs
+
+        read = [("MODEL", src)]
+        if FORMATS[kind][2]:
+            outputs.check_output_dir(out, (), "--out", read)
+        else:
+            outputs.check_output_path(out, None, "--out", read)
     parent = p.parent if str(p.parent) else Path(".")
     if not parent.is_dir() or not os.access(parent, os.W_OK):
         raise UsageError(f"--out {out!r}: {str(parent)!r} is not a writable folder")

@@ -29,7 +29,8 @@ def refuse_foreign_code(folder) -> None:
     from it: a config with auto_map (custom classes in the folder's .py files).
     trust_remote_code=False would refuse them too; this says why in one line,
     before transformers is asked anything. Entries that are not regular files
-    or folders (FIFOs, devices) are refused as well: reading one would hang."""
+    or folders (FIFOs, devices) are refused as well: reading one would hang;
+    so is a file this user may not read."""
     import json
     import stat
 
@@ -41,6 +42,11 @@ def refuse_foreign_code(folder) -> None:
         if not (stat.S_ISREG(mode) or stat.S_ISDIR(mode)):
             raise UsageError(f"--model {str(folder)!r}: {entry.name!r} is not a regular file (a FIFO, device or "
                              "socket); refused")
+        if stat.S_ISREG(mode):  # readable: safetensors says "No such file" of a file it may not open
+            try:
+                os.close(os.open(entry, os.O_RDONLY | os.O_CLOEXEC))
+            except OSError as e:
+                raise UsageError(f"--model {str(folder)!r}: cannot read {entry.name!r} ({e.strerror or e})") from None
     for name in _CODE_MAPS:
         f = folder / name
         if not f.is_file():

@@ -15,6 +15,7 @@ import contextlib
 import functools
 import importlib
 import math
+import os
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -202,9 +203,35 @@ def parse_shape(op: str, text: str | None) -> tuple:
 @contextlib.contextmanager
 def _users_code():
     """What the user's module prints goes to stderr: stdout is the table or,
-    under --json, the JSON document alone (a print() there broke it)."""
-    with contextlib.redirect_stdout(sys.stderr):
-        yield
+    under --json, the JSON document alone (a print() there broke it). File
+    descriptor 1 too, for what bypasses sys.stdout (a C extension's printf,
+    os.write(1, ...), a child process): it points at stderr meanwhile, and C's
+    buffered output is flushed before it is put back."""
+    sys.stdout.flush()
+    try:
+        saved = os.dup(1)
+    except OSError:  # fd 1 closed: nothing to keep clean
+        saved = None
+    try:
+        if saved is not None:
+            os.dup2(2, 1)
+        with contextlib.redirect_stdout(sys.stderr):
+            yield
+    finally:
+        if saved is not None:
+            _flush_c_stdio()
+            os.dup2(saved, 1)
+            os.close(saved)
+
+
+def _flush_c_stdio() -> None:
+    """fflush(NULL): what C code buffered for fd 1 is written while it still points at stderr."""
+    import ctypes
+
+    try:
+        ctypes.CDLL(None).fflush(None)
+    except (OSError, AttributeError):  # no C library to ask: nothing of its is buffered
+        pass
 
 
 def load_impl(spec: str):

@@ -58,8 +58,10 @@ class LogitsFile:
             return np.asarray(f.get_slice(LOGITS)[start:stop], dtype=np.float64)
 
 
-def open_file(path: str, what: str):
+def open_file(path: str, what: str, run_bytes_per_position: int = 0):
     """Read and check a file's layout; a bad file is a usage error naming it.
+    run_bytes_per_position: what the run will hold for each position besides
+    the tokens, counted in the check made from the header.
     A llama.cpp kl-divergence-base file (its magic, or a .kld name) is read by
     io.kld_base_file, with the same attributes and rows()."""
     from safetensors import safe_open
@@ -90,9 +92,11 @@ def open_file(path: str, what: str):
             if lshape[0] == 0 or lshape[1] == 0:
                 raise UsageError(f"{what} {path!r}: 'logits' is empty (shape {lshape})")
             # from the header, before the tokens are read: the array, its int64
-            # copy and the range check's masks (a header may declare 512M positions)
+            # copy and the range check's masks (a header may declare 512M positions),
+            # and what the caller's run holds per position
             width = int(tdtype[1:]) // 8 if tdtype[0] in "IU" else 8
-            inputs.check_memory(tshape[0] * (width + 8 + 3), f"{what} {path!r} ({tshape[0]} positions)")
+            inputs.check_memory(tshape[0] * (width + 8 + 3 + run_bytes_per_position),
+                                f"{what} {path!r} ({tshape[0]} positions)")
             tokens = f.get_tensor(TOKENS)
     except UsageError:
         raise
