@@ -48,3 +48,18 @@ def as_json(res) -> None:
         "params": res.params, "model": res.model_info, "first_divergence": res.first_divergence,
         "first_divergence_by_dtype": res.first_divergence_by_dtype, "pitfalls": res.pitfalls,
         "dumped": res.dumped, "timing": res.timing, "rows": res.rows, "takeaways": res.takeaways})
+
+
+def plot(res, path: str) -> None:
+    """Per-module error along the model, each low dtype: accumulated, local and the yardstick (2)."""
+    from precisionlab.report import plots
+
+    series, xs, names = [], [], []
+    for dtype in res.params["dtypes"]:
+        rows = [r for r in res.rows if r["dtype"] == dtype]
+        xs, names = [r["order"] for r in rows], [r["module"] for r in rows]
+        series += [(f"{dtype} accumulated", [r["accumulated"] for r in rows], "-"),
+                   (f"{dtype} local", [r["local"] for r in rows], "--"),
+                   (f"{dtype} (2) rounding", [r["yardstick"] for r in rows], ":")]
+    first = next((r["order"] for r in res.rows if r["module"] == res.first_divergence), None)
+    plots.along_model(path, "compare model --layers: per-module rel-L2 against fp32", xs, series, names, first)

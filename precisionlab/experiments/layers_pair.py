@@ -1,0 +1,235 @@
+"""compare model --layers --reference SPEC (and --layers --engine SPEC): two
+models, module by module, on the same tokens.
+
+REF (--reference) and YOURS (--model, or the one --engine) read the same
+tokens: the prompt and REF's fp32 greedy continuation, teacher-forced. Every
+watched module of both runs is captured (engines/hooks.py; a llama.cpp engine
+through its eval callback, its GGML names mapped to the Hugging Face ones,
+engines/llamacpp.py). Per module, in REF's execution order, two views:
+
+  two-way    YOURS fp32 vs REF fp32 (rel-L2), against what fp32 rounding costs
+             there (REF fp32 vs REF fp64): where both can run fp32 this sees a
+             0.5 % bug that hides inside bf16's own rounding;
+  three-way  per low dtype: (2) REF low vs REF fp32, the yardstick; (3) YOURS
+             low vs REF low; their ratio, and the fitted scale YOURS ~ s * REF
+             low with its z (compare tensors' three-way view). An engine that
+             computes only as it was opened (llama.cpp, ...) is YOURS in every
+             column: is its departure within what the low dtype costs REF?
+
+The verdict rules (ratio, scale fit, first to differ, first jump, overflow)
+are numerics/divergence's; every flag names its rule and number. Modules only
+one side has are listed apart, never a first divergence.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from precisionlab.catalog import formats
+from precisionlab.engines.protocol import greedy
+from precisionlab.engines.registry import DEFAULT_SPEC, ModelRun, model_device, open_engine, resolve
+from precisionlab.errors import RunError, UsageError
+from precisionlab.experiments import layers as single
+from precisionlab.numerics import compare
+from precisionlab.runtime import torch_flags
+
+
+@dataclass
+class PairConfig(ModelRun):
+    reference: str | None = None  # REF's spec; None: what the engine's export recorded, else the embedded model
+    engine: str | None = None     # YOURS as an --engine spec (instead of --model)
+
+
+@dataclass
+class PairResult:
+    params: dict
+    rows: list[dict]
+    first_divergence: str | None
+    first_divergence_by_view: dict
+    flags: list[dict]
+    missing: dict
+    model_info: dict
+    reference_info: dict
+    takeaways: list[str]
+    timing: dict
+    notes: list[str] = field(default_factory=list)
+
+
+def _module_engine(spec: str | None, role: str):
+    """REF must expose its modules; YOURS may be an engine with a capture() of its own."""
+    cls, _ = resolve(spec)
+    from precisionlab.engines.external import ExternalEngine
+
+    if issubclass(cls, ExternalEngine) and not hasattr(cls, "capture_layers"):
+        raise UsageError(f"{role} {spec}: {cls.ENGINE or cls.__name__} exposes no intermediate tensors, so "
+                         "--layers cannot compare it module by module (compare model --engine compares its logits)")
+    if role == "--reference" and issubclass(cls, ExternalEngine):
+        raise UsageError(f"--reference {spec}: the reference runs in fp32 and fp64 through its modules; give an "
+                         "hf:DIR or the embedded model")
+    return cls
+
+
+def run(cfg: PairConfig, advance=lambda k=1: None) -> PairResult:
+    from precisionlab.experiments.engines import token_check
+
+    if cfg.steps <= 0:
+        raise UsageError(f"--steps must be > 0 (got {cfg.steps})")
+    if not cfg.prompt:
+        raise UsageError("--prompt is empty: greedy decoding needs at least one token to start from")
+    lows = formats.parse_list(cfg.dtypes, formats.LOW_COMPUTE, "--dtypes")
+    yours_spec = cfg.engine or cfg.model
+    ycls = _module_engine(yours_spec, "--engine" if cfg.engine else "--model")
+    ref_spec, ref_note = cfg.reference, "given"
+    if ref_spec is None:
+        from precisionlab.engines import export as export_mod
+
+        ref_spec = export_mod.recorded_source(yours_spec) if cfg.engine else None
+        ref_note = "recorded in the export" if ref_spec else "the default (the embedded model)"
+        ref_spec = ref_spec or DEFAULT_SPEC
+    _module_engine(ref_spec, "--reference")
+    external = hasattr(ycls, "capture_layers")
+    device = model_device(cfg.device)
+    import torch
+
+    torch.manual_seed(cfg.seed)
+    t0 = time.perf_counter()
+    ref = open_engine(ref_spec, device, command="compare model --layers --reference")
+    yours = open_engine(yours_spec, "cpu" if external else device, command="compare model --layers")
+    prompt = ref.prompt_ids(cfg.prompt, cfg.steps)
+    notes = [f"reference {ref_spec} ({ref_note})"]
+    t_load = time.perf_counter() - t0
+    t1 = time.perf_counter()
+    with torch_flags.ieee_fp32(), torch.no_grad(), single._threads_for(ref.base):
+        ref_tokens, _ = greedy(ref, ref.base, prompt, cfg.steps)
+        ids = (prompt + ref_tokens)[:-1]
+        notes.append("tokens: " + token_check(ids, _encoded(yours, ref, ids), str(yours_spec)))
+        x = torch.tensor([ids], device=device)
+        ref_sites = ref.sites(ref.base)
+        cap32 = single._captured_run(ref, ref.base, ref_sites, x)
+        r32, order = _outputs(cap32), list(cap32.order)
+        r64 = _outputs(single._captured_run(ref, ref.model("fp64"), ref_sites, x))
+        advance()
+        if external:
+            y32 = {k: torch.from_numpy(v) for k, v in yours.capture_layers(ids).items()}
+        else:
+            y_sites = yours.sites(yours.base)
+            y32 = _outputs(single._captured_run(yours, yours.base, y_sites, x))
+        advance()
+        ref_low, yours_low = {}, {}
+        for low in lows:
+            ref_low[low] = _outputs(single._captured_run(ref, single._low_copy(ref, low), ref_sites, x))
+            yours_low[low] = y32 if external else \
+                _outputs(single._captured_run(yours, single._low_copy(yours, low), y_sites, x))
+            advance()
+    kinds = {s.name: s.kind for s in ref_sites}
+    common = [n for n in order if n in y32]
+    missing = {"only_reference": [n for n in order if n not in y32],
+               "only_yours": sorted(n for n in y32 if n not in r32)}
+    if not common:
+        raise RunError(f"no module in common between {ref_spec} and {yours_spec}: nothing compared "
+                       f"({len(order)} reference modules, {len(y32)} of yours)")
+    rows = []
+    for i, name in enumerate(common):
+        rows.append(_row(i, name, kinds.get(name, "module"), r32[name], r64[name], y32[name],
+                         {d: (ref_low[d][name], yours_low[d][name]) for d in lows}))
+    t_run = time.perf_counter() - t1
+    views = ["fp32", *lows]
+    flags, first_by = apply_rules(rows, views)
+    first = min((r for r in rows if any(first_by.get(v) == r["module"] for v in views)),
+                key=lambda r: r["order"], default=None)
+    first_name = first["module"] if first else None
+    params = {"model": yours_spec, "reference": ref_spec, "reference_from": ref_note, "engine": cfg.engine,
+              "steps": cfg.steps, "prompt": cfg.prompt, "dtypes": lows, "device": device, "seed": cfg.seed,
+              "tokens": len(ids), "ratio_threshold": compare.RATIO_THRESHOLD, "compared": len(common)}
+    return PairResult(params, rows, first_name, first_by, flags, missing, yours.info(), ref.info(),
+                      _takeaways(first_name, first_by, flags, missing), {"load_s": t_load, "run_s": t_run}, notes)
+
+
+def _encoded(yours, ref, ids):
+    """YOURS' own token ids for the text REF's ids decode to (None: it has no tokenizer)."""
+    try:
+        return yours.encode(ref.decode(ids), "--prompt")
+    except (UsageError, NotImplementedError):
+        return None
+
+
+def _outputs(run) -> dict:
+    return dict(run.outputs)
+
+
+def _as(y, like: np.ndarray) -> np.ndarray:
+    """YOURS' tensor in REF's shape: an engine's (tokens, width) for HF's (1, tokens, width); same element order."""
+    a = single._np(y)
+    if a.shape != like.shape and a.size == like.size:
+        a = a.reshape(like.shape)
+    return a
+
+
+def _row(i, name, kind, r32, r64, y32, lows: dict) -> dict:
+    from precisionlab.engines import hooks
+
+    R32, R64 = single._np(r32), single._np(r64)
+    row = {"order": i, "module": name, "kind": kind, "shape": list(R32.shape), "amax_fp32": hooks.max_abs(r32)}
+    Y32 = _as(y32, R32)
+    if Y32.shape != R32.shape:
+        row["shape_yours"] = list(Y32.shape)
+        row["views"] = {}
+        return row
+    yard = compare.rel_l2(R32, R64)
+    err = compare.rel_l2(Y32, R32)
+    s, z = single._systematic_scale(Y32, R32, yard)
+    views = {"fp32": {"error": err, "yardstick": yard, "ratio": compare.ratio(err, yard), "scale_fit": s,
+                      "bias_z": z, "nonfinite_yours": int((~np.isfinite(Y32) & np.isfinite(R32)).sum())}}
+    for d, (rl, yl) in lows.items():
+        RL, YL = single._np(rl), _as(yl, R32)
+        y2, y3 = compare.rel_l2(RL, R32), compare.rel_l2(YL, RL)
+        fin = compare.finite_yardstick(R32, RL, YL)
+        s, z = single._systematic_scale(YL, RL, y2)
+        views[d] = {"error": y3, "yardstick": y2, "ratio": compare.three_way_ratio(y3, fin), "scale_fit": s,
+                    "bias_z": z, "yours_vs_fp32": compare.rel_l2(YL, R32),
+                    "nonfinite_yours": int((~np.isfinite(YL) & np.isfinite(RL)).sum()),
+                    "nonfinite_reference_low": int((~np.isfinite(RL)).sum())}
+    row["views"] = views
+    return row
+
+
+def apply_rules(rows: list[dict], views: list[str]) -> tuple[list[dict], dict]:
+    """Each view's flags (module, view, rule, number, detail) and its first flagged module."""
+    flags, first = [], {}
+    for view in views:
+        seq = [(r, r["views"][view]) for r in rows if view in r.get("views", {})]
+        for r, v in seq:
+            rule = _rule(v)
+            if rule is not None:
+                flags.append({"module": r["module"], "order": r["order"], "view": view, **rule})
+                r.setdefault("flags", []).append({"view": view, **rule})
+        first[view] = next((f["module"] for f in flags if f["view"] == view), None)
+    return flags, first
+
+
+def _rule(v: dict) -> dict | None:
+    """The rule that fires on one module's view, with its number (None: rounding)."""
+    r, flagged = v["ratio"], compare.flagged(v["ratio"])
+    if flagged:
+        return {"rule": "ratio", "value": r, "detail": f"(3)/(2) = {r:.3g}x, beyond {compare.RATIO_THRESHOLD:g}x"}
+    if v["bias_z"] > single.BIAS_Z and abs(v["scale_fit"] - 1) > v["yardstick"] / 10:
+        return {"rule": "scale_fit", "value": v["scale_fit"], "z": v["bias_z"],
+                "detail": f"YOURS = {v['scale_fit']:.6g} x REF, z = {v['bias_z']:.3g}"}
+    return None
+
+
+def _takeaways(first, first_by, flags, missing) -> list[str]:
+    out = []
+    if first is None:
+        out.append("no module of YOURS departs from REF beyond what rounding costs there, in any view.")
+    for view, m in first_by.items():
+        if m:
+            why = next((f for f in flags if f["view"] == view and f["module"] == m), None)
+            out.append(f"{view}: first divergence at {m}" + (f" ({why['detail']})" if why else ""))
+    if missing["only_reference"]:
+        out.append(f"{len(missing['only_reference'])} reference modules have no counterpart in YOURS (not compared): "
+                   + ", ".join(missing["only_reference"][:6]) + ("..." if len(missing["only_reference"]) > 6 else ""))
+    return out
