@@ -12,6 +12,7 @@ import torch
 from helpers import cli, strict_json
 from precisionlab.experiments import layers as lexp
 from precisionlab.experiments import tensors as texp
+from precisionlab.numerics import divergence
 
 WORDS = ["[UNK]", "the", "cat", "sat", "on", "a", "mat", "and", "dog", "ran", "to", "it"]
 
@@ -147,7 +148,7 @@ def test_a_one_percent_scale_in_bf16_is_found_by_its_bias(model):
     res = _run(model, inject=["layers.2.mlp:scale=1.01"])
     assert res.first_divergence == module, [(r["module"], r["ratio"], r["bias_z"]) for r in res.rows if r["injected"]]
     row = next(r for r in res.rows if r["module"] == module)
-    assert abs(row["scale_fit"] - 1.01) < 0.002 and row["bias_z"] > lexp.BIAS_Z
+    assert abs(row["scale_fit"] - 1.01) < 0.002 and row["bias_z"] > divergence.BIAS_Z
 
 
 def test_an_lm_head_that_overflows_fp16_is_the_head_pitfall(tmp_path):

@@ -40,6 +40,7 @@ from precisionlab.engines.registry import DEFAULT_SPEC, ModelRun, spec_path, mod
 from precisionlab.io import outputs
 from precisionlab.runtime import torch_flags
 from precisionlab.errors import UsageError
+from precisionlab.numerics import divergence
 from precisionlab.numerics.compare import RATIO_THRESHOLD, judge, rel_l2
 from precisionlab.io.tensorfiles import ORDER_KEY, TOKENS_KEY
 
@@ -270,34 +271,15 @@ def _site_row(engine, site, i, low, tdt, ref_cap, cap, trusted, yours, touched) 
         t_local = _local(engine, site, trusted, ref_cap, cap, tdt) if touched else y_local
     r32, rl, ry, rt = _np(out32), _np(out_low), _np(y_local), _np(t_local)
     yard, diff = rel_l2(rt, r32), rel_l2(ry, rt)
-    ratio, beyond = judge(diff, yard)
-    scale, bias_z = _systematic_scale(ry, rt, yard)
-    flagged = beyond or (bias_z > BIAS_Z and abs(scale - 1) > yard / 10)
+    ratio, _ = judge(diff, yard)
+    scale, bias_z = divergence.scale_fit(ry, rt, yard)
+    flags = divergence.judge_tensor(diff, yard, ratio=ratio, scale=(scale, bias_z), against="clean")
+    flagged = bool(flags)
     return {"dtype": low, "order": i, "module": site.name, "kind": site.kind, "shape": list(out32.shape),
             "accumulated": rel_l2(rl, r32), "local": rel_l2(ry, r32), "yardstick": yard, "yours_vs_trusted": diff,
             "ratio": ratio, "scale_fit": scale, "bias_z": bias_z, "flagged": flagged, "injected": touched,
             "amax_fp32": hooks.max_abs(out32), "nonfinite_low": int((~np.isfinite(rl)).sum()),
             "worst_position": _worst_position(ry, rt) if flagged else None}
-
-
-# A difference that is a systematic scaling, not rounding: the least-squares
-# fit yours ~ s * trusted. Rounding errors are unbiased, so over n elements of
-# relative size yard the fitted s strays from 1 by about yard / sqrt(n); a
-# planted 1 % scale in a bf16 MLP (3.4x its rounding by rel-L2, under the 4x
-# rule) sits hundreds of those from 1. Flagged past BIAS_Z of them, and only
-# when the scale is off by more than a tenth of the rounding itself.
-BIAS_Z = 20.0
-
-
-def _systematic_scale(y: np.ndarray, t: np.ndarray, yard: float) -> tuple[float, float]:
-    """(s, z): the fitted scale of y against t, and |s - 1| over its rounding spread."""
-    both = np.isfinite(y) & np.isfinite(t)
-    yv, tv = y[both].astype(np.float64), t[both].astype(np.float64)
-    tt = float(np.dot(tv, tv))
-    if tt == 0 or not math.isfinite(yard) or yard == 0 or yv.size < 2:
-        return 1.0, 0.0
-    s = float(np.dot(yv, tv)) / tt
-    return s, abs(s - 1) / (yard / math.sqrt(yv.size))
 
 
 def _worst_position(a, b):

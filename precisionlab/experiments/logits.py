@@ -20,7 +20,7 @@ import numpy as np
 
 from precisionlab.catalog import formats
 from precisionlab.engines.registry import DEFAULT_SPEC, model_device, open_engine, spec_path
-from precisionlab.numerics import distribution
+from precisionlab.numerics import distribution, divergence
 from precisionlab.numerics.metrics import exact_mean
 from precisionlab.io import inputs, logits_file, outputs
 from precisionlab.runtime import torch_flags
@@ -348,8 +348,8 @@ def yardstick(yours: dict, low: dict, ps_y: distribution.PositionStats, ps_l: di
 
 
 def _overflow(ref: np.ndarray, side: np.ndarray) -> np.ndarray:
-    """Per row, the entries the side has non-finite where REF is finite."""
-    return np.count_nonzero(np.isfinite(ref) & ~np.isfinite(side), axis=1)
+    """Per row, the entries the side has non-finite where REF is finite (numerics.divergence's overflow rule)."""
+    return divergence.overflow_count(ref, side, axis=1)
 
 
 def _side_row(side: str, path: str, f, stats, overflow: np.ndarray) -> dict:
