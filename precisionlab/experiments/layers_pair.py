@@ -33,7 +33,7 @@ from precisionlab.engines.protocol import greedy
 from precisionlab.engines.registry import DEFAULT_SPEC, ModelRun, model_device, open_engine, resolve
 from precisionlab.errors import RunError, UsageError
 from precisionlab.experiments import layers as single
-from precisionlab.numerics import compare
+from precisionlab.numerics import compare, divergence
 from precisionlab.runtime import torch_flags
 
 
@@ -180,45 +180,41 @@ def _row(i, name, kind, r32, r64, y32, lows: dict) -> dict:
         return row
     yard = compare.rel_l2(R32, R64)
     err = compare.rel_l2(Y32, R32)
-    s, z = single._systematic_scale(Y32, R32, yard)
+    s, z = divergence.scale_fit(Y32, R32, yard)
     views = {"fp32": {"error": err, "yardstick": yard, "ratio": compare.ratio(err, yard), "scale_fit": s,
-                      "bias_z": z, "nonfinite_yours": int((~np.isfinite(Y32) & np.isfinite(R32)).sum())}}
+                      "bias_z": z, "overflow": list(divergence.overflow_split(R32, Y32))}}
     for d, (rl, yl) in lows.items():
         RL, YL = single._np(rl), _as(yl, R32)
         y2, y3 = compare.rel_l2(RL, R32), compare.rel_l2(YL, RL)
         fin = compare.finite_yardstick(R32, RL, YL)
-        s, z = single._systematic_scale(YL, RL, y2)
+        s, z = divergence.scale_fit(YL, RL, y2)
         views[d] = {"error": y3, "yardstick": y2, "ratio": compare.three_way_ratio(y3, fin), "scale_fit": s,
                     "bias_z": z, "yours_vs_fp32": compare.rel_l2(YL, R32),
-                    "nonfinite_yours": int((~np.isfinite(YL) & np.isfinite(RL)).sum()),
-                    "nonfinite_reference_low": int((~np.isfinite(RL)).sum())}
+                    "overflow": list(divergence.overflow_split(RL, YL)),
+                    "nonfinite_reference_low": divergence.overflow_count(R32, RL)}
     row["views"] = views
     return row
 
 
 def apply_rules(rows: list[dict], views: list[str]) -> tuple[list[dict], dict]:
-    """Each view's flags (module, view, rule, number, detail) and its first flagged module."""
+    """numerics/divergence's rules on each view's modules in execution order:
+    the flags (module, view, rule, text, value) and each view's first divergence."""
     flags, first = [], {}
     for view in views:
         seq = [(r, r["views"][view]) for r in rows if view in r.get("views", {})]
+        judged = []
         for r, v in seq:
-            rule = _rule(v)
-            if rule is not None:
-                flags.append({"module": r["module"], "order": r["order"], "view": view, **rule})
-                r.setdefault("flags", []).append({"view": view, **rule})
-        first[view] = next((f["module"] for f in flags if f["view"] == view), None)
+            against = "REF" if view == "fp32" else "REF_LOW"
+            found = divergence.judge_tensor(v["error"], v["yardstick"], ratio=v["ratio"],
+                                            scale=(v["scale_fit"], v["bias_z"]), overflow=tuple(v["overflow"]),
+                                            against=against, ref="REF" if view == "fp32" else "REF_LOW")
+            judged.append(divergence.Judged(r["module"], v["error"], v["ratio"], found))
+        div = divergence.first_divergence(judged)
+        for (r, v), j in zip(seq, judged):
+            v.update(divergence.row_fields(j.flags))
+            flags += [{"module": r["module"], "order": r["order"], "view": view, **f.as_dict()} for f in j.flags]
+        first[view] = div.name if div else None
     return flags, first
-
-
-def _rule(v: dict) -> dict | None:
-    """The rule that fires on one module's view, with its number (None: rounding)."""
-    r, flagged = v["ratio"], compare.flagged(v["ratio"])
-    if flagged:
-        return {"rule": "ratio", "value": r, "detail": f"(3)/(2) = {r:.3g}x, beyond {compare.RATIO_THRESHOLD:g}x"}
-    if v["bias_z"] > single.BIAS_Z and abs(v["scale_fit"] - 1) > v["yardstick"] / 10:
-        return {"rule": "scale_fit", "value": v["scale_fit"], "z": v["bias_z"],
-                "detail": f"YOURS = {v['scale_fit']:.6g} x REF, z = {v['bias_z']:.3g}"}
-    return None
 
 
 def _takeaways(first, first_by, flags, missing) -> list[str]:
@@ -228,7 +224,7 @@ def _takeaways(first, first_by, flags, missing) -> list[str]:
     for view, m in first_by.items():
         if m:
             why = next((f for f in flags if f["view"] == view and f["module"] == m), None)
-            out.append(f"{view}: first divergence at {m}" + (f" ({why['detail']})" if why else ""))
+            out.append(f"{view}: first divergence at {m}" + (f" ({why['rule']}: {why['text']})" if why else ""))
     if missing["only_reference"]:
         out.append(f"{len(missing['only_reference'])} reference modules have no counterpart in YOURS (not compared): "
                    + ", ".join(missing["only_reference"][:6]) + ("..." if len(missing["only_reference"]) > 6 else ""))

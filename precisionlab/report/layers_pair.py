@@ -11,8 +11,8 @@ from precisionlab.report.jsondoc import emit_json
 
 
 def _rule_text(r: dict, view: str) -> str:
-    f = next((f for f in r.get("flags", []) if f["view"] == view), None)
-    return "" if f is None else f"{f['rule']}: {f['detail']}"
+    v = r.get("views", {}).get(view, {})
+    return f"{v['rule']}: {v['reason']}" if v.get("rule") else ""
 
 
 def table(res) -> None:
@@ -47,7 +47,9 @@ def table(res) -> None:
     stdout.print(t)
     stdout.print("fp32: YOURS fp32 vs REF fp32 (rel L2), against REF fp32 vs REF fp64 (what fp32 rounding costs "
                  "there). (2): REF in the low dtype vs REF fp32; (3): YOURS low vs REF low; ratio (3)/(2), "
-                 f"flagged beyond {p['ratio_threshold']:g}x; a scale fit YOURS = s x REF flagged by its z.",
+                 f"flagged beyond {p['ratio_threshold']:g}x. Rules (numerics/divergence): overflow, ratio, scale_fit "
+                 "(YOURS = s x REF, z), first_differs (after bit-identical modules), first_jump (>10x the module "
+                 "before).",
                  style="dim", highlight=False)
     for n in res.notes:
         stdout.print(safe_text(n), style="dim", highlight=False)
@@ -76,7 +78,7 @@ def plot(res, path: str) -> None:
 
     rows = [r for r in res.rows if r.get("views")]
     xs = [r["order"] for r in rows]
-    series = [(f"fp32: YOURS vs REF", [r["views"]["fp32"]["error"] for r in rows], "-"),
+    series = [("fp32: YOURS vs REF", [r["views"]["fp32"]["error"] for r in rows], "-"),
               ("fp32 rounding (REF fp32 vs fp64)", [r["views"]["fp32"]["yardstick"] for r in rows], ":")]
     for d in res.params["dtypes"]:
         series += [(f"{d} (3) YOURS vs REF", [r["views"][d]["error"] for r in rows], "-"),
