@@ -85,7 +85,7 @@ def test_gguf_orderings(hf_dir, reference, tmp_path):
 
     ids, fp32, _ = reference
     kld = {}
-    for v in ("f32", "f16", "q8_0", "q4_0"):
+    for v in ("f32", "f16", "q8_0", "q4_0", "q4_k_m"):
         path = tmp_path / f"m-{v}.gguf"
         gguf.write(str(hf_dir), str(path), v)
         eng = LlamaCppEngine(f"{path},kv=f32", "cpu")
@@ -100,7 +100,21 @@ def test_gguf_orderings(hf_dir, reference, tmp_path):
         amx = b"AMX_INT8 = 1" in llama_cpp.llama_print_system_info()
         assert eng.info()["extra_bufts"] is (v in ("f32", "f16") or not amx), (v, amx)
     assert kld["f32"] < kld["f16"] < kld["q8_0"] < kld["q4_0"], kld
+    assert kld["f16"] < kld["q8_0"] < kld["q4_k_m"], kld  # issue 29's ordering: F16 < Q8_0 < Q4_K
     del llama_cpp
+
+
+def test_q4_k_m_export_goes_through_llama_cpps_quantizer(hf_dir, tmp_path):
+    pytest.importorskip("llama_cpp", reason="--to gguf:q4_k_m needs llama-cpp-python's quantizer")
+    pytest.importorskip("gguf", reason="the GGUF export needs the gguf package")
+    from precisionlab.engines.exporters import gguf as gexp
+
+    out = tmp_path / "m.gguf"
+    r = cli("export", f"hf:{hf_dir}", "--to", "gguf:q4_k_m", "--out", str(out), "--json")
+    assert r.code == 0, r.err
+    changes = " ".join(strict_json(r.out)["changes"])
+    assert "llama.cpp's own quantizer" in changes and "Q4_K" in gexp.tensor_types(str(out))
+    assert gexp.read_source(str(out)) == f"hf:{hf_dir.resolve()}"  # the quantizer kept the metadata
 
 
 def test_ct2_orderings(hf_dir, reference, tmp_path):
@@ -199,7 +213,6 @@ def test_export_and_compare_cli(tmp_path):
 
 
 @pytest.mark.parametrize("args", [
-    ("export", "embedded", "--to", "gguf:q4_k_m", "--out", "x.gguf"),
     ("export", "embedded", "--to", "tflite", "--out", "x"),
     ("export", "embedded", "--to", "ct2:int4", "--out", "x"),
     ("compare", "model", "--reference", "embedded"),
@@ -351,3 +364,35 @@ def test_llamacpp_capture_maps_ggml_names_to_hf_modules(hf_dir, reference, tmp_p
     for name, x in got.items():
         if name in seen:  # fp32 against fp32: within the logits' band
             assert np.max(np.abs(x - seen[name].reshape(x.shape))) < FP32_MAX_SHIFTED, name
+
+
+def test_engine_reference_defaults_to_the_exports_source(tmp_path):
+    pytest.importorskip("ctranslate2", reason="CTranslate2's engine needs the ctranslate2 package")
+    from helpers import save_tiny_qwen
+
+    src = save_tiny_qwen(tmp_path / "tiny")
+    out = tmp_path / "tiny-ct2"
+    assert cli("export", f"hf:{src}", "--to", "ct2:float32", "--out", str(out)).code == 0
+    text = tmp_path / "t.txt"
+    text.write_text("the cat sat on a mat and the dog ran to it " * 6)
+    r = cli("compare", "model", "--engine", f"ct2:{out}", "--text", str(text), "--tokens", "48", "--steps", "5",
+            "--prompt", "the cat", "--json")
+    assert r.code == 0, r.err
+    doc = strict_json(r.out)
+    assert doc["params"]["reference"] == f"hf:{src.resolve()}"
+    assert doc["params"]["reference_from"] == "recorded in the export"
+    assert doc["rows"][0]["kld_max"] < FP32_MAX_KLD  # the tiny model itself, not the embedded one
+
+
+@pytest.mark.parametrize("record", ["hf:/no/such/dir\x1b[31m", "embedded\u202e", 3])
+def test_a_recorded_source_that_is_no_model_is_refused_escaped(tmp_path, record):
+    import json
+
+    from precisionlab.engines.export import SOURCE_FILE
+
+    d = tmp_path / "ct2"
+    d.mkdir()
+    (d / SOURCE_FILE).write_text(json.dumps({"source": record}))
+    r = cli("compare", "model", "--engine", f"ct2:{d}", "--tokens", "8", "--steps", "1")
+    assert r.code == 2 and r.err.count("\n") == 1, r.err
+    assert "give --reference" in r.err and "\x1b" not in r.err and "\u202e" not in r.err

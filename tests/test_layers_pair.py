@@ -178,7 +178,7 @@ def test_plot_to_an_unwritable_kind_is_refused_before_the_run(run, base, tmp_pat
     assert not (tmp_path / "x.nosuchkind").exists()
 
 
-@pytest.mark.parametrize("spec", ["openai:http://127.0.0.1:9/v1"])
+@pytest.mark.parametrize("spec", ["openai:http://127.0.0.1:9/v1", "ct2:/no/such/dir", "onnx:/no/such.onnx"])
 def test_an_engine_without_intermediates_is_one_line(run, base, spec):
     r = run("compare", "model", "--layers", "--engine", spec, "--reference", f"hf:{base}", *PROMPT)
     assert r.code == 2 and len(r.err.strip().splitlines()) == 1, r.err
@@ -189,3 +189,67 @@ def test_inject_with_a_reference_is_refused(run, base):
     r = run("compare", "model", "--layers", "--model", f"hf:{base}", "--reference", f"hf:{base}", "--inject",
             "layers.0.mlp:scale=2", *PROMPT)
     assert r.code == 2 and "--inject" in r.err
+
+
+# --- llama.cpp: --layers --engine llamacpp:FILE.gguf ---------------------------------------------
+
+@pytest.fixture(scope="module")
+def embedded_hf(tmp_path_factory):
+    """The embedded model as a Hugging Face folder and two f32 GGUFs of it: clean, and with
+    layer 2's attention norm weight scaled by 1.01 in the GGUF only (the HF folder stays clean)."""
+    pytest.importorskip("llama_cpp", reason="llama.cpp's engine needs llama-cpp-python (precisionlab[engines])")
+    pytest.importorskip("gguf", reason="the GGUF export needs the gguf package (precisionlab[engines])")
+    from precisionlab.engines.exporters import gguf, hf
+
+    root = tmp_path_factory.mktemp("emb")
+    ref = root / "hf"
+    ref.mkdir()
+    hf.write_embedded(str(ref))
+    bug = _copy(ref, root, "hf-bug", weights={"model.layers.2.input_layernorm.weight": 1.01})
+    gguf.write(str(ref), str(root / "clean.gguf"), "f32")
+    gguf.write(str(bug), str(root / "bug.gguf"), "f32")
+    return ref, root / "clean.gguf", root / "bug.gguf"
+
+
+def _engine_layers(run, gguf_path, ref, *extra):
+    args = ["--reference", f"hf:{ref}"] if ref else []
+    r = run("compare", "model", "--layers", "--engine", f"llamacpp:{gguf_path},kv=f32", *args, "--dtypes", "bf16",
+            "--prompt", "ROMEO:\n", "--steps", "24", *extra, "--json")
+    return r, strict_json(r.out) if r.out.strip() else None
+
+
+def test_llamacpp_clean_f32_gguf_flags_nothing(run, embedded_hf):
+    ref, clean, _ = embedded_hf
+    r, doc = _engine_layers(run, clean, ref)
+    assert r.code == 0, (r.err, doc and doc["flags"][:3])
+    names = {row["module"] for row in doc["rows"]}
+    for layer in range(5):  # every block's norms, q/k norms, MLP and output, by their HF names
+        for site in ("", ".input_layernorm", ".self_attn.q_norm", ".post_attention_layernorm", ".mlp"):
+            assert f"model.layers.{layer}{site}" in names, (layer, site)
+    assert {"model.norm", "lm_head"} <= names
+    assert "model.embed_tokens" in doc["missing"]["only_reference"]  # listed apart, never a divergence
+    worst = max(row["views"]["fp32"]["ratio"] for row in doc["rows"])
+    assert worst < 4, worst  # fp32 vs fp32 within 4x of fp32's own rounding at every module
+
+
+def test_llamacpp_planted_norm_scale_is_named_at_its_layer(run, embedded_hf):
+    ref, _, bug = embedded_hf
+    r, doc = _engine_layers(run, bug, ref)
+    assert r.code == 1, r.err
+    assert doc["first_divergence"] == "model.layers.2.input_layernorm"
+    f = _first_flag(doc, "fp32")
+    assert f["module"] == "model.layers.2.input_layernorm" and f["rule"] == "ratio" and f["value"] > 100
+    row = next(x for x in doc["rows"] if x["module"] == f["module"])
+    assert abs(row["views"]["fp32"]["scale_fit"] - 1.01) < 1e-3
+
+
+def test_llamacpp_reference_defaults_to_the_exports_source(run, embedded_hf, tmp_path):
+    from helpers import cli
+
+    ref, _, _ = embedded_hf
+    out = tmp_path / "m.gguf"
+    assert cli("export", f"hf:{ref}", "--to", "gguf:f32", "--out", str(out)).code == 0
+    r, doc = _engine_layers(run, out, None)
+    assert r.code == 0, r.err
+    assert doc["params"]["reference"] == f"hf:{ref.resolve()}"
+    assert doc["params"]["reference_from"] == "recorded in the export"

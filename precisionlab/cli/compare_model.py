@@ -231,9 +231,7 @@ def _layers_pair(ctx, model, engine, reference, inject, dump, steps, prompt, dty
     inputs.check_given(reference, "--reference")
     yours = engine[0] if engine else model
     inputs.check_given(yours, "--engine" if engine else "--model")
-    registry.resolve(yours)
-    if reference is not None:
-        registry.resolve(reference)
+    pexp.check_specs(yours, reference, bool(engine))
     paths = [(o, registry.spec_path(s)) for o, s in (("--model", yours), ("--reference", reference)) if s]
     cfg = pexp.PairConfig(model=None if engine else model, engine=engine[0] if engine else None, reference=reference,
                           steps=steps, prompt=prompt, dtypes=dtypes, device=device, seed=seed)

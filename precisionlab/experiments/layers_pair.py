@@ -30,7 +30,7 @@ import numpy as np
 
 from precisionlab.catalog import formats
 from precisionlab.engines.protocol import greedy
-from precisionlab.engines.registry import DEFAULT_SPEC, ModelRun, model_device, open_engine, resolve
+from precisionlab.engines.registry import ModelRun, model_device, open_engine, resolve
 from precisionlab.errors import RunError, UsageError
 from precisionlab.experiments import layers as single
 from precisionlab.numerics import compare, divergence
@@ -60,8 +60,10 @@ class PairResult:
 
 def _module_engine(spec: str | None, role: str):
     """REF must expose its modules; YOURS may be an engine with a capture() of its own."""
-    cls, _ = resolve(spec)
+    from precisionlab.engines import registry
     from precisionlab.engines.external import ExternalEngine
+
+    cls = registry.engine_class(registry.parse(spec)[0])  # before its own checks: the refusal that matters first
 
     if issubclass(cls, ExternalEngine) and not hasattr(cls, "capture_layers"):
         raise UsageError(f"{role} {spec}: {cls.ENGINE or cls.__name__} exposes no intermediate tensors, so "
@@ -69,11 +71,20 @@ def _module_engine(spec: str | None, role: str):
     if role == "--reference" and issubclass(cls, ExternalEngine):
         raise UsageError(f"--reference {spec}: the reference runs in fp32 and fp64 through its modules; give an "
                          "hf:DIR or the embedded model")
+    resolve(spec)
+    return cls
+
+
+def check_specs(yours: str | None, reference: str | None, as_engine: bool):
+    """Both specs checked before anything loads (exit 2): YOURS' class, REF's when given."""
+    cls = _module_engine(yours, "--engine" if as_engine else "--model")
+    if reference is not None:
+        _module_engine(reference, "--reference")
     return cls
 
 
 def run(cfg: PairConfig, advance=lambda k=1: None) -> PairResult:
-    from precisionlab.experiments.engines import token_check
+    from precisionlab.experiments.engines import default_reference, token_check
 
     if cfg.steps <= 0:
         raise UsageError(f"--steps must be > 0 (got {cfg.steps})")
@@ -81,14 +92,8 @@ def run(cfg: PairConfig, advance=lambda k=1: None) -> PairResult:
         raise UsageError("--prompt is empty: greedy decoding needs at least one token to start from")
     lows = formats.parse_list(cfg.dtypes, formats.LOW_COMPUTE, "--dtypes")
     yours_spec = cfg.engine or cfg.model
-    ycls = _module_engine(yours_spec, "--engine" if cfg.engine else "--model")
-    ref_spec, ref_note = cfg.reference, "given"
-    if ref_spec is None:
-        from precisionlab.engines import export as export_mod
-
-        ref_spec = export_mod.recorded_source(yours_spec) if cfg.engine else None
-        ref_note = "recorded in the export" if ref_spec else "the default (the embedded model)"
-        ref_spec = ref_spec or DEFAULT_SPEC
+    ycls = check_specs(yours_spec, cfg.reference, bool(cfg.engine))
+    ref_spec, ref_note = default_reference(cfg.reference, [cfg.engine] if cfg.engine else [])
     _module_engine(ref_spec, "--reference")
     external = hasattr(ycls, "capture_layers")
     device = model_device(cfg.device)
