@@ -64,7 +64,7 @@ def table(res) -> None:
 
 
 def as_json(res) -> None:
-    emit_json("compare model --layers", {
+    emit_json("compare model --layers --reference", {
         "params": res.params, "model": res.model_info, "reference": res.reference_info,
         "first_divergence": res.first_divergence, "first_divergence_by_view": res.first_divergence_by_view,
         "flags": res.flags, "missing": res.missing, "notes": res.notes, "timing": res.timing, "rows": res.rows,
