@@ -253,3 +253,15 @@ def test_llamacpp_reference_defaults_to_the_exports_source(run, embedded_hf, tmp
     assert r.code == 0, r.err
     assert doc["params"]["reference"] == f"hf:{ref.resolve()}"
     assert doc["params"]["reference_from"] == "recorded in the export"
+
+
+def test_llamacpp_export_of_the_embedded_model_meets_it_by_name(run, embedded_hf, tmp_path):
+    """The embedded model names its modules its own way; against an engine it runs as its HF export."""
+    from helpers import cli
+
+    out = tmp_path / "e.gguf"
+    assert cli("export", "embedded", "--to", "gguf:f32", "--out", str(out)).code == 0
+    r, doc = _engine_layers(run, out, None)
+    assert r.code == 0, (r.err, doc and doc["flags"][:3])
+    assert doc["params"]["reference"] == "embedded" and doc["params"]["reference_from"].startswith("recorded")
+    assert doc["params"]["compared"] >= 5 * 5 + 2  # the norms, q/k norms, MLPs, blocks, final norm and head

@@ -206,7 +206,10 @@ def capture(engine: LlamaCppEngine, ids: list[int]) -> dict[str, "np.ndarray"]:
     params = llm.context_params
     params.cb_eval = callback
     old = llm._ctx
-    llm._ctx = _internals.LlamaContext(model=llm._model, params=params, verbose=False)
+    from llama_cpp._utils import suppress_stdout_stderr
+
+    with suppress_stdout_stderr(disable=False):  # llama.cpp's own log lines (n_ctx_seq ...) would land on stdout
+        llm._ctx = _internals.LlamaContext(model=llm._model, params=params, verbose=False)
     try:
         llm._batch = _internals.LlamaBatch(n_tokens=llm.n_batch, embd=0, n_seq_max=params.n_ctx, verbose=False)
         engine.rows(ids)

@@ -24,6 +24,7 @@ one side has are listed apart, never a first divergence.
 from __future__ import annotations
 
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -84,7 +85,7 @@ def check_specs(yours: str | None, reference: str | None, as_engine: bool):
 
 
 def run(cfg: PairConfig, advance=lambda k=1: None) -> PairResult:
-    from precisionlab.experiments.engines import default_reference, token_check
+    from precisionlab.experiments.engines import default_reference
 
     if cfg.steps <= 0:
         raise UsageError(f"--steps must be > 0 (got {cfg.steps})")
@@ -97,11 +98,41 @@ def run(cfg: PairConfig, advance=lambda k=1: None) -> PairResult:
     _module_engine(ref_spec, "--reference")
     external = hasattr(ycls, "capture_layers")
     device = model_device(cfg.device)
+    with _hf_named(ref_spec, external) as (run_spec, how):
+        if how:
+            ref_note += f"; {how}"
+        return _run(cfg, lows, yours_spec, run_spec, ref_spec, ref_note, external, device, advance)
+
+
+@contextmanager
+def _hf_named(ref_spec: str, external: bool):
+    """An engine names its modules as Hugging Face does (llama.cpp's map), the embedded model its own way:
+    REF embedded is then run as its Hugging Face export, written to a temporary folder for the run (the
+    same weights; RoPE and the attention scale computed by transformers, equal to fp32 rounding)."""
+    from precisionlab.engines.registry import DEFAULT_SPEC, parse
+
+    if not external or parse(ref_spec)[0] != DEFAULT_SPEC:
+        yield ref_spec, ""
+        return
+    import tempfile
+
+    from precisionlab.engines.exporters import hf
+    from precisionlab.engines.hf import quiet_library
+
+    with tempfile.TemporaryDirectory(prefix="precisionlab-ref-") as work:
+        with quiet_library():
+            hf.write_embedded(work)
+        yield f"hf:{work}", "the embedded model run as its Hugging Face export (a temporary folder), whose module names the engine's map to"
+
+
+def _run(cfg, lows, yours_spec, run_spec, ref_spec, ref_note, external, device, advance) -> PairResult:
     import torch
+
+    from precisionlab.experiments.engines import token_check
 
     torch.manual_seed(cfg.seed)
     t0 = time.perf_counter()
-    ref = open_engine(ref_spec, device, command="compare model --layers --reference")
+    ref = open_engine(run_spec, device, command="compare model --layers --reference")
     yours = open_engine(yours_spec, "cpu" if external else device, command="compare model --layers")
     prompt = ref.prompt_ids(cfg.prompt, cfg.steps)
     notes = [f"reference {ref_spec} ({ref_note})"]
@@ -149,8 +180,12 @@ def run(cfg: PairConfig, advance=lambda k=1: None) -> PairResult:
     params = {"model": yours_spec, "reference": ref_spec, "reference_from": ref_note, "engine": cfg.engine,
               "steps": cfg.steps, "prompt": cfg.prompt, "dtypes": lows, "device": device, "seed": cfg.seed,
               "tokens": len(ids), "ratio_threshold": compare.RATIO_THRESHOLD, "compared": len(common)}
+    takeaways = _takeaways(first_name, first_by, flags, missing)
+    if len(common) * 2 < len(order):
+        takeaways.append(f"only {len(common)} of REF's {len(order)} modules have a counterpart in YOURS: the two "
+                         "name their modules differently (a different architecture or engine naming?)")
     return PairResult(params, rows, first_name, first_by, flags, missing, yours.info(), ref.info(),
-                      _takeaways(first_name, first_by, flags, missing), {"load_s": t_load, "run_s": t_run}, notes)
+                      takeaways, {"load_s": t_load, "run_s": t_run}, notes)
 
 
 def _encoded(yours, ref, ids):
