@@ -85,7 +85,7 @@ def test_gguf_orderings(hf_dir, reference, tmp_path):
 
     ids, fp32, _ = reference
     kld = {}
-    for v in ("f32", "f16", "q8_0", "q4_0", "q4_k_m"):
+    for v in ("f32", "f16", "q8_0", "q4_0"):
         path = tmp_path / f"m-{v}.gguf"
         gguf.write(str(hf_dir), str(path), v)
         eng = LlamaCppEngine(f"{path},kv=f32", "cpu")
@@ -100,21 +100,68 @@ def test_gguf_orderings(hf_dir, reference, tmp_path):
         amx = b"AMX_INT8 = 1" in llama_cpp.llama_print_system_info()
         assert eng.info()["extra_bufts"] is (v in ("f32", "f16") or not amx), (v, amx)
     assert kld["f32"] < kld["f16"] < kld["q8_0"] < kld["q4_0"], kld
-    assert kld["f16"] < kld["q8_0"] < kld["q4_k_m"], kld  # issue 29's ordering: F16 < Q8_0 < Q4_K
     del llama_cpp
 
 
-def test_q4_k_m_export_goes_through_llama_cpps_quantizer(hf_dir, tmp_path):
+@pytest.fixture(scope="module")
+def wide_hf(tmp_path_factory):
+    """A random Qwen3 256 wide (2 layers, MLP 512) with the embedded model's character tokenizer: rows
+    of 256 take K-quants (the embedded model's 128-wide rows get llama.cpp's fallback types instead)."""
+    pytest.importorskip("transformers")
+    import torch
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    from precisionlab.engines import charlm
+    from precisionlab.engines.exporters import hf
+
+    _, tok = charlm.load_default(torch.float32)
+    torch.manual_seed(0)
+    cfg = Qwen3Config(vocab_size=len(tok), hidden_size=256, intermediate_size=512, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, head_dim=64, max_position_embeddings=256,
+                      tie_word_embeddings=True, initializer_range=0.1)
+    d = tmp_path_factory.mktemp("wide")
+    Qwen3ForCausalLM(cfg).save_pretrained(d)
+    hf.char_tokenizer(tok.vocab).save_pretrained(str(d))
+    return d
+
+
+def test_q4_k_m_export_and_the_ordering_f16_q8_0_q4_k(wide_hf, tmp_path):
+    """--to gguf:q4_k_m through llama.cpp's own quantizer; KLD against the HF fp32 run: F16 < Q8_0 < Q4_K."""
     pytest.importorskip("llama_cpp", reason="--to gguf:q4_k_m needs llama-cpp-python's quantizer")
     pytest.importorskip("gguf", reason="the GGUF export needs the gguf package")
-    from precisionlab.engines.exporters import gguf as gexp
+    import torch
+    import transformers
 
-    out = tmp_path / "m.gguf"
-    r = cli("export", f"hf:{hf_dir}", "--to", "gguf:q4_k_m", "--out", str(out), "--json")
+    from precisionlab.engines.exporters import gguf as gexp
+    from precisionlab.engines.llamacpp import LlamaCppEngine
+
+    model = transformers.AutoModelForCausalLM.from_pretrained(wide_hf, trust_remote_code=False).eval()
+    tok = transformers.AutoTokenizer.from_pretrained(wide_hf, trust_remote_code=False)
+    ids = tok(TEXT, add_special_tokens=False)["input_ids"]
+    with torch.no_grad():
+        ref = model(input_ids=torch.tensor([ids])).logits[0].double().numpy()
+    kld = {}
+    for v in ("f16", "q8_0", "q4_k_m"):
+        out = tmp_path / f"w-{v}.gguf"
+        r = cli("export", f"hf:{wide_hf}", "--to", f"gguf:{v}", "--out", str(out), "--json")
+        assert r.code == 0, r.err
+        if v == "q4_k_m":
+            changes = " ".join(strict_json(r.out)["changes"])
+            types = gexp.tensor_types(str(out))
+            assert "llama.cpp's own quantizer" in changes and "Q4_K" in types and types in changes, (types, changes)
+            assert gexp.read_source(str(out)) == f"hf:{wide_hf.resolve()}"  # the quantizer kept the metadata
+        eng = LlamaCppEngine(f"{out},kv=f32", "cpu")
+        assert eng.encode(TEXT) == ids
+        kld[v] = _stats(ref, eng.logits(ids).astype(np.float64), ids)[0]["kld_mean"]
+    assert kld["f16"] < kld["q8_0"] < kld["q4_k_m"], kld
+
+
+def test_q4_k_m_of_128_wide_rows_says_no_tensor_took_q4_k(hf_dir, tmp_path):
+    pytest.importorskip("llama_cpp", reason="--to gguf:q4_k_m needs llama-cpp-python's quantizer")
+    pytest.importorskip("gguf", reason="the GGUF export needs the gguf package")
+    r = cli("export", f"hf:{hf_dir}", "--to", "gguf:q4_k_m", "--out", str(tmp_path / "m.gguf"), "--json")
     assert r.code == 0, r.err
-    changes = " ".join(strict_json(r.out)["changes"])
-    assert "llama.cpp's own quantizer" in changes and "Q4_K" in gexp.tensor_types(str(out))
-    assert gexp.read_source(str(out)) == f"hf:{hf_dir.resolve()}"  # the quantizer kept the metadata
+    assert any("none took Q4_K" in c for c in strict_json(r.out)["changes"])
 
 
 def test_ct2_orderings(hf_dir, reference, tmp_path):

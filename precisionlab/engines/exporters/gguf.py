@@ -183,9 +183,13 @@ def _quantized(src: str, out: str, variant: str, source: str | None) -> list[str
             from precisionlab.errors import RunError
 
             raise RunError(f"--to gguf:{variant}: llama.cpp's quantizer failed (status {status})")
-    return changes + [f"weights: quantized to {variant.upper()} by llama.cpp's own quantizer "
-                      f"(llama-cpp-python {getattr(llama_cpp, '__version__', '?')}) from an F32 file; "
-                      f"tensor types now: {tensor_types(out)}"]
+    types = tensor_types(out)
+    changes.append(f"weights: quantized to {variant.upper()} by llama.cpp's own quantizer (llama-cpp-python "
+                   f"{getattr(llama_cpp, '__version__', '?')}) from an F32 file; tensor types now: {types}")
+    if "Q4_K" not in types:
+        changes.append("K-quants pack rows in super-blocks of 256: no 2-D tensor here has rows that are a multiple "
+                       "of 256 wide, so llama.cpp gave every one its fallback type and none took Q4_K")
+    return changes
 
 
 def tensor_types(path: str) -> str:
