@@ -265,3 +265,15 @@ def test_llamacpp_export_of_the_embedded_model_meets_it_by_name(run, embedded_hf
     assert r.code == 0, (r.err, doc and doc["flags"][:3])
     assert doc["params"]["reference"] == "embedded" and doc["params"]["reference_from"].startswith("recorded")
     assert doc["params"]["compared"] >= 5 * 5 + 2  # the norms, q/k norms, MLPs, blocks, final norm and head
+
+
+def test_an_fp16_overflow_in_yours_is_flagged_as_overflow(run, base, tmp_path):
+    """YOURS' MLP weights past fp16's range: its fp16 run turns inf where REF's fp16 run is finite."""
+    bug = _copy(base, tmp_path, "huge", weights={"model.layers.1.mlp.down_proj.weight": 1e7})
+    r = run("compare", "model", "--layers", "--model", f"hf:{bug}", "--reference", f"hf:{base}", "--dtypes", "fp16",
+            *PROMPT, "--json")
+    assert r.code == 1, r.err
+    doc = strict_json(r.out)
+    f = _first_flag(doc, "fp16")
+    assert f["module"] == "model.layers.1.mlp" and f["rule"] == "overflow" and "where REF_LOW is finite" in f["text"]
+    assert f["value"] >= 1 and doc["first_divergence"] == "model.layers.1.mlp"
