@@ -277,3 +277,17 @@ def test_an_fp16_overflow_in_yours_is_flagged_as_overflow(run, base, tmp_path):
     f = _first_flag(doc, "fp16")
     assert f["module"] == "model.layers.1.mlp" and f["rule"] == "overflow" and "where REF_LOW is finite" in f["text"]
     assert f["value"] >= 1 and doc["first_divergence"] == "model.layers.1.mlp"
+
+
+@pytest.mark.parametrize("args, words", [
+    (["--reference", "/no/such/dir"], ["--reference", "no such directory"]),
+    (["--reference", ""], ["--reference", "empty"]),
+    (["--engine", "openai:http://127.0.0.1:9/v1", "--engine", "ct2:/x"], ["one engine"]),
+    (["--model", "embedded", "--engine", "llamacpp:/no/such.gguf"], ["not both"]),
+    (["--reference", "embedded", "--dump", "D"], ["--dump"]),
+])
+def test_two_model_usage_errors_are_one_line_before_any_load(run, monkeypatch, args, words):
+    from helpers import fail_if_a_model_runs, one_line
+
+    fail_if_a_model_runs(monkeypatch)
+    one_line(run("compare", "model", "--layers", *args), 2, *words)

@@ -72,7 +72,10 @@ def _module_engine(spec: str | None, role: str):
     if role == "--reference" and issubclass(cls, ExternalEngine):
         raise UsageError(f"--reference {spec}: the reference runs in fp32 and fp64 through its modules; give an "
                          "hf:DIR or the embedded model")
-    resolve(spec)
+    try:
+        resolve(spec)
+    except UsageError as e:  # the hf engine's checks speak of --model: name the option that was given
+        raise UsageError(str(e).replace("--model", role, 1) if role != "--model" else str(e)) from None
     return cls
 
 
