@@ -68,7 +68,7 @@ JUMP = 10.0
 # The order rules' gate: the tensor's diff at least this many times its yardstick.
 ORDER_MIN_RATIO = 1.0
 
-RULES = ("overflow", "ratio", "scale_fit", "first_differs", "first_jump")
+RULES = ("overflow", "ratio", "scale_fit", "first_differs", "first_jump", "tolerance")
 
 
 @dataclass(frozen=True)
@@ -153,6 +153,12 @@ def judge_tensor(diff: float, yardstick: float, *, ratio: float | None = None,
         if z > BIAS_Z and abs(s - 1) > SCALE_MIN_SHARE * yardstick:
             flags.append(Flag("scale_fit", f"YOURS = {s:.4f} x {against}, z = {z:.0f}", z))
     return flags
+
+
+def tolerance_flag(n_outside: int, n: int, rtol: float, atol: float) -> Flag:
+    """Two-way compare tensors' verdict (no yardstick there): elements outside
+    numerics.compare's tolerance, "12 of 4096 outside rtol 0.016, atol 1e-05"."""
+    return Flag("tolerance", f"{n_outside} of {n} outside rtol {rtol:g}, atol {atol:g}", float(n_outside))
 
 
 # --- over the compared tensors, in execution order --------------------------------------------
