@@ -8,7 +8,7 @@ import typer
 
 from precisionlab.errors import UsageError
 from precisionlab.catalog import formats
-from precisionlab.cli.options import ModelOpt, SeedOpt, JsonOpt, ThreadsOpt, check_model, format_names
+from precisionlab.cli.options import ModelOpt, SeedOpt, JsonOpt, ThreadsOpt, WideOpt, check_model, format_names
 from precisionlab.engines.registry import DEFAULT_PROMPT, DEFAULT_SPEC, spec_path
 
 
@@ -26,6 +26,7 @@ APPLIES = {
     "max_kld": (METRICS, ENGINE), "min_top1": (METRICS, ENGINE), "reference": (ENGINE,),
     "inject": (METRICS, LAYERS), "chunks": (CONTRACTS,), "batches": (CONTRACTS,), "trainer_dtype": (ROLLOUT,),
     "rollout_dtype": (ROLLOUT,), "samples": (ROLLOUT,), "temperature": (ROLLOUT,), "top_p": (ROLLOUT,),
+    "wide": (LAYERS,),
 }
 
 
@@ -112,6 +113,7 @@ def command(
     seed: SeedOpt = 0,
     json_out: JsonOpt = False,
     threads: ThreadsOpt = None,
+    wide: WideOpt = False,
 ):
     """A whole model in fp32 vs bf16/fp16: where greedy decoding diverges, and the logit error per step."""
     from precisionlab.io import inputs
@@ -147,7 +149,8 @@ def command(
 
         lcfg = lexp.LayersConfig(model=model, steps=steps, prompt=prompt, dtypes=dtypes, device=device, seed=seed,
                                  inject=inject or [], dump=dump)
-        lres = Output(layers_report, json_out).run("compare model --layers", lambda advance: lexp.run(lcfg, advance))
+        lres = Output(layers_report, json_out, table_kw={"wide": wide}).run(
+            "compare model --layers", lambda advance: lexp.run(lcfg, advance))
         if lres.first_divergence is not None:
             raise typer.Exit(1)
         return

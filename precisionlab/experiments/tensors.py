@@ -336,10 +336,17 @@ def _compare_all(cfg, files, maps, declared, plan, progress) -> tuple[list[dict]
             vals = [_as64(files[i].get(maps[i][name])) for i in range(n_files)]
             if n_files == 2:
                 row.update(pair_stats(vals[0], vals[1], fmts[0], fmts[1], cfg))
+                # overflow: the lower-precision side non-finite where the higher one is finite; on a tie
+                # either side where the other is (swapping A and B changes no verdict)
+                tie = _precision(fmts[0]) == _precision(fmts[1])
                 ref_i = 0 if row["rel_l2_against"] == "A" else 1
                 ov = divergence.overflow_split(vals[ref_i], vals[1 - ref_i])
+                if tie:
+                    back = divergence.overflow_split(vals[1 - ref_i], vals[ref_i])
+                    ov = (ov[0] + back[0], ov[1] + back[1])
                 row["overflow"] = ov[0] + ov[1]
-                flags = divergence.judge_tensor(0.0, 0.0, ratio=0.0, overflow=ov, ref=lab[ref_i])
+                flags = divergence.judge_tensor(0.0, 0.0, ratio=0.0, overflow=ov,
+                                                ref="the other file" if tie else lab[ref_i])
                 if not row["passed"]:
                     flags.append(divergence.tolerance_flag(row["n_outside"], row["n"], row["rtol"], row["atol"]))
                 row["_judged"] = divergence.Judged(name, row["rel_l2"], 0.0, flags)  # no yardstick: no order rule
@@ -356,7 +363,8 @@ def _compare_all(cfg, files, maps, declared, plan, progress) -> tuple[list[dict]
                 row.update(scale_fit=scale, bias_z=z, overflow=ov[0] + ov[1])
                 flags = divergence.judge_tensor(y3, fin["yardstick_finite"], ratio=ratio, scale=(scale, z),
                                                 overflow=ov, ref="REF_FP32")
-                row["_judged"] = divergence.Judged(name, y3, ratio, flags)
+                row["_judged"] = divergence.Judged(name, y3, ratio, flags,
+                                                   rounding=divergence.rounding(row["tolerance_format"]))
             row["formats"] = fmts
             del vals
         rows.append(row)
@@ -458,7 +466,9 @@ def _takeaways(rows, n_files, div, stopped, total, skipped, missing, suggested, 
         counts = ", ".join(f"{lab[i]} {len(f.names)}" for i, f in enumerate(files))
         out.append(f"0 of 0 tensors compared: no tensor is in every file with one shape ({counts} tensors).")
         if suggested:
-            out.append("pairing the tensors by execution order and shape suggests: "
+            how = "execution order" if files[-1].order_recorded and files[0].order_recorded else \
+                "name order (a file records no execution order)"
+            out.append(f"pairing the tensors by {how} and shape suggests: "
                        + " ".join(f"--map '{m}'" for m in suggested) + " (check each: the pairing is a guess).")
         else:
             out.append("no pairing by execution order and shape either: rename with --map 'REGEX=REPLACEMENT'.")

@@ -8,7 +8,6 @@ import os
 import re
 from contextlib import contextmanager
 
-from rich import box
 from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
@@ -94,17 +93,19 @@ def drop_prefix(names: list[str]) -> tuple[str, list[str]]:
     return names[0][:cut], [n[cut:] for n in names]
 
 
-_BREAK = re.compile(r"(?<=[._/])")
+_BREAK = re.compile(r"(?<=[./])")
+_BREAK_WORD = re.compile(r"(?<=_)")
 
 
 def name_cell(name: str, line: int = NAME_LINE) -> str:
-    """A name, escaped, broken after '.', '_' or '/' onto lines of at most
-    `line` characters where it is longer (pieces stay whole; the lines
-    joined again are the name)."""
+    """A name, escaped, broken after '.' or '/' (after '_' only inside a piece
+    longer than a line) onto lines of at most `line` characters where it is
+    longer; the lines joined again are the name."""
     if len(name) <= line:
         return safe_text(name)
+    pieces = [q for p in _BREAK.split(name) for q in (_BREAK_WORD.split(p) if len(p) > line else [p])]
     lines, cur = [], ""
-    for piece in _BREAK.split(name):
+    for piece in pieces:
         if cur and len(cur) + len(piece) > line:
             lines.append(cur)
             cur = ""
@@ -131,29 +132,31 @@ def rule_cell(r) -> str:
 def compact(title: str, rows: list[dict], name_key: str, numbers) -> tuple[Table, str]:
     """The compact table: name (common prefix dropped), status, the numbers'
     columns (numbers: (header, row -> text) pairs), scale and rule; returns
-    it and the dropped prefix."""
+    it and the dropped prefix. Under WIDE_FROM columns the status is said in
+    the rule column (a flagged row's rule, else its status): 80 columns fit."""
     prefix, names = drop_prefix([r[name_key] for r in rows])
-    t = Table(title=title, title_justify="left", highlight=False, box=box.SIMPLE_HEAD, show_edge=False,
-              padding=(0, 1))
+    t = Table(title=title, title_justify="left", highlight=False)
     roomy = (stdout.width or 0) >= WIDE_FROM
     line = NAME_LINE_WIDE if roomy else NAME_LINE
     cells = [name_cell(n, line) for n in names]
     t.add_column(name_key)
-    t.add_column("status")
+    if roomy:
+        t.add_column("status")
     for head, _ in numbers:
         t.add_column(head, justify="right")
     t.add_column("scale", justify="right")
-    t.add_column("rule")
+    t.add_column("rule" if roomy else "status / rule")
     for r, n in zip(rows, cells):
         status = r["status"] if r.get("compared", True) else ("missing" if r["status"].startswith("only") else "shape")
-        t.add_row(n, f"[red]{safe_text(status)}[/red]" if r["flagged"] else f"[green]{safe_text(status)}[/green]",
-                  *((f(r) if r.get("compared", True) else "") for _, f in numbers),
-                  scale_cell(r, " " if roomy else "\n"), rule_cell(r))
+        status = f"[red]{safe_text(status)}[/red]" if r["flagged"] else f"[green]{safe_text(status)}[/green]"
+        rule = rule_cell(r)
+        t.add_row(n, *([status] if roomy else []), *((f(r) if r.get("compared", True) else "") for _, f in numbers),
+                  scale_cell(r, " " if roomy else "\n"), rule if roomy or rule else status)
     # Every column but the rule as wide as its longest line, the rule the rest: Rich, left to itself,
     # shrinks a tight table's columns below their longest word and cuts them.
     for col in t.columns:
         lines = [x for c in (col.header, *col.cells) for x in Text.from_markup(str(c)).plain.split("\n")]
-        if col.header == "rule":
+        if col is t.columns[-1]:
             col.min_width = max((len(w) for x in lines for w in x.split()), default=1)
         else:
             col.width = max(map(len, lines), default=1)
