@@ -193,3 +193,25 @@ def test_layers_overflow_is_a_rule_and_exits_1():
             env={"COLUMNS": "80"})
     assert r.code == 1 and "first divergence: layers.1.mlp" in r.out
     assert max(len(x) for x in r.out.splitlines()) <= 80 and "-- row 1 of" not in r.out
+
+
+def test_metrics_overflow_exits_1_named_as_one(tmp_path):
+    """An fp16 LM head whose fp32 logits pass 65504 (a tiny Qwen3, its head
+    scaled by 1e6): the fp16 run's inf logits are an overflow, exit 1, with
+    compare logits' own failure line (experiments/logits.overflow_failure)."""
+    pytest.importorskip("transformers")
+    import random
+
+    from helpers import TINY_WORDS, save_tiny_qwen
+
+    path = save_tiny_qwen(tmp_path / "hot", edit=lambda m: m.lm_head.weight.data.mul_(1e6))
+    random.seed(0)
+    (tmp_path / "t.txt").write_text(" ".join(random.choice(TINY_WORDS[1:]) for _ in range(200)))
+    r = cli("compare", "model", "--metrics", "--model", str(path), "--dtypes", "fp16", "--tokens", "32", "--text",
+            str(tmp_path / "t.txt"), "--json")
+    d = strict_json(r.out)
+    assert r.code == 1, r.err
+    row = d["rows"][0]
+    assert row["nonfinite_positions"] == 32 and row["nonfinite_entries"] > 32
+    assert any(f.startswith("fp16 is non-finite where fp32 is finite at 32 positions") and "an overflow" in f
+               for f in d["failures"])

@@ -294,7 +294,9 @@ def compare(cfg: CompareTensorsConfig, progress_factory=None) -> TensorsResult:
     for r in rows:
         r.pop("_judged", None)
     missing = _missing(rows, files, maps)
-    suggested = [] if any(r["compared"] for r in rows) else _suggest(files, maps)
+    # --map rules only where they can be read off: no name in common at all, and both orders recorded
+    common = any(all(r["name"] in m for m in maps) for r in rows)
+    suggested = _suggest(files, maps) if not common and files[0].order_recorded and files[-1].order_recorded else []
     if cfg.sort == "error":
         key = "ratio" if n_files == 3 else "rel_l2"
         rows.sort(key=lambda r: (key in r, -(r.get(key) if r.get(key) is not None else 0.0)))
@@ -466,12 +468,11 @@ def _takeaways(rows, n_files, div, stopped, total, skipped, missing, suggested, 
         counts = ", ".join(f"{lab[i]} {len(f.names)}" for i, f in enumerate(files))
         out.append(f"0 of 0 tensors compared: no tensor is in every file with one shape ({counts} tensors).")
         if suggested:
-            how = "execution order" if files[-1].order_recorded and files[0].order_recorded else \
-                "name order (a file records no execution order)"
-            out.append(f"pairing the tensors by {how} and shape suggests: "
+            out.append("pairing the tensors by execution order and shape suggests: "
                        + " ".join(f"--map '{m}'" for m in suggested) + " (check each: the pairing is a guess).")
-        else:
-            out.append("no pairing by execution order and shape either: rename with --map 'REGEX=REPLACEMENT'.")
+        elif not any(r["status"] == "shape mismatch" for r in rows):
+            out.append("no --map rules suggested (that needs both files' execution order and a pairing by shape): "
+                       "rename with --map 'REGEX=REPLACEMENT'.")
     elif n_files == 2:
         n_ok = sum(r["passed"] for r in compared)
         out.append(f"{n_ok} of {len(compared)} compared tensors within tolerance"
