@@ -305,7 +305,8 @@ def _site_row(engine, site, i, low, tdt, ref_cap, cap, trusted, yours, touched) 
 
 def _worst_position(a, b):
     """The token position (second-to-last axis) of the largest |a - b|."""
-    d = np.abs(a - b)
+    with np.errstate(invalid="ignore"):  # inf - inf where both overflowed: NaN, counted as the worst below
+        d = np.abs(a - b)
     d[~np.isfinite(d)] = np.inf
     idx = np.unravel_index(int(np.argmax(d)), d.shape)
     return int(idx[-2]) if len(idx) >= 2 else int(idx[0])
