@@ -76,9 +76,12 @@ def test_a_half_percent_scale_in_one_mlp_is_named_there(run, base, tmp_path):
     assert abs(row["views"]["fp32"]["scale_fit"] - 1.005) < 1e-4
     # every module before it is exactly REF's
     assert all(r["views"]["fp32"]["error"] == 0 for r in doc["rows"] if r["order"] < row["order"])
-    # bf16's three-way view alone cannot see it (under 4x its rounding, its scale fit's z under 20 on 36
-    # tokens x 32 wide): what the fp32 view is for
-    assert row["views"]["bf16"]["ratio"] < 4 and doc["first_divergence_by_view"]["bf16"] is None
+    # bf16's three-way view: under 4x its rounding and its scale fit's z under 20 on 36 tokens x 32 wide;
+    # only the order rule names it (the first module to differ after bit-identical ones, by over one
+    # bf16 rounding), while the fp32 view reads it at 1e4x
+    assert row["views"]["bf16"]["ratio"] < 4 and doc["first_divergence_by_view"]["bf16"] == "model.layers.1.mlp"
+    assert [f["rule"] for f in doc["flags"] if f["view"] == "bf16" and f["module"] == row["module"]] == \
+        ["first_differs"]
     assert abs(row["views"]["bf16"]["scale_fit"] - 1.005) < 1e-3
 
 
@@ -291,3 +294,10 @@ def test_two_model_usage_errors_are_one_line_before_any_load(run, monkeypatch, a
 
     fail_if_a_model_runs(monkeypatch)
     one_line(run("compare", "model", "--layers", *args), 2, *words)
+
+
+def test_wide_adds_each_views_scale_fit(run, base):
+    r = run("compare", "model", "--layers", "--model", f"hf:{base}", "--reference", f"hf:{base}", "--dtypes", "bf16",
+            *PROMPT, "--wide")
+    assert r.code == 0, r.err
+    assert "fp32 scale (z)" in r.out and "bf16 scale (z)" in r.out and "1.00000 (0)" in r.out

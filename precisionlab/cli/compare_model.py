@@ -8,7 +8,7 @@ import typer
 
 from precisionlab.errors import UsageError
 from precisionlab.catalog import formats
-from precisionlab.cli.options import ModelOpt, SeedOpt, JsonOpt, ThreadsOpt, check_model, format_names
+from precisionlab.cli.options import ModelOpt, SeedOpt, JsonOpt, ThreadsOpt, WideOpt, check_model, format_names
 from precisionlab.engines.registry import DEFAULT_PROMPT, DEFAULT_SPEC, spec_path
 
 
@@ -26,6 +26,7 @@ APPLIES = {
     "max_kld": (METRICS, ENGINE), "min_top1": (METRICS, ENGINE), "reference": (ENGINE, LAYERS),
     "inject": (METRICS, LAYERS), "chunks": (CONTRACTS,), "batches": (CONTRACTS,), "trainer_dtype": (ROLLOUT,),
     "rollout_dtype": (ROLLOUT,), "samples": (ROLLOUT,), "temperature": (ROLLOUT,), "top_p": (ROLLOUT,),
+    "wide": (LAYERS,),
 }
 
 
@@ -114,6 +115,7 @@ def command(
     seed: SeedOpt = 0,
     json_out: JsonOpt = False,
     threads: ThreadsOpt = None,
+    wide: WideOpt = False,
 ):
     """A whole model in fp32 vs bf16/fp16: where greedy decoding diverges, and the logit error per step."""
     from precisionlab.io import inputs
@@ -133,7 +135,7 @@ def command(
         return _engines(engine, reference, text, tokens, steps, prompt, device, max_kld, min_top1, json_out)
     if layers and (engine or reference is not None):
         return _layers_pair(ctx, model, engine, reference, inject, dump, steps, prompt, dtypes, device, seed, plot,
-                            json_out)
+                            json_out, wide)
     if modes == [ROLLOUT]:
         return _rollout(trainer, rollout, trainer_dtype, rollout_dtype, samples, tokens, prompt, temperature, top_p,
                         seed, device, threads, json_out, check_plot_path(plot))
@@ -152,8 +154,8 @@ def command(
 
         lcfg = lexp.LayersConfig(model=model, steps=steps, prompt=prompt, dtypes=dtypes, device=device, seed=seed,
                                  inject=inject or [], dump=dump)
-        lres = Output(layers_report, json_out, plot).run("compare model --layers",
-                                                         lambda advance: lexp.run(lcfg, advance))
+        lres = Output(layers_report, json_out, plot, table_kw={"wide": wide}).run(
+            "compare model --layers", lambda advance: lexp.run(lcfg, advance))
         if lres.first_divergence is not None:
             raise typer.Exit(1)
         return
@@ -213,7 +215,8 @@ def _rollout(trainer, rollout, trainer_dtype, rollout_dtype, samples, tokens, pr
     Output(report, json_out, plot).run("compare model --rollout", lambda advance: rexp.run(cfg, advance))
 
 
-def _layers_pair(ctx, model, engine, reference, inject, dump, steps, prompt, dtypes, device, seed, plot, json_out):
+def _layers_pair(ctx, model, engine, reference, inject, dump, steps, prompt, dtypes, device, seed, plot, json_out,
+                 wide=False):
     """--layers --reference SPEC / --layers --engine SPEC: two models, module by module (experiments/layers_pair)."""
     from precisionlab.engines import registry
     from precisionlab.experiments import layers_pair as pexp
@@ -235,7 +238,8 @@ def _layers_pair(ctx, model, engine, reference, inject, dump, steps, prompt, dty
     paths = [(o, registry.spec_path(s)) for o, s in (("--model", yours), ("--reference", reference)) if s]
     cfg = pexp.PairConfig(model=None if engine else model, engine=engine[0] if engine else None, reference=reference,
                           steps=steps, prompt=prompt, dtypes=dtypes, device=device, seed=seed)
-    res = Output(report, json_out, plot, paths).run("compare model --layers", lambda advance: pexp.run(cfg, advance))
+    res = Output(report, json_out, plot, paths, table_kw={"wide": wide}).run(
+        "compare model --layers", lambda advance: pexp.run(cfg, advance))
     if res.first_divergence is not None:
         raise typer.Exit(1)
 

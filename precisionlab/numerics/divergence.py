@@ -29,12 +29,18 @@ the two rules that need the tensors before, then names the first flagged one:
                  tensor before's (a non-zero one): "first jump: rel-L2 12x the
                  tensor before".
 
-Both order rules flag only where the tensor's diff is also at least
-ORDER_MIN_RATIO times its own yardstick. With bit-identical inputs, two honest
-kernels that differ only in their reduction order round the same value twice
-and differ by a fraction of what the precision costs there (ratio well under
-1); a bug at that tensor differs by the precision's cost or more. Without the
-gate every re-implementation would be flagged at its first matmul.
+The order rules are gated, or every re-implementation would be flagged at its
+first matmul. first_differs: the tensor's diff is at least one rounding of
+its low format (the format's unit roundoff, `Judged.rounding`): with
+bit-identical inputs two honest kernels round the same value twice and differ
+only in the few elements where their accumulations round apart, far under
+one rounding; a bug the size of one rounding or more is not that. (The
+yardstick (2) is no gate here: in a dump it is the low run's accumulated
+error, which an engine with bit-identical inputs does not carry; a 0.5 %
+scale in a bf16 MLP sits at 0.6x it and at 1.5x one rounding.) Without a
+format it falls back to the first_jump gate. first_jump: the tensor's diff at
+least ORDER_MIN_RATIO times its yardstick (past the first difference both
+runs carry upstream errors, as the yardstick does).
 
 `first_divergence` takes only rows that were actually compared: a tensor
 missing from a file or refused for its shape is the caller's to list apart,
@@ -50,17 +56,21 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from precisionlab.catalog import formats
 from precisionlab.numerics.compare import RATIO_THRESHOLD, judge
 
 # A difference that is a systematic scaling, not rounding: the least-squares
 # fit yours ~ s * trusted. Rounding errors are unbiased, so over n elements of
 # relative size yard the fitted s strays from 1 by about yard / sqrt(n).
-# Measured (tests/test_layers.py, tests/test_verdicts.py): a planted 1 % scale
-# in a bf16 MLP of the embedded model (3.4x its rounding by rel-L2, under the
-# 4x rule) sits at z of several hundred; a 0.5 % scale in one MLP of a tiny
-# Qwen3 dumped in bf16 (1.2x-2x by rel-L2) at z = 30-90; clean modules at
-# z < 3. Flagged past BIAS_Z, and only when the scale is off by more than a
-# tenth of the rounding itself (a z from millions of elements alone is no bug).
+# Measured: a planted 1 % scale in a bf16 MLP of the embedded model (3.4x its
+# rounding by rel-L2, under the 4x rule) sits at z of several hundred in
+# --layers (tests/test_layers.py), a 0.5 % one at s = 1.0057, z = 82 (ratio
+# 1.97x); clean modules at z < 12. In a three-way dump comparison the
+# yardstick is the low run's accumulated error, so z is smaller: the same
+# 0.5 % in the tiny Qwen3 of scripts/engine_bugs.py gives s = 1.0057, z = 18
+# (ratio 0.58x), and first_differs names it there. Flagged past BIAS_Z, and
+# only when the scale is off by more than a tenth of the rounding itself (a z
+# from millions of elements alone is no bug).
 BIAS_Z = 20.0
 SCALE_MIN_SHARE = 0.1
 # The first jump: diff rising by more than this factor from the tensor before.
@@ -68,7 +78,7 @@ JUMP = 10.0
 # The order rules' gate: the tensor's diff at least this many times its yardstick.
 ORDER_MIN_RATIO = 1.0
 
-RULES = ("overflow", "ratio", "scale_fit", "first_differs", "first_jump")
+RULES = ("overflow", "ratio", "scale_fit", "first_differs", "first_jump", "tolerance")
 
 
 @dataclass(frozen=True)
@@ -155,6 +165,18 @@ def judge_tensor(diff: float, yardstick: float, *, ratio: float | None = None,
     return flags
 
 
+def rounding(fmt_name: str | None) -> float | None:
+    """One rounding of a format, relative: its unit roundoff 2^-p (half its
+    eps); None for an exact (integer) format."""
+    return None if fmt_name is None else formats.get(fmt_name).eps / 2
+
+
+def tolerance_flag(n_outside: int, n: int, rtol: float, atol: float) -> Flag:
+    """Two-way compare tensors' verdict (no yardstick there): elements outside
+    numerics.compare's tolerance, "12 of 4096 outside rtol 0.016, atol 1e-05"."""
+    return Flag("tolerance", f"{n_outside} of {n} outside rtol {rtol:g}, atol {atol:g}", float(n_outside))
+
+
 # --- over the compared tensors, in execution order --------------------------------------------
 
 
@@ -167,6 +189,7 @@ class Judged:
     diff: float
     ratio: float
     flags: list[Flag] = field(default_factory=list)
+    rounding: float | None = None  # one rounding of the low format (unit roundoff): first_differs' gate
 
     @property
     def flagged(self) -> bool:
@@ -191,9 +214,11 @@ def first_divergence(rows: list[Judged]) -> Divergence | None:
 
     rows: the tensors that were compared, in execution order, and only those
     (a missing or shape-refused tensor is not a row). Each order rule fires on
-    one row at most: first_differs on the first row that differs at all,
-    first_jump on the first jump whose row passes the gate (an honest jump
-    before it, a ratio under ORDER_MIN_RATIO, does not use it up). A row
+    one row at most: first_differs on the first row that differs at all
+    (when that difference is at least one rounding), first_jump on the first
+    jump whose row passes its gate (an honest jump before it, a ratio under
+    ORDER_MIN_RATIO, does not use it up). Calling it again on the same rows,
+    or on more rows after them (--fail-fast), adds nothing twice. A row
     flagged by both an order rule and a per-tensor rule keeps the per-tensor
     flag first."""
     identical = 0  # compared rows before this one, all bit-identical so far
@@ -203,15 +228,18 @@ def first_divergence(rows: list[Judged]) -> Divergence | None:
         gate = r.ratio >= ORDER_MIN_RATIO
         if not differs_done and r.diff != 0:
             differs_done = True
-            if identical >= 1 and gate:
-                r.flags.append(Flag("first_differs", f"first to differ ({identical} upstream bit-identical)",
+            big = r.diff >= r.rounding if r.rounding else gate
+            if identical >= 1 and big and not any(f.rule == "first_differs" for f in r.flags):
+                said = f", {_x(r.diff / r.rounding)} roundings" if r.rounding else ""
+                r.flags.append(Flag("first_differs", f"first to differ ({identical} upstream bit-identical{said})",
                                     float(identical)))
         elif r.diff == 0 and not differs_done:
             identical += 1
         if not jump_done and gate and prev is not None and 0 < prev < math.inf and r.diff > JUMP * prev:
             jump_done = True
             k = r.diff / prev
-            r.flags.append(Flag("first_jump", f"first jump: rel-L2 {_x(k)}x the tensor before", k))
+            if not any(f.rule == "first_jump" for f in r.flags):
+                r.flags.append(Flag("first_jump", f"first jump: rel-L2 {_x(k)}x the tensor before", k))
         prev = r.diff
     for i, r in enumerate(rows):
         if r.flags:

@@ -15,7 +15,12 @@ def _rule_text(r: dict, view: str) -> str:
     return f"{v['rule']}: {v['reason']}" if v.get("rule") else ""
 
 
-def table(res) -> None:
+def _scale(v: dict) -> str:
+    return f"{v['scale_fit']:.5f} ({v['bias_z']:.3g})"
+
+
+def table(res, wide: bool = False) -> None:
+    """The compact table; wide: each view's scale fit (s, z) beside its ratio."""
     p = res.params
     views = ["fp32", *p["dtypes"]]
     t = Table(title=f"compare model --layers: YOURS {safe_text(p['model'] or 'embedded')} vs REF "
@@ -25,20 +30,29 @@ def table(res) -> None:
         t.add_column(col, overflow="fold", justify="right" if col == "#" else "left")
     t.add_column("fp32: YOURS vs REF", justify="right")
     t.add_column("fp32 rounding", justify="right")
+    if wide:
+        t.add_column("fp32 ratio", justify="right")
+        t.add_column("fp32 scale (z)", justify="right")
     for d in p["dtypes"]:
         t.add_column(f"{d} (2) REF", justify="right")
         t.add_column(f"{d} (3) YOURS", justify="right")
         t.add_column("ratio", justify="right")
+        if wide:
+            t.add_column(f"{d} scale (z)", justify="right")
     t.add_column("verdict", overflow="fold")
     for r in res.rows:
         v = r.get("views", {})
         if not v:
-            t.add_row(str(r["order"]), safe_text(r["module"]), "-", "-", *["-"] * (3 * len(p["dtypes"])),
+            t.add_row(str(r["order"]), safe_text(r["module"]), *["-"] * (len(t.columns) - 3),
                       f"shape {r.get('shape_yours')} vs {r['shape']}: not compared")
             continue
         cells = [sci(v["fp32"]["error"]), sci(v["fp32"]["yardstick"])]
+        if wide:
+            cells += [times(v["fp32"]["ratio"]), _scale(v["fp32"])]
         for d in p["dtypes"]:
             cells += [sci(v[d]["yardstick"]), sci(v[d]["error"]), times(v[d]["ratio"])]
+            if wide:
+                cells.append(_scale(v[d]))
         rules = [f"{view}: {_rule_text(r, view)}" for view in views if _rule_text(r, view)]
         first = any(res.first_divergence_by_view.get(view) == r["module"] for view in views)
         verdict = ("[bold red]first divergence[/bold red] " if first else "[red]flagged[/red] " if rules else
