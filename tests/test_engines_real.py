@@ -443,3 +443,16 @@ def test_a_recorded_source_that_is_no_model_is_refused_escaped(tmp_path, record)
     r = cli("compare", "model", "--engine", f"ct2:{d}", "--tokens", "8", "--steps", "1")
     assert r.code == 2 and r.err.count("\n") == 1, r.err
     assert "give --reference" in r.err and "\x1b" not in r.err and "\u202e" not in r.err
+
+
+def test_onnx_export_records_its_source_beside_the_file(tmp_path):
+    pytest.importorskip("onnx", reason="the ONNX export needs the onnx package")
+    import json
+
+    from precisionlab.engines.export import SOURCE_SUFFIX, recorded_source
+
+    out = tmp_path / "m.onnx"
+    r = cli("export", "embedded", "--to", "onnx:fp32", "--out", str(out))
+    assert r.code == 0, r.err
+    assert json.loads((tmp_path / ("m.onnx" + SOURCE_SUFFIX)).read_text()) == {"source": "embedded"}
+    assert recorded_source(f"onnx:{out}") == "embedded"
