@@ -103,6 +103,67 @@ def test_gguf_orderings(hf_dir, reference, tmp_path):
     del llama_cpp
 
 
+@pytest.fixture(scope="module")
+def wide_hf(tmp_path_factory):
+    """A random Qwen3 256 wide (2 layers, MLP 512) with the embedded model's character tokenizer: rows
+    of 256 take K-quants (the embedded model's 128-wide rows get llama.cpp's fallback types instead)."""
+    pytest.importorskip("transformers")
+    import torch
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    from precisionlab.engines import charlm
+    from precisionlab.engines.exporters import hf
+
+    _, tok = charlm.load_default(torch.float32)
+    torch.manual_seed(0)
+    cfg = Qwen3Config(vocab_size=len(tok), hidden_size=256, intermediate_size=512, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, head_dim=64, max_position_embeddings=256,
+                      tie_word_embeddings=True, initializer_range=0.1)
+    d = tmp_path_factory.mktemp("wide")
+    Qwen3ForCausalLM(cfg).save_pretrained(d)
+    hf.char_tokenizer(tok.vocab).save_pretrained(str(d))
+    return d
+
+
+def test_q4_k_m_export_and_the_ordering_f16_q8_0_q4_k(wide_hf, tmp_path):
+    """--to gguf:q4_k_m through llama.cpp's own quantizer; KLD against the HF fp32 run: F16 < Q8_0 < Q4_K."""
+    pytest.importorskip("llama_cpp", reason="--to gguf:q4_k_m needs llama-cpp-python's quantizer")
+    pytest.importorskip("gguf", reason="the GGUF export needs the gguf package")
+    import torch
+    import transformers
+
+    from precisionlab.engines.exporters import gguf as gexp
+    from precisionlab.engines.llamacpp import LlamaCppEngine
+
+    model = transformers.AutoModelForCausalLM.from_pretrained(wide_hf, trust_remote_code=False).eval()
+    tok = transformers.AutoTokenizer.from_pretrained(wide_hf, trust_remote_code=False)
+    ids = tok(TEXT, add_special_tokens=False)["input_ids"]
+    with torch.no_grad():
+        ref = model(input_ids=torch.tensor([ids])).logits[0].double().numpy()
+    kld = {}
+    for v in ("f16", "q8_0", "q4_k_m"):
+        out = tmp_path / f"w-{v}.gguf"
+        r = cli("export", f"hf:{wide_hf}", "--to", f"gguf:{v}", "--out", str(out), "--json")
+        assert r.code == 0, r.err
+        if v == "q4_k_m":
+            changes = " ".join(strict_json(r.out)["changes"])
+            types = gexp.tensor_types(str(out))
+            assert "llama.cpp's own quantizer" in changes and "Q4_K" in types and types in changes, (types, changes)
+            assert gexp.read_source(str(out)) == f"hf:{wide_hf.resolve()}"  # the quantizer kept the metadata
+        eng = LlamaCppEngine(f"{out},kv=f32", "cpu")
+        assert eng.encode(TEXT) == ids
+        kld[v] = _stats(ref, eng.logits(ids).astype(np.float64), ids)[0]["kld_mean"]
+    assert kld["f16"] < kld["q8_0"] < kld["q4_k_m"], kld
+
+
+def test_q4_k_m_of_128_wide_rows_says_no_tensor_took_q4_k(hf_dir, tmp_path):
+    pytest.importorskip("llama_cpp", reason="--to gguf:q4_k_m needs llama-cpp-python's quantizer")
+    pytest.importorskip("gguf", reason="the GGUF export needs the gguf package")
+    r = cli("export", f"hf:{hf_dir}", "--to", "gguf:q4_k_m", "--out", str(tmp_path / "m.gguf"), "--json")
+    assert r.code == 0, r.err
+    assert any("none took Q4_K" in c for c in strict_json(r.out)["changes"])
+
+
 def test_ct2_orderings(hf_dir, reference, tmp_path):
     pytest.importorskip("ctranslate2", reason="CTranslate2's engine needs the ctranslate2 package")
     from precisionlab.engines.ct2 import CT2Engine
@@ -199,7 +260,6 @@ def test_export_and_compare_cli(tmp_path):
 
 
 @pytest.mark.parametrize("args", [
-    ("export", "embedded", "--to", "gguf:q4_k_m", "--out", "x.gguf"),
     ("export", "embedded", "--to", "tflite", "--out", "x"),
     ("export", "embedded", "--to", "ct2:int4", "--out", "x"),
     ("compare", "model", "--reference", "embedded"),
@@ -351,3 +411,48 @@ def test_llamacpp_capture_maps_ggml_names_to_hf_modules(hf_dir, reference, tmp_p
     for name, x in got.items():
         if name in seen:  # fp32 against fp32: within the logits' band
             assert np.max(np.abs(x - seen[name].reshape(x.shape))) < FP32_MAX_SHIFTED, name
+
+
+def test_engine_reference_defaults_to_the_exports_source(tmp_path):
+    pytest.importorskip("ctranslate2", reason="CTranslate2's engine needs the ctranslate2 package")
+    from helpers import save_tiny_qwen
+
+    src = save_tiny_qwen(tmp_path / "tiny")
+    out = tmp_path / "tiny-ct2"
+    assert cli("export", f"hf:{src}", "--to", "ct2:float32", "--out", str(out)).code == 0
+    text = tmp_path / "t.txt"
+    text.write_text("the cat sat on a mat and the dog ran to it " * 6)
+    r = cli("compare", "model", "--engine", f"ct2:{out}", "--text", str(text), "--tokens", "48", "--steps", "5",
+            "--prompt", "the cat", "--json")
+    assert r.code == 0, r.err
+    doc = strict_json(r.out)
+    assert doc["params"]["reference"] == f"hf:{src.resolve()}"
+    assert doc["params"]["reference_from"] == "recorded in the export"
+    assert doc["rows"][0]["kld_max"] < FP32_MAX_KLD  # the tiny model itself, not the embedded one
+
+
+@pytest.mark.parametrize("record", ["hf:/no/such/dir\x1b[31m", "embedded\u202e", 3])
+def test_a_recorded_source_that_is_no_model_is_refused_escaped(tmp_path, record):
+    import json
+
+    from precisionlab.engines.export import SOURCE_FILE
+
+    d = tmp_path / "ct2"
+    d.mkdir()
+    (d / SOURCE_FILE).write_text(json.dumps({"source": record}))
+    r = cli("compare", "model", "--engine", f"ct2:{d}", "--tokens", "8", "--steps", "1")
+    assert r.code == 2 and r.err.count("\n") == 1, r.err
+    assert "give --reference" in r.err and "\x1b" not in r.err and "\u202e" not in r.err
+
+
+def test_onnx_export_records_its_source_beside_the_file(tmp_path):
+    pytest.importorskip("onnx", reason="the ONNX export needs the onnx package")
+    import json
+
+    from precisionlab.engines.export import SOURCE_SUFFIX, recorded_source
+
+    out = tmp_path / "m.onnx"
+    r = cli("export", "embedded", "--to", "onnx:fp32", "--out", str(out))
+    assert r.code == 0, r.err
+    assert json.loads((tmp_path / ("m.onnx" + SOURCE_SUFFIX)).read_text()) == {"source": "embedded"}
+    assert recorded_source(f"onnx:{out}") == "embedded"

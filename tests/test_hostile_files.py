@@ -627,18 +627,25 @@ def test_one_overflowed_element_does_not_excuse_the_finite_rest(run, tmp_path):
     assert any("non-finite yardstick" in t and "tensor" in t for t in r.json()["takeaways"])
 
 
-@pytest.mark.parametrize("case,code", [("same", 0), ("finite_where_inf", 1)])
-def test_an_overflowed_yardstick_still_passes_a_faithful_engine(run, tmp_path, case, code):
-    """The finite rule changes nothing else: YOURS equal to REF_LOW passes, and
-    a YOURS that is finite where REF_LOW overflowed is still a difference."""
+@pytest.mark.parametrize("case,rule", [("same", "overflow"), ("finite_where_inf", "ratio")])
+def test_an_overflowed_yardstick_judges_the_finite_rest_and_the_overflow_fails(run, tmp_path, case, rule):
+    """The finite rule changes nothing else: YOURS equal to REF_LOW has ratio 0
+    on the finite elements, and a YOURS that is finite where REF_LOW overflowed
+    is still a difference. But YOURS inf where REF_FP32 is finite is an
+    overflow, flagged by its own rule and exit 1 even when REF_LOW overflows
+    there too (issue 25: an fp16 overflow was 'rounding', exit 0, and a CI
+    gate passed)."""
     ref32, low = _overflowed()
     yours = low.copy()
     if case == "finite_where_inf":
         yours[0] = 65504.0
     r = run("compare", "tensors", *_three_way(tmp_path, ref32, low, yours), "--json")
-    assert r.code == code, r.err
+    assert r.code == 1, r.err
     row = r.json()["rows"][0]
-    assert row["ratio"] == (0.0 if code == 0 else "inf")
+    assert row["ratio"] == (0.0 if case == "same" else "inf")
+    assert row["rule"] == rule and row["overflow"] == (1 if case == "same" else 0)
+    if case == "same":
+        assert row["reason"] == "overflow: 1 inf where REF_FP32 is finite"
 
 
 def test_the_finite_yardstick_equals_the_whole_one_when_all_is_finite():

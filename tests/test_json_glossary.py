@@ -26,6 +26,8 @@ COMMANDS = [
     ("compare model --metrics", ["compare", "model", "--metrics", "--tokens", "128",
                                  "--save-logits", "{tmp}/fp32.safetensors", "--save-logits", "bf16={tmp}/bf16.safetensors"]),
     ("compare model --layers", ["compare", "model", "--layers", "--steps", "3", "--dtypes", "bf16", "--dump", "{tmp}/dump"]),
+    ("compare model --layers --reference", ["compare", "model", "--layers", "--reference", "embedded", "--steps", "3",
+                                            "--dtypes", "bf16"]),
     ("compare model --contracts", ["compare", "model", "--contracts", "--steps", "3", "--dtypes", "fp32"]),
     ("compare model --rollout", ["compare", "model", "--trainer", "embedded", "--rollout", "embedded", "--samples", "2",
                                  "--tokens", "8", "--top-p", "0.9"]),

@@ -12,6 +12,7 @@ import torch
 from helpers import cli, strict_json
 from precisionlab.experiments import layers as lexp
 from precisionlab.experiments import tensors as texp
+from precisionlab.numerics import divergence
 
 WORDS = ["[UNK]", "the", "cat", "sat", "on", "a", "mat", "and", "dog", "ran", "to", "it"]
 
@@ -147,7 +148,7 @@ def test_a_one_percent_scale_in_bf16_is_found_by_its_bias(model):
     res = _run(model, inject=["layers.2.mlp:scale=1.01"])
     assert res.first_divergence == module, [(r["module"], r["ratio"], r["bias_z"]) for r in res.rows if r["injected"]]
     row = next(r for r in res.rows if r["module"] == module)
-    assert abs(row["scale_fit"] - 1.01) < 0.002 and row["bias_z"] > lexp.BIAS_Z
+    assert abs(row["scale_fit"] - 1.01) < 0.002 and row["bias_z"] > divergence.BIAS_Z
 
 
 def test_an_lm_head_that_overflows_fp16_is_the_head_pitfall(tmp_path):
@@ -166,8 +167,11 @@ def test_an_lm_head_that_overflows_fp16_is_the_head_pitfall(tmp_path):
     assert ("head_low_precision", "model.norm + lm_head") in found and ("fp16_overflow", "lm_head") in found
     head = next(r for r in res.rows if r["kind"] == "lm_head")
     assert head["accumulated"] == float("inf") and head["logits_rel_l2_head_in_fp32"] < 1e-2
-    # not a bug of yours: the trusted fp16 head overflows too
-    assert res.first_divergence is None
+    # the trusted fp16 head overflows too, so it is not the module's own error (ratio 0), but an overflow
+    # where fp32 is finite is no rounding: flagged by its own rule, exit 1 (issue 25: this was "rounding",
+    # first divergence none, exit 0, and a CI gate passed)
+    assert res.first_divergence == "lm_head" and head["rule"] == "overflow" and head["ratio"] == 0
+    assert head["reason"].startswith("overflow: ") and head["reason"].endswith(" inf where fp32 is finite")
     # the same model in bf16 (fp32's range) keeps its head: no pitfall there
     assert not any(p["pitfall"] == "head_low_precision"
                    for p in lexp.run(lexp.LayersConfig(model=path, prompt="the cat sat", steps=20,

@@ -167,7 +167,9 @@ def test_infinities_nan_and_zero_reference(tmp_path):
     row = strict_json(r.out)["rows"][0]
     assert r.code == 1 and row["rel_l2"] == "inf" and row["reference_all_zero"] and row["cosine"] is None
     r = cli("compare", "tensors", str(tmp_path / "s.npy"), str(tmp_path / "z.npy"))
-    assert r.code == 1 and "inf" in r.out and "undefined" in r.out
+    assert r.code == 1 and "inf" in r.out  # the compact table: rel L2
+    r = cli("compare", "tensors", str(tmp_path / "s.npy"), str(tmp_path / "z.npy"), "--wide")
+    assert r.code == 1 and "inf" in r.out and "undefined" in r.out  # every column: the cosine too
 
 
 def test_stats_against_numpy():

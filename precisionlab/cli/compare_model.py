@@ -8,7 +8,7 @@ import typer
 
 from precisionlab.errors import UsageError
 from precisionlab.catalog import formats
-from precisionlab.cli.options import ModelOpt, SeedOpt, JsonOpt, ThreadsOpt, check_model, format_names
+from precisionlab.cli.options import ModelOpt, SeedOpt, JsonOpt, ThreadsOpt, WideOpt, check_model, format_names
 from precisionlab.engines.registry import DEFAULT_PROMPT, DEFAULT_SPEC, spec_path
 
 
@@ -20,12 +20,13 @@ METRICS, LAYERS, CONTRACTS, ROLLOUT, ENGINE = ("--metrics", "--layers/--dump", "
                                                "--engine")
 ONE_MODEL = (PLAIN, METRICS, LAYERS, CONTRACTS)  # the modes that run --model in --dtypes
 APPLIES = {
-    "model": ONE_MODEL, "dtypes": ONE_MODEL, "plot": (PLAIN, METRICS, ROLLOUT), "threads": (PLAIN, CONTRACTS, ROLLOUT),
+    "model": ONE_MODEL, "dtypes": ONE_MODEL, "plot": (PLAIN, METRICS, LAYERS, ROLLOUT), "threads": (PLAIN, CONTRACTS, ROLLOUT),
     "steps": (PLAIN, LAYERS, CONTRACTS, ENGINE), "prompt": (PLAIN, LAYERS, CONTRACTS, ROLLOUT, ENGINE),
     "text": (METRICS, ENGINE), "tokens": (METRICS, ROLLOUT, ENGINE), "save_logits": (METRICS,),
-    "max_kld": (METRICS, ENGINE), "min_top1": (METRICS, ENGINE), "reference": (ENGINE,),
+    "max_kld": (METRICS, ENGINE), "min_top1": (METRICS, ENGINE), "reference": (ENGINE, LAYERS),
     "inject": (METRICS, LAYERS), "chunks": (CONTRACTS,), "batches": (CONTRACTS,), "trainer_dtype": (ROLLOUT,),
     "rollout_dtype": (ROLLOUT,), "samples": (ROLLOUT,), "temperature": (ROLLOUT,), "top_p": (ROLLOUT,),
+    "wide": (LAYERS,),
 }
 
 
@@ -36,8 +37,7 @@ def check_mode_options(ctx: typer.Context, mode: str) -> None:
         if mode in modes or source is None or source.name == "DEFAULT":
             continue
         opt = "--" + name.replace("_", "-")
-        hint = " (--layers draws nothing: its table and --json are the output)" if name == "plot" else ""
-        raise UsageError(f"{opt} has no effect in {mode}; it is read only by {' and '.join(modes)}{hint}")
+        raise UsageError(f"{opt} has no effect in {mode}; it is read only by {' and '.join(modes)}")
 
 DEFAULT_STEPS = 50
 DEFAULT_DTYPES = format_names(formats.LOW_COMPUTE, ",")
@@ -68,7 +68,9 @@ def command(
                                                       "is below this.")] = None,
     layers: Annotated[bool, typer.Option("--layers", help="Module by module: each module's accumulated and local "
                                          "error against what rounding alone costs there; names the first "
-                                         "divergence.")] = False,
+                                         "divergence. With --reference SPEC (or --engine SPEC): two models on "
+                                         "the same tokens, every module of both, fp32 vs fp32 and three-way per "
+                                         "--dtypes; --plot draws the error along the model.")] = False,
     inject: Annotated[Optional[list[str]], typer.Option("--inject", help="TARGET:KEY=VALUE, repeatable. With --metrics: "
                                                         "logits:noise=SIGMA adds seeded Gaussian noise to the compared "
                                                         "runs' logits. With --layers/--dump: perturb one module of the "
@@ -107,11 +109,13 @@ def command(
                                                         "greedy from --prompt: llamacpp:FILE.gguf with optional ,kv=f32 ,flash=1 "
                                                         ",threads=N, ct2:DIR[,compute=int8], onnx:FILE, or any "
                                                         "--model spec; repeatable.")] = None,
-    reference: Annotated[Optional[str], typer.Option("--reference", help="--engine: the reference run, in fp32 "
-                                                     "(default: the embedded model).")] = None,
+    reference: Annotated[Optional[str], typer.Option("--reference", help="--engine or --layers: the reference "
+                                                     "model's spec, run in fp32 (default for --engine: the source "
+                                                     "the export recorded, else the embedded model).")] = None,
     seed: SeedOpt = 0,
     json_out: JsonOpt = False,
     threads: ThreadsOpt = None,
+    wide: WideOpt = False,
 ):
     """A whole model in fp32 vs bf16/fp16: where greedy decoding diverges, and the logit error per step."""
     from precisionlab.io import inputs
@@ -122,13 +126,16 @@ def command(
 
     modes = [m for m, on in ((METRICS, metrics), (LAYERS, layers or dump is not None), (CONTRACTS, contracts),
                              (ROLLOUT, trainer is not None or rollout is not None),
-                             (ENGINE, bool(engine) or reference is not None)) if on]
+                             (ENGINE, not layers and (bool(engine) or reference is not None))) if on]
     if len(modes) > 1:
         raise UsageError(f"{' and '.join(modes)} are separate runs: give one")
     threads_mod.check(threads)  # the one --threads validation, whatever the mode
     check_mode_options(ctx, modes[0] if modes else PLAIN)
     if modes == [ENGINE]:
         return _engines(engine, reference, text, tokens, steps, prompt, device, max_kld, min_top1, json_out)
+    if layers and (engine or reference is not None):
+        return _layers_pair(ctx, model, engine, reference, inject, dump, steps, prompt, dtypes, device, seed, plot,
+                            json_out, wide)
     if modes == [ROLLOUT]:
         return _rollout(trainer, rollout, trainer_dtype, rollout_dtype, samples, tokens, prompt, temperature, top_p,
                         seed, device, threads, json_out,
@@ -148,7 +155,8 @@ def command(
 
         lcfg = lexp.LayersConfig(model=model, steps=steps, prompt=prompt, dtypes=dtypes, device=device, seed=seed,
                                  inject=inject or [], dump=dump)
-        lres = Output(layers_report, json_out).run("compare model --layers", lambda advance: lexp.run(lcfg, advance))
+        lres = Output(layers_report, json_out, plot, table_kw={"wide": wide}).run(
+            "compare model --layers", lambda advance: lexp.run(lcfg, advance))
         if lres.first_divergence is not None:
             raise typer.Exit(1)
         return
@@ -219,6 +227,37 @@ def _rollout(trainer, rollout, trainer_dtype, rollout_dtype, samples, tokens, pr
                              temperature=1.0 if temperature is None else temperature,
                              top_p=1.0 if top_p is None else top_p, seed=seed, device=device, threads=threads)
     Output(report, json_out, plot).run("compare model --rollout", lambda advance: rexp.run(cfg, advance))
+
+
+def _layers_pair(ctx, model, engine, reference, inject, dump, steps, prompt, dtypes, device, seed, plot, json_out,
+                 wide=False):
+    """--layers --reference SPEC / --layers --engine SPEC: two models, module by module (experiments/layers_pair)."""
+    from precisionlab.engines import registry
+    from precisionlab.experiments import layers_pair as pexp
+    from precisionlab.io import inputs
+    from precisionlab.report import layers_pair as report
+    from precisionlab.report.output import Output
+
+    if inject or dump is not None:
+        raise UsageError(f"{'--inject' if inject else '--dump'} is for one model's --layers; with --reference the "
+                         "bug is in the second model itself")
+    if engine and len(engine) > 1:
+        raise UsageError("--layers --engine takes one engine (YOURS); repeat the run for another")
+    if engine and ctx.get_parameter_source("model").name != "DEFAULT":
+        raise UsageError("--layers: give YOURS as --model or as --engine, not both")
+    inputs.check_given(reference, "--reference")
+    yours = engine[0] if engine else model
+    inputs.check_given(yours, "--engine" if engine else "--model")
+    pexp.check_specs(yours, reference, bool(engine))
+    paths = [(o, registry.spec_path(s)) for o, s in (("--model", yours), ("--reference", reference)) if s]
+    cfg = pexp.PairConfig(model=None if engine else model, engine=engine[0] if engine else None, reference=reference,
+                          steps=steps, prompt=prompt, dtypes=dtypes, device=device, seed=seed)
+    res = Output(report, json_out, plot, paths, table_kw={"wide": wide}).run(
+        "compare model --layers", lambda advance: pexp.run(cfg, advance))
+    if res.first_divergence is not None:
+        raise typer.Exit(1)
+
+
 def _engines(engine, reference, text, tokens, steps, prompt, device, max_kld, min_top1, json_out):
     """compare model --engine: its own block, so the other modes stay as they were."""
     from precisionlab.experiments import engines as eexp

@@ -6,7 +6,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from precisionlab.cli.options import JsonOpt, AtolOpt, RtolOpt
+from precisionlab.cli.options import JsonOpt, AtolOpt, RtolOpt, WideOpt
 from precisionlab.errors import UsageError
 
 
@@ -44,12 +44,14 @@ def command(
     atol: AtolOpt = None,
     rtol: RtolOpt = None,
     json_out: JsonOpt = False,
+    wide: WideOpt = False,
 ):
     """Compare tensor dumps name by name; with three files, tell your engine's error from what the precision costs.
 
     YOURS (B of two files) is brought to the reference's layout by --unshard, --map sums, --layout,
     --transpose and --reshape, in that order; size-1 axes are dropped where that makes shapes agree.
-    Exit 0 when all pass, 1 when any fails, is flagged or is in one file only."""
+    Exit 0 when all pass, 1 when any fails, is flagged (the rule that fired is named with its number),
+    overflows, or is in one file only (listed apart, never the first divergence)."""
     from precisionlab.report import tensors as rep
     from precisionlab.experiments import tensors as exp
 
@@ -61,6 +63,9 @@ def command(
                                    layouts=layouts or [], transposes=transposes or [], reshapes=reshapes or [],
                                    unshards=unshards or [])
     result = exp.compare(cfg, progress_factory=lambda total: rep.bar("compare tensors", total, not json_out))
-    (rep.as_json if json_out else rep.table)(result)
+    if json_out:
+        rep.as_json(result)
+    else:
+        rep.table(result, wide=wide)
     if result.any_failed:
         raise typer.Exit(1)

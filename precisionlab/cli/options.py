@@ -62,6 +62,11 @@ def seed_in_range(value: int) -> int:
 SeedOpt = Annotated[int, typer.Option("--seed", callback=seed_in_range,
                                       help="Seed for every random draw, passed down to the kernels (0 ... 2^64-1).")]
 JsonOpt = Annotated[bool, typer.Option("--json", help="One strict JSON document on stdout (non-finite as strings).")]
+# compare tensors and compare model --layers: a compact table by default (name, status, the errors, ratio,
+# scale, rule: it fits 80 to 120 columns); every column of each row behind --wide.
+WideOpt = Annotated[bool, typer.Option("--wide", help="Every column of each row (default: a compact table of "
+                                       "name, status, errors, ratio, scale and the rule that fired; --json has "
+                                       "every field).")]
 AtolOpt = Annotated[Optional[float], typer.Option("--atol", help="Absolute tolerance (default: torch.testing's for the dtype).")]
 RtolOpt = Annotated[Optional[float], typer.Option("--rtol", help="Relative tolerance (default: torch.testing's for the dtype).")]
 # The model commands (compare model, its --metrics and --layers, kvcache): an

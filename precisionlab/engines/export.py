@@ -24,14 +24,20 @@ from precisionlab.errors import UsageError
 # target -> (variants, the package it needs, whether it writes a folder)
 FORMATS = {
     "hf": ((), "transformers", True),
-    "gguf": (("f32", "f16", "bf16", "q8_0", "q4_0"), "gguf", False),
+    "gguf": (("f32", "f16", "bf16", "q8_0", "q4_0", "q4_k_m"), "gguf", False),
     "ct2": (("float32", "int8", "bfloat16", "int8_float32"), "ctranslate2", True),
     "onnx": (formats.ONNX_EXPORT, "onnx", False),
 }
 # Asked for by name, not offered, and why.
-UNAVAILABLE = {"gguf:q4_k_m": "the gguf package cannot quantize K-quants (only dequantize them), and their "
-                              "256-wide super-blocks do not divide the embedded model's 128-wide rows; use gguf:q4_0"}
-_EXTRA = {"transformers": "hf", "gguf": "engines", "ctranslate2": "ct2", "onnx": "onnx"}
+UNAVAILABLE: dict[str, str] = {}
+# variants written by another package than the format's own (llama.cpp's quantizer for K-quants)
+VARIANT_PACKAGE = {("gguf", "q4_k_m"): "llama_cpp"}
+# Where an export records its source (the model it was exported from, as a spec: `embedded` or
+# `hf:/abs/dir`): a GGUF metadata key (exporters/gguf.SOURCE_KEY), a json file in a ct2 folder,
+# a json file beside an ONNX file. compare model --engine takes it as the default reference.
+SOURCE_FILE = "precisionlab-source.json"
+SOURCE_SUFFIX = ".precisionlab-source.json"
+_EXTRA = {"transformers": "hf", "gguf": "engines", "ctranslate2": "ct2", "onnx": "onnx", "llama_cpp": "engines"}
 
 
 def format_help() -> str:
@@ -70,7 +76,7 @@ def check(spec: str, to: str, out: str) -> tuple[str, str | None, str | None]:
 
     kind, variant = parse_format(to)
     package = FORMATS[kind][1]
-    for need in {package, "transformers"}:
+    for need in {package, "transformers", VARIANT_PACKAGE.get((kind, variant), "transformers")}:
         if importlib.util.find_spec(need) is None:
             raise UsageError(f"--to {to}: needs the {need} package: pip install 'precisionlab[{_EXTRA[need]}]'")
     if kind == "onnx" and importlib.util.find_spec("torch.onnx") is None:
@@ -119,6 +125,7 @@ def run(spec: str, to: str, out: str) -> ExportResult:
     kind, variant, src = check(spec, to, out)
     t0 = time.perf_counter()
     changes: list[str] = []
+    source = "embedded" if src is None else f"hf:{Path(src).resolve()}"
     from precisionlab.engines.hf import quiet_library
 
     with quiet_library(), tempfile.TemporaryDirectory(prefix="precisionlab-export-") as work:
@@ -133,15 +140,23 @@ def run(spec: str, to: str, out: str) -> ExportResult:
         elif kind == "gguf":
             from precisionlab.engines.exporters import gguf
 
-            outputs.atomic_write(out, lambda tmp: changes.extend(gguf.write(src, tmp, variant)))
+            outputs.atomic_write(out, lambda tmp: changes.extend(gguf.write(src, tmp, variant, source)))
         elif kind == "ct2":
             from precisionlab.engines.exporters import ct2
 
-            outputs.atomic_dir(out, lambda tmp: changes.extend(ct2.write(src, tmp, variant)))
+            def ct2_dir(tmp):
+                changes.extend(ct2.write(src, tmp, variant))
+                (Path(tmp) / SOURCE_FILE).write_text(_source_json(source))
+
+            outputs.atomic_dir(out, ct2_dir)
         else:
             from precisionlab.engines.exporters import onnx
 
             outputs.atomic_write(out, lambda tmp: changes.extend(onnx.write_embedded(tmp, variant)))
+            outputs.atomic_write(out + SOURCE_SUFFIX, _source_json(source).encode())
+    if kind != "hf":
+        changes.append(f"source recorded ({'GGUF key ' + _gguf_key() if kind == 'gguf' else 'beside it'}): "
+                       f"{source} (compare model --engine's default reference)")
     p = Path(out)
     files = [{"name": f.name, "bytes": f.stat().st_size} for f in (sorted(p.iterdir()) if p.is_dir() else [p])]
     return ExportResult(spec, to, out, changes, files, {"export_s": time.perf_counter() - t0})
@@ -152,3 +167,45 @@ def _copy(src: str, dst: str) -> None:
 
     for f in Path(src).iterdir():
         shutil.copy2(f, Path(dst) / f.name)
+
+
+def _gguf_key() -> str:
+    from precisionlab.engines.exporters import gguf
+
+    return gguf.SOURCE_KEY
+
+
+def _source_json(source: str) -> str:
+    import json
+
+    return json.dumps({"source": source}) + "\n"
+
+
+def recorded_source(spec: str | None) -> str | None:
+    """The source an engine's export recorded, as a spec (`embedded` or
+    `hf:DIR`), or None where it records none (not an export of this tool, or
+    an older one). A record that is neither, or names a folder that is gone,
+    is a usage error shown escaped: it comes from a file."""
+    import json
+
+    from precisionlab.engines.registry import parse
+    prefix, arg = parse(spec)
+    if prefix not in ("llamacpp", "ct2", "onnx") or not arg:
+        return None
+    path = arg.split(",")[0]
+    if prefix == "llamacpp":
+        from precisionlab.engines.exporters import gguf
+
+        got = gguf.read_source(path)
+    else:
+        record = Path(path) / SOURCE_FILE if prefix == "ct2" else Path(path + SOURCE_SUFFIX)
+        try:
+            got = json.loads(record.read_text(encoding="utf-8")).get("source") if record.is_file() else None
+        except (OSError, ValueError, AttributeError):
+            got = None
+    if got is None:
+        return None
+    if not isinstance(got, str) or not (got == "embedded" or (got.startswith("hf:") and Path(got[3:]).is_dir())):
+        raise UsageError(f"{spec!r}: its export records the source {got!r}, which is "
+                         "not the embedded model nor an existing folder; give --reference")
+    return got

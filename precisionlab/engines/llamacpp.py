@@ -114,6 +114,10 @@ class LlamaCppEngine(ExternalEngine):
     def extra_info(self) -> dict:
         return {"gguf_file_type": self.file_type}
 
+    def capture_layers(self, ids: list[int]) -> dict:
+        """Every mapped layer output for one eval of ids, by Hugging Face module name (capture())."""
+        return capture(self, ids)
+
     def encode(self, text: str, source: str = "--prompt") -> list[int]:
         # add_bos=True: a BOS only where the GGUF says the model wants one (llama.cpp's rule)
         return list(self.llm.tokenize(text.encode("utf-8"), add_bos=True, special=False))
@@ -132,13 +136,27 @@ class LlamaCppEngine(ExternalEngine):
 
 
 # llama.cpp's graph names (the cb() names its model builders give, with "-N"
-# for layer N) -> the Hugging Face module names --layers reports.
+# for layer N) -> the Hugging Face module names --layers reports. Left out:
+# kqv_out-N (attention before o_proj: no HF module returns it), ffn_inp-N (the
+# residual sum inside a block), and inp_embd (a table lookup, exact on both
+# sides: comparing it would only make every later module "the first to differ").
 GGML_TO_HF = {"attn_norm": "model.layers.{}.input_layernorm", "attn_out": "model.layers.{}.self_attn",
+              "Qcur_normed": "model.layers.{}.self_attn.q_norm", "Kcur_normed": "model.layers.{}.self_attn.k_norm",
               "ffn_norm": "model.layers.{}.post_attention_layernorm", "ffn_out": "model.layers.{}.mlp",
               "l_out": "model.layers.{}", "result_norm": "model.norm", "result_output": "lm_head"}
+# the dotted GGUF weight names (blk.N.attn_norm) name the same modules
+_BLK = {"attn_norm": "attn_norm", "ffn_norm": "ffn_norm", "attn_q_norm": "Qcur_normed",
+        "attn_k_norm": "Kcur_normed", "output_norm": "result_norm", "output": "result_output"}
 
 
 def hf_site(ggml_name: str) -> str | None:
+    """A GGML graph name (attn_norm-3, result_norm) or GGUF weight name (blk.3.attn_norm[.weight],
+    output_norm) -> the Hugging Face module --layers names, None where none matches."""
+    parts = ggml_name.removesuffix(".weight").split(".")
+    if len(parts) == 3 and parts[0] == "blk" and parts[1].isdigit() and parts[2] in _BLK:
+        return hf_site(f"{_BLK[parts[2]]}-{parts[1]}")
+    if len(parts) == 1 and parts[0] in ("output_norm", "output"):
+        return GGML_TO_HF[_BLK[parts[0]]]
     head, dash, layer = ggml_name.rpartition("-")
     if dash and layer.isdigit() and head in GGML_TO_HF:
         return GGML_TO_HF[head].format(layer)
@@ -188,7 +206,10 @@ def capture(engine: LlamaCppEngine, ids: list[int]) -> dict[str, "np.ndarray"]:
     params = llm.context_params
     params.cb_eval = callback
     old = llm._ctx
-    llm._ctx = _internals.LlamaContext(model=llm._model, params=params, verbose=False)
+    from llama_cpp._utils import suppress_stdout_stderr
+
+    with suppress_stdout_stderr(disable=False):  # llama.cpp's own log lines (n_ctx_seq ...) would land on stdout
+        llm._ctx = _internals.LlamaContext(model=llm._model, params=params, verbose=False)
     try:
         llm._batch = _internals.LlamaBatch(n_tokens=llm.n_batch, embd=0, n_seq_max=params.n_ctx, verbose=False)
         engine.rows(ids)

@@ -33,7 +33,7 @@ DEFAULT_TOKENS = 512  # the engines re-run whole windows; 512 positions take sec
 @dataclass
 class EnginesConfig:
     engines: list[str]
-    reference: str | None = None  # None: the embedded model in fp32
+    reference: str | None = None  # None: the source the engines' export recorded, else the embedded model
     text: str | None = None
     tokens: int = DEFAULT_TOKENS
     steps: int = 50
@@ -67,6 +67,28 @@ def token_check(ref_ids: list[int], eng_ids: list[int] | None, name: str) -> str
     raise RunError(f"{name}: its tokenizer differs from the reference's at token {at} "
                    f"(reference {ref_ids[at:at + 4]}, engine {eng_ids[at:at + 4]}); the two models do not read "
                    "the same text")
+
+
+def default_reference(given: str | None, engines: list[str]) -> tuple[str, str]:
+    """(REF's spec, where it came from): --reference as given; else the source
+    the engines' export recorded (engines/export.recorded_source; engines
+    recording different sources need --reference); else the embedded model."""
+    from precisionlab.engines.export import recorded_source
+    from precisionlab.engines.registry import DEFAULT_SPEC
+
+    if given is not None:
+        return given, "given"
+    found = {}
+    for spec in engines:
+        src = recorded_source(spec)
+        if src is not None:
+            found.setdefault(src, spec)
+    if len(found) > 1:
+        raise UsageError("the engines were exported from different models ("
+                         + "; ".join(f"{e!r} from {s!r}" for s, e in found.items()) + "); give --reference")
+    if found:
+        return next(iter(found)), "recorded in the export"
+    return DEFAULT_SPEC, "the default (the embedded model)"
 
 
 def shifted_max_abs(ref: np.ndarray, low: np.ndarray) -> float:
@@ -125,7 +147,8 @@ def run(cfg: EnginesConfig, advance=lambda k=1: None) -> EnginesResult:
     source = f"--text {cfg.text!r}" if cfg.text else "the held-out Shakespeare text"
     device = model_device(cfg.device)
     t0 = time.perf_counter()
-    ref = open_engine(cfg.reference, device)
+    ref_spec, ref_from = default_reference(cfg.reference, cfg.engines)
+    ref = open_engine(ref_spec, device)
     ref_model = ref.model("fp32")
     ids = lexp.token_ids(ref, text, cfg.tokens + 1, source)
     prompt_ids = ref.prompt_ids(cfg.prompt, cfg.steps)
@@ -173,7 +196,7 @@ def run(cfg: EnginesConfig, advance=lambda k=1: None) -> EnginesResult:
     # takeaways and the gates name a row by its `dtype`; here that is the engine's spec
     full = [{**r, "dtype": r["engine_spec"]} for r in rows if "kld_mean" in r]
     failures = lexp.gate_failures(full, cfg.max_kld, cfg.min_top1)
-    params = {"engines": cfg.engines, "reference": cfg.reference or "embedded", "text": cfg.text or
+    params = {"engines": cfg.engines, "reference": ref_spec, "reference_from": ref_from, "text": cfg.text or
               "held-out Shakespeare (last 5 %)", "tokens": n, "steps": cfg.steps, "prompt": cfg.prompt,
               "device": device}
     bound_lines = [f"{r['engine_spec']}: KLD >= {r['kld_lower_bound_mean']:.3g} nats on average (a lower bound from "

@@ -15,9 +15,12 @@ teacher-forced). For each watched module (models/hooks.py), in execution order:
                is fp32's phases rounded once (how HF and engines build them);
   (3)          yours vs trusted, both low, same input.
 
-numerics.compare's rule decides: (3) above RATIO_THRESHOLD x (2) is flagged, and the
-first flagged module in execution order is the first divergence. The classic
-pitfalls are named by module beside it: RoPE phases not built in fp32, a final
+numerics.divergence's rules decide: (3) above RATIO_THRESHOLD x (2), a scale
+fit yours = s x clean far from 1 for rounding (z), the first module to differ
+after bit-identical ones, the first 10x jump in (3), and the low run turning
+non-finite where fp32 is finite (an overflow) are flagged, each naming its rule
+and number; the first flagged module in execution order is the first
+divergence. The classic pitfalls are named by module beside it: RoPE phases not built in fp32, a final
 norm + LM head in the low dtype costing most of the logit error, fp16 values
 past 65504.
 """
@@ -40,6 +43,7 @@ from precisionlab.engines.registry import DEFAULT_SPEC, ModelRun, spec_path, mod
 from precisionlab.io import outputs
 from precisionlab.runtime import torch_flags
 from precisionlab.errors import UsageError
+from precisionlab.numerics import divergence
 from precisionlab.numerics.compare import RATIO_THRESHOLD, judge, rel_l2
 from precisionlab.io.tensorfiles import ORDER_KEY, TOKENS_KEY
 
@@ -68,6 +72,7 @@ class LayersResult:
     takeaways: list[str]
     timing: dict
     dumped: list[str]
+    divergence_by_dtype: dict = field(default_factory=dict)  # dtype -> the first divergence's name, rule, text
 
 
 def check_dump_dir(path: str, labels: list[str], model: str | None) -> Path:
@@ -128,7 +133,7 @@ def run(cfg: LayersConfig, advance=lambda k=1: None) -> LayersResult:
     t_load = time.perf_counter() - t0
 
     t1 = time.perf_counter()
-    rows, pitfalls, dumped, first_by = [], [], [], {}
+    rows, pitfalls, dumped, first_by, div_by = [], [], [], {}, {}
     with torch_flags.ieee_fp32(), torch.no_grad(), _threads_for(engine.base):  # fp32 means IEEE fp32 here
         ref = engine.base
         ref_tokens, _ = greedy(engine, ref, prompt, cfg.steps)
@@ -154,8 +159,10 @@ def run(cfg: LayersConfig, advance=lambda k=1: None) -> LayersResult:
                 site = by_name[name]
                 row = _site_row(engine, site, i, low, tdt, ref_cap, cap, trusted, yours, name in touched)
                 dtype_rows.append(row)
+            div = judge_rows(dtype_rows)
             rows += dtype_rows
-            first_by[low] = next((r["module"] for r in dtype_rows if r["flagged"]), None)
+            first_by[low] = None if div is None else div.name
+            div_by[low] = None if div is None else div.as_dict()
             pitfalls += _pitfalls(low, dtype_rows, engine, ref_cap, cap, ref)
             del trusted, yours, cap
             advance()
@@ -170,8 +177,20 @@ def run(cfg: LayersConfig, advance=lambda k=1: None) -> LayersResult:
                 "device": device, "seed": cfg.seed, "tokens": len(ids), "inject": [str(i) for i in injections],
                 "inject_targets": targets, "ratio_threshold": RATIO_THRESHOLD, "dump": cfg.dump},
         rows=rows, first_divergence=first, first_divergence_by_dtype=first_by, pitfalls=pitfalls,
-        model_info=info, takeaways=_takeaways(first, first_by, pitfalls, injections, targets),
-        timing={"load_s": t_load, "run_s": t_run}, dumped=dumped)
+        model_info=info, takeaways=_takeaways(first, div_by, pitfalls, injections, targets),
+        timing={"load_s": t_load, "run_s": t_run}, dumped=dumped, divergence_by_dtype=div_by)
+
+
+def judge_rows(rows: list[dict]):
+    """numerics.divergence over one dtype's rows (every module was compared),
+    in execution order: the order rules added to each row's flags, its
+    flagged/rule/reason/flags/status set; returns the first divergence."""
+    judged = [r.pop("_judged") for r in rows]
+    first = divergence.first_divergence(judged)
+    for r, j in zip(rows, judged):
+        r.update(divergence.row_fields(j.flags))
+        r["status"] = "flagged" if r["flagged"] else "ok"
+    return first
 
 
 @contextmanager
@@ -270,39 +289,24 @@ def _site_row(engine, site, i, low, tdt, ref_cap, cap, trusted, yours, touched) 
         t_local = _local(engine, site, trusted, ref_cap, cap, tdt) if touched else y_local
     r32, rl, ry, rt = _np(out32), _np(out_low), _np(y_local), _np(t_local)
     yard, diff = rel_l2(rt, r32), rel_l2(ry, rt)
-    ratio, beyond = judge(diff, yard)
-    scale, bias_z = _systematic_scale(ry, rt, yard)
-    flagged = beyond or (bias_z > BIAS_Z and abs(scale - 1) > yard / 10)
+    ratio, _ = judge(diff, yard)
+    scale, bias_z = divergence.scale_fit(ry, rt, yard)
+    over = divergence.overflow_split(r32, rl)  # the low run non-finite where fp32 is finite
+    flags = divergence.judge_tensor(diff, yard, ratio=ratio, scale=(scale, bias_z), overflow=over, against="clean",
+                                    ref="fp32")
+    flagged = bool(flags)
     return {"dtype": low, "order": i, "module": site.name, "kind": site.kind, "shape": list(out32.shape),
             "accumulated": rel_l2(rl, r32), "local": rel_l2(ry, r32), "yardstick": yard, "yours_vs_trusted": diff,
             "ratio": ratio, "scale_fit": scale, "bias_z": bias_z, "flagged": flagged, "injected": touched,
             "amax_fp32": hooks.max_abs(out32), "nonfinite_low": int((~np.isfinite(rl)).sum()),
-            "worst_position": _worst_position(ry, rt) if flagged else None}
-
-
-# A difference that is a systematic scaling, not rounding: the least-squares
-# fit yours ~ s * trusted. Rounding errors are unbiased, so over n elements of
-# relative size yard the fitted s strays from 1 by about yard / sqrt(n); a
-# planted 1 % scale in a bf16 MLP (3.4x its rounding by rel-L2, under the 4x
-# rule) sits hundreds of those from 1. Flagged past BIAS_Z of them, and only
-# when the scale is off by more than a tenth of the rounding itself.
-BIAS_Z = 20.0
-
-
-def _systematic_scale(y: np.ndarray, t: np.ndarray, yard: float) -> tuple[float, float]:
-    """(s, z): the fitted scale of y against t, and |s - 1| over its rounding spread."""
-    both = np.isfinite(y) & np.isfinite(t)
-    yv, tv = y[both].astype(np.float64), t[both].astype(np.float64)
-    tt = float(np.dot(tv, tv))
-    if tt == 0 or not math.isfinite(yard) or yard == 0 or yv.size < 2:
-        return 1.0, 0.0
-    s = float(np.dot(yv, tv)) / tt
-    return s, abs(s - 1) / (yard / math.sqrt(yv.size))
+            "overflow": over[0] + over[1], "worst_position": _worst_position(ry, rt) if flagged else None,
+            "_judged": divergence.Judged(site.name, diff, ratio, flags, rounding=divergence.rounding(low))}
 
 
 def _worst_position(a, b):
     """The token position (second-to-last axis) of the largest |a - b|."""
-    d = np.abs(a - b)
+    with np.errstate(invalid="ignore"):  # inf - inf where both overflowed: NaN, counted as the worst below
+        d = np.abs(a - b)
     d[~np.isfinite(d)] = np.inf
     idx = np.unravel_index(int(np.argmax(d)), d.shape)
     return int(idx[-2]) if len(idx) >= 2 else int(idx[0])
@@ -364,16 +368,16 @@ def _dump(dir_: Path, label: str, cap: _Run, order, ids, engine, injections) -> 
     return str(outputs.atomic_write(dir_ / f"{label}.safetensors", lambda tmp: save_file(tensors, tmp, metadata=meta)))
 
 
-def _takeaways(first, first_by, pitfalls, injections, targets) -> list[str]:
+def _takeaways(first, div_by, pitfalls, injections, targets) -> list[str]:
     out = []
     if first is None:
-        out.append(f"no module adds more than {RATIO_THRESHOLD:g}x what rounding alone costs there: "
+        out.append("no module is flagged by any rule (overflow, beyond "
+                   f"{RATIO_THRESHOLD:g}x what rounding alone costs there, scale fit, first to differ, first jump): "
                    "the differences from fp32 are the precision's.")
     else:
-        for d, m in first_by.items():
-            if m:
-                out.append(f"{d}: first divergence at {m}: beyond {RATIO_THRESHOLD:g}x what the same module costs "
-                           f"in {d} when computed cleanly.")
+        for d, div in div_by.items():
+            if div:
+                out.append(f"{d}: first divergence at {div['name']}: {div['text']} (rule {div['rule']}).")
     for p in pitfalls:
         out.append(f"{p['dtype']} pitfall at {p['module']}: {p['detail']}.")
     if injections:

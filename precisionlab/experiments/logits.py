@@ -20,7 +20,7 @@ import numpy as np
 
 from precisionlab.catalog import formats
 from precisionlab.engines.registry import DEFAULT_SPEC, model_device, open_engine, spec_path
-from precisionlab.numerics import distribution
+from precisionlab.numerics import distribution, divergence
 from precisionlab.numerics.metrics import exact_mean
 from precisionlab.io import inputs, logits_file, outputs
 from precisionlab.runtime import torch_flags
@@ -232,6 +232,7 @@ def run_model(cfg: MetricsConfig, advance=lambda k=1: None) -> LogitsResult:
     targets_all = np.asarray(ids[1:], dtype=np.int64)
     rngs = {d: np.random.default_rng([cfg.seed, DTYPES.index(d)]) for d in lows}
     parts: dict[str, list] = {d: [] for d in lows}
+    over: dict[str, list] = {d: [] for d in lows}  # per position: logits non-finite where fp32's are finite
     expected: list[np.ndarray] = []  # sigma^2/2 (1 - sum p^2) per position, the small-noise KL
     saved: dict[str, np.ndarray | None] = {d: None for d in saves}
     t1, c1 = time.perf_counter(), time.process_time()
@@ -248,6 +249,7 @@ def run_model(cfg: MetricsConfig, advance=lambda k=1: None) -> LogitsResult:
             keep = {"fp32": outs["fp32"]}  # --save-logits fp32 is always the clean reference
             for d in lows:
                 low = outs[d].astype(np.float64)
+                over[d].append(_overflow(ref, low))
                 if sigma:
                     low = low + sigma * rngs[d].standard_normal(low.shape)
                 parts[d].append(distribution.position_stats(ref, low, targets))
@@ -266,7 +268,8 @@ def run_model(cfg: MetricsConfig, advance=lambda k=1: None) -> LogitsResult:
                 "window": window, "noise_sigma": sigma if d != "fp32" else 0.0}
         logits_file.write(path, saved[d], targets_all, meta)
     stats = {d: distribution.PositionStats.concat(parts[d]) for d in lows}
-    rows = [{"dtype": d, **distribution.summarize(stats[d])} for d in lows]
+    rows = [{"dtype": d, **distribution.summarize(stats[d]), **_overflow_fields(np.concatenate(over[d]))}
+            for d in lows]
     if sigma:
         e = np.concatenate(expected)
         for r in rows:
@@ -275,6 +278,7 @@ def run_model(cfg: MetricsConfig, advance=lambda k=1: None) -> LogitsResult:
               "tokens": n, "window": window, "dtypes": lows, "device": device, "seed": cfg.seed,
               "inject": [str(s) for s in cfg.inject], "noise_sigma": sigma, "saved": saves}
     failures = gate_failures(rows, cfg.max_kld, cfg.min_top1)
+    failures += [overflow_failure(r["dtype"], r, "fp32") for r in rows if r["nonfinite_positions"]]
     return LogitsResult("compare model --metrics", params, engine.info(), rows, {d: stats[d].kl for d in lows}, failures,
                         takeaways(rows), {"load_s": t_load, "run_s": t_run, "run_cpu_s": c_run,
                                                  "torch_threads": used_threads})
@@ -355,8 +359,21 @@ def yardstick(yours: dict, low: dict, ps_y: distribution.PositionStats, ps_l: di
 
 
 def _overflow(ref: np.ndarray, side: np.ndarray) -> np.ndarray:
-    """Per row, the entries the side has non-finite where REF is finite."""
-    return np.count_nonzero(np.isfinite(ref) & ~np.isfinite(side), axis=1)
+    """Per row, the entries the side has non-finite where REF is finite (numerics.divergence's overflow rule)."""
+    return divergence.overflow_count(ref, side, axis=1)
+
+
+def _overflow_fields(overflow: np.ndarray) -> dict:
+    """A row's overflow fields from the per-position counts (_overflow)."""
+    where = np.flatnonzero(overflow)
+    return {"nonfinite_positions": int(where.size), "nonfinite_entries": int(overflow.sum()),
+            "first_nonfinite_positions": [int(i) for i in where[:_SHOWN_POSITIONS]]}
+
+
+def overflow_failure(side: str, r: dict, ref: str = "REF") -> str:
+    """The failure an overflow is (compare logits and --metrics): exit 1, named as one."""
+    return (f"{side} is non-finite where {ref} is finite at {r['nonfinite_positions']} positions "
+            f"({r['nonfinite_entries']} logits; first at {_positions(r)}): an overflow, not rounding")
 
 
 def _side_row(side: str, path: str, f, stats, overflow: np.ndarray) -> dict:
@@ -364,9 +381,7 @@ def _side_row(side: str, path: str, f, stats, overflow: np.ndarray) -> dict:
     row = {"side": side, "file": path, "dtype": label if label in DTYPES else None}
     for k, v in distribution.summarize(stats).items():
         row[_REF_NAMES.get(k, k)] = v
-    where = np.flatnonzero(overflow)
-    row.update(nonfinite_positions=int(where.size), nonfinite_entries=int(overflow.sum()),
-               first_nonfinite_positions=[int(i) for i in where[:_SHOWN_POSITIONS]])
+    row.update(_overflow_fields(overflow))
     return row
 
 
@@ -433,8 +448,7 @@ def compare_files(cfg: LogitsConfig, advance=lambda k=1: None) -> LogitsResult:
     failures = gate_failures([{**r, "dtype": r["side"]} for r in rows if r["side"] == "YOURS"], cfg.max_kld, cfg.min_top1)
     y = by.get("YOURS")
     if y and y["nonfinite_positions"]:
-        failures.append(f"YOURS is non-finite where REF is finite at {y['nonfinite_positions']} positions "
-                        f"({y['nonfinite_entries']} logits; first at {_positions(y)}): an overflow, not rounding")
+        failures.append(overflow_failure("YOURS", y))
     ys = yardstick(y, by["REF_LOW"], stats["YOURS"], stats["REF_LOW"]) if y and "REF_LOW" in by else []
     worst = _worst(ys)
     if worst and worst["flagged"]:

@@ -11,10 +11,18 @@ torch.testing.assert_close); NaN never agrees unless --equal-nan. rel-L2
 a tie).
 
 Three files: per tensor, (2) REF_LOW vs REF_FP32 is what the low precision
-costs there (the yardstick) and (3) YOURS vs REF_LOW is what your engine adds;
-(3) above RATIO_THRESHOLD times (2) is flagged (numerics.compare's verdict, as
-in compare op), and the first flagged tensor in execution order is the first
-divergence.
+costs there (the yardstick) and (3) YOURS vs REF_LOW is what your engine adds.
+numerics.divergence's rules judge each compared tensor (overflow where
+REF_FP32 is finite, (3) beyond RATIO_THRESHOLD x (2), a scale fit YOURS = s x
+REF_LOW, the first tensor to differ after bit-identical ones, the first
+10x jump), each flag naming its rule and number, and the first flagged
+tensor in execution order among those compared is the first divergence.
+Two files: a tensor outside its tolerance, or non-finite on the lower side
+where the higher one is finite, is flagged by the same module's texts.
+A tensor in some files only, or whose shapes differ, is listed apart (with
+the shape the reference stores it in), fails the run, and is never the first
+divergence; with no tensor compared at all, --map rules are suggested from
+execution order and shapes (io/tensor_layout.suggest_maps).
 """
 
 from __future__ import annotations
@@ -31,7 +39,7 @@ import numpy as np
 from precisionlab.report.output import Rows
 from precisionlab.catalog import formats
 from precisionlab.io import inputs, tensor_layout
-from precisionlab.numerics import compare as comparison, metrics
+from precisionlab.numerics import compare as comparison, divergence, metrics
 from precisionlab.errors import UsageError
 from precisionlab.io.tensorfiles import DTYPE_TO_FORMAT, TensorFile, natural_key, open_tensor_file
 
@@ -191,11 +199,14 @@ def pair_stats(a: np.ndarray, b: np.ndarray, fmt_a: str | None, fmt_b: str | Non
         else:
             cosine = None
         ulps = max_ulps(dv, rv, formats.get(low)) if low is not None else None
+        off = np.abs(rv) > atol  # near 0 the spacing is the smallest subnormal: ulps mean nothing there
+        ulps_off = max_ulps(dv[off], rv[off], formats.get(low)) if low is not None and off.any() else None
         p50, p99 = percentile(dv, 50), percentile(dv, 99)
     else:
         k = flat = None
         max_abs = p50 = p99 = 0.0
         cosine, ulps = None, None if low is None else 0.0
+        ulps_off = None
     n_bad = 0 if bad is None else int(np.count_nonzero(bad))
     if n_bad:
         flat = int(np.flatnonzero(bad.ravel())[0])  # a non-finite mismatch is the worst there is
@@ -204,7 +215,8 @@ def pair_stats(a: np.ndarray, b: np.ndarray, fmt_a: str | None, fmt_b: str | Non
     return {
         "n": n, "n_outside": n_out, "passed": n_out == 0, "max_abs_error": max_abs, "rel_l2": rel,
         "rel_l2_against": "A" if ref_is_a else "B", "reference_all_zero": bool(n_bad == 0 and n > 0 and not np.any(rv)),
-        "cosine": cosine, "p50_abs_error": p50, "p99_abs_error": p99, "max_ulps": ulps, "ulp_format": low,
+        "cosine": cosine, "p50_abs_error": p50, "p99_abs_error": p99, "max_ulps": ulps, "max_ulps_off_zero": ulps_off,
+        "ulp_format": low,
         "worst_index": None if worst is None else list(worst),
         "worst_a": None if worst is None else float(a[worst]), "worst_b": None if worst is None else float(b[worst]),
         "nonfinite_a": int(n - np.count_nonzero(fa)), "nonfinite_b": int(n - np.count_nonzero(fb)),
@@ -276,8 +288,15 @@ def compare(cfg: CompareTensorsConfig, progress_factory=None) -> TensorsResult:
     _check_memory(files, maps, plan)
     with (progress_factory(len(plan)) if progress_factory else nullcontext(lambda k=1: None)) as progress:
         rows, stopped = _compare_all(cfg, files, maps, declared, plan, progress)
+    div = _judge(rows)
     _layout_fields(rows, files, maps, layout_notes)
-    first = next((r["name"] for r in rows if r["flagged"]), None)
+    first = None if div is None else div.name
+    for r in rows:
+        r.pop("_judged", None)
+    missing = _missing(rows, files, maps)
+    # --map rules only where they can be read off: no name in common at all, and both orders recorded
+    common = any(all(r["name"] in m for m in maps) for r in rows)
+    suggested = _suggest(files, maps) if not common and files[0].order_recorded and files[-1].order_recorded else []
     if cfg.sort == "error":
         key = "ratio" if n_files == 3 else "rel_l2"
         rows.sort(key=lambda r: (key in r, -(r.get(key) if r.get(key) is not None else 0.0)))
@@ -289,8 +308,11 @@ def compare(cfg: CompareTensorsConfig, progress_factory=None) -> TensorsResult:
                 "fail_fast": cfg.fail_fast, "ratio_threshold": comparison.RATIO_THRESHOLD,
                 "order": "recorded" if any(f.order_recorded for f in files) else "natural",
                 "not_compared": None if stopped is None else len(plan) - stopped},
-        rows=rows, flags={"first_divergence": first},
-        takeaways=_takeaways(rows, n_files, first, stopped, len(plan), skipped),
+        rows=rows, flags={"first_divergence": first, "first_divergence_rule": None if div is None else div.flag.rule,
+                          "first_divergence_reason": None if div is None else div.flag.text,
+                          "compared": sum(r["compared"] for r in rows), "missing": missing,
+                          "suggested_maps": suggested},
+        takeaways=_takeaways(rows, n_files, div, stopped, len(plan), skipped, missing, suggested, files),
         any_failed=any(r["flagged"] for r in rows),
     )
 
@@ -304,16 +326,32 @@ def _compare_all(cfg, files, maps, declared, plan, progress) -> tuple[list[dict]
                [None if s is None else list(s) for s in shapes],
                "dtypes": [files[i].dtypes[maps[i][name]] if i in where else None for i in range(n_files)]}
         if len(where) < n_files:
-            row.update(status="only in " + ", ".join(lab[i] for i in where), passed=False, flagged=True)
+            status = "only in " + ", ".join(lab[i] for i in where)
+            row.update(status=status, passed=False, compared=False, flagged=True, rule="not_compared",
+                       reason=f"not compared: {status}", flags=[])
         elif len(set(shapes)) > 1:
-            row.update(status="shape mismatch", passed=False, flagged=True)
+            row.update(status="shape mismatch", passed=False, compared=False, flagged=True, rule="not_compared",
+                       reason="not compared: shapes " + " vs ".join(tensor_layout.dims(s) for s in shapes), flags=[])
         else:
+            row["compared"] = True
             fmts = [_fmt(files[i].dtypes[maps[i][name]], declared[i]) for i in range(n_files)]
             vals = [_as64(files[i].get(maps[i][name])) for i in range(n_files)]
             if n_files == 2:
                 row.update(pair_stats(vals[0], vals[1], fmts[0], fmts[1], cfg))
-                row["status"] = "ok" if row["passed"] else "fail"
-                row["flagged"] = not row["passed"]
+                # overflow: the lower-precision side non-finite where the higher one is finite; on a tie
+                # either side where the other is (swapping A and B changes no verdict)
+                tie = _precision(fmts[0]) == _precision(fmts[1])
+                ref_i = 0 if row["rel_l2_against"] == "A" else 1
+                ov = divergence.overflow_split(vals[ref_i], vals[1 - ref_i])
+                if tie:
+                    back = divergence.overflow_split(vals[1 - ref_i], vals[ref_i])
+                    ov = (ov[0] + back[0], ov[1] + back[1])
+                row["overflow"] = ov[0] + ov[1]
+                flags = divergence.judge_tensor(0.0, 0.0, ratio=0.0, overflow=ov,
+                                                ref="the other file" if tie else lab[ref_i])
+                if not row["passed"]:
+                    flags.append(divergence.tolerance_flag(row["n_outside"], row["n"], row["rtol"], row["atol"]))
+                row["_judged"] = divergence.Judged(name, row["rel_l2"], 0.0, flags)  # no yardstick: no order rule
             else:
                 y2 = comparison.rel_l2(vals[1], vals[0], cfg.equal_nan)   # (2) ref low vs ref fp32: the yardstick
                 row.update(pair_stats(vals[2], vals[1], fmts[2], fmts[1], cfg))  # (3) yours vs ref low
@@ -322,16 +360,38 @@ def _compare_all(cfg, files, maps, declared, plan, progress) -> tuple[list[dict]
                 ratio = comparison.three_way_ratio(y3, fin)
                 row.update(yardstick=y2, rel_l2=y3, rel_l2_against="REF_LOW",
                            accumulated=comparison.rel_l2(vals[2], vals[0], cfg.equal_nan), ratio=ratio, **fin)
-                row["flagged"] = comparison.flagged(ratio)
-                row["status"] = "flagged" if row["flagged"] else "ok"
+                scale, z = divergence.scale_fit(vals[2], vals[1], fin["yardstick_finite"])
+                ov = divergence.overflow_split(vals[0], vals[2])
+                row.update(scale_fit=scale, bias_z=z, overflow=ov[0] + ov[1])
+                flags = divergence.judge_tensor(y3, fin["yardstick_finite"], ratio=ratio, scale=(scale, z),
+                                                overflow=ov, ref="REF_FP32")
+                row["_judged"] = divergence.Judged(name, y3, ratio, flags,
+                                                   rounding=divergence.rounding(row["tolerance_format"]))
             row["formats"] = fmts
             del vals
         rows.append(row)
         progress(1)
-        if cfg.fail_fast and row["flagged"]:
-            stopped = idx + 1
-            break
+        if cfg.fail_fast:
+            _judge(rows)
+            if row["flagged"]:
+                stopped = idx + 1
+                break
     return rows, stopped
+
+
+def _judge(rows: list[dict]):
+    """numerics.divergence over the compared rows so far, in execution order:
+    each compared row's flagged/rule/reason/flags, and the first divergence
+    (a Divergence, or None). Causal and idempotent: --fail-fast calls it
+    after every row."""
+    judged = [r["_judged"] for r in rows if r.get("compared")]
+    first = divergence.first_divergence(judged)
+    for r in rows:
+        if r.get("compared"):
+            r.update(divergence.row_fields(r["_judged"].flags))
+            three = "ratio" in r
+            r["status"] = ("flagged" if three else "fail") if r["flagged"] else "ok"
+    return first
 
 
 def _layout_fields(rows, files, maps, notes) -> None:
@@ -366,19 +426,74 @@ def _check_memory(files, maps, plan) -> None:
         inputs.check_memory(peak, f"comparing {what!r}")
 
 
-def _takeaways(rows, n_files, first, stopped, total, skipped) -> list[str]:
+def _missing(rows, files, maps) -> list[dict]:
+    """The tensors in some files only, listed apart: where each is, and the
+    layout (shape, dtype) the first file holding it stores it in."""
+    lab = labels(len(files))
     out = []
-    compared = [r for r in rows if "rel_l2" in r]
-    one_sided = [r for r in rows if r["status"].startswith("only in")]
+    for r in rows:
+        if not r["status"].startswith("only in"):
+            continue
+        where = [i for i, m in enumerate(maps) if r["name"] in m]
+        i = where[0]
+        out.append({"name": r["name"], "only_in": [lab[k] for k in where],
+                    "missing_from": [lab[k] for k in range(len(files)) if k not in where],
+                    "stored_as": maps[i][r["name"]], "shape": list(files[i].shapes[maps[i][r["name"]]]),
+                    "dtype": files[i].dtypes[maps[i][r["name"]]], "stored_in": lab[i]})
+    return out
+
+
+def _suggest(files, maps) -> list[str]:
+    """--map rules pairing YOURS' tensors (the last file) with the reference's
+    by execution order and shape, for files with no name in common."""
+    ref, ours = files[0], files[-1]
+    return tensor_layout.suggest_maps([(n, tuple(ref.shapes[n])) for n in ref.names],
+                                      [(n, tuple(ours.shapes[n])) for n in ours.names])
+
+
+def _missing_line(missing: list[dict]) -> str:
+    shown = "; ".join(f"{m['name']} (only in {', '.join(m['only_in'])}: {tensor_layout.dims(m['shape'])} "
+                      f"{m['dtype']})" for m in missing[:4])
+    more = f"; and {len(missing) - 4} more" if len(missing) > 4 else ""
+    return f"{len(missing)} tensors not compared (in some files only; never a divergence): {shown}{more}."
+
+
+def _takeaways(rows, n_files, div, stopped, total, skipped, missing, suggested, files) -> list[str]:
+    out = []
+    compared = [r for r in rows if r.get("compared")]
     shapes = [r for r in rows if r["status"] == "shape mismatch"]
-    if n_files == 2:
+    one_sided = [r for r in rows if r["status"].startswith("only in")]
+    lab = labels(n_files)
+    if not compared:
+        counts = ", ".join(f"{lab[i]} {len(f.names)}" for i, f in enumerate(files))
+        out.append(f"0 of 0 tensors compared: no tensor is in every file with one shape ({counts} tensors).")
+        if suggested:
+            out.append("pairing the tensors by execution order and shape suggests: "
+                       + " ".join(f"--map '{m}'" for m in suggested) + " (check each: the pairing is a guess).")
+        elif not any(r["status"] == "shape mismatch" for r in rows):
+            out.append("no --map rules suggested (that needs both files' execution order and a pairing by shape): "
+                       "rename with --map 'REGEX=REPLACEMENT'.")
+    elif n_files == 2:
         n_ok = sum(r["passed"] for r in compared)
         out.append(f"{n_ok} of {len(compared)} compared tensors within tolerance"
-                   + (f"; first failing in order: {first}." if first else "."))
+                   + (f"; first failing in order: {div.name} ({div.flag.text})." if div else "."))
     else:
-        n_flag = sum(r["flagged"] for r in compared)
-        out.append(f"{n_flag} of {len(compared)} tensors beyond {comparison.RATIO_THRESHOLD:g}x what the low precision costs "
-                   f"there" + (f"; first divergence: {first}." if first else ": YOURS is as close as REF_LOW."))
+        flagged = [r for r in compared if r["flagged"]]
+        if flagged:
+            by_rule: dict[str, int] = {}
+            for r in flagged:
+                by_rule[r["rule"]] = by_rule.get(r["rule"], 0) + 1
+            out.append(f"{len(flagged)} of {len(compared)} compared tensors flagged ("
+                       + ", ".join(f"{k} {v}" for k, v in by_rule.items())
+                       + f"); first divergence: {div.name}: {div.flag.text}.")
+        else:
+            out.append(f"0 of {len(compared)} compared tensors flagged by any rule (overflow, beyond "
+                       f"{comparison.RATIO_THRESHOLD:g}x, scale fit, first to differ, first jump): YOURS is as close "
+                       "as REF_LOW.")
+    over = [r for r in compared if r.get("overflow")]
+    if over:
+        out.append(f"{len(over)} tensors overflow (non-finite where {lab[0] if n_files == 3 else 'the reference'} "
+                   f"is finite; first: {over[0]['name']}, {over[0]['overflow']} elements): an overflow, not rounding.")
     if n_files == 3:
         overflowed = [r for r in compared if r.get("nonfinite_elements") and not math.isfinite(r["yardstick"])]
         if overflowed:
@@ -386,8 +501,8 @@ def _takeaways(rows, n_files, first, stopped, total, skipped) -> list[str]:
             out.append(f"{len(overflowed)} tensors have a non-finite yardstick (REF_LOW overflowed or is NaN where "
                        f"REF_FP32 is not; first: {r['name']}, {r['nonfinite_elements']} non-finite elements): "
                        "their verdict judges the finite elements by what the low precision costs there.")
-    if one_sided:
-        out.append(f"{len(one_sided)} tensors are in some files only (rename with --map 'REGEX=REPLACEMENT').")
+    if one_sided and compared:
+        out.append(_missing_line(missing))
     if shapes:
         hinted = next((r for r in shapes if r.get("layout_hint")), None)
         out.append(f"{len(shapes)} tensors differ in shape" + (

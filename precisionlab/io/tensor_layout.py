@@ -444,3 +444,44 @@ def hint_shards(name: str, present: dict[str, tuple], ref_shapes: dict[str, tupl
         if len(whole) >= 2 and bare(whole[:-2] + (whole[-1], whole[-2])) == ref:
             return f"--unshard '{base}:{d}' --transpose '{base}'"
     return f"--unshard '{base}:DIM'"
+
+
+def _bare(shape) -> tuple:
+    return tuple(d for d in shape if d != 1)
+
+
+_DIGITS = re.compile(r"\d+")
+
+
+def _map_rule(yours: str, ref: str) -> str:
+    """A --map rule renaming `yours` to `ref`: where both names hold the same
+    numbers in the same order (layer indices), each becomes a (\\d+) group so
+    one rule covers every layer; else the whole name, anchored."""
+    ny, nr = _DIGITS.findall(yours), _DIGITS.findall(ref)
+    if ny and ny == nr:
+        ys, rs = _DIGITS.split(yours), _DIGITS.split(ref)
+        pat = r"(\d+)".join(re.escape(p) for p in ys)
+        rep = "".join(p + (f"\\{i + 1}" if i < len(nr) else "") for i, p in enumerate(rs))
+        return f"^{pat}$={rep}"
+    return f"^{re.escape(yours)}$={ref}"
+
+
+def suggest_maps(ref: list[tuple[str, tuple]], yours: list[tuple[str, tuple]], limit: int = 8) -> list[str]:
+    """--map rules for two dumps with no name in common, from execution order
+    and shapes alone: walking both in order, each tensor of YOURS is paired
+    with the reference's next tensor of the same shape (size-1 axes aside),
+    and each pair becomes a rule (_map_rule). Rules that the pairs repeat
+    (every layer's) are given once, in the order first met; at most `limit`."""
+    out: list[str] = []
+    j = 0
+    for name, shape in yours:
+        k = next((i for i in range(j, len(ref)) if _bare(ref[i][1]) == _bare(shape)), None)
+        if k is None:
+            continue
+        rule = _map_rule(name, ref[k][0])
+        if rule not in out:
+            out.append(rule)
+        j = k + 1
+        if len(out) >= limit:
+            break
+    return out

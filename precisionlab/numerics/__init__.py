@@ -1,1 +1,1 @@
-"""Exact references, double-double, distribution statistics and the one comparison module."""
+"""Exact references, double-double, distribution statistics, the one comparison module and the divergence rules (divergence.py)."""

@@ -12,7 +12,7 @@ _SKIP = ("name", "engine", "version", "vocab", "max_seq_len", "parameters")
 
 def table(res) -> None:
     p = res.params
-    stdout.print(f"reference: {safe_text(res.reference['name'])} in fp32; {p['tokens']} positions teacher-forced, "
+    stdout.print(f"reference: {safe_text(res.reference['name'])} in fp32 ({safe_text(p['reference_from'])}); {p['tokens']} positions teacher-forced, "
                  f"{p['steps']} greedy steps")
     for r in res.rows:
         settings = ", ".join(f"{k}={v}" for k, v in r["engine"].items() if k not in _SKIP)

@@ -12,9 +12,10 @@ from precisionlab.report.plots import check_plot_path
 
 
 class Output:
-    def __init__(self, renderer, json_out: bool, plot: str | None = None, inputs=()):
+    def __init__(self, renderer, json_out: bool, plot: str | None = None, inputs=(), table_kw: dict | None = None):
         self.renderer = renderer
         self.json_out = json_out
+        self.table_kw = table_kw or {}  # the table's own switches (--wide), for renderers that take them
         # before the run: a bad path, or one the run reads (inputs: (option, path) pairs), must not cost the result
         self.plot = check_plot_path(plot, inputs)
 
@@ -28,7 +29,10 @@ class Output:
     def show(self, result) -> None:
         if self.plot:
             self.renderer.plot(result, self.plot)
-        (self.renderer.as_json if self.json_out else self.renderer.table)(result)
+        if self.json_out:
+            self.renderer.as_json(result)
+        else:
+            self.renderer.table(result, **self.table_kw)
 
 
 @dataclass

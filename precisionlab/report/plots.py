@@ -62,3 +62,23 @@ def check_plot_path(path: str | None, inputs=()) -> str | None:
 
     require_matplotlib()
     return str(outputs.check_output_path(path, plot_kinds(), "--plot", inputs))
+
+
+def along_model(path: str, title: str, xs: list[int], series, names: list[str], first: int | None) -> None:
+    """Per-module errors along a model (compare model --layers): one line a
+    (label, values, linestyle); zeros and non-finite values left out of the log
+    scale; the first divergence marked; module names on the x axis when few."""
+    import math
+
+    with figure(path, title, "module (execution order)", "rel-L2") as ax:
+        for label, values, style in series:
+            pts = [(x, v) for x, v in zip(xs, values) if v is not None and math.isfinite(v) and v > 0]
+            if pts:
+                ax.plot([p[0] for p in pts], [p[1] for p in pts], style, marker=".", label=label)
+        if any(line.get_ydata().size for line in ax.get_lines()):
+            ax.set_yscale("log")
+        if first is not None:
+            ax.axvline(first, color="red", linestyle="--", label="first divergence")
+        if len(xs) <= 40:
+            ax.set_xticks(xs)
+            ax.set_xticklabels(names, rotation=90, fontsize=6)

@@ -10,6 +10,15 @@ The tokenizer is written as GPT-2 style byte-level BPE with no merges: each
 byte is then one token, which is exactly a character tokenizer over ASCII
 text; a vocabulary with tokens longer than one byte (a real BPE) is refused,
 as this writer does not translate merges.
+
+q4_k_m is llama.cpp's own quantizer (llama-cpp-python's llama_model_quantize)
+run on an F32 file written here: the gguf package can only dequantize
+K-quants. K-quants pack rows in super-blocks of 256, so a tensor whose rows
+are not a multiple of 256 wide gets llama.cpp's fallback type; the changes
+list counts the types the file ends up with.
+
+SOURCE_KEY records the model the file was exported from (`embedded` or
+`hf:/abs/dir`): compare model --engine's default reference.
 """
 
 from __future__ import annotations
@@ -19,10 +28,10 @@ from pathlib import Path
 
 from precisionlab.errors import UsageError
 
-VARIANTS = ("f32", "f16", "bf16", "q8_0", "q4_0")
-# K-quants (q4_k_m): gguf-py can only dequantize them, and their 256-wide
-# super-blocks do not divide a 128-wide row anyway.
-MISSING = {"q4_k_m": "the gguf package cannot quantize K-quants (only dequantize); q4_0 is the 4-bit type offered"}
+VARIANTS = ("f32", "f16", "bf16", "q8_0", "q4_0", "q4_k_m")
+SOURCE_KEY = "precisionlab.source"
+# llama.cpp's quantizer: variant -> llama_ftype (llama.h: LLAMA_FTYPE_MOSTLY_Q4_K_M)
+_LLAMA_QUANTIZED = {"q4_k_m": 15}
 
 _ARCH = {"qwen3": "qwen3", "llama": "llama"}
 _LAYER = {"input_layernorm": "attn_norm", "post_attention_layernorm": "ffn_norm",
@@ -59,7 +68,10 @@ def _byte_unicode() -> dict[int, str]:
     return table
 
 
-def write(src: str, out: str, variant: str) -> list[str]:
+def write(src: str, out: str, variant: str, source: str | None = None) -> list[str]:
+    """The GGUF of the Hugging Face folder src at out; source: the spec recorded as SOURCE_KEY."""
+    if variant in _LLAMA_QUANTIZED:
+        return _quantized(src, out, variant, source)
     import gguf
     import numpy as np
     import torch
@@ -94,6 +106,8 @@ def write(src: str, out: str, variant: str) -> list[str]:
     head_dim = int(cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"])
     theta = float((cfg.get("rope_parameters") or {}).get("rope_theta", cfg.get("rope_theta", 10000.0)))
     w.add_name("precisionlab export")
+    if source is not None:
+        w.add_string(SOURCE_KEY, source)
     w.add_context_length(int(cfg["max_position_embeddings"]))
     w.add_embedding_length(int(cfg["hidden_size"]))
     w.add_block_count(int(cfg["num_hidden_layers"]))
@@ -146,3 +160,56 @@ def write(src: str, out: str, variant: str) -> list[str]:
     w.write_tensors_to_file()
     w.close()
     return changes
+
+
+def _quantized(src: str, out: str, variant: str, source: str | None) -> list[str]:
+    """An F32 GGUF written here, then llama.cpp's own quantizer to `variant`."""
+    import ctypes
+    import tempfile
+
+    from precisionlab.engines.external import need_package
+
+    need_package("llama_cpp", "engines", "--to gguf:" + variant)
+    import llama_cpp
+
+    with tempfile.TemporaryDirectory(prefix="precisionlab-gguf-") as work:
+        f32 = str(Path(work) / "f32.gguf")
+        changes = write(src, f32, "f32", source)
+        params = llama_cpp.llama_model_quantize_default_params()
+        params.ftype = _LLAMA_QUANTIZED[variant]
+        params.nthread = 1
+        status = llama_cpp.llama_model_quantize(f32.encode(), str(out).encode(), ctypes.byref(params))
+        if status != 0:
+            from precisionlab.errors import RunError
+
+            raise RunError(f"--to gguf:{variant}: llama.cpp's quantizer failed (status {status})")
+    types = tensor_types(out)
+    changes.append(f"weights: quantized to {variant.upper()} by llama.cpp's own quantizer (llama-cpp-python "
+                   f"{getattr(llama_cpp, '__version__', '?')}) from an F32 file; tensor types now: {types}")
+    if "Q4_K" not in types:
+        changes.append("K-quants pack rows in super-blocks of 256: no 2-D tensor here has rows that are a multiple "
+                       "of 256 wide, so llama.cpp gave every one its fallback type and none took Q4_K")
+    return changes
+
+
+def tensor_types(path: str) -> str:
+    """'Q4_K x 20, Q5_0 x 10, F32 x 11': how many tensors of each type a GGUF holds."""
+    import collections
+
+    import gguf
+
+    counts = collections.Counter(t.tensor_type.name for t in gguf.GGUFReader(path).tensors)
+    return ", ".join(f"{k} x {n}" for k, n in counts.most_common())
+
+
+def read_source(path: str) -> str | None:
+    """The SOURCE_KEY string a GGUF records (None: none, or not a GGUF the gguf package reads)."""
+    try:
+        import gguf
+
+        field = gguf.GGUFReader(path).fields.get(SOURCE_KEY)
+        if field is None:
+            return None
+        return bytes(field.parts[field.data[0]]).decode("utf-8", "replace")
+    except Exception:  # a stranger's file: no record is the answer, never a crash
+        return None

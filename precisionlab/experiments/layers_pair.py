@@ -1,0 +1,275 @@
+"""compare model --layers --reference SPEC (and --layers --engine SPEC): two
+models, module by module, on the same tokens.
+
+REF (--reference) and YOURS (--model, or the one --engine) read the same
+tokens: the prompt and REF's fp32 greedy continuation, teacher-forced. Every
+watched module of both runs is captured (engines/hooks.py; a llama.cpp engine
+through its eval callback, its GGML names mapped to the Hugging Face ones,
+engines/llamacpp.py). Per module, in REF's execution order, two views:
+
+  two-way    YOURS fp32 vs REF fp32 (rel-L2), against what fp32 rounding costs
+             there (REF fp32 vs REF fp64): where both can run fp32 this sees a
+             0.5 % bug that hides inside bf16's own rounding;
+  three-way  per low dtype: (2) REF low vs REF fp32, the yardstick; (3) YOURS
+             low vs REF low; their ratio, and the fitted scale YOURS ~ s * REF
+             low with its z (compare tensors' three-way view). An engine that
+             computes only as it was opened (llama.cpp, ...) is YOURS in every
+             column: is its departure within what the low dtype costs REF?
+
+The verdict rules (ratio, scale fit, first to differ, first jump, overflow)
+are numerics/divergence's; every flag names its rule and number. Modules only
+one side has are listed apart, never a first divergence.
+"""
+
+from __future__ import annotations
+
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from precisionlab.catalog import formats
+from precisionlab.engines.protocol import greedy
+from precisionlab.engines.registry import ModelRun, model_device, open_engine, resolve
+from precisionlab.errors import RunError, UsageError
+from precisionlab.experiments import layers as single
+from precisionlab.numerics import compare, divergence
+from precisionlab.runtime import torch_flags
+
+
+@dataclass
+class PairConfig(ModelRun):
+    reference: str | None = None  # REF's spec; None: what the engine's export recorded, else the embedded model
+    engine: str | None = None     # YOURS as an --engine spec (instead of --model)
+
+
+@dataclass
+class PairResult:
+    params: dict
+    rows: list[dict]
+    first_divergence: str | None
+    first_divergence_by_view: dict
+    flags: list[dict]
+    missing: dict
+    model_info: dict
+    reference_info: dict
+    takeaways: list[str]
+    timing: dict
+    notes: list[str] = field(default_factory=list)
+
+
+def _module_engine(spec: str | None, role: str):
+    """REF must expose its modules; YOURS may be an engine with a capture() of its own."""
+    from precisionlab.engines import registry
+    from precisionlab.engines.external import ExternalEngine
+
+    cls = registry.engine_class(registry.parse(spec)[0])  # before its own checks: the refusal that matters first
+
+    if issubclass(cls, ExternalEngine) and not hasattr(cls, "capture_layers"):
+        raise UsageError(f"{role} {spec}: {cls.ENGINE or cls.__name__} exposes no intermediate tensors, so "
+                         "--layers cannot compare it module by module (compare model --engine compares its logits)")
+    if role == "--reference" and issubclass(cls, ExternalEngine):
+        raise UsageError(f"--reference {spec}: the reference runs in fp32 and fp64 through its modules; give an "
+                         "hf:DIR or the embedded model")
+    try:
+        resolve(spec)
+    except UsageError as e:  # the hf engine's checks speak of --model: name the option that was given
+        raise UsageError(str(e).replace("--model", role, 1) if role != "--model" else str(e)) from None
+    return cls
+
+
+def check_specs(yours: str | None, reference: str | None, as_engine: bool):
+    """Both specs checked before anything loads (exit 2): YOURS' class, REF's when given."""
+    cls = _module_engine(yours, "--engine" if as_engine else "--model")
+    if reference is not None:
+        _module_engine(reference, "--reference")
+    return cls
+
+
+def run(cfg: PairConfig, advance=lambda k=1: None) -> PairResult:
+    from precisionlab.experiments.engines import default_reference
+
+    if cfg.steps <= 0:
+        raise UsageError(f"--steps must be > 0 (got {cfg.steps})")
+    if not cfg.prompt:
+        raise UsageError("--prompt is empty: greedy decoding needs at least one token to start from")
+    lows = formats.parse_list(cfg.dtypes, formats.LOW_COMPUTE, "--dtypes")
+    yours_spec = cfg.engine or cfg.model
+    ycls = check_specs(yours_spec, cfg.reference, bool(cfg.engine))
+    ref_spec, ref_note = default_reference(cfg.reference, [cfg.engine] if cfg.engine else [])
+    _module_engine(ref_spec, "--reference")
+    external = hasattr(ycls, "capture_layers")
+    device = model_device(cfg.device)
+    with _hf_named(ref_spec, external) as (run_spec, how):
+        if how:
+            ref_note += f"; {how}"
+        return _run(cfg, lows, yours_spec, run_spec, ref_spec, ref_note, external, device, advance)
+
+
+@contextmanager
+def _hf_named(ref_spec: str, external: bool):
+    """An engine names its modules as Hugging Face does (llama.cpp's map), the embedded model its own way:
+    REF embedded is then run as its Hugging Face export, written to a temporary folder for the run (the
+    same weights; RoPE and the attention scale computed by transformers, equal to fp32 rounding)."""
+    from precisionlab.engines.registry import DEFAULT_SPEC, parse
+
+    if not external or parse(ref_spec)[0] != DEFAULT_SPEC:
+        yield ref_spec, ""
+        return
+    import tempfile
+
+    from precisionlab.engines.exporters import hf
+    from precisionlab.engines.hf import quiet_library
+
+    with tempfile.TemporaryDirectory(prefix="precisionlab-ref-") as work:
+        with quiet_library():
+            hf.write_embedded(work)
+        yield f"hf:{work}", "the embedded model run as its Hugging Face export (a temporary folder), whose module names the engine's map to"
+
+
+def _run(cfg, lows, yours_spec, run_spec, ref_spec, ref_note, external, device, advance) -> PairResult:
+    import torch
+
+    from precisionlab.experiments.engines import token_check
+
+    torch.manual_seed(cfg.seed)
+    t0 = time.perf_counter()
+    ref = open_engine(run_spec, device, command="compare model --layers --reference")
+    yours = open_engine(yours_spec, "cpu" if external else device, command="compare model --layers")
+    prompt = ref.prompt_ids(cfg.prompt, cfg.steps)
+    notes = [f"reference {ref_spec} ({ref_note})"]
+    t_load = time.perf_counter() - t0
+    t1 = time.perf_counter()
+    with torch_flags.ieee_fp32(), torch.no_grad(), single._threads_for(ref.base):
+        ref_tokens, _ = greedy(ref, ref.base, prompt, cfg.steps)
+        ids = (prompt + ref_tokens)[:-1]
+        notes.append("tokens: " + token_check(ids, _encoded(yours, ref, ids), str(yours_spec)))
+        x = torch.tensor([ids], device=device)
+        ref_sites = ref.sites(ref.base)
+        cap32 = single._captured_run(ref, ref.base, ref_sites, x)
+        r32, order = _outputs(cap32), list(cap32.order)
+        r64 = _outputs(single._captured_run(ref, ref.model("fp64"), ref_sites, x))
+        advance()
+        if external:
+            y32 = {k: torch.from_numpy(v) for k, v in yours.capture_layers(ids).items()}
+        else:
+            y_sites = yours.sites(yours.base)
+            y32 = _outputs(single._captured_run(yours, yours.base, y_sites, x))
+        advance()
+        ref_low, yours_low = {}, {}
+        for low in lows:
+            ref_low[low] = _outputs(single._captured_run(ref, single._low_copy(ref, low), ref_sites, x))
+            yours_low[low] = y32 if external else \
+                _outputs(single._captured_run(yours, single._low_copy(yours, low), y_sites, x))
+            advance()
+    kinds = {s.name: s.kind for s in ref_sites}
+    common = [n for n in order if n in y32]
+    missing = {"only_reference": [n for n in order if n not in y32],
+               "only_yours": sorted(n for n in y32 if n not in r32)}
+    if not common:
+        raise RunError(f"no module in common between {ref_spec} and {yours_spec}: nothing compared "
+                       f"({len(order)} reference modules, {len(y32)} of yours)")
+    rows = []
+    for i, name in enumerate(common):
+        rows.append(_row(i, name, kinds.get(name, "module"), r32[name], r64[name], y32[name],
+                         {d: (ref_low[d][name], yours_low[d][name]) for d in lows}))
+    t_run = time.perf_counter() - t1
+    views = ["fp32", *lows]
+    flags, first_by = apply_rules(rows, views)
+    first = min((r for r in rows if any(first_by.get(v) == r["module"] for v in views)),
+                key=lambda r: r["order"], default=None)
+    first_name = first["module"] if first else None
+    params = {"model": yours_spec, "reference": ref_spec, "reference_from": ref_note, "engine": cfg.engine,
+              "steps": cfg.steps, "prompt": cfg.prompt, "dtypes": lows, "device": device, "seed": cfg.seed,
+              "tokens": len(ids), "ratio_threshold": compare.RATIO_THRESHOLD, "compared": len(common)}
+    takeaways = _takeaways(first_name, first_by, flags, missing)
+    if len(common) * 2 < len(order):
+        takeaways.append(f"only {len(common)} of REF's {len(order)} modules have a counterpart in YOURS: the two "
+                         "name their modules differently (a different architecture or engine naming?)")
+    return PairResult(params, rows, first_name, first_by, flags, missing, yours.info(), ref.info(),
+                      takeaways, {"load_s": t_load, "run_s": t_run}, notes)
+
+
+def _encoded(yours, ref, ids):
+    """YOURS' own token ids for the text REF's ids decode to (None: it has no tokenizer)."""
+    try:
+        return yours.encode(ref.decode(ids), "--prompt")
+    except (UsageError, NotImplementedError):
+        return None
+
+
+def _outputs(run) -> dict:
+    return dict(run.outputs)
+
+
+def _as(y, like: np.ndarray) -> np.ndarray:
+    """YOURS' tensor in REF's shape: an engine's (tokens, width) for HF's (1, tokens, width); same element order."""
+    a = single._np(y)
+    if a.shape != like.shape and a.size == like.size:
+        a = a.reshape(like.shape)
+    return a
+
+
+def _row(i, name, kind, r32, r64, y32, lows: dict) -> dict:
+    from precisionlab.engines import hooks
+
+    R32, R64 = single._np(r32), single._np(r64)
+    row = {"order": i, "module": name, "kind": kind, "shape": list(R32.shape), "amax_fp32": hooks.max_abs(r32)}
+    Y32 = _as(y32, R32)
+    if Y32.shape != R32.shape:
+        row["shape_yours"] = list(Y32.shape)
+        row["views"] = {}
+        return row
+    yard = compare.rel_l2(R32, R64)
+    err = compare.rel_l2(Y32, R32)
+    s, z = divergence.scale_fit(Y32, R32, yard)
+    views = {"fp32": {"error": err, "yardstick": yard, "ratio": compare.ratio(err, yard), "scale_fit": s,
+                      "bias_z": z, "overflow": list(divergence.overflow_split(R32, Y32))}}
+    for d, (rl, yl) in lows.items():
+        RL, YL = single._np(rl), _as(yl, R32)
+        y2, y3 = compare.rel_l2(RL, R32), compare.rel_l2(YL, RL)
+        fin = compare.finite_yardstick(R32, RL, YL)
+        s, z = divergence.scale_fit(YL, RL, y2)
+        views[d] = {"error": y3, "yardstick": y2, "ratio": compare.three_way_ratio(y3, fin), "scale_fit": s,
+                    "bias_z": z, "yours_vs_fp32": compare.rel_l2(YL, R32),
+                    "overflow": list(divergence.overflow_split(RL, YL)),
+                    "nonfinite_reference_low": divergence.overflow_count(R32, RL)}
+    row["views"] = views
+    return row
+
+
+def apply_rules(rows: list[dict], views: list[str]) -> tuple[list[dict], dict]:
+    """numerics/divergence's rules on each view's modules in execution order:
+    the flags (module, view, rule, text, value) and each view's first divergence."""
+    flags, first = [], {}
+    for view in views:
+        seq = [(r, r["views"][view]) for r in rows if view in r.get("views", {})]
+        judged = []
+        for r, v in seq:
+            against = "REF" if view == "fp32" else "REF_LOW"
+            found = divergence.judge_tensor(v["error"], v["yardstick"], ratio=v["ratio"],
+                                            scale=(v["scale_fit"], v["bias_z"]), overflow=tuple(v["overflow"]),
+                                            against=against, ref="REF" if view == "fp32" else "REF_LOW")
+            judged.append(divergence.Judged(r["module"], v["error"], v["ratio"], found,
+                                            rounding=divergence.rounding(view)))
+        div = divergence.first_divergence(judged)
+        for (r, v), j in zip(seq, judged):
+            v.update(divergence.row_fields(j.flags))
+            flags += [{"module": r["module"], "order": r["order"], "view": view, **f.as_dict()} for f in j.flags]
+        first[view] = div.name if div else None
+    return flags, first
+
+
+def _takeaways(first, first_by, flags, missing) -> list[str]:
+    out = []
+    if first is None:
+        out.append("no module of YOURS departs from REF beyond what rounding costs there, in any view.")
+    for view, m in first_by.items():
+        if m:
+            why = next((f for f in flags if f["view"] == view and f["module"] == m), None)
+            out.append(f"{view}: first divergence at {m}" + (f" ({why['rule']}: {why['text']})" if why else ""))
+    if missing["only_reference"]:
+        out.append(f"{len(missing['only_reference'])} reference modules have no counterpart in YOURS (not compared): "
+                   + ", ".join(missing["only_reference"][:6]) + ("..." if len(missing["only_reference"]) > 6 else ""))
+    return out

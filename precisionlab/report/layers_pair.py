@@ -1,0 +1,103 @@
+"""compare model --layers --reference's table, JSON and plot: per module the
+two-way view (YOURS fp32 vs REF fp32) and the three-way view per low dtype,
+the rule that fired with its number, and the first divergence."""
+
+from __future__ import annotations
+
+from rich.table import Table
+
+from precisionlab.report.console import hint, safe_text, sci, stdout, times
+from precisionlab.report.jsondoc import emit_json
+
+
+def _rule_text(r: dict, view: str) -> str:
+    v = r.get("views", {}).get(view, {})
+    return f"{v['rule']}: {v['reason']}" if v.get("rule") else ""
+
+
+def _scale(v: dict) -> str:
+    return f"{v['scale_fit']:.5f} ({v['bias_z']:.3g})"
+
+
+def table(res, wide: bool = False) -> None:
+    """The compact table; wide: each view's scale fit (s, z) beside its ratio."""
+    p = res.params
+    views = ["fp32", *p["dtypes"]]
+    t = Table(title=f"compare model --layers: YOURS {safe_text(p['model'] or 'embedded')} vs REF "
+                    f"{safe_text(p['reference'])} on {p['tokens']} teacher-forced tokens",
+              title_justify="left", highlight=False)
+    for col in ("#", "module"):
+        t.add_column(col, overflow="fold", justify="right" if col == "#" else "left")
+    t.add_column("fp32: YOURS vs REF", justify="right")
+    t.add_column("fp32 rounding", justify="right")
+    if wide:
+        t.add_column("fp32 ratio", justify="right")
+        t.add_column("fp32 scale (z)", justify="right")
+    for d in p["dtypes"]:
+        t.add_column(f"{d} (2) REF", justify="right")
+        t.add_column(f"{d} (3) YOURS", justify="right")
+        t.add_column("ratio", justify="right")
+        if wide:
+            t.add_column(f"{d} scale (z)", justify="right")
+    t.add_column("verdict", overflow="fold")
+    for r in res.rows:
+        v = r.get("views", {})
+        if not v:
+            t.add_row(str(r["order"]), safe_text(r["module"]), *["-"] * (len(t.columns) - 3),
+                      f"shape {r.get('shape_yours')} vs {r['shape']}: not compared")
+            continue
+        cells = [sci(v["fp32"]["error"]), sci(v["fp32"]["yardstick"])]
+        if wide:
+            cells += [times(v["fp32"]["ratio"]), _scale(v["fp32"])]
+        for d in p["dtypes"]:
+            cells += [sci(v[d]["yardstick"]), sci(v[d]["error"]), times(v[d]["ratio"])]
+            if wide:
+                cells.append(_scale(v[d]))
+        rules = [f"{view}: {_rule_text(r, view)}" for view in views if _rule_text(r, view)]
+        first = any(res.first_divergence_by_view.get(view) == r["module"] for view in views)
+        verdict = ("[bold red]first divergence[/bold red] " if first else "[red]flagged[/red] " if rules else
+                   "rounding") + safe_text("; ".join(rules))
+        t.add_row(str(r["order"]), safe_text(r["module"]), *cells, verdict)
+    stdout.print(t)
+    stdout.print("fp32: YOURS fp32 vs REF fp32 (rel L2), against REF fp32 vs REF fp64 (what fp32 rounding costs "
+                 "there). (2): REF in the low dtype vs REF fp32; (3): YOURS low vs REF low; ratio (3)/(2), "
+                 f"flagged beyond {p['ratio_threshold']:g}x. Rules (numerics/divergence): overflow, ratio, scale_fit "
+                 "(YOURS = s x REF, z), first_differs (after bit-identical modules), first_jump (>10x the module "
+                 "before).",
+                 style="dim", highlight=False)
+    for n in res.notes:
+        stdout.print(safe_text(n), style="dim", highlight=False)
+    stdout.print(f"load {res.timing['load_s']:.2f} s, run {res.timing['run_s']:.2f} s (after the torch import)",
+                 style="dim", highlight=False)
+    for view, m in res.first_divergence_by_view.items():
+        stdout.print(f"first divergence ({view}): {safe_text(m) if m else 'none'}", highlight=False)
+    stdout.print(f"first divergence: {safe_text(res.first_divergence) if res.first_divergence else 'none'} "
+                 f"(of {p['compared']} modules compared)", highlight=False)
+    for line in res.takeaways:
+        stdout.print(f"• {safe_text(line)}", highlight=False)
+
+
+def as_json(res) -> None:
+    emit_json("compare model --layers --reference", {
+        "params": res.params, "model": res.model_info, "reference": res.reference_info,
+        "first_divergence": res.first_divergence, "first_divergence_by_view": res.first_divergence_by_view,
+        "flags": res.flags, "missing": res.missing, "notes": res.notes, "timing": res.timing, "rows": res.rows,
+        "takeaways": res.takeaways})
+
+
+def plot(res, path: str) -> None:
+    """Per-module error along the model: the two-way view against fp32 rounding, and each low dtype's (3) against
+    its (2); the first divergence marked."""
+    from precisionlab.report import plots
+
+    rows = [r for r in res.rows if r.get("views")]
+    xs = [r["order"] for r in rows]
+    series = [("fp32: YOURS vs REF", [r["views"]["fp32"]["error"] for r in rows], "-"),
+              ("fp32 rounding (REF fp32 vs fp64)", [r["views"]["fp32"]["yardstick"] for r in rows], ":")]
+    for d in res.params["dtypes"]:
+        series += [(f"{d} (3) YOURS vs REF", [r["views"][d]["error"] for r in rows], "-"),
+                   (f"{d} (2) REF rounding", [r["views"][d]["yardstick"] for r in rows], ":")]
+    first = next((r["order"] for r in rows if r["module"] == res.first_divergence), None)
+    plots.along_model(path, "compare model --layers --reference: per-module rel-L2", xs, series,
+                      [r["module"] for r in rows], first)
+    hint("the plot's x axis is the execution order (#) of the table")
