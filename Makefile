@@ -111,8 +111,14 @@ dist: setup
 demo: setup lib
 	$(PYTHON) -m precisionlab accumulate --dtype bf16 --n 10000
 
+# Two workers (CI's two cores), a test file to a worker (its module fixtures, a
+# tiny model built once, stays with it).
+# The tests that hold a wall-clock bound run alone afterwards. Without
+# pytest-xdist (PYTHON=python3 on a machine without it) everything runs in one.
+XDIST = $$($(PYTHON) -c "import xdist" 2>/dev/null && echo "-n 2 --dist loadfile")
 test: setup lib
-	$(PYTHON) -m pytest -q -m "not gpu"
+	$(PYTHON) -m pytest -q -m "not gpu and not serial" $(XDIST)
+	$(PYTHON) -m pytest -q -m "serial and not gpu"
 
 # On a GPU machine a skipped GPU test is a failure: the library may have been
 # built host-only, or the device may be unusable.
