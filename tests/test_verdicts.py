@@ -215,3 +215,18 @@ def test_metrics_overflow_exits_1_named_as_one(tmp_path):
     assert row["nonfinite_positions"] == 32 and row["nonfinite_entries"] > 32
     assert any(f.startswith("fp16 is non-finite where fp32 is finite at 32 positions") and "an overflow" in f
                for f in d["failures"])
+
+
+def test_suggested_maps_pair_by_order_and_shape():
+    import re as re_
+
+    from precisionlab.io import tensor_layout
+
+    ref = [("model.embed", (1, 4, 8)), ("model.layers.0.mlp", (1, 4, 8)), ("model.layers.1.mlp", (1, 4, 8)),
+           ("lm_head", (1, 4, 20))]
+    yours = [("tok", (4, 8)), ("blk.0.ffn", (4, 8)), ("blk.1.ffn", (4, 8)), ("out", (20, 4))]
+    maps = tensor_layout.suggest_maps(ref, yours)
+    # one rule per layer pattern; the transposed head has no shape partner and no rule
+    assert maps == [r"^tok$=model.embed", r"^blk\.(\d+)\.ffn$=model.layers.\1.mlp"]
+    pat, _, rep = maps[1].partition("=")
+    assert re_.sub(pat, rep, "blk.12.ffn") == "model.layers.12.mlp"
