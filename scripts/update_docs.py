@@ -23,6 +23,12 @@ printed on stdout. An HTML comment on the line before the fence marks it:
     .venv/bin/python scripts/update_docs.py --check    # CI: exit 1 on a difference
     .venv/bin/python scripts/update_docs.py --only softmax   # examples whose command matches
 
+The engine examples (compare model --engine) read models exported into
+docs/data/engines/ (gitignored): before any example that names that folder
+runs, ENGINE_MODELS are exported there with `precisionlab export embedded`
+(a few seconds; the same bits each time), so a clean clone with the engines
+installed (`make engines`) checks them too.
+
 What --check ignores (normalise() below, and tests/test_update_docs.py):
   - timings: a number followed by a time unit (`0.27 s`, `12 ms`, `3 µs`,
     `1.5 ns`), and every cell of the table columns that hold timings or
@@ -133,6 +139,26 @@ def run(cmd: str) -> tuple[str, int]:
     return "\n".join(lines) + "\n", p.returncode
 
 
+ENGINE_DATA = "docs/data/engines/"
+# (--to FORMAT, file name): what the examples under ENGINE_DATA read
+ENGINE_MODELS = [("gguf:q8_0", "m-q8_0.gguf"), ("ct2:int8", "ct2-int8"), ("onnx:fp16", "m-fp16.onnx")]
+
+
+def export_engine_models(cmds: list[str]) -> list[str]:
+    """Export ENGINE_MODELS into ENGINE_DATA when one of cmds reads that folder;
+    the failures, one line each (an engine's package missing, say)."""
+    if not any(ENGINE_DATA in c for c in cmds):
+        return []
+    (ROOT / ENGINE_DATA).mkdir(parents=True, exist_ok=True)
+    failures = []
+    for to, name in ENGINE_MODELS:
+        out, code = run(f"export embedded --to {to} --out {ENGINE_DATA}{name}")
+        if code:
+            failures.append(f"precisionlab export embedded --to {to}: exit {code} (the engine examples need "
+                            "`make engines`)")
+    return failures
+
+
 def files() -> list[Path]:
     return [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 
@@ -145,8 +171,10 @@ def main() -> int:
     args = ap.parse_args()
     t_all = time.perf_counter()
     checked = skipped = machine = masked = 0
-    failures = []
     cpu = this_cpu()
+    selected = [m.group("cmd") for path in files() for m in BLOCK.finditer(path.read_text())
+                if not args.only or args.only in m.group("cmd")]
+    failures = export_engine_models(selected)
     for path in files():
         text = path.read_text()
         rel = path.relative_to(ROOT)

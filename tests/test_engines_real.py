@@ -50,6 +50,18 @@ def reference():
     return ids, fp32, fp64
 
 
+@pytest.fixture(scope="module")
+def hf_fp32(hf_dir, reference):
+    """The Hugging Face fp32 run of the `--to hf` export: compare model --engine's
+    other reference (--reference hf:DIR)."""
+    import torch
+    import transformers
+
+    model = transformers.AutoModelForCausalLM.from_pretrained(hf_dir, trust_remote_code=False).eval()
+    with torch.no_grad():
+        return model(input_ids=torch.tensor([reference[0]])).logits[0].double().numpy()
+
+
 def _stats(ref, low, ids):
     from precisionlab.experiments.engines import shifted_max_abs
     from precisionlab.numerics import distribution
@@ -77,7 +89,7 @@ def test_hf_export_is_the_embedded_model(hf_dir, reference):
         tok("é")  # no <unk>: an unknown character is an error, never a silent token
 
 
-def test_gguf_orderings(hf_dir, reference, tmp_path):
+def test_gguf_orderings(hf_dir, reference, hf_fp32, tmp_path):
     llama_cpp = pytest.importorskip("llama_cpp", reason="llama.cpp's engine needs llama-cpp-python")
     pytest.importorskip("gguf", reason="the GGUF export needs the gguf package")
     from precisionlab.engines.exporters import gguf
@@ -90,10 +102,13 @@ def test_gguf_orderings(hf_dir, reference, tmp_path):
         gguf.write(str(hf_dir), str(path), v)
         eng = LlamaCppEngine(f"{path},kv=f32", "cpu")
         assert eng.encode(TEXT) == ids  # the same tokens, no BOS
-        row, shifted = _stats(fp32, eng.logits(ids).astype(np.float64), ids)
+        got = eng.logits(ids).astype(np.float64)
+        row, shifted = _stats(fp32, got, ids)
         kld[v] = row["kld_mean"]
-        if v == "f32":
+        if v == "f32":  # F32 GGUF with an f32 cache: fp32-equal to the embedded and to the HF fp32 run
             assert row["kld_max"] < FP32_MAX_KLD and shifted < FP32_MAX_SHIFTED, (row["kld_max"], shifted)
+            hf_row, hf_shifted = _stats(hf_fp32, got, ids)
+            assert hf_row["kld_max"] < FP32_MAX_KLD and hf_shifted < FP32_MAX_SHIFTED, (hf_row["kld_max"], hf_shifted)
             assert eng.info()["kv_cache_type"] == "f32" and eng.info()["flash_attn"] is False
         # llama.cpp's AMX kernels segfaulted on this model's q8_0/q4_0 matmuls:
         # off by default for quantised files on an AMX CPU, and said in info()
@@ -165,6 +180,9 @@ def test_q4_k_m_of_128_wide_rows_says_no_tensor_took_q4_k(hf_dir, tmp_path):
 
 
 def test_ct2_orderings(hf_dir, reference, tmp_path):
+
+
+def test_ct2_orderings(hf_dir, reference, hf_fp32, tmp_path):
     pytest.importorskip("ctranslate2", reason="CTranslate2's engine needs the ctranslate2 package")
     from precisionlab.engines.ct2 import CT2Engine
     from precisionlab.engines.exporters import ct2
@@ -176,10 +194,17 @@ def test_ct2_orderings(hf_dir, reference, tmp_path):
         ct2.write(str(hf_dir), str(d), v)
         eng = CT2Engine(str(d), "cpu")
         assert eng.encode(TEXT) == ids
-        row, shifted = _stats(fp32, eng.logits(ids).astype(np.float64), ids)
+        got = eng.logits(ids).astype(np.float64)
+        row, shifted = _stats(fp32, got, ids)
         kld[v] = row["kld_mean"]
-        if v == "float32":
+        if v == "float32":  # fp32-equal to the embedded and to the HF fp32 run
             assert row["kld_max"] < FP32_MAX_KLD and shifted < FP32_MAX_SHIFTED, (row["kld_max"], shifted)
+            hf_row, hf_shifted = _stats(hf_fp32, got, ids)
+            assert hf_row["kld_max"] < FP32_MAX_KLD and hf_shifted < FP32_MAX_SHIFTED, (hf_row["kld_max"], hf_shifted)
+            # in a batch of 4 prompts the compared one is still row 0, within fp32 rounding of a batch of 1
+            four = CT2Engine(f"{d},batch=4", "cpu")
+            assert four.info()["batch_size"] == 4
+            assert np.max(np.abs(four.logits(ids).astype(np.float64) - got)) < FP32_MAX_SHIFTED
     assert kld["int8"] > kld["bfloat16"], kld
 
 
@@ -197,6 +222,9 @@ def test_onnx_fp32_is_fp32_equal(reference, tmp_path):
     row, shifted = _stats(fp32, eng.logits(ids).astype(np.float64), ids)
     assert row["kld_max"] < FP32_MAX_KLD and shifted < FP32_MAX_SHIFTED
     assert eng.info()["provider"] == "CPUExecutionProvider"
+    four = OnnxEngine(f"{path},batch=4", "cpu")  # the compared prompt is row 0 of a batch of 4
+    assert four.info()["batch_size"] == 4
+    assert np.max(np.abs(four.logits(ids).astype(np.float64) - eng.logits(ids))) < FP32_MAX_SHIFTED
 
 
 def test_token_checks_name_a_mismatch_and_a_bos_shift():
@@ -456,3 +484,25 @@ def test_onnx_export_records_its_source_beside_the_file(tmp_path):
     assert r.code == 0, r.err
     assert json.loads((tmp_path / ("m.onnx" + SOURCE_SUFFIX)).read_text()) == {"source": "embedded"}
     assert recorded_source(f"onnx:{out}") == "embedded"
+
+
+def test_bit_identical_and_the_raw_difference():
+    from precisionlab.experiments.engines import bit_identical
+
+    a = np.array([[1.0, -0.0, 3.0]])
+    assert bit_identical(a, a.copy())
+    assert not bit_identical(a, np.array([[1.0, 0.0, 3.0]]))  # -0 and +0: equal values, other bits
+    assert not bit_identical(a, np.nextafter(a, 10))
+    n = np.array([[np.nan, 1.0]])
+    assert not bit_identical(n, n.copy())  # two NaNs never agree
+    assert not bit_identical(a, a[:, :2])
+
+
+def test_batch_of_keeps_the_compared_sequence_first():
+    from precisionlab.engines.external import batch_of
+
+    ids = list(range(8))
+    assert batch_of(ids, 1) == [ids]
+    b = batch_of(ids, 4)
+    assert b[0] == ids and len(b) == 4 and all(sorted(r) == ids and len(r) == 8 for r in b)
+    assert b[1] == [2, 3, 4, 5, 6, 7, 0, 1] and len({tuple(r) for r in b}) == 4  # other prompts, one length

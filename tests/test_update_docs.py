@@ -88,3 +88,17 @@ def test_an_example_recorded_on_another_cpu_is_compared_without_its_digits():
     a, b = normalise("rel L2 1.25e-07 flagged\n"), normalise("rel L2 1.37e-07 flagged\n")
     assert a != b and update_docs.mask_numbers(a) == update_docs.mask_numbers(b)
     assert update_docs.mask_numbers(a) != update_docs.mask_numbers(normalise("rel L2 1.25e-07 ok\n"))  # the words count
+
+
+def test_engine_models_are_exported_only_for_the_examples_that_read_them(monkeypatch, tmp_path):
+    ran = []
+    monkeypatch.setattr(update_docs, "ROOT", tmp_path)  # the folder it makes, here
+    monkeypatch.setattr(update_docs, "run", lambda cmd: (ran.append(cmd), ("", 0))[1])
+    assert update_docs.export_engine_models(["info", "compare model --dtypes bf16"]) == [] and ran == []
+    cmd = f"compare model --engine ct2:{update_docs.ENGINE_DATA}ct2-int8"
+    assert update_docs.export_engine_models([cmd]) == [] and (tmp_path / update_docs.ENGINE_DATA).is_dir()
+    assert ran == [f"export embedded --to {to} --out {update_docs.ENGINE_DATA}{name}"
+                   for to, name in update_docs.ENGINE_MODELS]
+    monkeypatch.setattr(update_docs, "run", lambda cmd: ("", 2))  # an engine's package missing: said, one line each
+    failures = update_docs.export_engine_models([cmd])
+    assert len(failures) == len(update_docs.ENGINE_MODELS) and all("make engines" in f for f in failures)

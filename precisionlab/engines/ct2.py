@@ -2,17 +2,19 @@
 forward_batch, which returns every position's logits (a StorageView). What
 decides its numbers: the compute_type it runs (asked for, and the one it
 actually chose: bfloat16 on a CPU without fast bf16 becomes float32, said so
-in info()), and intra_threads. The tokenizer is the folder's tokenizer.json
+in info()), intra_threads, and the batch it runs in (batch=N: the sequence
+and N-1 others of its length in one forward_batch). The tokenizer is the folder's tokenizer.json
 (precisionlab export copies it there), read with the tokenizers package."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from precisionlab.engines.external import ExternalEngine, int_opt, need_package, split_spec
+from precisionlab.engines.external import ExternalEngine, batch_of, int_opt, need_package, split_spec
 from precisionlab.errors import UsageError
 
-KEYS = {"compute": "compute_type (default: the stored type)", "threads": "intra_threads (default 1)"}
+KEYS = {"compute": "compute_type (default: the stored type)", "threads": "intra_threads (default 1)",
+        "batch": "prompts in each forward_batch: the compared one and N-1 others of its length (default 1)"}
 
 
 class CT2Engine(ExternalEngine):
@@ -23,6 +25,8 @@ class CT2Engine(ExternalEngine):
         if not (Path(path) / "model.bin").is_file():
             raise UsageError(f"engine ct2:{path}: not a CTranslate2 model folder (no model.bin)")
         int_opt(opts, "threads", 1, "ct2")
+        if int_opt(opts, "batch", 1, "ct2") < 1:
+            raise UsageError("engine ct2: batch must be >= 1")
 
     def __init__(self, arg, device: str):
         self.check(arg)
@@ -31,6 +35,7 @@ class CT2Engine(ExternalEngine):
         path, opts = split_spec(arg, "ct2", KEYS)
         asked = opts.get("compute", "default")
         threads = int_opt(opts, "threads", 1, "ct2")
+        self.batch = int_opt(opts, "batch", 1, "ct2")
         try:
             self.gen = ctranslate2.Generator(path, device=device, compute_type=asked, intra_threads=threads)
         except (ValueError, RuntimeError) as e:
@@ -45,7 +50,7 @@ class CT2Engine(ExternalEngine):
 
         self.vocab = len(json.loads((Path(path) / "vocabulary.json").read_text()))
         self.settings = {"compute_type_asked": asked, "compute_type": self.gen.compute_type, "intra_threads": threads,
-                         "device": device}
+                         "batch_size": self.batch, "device": device}
         self.device = device
         self.name = f"ct2:{path}"
         self.max_len = 1 << 16
@@ -64,4 +69,4 @@ class CT2Engine(ExternalEngine):
     def rows(self, ids):
         import numpy as np
 
-        return np.array(self.gen.forward_batch([list(ids)]))[0]
+        return np.array(self.gen.forward_batch(batch_of(ids, self.batch)))[0]

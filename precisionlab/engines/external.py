@@ -45,6 +45,14 @@ def int_opt(opts: dict, key: str, default: int, prefix: str) -> int:
     return v
 
 
+def batch_of(ids: list[int], n: int) -> list[list[int]]:
+    """A batch of n prompts whose first is ids and the others its rotations (by
+    i * len / n): n sequences of one length, other tokens, so an engine's batched
+    kernels run while row 0 is the sequence compared (spec key batch=N)."""
+    k = len(ids)
+    return [list(ids[i * k // n:]) + list(ids[:i * k // n]) for i in range(n)]
+
+
 def need_package(module: str, extra: str, prefix: str) -> None:
     import importlib.util
 

@@ -1,9 +1,10 @@
-"""onnxruntime (`--engine onnx:FILE[,threads=N,provider=NAME]`): an
+"""onnxruntime (`--engine onnx:FILE[,threads=N,provider=NAME,opt=LEVEL,batch=N]`): an
 InferenceSession over a graph input_ids (batch, tokens) -> logits (batch,
 tokens, vocab), as precisionlab export --to onnx writes it. What decides its
 numbers: the graph's dtype (the file), the execution provider, the graph
-optimisation level (all: onnxruntime fuses and may reorder) and the intra-op
-threads, all in info(). The tokenizer is the character vocabulary the file
+optimisation level (all: onnxruntime fuses and may reorder), the intra-op
+threads and the batch (batch=N: the sequence and N-1 others of its length in
+one run), all in info(). The tokenizer is the character vocabulary the file
 carries in its metadata (precisionlab.vocab); without one the reference's ids
 are used and that is said."""
 
@@ -11,11 +12,12 @@ from __future__ import annotations
 
 import json
 
-from precisionlab.engines.external import ExternalEngine, file_spec, int_opt, split_spec
+from precisionlab.engines.external import ExternalEngine, batch_of, file_spec, int_opt, split_spec
 from precisionlab.errors import UsageError
 
 KEYS = {"threads": "intra_op_num_threads (default 1)", "provider": "execution provider (default CPUExecutionProvider)",
-        "opt": "graph optimisation: all (default) | basic | off"}
+        "opt": "graph optimisation: all (default) | basic | off",
+        "batch": "prompts in each run: the compared one and N-1 others of its length (default 1)"}
 _OPT = {"all": "ORT_ENABLE_ALL", "basic": "ORT_ENABLE_BASIC", "off": "ORT_DISABLE_ALL"}
 
 
@@ -26,12 +28,15 @@ class OnnxEngine(ExternalEngine):
         if opts.get("opt", "all") not in _OPT:
             raise UsageError(f"engine onnx: opt is one of {', '.join(_OPT)}")
         int_opt(opts, "threads", 1, "onnx")
+        if int_opt(opts, "batch", 1, "onnx") < 1:
+            raise UsageError("engine onnx: batch must be >= 1")
 
     def __init__(self, arg, device: str):
         self.check(arg)
         import onnxruntime as ort
 
         path, opts = split_spec(arg, "onnx", KEYS)
+        self.batch = int_opt(opts, "batch", 1, "onnx")
         so = ort.SessionOptions()
         so.intra_op_num_threads = int_opt(opts, "threads", 1, "onnx")
         so.inter_op_num_threads = 1
@@ -49,7 +54,8 @@ class OnnxEngine(ExternalEngine):
         out = self.sess.get_outputs()[0]
         self.vocab = int(out.shape[-1]) if isinstance(out.shape[-1], int) else len(self.chars or [])
         self.settings = {"provider": self.sess.get_providers()[0], "intra_op_num_threads": so.intra_op_num_threads,
-                         "graph_optimization": opts.get("opt", "all"), "output_type": out.type}
+                         "graph_optimization": opts.get("opt", "all"), "output_type": out.type,
+                         "batch_size": self.batch}
         self.device = "cpu"
         self.name = f"onnx:{path}"
         self.max_len = int(meta.get("precisionlab.max_seq_len", 1 << 16))
@@ -72,4 +78,4 @@ class OnnxEngine(ExternalEngine):
     def rows(self, ids):
         import numpy as np
 
-        return self.sess.run(None, {"input_ids": np.asarray([ids], dtype=np.int64)})[0][0]
+        return self.sess.run(None, {"input_ids": np.asarray(batch_of(ids, self.batch), dtype=np.int64)})[0][0]

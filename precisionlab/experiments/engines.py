@@ -97,6 +97,15 @@ def shifted_max_abs(ref: np.ndarray, low: np.ndarray) -> float:
     return float(np.max((d.max(axis=1) - d.min(axis=1)) / 2)) if d.size else 0.0
 
 
+def bit_identical(ref: np.ndarray, low: np.ndarray) -> bool:
+    """Every logit the same bits (float32 widened to float64 exactly, so -0 and
+    +0 differ); a NaN on either side is never identical (two NaNs never agree)."""
+    if ref.shape != low.shape or np.isnan(ref).any() or np.isnan(low).any():
+        return False
+    return bool(np.array_equal(np.ascontiguousarray(ref, dtype=np.float64).view(np.uint64),
+                               np.ascontiguousarray(low, dtype=np.float64).view(np.uint64)))
+
+
 def _encode(engine, text: str, need: int, source: str):
     try:
         return engine.prefix_ids(text, need + 1, source)[:need + 1]  # one more: room for a BOS
@@ -169,13 +178,16 @@ def run(cfg: EnginesConfig, advance=lambda k=1: None) -> EnginesResult:
             prompt_note = token_check(prompt_ids, _encode(eng, cfg.prompt, len(prompt_ids), "--prompt"), spec)
             window = min(ref.window, eng.window)
             ref_parts, eng_parts = [], []
+            forward_s = 0.0
             for start in range(0, n, window):
                 chunk = ids[start:min(n, start + window)]
                 x = torch.tensor([chunk], device=device)
                 if (start, window) not in ref_windows:
                     ref_windows[start, window] = lexp.to_numpy(ref.forward(ref_model, x)[0]).astype(np.float64)
                 ref_parts.append(ref_windows[start, window])
+                t2 = time.perf_counter()
                 eng_parts.append(lexp.to_numpy(eng.forward(eng_model, x)[0]).astype(np.float64))
+                forward_s += time.perf_counter() - t2
                 advance()
             R, E = np.concatenate(ref_parts), np.concatenate(eng_parts)
             if R.shape != E.shape:
@@ -189,6 +201,8 @@ def run(cfg: EnginesConfig, advance=lambda k=1: None) -> EnginesResult:
                 margin = float(top[1] - top[0])
             row = {"engine_spec": spec, "engine": eng.info(), "tokens": tokens_note, "prompt_tokens": prompt_note,
                    **distribution.summarize(stats), "max_abs_diff_shifted": shifted_max_abs(R, E),
+                   "max_abs_diff": float(np.max(np.abs(E - R))) if R.size else 0.0,
+                   "bit_identical": bit_identical(R, E), "forward_s": forward_s,
                    "greedy_steps": cfg.steps, "greedy_diverged_at": div, "reference_margin_at_divergence": margin,
                    "engine_s": time.perf_counter() - t1}
             rows.append(row)
