@@ -14,7 +14,11 @@
 # Not part of `make test`: it compiles for tens of minutes on a small machine.
 set -euo pipefail
 
-VERSION=${LLAMA_CPP_PYTHON_VERSION:-0.3.36}
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+# llama-cpp-python's pin in pyproject.toml (the version the llamacpp engine runs)
+PIN=$(sed -n 's/.*"llama-cpp-python==\([0-9.]*\)".*/\1/p' "$ROOT/pyproject.toml" | head -n 1)
+VERSION=${LLAMA_CPP_PYTHON_VERSION:-$PIN}
+[ -n "$VERSION" ] || { echo "llama-tools: no llama-cpp-python==VERSION pin in $ROOT/pyproject.toml" >&2; exit 1; }
 PYTHON=${PYTHON:-python3}
 JOBS=${JOBS:-2}
 CACHE=${PRECISIONLAB_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/precisionlab}
@@ -67,6 +71,7 @@ CMAKE_FLAGS=(
     -DLLAMA_USE_PREBUILT_UI=OFF
     -DLLAMA_OPENSSL=OFF
     -DLLAMA_CURL=OFF
+    -DGGML_CCACHE=OFF
 )
 cmake -S "$SRC" -B "$WORK/build" "${CMAKE_FLAGS[@]}" >"$WORK/configure.log" 2>&1 \
     || { tail -n 20 "$WORK/configure.log" >&2; exit 1; }
