@@ -216,10 +216,11 @@ def _fake_endpoint(noise: float, form: str = "openai"):
     """A local /v1/completions that answers from the embedded model in fp32,
     its logits plus seeded Gaussian noise, top 5 per position: the true KL of
     what it serves is known, so the bound can be checked against it.
-    form "llama-server": as llama.cpp's llama-server answers (read in its
-    tools/server sources): echo refused with HTTP 500, otherwise the next
-    token's top K only, in logprobs.content[0].top_logprobs, a list of
-    {id, token, bytes, logprob}."""
+    form "llama-server": as llama.cpp's llama-server answers (measured on the
+    one `make llama-tools` builds): echo ignored, the next token's top K only,
+    in logprobs.content[0].top_logprobs, a list of {id, token, bytes,
+    logprob}; "refuses-echo": the same, but echo refused with HTTP 500 (what
+    its sources' "Only no echo is supported" would answer)."""
     import json
     import threading
     from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -240,7 +241,7 @@ def _fake_endpoint(noise: float, form: str = "openai"):
             body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
             ids = body["prompt"]
             served.setdefault("bodies", []).append(body)
-            if form == "llama-server" and body.get("echo"):
+            if form == "refuses-echo" and body.get("echo"):
                 return self._send(500, {"error": {"code": 500, "message": "Only no echo is supported",
                                                   "type": "server_error"}})
             with torch.no_grad():
@@ -253,7 +254,7 @@ def _fake_endpoint(noise: float, form: str = "openai"):
                              for i in range(1, len(ids) + 1)]
             doc = {"choices": [{"logprobs": {"tokens": [tok.vocab[i] for i in ids] + ["x"],
                                              "top_logprobs": tops, "token_logprobs": [None] * (len(ids) + 1)}}]}
-            if form == "llama-server":
+            if form in ("llama-server", "refuses-echo"):
                 last = lq[len(ids) - 1]
                 top = [{"id": int(j), "token": tok.vocab[j], "bytes": list(tok.vocab[j].encode()),
                         "logprob": float(last[j])} for j in np.argsort(-last)[:k]]
@@ -305,8 +306,9 @@ def test_openai_top_k_gives_a_labelled_lower_bound(noise):
         assert bound_mean > 1e-3  # sigma 0.3 on the logits: KL ~ sigma^2/2 (1 - sum p^2), of order 1e-2
 
 
-def test_openai_adapter_reads_a_server_that_refuses_echo_one_position_at_a_time():
-    """llama-server's form: echo refused, so each of the 32 rows is its own
+@pytest.mark.parametrize("form", ["llama-server", "refuses-echo"])
+def test_openai_adapter_reads_a_server_without_echo_one_position_at_a_time(form):
+    """llama-server's form: echo ignored or refused, so each of the 32 rows is its own
     request (the prefix as token ids, one token, cache_prompt off), read by id.
     Served without noise, the rows are the fp32 model's: top-1 everywhere and
     a bound at fp32 rounding; the rows are the right positions' (a shift by one
@@ -314,7 +316,7 @@ def test_openai_adapter_reads_a_server_that_refuses_echo_one_position_at_a_time(
     from precisionlab.engines.openai import PER_POSITION
     from precisionlab.experiments import engines
 
-    srv, served = _fake_endpoint(0.0, "llama-server")
+    srv, served = _fake_endpoint(0.0, form)
     try:
         url = f"http://127.0.0.1:{srv.server_address[1]}"
         res = engines.run(engines.EnginesConfig(engines=[f"openai:{url},timeout=30"], tokens=32, steps=2))

@@ -149,7 +149,7 @@ def test_k_of_n_from_llama_server(server):
 
 
 def test_the_openai_adapter_reads_llama_server_without_echo(server):
-    """llama-server refuses echo (HTTP 500 "Only no echo is supported"): the
+    """llama-server ignores echo (it answers the generated token only): the
     adapter asks one prefix a request and reads the top 5 by token id. The f32
     GGUF (with llama-server's default f16 KV cache) against the fp32 reference:
     the top-1 agrees almost everywhere and the KLD bound is small; bands chosen
@@ -193,11 +193,19 @@ def parse_report(text: str) -> dict[str, tuple[float, int]]:
     return out
 
 
-def _perplexity(args: list[str], cwd: Path) -> str:
-    p = subprocess.run([str(tools_dir() / "llama-perplexity"), *args, "-c", str(N_CTX), "-b", str(N_CTX),
-                        "-t", "1", "-tb", "1", "-fa", "off", "--no-repack"],
-                       capture_output=True, text=True, timeout=loaded_timeout(300), cwd=cwd)
-    assert p.returncode == 0, (p.stdout + p.stderr)[-3000:]
+def _perplexity(args: list[str], cwd: Path, until: str | None = None) -> str:
+    """One llama-perplexity run (exit 0), its stdout and stderr. until: a line
+    its report ends with; llama.cpp logs from a worker thread, and on this
+    loaded machine one run in a few exited 0 with the report's last lines
+    never written, so a run without it is repeated (at most twice more; the
+    computation is deterministic, only the printing is lost)."""
+    for _ in range(3):
+        p = subprocess.run([str(tools_dir() / "llama-perplexity"), *args, "-c", str(N_CTX), "-b", str(N_CTX),
+                            "-t", "1", "-tb", "1", "-fa", "off", "--no-repack"],
+                           capture_output=True, text=True, timeout=loaded_timeout(300), cwd=cwd)
+        assert p.returncode == 0, (p.stdout + p.stderr)[-3000:]
+        if until is None or until in p.stdout + p.stderr:
+            break
     return p.stdout + p.stderr
 
 
@@ -228,7 +236,8 @@ def kld_run(request, ggufs, base_file):
 
     pytest.importorskip("llama_cpp", reason="YOURS' logits come from the llamacpp engine (precisionlab[llamacpp])")
     variant, (d, models), base = request.param, ggufs, base_file
-    log = _perplexity(["-m", str(models[variant]), "--kl-divergence-base", str(base), "--kl-divergence"], d)
+    log = _perplexity(["-m", str(models[variant]), "--kl-divergence-base", str(base), "--kl-divergence"], d,
+                      until="Same top p:")
     (d / f"kld-{variant}.log").write_text(log)
     bf = kld_base_file.open_file(str(base), "base")
     assert (bf.n_ctx, bf.n_chunk) == (N_CTX, N_CHUNKS)
@@ -250,10 +259,53 @@ def kld_run(request, ggufs, base_file):
     return variant, base, yours, log
 
 
+def llama_kld_float32(base: Path, yours: Path) -> dict[str, float]:
+    """llama-perplexity's KLD figures the way it computes them, in float32
+    (written here from tools/perplexity/perplexity.cpp's log_softmax and
+    percentile): per position, max and log-sum-exp in float, each term
+    expf(ln p) * ((ln p - logit) + max + lse) in float, summed in double and
+    stored as float; percentiles at float p = fraction (n - 1), interpolated in
+    float; the median the float mean of the middle two."""
+    from precisionlab.io import kld_base_file, logits_file
+
+    f = np.float32
+    bf = kld_base_file.open_file(str(base), "base")
+    q = np.fromfile(str(base), dtype="<u2", offset=bf.data_offset).reshape(bf.positions, -1)
+    head = np.ascontiguousarray(q[:, :4]).view("<f4")
+    scale, low = head[:, :1], head[:, 1:2]
+    x = logits_file.open_file(str(yours), "yours").rows(0, bf.positions).astype(f)
+    top = x.max(axis=1, keepdims=True)
+    lse = np.log(np.exp((x - top).astype(f)).astype(np.float64).sum(axis=1, keepdims=True)).astype(f)
+    shift = (top + lse).astype(f)
+    lp = (scale * q[:, 4:4 + bf.vocab].astype(f) + low).astype(f)
+    term = (np.exp(lp).astype(f) * (((lp - x).astype(f) + shift).astype(f))).astype(f)
+    kl = np.where(lp > f(-16), term, f(0)).astype(np.float64).sum(axis=1).astype(f)
+    s = np.sort(kl)
+    n = s.size
+
+    def pct(fraction):
+        p = f(f(fraction) * f(n - 1))
+        i = int(p)
+        p = f(p - f(i))
+        return float(f((f(1) - p) * s[i] + p * s[min(i + 1, n - 1)]))
+
+    mid = s[n // 2] if n % 2 else f(f(0.5) * (s[n // 2] + s[n // 2 - 1]))
+    return {"mean_kld": float(np.sum(kl.astype(np.float64)) / n), "max_kld": float(s[-1]), "min_kld": float(s[0]),
+            "median_kld": float(mid), **{k: pct(v) for k, v in (
+                ("kld_p99_9", 0.999), ("kld_p99", 0.99), ("kld_p95", 0.95), ("kld_p90", 0.9), ("kld_p10", 0.1),
+                ("kld_p5", 0.05), ("kld_p1", 0.01), ("kld_p0_1", 0.001))}}
+
+
 def test_compare_logits_agrees_with_llama_perplexitys_report(kld_run):
-    """Every figure of the closing report, to 4 significant digits or, where
-    the report prints fewer (a %10.6f of a KLD near 1e-5), to its last printed
-    digit: half a unit there, plus llama.cpp's float32 (5e-5 relative)."""
+    """Every figure of the closing report against compare logits' float64
+    one: to 4 significant digits or, where the report prints fewer (its
+    %10.6f of a KLD near 1e-4 has 3), to half a unit of its last printed
+    digit. Where llama.cpp's own float32 arithmetic moves a figure further
+    (a KL is a difference of two ~1-nat sums: ~1e-7 absolute at a position),
+    the allowance grows by exactly that: the distance between the float64
+    figure and a float32 restatement of llama.cpp's computation, which must
+    itself reproduce every printed KLD figure to its last digit (so YOURS'
+    logits are the ones llama-perplexity computed, bit for bit or nearly)."""
     variant, base, yours, log = kld_run
     theirs = parse_report(log)
     assert {"mean_kld", "max_kld", "kld_p99", "kld_p90", "median_kld", "rms_dp_pct", "same_top_p_pct",
@@ -262,10 +314,15 @@ def test_compare_logits_agrees_with_llama_perplexitys_report(kld_run):
     assert r.code == 0, r.err
     ours = strict_json(r.out)["llamacpp"]["YOURS"]
     assert ours["positions"] == N_CHUNKS * (N_CTX - 1 - N_CTX // 2)
+    f32 = llama_kld_float32(base, yours)
     lines = []
     for key, (value, decimals) in theirs.items():
-        half = 0.5 * 10.0 ** -decimals
-        assert abs(ours[key] - value) <= max(5e-4 * abs(value), half * (1 + 1e-9)) + 5e-5 * abs(value), \
-            (key, ours[key], value)
-        lines.append(f"{variant} {key}: llama-perplexity {value:.{decimals}f}, compare logits {ours[key]:.6g}")
+        half = 0.5 * 10.0 ** -decimals * (1 + 1e-9)
+        if key in f32:
+            assert abs(f32[key] - value) <= half + 1e-12, (key, f32[key], value)
+        f32_error = abs(f32[key] - ours[key]) if key in f32 else 0.0
+        allowed = max(5e-4 * abs(value), half) + f32_error
+        assert abs(ours[key] - value) <= allowed, (key, ours[key], value, allowed)
+        lines.append(f"{variant} {key}: llama-perplexity {value:.{decimals}f}, compare logits {ours[key]:.6g}"
+                     + (f", float32 restatement {f32[key]:.6g}" if key in f32 else ""))
     print("\n".join(lines))

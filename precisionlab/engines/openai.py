@@ -8,8 +8,10 @@ kl_lower_bound_top_k), labelled as a bound. Token strings are mapped to ids
 through the reference's vocabulary; an echoed token that is not the id sent
 is a tokenizer mismatch, named. Every request has a timeout.
 
-A server that refuses echo (llama.cpp's llama-server: HTTP 500 "Only no echo
-is supported") is asked one position at a time instead: the prefix ids[:i+1]
+A server that ignores echo (llama.cpp's llama-server 0.3.36-vendored: its
+answer holds only the generated token's logprobs, in the newer content[] form)
+or refuses it (an HTTP error naming echo; llama-server's sources have "Only no
+echo is supported") is asked one position at a time instead: the prefix ids[:i+1]
 as token ids, max_tokens=1, logprobs=K, cache_prompt=false (each row a fresh
 prefill, whatever the order of the requests), and the first generated token's
 top K are row i. Its answer's newer form (logprobs.content[0].top_logprobs, a
@@ -36,7 +38,7 @@ KEYS = {"model": "the model name the endpoint serves", "top": "top_logprobs K (d
         "lag": "0: echo's top_logprobs[j] is token j's distribution (OpenAI's rule, default); 1: token j+1's "
                "(llama-cpp-python 0.3.36's echo, one position late)"}
 ECHO = "echo (one request)"
-PER_POSITION = "one request per position (the server refused echo)"
+PER_POSITION = "one request per position (the server ignored or refused echo)"
 
 
 def v1_base(url: str) -> str:
@@ -177,7 +179,10 @@ class OpenAIEngine(ExternalEngine):
         if self.settings["prompt_logprobs"] == ECHO:
             try:
                 doc = self._echo(ids)
+                refused = _echo_ignored(doc)
             except _EchoRefused:
+                refused = True
+            if refused:
                 self.settings["prompt_logprobs"] = PER_POSITION
                 self.settings["lag"] = None  # each row is the answer to its own prefix: no echo to be late
         if self.settings["prompt_logprobs"] == PER_POSITION:
@@ -263,6 +268,15 @@ class OpenAIEngine(ExternalEngine):
             raise RunError(f"{self.name}: the answer carries no top_logprobs (logprobs={self.settings['top_logprobs']} "
                            "was asked)")
         return out
+
+
+def _echo_ignored(doc: dict) -> bool:
+    """An answer with no echoed tokens, only the newer content[] form (the generated tokens'): echo not done."""
+    try:
+        lp = doc["choices"][0]["logprobs"]
+    except (KeyError, IndexError, TypeError):
+        return False
+    return isinstance(lp, dict) and "tokens" not in lp and isinstance(lp.get("content"), list)
 
 
 class _EchoRefused(RunError):
