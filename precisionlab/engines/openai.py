@@ -8,11 +8,11 @@ kl_lower_bound_top_k), labelled as a bound. Token strings are mapped to ids
 through the reference's vocabulary; an echoed token that is not the id sent
 is a tokenizer mismatch, named. Every request has a timeout.
 
-A server that ignores echo (llama.cpp's llama-server 0.3.36-vendored: its
-answer holds only the generated token's logprobs, in the newer content[] form)
-or refuses it (an HTTP error naming echo; llama-server's sources have "Only no
-echo is supported") is asked one position at a time instead: the prefix ids[:i+1]
-as token ids, max_tokens=1, logprobs=K, cache_prompt=false (each row a fresh
+A server that ignores echo (llama.cpp's llama-server, as llama-cpp-python
+0.3.36 vendors it: its answer holds only the generated token's logprobs, in
+the newer content[] form) or refuses it (an HTTP error naming echo;
+llama-server's sources have "Only no echo is supported") is asked one
+position at a time instead: the prefix ids[:i+1] as token ids, max_tokens=1, logprobs=K, cache_prompt=false (each row a fresh
 prefill, whatever the order of the requests), and the first generated token's
 top K are row i. Its answer's newer form (logprobs.content[0].top_logprobs, a
 list of {id, token, logprob}) is read by id where the server gives one; the
