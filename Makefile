@@ -41,7 +41,7 @@ endif
 HOST_FLAGS := -O2 -std=c++17 -fPIC -ffp-contract=off -Wall -Wextra
 NVCC_FLAGS := -O3 -std=c++17 --threads 0 --fmad=false -cudart static $(GENCODE) -Xcompiler -fPIC,-ffp-contract=off,-Wall
 
-.PHONY: FORCE objects setup engines lib demo test gpu-test emu-test sanitize sass-check arch-check bench clean dist docs docs-check
+.PHONY: FORCE objects setup engines llama-tools lib demo test gpu-test emu-test sanitize sass-check arch-check bench clean dist docs docs-check
 
 setup: $(SETUP)
 
@@ -55,6 +55,15 @@ setup: $(SETUP)
 # `setup`, since their tests skip without them and the wheels are large.
 engines: setup
 	$(PYTHON) -m pip install -q -e ".[engines,server]"
+
+# llama.cpp's llama-server and llama-perplexity, from the llama.cpp that
+# llama-cpp-python's sdist vendors (pip download from the configured index),
+# into ~/.cache/precisionlab/llama.cpp-VERSION/bin; a no-op once built. Their
+# tests (tests/test_llama_tools.py) skip without them. Not in `test`: it
+# compiles for tens of minutes on a small machine. LLAMA_JOBS=N for -j N.
+LLAMA_JOBS ?= 2
+llama-tools:
+	PYTHON=$(if $(wildcard $(PYTHON)),$(PYTHON),python3) JOBS=$(LLAMA_JOBS) scripts/build_llama_tools.sh
 
 lib: $(PKG_LIB)
 

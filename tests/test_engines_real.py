@@ -300,10 +300,15 @@ def test_usage_errors_exit_2(args):
     assert r.err.count("\n") == 1 and "Traceback" not in r.err
 
 
-def _fake_endpoint(noise: float):
+def _fake_endpoint(noise: float, form: str = "openai"):
     """A local /v1/completions that answers from the embedded model in fp32,
     its logits plus seeded Gaussian noise, top 5 per position: the true KL of
-    what it serves is known, so the bound can be checked against it."""
+    what it serves is known, so the bound can be checked against it.
+    form "llama-server": as llama.cpp's llama-server answers (measured on the
+    one `make llama-tools` builds): echo ignored, the next token's top K only,
+    in logprobs.content[0].top_logprobs, a list of {id, token, bytes,
+    logprob}; "refuses-echo": the same, but echo refused with HTTP 500 (what
+    its sources' "Only no echo is supported" would answer)."""
     import json
     import threading
     from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -323,6 +328,10 @@ def _fake_endpoint(noise: float):
         def do_POST(self):
             body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
             ids = body["prompt"]
+            served.setdefault("bodies", []).append(body)
+            if form == "refuses-echo" and body.get("echo"):
+                return self._send(500, {"error": {"code": 500, "message": "Only no echo is supported",
+                                                  "type": "server_error"}})
             with torch.no_grad():
                 x = model(torch.tensor([ids]))[0][0].double().numpy()
             x = x + noise * np.random.default_rng(len(ids)).standard_normal(x.shape)
@@ -333,8 +342,17 @@ def _fake_endpoint(noise: float):
                              for i in range(1, len(ids) + 1)]
             doc = {"choices": [{"logprobs": {"tokens": [tok.vocab[i] for i in ids] + ["x"],
                                              "top_logprobs": tops, "token_logprobs": [None] * (len(ids) + 1)}}]}
+            if form in ("llama-server", "refuses-echo"):
+                last = lq[len(ids) - 1]
+                top = [{"id": int(j), "token": tok.vocab[j], "bytes": list(tok.vocab[j].encode()),
+                        "logprob": float(last[j])} for j in np.argsort(-last)[:k]]
+                doc = {"choices": [{"text": top[0]["token"], "index": 0, "finish_reason": "length",
+                                    "logprobs": {"content": [{**top[0], "top_logprobs": top}]}}]}
+            self._send(200, doc)
+
+        def _send(self, status, doc):
             data = json.dumps(doc).encode()
-            self.send_response(200)
+            self.send_response(status)
             self.send_header("Content-Length", str(len(data)))
             self.end_headers()
             self.wfile.write(data)
@@ -374,6 +392,32 @@ def test_openai_top_k_gives_a_labelled_lower_bound(noise):
         assert row["kld_lower_bound_max"] < FP32_MAX_KLD and row["top1_agree_pct"] == 100.0
     else:
         assert bound_mean > 1e-3  # sigma 0.3 on the logits: KL ~ sigma^2/2 (1 - sum p^2), of order 1e-2
+
+
+@pytest.mark.parametrize("form", ["llama-server", "refuses-echo"])
+def test_openai_adapter_reads_a_server_without_echo_one_position_at_a_time(form):
+    """llama-server's form: echo ignored or refused, so each of the 32 rows is its own
+    request (the prefix as token ids, one token, cache_prompt off), read by id.
+    Served without noise, the rows are the fp32 model's: top-1 everywhere and
+    a bound at fp32 rounding; the rows are the right positions' (a shift by one
+    would agree by chance only, as the lag test of the real server shows)."""
+    from precisionlab.engines.openai import PER_POSITION
+    from precisionlab.experiments import engines
+
+    srv, served = _fake_endpoint(0.0, form)
+    try:
+        url = f"http://127.0.0.1:{srv.server_address[1]}"
+        res = engines.run(engines.EnginesConfig(engines=[f"openai:{url},timeout=30"], tokens=32, steps=2))
+    finally:
+        srv.shutdown()
+    row = res.rows[0]
+    assert row["engine"]["prompt_logprobs"] == PER_POSITION and row["engine"]["prompt_as"] == "token ids"
+    assert row["positions"] == 32 and row["top1_agree_pct"] == 100.0
+    assert row["kld_lower_bound_max"] < FP32_MAX_KLD
+    per = [b for b in served["bodies"] if not b.get("echo")]
+    assert all(b["max_tokens"] == 1 and b["cache_prompt"] is False and b["logprobs"] == 5 for b in per)
+    assert sorted(len(b["prompt"]) for b in per) == list(range(1, 33))  # one request per prefix
+    assert row["tokens"].startswith("the reference's ids, sent as token ids")
 
 
 def test_export_never_replaces_a_folder_that_holds_no_model(tmp_path):

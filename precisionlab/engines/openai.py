@@ -8,6 +8,17 @@ kl_lower_bound_top_k), labelled as a bound. Token strings are mapped to ids
 through the reference's vocabulary; an echoed token that is not the id sent
 is a tokenizer mismatch, named. Every request has a timeout.
 
+A server that ignores echo (llama.cpp's llama-server, as llama-cpp-python
+0.3.36 vendors it: its answer holds only the generated token's logprobs, in
+the newer content[] form) or refuses it (an HTTP error naming echo;
+llama-server's sources have "Only no echo is supported") is asked one
+position at a time instead: the prefix ids[:i+1] as token ids, max_tokens=1, logprobs=K, cache_prompt=false (each row a fresh
+prefill, whatever the order of the requests), and the first generated token's
+top K are row i. Its answer's newer form (logprobs.content[0].top_logprobs, a
+list of {id, token, logprob}) is read by id where the server gives one; the
+legacy form (top_logprobs[0], {token: logprob}) by string. info() says which
+way the rows came (prompt_logprobs).
+
 Client is the one HTTP client of the project (this adapter's and
 `nondeterminism --endpoint`'s): JSON in and out of the one server the user
 named, a timeout on every socket operation, each answer a dict or one
@@ -26,6 +37,8 @@ KEYS = {"model": "the model name the endpoint serves", "top": "top_logprobs K (d
         "timeout": "seconds per request (default 60)",
         "lag": "0: echo's top_logprobs[j] is token j's distribution (OpenAI's rule, default); 1: token j+1's "
                "(llama-cpp-python 0.3.36's echo, one position late)"}
+ECHO = "echo (one request)"
+PER_POSITION = "one request per position (the server ignored or refused echo)"
 
 
 def v1_base(url: str) -> str:
@@ -134,7 +147,8 @@ class OpenAIEngine(ExternalEngine):
         self.settings = {"url": self.url + "/completions", "served_model": opts.get("model", ""),
                          "top_logprobs": int_opt(opts, "top", 5, "openai"),
                          "timeout_s": int_opt(opts, "timeout", 60, "openai"), "echo": True, "temperature": 0,
-                         "prompt_as": "token ids", "lag": int_opt(opts, "lag", 0, "openai")}
+                         "prompt_as": "token ids", "lag": int_opt(opts, "lag", 0, "openai"),
+                         "prompt_logprobs": ECHO}
         self.name = f"openai:{url}"
         self.device = "cpu"
         self.max_len = 1 << 20
@@ -162,7 +176,17 @@ class OpenAIEngine(ExternalEngine):
 
     def top_logprobs(self, ids: list[int]) -> list[dict[int, float]]:
         """For each position i < len(ids) - 1: {id: log Q(id | ids[:i+1])} over the top K."""
-        doc = self._echo(ids)
+        if self.settings["prompt_logprobs"] == ECHO:
+            try:
+                doc = self._echo(ids)
+                refused = _echo_ignored(doc)
+            except _EchoRefused:
+                refused = True
+            if refused:
+                self.settings["prompt_logprobs"] = PER_POSITION
+                self.settings["lag"] = None  # each row is the answer to its own prefix: no echo to be late
+        if self.settings["prompt_logprobs"] == PER_POSITION:
+            return self._per_position(ids)
         try:
             lp = doc["choices"][0]["logprobs"]
             tokens, tops = lp["tokens"], lp["top_logprobs"]
@@ -201,7 +225,65 @@ class OpenAIEngine(ExternalEngine):
             try:
                 return client.post("/completions", {**body, "prompt": list(ids)})
             except RunError as e:
+                if _refuses_echo(e):
+                    raise _EchoRefused(str(e)) from None
                 if ": HTTP " not in str(e) or not self.names:  # no answer at all: text would fare no better
                     raise
                 self.settings["prompt_as"] = "text (the server refused token ids)"
         return client.post("/completions", {**body, "prompt": "".join(self.names[i] for i in ids)})
+
+    def _per_position(self, ids: list[int]) -> list[dict[int, float]]:
+        """Row i from its own request: the prefix ids[:i+1] as token ids, one token generated."""
+        body = {"max_tokens": 1, "logprobs": self.settings["top_logprobs"], "temperature": 0,
+                "cache_prompt": False}
+        if self.settings["served_model"]:
+            body["model"] = self.settings["served_model"]
+        client = Client(self.url, self.settings["timeout_s"])
+        return [self._first_top(client.post("/completions", {**body, "prompt": list(ids[:i + 1])}))
+                for i in range(len(ids) - 1)]
+
+    def _first_top(self, doc: dict) -> dict[int, float]:
+        """The first generated token's top K, as {id: logprob}, from either logprobs form."""
+        try:
+            lp = doc["choices"][0]["logprobs"]
+            if isinstance(lp, dict) and isinstance(lp.get("content"), list):
+                items = [(x.get("id"), x["token"], x["logprob"]) for x in lp["content"][0]["top_logprobs"]]
+            else:
+                items = [(None, t, v) for t, v in (lp["top_logprobs"][0] or {}).items()]
+        except (KeyError, IndexError, TypeError, AttributeError) as e:
+            raise RunError(f"{self.name}: no usable completions answer ({type(e).__name__}: "
+                           f"{str(e).splitlines()[0] if str(e) else ''})") from None
+        out = {}
+        for i, s, v in items:
+            if isinstance(i, int) and not isinstance(i, bool):
+                if not 0 <= i < self.vocab:
+                    raise RunError(f"{self.name}: top_logprobs names token id {i}, outside the reference's "
+                                   f"vocabulary of {self.vocab}")
+                out[i] = float(v)
+            elif s in self.strings:
+                out[self.strings[s]] = float(v)
+            else:
+                raise RunError(f"{self.name}: top_logprobs names {s!r}, not in the reference's vocabulary")
+        if not out:
+            raise RunError(f"{self.name}: the answer carries no top_logprobs (logprobs={self.settings['top_logprobs']} "
+                           "was asked)")
+        return out
+
+
+def _echo_ignored(doc: dict) -> bool:
+    """An answer with no echoed tokens, only the newer content[] form (the generated tokens'): echo not done."""
+    try:
+        lp = doc["choices"][0]["logprobs"]
+    except (KeyError, IndexError, TypeError):
+        return False
+    return isinstance(lp, dict) and "tokens" not in lp and isinstance(lp.get("content"), list)
+
+
+class _EchoRefused(RunError):
+    """The server answered, refusing echo: its rows come one position at a time."""
+
+
+def _refuses_echo(e: RunError) -> bool:
+    """An HTTP error whose text names echo (llama-server: "Only no echo is supported")."""
+    text = str(e)
+    return ": HTTP " in text and "echo" in text.split(": HTTP ", 1)[1].lower()

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from precisionlab.engines import protocol
+from precisionlab.engines.openai import ECHO
 from precisionlab.engines.registry import DEFAULT_PROMPT, model_device, open_engine
 from precisionlab.errors import RunError, UsageError
 from precisionlab.experiments import logits as lexp
@@ -137,7 +138,9 @@ def _top_k_row(spec, eng, ref, ref_model, ids, targets, n, device, advance) -> d
         agree.append(np.array([bool(t) and max(t, key=t.get) == int(np.argmax(r)) for t, r in zip(top, R)]))
         advance()
     b, a = np.concatenate(bounds), np.concatenate(agree)
-    return {"engine_spec": spec, "engine": eng.info(), "tokens": "the reference's ids, checked against the echo",
+    checked = ("checked against the echo" if eng.settings.get("prompt_logprobs", ECHO) == ECHO
+               else "sent as token ids, one prefix a request (no echo to check them against)")
+    return {"engine_spec": spec, "engine": eng.info(), "tokens": f"the reference's ids, {checked}",
             "positions": int(b.size), "kld_lower_bound_mean": exact_mean(b),
             "kld_lower_bound_max": float(np.max(b)), "top_k": eng.settings["top_logprobs"],
             "kld_note": "a lower bound: KL over the endpoint's top k tokens plus one bucket for the rest",
