@@ -179,9 +179,6 @@ def test_q4_k_m_of_128_wide_rows_says_no_tensor_took_q4_k(hf_dir, tmp_path):
     assert any("none took Q4_K" in c for c in strict_json(r.out)["changes"])
 
 
-def test_ct2_orderings(hf_dir, reference, tmp_path):
-
-
 def test_ct2_orderings(hf_dir, reference, hf_fp32, tmp_path):
     pytest.importorskip("ctranslate2", reason="CTranslate2's engine needs the ctranslate2 package")
     from precisionlab.engines.ct2 import CT2Engine
