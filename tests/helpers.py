@@ -1,10 +1,14 @@
 """Running the CLI the way a user does: a subprocess, its exit code, stdout, stderr."""
 
+import contextlib
 import json
 import os
 import re
+import socket
 import subprocess
 import sys
+import time
+import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -161,3 +165,42 @@ def save_tiny_qwen(folder: Path, hidden: int = 32, layers: int = 2, words=TINY_W
     model.save_pretrained(folder)
     PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="[UNK]").save_pretrained(folder)
     return Path(folder)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@contextlib.contextmanager
+def local_server(argv_for_port, log_path: Path, probe: str, ready, *, what: str, env=None, cwd=None):
+    """A server the test starts on 127.0.0.1 and stops by its pid: argv_for_port(port)
+    is its command line; yields its URL once GET url+probe answers 200 with a JSON
+    body ready() accepts (readiness, not a fixed wait, as long as the process lives,
+    up to two minutes stretched by the load); its output goes to log_path."""
+    port = free_port()
+    log = open(log_path, "w")
+    p = subprocess.Popen(argv_for_port(port), stdout=log, stderr=subprocess.STDOUT, cwd=cwd, env=env)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + loaded_timeout(120)
+        while True:
+            assert p.poll() is None, log_path.read_text()[-3000:]
+            try:
+                with urllib.request.urlopen(url + probe, timeout=2) as resp:
+                    if resp.status == 200 and ready(json.loads(resp.read())):
+                        break
+            except (OSError, ValueError):  # refused while it starts; 503 or a partial body while the model loads
+                pass
+            assert time.monotonic() < deadline, f"{what} not ready in time:\n" + log_path.read_text()[-3000:]
+            time.sleep(0.2)
+        yield url
+    finally:
+        p.terminate()
+        try:
+            p.wait(loaded_timeout(10))
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait()
+        log.close()

@@ -6,16 +6,12 @@ requests, and stopped by the test. Skipped, with the reason, where the
 server's extras (llama-cpp-python[server]) are not installed."""
 
 import importlib.util
-import json
 import os
-import socket
 import subprocess
 import sys
-import time
-import urllib.request
 
 import pytest
-from helpers import ROOT, cli, loaded_timeout
+from helpers import ROOT, cli, loaded_timeout, local_server
 
 SERVER_MODULES = ("uvicorn", "fastapi", "sse_starlette", "pydantic_settings", "starlette_context")
 
@@ -49,44 +45,16 @@ WHY_NOT = _server_importable()
 pytestmark = pytest.mark.skipif(WHY_NOT is not None, reason=WHY_NOT or "")
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
     model = tmp_path_factory.mktemp("endpoint") / "m.gguf"
     r = cli("export", "embedded", "--to", "gguf:f32", "--out", str(model), timeout=loaded_timeout(300))
     assert r.code == 0, r.err
-    port = _free_port()
-    log = open(model.parent / "server.log", "w")
-    p = subprocess.Popen([sys.executable, "-m", "llama_cpp.server", "--model", str(model), "--host", "127.0.0.1",
-                          "--port", str(port), "--n_ctx", "256", "--n_threads", "1"],
-                         stdout=log, stderr=subprocess.STDOUT, cwd=model.parent, env=SERVER_ENV)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + loaded_timeout(120)
-        while True:
-            assert p.poll() is None, (model.parent / "server.log").read_text()[-2000:]
-            try:
-                with urllib.request.urlopen(url + "/v1/models", timeout=2) as resp:
-                    if json.loads(resp.read())["data"]:
-                        break
-            except OSError:
-                pass
-            assert time.monotonic() < deadline, "llama_cpp.server not ready in time"
-            time.sleep(0.25)
+    argv = lambda port: [sys.executable, "-m", "llama_cpp.server", "--model", str(model), "--host", "127.0.0.1",  # noqa: E731
+                         "--port", str(port), "--n_ctx", "256", "--n_threads", "1"]
+    with local_server(argv, model.parent / "server.log", "/v1/models", lambda d: bool(d["data"]),
+                      what="llama_cpp.server", env=SERVER_ENV, cwd=model.parent) as url:
         yield url
-    finally:
-        p.terminate()
-        try:
-            p.wait(loaded_timeout(10))
-        except subprocess.TimeoutExpired:
-            p.kill()
-            p.wait()
-        log.close()
 
 
 def test_k_of_n_from_llama_cpp_pythons_server(server):

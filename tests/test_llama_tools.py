@@ -20,19 +20,15 @@ llama-tools (it compiles for tens of minutes, so it is not part of make test).
 """
 
 import importlib.util
-import json
 import os
 import re
-import socket
 import subprocess
-import time
-import urllib.request
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from helpers import ROOT, cli, loaded_timeout, strict_json
+from helpers import ROOT, cli, loaded_timeout, local_server, strict_json
 
 
 def _version() -> str:
@@ -78,45 +74,17 @@ def ggufs(tmp_path_factory):
     return d, out
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def server(ggufs):
     """llama-server on the f32 GGUF, 4 slots of continuous batching, its own
     defaults otherwise (f16 KV cache, flash attention auto), one thread."""
     d, models = ggufs
-    port = _free_port()
     log_path = d / "llama-server.log"
-    log = open(log_path, "w")
-    p = subprocess.Popen([str(tools_dir() / "llama-server"), "-m", str(models["f32"]), "--host", "127.0.0.1",
-                          "--port", str(port), "--parallel", "4", "-c", "1024", "-t", "1", "-tb", "1"],
-                         stdout=log, stderr=subprocess.STDOUT, cwd=d)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + loaded_timeout(120)
-        while True:
-            assert p.poll() is None, log_path.read_text()[-3000:]
-            try:  # 503 while the model loads, 200 {"status": "ok"} once it serves
-                with urllib.request.urlopen(url + "/health", timeout=2) as resp:
-                    if resp.status == 200 and json.loads(resp.read()).get("status") == "ok":
-                        break
-            except OSError:
-                pass
-            assert time.monotonic() < deadline, "llama-server not ready in time:\n" + log_path.read_text()[-3000:]
-            time.sleep(0.2)
+    argv = lambda port: [str(tools_dir() / "llama-server"), "-m", str(models["f32"]), "--host", "127.0.0.1",  # noqa: E731
+                         "--port", str(port), "--parallel", "4", "-c", "1024", "-t", "1", "-tb", "1"]
+    # /health: 503 while the model loads, 200 {"status": "ok"} once it serves
+    with local_server(argv, log_path, "/health", lambda d: d.get("status") == "ok", what="llama-server", cwd=d) as url:
         yield url, log_path
-    finally:
-        p.terminate()
-        try:
-            p.wait(loaded_timeout(10))
-        except subprocess.TimeoutExpired:
-            p.kill()
-            p.wait()
-        log.close()
 
 
 def test_k_of_n_from_llama_server(server):

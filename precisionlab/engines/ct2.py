@@ -25,8 +25,7 @@ class CT2Engine(ExternalEngine):
         if not (Path(path) / "model.bin").is_file():
             raise UsageError(f"engine ct2:{path}: not a CTranslate2 model folder (no model.bin)")
         int_opt(opts, "threads", 1, "ct2")
-        if int_opt(opts, "batch", 1, "ct2") < 1:
-            raise UsageError("engine ct2: batch must be >= 1")
+        int_opt(opts, "batch", 1, "ct2", least=1)
 
     def __init__(self, arg, device: str):
         self.check(arg)

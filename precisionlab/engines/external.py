@@ -35,13 +35,13 @@ def split_spec(arg: str | None, prefix: str, keys: dict[str, str]) -> tuple[str,
     return path, opts
 
 
-def int_opt(opts: dict, key: str, default: int, prefix: str) -> int:
+def int_opt(opts: dict, key: str, default: int, prefix: str, least: int = 0) -> int:
     try:
         v = int(opts.get(key, default))
     except ValueError:
         raise UsageError(f"engine {prefix}: {key}={opts[key]!r} is not an integer") from None
-    if v < 0:
-        raise UsageError(f"engine {prefix}: {key} must be >= 0")
+    if v < least:
+        raise UsageError(f"engine {prefix}: {key} must be >= {least}")
     return v
 
 

@@ -28,8 +28,7 @@ class OnnxEngine(ExternalEngine):
         if opts.get("opt", "all") not in _OPT:
             raise UsageError(f"engine onnx: opt is one of {', '.join(_OPT)}")
         int_opt(opts, "threads", 1, "onnx")
-        if int_opt(opts, "batch", 1, "onnx") < 1:
-            raise UsageError("engine onnx: batch must be >= 1")
+        int_opt(opts, "batch", 1, "onnx", least=1)
 
     def __init__(self, arg, device: str):
         self.check(arg)

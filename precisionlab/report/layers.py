@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from rich.table import Table
 
-from precisionlab.report.console import hint, safe_text, sci, stdout, times
+from precisionlab.report.console import footer, hint, safe_text, sci, stdout, times
 from precisionlab.report.jsondoc import emit_json
 from precisionlab.report.tensors import compact, rule_cell, scale_cell
 
@@ -73,8 +73,7 @@ def _footer(res) -> None:
     reason = next((d["text"] for d in res.divergence_by_dtype.values() if d and d["name"] == first), None)
     stdout.print(f"first divergence: {safe_text(first) if first else 'none'}"
                  + (f" ({safe_text(reason)})" if reason else ""), highlight=False)
-    for line in res.takeaways:
-        stdout.print(f"• {safe_text(line)}", highlight=False)
+    footer(None, res.takeaways)
 
 
 def as_json(res) -> None:

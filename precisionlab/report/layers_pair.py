@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from rich.table import Table
 
-from precisionlab.report.console import hint, safe_text, sci, stdout, times
+from precisionlab.report.console import footer, hint, safe_text, sci, stdout, times
 from precisionlab.report.jsondoc import emit_json
 
 
@@ -73,8 +73,7 @@ def table(res, wide: bool = False) -> None:
         stdout.print(f"first divergence ({view}): {safe_text(m) if m else 'none'}", highlight=False)
     stdout.print(f"first divergence: {safe_text(res.first_divergence) if res.first_divergence else 'none'} "
                  f"(of {p['compared']} modules compared)", highlight=False)
-    for line in res.takeaways:
-        stdout.print(f"• {safe_text(line)}", highlight=False)
+    footer(None, res.takeaways)
 
 
 def as_json(res) -> None:
