@@ -359,18 +359,25 @@ def _fake_endpoint(noise: float, form: str = "openai"):
     return srv, served
 
 
+def _against_fake_endpoint(tokens: int, steps: int, *fake):
+    """compare model --engine openai: against _fake_endpoint(*fake): its row and what it served."""
+    from precisionlab.experiments import engines
+
+    srv, served = _fake_endpoint(*fake)
+    try:
+        url = f"http://127.0.0.1:{srv.server_address[1]}"
+        res = engines.run(engines.EnginesConfig(engines=[f"openai:{url},timeout=30"], tokens=tokens, steps=steps))
+    finally:
+        srv.shutdown()
+    return res.rows[0], served
+
+
 @pytest.mark.parametrize("noise", [0.0, 0.3])
 def test_openai_top_k_gives_a_labelled_lower_bound(noise):
     from precisionlab.experiments import engines
     from precisionlab.numerics import distribution
 
-    srv, served = _fake_endpoint(noise)
-    try:
-        url = f"http://127.0.0.1:{srv.server_address[1]}"
-        res = engines.run(engines.EnginesConfig(engines=[f"openai:{url},timeout=30"], tokens=64, steps=4))
-    finally:
-        srv.shutdown()
-    row = res.rows[0]
+    row, served = _against_fake_endpoint(64, 4, noise)
     assert "lower bound" in row["kld_note"] and "kld_mean" not in row
     # the true KL of what was served, over the same 64 positions, from the full rows
     import torch
@@ -399,15 +406,8 @@ def test_openai_adapter_reads_a_server_without_echo_one_position_at_a_time(form)
     a bound at fp32 rounding; the rows are the right positions' (a shift by one
     would agree by chance only, as the lag test of the real server shows)."""
     from precisionlab.engines.openai import PER_POSITION
-    from precisionlab.experiments import engines
 
-    srv, served = _fake_endpoint(0.0, form)
-    try:
-        url = f"http://127.0.0.1:{srv.server_address[1]}"
-        res = engines.run(engines.EnginesConfig(engines=[f"openai:{url},timeout=30"], tokens=32, steps=2))
-    finally:
-        srv.shutdown()
-    row = res.rows[0]
+    row, served = _against_fake_endpoint(32, 2, 0.0, form)
     assert row["engine"]["prompt_logprobs"] == PER_POSITION and row["engine"]["prompt_as"] == "token ids"
     assert row["positions"] == 32 and row["top1_agree_pct"] == 100.0
     assert row["kld_lower_bound_max"] < FP32_MAX_KLD

@@ -561,32 +561,23 @@ def _declared_logits(path, positions, vocab=1):
         f.truncate(8 + len(text) + 10 * positions * vocab)
 
 
-def test_a_logits_file_declaring_too_many_positions_is_refused_from_its_header(run, tmp_path, monkeypatch):
-    """512M declared positions: the tokens were read with no memory check and
-    the run ended in 'out of memory' (exit 1). The header says the size first."""
+@pytest.mark.parametrize("positions, limit", [(1 << 29, 1 << 30), (1 << 22, 512 << 20)], ids=["tokens", "results"])
+def test_a_logits_file_declaring_too_many_positions_is_refused_from_its_header(run, tmp_path, monkeypatch,
+                                                                               positions, limit):
+    """512M declared positions under 1 GiB: the tokens were read with no memory
+    check and the run ended in 'out of memory' (exit 1); the header says the
+    size first. 4M under 512 MiB: the tokens fit (80 MB) but the results (about
+    224 bytes a position for each side compared, 940 MB) do not; the check
+    counted the tokens alone, and 512M positions that fitted were killed for
+    memory minutes later."""
     from precisionlab.io import inputs
 
-    monkeypatch.setattr(inputs, "memory_limit", lambda: 1 << 30)
+    monkeypatch.setattr(inputs, "memory_limit", lambda: limit)
     ref, yours = tmp_path / "ref.st", tmp_path / "yours.st"
     for p in (ref, yours):
-        _declared_logits(p, 1 << 29)
+        _declared_logits(p, positions)
     r = run("compare", "logits", str(ref), str(yours))
-    one_line(r, 2, "needs about", "536870912 positions", str(ref))
-
-
-def test_a_logits_file_whose_results_would_not_fit_is_refused_from_its_header(run, tmp_path, monkeypatch):
-    """The header check counted the tokens alone: where they fitted, 512M
-    positions passed it and the run was killed for memory minutes later (it
-    holds about 224 bytes a position for each side compared). 4M positions
-    under 512 MiB: the tokens fit (80 MB), the results (940 MB) do not."""
-    from precisionlab.io import inputs
-
-    monkeypatch.setattr(inputs, "memory_limit", lambda: 512 << 20)
-    ref, yours = tmp_path / "ref.st", tmp_path / "yours.st"
-    for p in (ref, yours):
-        _declared_logits(p, 1 << 22)
-    r = run("compare", "logits", str(ref), str(yours))
-    one_line(r, 2, "needs about", "4194304 positions", str(ref))
+    one_line(r, 2, "needs about", f"{positions} positions", str(ref))
 
 
 # ---------------------------------------------------------------------------
