@@ -52,7 +52,7 @@ INJECT_KEYS = {"scale", "eps", "rope"}
 # A final norm + LM head in the low dtype is called out when running them in
 # fp32 (on the low run's own input) would cut the logits' rel-L2 by this much.
 HEAD_SHARE = 2.0
-SMALL_MODEL = 20_000_000  # parameters; see _threads_for
+SMALL_MODEL = 20_000_000  # parameters; see threads_for
 
 
 @dataclass
@@ -134,23 +134,23 @@ def run(cfg: LayersConfig, advance=lambda k=1: None) -> LayersResult:
 
     t1 = time.perf_counter()
     rows, pitfalls, dumped, first_by, div_by = [], [], [], {}, {}
-    with torch_flags.ieee_fp32(), torch.no_grad(), _threads_for(engine.base):  # fp32 means IEEE fp32 here
+    with torch_flags.ieee_fp32(), torch.no_grad(), threads_for(engine.base):  # fp32 means IEEE fp32 here
         ref = engine.base
         ref_tokens, _ = greedy(engine, ref, prompt, cfg.steps)
         ids = (prompt + ref_tokens)[:-1]
         x = torch.tensor([ids], device=device)
-        ref_cap = _captured_run(engine, ref, site_list, x)
+        ref_cap = captured_run(engine, ref, site_list, x)
         order = ref_cap.order
         if dump_dir is not None:
             dumped.append(_dump(dump_dir, "fp32", ref_cap, order, ids, engine, []))
         advance()
         for low in lows:
             tdt = formats.get(low).torch_dtype
-            trusted = _low_copy(engine, low)
-            yours = _low_copy(engine, low)
+            trusted = low_copy(engine, low)
+            yours = low_copy(engine, low)
             for inj, target in zip(injections, targets):
                 hooks.apply(yours, inj, target, by_name)
-            cap = _captured_run(engine, yours, site_list, x)
+            cap = captured_run(engine, yours, site_list, x)
             if dump_dir is not None:
                 dumped.append(_dump(dump_dir, low, cap, order, ids, engine, injections))
             touched = _touched(targets, order)
@@ -194,7 +194,7 @@ def judge_rows(rows: list[dict]):
 
 
 @contextmanager
-def _threads_for(model):
+def threads_for(model):
     """One intra-op thread for a small model: its ops touch a few thousand
     elements, and thread hand-offs cost more than they save (measured on the
     embedded model, 2 busy cores: 1.3 s with one thread, 14 s with two)."""
@@ -209,7 +209,7 @@ def _threads_for(model):
         torch.set_num_threads(before)
 
 
-def _low_copy(engine, low: str):
+def low_copy(engine, low: str):
     """The engine's copy in `low`, its RoPE inverse frequencies kept in fp32
     as transformers' own loader keeps them (a model without such buffers, the
     embedded one, is unchanged)."""
@@ -225,7 +225,7 @@ class _Run:
         self.order, self.outputs, self.records, self.t = order, outputs, records, t
 
 
-def _captured_run(engine, model, site_list, x) -> _Run:
+def captured_run(engine, model, site_list, x) -> _Run:
     from precisionlab.engines import hooks
 
     cap = hooks.Capture(model, site_list)
@@ -251,7 +251,8 @@ def _touched(targets, order) -> set:
     return out
 
 
-def _np(t):
+def as_float64(t):
+    """A captured tensor's values as float64 numpy (for the statistics)."""
     return t.detach().double().cpu().numpy()
 
 
@@ -287,7 +288,7 @@ def _site_row(engine, site, i, low, tdt, ref_cap, cap, trusted, yours, touched) 
         t_local = out32.to(tdt)  # phases built in fp32, rounded once
     else:
         t_local = _local(engine, site, trusted, ref_cap, cap, tdt) if touched else y_local
-    r32, rl, ry, rt = _np(out32), _np(out_low), _np(y_local), _np(t_local)
+    r32, rl, ry, rt = as_float64(out32), as_float64(out_low), as_float64(y_local), as_float64(t_local)
     yard, diff = rel_l2(rt, r32), rel_l2(ry, rt)
     ratio, _ = judge(diff, yard)
     scale, bias_z = divergence.scale_fit(ry, rt, yard)
@@ -338,7 +339,7 @@ def _pitfalls(low, rows, engine, ref_cap, cap, ref) -> list[dict]:
                 h = ref.get_submodule(norm_name)(x_low.float())
                 logits = h @ ref.embed.weight.T if head["module"] == "lm_head" and not hasattr(ref, "lm_head") \
                     else ref.get_submodule(head["module"])(h)
-            kept = rel_l2(_np(logits), _np(ref_cap.outputs[head["module"]]))
+            kept = rel_l2(as_float64(logits), as_float64(ref_cap.outputs[head["module"]]))
             head["logits_rel_l2_head_in_fp32"] = kept
             if head["accumulated"] > HEAD_SHARE * kept:
                 out.append({"dtype": low, "module": f"{norm_name} + {head['module']}", "pitfall": "head_low_precision",

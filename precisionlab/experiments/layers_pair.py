@@ -141,27 +141,27 @@ def _run(cfg, lows, yours_spec, run_spec, ref_spec, ref_note, external, device, 
     notes = [f"reference {ref_spec} ({ref_note})"]
     t_load = time.perf_counter() - t0
     t1 = time.perf_counter()
-    with torch_flags.ieee_fp32(), torch.no_grad(), single._threads_for(ref.base):
+    with torch_flags.ieee_fp32(), torch.no_grad(), single.threads_for(ref.base):
         ref_tokens, _ = greedy(ref, ref.base, prompt, cfg.steps)
         ids = (prompt + ref_tokens)[:-1]
         notes.append("tokens: " + token_check(ids, _encoded(yours, ref, ids), str(yours_spec)))
         x = torch.tensor([ids], device=device)
         ref_sites = ref.sites(ref.base)
-        cap32 = single._captured_run(ref, ref.base, ref_sites, x)
+        cap32 = single.captured_run(ref, ref.base, ref_sites, x)
         r32, order = _outputs(cap32), list(cap32.order)
-        r64 = _outputs(single._captured_run(ref, ref.model("fp64"), ref_sites, x))
+        r64 = _outputs(single.captured_run(ref, ref.model("fp64"), ref_sites, x))
         advance()
         if external:
             y32 = {k: torch.from_numpy(v) for k, v in yours.capture_layers(ids).items()}
         else:
             y_sites = yours.sites(yours.base)
-            y32 = _outputs(single._captured_run(yours, yours.base, y_sites, x))
+            y32 = _outputs(single.captured_run(yours, yours.base, y_sites, x))
         advance()
         ref_low, yours_low = {}, {}
         for low in lows:
-            ref_low[low] = _outputs(single._captured_run(ref, single._low_copy(ref, low), ref_sites, x))
+            ref_low[low] = _outputs(single.captured_run(ref, single.low_copy(ref, low), ref_sites, x))
             yours_low[low] = y32 if external else \
-                _outputs(single._captured_run(yours, single._low_copy(yours, low), y_sites, x))
+                _outputs(single.captured_run(yours, single.low_copy(yours, low), y_sites, x))
             advance()
     kinds = {s.name: s.kind for s in ref_sites}
     common = [n for n in order if n in y32]
@@ -205,7 +205,7 @@ def _outputs(run) -> dict:
 
 def _as(y, like: np.ndarray) -> np.ndarray:
     """YOURS' tensor in REF's shape: an engine's (tokens, width) for HF's (1, tokens, width); same element order."""
-    a = single._np(y)
+    a = single.as_float64(y)
     if a.shape != like.shape and a.size == like.size:
         a = a.reshape(like.shape)
     return a
@@ -214,7 +214,7 @@ def _as(y, like: np.ndarray) -> np.ndarray:
 def _row(i, name, kind, r32, r64, y32, lows: dict) -> dict:
     from precisionlab.engines import hooks
 
-    R32, R64 = single._np(r32), single._np(r64)
+    R32, R64 = single.as_float64(r32), single.as_float64(r64)
     row = {"order": i, "module": name, "kind": kind, "shape": list(R32.shape), "amax_fp32": hooks.max_abs(r32)}
     Y32 = _as(y32, R32)
     if Y32.shape != R32.shape:
@@ -227,7 +227,7 @@ def _row(i, name, kind, r32, r64, y32, lows: dict) -> dict:
     views = {"fp32": {"error": err, "yardstick": yard, "ratio": compare.ratio(err, yard), "scale_fit": s,
                       "bias_z": z, "overflow": list(divergence.overflow_split(R32, Y32))}}
     for d, (rl, yl) in lows.items():
-        RL, YL = single._np(rl), _as(yl, R32)
+        RL, YL = single.as_float64(rl), _as(yl, R32)
         y2, y3 = compare.rel_l2(RL, R32), compare.rel_l2(YL, RL)
         fin = compare.finite_yardstick(R32, RL, YL)
         s, z = divergence.scale_fit(YL, RL, y2)
