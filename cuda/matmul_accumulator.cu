@@ -18,7 +18,7 @@
  *                  folded from the right), the same tree in O(log K) memory.
  *   hopper-fp8     per group of `group` k: the terms {c} U {a_k b_k}, the
  *                  largest's exponent e, each term cut to a multiple of
- *                  2^(e - bits + 1) (trunc or rne) in integer arithmetic on
+ *                  2^(e - bits + 1) (trunc, rne or floor) in integer arithmetic on
  *                  its significand, the cut terms summed exactly in int64
  *                  (below (group + 1) 2^bits < 2^53), rounded once to fp32.
  *   promote        chunks of `interval` k, each by hopper-fp8 from +0, added
@@ -57,7 +57,7 @@ PL_DECLARE_VARIANTS(matmul_acc, MATMUL_ACC_VARIANTS);
 namespace {
 
 const char* const KIND_NAMES[PL_ACC_KIND_COUNT_] = {"exact", "fp32", "fp32-pairwise", "hopper-fp8", "promote"};
-const char* const ROUNDING_NAMES[PL_ACC_ROUNDING_COUNT_] = {"trunc", "rne"};
+const char* const ROUNDING_NAMES[PL_ACC_ROUNDING_COUNT_] = {"trunc", "rne", "floor"};
 
 constexpr int kMaxBits = 40;    // numerics/accumulators.py's MAX_BITS: the cut sum stays below 2^53
 constexpr int kProductLsb = -298;  // the last bit of the smallest product, 2^-149 squared
@@ -104,23 +104,27 @@ PL_HD inline term product(float x, float y) {  // exact: 48 bits at most
 }
 PL_HD inline int top_exp(const term& t) { return t.ex + bitlen64(t.sig) - 1; }  // floor(log2 |t|), t != 0
 
-// t / 2^ul cut to an integer, toward zero or to nearest even, signed. Below
-// the group's largest exponent e, |t| / 2^ul < 2^bits <= 2^40.
-PL_HD inline int64_t cut(const term& t, int ul, bool rne) {
+// t / 2^ul cut to an integer (pl_accumulator_rounding: toward zero, to nearest
+// even, or toward -inf), signed. Below the group's largest exponent e,
+// |t| / 2^ul < 2^bits <= 2^40, so the cut lies in [-2^bits, 2^bits].
+PL_HD inline int64_t cut(const term& t, int ul, int rounding) {
     if (t.sig == 0) return 0;
     const int s = ul - t.ex;
     uint64_t q;
+    bool inexact;
     if (s <= 0) {
         q = t.sig << (-s);  // exact: the term's last bit is at or above 2^ul
+        inexact = false;
     } else if (s >= 64) {
-        q = 0;  // sig < 2^48 < half of 2^s: zero in both modes
+        q = 0;  // sig < 2^48 < half of 2^s: zero toward zero and to nearest
+        inexact = true;
     } else {
         q = t.sig >> s;
-        if (rne) {
-            const uint64_t rem = t.sig & ((1ull << s) - 1), half = 1ull << (s - 1);
-            if (rem > half || (rem == half && (q & 1))) ++q;
-        }
+        const uint64_t rem = t.sig & ((1ull << s) - 1), half = 1ull << (s - 1);
+        inexact = rem != 0;
+        if (rounding == PL_ACC_RNE && (rem > half || (rem == half && (q & 1)))) ++q;
     }
+    if (rounding == PL_ACC_FLOOR && t.neg && inexact) ++q;  // a negative magnitude cut up: toward -inf
     return t.neg ? -(int64_t)q : (int64_t)q;
 }
 
@@ -159,7 +163,7 @@ PL_HD inline float fp32_pairwise(const dot_args& d) {
 
 // One MMA step: c plus the products of steps [s0, s1), aligned to the largest
 // exponent (c included), cut to `bits` bits, summed exactly, rounded once.
-PL_HD inline float fused_group(float c, const dot_args& d, int64_t s0, int64_t s1, int bits, bool rne) {
+PL_HD inline float fused_group(float c, const dot_args& d, int64_t s0, int64_t s1, int bits, int rounding) {
     if (!finite(c)) return c;  // an overflowed accumulator stays as it is (the numpy model's inf)
     int e = INT_MIN;
     const term tc = term_of(c);
@@ -175,8 +179,8 @@ PL_HD inline float fused_group(float c, const dot_args& d, int64_t s0, int64_t s
     }
     if (e == INT_MIN) return 0.0f;  // every term zero: +0
     const int ul = e - bits + 1;
-    int64_t total = cut(tc, ul, rne);
-    for (int64_t s = s0; s < s1; ++s) total += cut(product(d.xv(s), d.yv(s)), ul, rne);
+    int64_t total = cut(tc, ul, rounding);
+    for (int64_t s = s0; s < s1; ++s) total += cut(product(d.xv(s), d.yv(s)), ul, rounding);
     // |total| < 2^53 and 2^ul in the normal range: the double is exact, the float its one rounding;
     // + 0 turns an underflowed -0 into +0, as an exact zero sum is
     return pl_fadd_rn(pl_to_float_rn((double)total * pow2d(ul)), 0.0f);
@@ -185,7 +189,7 @@ PL_HD inline float fused_group(float c, const dot_args& d, int64_t s0, int64_t s
 PL_HD inline float limited(float c, const dot_args& d, int64_t s0, int64_t s1, const pl_accumulator& a) {
     for (int64_t g0 = s0; g0 < s1; g0 += a.group) {
         const int64_t g1 = s1 - g0 > a.group ? g0 + a.group : s1;
-        c = fused_group(c, d, g0, g1, a.bits, a.rounding == PL_ACC_RNE);
+        c = fused_group(c, d, g0, g1, a.bits, a.rounding);
     }
     return c;
 }

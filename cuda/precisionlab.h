@@ -320,7 +320,9 @@ int pl_matmul_cuda(const void* a_dev, const void* b_dev, int64_t m, int64_t n, i
  * pl_accumulator_rounding_info give them (the Python spellings). */
 enum pl_accumulator_kind { PL_ACC_EXACT = 0, PL_ACC_FP32 = 1, PL_ACC_FP32_PAIRWISE = 2, PL_ACC_HOPPER_FP8 = 3,
                            PL_ACC_PROMOTE = 4, PL_ACC_KIND_COUNT_ = 5 };
-enum pl_accumulator_rounding { PL_ACC_TRUNC = 0, PL_ACC_RNE = 1, PL_ACC_ROUNDING_COUNT_ = 2 };
+/* trunc: toward zero (sign-magnitude); rne: nearest, ties to even; floor: toward -inf, as an arithmetic
+ * (sign-filling) right shift of a two's-complement term cuts it. */
+enum pl_accumulator_rounding { PL_ACC_TRUNC = 0, PL_ACC_RNE = 1, PL_ACC_FLOOR = 2, PL_ACC_ROUNDING_COUNT_ = 3 };
 typedef struct {
     int32_t kind;     /* pl_accumulator_kind */
     int32_t bits;     /* bits kept of the group's largest term */

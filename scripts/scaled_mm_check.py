@@ -4,11 +4,12 @@
 normal inputs, unit scales, fp32 output) run on the GPU with
 use_fast_accum=True and False. Each output is compared with the CPU models of
 precisionlab/numerics/accumulators.py: fast accumulation against hopper-fp8
-(B and the group size swept), the slow path against promote:N (N and B
-swept). Prints, per candidate, the share of bit-identical fp32 outputs, and the
-candidate that fits best; also the share of fast outputs whose fp32 mantissa
-ends in 23 - (B - 1) zero bits (an accumulator that also cuts its output to B
-bits would leave them all zero). Without CUDA: one line, exit 0.
+(B, the group size and the cut's direction swept), the slow path against
+promote:N (N, B and the cut's direction swept). Prints, per candidate, the
+share of bit-identical fp32 outputs, and the candidate that fits best; also
+the share of fast outputs whose fp32 mantissa ends in 23 - (B - 1) zero bits
+(an accumulator that also cuts its output to B bits would leave them all
+zero). Without CUDA: one line, exit 0.
 
     python scripts/scaled_mm_check.py [--quick] [--json PATH]
 """
@@ -30,10 +31,15 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 KS = (128, 512, 2048, 4096)
 PER_K = 64
 SEARCH_PER_K = 8  # problems per K for the candidate sweep (the CPU models take ~0.1 s at K = 4096)
+# The cut's direction is a candidate too: toward zero (the default, a sign-magnitude reading) or toward -inf
+# (rounding=floor: DeepSeek-V3's "sign-fill right shifting" of two's-complement terms); on random inputs the
+# two part at nearly every output, so the share identical tells them apart.
 FAST = ["hopper-fp8"] + [f"hopper-fp8:bits={b}" for b in (12, 13, 15, 16, 22, 25)] + \
-       [f"hopper-fp8:group={g}" for g in (4, 8, 16, 64)] + ["hopper-fp8:rounding=rne", "exact", "fp32"]
+       [f"hopper-fp8:group={g}" for g in (4, 8, 16, 64)] + ["hopper-fp8:rounding=rne"] + \
+       [f"hopper-fp8:{f}rounding=floor" for f in ("", "bits=13:", "bits=15:", "group=16:")] + ["exact", "fp32"]
 SLOW = [f"promote:{n}" for n in (32, 64, 128, 256, 512)] + ["promote:128:bits=13", "promote:128:bits=15",
-                                                             "promote:128:group=16", "fp32", "exact"]
+                                                             "promote:128:group=16", "promote:128:rounding=floor",
+                                                             "promote:128:rounding=rne", "fp32", "exact"]
 
 
 def _problem(k: int, i: int):

@@ -91,7 +91,7 @@ ThreadsOpt = Annotated[Optional[int], typer.Option("--threads", help="CPU thread
 # matmul path: tf32, formats' block-scaled matmul, compare op matmul. Each
 # command says what the models do there (`role`); the spellings, --acc-bits and
 # --acc-rounding are the same everywhere, parsed by accumulators.parse_list.
-ACCUMULATOR_MODELS = ("exact, fp32, fp32-pairwise, hopper-fp8 (optional :bits=B :group=G :rounding=trunc|rne "
+ACCUMULATOR_MODELS = ("exact, fp32, fp32-pairwise, hopper-fp8 (optional :bits=B :group=G :rounding=trunc|rne|floor "
                       ":order=reverse), promote:N (the same fields)")
 
 
@@ -105,5 +105,6 @@ AccBitsOpt = Annotated[Optional[int], typer.Option("--acc-bits", help="With --ac
                                                    "promote:N keep of each group's aligned terms (default 14), for "
                                                    "every such model that does not spell its own :bits=.")]
 AccRoundingOpt = Annotated[Optional[str], typer.Option("--acc-rounding", help="With --accumulator: how hopper-fp8 "
-                                                       "and promote:N cut the aligned terms, trunc (default) | rne, "
-                                                       "for every such model that does not spell its own.")]
+                                                       "and promote:N cut the aligned terms: trunc (default: toward "
+                                                       "zero) | rne | floor (toward -inf), for every such model that "
+                                                       "does not spell its own.")]

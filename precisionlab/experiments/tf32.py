@@ -13,7 +13,7 @@ from __future__ import annotations
 import functools
 import time
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -50,7 +50,7 @@ class Tf32Config:
     acc_dtypes: tuple[str, ...] = ("fp8_e4m3",)
     acc_k: tuple[int, ...] = ACC_K
     acc_bits: int | None = None       # --acc-bits: B of the limited models that do not spell it
-    acc_rounding: str | None = None   # --acc-rounding: trunc | rne, likewise
+    acc_rounding: str | None = None   # --acc-rounding: trunc | rne | floor, likewise
 
 
 @dataclass
@@ -349,12 +349,17 @@ def accumulator_takeaways(rows: list[dict]) -> list[str]:
             if len(ks) > 1 and lo > 0:
                 lines.append(f"{dtype}, {name}: max relative error {lo:.2e} at K={ks[0]}, {hi:.2e} at K={ks[-1]} "
                              f"({hi / lo:.1f}x).")
-        fast = {k: v for (a, k), v in by.items() if a == "hopper-fp8"}
         for (a, k), v in by.items():
-            if a.startswith("promote:") and fast.get(k) and v > 0 and k == ks[-1]:
-                lines.append(f"{dtype} at K={k}: {a} cuts hopper-fp8's error {fast[k] / v:.0f}x "
-                             f"({fast[k]:.2e} to {v:.2e}): each chunk starts from zero, so its 14 bits are "
-                             "spent at the chunk's size, and fp32 carries the total.")
+            if not a.startswith("promote:") or k != ks[-1] or v <= 0:
+                continue
+            m = accumulators.parse(a)  # its unpromoted twin: the same B, group, rounding and order
+            twin = replace(m, kind="hopper-fp8", interval=None).name
+            if not by.get((twin, k)):
+                continue
+            ratio = by[(twin, k)] / v
+            said = f"cuts {twin}'s error {ratio:.0f}x" if ratio >= 1.5 else f"leaves {twin}'s error at {1 / ratio:.2f}x"
+            lines.append(f"{dtype} at K={k}: {a} {said} ({by[(twin, k)]:.2e} to {v:.2e}): each chunk starts from "
+                         f"zero, so its {m.bits} bits are spent at the chunk's size, and fp32 carries the total.")
     return lines
 
 

@@ -20,15 +20,20 @@ The models, each one output element c = sum_k a_k b_k at a time:
     (p_0 + p_1, p_2 + p_3, ...), an odd last element passing up unchanged,
     until one value is left.
 ``hopper-fp8`` (parameters ``bits`` B = 14, ``group`` g = 32, ``rounding``
-    trunc | rne)
+    trunc | rne | floor)
     A tensor core's fused multiply-add of g products into an fp32 accumulator
     c (g = 32 is Hopper's FP8 MMA depth, k = 32 of wgmma/mma.m16n8k32). c
     starts at +0; for each group G of g consecutive k (the last may be
     shorter), the terms are T = {c} U {a_k b_k : k in G}, all exact. Let
     e = max over the non-zero t in T of floor(log2 |t|) ("align to the max
     exponent of the group", the accumulator included) and u = 2^(e - B + 1):
-    every term is cut to a multiple of u, toward zero (trunc) or to the
-    nearest, ties to even (rne), so the largest keeps its top B bits. The cut
+    every term is cut to a multiple of u: toward zero (trunc, a
+    sign-magnitude datapath), to the nearest, ties to even (rne), or toward
+    -inf (floor: what an arithmetic, sign-filling right shift of a
+    two's-complement term does, DeepSeek-V3's account of Hopper's alignment),
+    so the largest keeps its top B bits. trunc and floor agree on positive
+    terms; on negative ones floor loses up to a u more, so its errors do not
+    cancel by sign but pile up toward -inf, group after group. The cut
     terms are added exactly, and the sum is rounded once to fp32 (nearest,
     ties to even; exact while B + ceil(log2(g + 1)) <= 24, as for the
     defaults, so this rounding is only a safeguard). That fp32 value is the
@@ -86,7 +91,7 @@ from precisionlab.errors import RunError, UsageError
 
 BACKENDS = ("numpy", "native")
 KINDS = ("exact", "fp32", "fp32-pairwise", "hopper-fp8", "promote")
-ROUNDINGS = ("trunc", "rne")
+ROUNDINGS = ("trunc", "rne", "floor")
 ORDERS = ("forward", "reverse")
 DEFAULT_BITS = 14
 DEFAULT_GROUP = 32
@@ -326,6 +331,9 @@ def _fp32_pairwise(a: np.ndarray, bt: np.ndarray) -> np.ndarray:
 # limited-precision fused groups
 
 
+_CUTS = {"trunc": np.trunc, "rne": np.rint, "floor": np.floor}  # np.rint: nearest, ties to even
+
+
 def _fused_group(c: np.ndarray, p: np.ndarray, acc: Accumulator) -> np.ndarray:
     """One MMA step: c (M x N, fp32 values) plus the group's exact products p
     (M x N x g), aligned to their largest exponent, cut to B bits, summed
@@ -338,7 +346,7 @@ def _fused_group(c: np.ndarray, p: np.ndarray, acc: Accumulator) -> np.ndarray:
     live = np.any(nonzero, axis=-1)
     shift = np.where(live, emax - acc.bits + 1, 0)
     scaled = np.ldexp(t, -shift[..., None])  # exact: a power-of-two scaling, far from float64's limits
-    cut = np.trunc(scaled) if acc.rounding == "trunc" else np.rint(scaled)  # rint: ties to even
+    cut = _CUTS[acc.rounding](scaled)
     total = np.sum(cut, axis=-1)  # integers below (g + 1) 2^B < 2^53: exact in any order
     out = np.ldexp(total, shift).astype(np.float32).astype(np.float64)  # the one fp32 rounding
     out[~live] = 0.0

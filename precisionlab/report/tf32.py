@@ -25,7 +25,8 @@ def _accumulator_table(res) -> None:
         stdout.print(t)
     stdout.print("Emulated on the CPU, bit for bit as numerics/accumulators.py defines each model (hopper-fp8: "
                  "each group of products aligned to its largest exponent, the accumulator included, cut to 14 "
-                 "bits; promote:N: fp32 addition of N-element chunks).", style="dim", highlight=False)
+                 "bits unless the model names its own, toward zero unless it names rne or floor; promote:N: fp32 "
+                 "addition of N-element chunks).", style="dim", highlight=False)
     footer(None, res.takeaways)
 
 
