@@ -96,7 +96,7 @@ PY
 
 echo "== scaled_mm"   # torch._scaled_mm fast/slow accumulation against the CPU accumulator models (issue 27)
 step scaled_mm 100 python3 scripts/scaled_mm_check.py --json "$R/scaled_mm.json" > "$R/scaled_mm.txt" 2>&1
-tail -40 "$R/scaled_mm.txt"
+tail -64 "$R/scaled_mm.txt"
 
 echo "== sanitize"   # compute-sanitizer refuses the device on gVisor machines: see sanitize.log
 step sanitize 150 make sanitize PYTHON=python3 > "$R/sanitize.log" 2>&1

@@ -6,9 +6,11 @@ use_fast_accum=True and False. Each output is compared with the CPU models of
 precisionlab/numerics/accumulators.py: fast accumulation against hopper-fp8
 (B, the group size and the cut's direction swept), the slow path against
 promote:N (N, B and the cut's direction swept). Prints, per candidate, the
-share of bit-identical fp32 outputs, and the candidate that fits best; also
-the share of fast outputs whose fp32 mantissa ends in 23 - (B - 1) zero bits
-(an accumulator that also cuts its output to B bits would leave them all
+share of bit-identical fp32 outputs, and the candidate that fits best; before
+that, crafted probes (PROBES) that read the cut's direction, B and the group
+size off single outputs, and the candidates that give every probe's output;
+also the share of fast outputs whose fp32 mantissa ends in 23 - (B - 1) zero
+bits (an accumulator that also cuts its output to B bits would leave them all
 zero). Without CUDA: one line, exit 0.
 
     python scripts/scaled_mm_check.py [--quick] [--json PATH]
@@ -59,8 +61,71 @@ def _model_bits(args):
     return accumulators.parse(model).matmul(a.astype(np.float64), b.astype(np.float64)).view(np.uint32)
 
 
+# Probes: crafted rows whose one output reads one parameter off the hardware
+# directly, where the random problems only rank the candidates. A is 16 x 64
+# (a probe a row, the rest zero), B all ones, so each output is the row's sum
+# of exactly representable e4m3 values. With the large term 256 = 2^8 setting
+# the group's exponent, B = 14 keeps multiples of u = 2^(8 - 13) = 2^-5:
+#   direction: 256 - 2^-7 (-u/4): trunc and rne keep 256, floor gives 256 - u;
+#              256 - 7 * 2^-6 (-3.5u): trunc 256 - 3u, rne and floor 256 - 4u;
+#   bits:      256 + 2^-j survives iff 2^-j >= u, i.e. B >= 12 + (j - 3);
+#   group:     +256, -256 at k = 0, 1 and 2^-7 at k = j: the small term is cut
+#              away (aligned to 256) iff k = j lies in the first group (j < g),
+#              and kept whole iff it starts a later group from c = 0.
+PROBE_K = 64
+PROBES = ([("direction -u/4", {0: 256.0, 1: -2.0**-7}), ("direction -3.5u", {0: 256.0, 1: -7 * 2.0**-6})]
+          + [(f"bits 2^-{j}", {0: 256.0, 1: 2.0**-j}) for j in (3, 4, 5, 6)]
+          + [(f"group k={j}", {0: 256.0, 1: -256.0, j: 2.0**-7}) for j in (4, 8, 16, 32, 48)])
+
+
+def _probe_problem():
+    import ml_dtypes
+
+    a = np.zeros((16, PROBE_K))
+    for row, (_, terms) in enumerate(PROBES):
+        for k, v in terms.items():
+            a[row, k] = v
+    e4m3 = ml_dtypes.float8_e4m3fn
+    assert np.array_equal(a.astype(e4m3).astype(np.float64), a)  # every probe value exact in e4m3
+    return a.astype(e4m3), np.ones((PROBE_K, 16)).astype(e4m3)
+
+
+def _probe_model_bits(model: str) -> np.ndarray:
+    from precisionlab.numerics import accumulators
+
+    a, b = _probe_problem()
+    return accumulators.parse(model).matmul(a.astype(np.float64), b.astype(np.float64)).view(np.uint32)
+
+
+def _gpu_probe(torch, fast: bool) -> np.ndarray:
+    return _gpu_product(torch, *_probe_problem(), fast)
+
+
+def _probes(gpu_out: np.ndarray, fast: bool, models: list[str]) -> dict:
+    """Each probe's GPU output (gpu_out: _gpu_probe's) beside its exact value, and the candidates that give it."""
+    got = gpu_out[:len(PROBES), 0]
+    predicted = {m: _probe_model_bits(m)[:len(PROBES), 0] for m in models}
+    out = {}
+    for row, (name, terms) in enumerate(PROBES):
+        match = [m for m in models if predicted[m][row] == got[row]]
+        value = float(got[row:row + 1].view(np.float32)[0])
+        out[name] = {"exact": float(sum(terms.values())), "gpu": value, "matches": match}
+        print(f"  probe use_fast_accum={fast!s:5} {name:16} exact {out[name]['exact']:<12.9g} gpu {value:<12.9g} "
+              f"matches: {_few(match) or 'none of the candidates'}", flush=True)
+    every = [m for m in models if all(m in v["matches"] for v in out.values())]
+    print(f"  probes for use_fast_accum={fast}: every probe's output from {', '.join(every) or 'no candidate'}")
+    return {"probes": out, "fit": every}
+
+
+def _few(names: list[str], most: int = 5) -> str:  # the log's line; the JSON keeps every name
+    return ", ".join(names[:most]) + (f" and {len(names) - most} more" if len(names) > most else "")
+
+
 def _gpu(torch, k: int, i: int, fast: bool) -> np.ndarray:
-    a, b = _problem(k, i)
+    return _gpu_product(torch, *_problem(k, i), fast)
+
+
+def _gpu_product(torch, a: np.ndarray, b: np.ndarray, fast: bool) -> np.ndarray:
     ta = torch.from_numpy(a.view(np.uint8)).view(torch.float8_e4m3fn).cuda()
     # _scaled_mm wants B column-major: the transpose of a row-major (N, K)
     tb = torch.from_numpy(np.ascontiguousarray(b.T).view(np.uint8)).view(torch.float8_e4m3fn).cuda().t()
@@ -93,6 +158,7 @@ def main() -> int:
             for i in range(per_k):
                 for fast in (True, False):
                     gpu[(k, i, fast)] = _gpu(torch, k, i, fast)
+        probe_gpu = {fast: _gpu_probe(torch, fast) for fast in (True, False)}
         torch.cuda.synchronize()
     except RuntimeError as e:  # an FP8 GEMM this device or build refuses
         print(f"scaled_mm_check: skipped, torch._scaled_mm failed: {str(e).splitlines()[0][:200]}")
@@ -101,6 +167,8 @@ def main() -> int:
           f"{torch.cuda.get_device_name()}")
     result = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "ks": list(ks), "fast": {},
               "slow": {}}
+    for label, fast, models in (("fast", True, FAST), ("slow", False, SLOW)):
+        result[label + "_probes"] = _probes(probe_gpu[fast], fast, models)
     with ProcessPoolExecutor(max_workers=min(16, os.cpu_count() or 1)) as pool:
         for label, fast, models in (("fast", True, FAST), ("slow", False, SLOW)):
             # the default model on every problem, the other candidates on the first `search` of each K

@@ -13,6 +13,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
+
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPT = ROOT / "scripts" / "scaled_mm_check.py"
 
@@ -49,6 +51,7 @@ def test_planted_models_are_found_bit_for_bit(monkeypatch, tmp_path):
     mod = load()
     planted = {True: "hopper-fp8", False: "promote:128"}
     monkeypatch.setattr(mod, "_gpu", lambda torch_, k, i, fast: mod._model_bits((planted[fast], k, i)))
+    monkeypatch.setattr(mod, "_gpu_probe", lambda torch_, fast: mod._probe_model_bits(planted[fast]))
     monkeypatch.setattr(mod, "ProcessPoolExecutor", _InProcess)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
@@ -58,8 +61,37 @@ def test_planted_models_are_found_bit_for_bit(monkeypatch, tmp_path):
     assert mod.main() == 0
     res = json.loads(out.read_text())
     assert res["fast_best"] == "hopper-fp8" and res["slow_best"] == "promote:128"
+    assert res["fast_probes"]["fit"] == ["hopper-fp8"] and "promote:128" in res["slow_probes"]["fit"]
+    probe = res["fast_probes"]["probes"]["direction -u/4"]
+    assert (probe["exact"], probe["gpu"]) == (256 - 2.0**-7, 256.0)
+    assert "hopper-fp8:rounding=floor" not in probe["matches"]
     assert res["fast"]["hopper-fp8"]["share_identical"] == 1.0 and res["slow"]["promote:128"]["share_identical"] == 1.0
     # every other candidate differs somewhere: the sweep can tell B, g, the rounding and N apart
     others = [v["share_identical"] for side in ("fast", "slow") for m, v in res[side].items()
               if m != planted[side == "fast"]]
     assert others and max(others) < 1.0, others
+
+
+def test_probes_read_each_parameter_off_one_output():
+    """The crafted probes, on the CPU models themselves: each separates what its name says, and together they
+    leave only the planted model among the fast candidates that differ in direction, B (up to 15) or the group."""
+    mod = load()
+    out = {m: dict(zip((n for n, _ in mod.PROBES), mod._probe_model_bits(m)[:len(mod.PROBES), 0].view(np.float32)))
+           for m in mod.FAST}
+    u = 2.0**-5  # 256's unit at B = 14
+    assert out["hopper-fp8"]["direction -u/4"] == 256 and out["hopper-fp8:rounding=floor"]["direction -u/4"] == 256 - u
+    assert out["hopper-fp8:rounding=rne"]["direction -u/4"] == 256
+    assert out["hopper-fp8"]["direction -3.5u"] == 256 - 3 * u
+    assert out["hopper-fp8:rounding=rne"]["direction -3.5u"] == out["hopper-fp8:rounding=floor"]["direction -3.5u"] \
+        == 256 - 4 * u
+    kept = {b: [n for n in ("bits 2^-3", "bits 2^-4", "bits 2^-5", "bits 2^-6") if out[m][n] != 256]
+            for b, m in ((12, "hopper-fp8:bits=12"), (13, "hopper-fp8:bits=13"), (14, "hopper-fp8"),
+                         (15, "hopper-fp8:bits=15"))}
+    assert kept == {12: ["bits 2^-3"], 13: ["bits 2^-3", "bits 2^-4"], 14: ["bits 2^-3", "bits 2^-4", "bits 2^-5"],
+                    15: ["bits 2^-3", "bits 2^-4", "bits 2^-5", "bits 2^-6"]}, kept
+    js = (4, 8, 16, 32, 48)
+    for g, m in ((4, "hopper-fp8:group=4"), (16, "hopper-fp8:group=16"), (32, "hopper-fp8"),
+                 (64, "hopper-fp8:group=64")):
+        assert [j for j in js if out[m][f"group k={j}"] == 2.0**-7] == [j for j in js if j >= g], m
+    res = mod._probes(mod._probe_model_bits("hopper-fp8"), True, mod.FAST)
+    assert res["fit"] == ["hopper-fp8"], res["fit"]
