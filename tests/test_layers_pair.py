@@ -10,7 +10,7 @@ import shutil
 
 import pytest
 
-from helpers import save_tiny_qwen, strict_json
+from helpers import ROOT, save_tiny_qwen, strict_json
 
 pytest.importorskip("transformers")
 
@@ -301,3 +301,34 @@ def test_wide_adds_each_views_scale_fit(run, base):
             *PROMPT, "--wide")
     assert r.code == 0, r.err
     assert "fp32 scale (z)" in r.out and "bf16 scale (z)" in r.out and "1.00000 (0)" in r.out
+
+
+def test_memory_is_estimated_from_both_models_before_either_loads():
+    """runtime/memory.compare_layers_pair, checked before open_engine: under a 50 MiB limit the embedded pair at
+    100 steps (estimate 83 MiB; tests/test_memory.py holds the estimate to the measured peak) is one line, exit 2,
+    and no engine was opened."""
+    import subprocess
+    import sys
+
+    argv = ["precisionlab", "compare", "model", "--layers", "--reference", "embedded", "--steps", "100"]
+    code = ("import precisionlab.io.inputs as I; I.memory_limit = lambda: 50 * 2**20\n"
+            "import precisionlab.engines.registry as R\n"
+            "def refuse(*a, **k): raise SystemExit('an engine was opened')\n"
+            f"R.open_engine = refuse\nimport sys, runpy\nsys.argv = {argv!r}\n"
+            "runpy.run_module('precisionlab', run_name='__main__')")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=ROOT)
+    err = r.stderr.strip()
+    assert r.returncode == 2 and len(err.splitlines()) == 1 and not r.stdout, (r.returncode, r.stderr)
+    assert "compare model --layers --reference embedded" in err and "needs about 83 MiB of memory, 50 MiB" in err, err
+
+
+def test_the_pair_estimate_counts_yours_weights_and_each_low_dtype():
+    from precisionlab.engines.shape import model_shape
+    from precisionlab.runtime import memory
+
+    shape = model_shape(None, 100, "ROMEO:\n")
+    both, ext = memory.compare_layers_pair(shape, shape, 2), memory.compare_layers_pair(shape, None, 2)
+    assert both - ext == 10 * shape.params  # YOURS' fp32 model and one low copy from an fp32 deep copy
+    elements = shape.seq * (7 * shape.hidden * shape.layers + shape.vocab)
+    per_low = memory.compare_layers_pair(shape, shape, 3) - both
+    assert per_low == 4 * elements + 16 * shape.seq * max(shape.hidden, shape.vocab)

@@ -135,6 +135,7 @@ def _run(cfg, lows, yours_spec, run_spec, ref_spec, ref_note, external, device, 
 
     torch.manual_seed(cfg.seed)
     t0 = time.perf_counter()
+    _check_memory(cfg, lows, yours_spec, run_spec, ref_spec, external)
     ref = open_engine(run_spec, device, command="compare model --layers --reference")
     yours = open_engine(yours_spec, "cpu" if external else device, command="compare model --layers")
     prompt = ref.prompt_ids(cfg.prompt, cfg.steps)
@@ -189,6 +190,25 @@ def _run(cfg, lows, yours_spec, run_spec, ref_spec, ref_note, external, device, 
                          "name their modules differently (a different architecture or engine naming?)")
     return PairResult(params, rows, first_name, first_by, flags, missing, yours.info(), ref.info(),
                       takeaways, {"load_s": t_load, "run_s": t_run}, notes)
+
+
+def _check_memory(cfg, lows, yours_spec, run_spec, ref_spec, external) -> None:
+    """Both models' sizes, read before any weight is (exit 2 when the run would not fit)."""
+    from precisionlab.io import inputs
+    from precisionlab.runtime import memory
+
+    def shape(spec):
+        cls, arg = resolve(spec)
+        return cls.shape(arg, cfg.steps, cfg.prompt)
+
+    ref_shape = shape(run_spec)
+    if ref_shape is None:
+        return
+    yours_shape = None if external else shape(yours_spec)
+    if not external and yours_shape is None:
+        return
+    inputs.check_memory(memory.compare_layers_pair(ref_shape, yours_shape, len(lows)),
+                        f"compare model --layers --reference {ref_spec} --model {yours_spec} --steps {cfg.steps}")
 
 
 def _encoded(yours, ref, ids):

@@ -263,6 +263,30 @@ def compare_layers(params: int, seq: int, vocab: int, hidden: int, layers: int, 
             + LAYERS_FIXED[kind])
 
 
+def compare_layers_pair(ref: tuple, yours: tuple | None, lows: int) -> int:
+    """compare model --layers --reference / --engine (experiments/layers_pair.py),
+    from REF's and YOURS' (params, seq, vocab, hidden, layers, heads, kind);
+    yours None for an engine that captures in its own process memory
+    (llama.cpp: not counted here). Weights: REF in fp32 and fp64 (4 + 8 per
+    parameter) and one low copy at a time, made from an fp32 deep copy (4 + 2):
+    18 per parameter; YOURS the same less fp64: 10. The module outputs of
+    every run are kept until the rows are computed: per watched element
+    (hooks.sites, seven a layer, each seq x hidden, and the logits, seq x
+    vocab) REF fp32 and fp64 and YOURS fp32 (4 + 8 + 4) and, per low dtype,
+    REF's and YOURS' (2 + 2); the run being captured also holds its inputs
+    (at most 8 an element, fp64's), and eager attention's scores (16 per head
+    and pair of positions). A row's comparison makes float64 copies of one
+    module on each side (3 + 2 per low dtype, 8 bytes each): the logits at
+    most."""
+    params, seq, vocab, hidden, layers, heads, kind = ref[:7]
+    elements = seq * (7 * hidden * layers + vocab)
+    weights = 18 * params + (0 if yours is None else 10 * yours[0])
+    kept = (16 + 4 * lows) * elements
+    in_flight = 8 * elements + 16 * heads * seq * seq
+    rows = 8 * (3 + 2 * lows) * seq * max(hidden, vocab)
+    return weights + kept + in_flight + rows + LAYERS_FIXED[kind]
+
+
 # kvcache's first-use state, measured: transformers as compare model's; for the
 # embedded model less than compare model's (no bf16/fp16 copies, no kernels for them).
 KVCACHE_FIXED = {"hf": MODEL_FIXED["hf"], "embedded": 32 * MiB}
