@@ -225,8 +225,15 @@ def test_suggested_maps_pair_by_order_and_shape():
     ref = [("model.embed", (1, 4, 8)), ("model.layers.0.mlp", (1, 4, 8)), ("model.layers.1.mlp", (1, 4, 8)),
            ("lm_head", (1, 4, 20))]
     yours = [("tok", (4, 8)), ("blk.0.ffn", (4, 8)), ("blk.1.ffn", (4, 8)), ("out", (20, 4))]
-    maps = tensor_layout.suggest_maps(ref, yours)
-    # one rule per layer pattern; the transposed head has no shape partner and no rule
-    assert maps == [r"^tok$=model.embed", r"^blk\.(\d+)\.ffn$=model.layers.\1.mlp"]
+    maps, swaps = tensor_layout.suggest_maps(ref, yours)
+    # one rule per layer pattern; the transposed head pairs with its [T, vocab] partner and gets a --transpose
+    assert maps == [r"^tok$=model.embed", r"^blk\.(\d+)\.ffn$=model.layers.\1.mlp", r"^out$=lm_head"], maps
+    assert swaps == ["lm_head"]
     pat, _, rep = maps[1].partition("=")
     assert re_.sub(pat, rep, "blk.12.ffn") == "model.layers.12.mlp"
+    # a per-layer transposed tensor: one glob for every layer, on the reference's (renamed) name
+    maps, swaps = tensor_layout.suggest_maps([("layers.0.q", (4, 6)), ("layers.1.q", (4, 6))],
+                                             [("b.0.q", (6, 4)), ("b.1.q", (6, 4))])
+    assert maps == [r"^b\.(\d+)\.q$=layers.\1.q"] and swaps == ["layers.*.q"]
+    # a square tensor never pairs as transposed: its swap is not visible in the shape
+    assert tensor_layout.suggest_maps([("a", (4, 4))], [("b", (3, 3))]) == ([], [])

@@ -296,7 +296,8 @@ def compare(cfg: CompareTensorsConfig, progress_factory=None) -> TensorsResult:
     missing = _missing(rows, files, maps)
     # --map rules only where they can be read off: no name in common at all, and both orders recorded
     common = any(all(r["name"] in m for m in maps) for r in rows)
-    suggested = _suggest(files, maps) if not common and files[0].order_recorded and files[-1].order_recorded else []
+    suggested, swaps = _suggest(files, maps) if not common and files[0].order_recorded and files[-1].order_recorded \
+        else ([], [])
     if cfg.sort == "error":
         key = "ratio" if n_files == 3 else "rel_l2"
         rows.sort(key=lambda r: (key in r, -(r.get(key) if r.get(key) is not None else 0.0)))
@@ -311,8 +312,8 @@ def compare(cfg: CompareTensorsConfig, progress_factory=None) -> TensorsResult:
         rows=rows, flags={"first_divergence": first, "first_divergence_rule": None if div is None else div.flag.rule,
                           "first_divergence_reason": None if div is None else div.flag.text,
                           "compared": sum(r["compared"] for r in rows), "missing": missing,
-                          "suggested_maps": suggested},
-        takeaways=_takeaways(rows, n_files, div, stopped, len(plan), skipped, missing, suggested, files),
+                          "suggested_maps": suggested, "suggested_transposes": swaps},
+        takeaways=_takeaways(rows, n_files, div, stopped, len(plan), skipped, missing, suggested, swaps, files),
         any_failed=any(r["flagged"] for r in rows),
     )
 
@@ -445,9 +446,10 @@ def _missing(rows, files, maps) -> list[dict]:
     return out
 
 
-def _suggest(files, maps) -> list[str]:
-    """--map rules pairing YOURS' tensors (the last file) with the reference's
-    by execution order and shape, for files with no name in common."""
+def _suggest(files, maps) -> tuple[list[str], list[str]]:
+    """--map rules (and --transpose globs) pairing YOURS' tensors (the last
+    file) with the reference's by execution order and shape, for files with no
+    name in common."""
     ref, ours = files[0], files[-1]
     return tensor_layout.suggest_maps([(n, tuple(ref.shapes[n])) for n in ref.names],
                                       [(n, tuple(ours.shapes[n])) for n in ours.names])
@@ -460,7 +462,7 @@ def _missing_line(missing: list[dict]) -> str:
     return f"{len(missing)} tensors not compared (in some files only; never a divergence): {shown}{more}."
 
 
-def _takeaways(rows, n_files, div, stopped, total, skipped, missing, suggested, files) -> list[str]:
+def _takeaways(rows, n_files, div, stopped, total, skipped, missing, suggested, swaps, files) -> list[str]:
     out = []
     compared = [r for r in rows if r.get("compared")]
     shapes = [r for r in rows if r["status"] == "shape mismatch"]
@@ -471,7 +473,8 @@ def _takeaways(rows, n_files, div, stopped, total, skipped, missing, suggested, 
         out.append(f"0 of 0 tensors compared: no tensor is in every file with one shape ({counts} tensors).")
         if suggested:
             out.append("pairing the tensors by execution order and shape suggests: "
-                       + " ".join(f"--map '{m}'" for m in suggested) + " (check each: the pairing is a guess).")
+                       + " ".join([f"--map '{m}'" for m in suggested] + [f"--transpose '{g}'" for g in swaps])
+                       + " (check each: the pairing is a guess).")
         elif not any(r["status"] == "shape mismatch" for r in rows):
             out.append("no --map rules suggested (that needs both files' execution order and a pairing by shape): "
                        "rename with --map 'REGEX=REPLACEMENT'.")

@@ -466,22 +466,37 @@ def _map_rule(yours: str, ref: str) -> str:
     return f"^{re.escape(yours)}$={ref}"
 
 
-def suggest_maps(ref: list[tuple[str, tuple]], yours: list[tuple[str, tuple]], limit: int = 8) -> list[str]:
-    """--map rules for two dumps with no name in common, from execution order
-    and shapes alone: walking both in order, each tensor of YOURS is paired
-    with the reference's next tensor of the same shape (size-1 axes aside),
-    and each pair becomes a rule (_map_rule). Rules that the pairs repeat
-    (every layer's) are given once, in the order first met; at most `limit`."""
+def suggest_maps(ref: list[tuple[str, tuple]], yours: list[tuple[str, tuple]],
+                 limit: int = 8) -> tuple[list[str], list[str]]:
+    """--map rules (and --transpose globs) for two dumps with no name in
+    common, from execution order and shapes alone: walking both in order,
+    each tensor of YOURS is paired with the reference's next tensor of the
+    same shape (size-1 axes aside) or, failing that, of its shape with the
+    last two axes swapped (an engine's [vocab, T] logits for [T, vocab]); each
+    pair becomes a rule (_map_rule), a swapped one also a --transpose glob on
+    the reference's name (its numbers as '*', as --transpose matches the
+    renamed tensor). Rules the pairs repeat (every layer's) are given once, in
+    the order first met; at most `limit` rules."""
     out: list[str] = []
+    swaps: list[str] = []
     j = 0
     for name, shape in yours:
-        k = next((i for i in range(j, len(ref)) if _bare(ref[i][1]) == _bare(shape)), None)
+        bare = _bare(shape)
+        k = next((i for i in range(j, len(ref)) if _bare(ref[i][1]) == bare), None)
+        swapped = False
+        if k is None and len(bare) >= 2 and bare[-1] != bare[-2]:
+            flipped = bare[:-2] + (bare[-1], bare[-2])
+            k = next((i for i in range(j, len(ref)) if _bare(ref[i][1]) == flipped), None)
+            swapped = k is not None
         if k is None:
             continue
         rule = _map_rule(name, ref[k][0])
         if rule not in out:
             out.append(rule)
+        glob = _DIGITS.sub("*", ref[k][0])
+        if swapped and glob not in swaps:
+            swaps.append(glob)
         j = k + 1
         if len(out) >= limit:
             break
-    return out
+    return out, swaps

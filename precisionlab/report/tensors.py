@@ -259,4 +259,4 @@ def as_json(res) -> None:
                                   "first_divergence_rule": f["first_divergence_rule"],
                                   "first_divergence_reason": f["first_divergence_reason"], "compared": f["compared"],
                                   "missing": f["missing"], "suggested_maps": f["suggested_maps"],
-                                  "rows": res.rows, "takeaways": res.takeaways})
+                                  "suggested_transposes": f["suggested_transposes"], "rows": res.rows, "takeaways": res.takeaways})
