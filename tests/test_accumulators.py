@@ -212,6 +212,17 @@ def test_parse_spellings():
                 "tensorcore", "hopper-fp8:rounding=up", "hopper-fp8:bits=52", ""):
         with pytest.raises(ValueError):
             acc.parse_list(bad) if bad == "" else acc.parse(bad)
+    # hostile spellings: each a ValueError that says why, never an OverflowError or a C int that wraps
+    for bad, said in (("hopper-fp8:group=1" + "0" * 400, "group must be below 2^31"),
+                      ("hopper-fp8:bits=30:group=16777216", "would not sum exactly"),
+                      ("hopper-fp8:bits=1:group=4294967296", "group must be below 2^31"),
+                      ("promote:" + "9" * 30, "0 < N < 2^63"), ("promote:9223372036854775808", "0 < N < 2^63"),
+                      ("hopper-fp8:bits=\u00b2", "bits must be a positive integer"),  # '²'.isdigit() is True
+                      ("hopper-fp8:rounding=floor:rounding=rne", "rounding= is given twice"),
+                      ("promote:8:bits=12:bits=12", "bits= is given twice")):
+        with pytest.raises(ValueError, match=re.escape(said)):
+            acc.parse(bad)
+    assert acc.parse("promote:9223372036854775807").interval == 2**63 - 1  # the int64's largest: one chunk
 
 
 def test_acc_bits_and_rounding_fill_the_fields_a_model_does_not_spell():

@@ -80,6 +80,7 @@ holds both to a fractions emulation and to each other, bit for bit.
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass, replace
 from fractions import Fraction
 
@@ -96,6 +97,9 @@ ORDERS = ("forward", "reverse")
 DEFAULT_BITS = 14
 DEFAULT_GROUP = 32
 MAX_BITS = 40  # the cut terms' exact sum must stay within float64's 53 bits: (g + 1) 2^B < 2^53
+MAX_INTERVAL = 2**63 - 1  # pl_accumulator.interval is an int64
+MAX_GROUP = 2**31 - 1  # pl_accumulator.group an int32
+_DECIMAL = re.compile(r"[0-9]+")  # str.isdigit() also takes '²', which int() refuses
 
 
 @dataclass(frozen=True)
@@ -211,8 +215,8 @@ def parse(text: str) -> Accumulator:
     rest = parts[1:]
     fields: dict = {}
     if kind == "promote":
-        if not rest or not rest[0].isdigit() or int(rest[0]) <= 0:
-            raise ValueError(f"accumulator {text!r}: promote needs its interval, promote:N with N > 0")
+        if not rest or not _DECIMAL.fullmatch(rest[0]) or not 0 < int(rest[0]) <= MAX_INTERVAL:
+            raise ValueError(f"accumulator {text!r}: promote needs its interval, promote:N with 0 < N < 2^63")
         fields["interval"] = int(rest[0])
         rest = rest[1:]
     allowed = ("bits", "group", "rounding", "order") if kind in ("hopper-fp8", "promote") else ("order",)
@@ -220,8 +224,10 @@ def parse(text: str) -> Accumulator:
         key, eq, value = p.partition("=")
         if not eq or key not in allowed:
             raise ValueError(f"accumulator {text!r}: {p!r} is not one of {', '.join(k + '=' for k in allowed)}")
+        if key in fields:
+            raise ValueError(f"accumulator {text!r}: {key}= is given twice")
         if key in ("bits", "group"):
-            if not value.isdigit() or int(value) <= 0:
+            if not _DECIMAL.fullmatch(value) or int(value) <= 0:
                 raise ValueError(f"accumulator {text!r}: {key} must be a positive integer")
             fields[key] = int(value)
         elif key == "rounding" and value not in ROUNDINGS:
@@ -231,7 +237,9 @@ def parse(text: str) -> Accumulator:
         else:
             fields[key] = value
     acc = replace(Accumulator(kind), **fields)
-    if (acc.group + 1) * 2.0 ** acc.bits >= 2.0 ** 53 or acc.bits > MAX_BITS:
+    if acc.group > MAX_GROUP:
+        raise ValueError(f"accumulator {text!r}: group must be below 2^31 (got {acc.group})")
+    if acc.bits > MAX_BITS or (acc.group + 1) << acc.bits >= 1 << 53:  # integers: a huge group cannot overflow
         raise ValueError(f"accumulator {text!r}: bits={acc.bits} with group={acc.group} would not sum exactly "
                          f"here (at most bits={MAX_BITS} and (group + 1) 2^bits < 2^53)")
     return acc
