@@ -141,15 +141,22 @@ class FlashConfig:
 
     def check(self) -> None:
         """ValueError naming the knob that is out of range."""
-        for name, v, ok in (("block_r", self.block_r, self.block_r > 0), ("block_c", self.block_c, self.block_c > 0),
-                            ("splits", self.splits, self.splits > 0),
-                            ("promote_tiles", self.promote_tiles, self.promote_tiles is None or self.promote_tiles > 0),
-                            ("max_offset", self.max_offset, math.isfinite(self.max_offset) and 0 <= self.max_offset <= 64),
-                            ("rescale_threshold", self.rescale_threshold,
-                             math.isfinite(self.rescale_threshold) and 0 <= self.rescale_threshold <= 64),
-                            ("p_scale", self.p_scale, math.isfinite(self.p_scale) and self.p_scale > 0)):
+        # named as the options spell them (attention, compare op attention --emulate flash)
+        positive = "a positive integer"
+        for name, v, ok, rule in (
+                ("block_r", self.block_r, self.block_r > 0, positive),
+                ("block_c", self.block_c, self.block_c > 0, positive),
+                ("splits", self.splits, self.splits > 0, positive),
+                ("promote_tiles", self.promote_tiles, self.promote_tiles is None or self.promote_tiles > 0, positive),
+                ("max_offset", self.max_offset, math.isfinite(self.max_offset) and 0 <= self.max_offset <= 64,
+                 "a number from 0 to 64 (log2 units)"),
+                ("rescale_threshold", self.rescale_threshold,
+                 math.isfinite(self.rescale_threshold) and 0 <= self.rescale_threshold <= 64,
+                 "a number from 0 to 64 (log2 units)"),
+                ("p_scale", self.p_scale, math.isfinite(self.p_scale) and self.p_scale > 0,
+                 "a finite positive number")):
             if not ok:
-                raise ValueError(f"{name} {v} is out of range")
+                raise ValueError(f"--{name.replace('_', '-')} {v}: must be {rule}")
         for name, v, allowed in (("p_dtype", self.p_dtype, P_DTYPES), ("input_dtype", self.input_dtype, INPUT_DTYPES),
                                  ("out_dtype", self.out_dtype, OUT_DTYPES), ("arithmetic", self.arithmetic, ARITHMETIC),
                                  ("combine_order", self.combine_order, COMBINE_ORDERS)):
