@@ -305,8 +305,9 @@ def test_wide_adds_each_views_scale_fit(run, base):
 
 def test_memory_is_estimated_from_both_models_before_either_loads():
     """runtime/memory.compare_layers_pair, checked before open_engine: under a 50 MiB limit the embedded pair at
-    100 steps (estimate 83 MiB; tests/test_memory.py holds the estimate to the measured peak) is one line, exit 2,
-    and no engine was opened."""
+    100 steps (estimate 83 MiB; measured peaks 68 MiB at 100 steps, 74-75 at 300, 154-236 at 600 in two runs of
+    one child after another: too unsteady for tests/test_memory.py's 1.5x band, so not held there) is one line,
+    exit 2, and no engine was opened."""
     import subprocess
     import sys
 

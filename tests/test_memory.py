@@ -162,9 +162,6 @@ def _families(tmp_path: Path):
         "compare model --layers": lambda: _layers_models(tmp_path),
         "compare model --layers (embedded)": [(["compare", "model", "--layers", "--steps", str(s), "--json"],
                                                engine_shape.compare_layers_for(None, s, "ROMEO:\n")) for s in (100, 300, 600)],
-        "compare model --layers --reference (embedded)": [
-            (["compare", "model", "--layers", "--reference", "embedded", "--steps", str(s), "--json"],
-             _pair_estimate(s)) for s in (100, 300, 600)],
         "kvcache --model": lambda: _kvcache_models(tmp_path),
         "kvcache": _kvcache_embedded,
         # two files of one fp32 tensor each: both stored tensors (4 + 4), their float64 copies, the
@@ -172,11 +169,6 @@ def _families(tmp_path: Path):
         "compare tensors": [(["compare", "tensors", *_tensor_pair(tmp_path, n), "--json"], 65 * n)
                             for n in (1 << 20, 1 << 21, 1 << 22)],
     }
-
-
-def _pair_estimate(steps: int) -> int:
-    shape = engine_shape.model_shape(None, steps, "ROMEO:\n")
-    return memory.compare_layers_pair(shape, shape, 2)  # --dtypes' default: bf16, fp16
 
 
 def _tensor_pair(tmp_path: Path, n: int) -> list[str]:
@@ -192,8 +184,7 @@ def _tensor_pair(tmp_path: Path, n: int) -> list[str]:
 GROUPS = [["softmax", "softmax --from"], ["softmax long rows", "softmax --from long rows"], ["nondeterminism"],
           ["nondeterminism sections"], ["tf32", "tf32 --sweep-mn"], ["bench"],
           ["compare op matmul", "compare op softmax"], ["compare model"], ["compare model --layers"],
-          ["compare model --layers (embedded)"], ["compare model --layers --reference (embedded)"],
-          ["compare tensors"],
+          ["compare model --layers (embedded)"], ["compare tensors"],
           ["kvcache --model"], ["kvcache"], ["attention"]]
 
 # Families measured one case per fresh child: family -> the warm-up run made there first, unmeasured
@@ -220,7 +211,6 @@ FIRST_USE = {"softmax": memory.softmax(0, 0), "softmax --from": memory.softmax(0
              "compare model": memory.MODEL_FIXED["hf"], "compare tensors": 0,
              "compare model --layers": memory.LAYERS_FIXED["hf"],
              "compare model --layers (embedded)": memory.LAYERS_FIXED["embedded"],
-             "compare model --layers --reference (embedded)": memory.LAYERS_FIXED["embedded"],
              "attention": memory.COMPARE_FIXED,
              "kvcache --model": memory.KVCACHE_FIXED["hf"], "kvcache": memory.KVCACHE_FIXED["embedded"]}
 
