@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import sys
 import time
@@ -109,7 +110,7 @@ def _probes(gpu_out: np.ndarray, fast: bool, models: list[str]) -> dict:
     for row, (name, terms) in enumerate(PROBES):
         match = [m for m in models if predicted[m][row] == got[row]]
         value = float(got[row:row + 1].view(np.float32)[0])
-        out[name] = {"exact": float(sum(terms.values())), "gpu": value, "matches": match}
+        out[name] = {"exact": math.fsum(terms.values()), "gpu": value, "matches": match}
         print(f"  probe use_fast_accum={fast!s:5} {name:16} exact {out[name]['exact']:<12.9g} gpu {value:<12.9g} "
               f"matches: {_few(match) or 'none of the candidates'}", flush=True)
     every = [m for m in models if all(m in v["matches"] for v in out.values())]

@@ -105,6 +105,13 @@ def resolve(spec: str | None):
     return cls, arg
 
 
+def spec_shape(spec: str | None, steps: int, prompt: str):
+    """The engine's ModelShape for a run of `steps` after `prompt`, read
+    without loading a weight; None where the engine cannot tell."""
+    cls, arg = resolve(spec)
+    return cls.shape(arg, steps, prompt)
+
+
 def open_engine(spec: str | None, device: str, *, estimate=None, steps: int = 0, prompt: str = "",
                 command: str = "compare model"):
     """The engine for `spec` on `device` ("cpu" | "cuda"). With estimate
@@ -113,11 +120,11 @@ def open_engine(spec: str | None, device: str, *, estimate=None, steps: int = 0,
     the refusal names `command`."""
     from precisionlab.io import inputs
 
-    cls, arg = resolve(spec)
     if estimate is not None:
-        shape = cls.shape(arg, steps, prompt)
+        shape = spec_shape(spec, steps, prompt)
         inputs.check_memory(0 if shape is None else estimate(shape),
                             f"{command} --model {spec or DEFAULT_SPEC} --steps {steps}")
+    cls, arg = resolve(spec)
     return cls(arg, device)
 
 

@@ -31,7 +31,7 @@ import numpy as np
 
 from precisionlab.catalog import formats
 from precisionlab.engines.protocol import greedy
-from precisionlab.engines.registry import ModelRun, model_device, open_engine, resolve
+from precisionlab.engines.registry import ModelRun, model_device, open_engine, resolve, spec_shape
 from precisionlab.errors import RunError, UsageError
 from precisionlab.experiments import layers as single
 from precisionlab.numerics import compare, divergence
@@ -197,14 +197,10 @@ def _check_memory(cfg, lows, yours_spec, run_spec, ref_spec, external) -> None:
     from precisionlab.io import inputs
     from precisionlab.runtime import memory
 
-    def shape(spec):
-        cls, arg = resolve(spec)
-        return cls.shape(arg, cfg.steps, cfg.prompt)
-
-    ref_shape = shape(run_spec)
+    ref_shape = spec_shape(run_spec, cfg.steps, cfg.prompt)
     if ref_shape is None:
         return
-    yours_shape = None if external else shape(yours_spec)
+    yours_shape = None if external else spec_shape(yours_spec, cfg.steps, cfg.prompt)
     if not external and yours_shape is None:
         return
     inputs.check_memory(memory.compare_layers_pair(ref_shape, yours_shape, len(lows)),

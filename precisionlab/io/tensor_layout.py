@@ -493,9 +493,10 @@ def suggest_maps(ref: list[tuple[str, tuple]], yours: list[tuple[str, tuple]],
         rule = _map_rule(name, ref[k][0])
         if rule not in out:
             out.append(rule)
-        glob = _DIGITS.sub("*", ref[k][0])
-        if swapped and glob not in swaps:
-            swaps.append(glob)
+        if swapped:
+            glob = _DIGITS.sub("*", ref[k][0])  # --transpose matches the renamed tensor, every layer's
+            if glob not in swaps:
+                swaps.append(glob)
         j = k + 1
         if len(out) >= limit:
             break
