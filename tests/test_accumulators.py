@@ -203,6 +203,22 @@ def test_exact_against_fsum(dtype):
     assert np.array_equal(got.view(np.uint32), want.view(np.uint32))
 
 
+@pytest.mark.parametrize("backend", acc.BACKENDS)
+def test_exact_over_values_far_apart_ends_and_is_exact(backend):
+    """Values 2^100 and more apart do not fold into fewer float64 levels (each
+    extraction keeps ~50 bits below the largest): the exact model once looped
+    on them forever; it sums what is left in rationals."""
+    a = np.array([[1e30, 1e-30, 1.0, -1e-20, 3.0**-40]], dtype=np.float32).astype(np.float64)
+    b = np.array([[1.0], [1.0], [2.0**-60], [1.0], [1.0]], dtype=np.float32).astype(np.float64)
+    got = acc.parse("exact").matmul(a, b, backend=backend)
+    assert got[0, 0] == fsum_exact_f32(a[0], b[:, 0]) == np.float32(1e30)
+    c = np.array([[2.0**-70]], np.float32)
+    tiny = np.array([[2.0**-120, -(2.0**-140), 2.0**-149]], np.float32).astype(np.float64)
+    onto = acc.parse("exact").accumulate(c, tiny, np.ones((3, 1)))  # c far above three levels of products
+    want = round_f32(Fraction(2) ** -70 + sum(map(Fraction, tiny[0].tolist()), Fraction(0)))
+    assert Fraction(float(onto[0, 0])) == want
+
+
 def test_parse_spellings():
     assert acc.parse("promote:128").interval == 128
     assert acc.parse("hopper-fp8:bits=13:group=16:rounding=rne").name == "hopper-fp8:bits=13:group=16:rounding=rne"

@@ -410,7 +410,10 @@ def _exact(a: np.ndarray, bt: np.ndarray, c: np.ndarray | None = None) -> np.nda
     for k0 in range(0, a.shape[1], EXACT_CHUNK):
         levels += _extract(a[:, None, k0:k0 + EXACT_CHUNK] * bt[None, :, k0:k0 + EXACT_CHUNK])
     while len(levels) > 2:  # fold the chunks' levels together: far fewer rationals below
-        levels = _extract(np.stack(levels, axis=-1))
+        folded = _extract(np.stack(levels, axis=-1))
+        if len(folded) >= len(levels):  # values more than ~50 bits apart do not fold: the rationals sum them
+            break
+        levels = folded
     if not levels:
         return np.zeros((m, n), dtype=np.float32)
     stacked = np.stack(levels, axis=-1).reshape(m * n, -1)
