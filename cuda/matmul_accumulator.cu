@@ -16,11 +16,16 @@
  *                  up: computed with a binary counter (a stack of <= 64 partial
  *                  sums, merged as blocks of 2^L complete, the last blocks
  *                  folded from the right), the same tree in O(log K) memory.
- *   hopper-fp8     per group of `group` k: the terms {c} U {a_k b_k}, the
- *                  largest's exponent e, each term cut to a multiple of
+ *   hopper-fp8     a tensor core's fused dot-add, MMA-Sim's Hopper model: per
+ *                  group of `group` k, the terms {c} U {a_k b_k}, each with
+ *                  its alignment exponent (c: its own; a product: its
+ *                  factors' exponents summed, each at least its format's emin,
+ *                  or with align = value its exact value's), e the largest
+ *                  (at least -126), each term cut to a multiple of
  *                  2^(e - bits + 1) (trunc, rne or floor) in integer arithmetic on
  *                  its significand, the cut terms summed exactly in int64
- *                  (below (group + 1) 2^bits < 2^53), rounded once to fp32.
+ *                  (below (group + 1) 2^(bits + 1) < 2^53), the sum cut to
+ *                  out_bits significant bits the same way (an fp32 value).
  *   promote        chunks of `interval` k, each by hopper-fp8 from +0, added
  *                  in fp32.
  * An exact zero result is +0 in every model but fp32-pairwise at K = 1 (the
@@ -58,8 +63,11 @@ namespace {
 
 const char* const KIND_NAMES[PL_ACC_KIND_COUNT_] = {"exact", "fp32", "fp32-pairwise", "hopper-fp8", "promote"};
 const char* const ROUNDING_NAMES[PL_ACC_ROUNDING_COUNT_] = {"trunc", "rne", "floor"};
+const char* const ALIGN_NAMES[PL_ACC_ALIGN_COUNT_] = {"product", "value"};
 
 constexpr int kMaxBits = 40;    // numerics/accumulators.py's MAX_BITS: the cut sum stays below 2^53
+constexpr int kMaxOut = 24;     // MAX_OUT: a step's result is an fp32 value
+constexpr int kF32Emin = -126;  // F32_EMIN: the datapath never aligns below fp32's smallest normal exponent
 constexpr int kProductLsb = -298;  // the last bit of the smallest product, 2^-149 squared
 constexpr int kLimbs = 20;      // 32-bit digits: 640 bits hold K < 2^63 products below 2^256
 
@@ -103,10 +111,16 @@ PL_HD inline term product(float x, float y) {  // exact: 48 bits at most
     return {a.sig * b.sig, a.ex + b.ex, a.neg != b.neg};
 }
 PL_HD inline int top_exp(const term& t) { return t.ex + bitlen64(t.sig) - 1; }  // floor(log2 |t|), t != 0
+// A factor's alignment exponent (align = product): floor(log2 |x|), at least its format's emin; x != 0.
+PL_HD inline int factor_exp(float x, int emin) {
+    const int e = top_exp(term_of(x));
+    return e > emin ? e : emin;
+}
 
 // t / 2^ul cut to an integer (pl_accumulator_rounding: toward zero, to nearest
-// even, or toward -inf), signed. Below the group's largest exponent e,
-// |t| / 2^ul < 2^bits <= 2^40, so the cut lies in [-2^bits, 2^bits].
+// even, or toward -inf), signed. Below the group's alignment exponent e (a
+// product's significands may multiply to just under 4),
+// |t| / 2^ul < 2^(bits + 1) <= 2^41, so the cut lies in [-2^(bits+1), 2^(bits+1)].
 PL_HD inline int64_t cut(const term& t, int ul, int rounding) {
     if (t.sig == 0) return 0;
     const int s = ul - t.ex;
@@ -136,6 +150,7 @@ struct dot_args {
     int64_t sy;
     int64_t k;
     bool reverse;
+    int emin_x, emin_y;  // the formats' smallest normal exponents (align = product)
     PL_HD float xv(int64_t s) const { return x[(reverse ? k - 1 - s : s) * sx]; }
     PL_HD float yv(int64_t s) const { return y[(reverse ? k - 1 - s : s) * sy]; }
 };
@@ -161,35 +176,47 @@ PL_HD inline float fp32_pairwise(const dot_args& d) {
     return v;
 }
 
-// One MMA step: c plus the products of steps [s0, s1), aligned to the largest
-// exponent (c included), cut to `bits` bits, summed exactly, rounded once.
-PL_HD inline float fused_group(float c, const dot_args& d, int64_t s0, int64_t s1, int bits, int rounding) {
+// One MMA step: c plus the products of steps [s0, s1), aligned to their
+// largest alignment exponent (c included, at least -126), cut to `bits` bits,
+// summed exactly, the sum cut to out_bits significant bits.
+PL_HD inline float fused_group(float c, const dot_args& d, int64_t s0, int64_t s1, const pl_accumulator& a) {
     if (!finite(c)) return c;  // an overflowed accumulator stays as it is (the numpy model's inf)
-    int e = INT_MIN;
+    const bool by_product = a.align == PL_ACC_ALIGN_PRODUCT;
+    int e = kF32Emin;
     const term tc = term_of(c);
-    if (tc.sig) e = top_exp(tc);
+    if (tc.sig && top_exp(tc) > e) e = top_exp(tc);
     for (int64_t s = s0; s < s1; ++s) {
         const float x = d.xv(s), y = d.yv(s);
         if (!finite(x) || !finite(y)) return NAN;
         const term t = product(x, y);
         if (t.sig) {
-            const int te = top_exp(t);
+            const int te = by_product ? factor_exp(x, d.emin_x) + factor_exp(y, d.emin_y) : top_exp(t);
             if (te > e) e = te;
         }
     }
-    if (e == INT_MIN) return 0.0f;  // every term zero: +0
-    const int ul = e - bits + 1;
-    int64_t total = cut(tc, ul, rounding);
-    for (int64_t s = s0; s < s1; ++s) total += cut(product(d.xv(s), d.yv(s)), ul, rounding);
-    // |total| < 2^53 and 2^ul in the normal range: the double is exact, the float its one rounding;
-    // + 0 turns an underflowed -0 into +0, as an exact zero sum is
-    return pl_fadd_rn(pl_to_float_rn((double)total * pow2d(ul)), 0.0f);
+    const int ul = e - a.bits + 1;
+    int64_t total = cut(tc, ul, a.rounding);
+    for (int64_t s = s0; s < s1; ++s) total += cut(product(d.xv(s), d.yv(s)), ul, a.rounding);
+    if (total == 0) return 0.0f;  // a zero sum is +0
+    // Normalise: the sum's exponent (at least -126) and the quantum of out_bits significant bits there.
+    const uint64_t mag = total < 0 ? (uint64_t)(-total) : (uint64_t)total;
+    int es = bitlen64(mag) - 1 + ul;
+    if (es < kF32Emin) es = kF32Emin;
+    const int q = es - a.out_bits + 1;
+    // q <= ul: the sum already has at most out_bits bits from its leading one down
+    const int64_t r = q > ul ? cut(term{mag, ul, total < 0}, q, a.rounding) : total;
+    if (r == 0) return 0.0f;  // cut to zero: +0
+    // at most out_bits (+1 when rne carries) significant bits, the last at or above 2^-149: the double is
+    // exact, and so is the float unless it overflows (inf)
+    const double v = (double)r * pow2d(q > ul ? q : ul);
+    const double big = 3.4028234663852886e38;
+    return v > big ? INFINITY : v < -big ? -INFINITY : (float)v;
 }
 
 PL_HD inline float limited(float c, const dot_args& d, int64_t s0, int64_t s1, const pl_accumulator& a) {
     for (int64_t g0 = s0; g0 < s1; g0 += a.group) {
         const int64_t g1 = s1 - g0 > a.group ? g0 + a.group : s1;
-        c = fused_group(c, d, g0, g1, a.bits, a.rounding);
+        c = fused_group(c, d, g0, g1, a);
     }
     return c;
 }
@@ -274,8 +301,8 @@ PL_HD inline float exact(const dot_args& d) {
 // A template, so a kernel instance holds only its kind's per-thread arrays.
 template <int KIND>
 PL_HD inline float output(const float* a, const float* b, int64_t i, int64_t j, int64_t n, int64_t k,
-                          const pl_accumulator& acc) {
-    const dot_args d{a + i * k, 1, b + j, n, k, acc.order == PL_ORDER_REVERSED};
+                          const pl_accumulator& acc, int emin) {
+    const dot_args d{a + i * k, 1, b + j, n, k, acc.order == PL_ORDER_REVERSED, emin, emin};
     if constexpr (KIND == PL_ACC_EXACT) return exact(d);
     else if constexpr (KIND == PL_ACC_FP32) return fp32_sequential(d);
     else if constexpr (KIND == PL_ACC_FP32_PAIRWISE) return fp32_pairwise(d);
@@ -310,11 +337,16 @@ int check_accumulator(const pl_accumulator* a, const char* func) {
     if (a->bits < 1 || a->bits > kMaxBits)
         return pl_fail(PL_ERR_INVALID_ARGUMENT, func, "acc->bits must be in [1, %d] (got %d)", kMaxBits, a->bits);
     if (a->group < 1) return pl_fail(PL_ERR_INVALID_ARGUMENT, func, "acc->group must be >= 1 (got %d)", a->group);
-    if ((int64_t)a->group + 1 >= (1LL << (53 - a->bits)))
-        return pl_fail(PL_ERR_INVALID_ARGUMENT, func, "acc->bits = %d with acc->group = %d: (group + 1) 2^bits "
-                       "must be below 2^53, or the cut terms would not sum exactly", a->bits, a->group);
+    if ((int64_t)a->group + 1 >= (1LL << (52 - a->bits)))
+        return pl_fail(PL_ERR_INVALID_ARGUMENT, func, "acc->bits = %d with acc->group = %d: (group + 1) "
+                       "2^(bits + 1) must be below 2^53, or the cut terms would not sum exactly", a->bits, a->group);
     if (a->rounding < 0 || a->rounding >= PL_ACC_ROUNDING_COUNT_)
         return pl_fail(PL_ERR_INVALID_ARGUMENT, func, "unknown acc->rounding %d", a->rounding);
+    if (a->align < 0 || a->align >= PL_ACC_ALIGN_COUNT_)
+        return pl_fail(PL_ERR_INVALID_ARGUMENT, func, "unknown acc->align %d", a->align);
+    if (a->out_bits < 1 || a->out_bits > kMaxOut)
+        return pl_fail(PL_ERR_INVALID_ARGUMENT, func, "acc->out_bits must be in [1, %d] (got %d)", kMaxOut,
+                       a->out_bits);
     if (a->kind == PL_ACC_PROMOTE && a->interval < 1)
         return pl_fail(PL_ERR_INVALID_ARGUMENT, func, "acc->interval must be >= 1 for promote (got %lld)",
                        (long long)a->interval);
@@ -365,15 +397,23 @@ extern "C" int pl_accumulator_rounding_info(int id, const char** name) {
     return PL_OK;
 }
 
+extern "C" int pl_accumulator_align_info(int id, const char** name) {
+    PL_REQUIRE_PTR(name);
+    PL_REQUIRE(id >= 0 && id < PL_ACC_ALIGN_COUNT_, PL_ERR_INVALID_ARGUMENT, "unknown accumulator alignment %d", id);
+    *name = ALIGN_NAMES[id];
+    return PL_OK;
+}
+
 extern "C" int pl_matmul_acc_cpu(const float* a, const float* b, int64_t m, int64_t n, int64_t k, int format,
                                  const pl_accumulator* acc, float* c) {
     if (int st = check_args(a, b, c, m, n, k, format, acc, __func__)) return st;
     if (int st = check_values(a, m * k, format, "a", __func__)) return st;
     if (int st = check_values(b, k * n, format, "b", __func__)) return st;
     const pl_accumulator model = *acc;
+    const int emin = PL_FORMATS[format].emin;
     with_kind(model.kind, [&](auto kind) {
         for (int64_t i = 0; i < m; ++i)
-            for (int64_t j = 0; j < n; ++j) c[i * n + j] = output<decltype(kind)::value>(a, b, i, j, n, k, model);
+            for (int64_t j = 0; j < n; ++j) c[i * n + j] = output<decltype(kind)::value>(a, b, i, j, n, k, model, emin);
         return 0;
     });
     return PL_OK;
@@ -388,9 +428,9 @@ constexpr int kThreads = 128;
 // Version 1: one thread per output, grid-stride.
 template <int KIND>
 __global__ void matmul_acc_thread(const float* __restrict__ a, const float* __restrict__ b, float* __restrict__ c,
-                                  int64_t m, int64_t n, int64_t k, pl_accumulator acc) {
+                                  int64_t m, int64_t n, int64_t k, pl_accumulator acc, int emin) {
     for (int64_t e = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; e < m * n; e += (int64_t)gridDim.x * blockDim.x)
-        c[e] = output<KIND>(a, b, e / n, e % n, n, k, acc);
+        c[e] = output<KIND>(a, b, e / n, e % n, n, k, acc, emin);
 }
 
 }  // namespace
@@ -406,7 +446,8 @@ extern "C" int pl_matmul_acc_cuda(const float* a_dev, const float* b_dev, int64_
     const unsigned grid = (unsigned)(blocks < 65535 ? blocks : 65535);
     const pl_accumulator model = *acc;
     with_kind(model.kind, [&](auto kind) {
-        matmul_acc_thread<decltype(kind)::value><<<grid, kThreads>>>(a_dev, b_dev, c_dev, m, n, k, model);
+        matmul_acc_thread<decltype(kind)::value><<<grid, kThreads>>>(a_dev, b_dev, c_dev, m, n, k, model,
+                                                                     PL_FORMATS[format].emin);
         return 0;
     });
     PL_CUDA_CHECK(cudaGetLastError());

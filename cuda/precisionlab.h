@@ -308,14 +308,17 @@ int pl_matmul_cuda(const void* a_dev, const void* b_dev, int64_t m, int64_t n, i
  *   PL_ACC_EXACT          the exact sum, rounded once to fp32
  *   PL_ACC_FP32           IEEE sequential: c = fp32(c + fp32(a_k b_k))
  *   PL_ACC_FP32_PAIRWISE  adjacent pairs level by level, in fp32
- *   PL_ACC_HOPPER_FP8     groups of `group` products and c aligned to their
- *                         largest exponent, cut to `bits` bits (`rounding`),
- *                         summed exactly, rounded once to fp32
+ *   PL_ACC_HOPPER_FP8     a tensor core's fused dot-add (MMA-Sim's Hopper
+ *                         model): groups of `group` products and c aligned
+ *                         to their largest alignment exponent (`align`), cut
+ *                         to `bits` bits (`rounding`), summed exactly, the sum
+ *                         cut to `out_bits` significant bits (`rounding`)
  *   PL_ACC_PROMOTE        chunks of `interval` k by PL_ACC_HOPPER_FP8 from +0,
  *                         added in fp32
  * order: PL_ORDER_AS_GIVEN (k ascending) or PL_ORDER_REVERSED. bits (1..40,
- * with (group + 1) 2^bits < 2^53), group (>= 1) and rounding are read by the
- * hopper-fp8 and promote kinds only, interval (>= 1) by promote only.
+ * with (group + 1) 2^(bits + 1) < 2^53), group (>= 1), rounding, align and
+ * out_bits (1..24) are read by the hopper-fp8 and promote kinds only,
+ * interval (>= 1) by promote only.
  * The names are the library's: pl_accumulator_kind_info and
  * pl_accumulator_rounding_info give them (the Python spellings). */
 enum pl_accumulator_kind { PL_ACC_EXACT = 0, PL_ACC_FP32 = 1, PL_ACC_FP32_PAIRWISE = 2, PL_ACC_HOPPER_FP8 = 3,
@@ -323,6 +326,9 @@ enum pl_accumulator_kind { PL_ACC_EXACT = 0, PL_ACC_FP32 = 1, PL_ACC_FP32_PAIRWI
 /* trunc: toward zero (sign-magnitude); rne: nearest, ties to even; floor: toward -inf, as an arithmetic
  * (sign-filling) right shift of a two's-complement term cuts it. */
 enum pl_accumulator_rounding { PL_ACC_TRUNC = 0, PL_ACC_RNE = 1, PL_ACC_FLOOR = 2, PL_ACC_ROUNDING_COUNT_ = 3 };
+/* A product's alignment exponent: product, its factors' exponents summed (each at least its format's smallest
+ * normal one; the hardware's); value, floor(log2 |a b|) of the exact product. */
+enum pl_accumulator_align { PL_ACC_ALIGN_PRODUCT = 0, PL_ACC_ALIGN_VALUE = 1, PL_ACC_ALIGN_COUNT_ = 2 };
 typedef struct {
     int32_t kind;     /* pl_accumulator_kind */
     int32_t bits;     /* bits kept of the group's largest term */
@@ -330,10 +336,13 @@ typedef struct {
     int32_t rounding; /* pl_accumulator_rounding of the cut */
     int64_t interval; /* promote: k per chunk */
     int32_t order;    /* pl_input_order: PL_ORDER_AS_GIVEN or PL_ORDER_REVERSED */
+    int32_t align;    /* pl_accumulator_align */
+    int32_t out_bits; /* significant bits of each step's result, 1..24 (Hopper FP8: 14) */
 } pl_accumulator;
-/* The kind's / rounding's name (static text) in *name. */
+/* The kind's / rounding's / alignment's name (static text) in *name. */
 int pl_accumulator_kind_info(int id, const char** name);
 int pl_accumulator_rounding_info(int id, const char** name);
+int pl_accumulator_align_info(int id, const char** name);
 /* C = A @ B, row-major: a m x k, b k x n, c m x n, all fp32 arrays; every
  * value of a and b must be a value of `format` (PL_FP32, PL_TF32, PL_BF16,
  * PL_FP16, PL_FP8_E4M3, PL_FP8_E5M2; the host checks, naming the first that is

@@ -4,11 +4,11 @@
 normal inputs, unit scales, fp32 output) run on the GPU with
 use_fast_accum=True and False. Each output is compared with the CPU models of
 precisionlab/numerics/accumulators.py: fast accumulation against hopper-fp8
-(B, the group size and the cut's direction swept), the slow path against
+(B, the group size, the cut's direction, the alignment and the output width swept), the slow path against
 promote:N (N, B and the cut's direction swept). Prints, per candidate, the
 share of bit-identical fp32 outputs, and the candidate that fits best; before
-that, crafted probes (PROBES) that read the cut's direction, B and the group
-size off single outputs, and the candidates that give every probe's output;
+that, crafted probes (PROBES) that read the cut's direction, B, the group
+size, the alignment and the output's width off single outputs, and the candidates that give every probe's output;
 also the share of fast outputs whose fp32 mantissa ends in 23 - (B - 1) zero
 bits (an accumulator that also cuts its output to B bits would leave them all
 zero). Without CUDA: one line, exit 0.
@@ -34,15 +34,20 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 KS = (128, 512, 2048, 4096)
 PER_K = 64
 SEARCH_PER_K = 8  # problems per K for the candidate sweep (the CPU models take ~0.1 s at K = 4096)
-# The cut's direction is a candidate too: toward zero (the default, a sign-magnitude reading) or toward -inf
-# (rounding=floor: DeepSeek-V3's "sign-fill right shifting" of two's-complement terms); on random inputs the
-# two part at nearly every output, so the share identical tells them apart.
+# The default hopper-fp8 is MMA-Sim's Hopper model (arXiv 2511.10909: products aligned on their factors'
+# exponents, 13 fractional bits cut toward zero, each step's result cut to 14 bits); the candidates around it
+# vary one field each: B, the group, the cut's direction (toward -inf, rounding=floor: a reading of
+# DeepSeek-V3's "sign-fill right shifting"; to nearest), the alignment exponent (align=value: the exact
+# product's) and the output's width (out=24: a plain fp32 result; with align=value, this project's model
+# before MMA-Sim). On random inputs these part at a share of the outputs large enough to rank them.
 FAST = ["hopper-fp8"] + [f"hopper-fp8:bits={b}" for b in (12, 13, 15, 16, 22, 25)] + \
        [f"hopper-fp8:group={g}" for g in (4, 8, 16, 64)] + ["hopper-fp8:rounding=rne"] + \
-       [f"hopper-fp8:{f}rounding=floor" for f in ("", "bits=13:", "bits=15:", "group=16:")] + ["exact", "fp32"]
+       [f"hopper-fp8:{f}rounding=floor" for f in ("", "bits=13:", "bits=15:", "group=16:")] + \
+       ["hopper-fp8:align=value", "hopper-fp8:out=24", "hopper-fp8:align=value:out=24", "exact", "fp32"]
 SLOW = [f"promote:{n}" for n in (32, 64, 128, 256, 512)] + ["promote:128:bits=13", "promote:128:bits=15",
                                                              "promote:128:group=16", "promote:128:rounding=floor",
-                                                             "promote:128:rounding=rne", "fp32", "exact"]
+                                                             "promote:128:rounding=rne", "promote:128:out=24",
+                                                             "promote:128:align=value:out=24", "fp32", "exact"]
 
 
 def _problem(k: int, i: int):
@@ -59,43 +64,68 @@ def _model_bits(args):
     from precisionlab.numerics import accumulators
 
     a, b = _problem(k, i)
-    return accumulators.parse(model).matmul(a.astype(np.float64), b.astype(np.float64)).view(np.uint32)
+    return accumulators.parse(model).matmul(a.astype(np.float64), b.astype(np.float64),
+                                            dtype="fp8_e4m3").view(np.uint32)
 
 
-# Probes: crafted rows whose one output reads one parameter off the hardware
-# directly, where the random problems only rank the candidates. A is 16 x 64
-# (a probe a row, the rest zero), B all ones, so each output is the row's sum
-# of exactly representable e4m3 values. With the large term 256 = 2^8 setting
-# the group's exponent, B = 14 keeps multiples of u = 2^(8 - 13) = 2^-5:
+# Probes: crafted outputs that each read one parameter off the hardware
+# directly, where the random problems only rank the candidates. Probe p is the
+# output (p, p) of A (16 x 64) @ B (64 x 16): row p of A and column p of B hold
+# its terms (a_k, b_k; b_k = 1 unless given), the rest zero, so each output is
+# a sum of exactly representable e4m3 products. With the large term 256 = 2^8
+# setting the group's exponent, B = 14 keeps multiples of u = 2^(8 - 13) = 2^-5:
 #   direction: 256 - 2^-7 (-u/4): trunc and rne keep 256, floor gives 256 - u;
 #              256 - 7 * 2^-6 (-3.5u): trunc 256 - 3u, rne and floor 256 - 4u;
 #   bits:      256 + 2^-j survives iff 2^-j >= u, i.e. B >= 12 + (j - 3);
 #   group:     +256, -256 at k = 0, 1 and 2^-7 at k = j: the small term is cut
 #              away (aligned to 256) iff k = j lies in the first group (j < g),
-#              and kept whole iff it starts a later group from c = 0.
+#              and kept whole iff it starts a later group from c = 0;
+#   align:     24 x 24 = 576 aligns at 2^(4 + 4) = 2^8 on its factors'
+#              exponents (align=product), at 2^9 on its value's; with
+#              20 x -16 = -320 and 2^-5 beside it the sum 256 + 2^-5 keeps its
+#              last bit only when aligned at 2^8;
+#   out:       448 + 128 + 2^-5 carries into 2^9, where a 14-bit result ends at
+#              2^-4: the 2^-5 survives only in a full fp32 result (out=24), and
+#              only in the last group (the next would cut c to B bits itself):
+#              the terms sit at k = 61-63.
 PROBE_K = 64
 PROBES = ([("direction -u/4", {0: 256.0, 1: -2.0**-7}), ("direction -3.5u", {0: 256.0, 1: -7 * 2.0**-6})]
           + [(f"bits 2^-{j}", {0: 256.0, 1: 2.0**-j}) for j in (3, 4, 5, 6)]
-          + [(f"group k={j}", {0: 256.0, 1: -256.0, j: 2.0**-7}) for j in (4, 8, 16, 32, 48)])
+          + [(f"group k={j}", {0: 256.0, 1: -256.0, j: 2.0**-7}) for j in (4, 8, 16, 32, 48)]
+          + [("align 24x24", {0: (24.0, 24.0), 1: (20.0, -16.0), 2: 2.0**-5}),
+             ("out carry", {61: 448.0, 62: 128.0, 63: 2.0**-5})])
+
+
+def _terms(terms: dict) -> dict:
+    """{k: (a_k, b_k)} of a probe's terms (a bare value: b_k = 1)."""
+    return {k: v if isinstance(v, tuple) else (v, 1.0) for k, v in terms.items()}
 
 
 def _probe_problem():
     import ml_dtypes
 
-    a = np.zeros((16, PROBE_K))
-    for row, (_, terms) in enumerate(PROBES):
-        for k, v in terms.items():
-            a[row, k] = v
+    assert len(PROBES) <= 16
+    a, b = np.zeros((16, PROBE_K)), np.zeros((PROBE_K, 16))
+    for p, (_, terms) in enumerate(PROBES):
+        for k, (x, y) in _terms(terms).items():
+            a[p, k], b[k, p] = x, y
     e4m3 = ml_dtypes.float8_e4m3fn
-    assert np.array_equal(a.astype(e4m3).astype(np.float64), a)  # every probe value exact in e4m3
-    return a.astype(e4m3), np.ones((PROBE_K, 16)).astype(e4m3)
+    for x in (a, b):
+        assert np.array_equal(x.astype(e4m3).astype(np.float64), x)  # every probe value exact in e4m3
+    return a.astype(e4m3), b.astype(e4m3)
+
+
+def _probe_outputs(c_bits: np.ndarray) -> np.ndarray:
+    """Each probe's output bits, (p, p), from a 16 x 16 product's."""
+    return np.diagonal(c_bits)[:len(PROBES)].copy()
 
 
 def _probe_model_bits(model: str) -> np.ndarray:
     from precisionlab.numerics import accumulators
 
     a, b = _probe_problem()
-    return accumulators.parse(model).matmul(a.astype(np.float64), b.astype(np.float64)).view(np.uint32)
+    return accumulators.parse(model).matmul(a.astype(np.float64), b.astype(np.float64),
+                                            dtype="fp8_e4m3").view(np.uint32)
 
 
 def _gpu_probe(torch, fast: bool) -> np.ndarray:
@@ -104,13 +134,13 @@ def _gpu_probe(torch, fast: bool) -> np.ndarray:
 
 def _probes(gpu_out: np.ndarray, fast: bool, models: list[str]) -> dict:
     """Each probe's GPU output (gpu_out: _gpu_probe's) beside its exact value, and the candidates that give it."""
-    got = gpu_out[:len(PROBES), 0]
-    predicted = {m: _probe_model_bits(m)[:len(PROBES), 0] for m in models}
+    got = _probe_outputs(gpu_out)
+    predicted = {m: _probe_outputs(_probe_model_bits(m)) for m in models}
     out = {}
     for row, (name, terms) in enumerate(PROBES):
         match = [m for m in models if predicted[m][row] == got[row]]
         value = float(got[row:row + 1].view(np.float32)[0])
-        out[name] = {"exact": math.fsum(terms.values()), "gpu": value, "matches": match}
+        out[name] = {"exact": math.fsum(x * y for x, y in _terms(terms).values()), "gpu": value, "matches": match}
         print(f"  probe use_fast_accum={fast!s:5} {name:16} exact {out[name]['exact']:<12.9g} gpu {value:<12.9g} "
               f"matches: {_few(match) or 'none of the candidates'}", flush=True)
     every = [m for m in models if all(m in v["matches"] for v in out.values())]

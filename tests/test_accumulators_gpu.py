@@ -18,12 +18,13 @@ pytestmark = pytest.mark.gpu
 
 MODELS = ["exact", "fp32", "fp32:order=reverse", "fp32-pairwise", "fp32-pairwise:order=reverse", "hopper-fp8",
           "hopper-fp8:rounding=rne", "hopper-fp8:bits=10:group=4", "hopper-fp8:bits=40:group=31:order=reverse",
+          "hopper-fp8:align=value:out=24", "hopper-fp8:bits=26:group=16", "hopper-fp8:out=6:rounding=floor",
           "promote:128", "promote:5:group=4:bits=12", "promote:40:rounding=rne"]
 DTYPES = {"fp8_e4m3": ml_dtypes.float8_e4m3fn, "bf16": ml_dtypes.bfloat16, "fp32": np.float32}
 
 
 def _model(a: acc.Accumulator):
-    return native.accumulator(a.kind, a.bits, a.group, a.rounding, a.interval or 0, a.order)
+    return native.accumulator(a.kind, a.bits, a.group, a.rounding, a.interval or 0, a.order, a.align, a.out_bits)
 
 
 def _gpu(a: np.ndarray, b: np.ndarray, code: int, model, variant: str) -> np.ndarray:
@@ -51,7 +52,7 @@ def test_gpu_matches_the_host_and_numpy_bit_for_bit(model, variant):
             got = _gpu(a, b, code, _model(m), variant)
             host = native.matmul_acc_cpu(a, b, code, _model(m))
             assert np.array_equal(got.view(np.uint32), host.view(np.uint32)), (model, k, name)
-            assert np.array_equal(got.view(np.uint32), m.matmul(a, b).view(np.uint32)), (model, k, name)
+            assert np.array_equal(got.view(np.uint32), m.matmul(a, b, dtype=name).view(np.uint32)), (model, k, name)
 
 
 def test_gpu_and_host_agree_outside_the_models_domain():

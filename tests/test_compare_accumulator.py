@@ -233,8 +233,36 @@ def test_every_matmul_path_takes_the_one_model_type(monkeypatch):
         assert hints["acc_bits"].__metadata__[0] is options.AccBitsOpt.__metadata__[0]  # the one option object
     calls = []
     real = acc.Accumulator.accumulate
-    monkeypatch.setattr(acc.Accumulator, "accumulate", lambda self, c, a, b: calls.append(self.name) or real(self, c, a, b))
+    monkeypatch.setattr(acc.Accumulator, "accumulate",
+                        lambda self, c, a, b, **kw: calls.append(self.name) or real(self, c, a, b, **kw))
     rng = np.random.default_rng(0)
     q, k, v = rng.standard_normal((3, 8)), rng.standard_normal((20, 8)), rng.standard_normal((20, 4))
     fa.attention(q, k, v, fa.FlashConfig(block_c=8, pv_accumulator=spelled, qk_accumulator="exact"), track=False)
     assert calls.count(spelled) == 3 and calls.count("exact") == 3  # one call a tile each: 20 keys in tiles of 8
+
+
+def test_the_models_take_the_rows_format_where_the_inputs_hold_it():
+    """An fp8 row's inputs are e4m3 values held in fp32: under align=product a
+    subnormal factor (2^-9) aligns at e4m3's emin, 2^-6, as the hardware's
+    operand would, so with B = 10 the 2^-18 product beside it is cut away; a
+    row whose inputs are not all values of its format is emulated as fp32."""
+    from precisionlab.experiments import op_accumulator
+
+    model = acc.parse("hopper-fp8:bits=10")
+    a = torch.tensor([[2.0**-9, 2.0**-9]])
+    b = torch.tensor([[1.0], [2.0**-9]])
+    seen = []
+
+    def row(idx, label, got, want, atol, rtol):
+        seen.append(float(got[0, 0]))
+        return {"flagged": False, "rel_l2": 0.0, "verdict": ""}
+
+    for fmt, want in (("fp8_e4m3", 2.0**-9), ("fp32", 2.0**-9 + 2.0**-18), ("bf16", 2.0**-9 + 2.0**-18)):
+        seen.clear()
+        op_accumulator.rows([model], (a, b), None, torch.float32, row, (0.0, 0.0), fmt)
+        assert seen == [want], fmt
+    # 3 x 2^-10 is no e4m3 value: the row's inputs are emulated as fp32's, aligned at 2^-9 (u = 2^-18, so the
+    # 3 x 2^-19 product keeps 2^-18); at e4m3's emin (u = 2^-15) it would be cut away
+    seen.clear()
+    op_accumulator.rows([model], (a * 3 / 2, b), None, torch.float32, row, (0.0, 0.0), "fp8_e4m3")
+    assert seen == [3 * 2.0**-10 + 2.0**-18]

@@ -21,7 +21,7 @@ import numpy as np
 import pytest
 
 from precisionlab.numerics import flash_attention as fa
-from test_accumulators import emulate, emulate_onto, round_f32
+from test_accumulators import EMINS, emulate, emulate_onto, round_f32
 
 D, ROWS, S = 128, 128, 8192
 F32 = np.float32
@@ -179,7 +179,7 @@ def scalar_row(i, q, k, v, cfg, rows_total, qd=1.0, kd=1.0, vd=1.0):
             s = []
             for j in keys:  # the Q.K^T model from +0, the rationals' emulation (fp32: the IEEE chain)
                 x = float(emulate(cfg.qk_accumulator, [Fraction(float(F32(z))) for z in q[i]],
-                                  [Fraction(float(F32(z))) for z in k[j]]))
+                                  [Fraction(float(F32(z))) for z in k[j]], (EMINS[cfg.input_dtype],) * 2))
                 s.append(x if j <= last_key else -math.inf)
             m_new = max([m] + s)
             m_safe = 0.0 if m_new == -math.inf else m_new
@@ -200,7 +200,8 @@ def scalar_row(i, q, k, v, cfg, rows_total, qd=1.0, kd=1.0, vd=1.0):
             target = tt if cfg.promote_tiles else o
             for y in range(v.shape[1]):  # the P.V model onto the running O (or T), in rationals
                 target[y] = float(emulate_onto(cfg.pv_accumulator, Fraction(target[y]),
-                                               [Fraction(x) for x in stored], [Fraction(v[j, y]) for j in keys]))
+                                               [Fraction(x) for x in stored], [Fraction(v[j, y]) for j in keys],
+                                               (EMINS[cfg.p_dtype], EMINS[cfg.input_dtype])))
             if cfg.promote_tiles and (n % cfg.promote_tiles == 0 or t == b0 - 1):
                 o = [f32(x + z) for x, z in zip(o, tt)]
                 tt = [0.0] * v.shape[1]

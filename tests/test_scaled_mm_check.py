@@ -74,9 +74,10 @@ def test_planted_models_are_found_bit_for_bit(monkeypatch, tmp_path):
 
 def test_probes_read_each_parameter_off_one_output():
     """The crafted probes, on the CPU models themselves: each separates what its name says, and together they
-    leave only the planted model among the fast candidates that differ in direction, B (up to 15) or the group."""
+    leave only the planted model among the fast candidates that differ in direction, B (up to 15), the group,
+    the alignment or the output's width."""
     mod = load()
-    out = {m: dict(zip((n for n, _ in mod.PROBES), mod._probe_model_bits(m)[:len(mod.PROBES), 0].view(np.float32)))
+    out = {m: dict(zip((n for n, _ in mod.PROBES), mod._probe_outputs(mod._probe_model_bits(m)).view(np.float32)))
            for m in mod.FAST}
     u = 2.0**-5  # 256's unit at B = 14
     assert out["hopper-fp8"]["direction -u/4"] == 256 and out["hopper-fp8:rounding=floor"]["direction -u/4"] == 256 - u
@@ -93,5 +94,8 @@ def test_probes_read_each_parameter_off_one_output():
     for g, m in ((4, "hopper-fp8:group=4"), (16, "hopper-fp8:group=16"), (32, "hopper-fp8"),
                  (64, "hopper-fp8:group=64")):
         assert [j for j in js if out[m][f"group k={j}"] == 2.0**-7] == [j for j in js if j >= g], m
+    for m, align, carry in (("hopper-fp8", 256 + u, 576), ("hopper-fp8:align=value", 256, 576),
+                            ("hopper-fp8:out=24", 256 + u, 576 + u), ("hopper-fp8:align=value:out=24", 256, 576 + u)):
+        assert (out[m]["align 24x24"], out[m]["out carry"]) == (align, carry), m
     res = mod._probes(mod._probe_model_bits("hopper-fp8"), True, mod.FAST)
     assert res["fit"] == ["hopper-fp8"], res["fit"]

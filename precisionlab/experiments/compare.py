@@ -378,7 +378,8 @@ def _model_rows(models, op, dev, case, fmt, args, yours, yours_row, out_dtype, c
     def row(idx, label, got, want, atol, rtol):
         return _compare_row(op, dev, case, fmt, idx, label, got, want, atol, rtol, cshape)
 
-    out, finite = op_accumulator.rows(models, args, None if broken else yours, out_dtype, row, _tols(fmt, cfg))
+    out, finite = op_accumulator.rows(models, args, None if broken else yours, out_dtype, row, _tols(fmt, cfg),
+                                      fmt.name)
     if not finite:
         skipped.append(case.name)
     return out

@@ -52,9 +52,10 @@ def _np64(t) -> np.ndarray:
     return t.detach().double().cpu().numpy()
 
 
-def rows(models, args, yours, out_dtype, compare_row, tols) -> tuple[list[dict], bool]:
+def rows(models, args, yours, out_dtype, compare_row, tols, in_format: str = "fp32") -> tuple[list[dict], bool]:
     """Rows (4) and (5) for every model on one case and dtype. `args` the
-    matmul's inputs as yours got them, `yours` its output (None: yours broke
+    matmul's inputs as yours got them (values of `in_format`, the row's
+    dtype, where they are), `yours` its output (None: yours broke
     its output contract, (5) is left out), `out_dtype` the torch dtype the
     output is stored in, `compare_row(idx, label, got, want, atol, rtol)`
     compare.py's row builder bound to the case, `tols` (rtol, atol).
@@ -69,8 +70,12 @@ def rows(models, args, yours, out_dtype, compare_row, tols) -> tuple[list[dict],
     exact = torch.from_numpy(a @ b)  # float64 of exact products: the yardstick's reference
     rtol, atol = tols
     out = []
+    # the row's format where the inputs hold its values (a subnormal fp8 factor aligns at its format's emin under
+    # align=product); fp32 holds every other input's values
+    held = formats.get(in_format) if in_format in formats.MMA_INPUTS else None
+    dtype = held.name if held is not None and all(np.array_equal(held.round(x), x) for x in (a, b)) else "fp32"
     for m in models:
-        c = m.matmul(a, b, backend=backend, dtype="fp32").astype(np.float64)
+        c = m.matmul(a, b, backend=backend, dtype=dtype).astype(np.float64)
         if out_fmt is not None and out_fmt.name != "fp32":
             c = out_fmt.round(c)  # the fp32 accumulator stored in the output's dtype, one rounding
         model_t = torch.from_numpy(c)

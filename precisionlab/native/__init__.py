@@ -81,6 +81,7 @@ from precisionlab.native.blockscale import (  # noqa: F401  (the package's API)
 from precisionlab.native.matmul_acc import (  # noqa: F401  (the package's API)
     _Accumulator,
     accumulator_kinds,
+    accumulator_aligns,
     accumulator_roundings,
     accumulator,
     matmul_acc_cpu,

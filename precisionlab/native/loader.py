@@ -138,6 +138,8 @@ _PROTOTYPES = {
     "pl_accumulator_kind_info": (c_int, [c_int, POINTER(c_char_p)]),
     # int pl_accumulator_rounding_info(int id, const char** name)
     "pl_accumulator_rounding_info": (c_int, [c_int, POINTER(c_char_p)]),
+    # int pl_accumulator_align_info(int id, const char** name)
+    "pl_accumulator_align_info": (c_int, [c_int, POINTER(c_char_p)]),
     # int pl_matmul_acc_cpu(const float* a, const float* b, int64_t m, int64_t n, int64_t k, int format,
     #                       const pl_accumulator* acc, float* c)
     "pl_matmul_acc_cpu": (c_int, [c_void_p, c_void_p, c_int64, c_int64, c_int64, c_int, c_void_p, c_void_p]),

@@ -19,7 +19,7 @@ ORDERS = {"forward": INPUT_ORDERS.index("as_given"), "reverse": INPUT_ORDERS.ind
 
 class _Accumulator(ctypes.Structure):  # pl_accumulator
     _fields_ = [("kind", c_int32), ("bits", c_int32), ("group", c_int32), ("rounding", c_int32),
-                ("interval", c_int64), ("order", c_int32)]
+                ("interval", c_int64), ("order", c_int32), ("align", c_int32), ("out_bits", c_int32)]
 
 
 def _names(fn: str) -> dict[str, int]:
@@ -41,11 +41,16 @@ def accumulator_roundings() -> dict[str, int]:
     return _names("pl_accumulator_rounding_info")
 
 
+@lru_cache(maxsize=1)
+def accumulator_aligns() -> dict[str, int]:
+    return _names("pl_accumulator_align_info")
+
+
 def accumulator(kind: str, bits: int = 14, group: int = 32, rounding: str = "trunc", interval: int = 0,
-                order: str = "forward") -> _Accumulator:
+                order: str = "forward", align: str = "product", out_bits: int = 14) -> _Accumulator:
     """The C struct of a model; the library checks its fields (a KeyError here: a name it lacks)."""
     return _Accumulator(accumulator_kinds()[kind], bits, group, accumulator_roundings()[rounding], interval,
-                        ORDERS[order])
+                        ORDERS[order], accumulator_aligns()[align], out_bits)
 
 
 def matmul_acc_cpu(a, b, format_code: int, acc: _Accumulator) -> np.ndarray:

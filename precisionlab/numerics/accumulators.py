@@ -20,26 +20,39 @@ The models, each one output element c = sum_k a_k b_k at a time:
     (p_0 + p_1, p_2 + p_3, ...), an odd last element passing up unchanged,
     until one value is left.
 ``hopper-fp8`` (parameters ``bits`` B = 14, ``group`` g = 32, ``rounding``
-    trunc | rne | floor)
-    A tensor core's fused multiply-add of g products into an fp32 accumulator
-    c (g = 32 is Hopper's FP8 MMA depth, k = 32 of wgmma/mma.m16n8k32). c
-    starts at +0; for each group G of g consecutive k (the last may be
-    shorter), the terms are T = {c} U {a_k b_k : k in G}, all exact. Let
-    e = max over the non-zero t in T of floor(log2 |t|) ("align to the max
-    exponent of the group", the accumulator included) and u = 2^(e - B + 1):
-    every term is cut to a multiple of u: toward zero (trunc, a
-    sign-magnitude datapath), to the nearest, ties to even (rne), or toward
+    trunc | rne | floor, ``align`` product | value, ``out`` O = min(B, 24))
+    A tensor core's fused dot-add of g products into an fp32 accumulator c
+    (g = 32 is Hopper's FP8 MMA depth, k = 32 of wgmma/mma.m16n8k32), as
+    MMA-Sim (Xie et al., arXiv 2511.10909) found it on Hopper by targeted and
+    randomised tests, bit for bit: B = 14 is its 13 fractional bits. c starts
+    at +0; for each group G of g consecutive k (the last may be shorter), the
+    terms are T = {c} U {a_k b_k : k in G}, all exact. Each term has an
+    alignment exponent E(t): for c, floor(log2 |c|); for a product, with
+    align=product (the hardware's), the sum of its factors' exponents
+    E(a) + E(b), E(x) = floor(log2 |x|) but never below the smallest normal
+    exponent of x's format (a subnormal factor sits at its format's emin), so a
+    product whose significands multiply past 2 keeps one bit more; with
+    align=value, floor(log2 |a_k b_k|) of the exact product. The group's
+    exponent is e = max(-126, E(t) over the non-zero t in T): the datapath
+    never aligns below fp32's smallest normal exponent. With u = 2^(e - B + 1)
+    every term is cut to a multiple of u: toward zero (trunc, a sign-magnitude
+    datapath, the hardware's), to the nearest, ties to even (rne), or toward
     -inf (floor: what an arithmetic, sign-filling right shift of a
-    two's-complement term does, DeepSeek-V3's account of Hopper's alignment),
-    so the largest keeps its top B bits. trunc and floor agree on positive
-    terms; on negative ones floor loses up to a u more, so its errors do not
-    cancel by sign but pile up toward -inf, group after group. The cut
-    terms are added exactly, and the sum is rounded once to fp32 (nearest,
-    ties to even; exact while B + ceil(log2(g + 1)) <= 24, as for the
-    defaults, so this rounding is only a safeguard). That fp32 value is the
-    new c. All terms zero: c = +0. The order inside a group does not matter
-    (the sum is exact); the order of the groups does.
-``promote:N`` (the same B, g, rounding)
+    two's-complement term does, a reading of DeepSeek-V3's account). trunc and
+    floor agree on positive terms; on negative ones floor loses up to a u
+    more, so its errors pile up toward -inf, group after group. The cut terms
+    are added exactly into S. The output is S normalised and cut again, with
+    the same rounding, to O significant bits: to a multiple of
+    2^(max(floor(log2 |S|), -126) - O + 1). For FP8 on Hopper O = B = 14 (an
+    "e8m13" value in an fp32 register); O = 24 is a plain fp32 result. A sum
+    that carries past 2^(e+1) loses its last bits here; a result beyond fp32's
+    largest value is inf; a zero S, or one cut to zero, is +0. That value is
+    the new c. The order inside a group does not matter (the sum is exact);
+    the order of the groups does. MMA-Sim's other NVIDIA fused dot-adds are
+    the same algorithm: Hopper's bf16/fp16 wgmma is
+    ``hopper-fp8:bits=26:group=16`` (25 fractional bits, an fp32 result cut
+    toward zero).
+``promote:N`` (the same B, g, rounding, align, O)
     DeepSeek-V3's promotion: the K products are split into chunks of N
     consecutive k; each chunk is accumulated by ``hopper-fp8`` from +0 (its
     groups of g start at the chunk's start), and the chunk's fp32 result is
@@ -53,7 +66,9 @@ exact sum); ``fp32``: the chain starts at c; ``fp32-pairwise``: fp32(c + the
 pairwise tree); ``hopper-fp8``: c is the first group's accumulator (in its
 exponent max); ``promote:N``: each chunk from +0, added to c in fp32 chunk
 after chunk (c = fp32(c + chunk), the first chunk onto the given c).
-``matmul(A, B)`` is ``accumulate(+0, A, B)``.
+``matmul(A, B)`` is ``accumulate(+0, A, B)``. The formats of A and B
+(``dtype`` of both, or ``a_dtype`` / ``b_dtype``; fp32 unless given) set each
+factor's smallest normal exponent for align=product.
 
 Every model takes ``order`` = forward | reverse: the K axis is traversed in
 that order (reverse: k = K-1 first), which decides the sequence of groups,
@@ -61,8 +76,8 @@ chunks and additions.
 
 Spelling (``parse``): ``KIND[:N][:key=value]...``, e.g. ``exact``, ``fp32``,
 ``fp32:order=reverse``, ``fp32-pairwise``, ``hopper-fp8``,
-``hopper-fp8:bits=13:group=16:rounding=rne``, ``promote:128``,
-``promote:64:bits=14``. ``Accumulator.name`` writes it back, the defaults left
+``hopper-fp8:bits=13:group=16:rounding=rne``, ``hopper-fp8:align=value:out=24``,
+``promote:128``, ``promote:64:bits=14``. ``Accumulator.name`` writes it back, the defaults left
 out.
 
 Vectorised over the M x N outputs; the loop runs over K (groups, chunks or
@@ -93,10 +108,14 @@ from precisionlab.errors import RunError, UsageError
 BACKENDS = ("numpy", "native")
 KINDS = ("exact", "fp32", "fp32-pairwise", "hopper-fp8", "promote")
 ROUNDINGS = ("trunc", "rne", "floor")
+ALIGNS = ("product", "value")  # the alignment exponent of a product: its factors' exponents summed, or its value's
 ORDERS = ("forward", "reverse")
+LIMITED = ("hopper-fp8", "promote")  # the kinds with B, g, the cut's rounding, align and O
 DEFAULT_BITS = 14
 DEFAULT_GROUP = 32
-MAX_BITS = 40  # the cut terms' exact sum must stay within float64's 53 bits: (g + 1) 2^B < 2^53
+MAX_BITS = 40  # the cut terms' exact sum must stay within float64's 53 bits: (g + 1) 2^(B + 1) < 2^53
+MAX_OUT = 24  # the output is an fp32 value: at most its 24 significant bits
+F32_EMIN = -126  # the datapath's lowest alignment exponent, fp32's smallest normal one
 MAX_INTERVAL = 2**63 - 1  # pl_accumulator.interval is an int64
 MAX_GROUP = 2**31 - 1  # pl_accumulator.group an int32
 _DECIMAL = re.compile(r"[0-9]+")  # str.isdigit() also takes '²', which int() refuses
@@ -110,6 +129,12 @@ class Accumulator:
     rounding: str = "trunc"
     interval: int | None = None  # promote's N
     order: str = "forward"
+    align: str = "product"
+    out: int | None = None  # O, the output's significant bits; None: min(B, 24)
+
+    @property
+    def out_bits(self) -> int:
+        return self.out if self.out is not None else min(self.bits, MAX_OUT)
 
     @property
     def name(self) -> str:
@@ -122,6 +147,10 @@ class Accumulator:
                 extra.append(f"group={self.group}")
             if self.rounding != "trunc":
                 extra.append(f"rounding={self.rounding}")
+            if self.align != "product":
+                extra.append(f"align={self.align}")
+            if self.out is not None:
+                extra.append(f"out={self.out}")
         if self.order != "forward":
             extra.append(f"order={self.order}")
         return ":".join([s, *extra])
@@ -149,13 +178,15 @@ class Accumulator:
             return _fp32_sequential(a, b)
         if self.kind == "fp32-pairwise":
             return _fp32_pairwise(a, bt)
+        emins = (formats.get(dtype).emin,) * 2
         if self.kind == "hopper-fp8":
-            return _limited(a, bt, np.zeros((a.shape[0], bt.shape[0])), self).astype(np.float32)
-        return _promote(a, bt, self)
+            return _limited(a, bt, np.zeros((a.shape[0], bt.shape[0])), self, emins).astype(np.float32)
+        return _promote(a, bt, self, emins)
 
-    def accumulate(self, c, a, b) -> np.ndarray:
+    def accumulate(self, c, a, b, a_dtype: str = "fp32", b_dtype: str = "fp32") -> np.ndarray:
         """c + A @ B under this model, c (M x N, fp32 values) the running
-        accumulator (see the module's docstring), float32 (M x N)."""
+        accumulator (see the module's docstring), float32 (M x N); A's values
+        are `a_dtype` values, B's `b_dtype` values."""
         a = np.asarray(a, dtype=np.float64)
         b = np.asarray(b, dtype=np.float64)
         c = np.asarray(c, dtype=np.float32)
@@ -167,13 +198,14 @@ class Accumulator:
             a, b = a[:, ::-1], b[::-1, :]
         if self.kind == "fp32":
             return _fp32_chain(c.copy(), a, b)
+        emins = (formats.get(a_dtype).emin, formats.get(b_dtype).emin)
         if self.kind == "hopper-fp8":
             bt = np.ascontiguousarray(b.T)
-            return _limited(a, bt, c.astype(np.float64), self).astype(np.float32)
+            return _limited(a, bt, c.astype(np.float64), self, emins).astype(np.float32)
         if self.kind == "exact":
             return _exact(a, np.ascontiguousarray(b.T), c)
         if self.kind == "promote":
-            return _promote(a, np.ascontiguousarray(b.T), self, c)
+            return _promote(a, np.ascontiguousarray(b.T), self, emins, c)
         return c + _fp32_pairwise(a, np.ascontiguousarray(b.T))  # fp32 + fp32, correctly rounded
 
     def _native(self, a: np.ndarray, b: np.ndarray, dtype: str) -> np.ndarray:
@@ -182,7 +214,8 @@ class Accumulator:
             return np.zeros((m, n), dtype=np.float32)
         if m == 0 or n == 0:
             return np.zeros((m, n), dtype=np.float32)
-        model = native.accumulator(self.kind, self.bits, self.group, self.rounding, self.interval or 0, self.order)
+        model = native.accumulator(self.kind, self.bits, self.group, self.rounding, self.interval or 0, self.order,
+                                   self.align, self.out_bits)
         return native.matmul_acc_cpu(a.astype(np.float32), b.astype(np.float32), formats.get(dtype).code, model)
 
     def fields(self) -> dict:
@@ -192,7 +225,8 @@ class Accumulator:
         return {"accumulator": self.name, "acc_kind": self.kind,
                 "acc_bits": self.bits if limited else None, "acc_group": self.group if limited else None,
                 "acc_rounding": self.rounding if limited else None, "acc_interval": self.interval,
-                "acc_order": self.order}
+                "acc_order": self.order, "acc_align": self.align if limited else None,
+                "acc_out": self.out_bits if limited else None}
 
     def peak_bytes(self, m: int, n: int, k: int) -> int:
         """The arrays alive at this model's peak, for a memory check before running."""
@@ -202,7 +236,7 @@ class Accumulator:
             return 8 * m * n * (EXACT_CHUNK * 4 + 64)  # a chunk's products and their extraction
         if self.kind == "fp32":
             return 4 * m * n * 4
-        return 8 * m * n * (self.group + 1) * 6  # one group's terms and their cut copies
+        return 8 * m * n * (self.group + 1) * 8  # one group's terms, their exponents and their cut copies
 
 
 def parse(text: str) -> Accumulator:
@@ -219,14 +253,14 @@ def parse(text: str) -> Accumulator:
             raise ValueError(f"accumulator {text!r}: promote needs its interval, promote:N with 0 < N < 2^63")
         fields["interval"] = int(rest[0])
         rest = rest[1:]
-    allowed = ("bits", "group", "rounding", "order") if kind in ("hopper-fp8", "promote") else ("order",)
+    allowed = ("bits", "group", "rounding", "align", "out", "order") if kind in LIMITED else ("order",)
     for p in rest:
         key, eq, value = p.partition("=")
         if not eq or key not in allowed:
             raise ValueError(f"accumulator {text!r}: {p!r} is not one of {', '.join(k + '=' for k in allowed)}")
         if key in fields:
             raise ValueError(f"accumulator {text!r}: {key}= is given twice")
-        if key in ("bits", "group"):
+        if key in ("bits", "group", "out"):
             if not _DECIMAL.fullmatch(value) or int(value) <= 0:
                 raise ValueError(f"accumulator {text!r}: {key} must be a positive integer")
             fields[key] = int(value)
@@ -234,14 +268,21 @@ def parse(text: str) -> Accumulator:
             raise ValueError(f"accumulator {text!r}: rounding is one of {', '.join(ROUNDINGS)}")
         elif key == "order" and value not in ORDERS:
             raise ValueError(f"accumulator {text!r}: order is one of {', '.join(ORDERS)}")
+        elif key == "align" and value not in ALIGNS:
+            raise ValueError(f"accumulator {text!r}: align is one of {', '.join(ALIGNS)}")
         else:
             fields[key] = value
     acc = replace(Accumulator(kind), **fields)
     if acc.group > MAX_GROUP:
         raise ValueError(f"accumulator {text!r}: group must be below 2^31 (got {acc.group})")
-    if acc.bits > MAX_BITS or (acc.group + 1) << acc.bits >= 1 << 53:  # integers: a huge group cannot overflow
+    if acc.bits > MAX_BITS or (acc.group + 1) << (acc.bits + 1) >= 1 << 53:  # integers: no overflow
         raise ValueError(f"accumulator {text!r}: bits={acc.bits} with group={acc.group} would not sum exactly "
-                         f"here (at most bits={MAX_BITS} and (group + 1) 2^bits < 2^53)")
+                         f"here (at most bits={MAX_BITS} and (group + 1) 2^(bits + 1) < 2^53)")
+    if acc.out is not None:
+        if acc.out > MAX_OUT:
+            raise ValueError(f"accumulator {text!r}: out is at most {MAX_OUT} (an fp32 result's significant bits)")
+        if acc.out == min(acc.bits, MAX_OUT):
+            acc = replace(acc, out=None)  # the default, spelled: one name for one model
     return acc
 
 
@@ -285,9 +326,6 @@ def parse_option(text: str, bits: int | None = None, rounding: str | None = None
         return parse_list(text, bits, rounding)
     except ValueError as e:
         raise UsageError(f"--accumulator: {e}") from None
-
-
-LIMITED = ("hopper-fp8", "promote")  # the kinds with B, g and the cut's rounding
 
 
 def _with_defaults(name: str, extra: dict) -> str:
@@ -342,38 +380,62 @@ def _fp32_pairwise(a: np.ndarray, bt: np.ndarray) -> np.ndarray:
 _CUTS = {"trunc": np.trunc, "rne": np.rint, "floor": np.floor}  # np.rint: nearest, ties to even
 
 
-def _fused_group(c: np.ndarray, p: np.ndarray, acc: Accumulator) -> np.ndarray:
+def _align_exponents(x: np.ndarray, emin: int) -> np.ndarray:
+    """E(x) of each factor for align=product: floor(log2 |x|), never below its
+    format's smallest normal exponent (a zero factor's product is a zero term:
+    its exponent is not used)."""
+    _, e = np.frexp(np.abs(x))  # |x| = m 2^e, 0.5 <= m < 1: floor(log2 |x|) = e - 1
+    return np.maximum(e - 1, emin)
+
+
+def _cut_to(x: np.ndarray, shift: np.ndarray, rounding: str) -> np.ndarray:
+    """x / 2^shift cut to an integer (float64). Exact: a power-of-two scaling
+    far from float64's limits, of values with at most 53 significant bits."""
+    return _CUTS[rounding](np.ldexp(x, -shift))
+
+
+def _fused_group(c: np.ndarray, p: np.ndarray, ep: np.ndarray | None, acc: Accumulator) -> np.ndarray:
     """One MMA step: c (M x N, fp32 values) plus the group's exact products p
-    (M x N x g), aligned to their largest exponent, cut to B bits, summed
-    exactly, rounded once to fp32. Returned as float64 holding fp32 values."""
-    t = np.concatenate([c[..., None], p], axis=-1)
-    mag = np.abs(t)
-    _, e = np.frexp(mag)  # |t| = m 2^e, 0.5 <= m < 1: floor(log2 |t|) = e - 1
-    nonzero = mag > 0
-    emax = np.max(np.where(nonzero, e - 1, np.iinfo(np.int32).min), axis=-1)
-    live = np.any(nonzero, axis=-1)
-    shift = np.where(live, emax - acc.bits + 1, 0)
-    scaled = np.ldexp(t, -shift[..., None])  # exact: a power-of-two scaling, far from float64's limits
-    cut = _CUTS[acc.rounding](scaled)
-    total = np.sum(cut, axis=-1)  # integers below (g + 1) 2^B < 2^53: exact in any order
-    out = np.ldexp(total, shift).astype(np.float32).astype(np.float64)  # the one fp32 rounding
-    out[~live] = 0.0
-    return out + 0.0  # -0 to +0: an exact zero sum is +0, as IEEE's nearest gives
+    (M x N x g), ep their alignment exponents (None: align=value, each
+    product's own), aligned to the largest, cut to B bits, summed exactly,
+    the sum cut to O significant bits. Returned as float64 holding fp32 values."""
+    _, ec = np.frexp(np.abs(c))
+    ec = np.where(c != 0, ec - 1, F32_EMIN)
+    if ep is None:
+        _, ep = np.frexp(np.abs(p))
+        ep = ep - 1
+    ep = np.where(p != 0, ep, F32_EMIN)  # a zero term's exponent never raises e above the floor
+    e = np.maximum(np.maximum(ec, np.max(ep, axis=-1, initial=F32_EMIN)), F32_EMIN)
+    shift = e - acc.bits + 1
+    total = _cut_to(c, shift, acc.rounding) + np.sum(_cut_to(p, shift[..., None], acc.rounding), axis=-1)
+    # |total| < (g + 1) 2^(B + 1) <= 2^53: integers, exact in any order. Now normalise and cut to O bits.
+    _, top = np.frexp(np.abs(total))  # |total| < 2^top
+    e_s = np.maximum(top - 1 + shift, F32_EMIN)
+    q = e_s - acc.out_bits + 1
+    r = _cut_to(total, q - shift, acc.rounding)  # at most O (+1 when rne carries) bits: exact
+    with np.errstate(over="ignore"):
+        out = np.ldexp(r, q).astype(np.float32).astype(np.float64)  # exact, or beyond fp32's range: inf
+    return out + 0.0  # -0 to +0: a zero sum, or one cut to zero, is +0
 
 
-def _limited(a: np.ndarray, bt: np.ndarray, c: np.ndarray, acc: Accumulator) -> np.ndarray:
+def _limited(a: np.ndarray, bt: np.ndarray, c: np.ndarray, acc: Accumulator, emins: tuple[int, int]) -> np.ndarray:
+    ea = _align_exponents(a, emins[0]) if acc.align == "product" else None
+    eb = _align_exponents(bt, emins[1]) if acc.align == "product" else None
     for k0 in range(0, a.shape[1], acc.group):
-        p = a[:, None, k0:k0 + acc.group] * bt[None, :, k0:k0 + acc.group]
-        c = _fused_group(c, p, acc)
+        ks = slice(k0, k0 + acc.group)
+        p = a[:, None, ks] * bt[None, :, ks]
+        ep = ea[:, None, ks] + eb[None, :, ks] if ea is not None else None
+        c = _fused_group(c, p, ep, acc)
     return c
 
 
-def _promote(a: np.ndarray, bt: np.ndarray, acc: Accumulator, c: np.ndarray | None = None) -> np.ndarray:
+def _promote(a: np.ndarray, bt: np.ndarray, acc: Accumulator, emins: tuple[int, int],
+             c: np.ndarray | None = None) -> np.ndarray:
     """Chunk after chunk, each from +0, added into c (+0 unless given) in fp32."""
     m, n = a.shape[0], bt.shape[0]
     c = np.zeros((m, n), dtype=np.float32) if c is None else c
     for k0 in range(0, a.shape[1], acc.interval):
-        chunk = _limited(a[:, k0:k0 + acc.interval], bt[:, k0:k0 + acc.interval], np.zeros((m, n)), acc)
+        chunk = _limited(a[:, k0:k0 + acc.interval], bt[:, k0:k0 + acc.interval], np.zeros((m, n)), acc, emins)
         c = c + chunk.astype(np.float32)  # the CUDA-core fp32 addition, correctly rounded
     return c
 

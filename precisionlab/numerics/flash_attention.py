@@ -370,7 +370,8 @@ def _chunk(q, k, v, qs, ks, vs, vd, c, scale, r0, rows_total, ranges, cfg, ar, t
                 continue
             # 1. scores
             s = (ar.r(qs @ ks[lo:hi].T) if qk is None else
-                 qk.accumulate(np.zeros((rows, hi - lo), np.float32), qs, ks[lo:hi].T).astype(np.float64))
+                 qk.accumulate(np.zeros((rows, hi - lo), np.float32), qs, ks[lo:hi].T, a_dtype=cfg.input_dtype,
+                               b_dtype=cfg.input_dtype).astype(np.float64))
             s = np.where(vis, s, -np.inf)
             # 2-3. max and rescale
             m_tile = np.max(s, axis=1)
@@ -418,7 +419,8 @@ def _chunk(q, k, v, qs, ks, vs, vd, c, scale, r0, rows_total, ranges, cfg, ar, t
             if pv is None:
                 target = ar.r(target + stored @ vs[lo:hi])
             else:
-                target = pv.accumulate(target.astype(np.float32), stored, vs[lo:hi]).astype(np.float64)
+                target = pv.accumulate(target.astype(np.float32), stored, vs[lo:hi], a_dtype=cfg.p_dtype,
+                                       b_dtype=cfg.input_dtype).astype(np.float64)
             if t_new is not None:
                 t_new = target
                 if n % cfg.promote_tiles == 0 or t == hi_t - 1:

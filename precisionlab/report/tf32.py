@@ -24,9 +24,10 @@ def _accumulator_table(res) -> None:
             t.add_row(dtype, safe_text(acc), *(sci(by_k.get(k)) for k in ks))
         stdout.print(t)
     stdout.print("Emulated on the CPU, bit for bit as numerics/accumulators.py defines each model (hopper-fp8: "
-                 "each group of products aligned to its largest exponent, the accumulator included, cut to 14 "
-                 "bits unless the model names its own, toward zero unless it names rne or floor; promote:N: fp32 "
-                 "addition of N-element chunks).", style="dim", highlight=False)
+                 "MMA-Sim's Hopper fused dot-add: each group of products aligned to the largest exponent, the "
+                 "accumulator included, cut to 14 bits and the sum again to 14 unless the model names its own, "
+                 "toward zero unless it names rne or floor; promote:N: fp32 addition of N-element chunks).",
+                 style="dim", highlight=False)
     footer(None, res.takeaways)
 
 
