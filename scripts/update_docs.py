@@ -14,14 +14,19 @@ printed on stdout. An HTML comment on the line before the fence marks it:
                              CPU matmuls pick their blocking and vector width by
                              the instruction set, so fp32/bf16 sums round in
                              another order on an AMX Xeon than on an AMD EPYC).
-                             Recorded on the CPU named NAME (rewritten on each
-                             run); --check on that CPU compares every character,
+                             Recorded on the CPU NAME (runtime.machine's
+                             cpu_kernel_key: the name, family, model and cache;
+                             rewritten on each run); --check on that CPU
+                             compares every character,
                              on another it compares the text with every number
                              masked, and counts the example apart
 
     .venv/bin/python scripts/update_docs.py            # rewrite the files
     .venv/bin/python scripts/update_docs.py --check    # CI: exit 1 on a difference
     .venv/bin/python scripts/update_docs.py --only softmax   # examples whose command matches
+
+Files run two at a time (--jobs), each file's examples in their order: an example
+may read what an earlier one in its file wrote, never what another file wrote.
 
 The engine examples (compare model --engine) read models exported into
 docs/data/engines/ (gitignored): before any example that names that folder
@@ -51,6 +56,7 @@ import shlex
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -119,9 +125,9 @@ def mask_numbers(text: str) -> str:
 
 def this_cpu() -> str:
     sys.path.insert(0, str(ROOT))
-    from precisionlab.runtime.machine import cpu_name
+    from precisionlab.runtime.machine import cpu_kernel_key
 
-    return cpu_name()
+    return cpu_kernel_key()
 
 
 def run(cmd: str) -> tuple[str, int]:
@@ -163,68 +169,83 @@ def files() -> list[Path]:
     return [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 
 
+def check_file(path: Path, args, cpu: str) -> dict:
+    """Run one file's examples in their order (a later one may read what an earlier one wrote) and return
+    the file's new text, its counts, failures and log lines; files are independent of one another."""
+    text = path.read_text()
+    rel = path.relative_to(ROOT)
+    res = {"checked": 0, "skipped": 0, "machine": 0, "masked": 0, "failures": [], "log": [], "text": text}
+
+    def replace(m):
+        mark, cmd, body = m.group("mark"), m.group("cmd"), m.group("body")
+        if mark not in MARKS:
+            res["failures"].append(f"{rel}: unknown example mark {mark!r} before `precisionlab {cmd}`")
+            return m.group(0)
+        if args.only and args.only not in cmd:
+            return m.group(0)
+        if mark == "gpu" and not args.gpu:
+            res["skipped"] += 1
+            return m.group(0)
+        t0 = time.perf_counter()
+        out, code = run(cmd)
+        dt = time.perf_counter() - t0
+        if args.check:
+            if mark == "machine":
+                res["machine"] += 1
+                status = "ran" if code == 0 else f"FAILED (exit {code})"
+                if code != 0:
+                    res["failures"].append(f"{rel}: precisionlab {cmd}: exit {code}")
+            else:
+                res["checked"] += 1
+                want, got = normalise(body), normalise(out)
+                if mark == "cpu" and m.group("arg") != cpu:  # recorded on another CPU: its text, not its digits
+                    res["masked"] += 1
+                    want, got = mask_numbers(want), mask_numbers(got)
+                status = "ok" if want == got else "DIFFERS"
+                if want != got:
+                    diff = list(difflib.unified_diff(want.splitlines(), got.splitlines(), f"{rel} (committed)",
+                                                     "regenerated", lineterm="", n=2))
+                    res["failures"].append(f"{rel}: precisionlab {cmd}\n" + "\n".join(diff[:60])
+                                           + (f"\n... {len(diff) - 60} more diff lines" if len(diff) > 60 else ""))
+            print(f"{status:>8} {dt:6.1f} s  {rel}: precisionlab {cmd}", file=sys.stderr, flush=True)
+            return m.group(0)
+        print(f"{dt:6.1f} s  {rel}: precisionlab {cmd}", file=sys.stderr, flush=True)
+        prefix = f"<!-- example: {mark}{' ' + cpu if mark == 'cpu' else ''} -->\n" if mark else ""
+        return f"{prefix}```\n$ precisionlab {cmd}\n{out}```"
+
+    res["text"] = BLOCK.sub(replace, text)
+    return res
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--check", action="store_true", help="compare instead of rewriting; exit 1 on a difference")
     ap.add_argument("--gpu", action="store_true", help="also run the examples marked gpu")
     ap.add_argument("--only", default=None, help="only the examples whose command contains this text")
+    ap.add_argument("--jobs", type=int, default=min(2, os.cpu_count() or 1),
+                    help="files run at once (default: 2, or 1 on a one-core machine)")
     args = ap.parse_args()
     t_all = time.perf_counter()
-    checked = skipped = machine = masked = 0
     cpu = this_cpu()
     selected = [m.group("cmd") for path in files() for m in BLOCK.finditer(path.read_text())
                 if not args.only or args.only in m.group("cmd")]
     failures = export_engine_models(selected)
-    for path in files():
-        text = path.read_text()
-        rel = path.relative_to(ROOT)
-
-        def replace(m):
-            nonlocal checked, skipped, machine, masked
-            mark, cmd, body = m.group("mark"), m.group("cmd"), m.group("body")
-            if mark not in MARKS:
-                failures.append(f"{rel}: unknown example mark {mark!r} before `precisionlab {cmd}`")
-                return m.group(0)
-            if args.only and args.only not in cmd:
-                return m.group(0)
-            if mark == "gpu" and not args.gpu:
-                skipped += 1
-                return m.group(0)
-            t0 = time.perf_counter()
-            out, code = run(cmd)
-            dt = time.perf_counter() - t0
-            if args.check:
-                if mark == "machine":
-                    machine += 1
-                    status = "ran" if code == 0 else f"FAILED (exit {code})"
-                    if code != 0:
-                        failures.append(f"{rel}: precisionlab {cmd}: exit {code}")
-                else:
-                    checked += 1
-                    want, got = normalise(body), normalise(out)
-                    if mark == "cpu" and m.group("arg") != cpu:  # recorded on another CPU: its text, not its digits
-                        masked += 1
-                        want, got = mask_numbers(want), mask_numbers(got)
-                    status = "ok" if want == got else "DIFFERS"
-                    if want != got:
-                        diff = list(difflib.unified_diff(want.splitlines(), got.splitlines(), f"{rel} (committed)",
-                                                         "regenerated", lineterm="", n=2))
-                        failures.append(f"{rel}: precisionlab {cmd}\n" + "\n".join(diff[:60])
-                                        + (f"\n... {len(diff) - 60} more diff lines" if len(diff) > 60 else ""))
-                print(f"{status:>8} {dt:6.1f} s  {rel}: precisionlab {cmd}", file=sys.stderr)
-                return m.group(0)
-            print(f"{dt:6.1f} s  {rel}: precisionlab {cmd}", file=sys.stderr)
-            prefix = f"<!-- example: {mark}{' ' + cpu if mark == 'cpu' else ''} -->\n" if mark else ""
-            return f"{prefix}```\n$ precisionlab {cmd}\n{out}```"
-
-        new = BLOCK.sub(replace, text)
-        if not args.check and new != text:
-            path.write_text(new)
+    # The longest files first, so the last one to start is a short one.
+    paths = sorted(files(), key=lambda f: -len(BLOCK.findall(f.read_text())))
+    with ThreadPoolExecutor(max(1, args.jobs)) as pool:
+        done = dict(zip(paths, pool.map(lambda f: check_file(f, args, cpu), paths)))
+    count = {k: sum(done[f][k] for f in paths) for k in ("checked", "skipped", "machine", "masked")}
+    for path in files():  # report and write in the files' own order
+        failures += done[path]["failures"]
+        if not args.check and done[path]["text"] != path.read_text():
+            path.write_text(done[path]["text"])
     total = time.perf_counter() - t_all
+    skipped = count["skipped"]
     note = f"{skipped} skipped (need a GPU; --gpu runs them)" if skipped else "none skipped"
     if args.check:
-        print(f"update_docs --check: {checked} examples compared ({masked} of them recorded on another CPU: numbers "
-              f"masked), {machine} machine-specific run only, {note}; {total:.0f} s", file=sys.stderr)
+        print(f"update_docs --check: {count['checked']} examples compared ({count['masked']} of them recorded on "
+              f"another CPU: numbers masked), {count['machine']} machine-specific run only, {note}; {total:.0f} s",
+              file=sys.stderr)
     else:
         print(f"update_docs: examples re-run, {note}; {total:.0f} s", file=sys.stderr)
     for f in failures:

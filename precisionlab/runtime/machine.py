@@ -29,3 +29,21 @@ def cpu_name() -> str:
     except OSError:
         found = None
     return found.group(1).strip() if found else (platform.processor() or platform.machine())
+
+
+def cpu_kernel_key() -> str:
+    """The CPU as the kernels see it: its name, and where /proc/cpuinfo tells
+    them, its family, model and cache size. A virtual machine may show only
+    "AMD EPYC" for several generations, whose torch CPU matmuls pick other
+    blockings and round in another order; the docs' cpu examples are keyed
+    by this, so another generation compares their text, not their digits."""
+    name = cpu_name()
+    try:
+        info = Path("/proc/cpuinfo").read_text(errors="replace")
+    except OSError:
+        return name
+    fields = {key: re.search(rf"^{key}\s*:\s*(.*)$", info, re.M) for key in ("cpu family", "model", "cache size")}
+    known = {key: m.group(1).strip() for key, m in fields.items() if m}
+    if not known:
+        return name
+    return f"{name} ({', '.join(f'{key} {value}' for key, value in known.items())})"
