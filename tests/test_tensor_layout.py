@@ -111,7 +111,8 @@ def test_sum_rule_binds_stars_in_every_term(tmp_path):
     ("--layout", "attn=a,b", "not a comma list"), ("--reshape", "attn=-1,-1", "at most one -1"),
     ("--reshape", "attn", "GLOB=SHAPE"), ("--unshard", "mlp", "GLOB:DIM"), ("--unshard", "mlp:x", "not an integer"),
     ("--map", "block=block.hidden+", "NAME=PART+PART"), ("--map", "b.*=b.*.h+b.r", "as many"),
-    ("--transpose", "a=b", "a GLOB"),
+    ("--transpose", "a=b", "a GLOB"), ("--map", "z=layer.1.y+layer.1.y", "named twice"),
+    ("--map", "*=*+*", "named twice"),
 ])
 def test_bad_specs_are_one_line_before_any_file_is_read(opt, spec, words):
     r = cli("compare", "tensors", "/nonexistent/a.safetensors", "/nonexistent/b.safetensors", opt, spec)
@@ -213,3 +214,38 @@ def test_the_hook_script_dumps_any_model_for_compare_tensors(tmp_path):
     bug = cli("compare", "tensors", paths["fp32"], paths["bf16"], paths["bug"], "--json")
     d = strict_json(bug.out)
     assert bug.code == 1 and d["first_divergence"] == "blocks.1.2", d["first_divergence"]
+
+
+def test_sum_globs_bind_as_a_lazy_regex_would_in_linear_time():
+    """A sum's stars are matched by leftmost placement, not by '(.+?)' per
+    star: the same groups as that regex on every small case, and a glob of
+    13 stars against a 62-character name (a regex backtracks through ~62^12
+    splits there) answers at once."""
+    import random
+    import re
+
+    from precisionlab.io.tensor_layout import _wild_groups
+
+    def lazy(pattern, name):
+        m = re.compile("(.+?)".join(re.escape(p) for p in pattern.split("*"))).fullmatch(name)
+        return None if m is None else list(m.groups())
+
+    rng = random.Random(0)
+    for _ in range(20000):
+        pattern = "".join(rng.choice("ab*.") for _ in range(rng.randint(0, 7)))
+        name = "".join(rng.choice("ab.") for _ in range(rng.randint(0, 9)))
+        assert _wild_groups(pattern, name) == lazy(pattern, name), (pattern, name)
+    assert _wild_groups("*a" * 12 + "*b", "x" + "a" * 60 + "c") is None
+    assert _wild_groups("*a" * 12 + "*b", "x" + "a" * 60 + "b") == ["x"] + ["a"] * 11 + ["a" * 37]
+
+
+def test_map_patterns_are_refused_one_line_when_they_backtrack_or_name_a_missing_group(dumps, monkeypatch):
+    """A --map the names cannot run through: a replacement naming a group the
+    pattern lacks, and a pattern that backtracks without end on a name
+    ('(a|aa)+b' on a run of a's), each one usage line, exit 2."""
+    files, *_ = dumps
+    r = cli("compare", "tensors", *files[:2], "--map", "x=\\g<foo>")
+    assert r.code == 2 and "unknown group" in r.err and len(r.err.strip().splitlines()) == 1, r.err
+    monkeypatch.setattr(exp, "MAP_SECONDS", 0.2)  # the budget, not the answer: this pattern never ends
+    with pytest.raises(UsageError, match="backtracks without end"):
+        exp.rename(["attn", "a" * 40 + "c"], exp.parse_maps(["(a|aa)+b=x"]), "yours.safetensors")

@@ -29,12 +29,13 @@ from __future__ import annotations
 
 import fnmatch
 import math
-import re
+import time
 from contextlib import nullcontext
 from dataclasses import dataclass, field
 from fractions import Fraction
 
 import numpy as np
+import regex  # re with a timeout: a user's --map pattern may backtrack without end
 
 from precisionlab.report.output import Rows
 from precisionlab.catalog import formats
@@ -75,28 +76,39 @@ def labels(n: int) -> list[str]:
 # --- options -------------------------------------------------------------------------
 
 
-def parse_maps(specs: list[str]) -> list[tuple[re.Pattern, str]]:
+MAP_SECONDS = 10.0  # all --map renames of one file's names together: past it, the pattern is refused
+
+
+def parse_maps(specs: list[str]) -> list[tuple[regex.Pattern, str]]:
     out = []
     for spec in specs:
         pat, eq, rep = spec.partition("=")
         if not eq or not pat:
             raise UsageError(f"--map needs 'REGEX=REPLACEMENT', got {spec!r}")
         try:
-            rx = re.compile(pat)
+            rx = regex.compile(pat)
             rx.sub(rep, "")  # a bad group reference in the replacement fails here, not mid-run
-        except re.error as e:
+        except (regex.error, IndexError) as e:
             raise UsageError(f"--map {spec!r}: {e}") from None
         out.append((rx, rep))
     return out
 
 
 def rename(names: list[str], rules, where: str) -> dict[str, str]:
-    """new name -> stored name, each rule applied in turn."""
+    """new name -> stored name, each rule applied in turn, within MAP_SECONDS."""
     out: dict[str, str] = {}
+    deadline = time.monotonic() + MAP_SECONDS
     for n in names:
         new = n
         for rx, rep in rules:
-            new = rx.sub(rep, new)
+            try:
+                new = rx.sub(rep, new, timeout=max(deadline - time.monotonic(), 1e-3))
+            except (regex.error, IndexError) as e:  # a group the replacement names but the pattern lacks
+                raise UsageError(f"--map {rx.pattern!r}={rep!r}: {e}") from None
+            except TimeoutError:
+                raise UsageError(f"--map {rx.pattern!r}: renaming the tensor names of {where} took over "
+                                 f"{MAP_SECONDS:g} s (a pattern that backtracks without end, like '(a|aa)+b'?)") \
+                    from None
         if new in out:
             raise UsageError(f"--map makes two tensors of {where} one name: {out[new]!r} and {n!r} -> {new!r}")
         out[new] = n

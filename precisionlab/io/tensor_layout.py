@@ -54,10 +54,10 @@ class SumRule:
 
     def bind(self, name: str) -> tuple[str, list[str]] | None:
         """(target, parts) when `name` is this rule's first part, its `*`s bound."""
-        m = _wild(self.parts[0]).fullmatch(name)
-        if m is None:
+        groups = _wild_groups(self.parts[0], name)
+        if groups is None:
             return None
-        return _fill(self.target, m.groups()), [_fill(p, m.groups()) for p in self.parts]
+        return _fill(self.target, groups), [_fill(p, groups) for p in self.parts]
 
 
 @dataclass
@@ -137,6 +137,8 @@ def parse_sum(spec: str) -> SumRule:
     if any(p.count("*") != stars for p in parts):
         raise UsageError(f"--map {spec!r}: each `*` stands for the same text in NAME and in every part, "
                          "so each needs as many")
+    if len(set(parts)) < len(parts):
+        raise UsageError(f"--map {spec!r}: a part is named twice; each tensor is summed once")
     return SumRule(spec, target, parts)
 
 
@@ -150,8 +152,30 @@ def parse(maps: list[str], layouts: list[str], transposes: list[str], reshapes: 
     return spec, [s for s in maps if not is_sum(s)]
 
 
-def _wild(pattern: str) -> re.Pattern:
-    return re.compile("(.+?)".join(re.escape(p) for p in pattern.split("*")))
+def _wild_groups(pattern: str, name: str) -> list[str] | None:
+    """What each `*` of `pattern` (one or more characters each) stands for in
+    `name`, or None when it does not match: each piece between the stars
+    placed at its leftmost fit, which fits whenever any placement does, so the
+    groups are the shortest-first ones a lazy regex would find; in linear
+    time, where that regex ('(.+?)' per star) backtracks for ever on a glob of
+    many stars."""
+    first, *mid = pattern.split("*")
+    if not mid:
+        return [] if name == pattern else None
+    *mid, last = mid
+    end = len(name) - len(last)  # where the last star's text must stop
+    if not name.startswith(first) or not name.endswith(last) or end < len(first):
+        return None
+    groups, pos = [], len(first)
+    for piece in mid:
+        at = name.find(piece, pos + 1, end - 1)  # a character at least for this star and for the next
+        if at < 0:
+            return None
+        groups.append(name[pos:at])
+        pos = at + len(piece)
+    if end - pos < 1:
+        return None
+    return groups + [name[pos:end]]
 
 
 def _fill(pattern: str, groups) -> str:
@@ -268,6 +292,9 @@ def _sum(es: dict[str, _Entry], keys: dict[str, str], spec: LayoutSpec, path: st
         if not bound:
             raise UsageError(f"--map {rule.spec!r}: no tensor of {path} is named like {rule.parts[0]!r}")
         for target, parts in bound:
+            if len(set(parts)) < len(parts):
+                raise UsageError(f"--map {rule.spec!r}: the parts of {target!r} name one tensor twice: "
+                                 + ", ".join(parts))
             missing = [p for p in parts if p not in es]
             if missing:
                 raise UsageError(f"--map {rule.spec!r}: {path} has {parts[0]!r} but not {missing[0]!r}")
