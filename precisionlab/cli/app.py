@@ -204,6 +204,12 @@ def _interrupted() -> None:
 def _run() -> int:
     """The app, every failure turned into one stderr line and an exit code."""
     debug = os.environ.get("PRECISIONLAB_DEBUG") == "1"
+    if not debug:
+        import warnings
+
+        # numpy's floating-point warnings (overflow, invalid value) are what a run measures and counts itself
+        # (non-finite outputs, saturation, flushes); as stray stderr lines they read like failures
+        warnings.filterwarnings("ignore", category=RuntimeWarning)
     if "--install-completion" in sys.argv[1:]:
         _check_completion_shell()
     try:

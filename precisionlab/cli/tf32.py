@@ -6,6 +6,7 @@ from typing import Annotated, Optional
 
 import typer
 
+from precisionlab.io import inputs
 from precisionlab.cli.options import (AccBitsOpt, AccRoundingOpt, DeviceOpt, JsonOpt, SeedOpt, ThreadsOpt,
                                       accumulator_option)
 
@@ -40,11 +41,9 @@ def command(
 
     out = Output(tf32, json_out, plot)
     try:
-        ks = [int(s) for s in (k or "4096").split(",") if s.strip()]
+        ks = inputs.integers("4096" if k is None else k, ",", "--k")
     except ValueError:
         raise UsageError(f"--k {k!r}: an integer, or with --accumulator a list K[,K...]") from None
-    if not ks:
-        raise UsageError(f"--k {k!r}: empty")
     if accumulator is None and len(ks) != 1:
         raise UsageError("--k takes one value unless --accumulator is given")
     cfg = exp.Tf32Config(m=m, n=n, k=ks[0], sweep_mn=sweep_mn, sweep=not no_sweep, device=device, seed=seed,

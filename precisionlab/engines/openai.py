@@ -57,11 +57,15 @@ class Client:
 
         self.base = base
         self.timeout = timeout
-        parts = urlsplit(base)
-        if not parts.hostname:
+        try:  # urlsplit and .port raise ValueError on '[::1' or a port past 65535
+            parts = urlsplit(base)
+            host, port = parts.hostname, parts.port
+        except ValueError as e:
+            raise UsageError(f"endpoint {base!r}: {e}") from None
+        if not host:
             raise UsageError(f"endpoint {base!r}: no host in the URL")
         self._https = parts.scheme == "https"
-        self._host, self._port, self._path = parts.hostname, parts.port, parts.path.rstrip("/")
+        self._host, self._port, self._path = host, port, parts.path.rstrip("/")
         self._live: set = set()
         self._lock = threading.Lock()
         self.closed = False
@@ -114,7 +118,8 @@ class Client:
             raise RunError(f"{url}: no answer within {t:g} s (timeout)") from None
         except ConnectionRefusedError:
             raise RunError(f"{url}: connection refused (nothing listens there)") from None
-        except (OSError, http.client.HTTPException, ValueError) as e:
+        # RecursionError: an answer whose JSON nests deeper than Python's stack
+        except (OSError, http.client.HTTPException, ValueError, RecursionError) as e:
             if self.closed:
                 raise RunError(f"{url}: stopped") from None
             why = str(e).splitlines()[0] if str(e) else ""

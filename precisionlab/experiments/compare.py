@@ -188,7 +188,7 @@ def parse_shape(op: str, text: str | None) -> tuple:
     if text is None:
         return DEFAULT_SHAPES[op]
     try:
-        dims = tuple(int(p) for p in text.lower().replace(",", "x").split("x"))
+        dims = tuple(inputs.integers(text.lower().replace(",", "x"), "x", "--shape"))
     except ValueError:
         raise UsageError(f"--shape must look like 64x4096 (got {text!r})") from None
     form = SHAPE_FORMS.get(op, "ROWSxCOLS")

@@ -78,7 +78,7 @@ def _parse_blocks(text: str | None) -> list[int]:
         if not part:
             continue
         try:
-            b = int(part)
+            (b,) = inputs.integers(part, ",", "--blocks")
         except ValueError:
             raise UsageError(f"--blocks takes integers, comma-separated (got {part!r})") from None
         if not 1 <= b <= MAX_BLOCK:
@@ -92,7 +92,7 @@ def _parse_blocks(text: str | None) -> list[int]:
 
 def _parse_shape(text: str) -> tuple[int, int, int]:
     try:
-        dims = tuple(int(p) for p in text.lower().replace(",", "x").split("x"))
+        dims = tuple(inputs.integers(text.lower().replace(",", "x"), "x", "--shape"))
     except ValueError:
         raise UsageError(f"--shape must look like 64x1024x64 (MxKxN), got {text!r}") from None
     if len(dims) != 3 or any(d <= 0 for d in dims):

@@ -32,6 +32,9 @@ MAX_DIM = 1 << 16
 # to the dtype, against float64
 ACC_MN = 64
 ACC_K = (256, 1024, 4096, 16384)
+# K's ceiling: the models run every product of a 64 x K x 64 matmul one at a time on the CPU, about 20 s for
+# each model and dtype at K = 2^17 on a 2-core machine (2^20 took minutes: a run nobody waits for)
+ACC_MAX_K = 1 << 17
 ACC_DTYPES = formats.ALL  # --dtypes: the inputs are rounded to any format (Format.round)
 
 
@@ -300,13 +303,15 @@ def accumulator_rows_plan(cfg: Tf32Config) -> tuple[list, list[str], list[int]]:
     dtypes = formats.parse_list(",".join(cfg.acc_dtypes), ACC_DTYPES, "--dtypes")
     ks = list(dict.fromkeys(cfg.acc_k))
     for k in ks:
-        if k <= 0 or k > 1 << 20:
-            raise UsageError(f"--k {k}: between 1 and {1 << 20} for the accumulator section")
+        if k <= 0 or k > ACC_MAX_K:
+            raise UsageError(f"--k {k}: between 1 and {ACC_MAX_K} for the accumulator section")
     return models, dtypes, ks
 
 
 def _run_accumulators(cfg: Tf32Config, advance) -> Tf32Result:
     models, dtypes, ks = accumulator_rows_plan(cfg)
+    # the models are CPU emulations whatever --device says; but --device cuda/all without a GPU is still exit 3
+    devices.resolve(cfg.device)
     mn = ACC_MN
     inputs.check_memory(memory.accumulator_models(mn, mn, max(ks), [m.peak_bytes(mn, mn, max(ks)) for m in models]),
                         f"tf32 --accumulator with --k {max(ks)}")
@@ -322,8 +327,10 @@ def _run_accumulators(cfg: Tf32Config, advance) -> Tf32Result:
             scale = float(np.max(np.abs(ref)))
             for model in models:
                 t0 = time.perf_counter()
-                # the library takes fp32 arrays of fp32-or-narrower values; fp64 inputs stay on numpy's
-                c = model.matmul(a, b, backend=backend if dtype != "fp64" else "numpy", dtype=dtype).astype(np.float64)
+                # the library takes the formats it has codes for (formats.MMA_INPUTS); fp64, tf32's and the
+                # storage-only fp6/fp4 values stay on numpy's, in their own format (its emin aligns a subnormal)
+                here = backend if dtype in formats.MMA_INPUTS else "numpy"
+                c = model.matmul(a, b, backend=here, dtype=dtype).astype(np.float64)
                 dt = time.perf_counter() - t0
                 rep = metrics.error_report(c, ref, None, 0.0, 0.0)
                 rows.append({"section": "accumulator", "device": "cpu", **model.fields(), "dtype": dtype,

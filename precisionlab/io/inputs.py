@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 import stat
 from pathlib import Path
 
@@ -16,6 +17,22 @@ from precisionlab.errors import UsageError
 DISTS = ("uniform", "normal", "lognormal")
 # The ml_dtypes formats a .npy may hold besides numpy's own kinds (bf16, fp8): the catalog's twins
 _LOW_PRECISION = {formats.TWINS[n][0].name for n in ("bf16", *formats.FP8)}
+
+
+_INTEGER = re.compile(r"[+-]?[0-9]+")  # ASCII digits: int() also takes '١٠', '1_000' and '²'-free lookalikes
+
+
+def integers(text: str, sep: str, what: str) -> list[int]:
+    """'64,128' (sep ',') or '8x16x8' (sep 'x') -> the integers, every piece
+    one, in ASCII decimal; ValueError naming the piece otherwise (the caller
+    says which option, and what shape it wants)."""
+    out = []
+    for piece in text.split(sep):
+        piece = piece.strip()
+        if not _INTEGER.fullmatch(piece):
+            raise ValueError(f"{what}: {piece!r} is not an integer")
+        out.append(int(piece))
+    return out
 
 
 def parse_values(text: str) -> np.ndarray:
@@ -248,12 +265,23 @@ def npy_header(f) -> tuple[tuple, np.dtype]:
             return npy_header(fh)
     name = getattr(f, "name", "the array")
     try:
-        shape, _, dtype, _ = raw_npy_header(f)
+        shape, _, dtype, offset = raw_npy_header(f)
     except Exception as e:  # ValueError, EOFError, OSError from a file that is not .npy
         raise UsageError(f"{name}: not a readable .npy header ({type(e).__name__}: {e})") from None
     if dtype.hasobject:
         raise UsageError(f"{name}: holds Python objects (a pickle), which are never loaded")
-    return tuple(int(d) for d in shape), dtype
+    shape = tuple(int(d) for d in shape)
+    if any(d < 0 for d in shape):
+        raise UsageError(f"{name}: its header declares shape {shape}, with a negative size")
+    try:  # a file on disk: the data it declares must be there (an .npz member's stream has no size to ask)
+        held = os.fstat(f.fileno()).st_size - offset
+    except (AttributeError, OSError, ValueError):
+        held = None
+    declared = math.prod(shape) * dtype.itemsize
+    if held is not None and declared > held:
+        raise UsageError(f"{name}: its header declares {declared} bytes of data ({shape} of {dtype}), the file "
+                         f"holds {max(held, 0)}")
+    return shape, dtype
 
 
 def npy_declared_bytes(path) -> int:

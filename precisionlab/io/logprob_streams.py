@@ -58,7 +58,8 @@ EXTENSIONS = (".jsonl", ".json", ".safetensors", ".npz")
 JSON_MEMORY_FACTOR = 16
 # Bytes per value once read from an array file: the stored value and its float64 / int64 copy.
 ARRAY_COPY_BYTES = 8
-_TOKEN_ID = re.compile(r"token_id:(\d+)\Z")
+_TOKEN_ID = re.compile(r"token_id:([0-9]+)\Z")
+MAX_ID = 2**63 - 1  # ids are held as int64
 _NONFINITE = {"nan": math.nan, "inf": math.inf, "-inf": -math.inf, "+inf": math.inf}
 
 
@@ -273,9 +274,10 @@ def _openai(doc: dict, at: str):
         if isinstance(sent, list) and len(sent) == lps.size:
             ids = _ints(sent, f"{here}.token_ids")
         elif toks and all(_TOKEN_ID.match(t) for t in toks):
-            ids = np.array([int(_TOKEN_ID.match(t).group(1)) for t in toks], dtype=np.int64)
+            ids = np.array([_id(_TOKEN_ID.match(t).group(1), f"{here}.tokens") for t in toks], dtype=np.int64)
         if ids is not None and tops is not None and all(e is None or all(_TOKEN_ID.match(k) for k in e) for e in tops):
-            tops = [None if e is None else {int(_TOKEN_ID.match(k).group(1)): v for k, v in e.items()} for e in tops]
+            tops = [None if e is None else {_id(_TOKEN_ID.match(k).group(1), f"{here}.top_logprobs"): v
+                                            for k, v in e.items()} for e in tops]
         yield here, ids, toks, lps, tops
 
 
@@ -292,9 +294,9 @@ def _top_entry(e, at: str, keyed_by_id: bool):
                 raise UsageError(f"{at}[{k!r}]: an object without 'logprob'")
             v = v["logprob"]
         if keyed_by_id:
-            if not re.fullmatch(r"\d+", k):
+            if not re.fullmatch(r"[0-9]+", k):
                 raise UsageError(f"{at}: key {k!r} is not a token id (the record has token_ids)")
-            k = int(k)
+            k = _id(k, at)
         out[k] = _float(v, f"{at}[{k!r}]")
     return out
 
@@ -315,6 +317,13 @@ def _floats(v, at: str) -> np.ndarray:
     if all(type(x) is float or type(x) is int for x in v):  # the common case, at numpy's speed
         return np.array(v, dtype=np.float64)
     return np.array([_float(x, f"{at}[{j}]") for j, x in enumerate(v)], dtype=np.float64)
+
+
+def _id(digits: str, at: str) -> int:
+    """A token id spelled in decimal digits, within int64."""
+    if len(digits) > 19 or int(digits) > MAX_ID:
+        raise UsageError(f"{at}: token id {_show(digits)} is past the largest id held here (2^63 - 1)")
+    return int(digits)
 
 
 def _ints(v, at: str) -> np.ndarray:

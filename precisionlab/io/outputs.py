@@ -156,7 +156,14 @@ def atomic_dir(path: str | os.PathLike, writer: Callable[[str], None]) -> Path:
         _pending.add(tmp)
     try:
         writer(tmp)
+        # the usual modes: mkdtemp makes 0700, and a library writing inside may make 0600 (safetensors does)
         os.chmod(tmp, 0o777 & ~_umask())
+        for root, dirs, files in os.walk(tmp):
+            for d in dirs:
+                os.chmod(os.path.join(root, d), 0o777 & ~_umask())
+            for f in files:
+                if not os.path.islink(os.path.join(root, f)):
+                    os.chmod(os.path.join(root, f), 0o666 & ~_umask())
         if p.is_dir() and not p.is_symlink():
             old = tempfile.mkdtemp(dir=parent, prefix=f".{p.name}.", suffix=".old")
             os.replace(p, Path(old) / "x")

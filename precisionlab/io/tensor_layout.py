@@ -40,6 +40,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from precisionlab.errors import UsageError
+from precisionlab.io import inputs
 from precisionlab.io.tensorfiles import TensorFile
 
 SHARD = re.compile(r"^(?P<base>.+)\.shard(?P<k>\d+)$")  # the one shard naming: NAME.shard0, NAME.shard1, ...
@@ -79,7 +80,7 @@ class LayoutSpec:
 
 def _ints(text: str, what: str, spec: str) -> tuple[int, ...]:
     try:
-        vals = tuple(int(t) for t in text.split(","))
+        vals = tuple(inputs.integers(text, ",", what))
     except ValueError:
         raise UsageError(f"{what} {spec!r}: {text!r} is not a comma list of integers") from None
     return vals
@@ -117,9 +118,10 @@ def parse_reshape(spec: str) -> tuple[str, tuple[int, ...]]:
 def parse_unshard(spec: str) -> tuple[str, int]:
     glob, text = _glob_and(spec, ":", "--unshard", "'GLOB:DIM' (shards named NAME.shard0, NAME.shard1, ...)")
     try:
-        return glob, int(text)
+        (dim,) = inputs.integers(text, ",", "--unshard")  # one integer: a list does not unpack into one
     except ValueError:
         raise UsageError(f"--unshard {spec!r}: DIM {text!r} is not an integer") from None
+    return glob, dim
 
 
 def is_sum(spec: str) -> bool:

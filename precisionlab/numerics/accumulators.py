@@ -236,7 +236,8 @@ class Accumulator:
             return 8 * m * n * (EXACT_CHUNK * 4 + 64)  # a chunk's products and their extraction
         if self.kind == "fp32":
             return 4 * m * n * 4
-        return 8 * m * n * (self.group + 1) * 8  # one group's terms, their exponents and their cut copies
+        g = min(self.group, k, self.interval or k)  # a group holds at most the K (or the chunk) there is
+        return 8 * m * n * (g + 1) * 8  # one group's terms, their exponents and their cut copies
 
 
 def parse(text: str) -> Accumulator:

@@ -104,6 +104,7 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 
 from precisionlab.catalog import formats
+from precisionlab.errors import RunError
 from precisionlab.numerics import accumulators
 
 P_DTYPES = formats.ATTENTION_P
@@ -168,11 +169,20 @@ class FlashConfig:
                 raise ValueError(f"{name} {v} must be a positive number")
         model(self.qk_accumulator)
         model(self.pv_accumulator)
-        if self.p_dtype == "fp16":  # an overflow to inf would poison O; refuse what can reach it
-            top = 2.0 ** (self.max_offset + self.rescale_threshold) * self.p_scale
-            if top > formats.get("fp16").max:
-                raise ValueError(f"P can reach 2^(max_offset + rescale_threshold) x p_scale = {top:g}, past fp16's "
-                                 "65504: the cast would give inf")
+        # An overflow to inf would poison O (and the accumulator models refuse it): refuse what can reach it.
+        # P reaches 2^(max_offset + rescale_threshold); R(P p_scale) is taken in the arithmetic's format, and a
+        # P format that does not saturate (all but FP8) gives inf past its largest value; 1 / p_scale, which
+        # undoes the scale at the end, must be finite too.
+        wide = formats.get(self.arithmetic).max
+        top = 2.0 ** (self.max_offset + self.rescale_threshold) * self.p_scale
+        for what, limit in ((f"the {self.arithmetic} arithmetic's", wide),
+                            (f"{self.p_dtype}'s", wide if self.p_dtype in FP8 else formats.get(self.p_dtype).max)):
+            if top > limit:
+                raise ValueError(f"--p-scale {self.p_scale:g}: P can reach 2^(max_offset + rescale_threshold) x "
+                                 f"p_scale = {top:g}, past {what} largest value {limit:g}: it would give inf")
+        if 1.0 / self.p_scale > wide:
+            raise ValueError(f"--p-scale {self.p_scale:g}: its reciprocal, which undoes it at the end, is past the "
+                             f"{self.arithmetic} arithmetic's largest value {wide:g}")
 
 
 def model(name: str):
@@ -416,11 +426,16 @@ def _chunk(q, k, v, qs, ks, vs, vd, c, scale, r0, rows_total, ranges, cfg, ar, t
             o_new = ar.r(o * alpha[:, None])
             t_new = ar.r(tacc * alpha[:, None]) if tacc is not None else None
             target = t_new if t_new is not None else o_new
-            if pv is None:
-                target = ar.r(target + stored @ vs[lo:hi])
-            else:
-                target = pv.accumulate(target.astype(np.float32), stored, vs[lo:hi], a_dtype=cfg.p_dtype,
-                                       b_dtype=cfg.input_dtype).astype(np.float64)
+            with np.errstate(over="ignore", invalid="ignore"):
+                if pv is None:
+                    target = ar.r(target + stored @ vs[lo:hi])
+                else:
+                    target = pv.accumulate(target.astype(np.float32), stored, vs[lo:hi], a_dtype=cfg.p_dtype,
+                                           b_dtype=cfg.input_dtype).astype(np.float64)
+            if not np.isfinite(target[active]).all():  # inf in O poisons the row; the models take finite values
+                raise RunError(f"O overflowed {cfg.arithmetic} in the P.V product of key tile {t} (P x p_scale "
+                               f"up to {2.0 ** (cfg.max_offset + cfg.rescale_threshold) * cfg.p_scale:g}, summed "
+                               "over the keys): a smaller --p-scale keeps it finite")
             if t_new is not None:
                 t_new = target
                 if n % cfg.promote_tiles == 0 or t == hi_t - 1:
