@@ -20,7 +20,8 @@
  *                  group of `group` k, the terms {c} U {a_k b_k}, each with
  *                  its alignment exponent (c: its own; a product: its
  *                  factors' exponents summed, each at least its format's emin,
- *                  or with align = value its exact value's), e the largest
+ *                  a zero factor's -126, or with align = value its exact
+ *                  value's, a zero product none), e the largest
  *                  (at least -126), each term cut to a multiple of
  *                  2^(e - bits + 1) (trunc, rne or floor) in integer arithmetic on
  *                  its significand, the cut terms summed exactly in int64
@@ -111,9 +112,12 @@ PL_HD inline term product(float x, float y) {  // exact: 48 bits at most
     return {a.sig * b.sig, a.ex + b.ex, a.neg != b.neg};
 }
 PL_HD inline int top_exp(const term& t) { return t.ex + bitlen64(t.sig) - 1; }  // floor(log2 |t|), t != 0
-// A factor's alignment exponent (align = product): floor(log2 |x|), at least its format's emin; x != 0.
+// A factor's alignment exponent (align = product): floor(log2 |x|), at least its format's emin; -126 for a
+// zero, whatever the format (MMA-Sim's convention: 0 x b takes part in the group's maximum at -126 + E(b)).
 PL_HD inline int factor_exp(float x, int emin) {
-    const int e = top_exp(term_of(x));
+    const term t = term_of(x);
+    if (t.sig == 0) return kF32Emin;
+    const int e = top_exp(t);
     return e > emin ? e : emin;
 }
 
@@ -189,7 +193,7 @@ PL_HD inline float fused_group(float c, const dot_args& d, int64_t s0, int64_t s
         const float x = d.xv(s), y = d.yv(s);
         if (!finite(x) || !finite(y)) return NAN;
         const term t = product(x, y);
-        if (t.sig) {
+        if (by_product || t.sig) {  // align = value: a zero product has no exponent
             const int te = by_product ? factor_exp(x, d.emin_x) + factor_exp(y, d.emin_y) : top_exp(t);
             if (te > e) e = te;
         }

@@ -23,7 +23,7 @@
 extern "C" {
 #endif
 
-#define PL_ABI_VERSION 4
+#define PL_ABI_VERSION 5
 
 enum pl_status {
     PL_OK = 0,

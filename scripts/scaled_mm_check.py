@@ -39,7 +39,7 @@ SEARCH_PER_K = 8  # problems per K for the candidate sweep (the CPU models take 
 # vary one field each: B, the group, the cut's direction (toward -inf, rounding=floor: a reading of
 # DeepSeek-V3's "sign-fill right shifting"; to nearest), the alignment exponent (align=value: the exact
 # product's) and the output's width (out=24: a plain fp32 result; with align=value, this project's model
-# before MMA-Sim). On random inputs these part at a share of the outputs large enough to rank them.
+# before MMA-Sim at B = 14). On random inputs these part at a share of the outputs large enough to rank them.
 FAST = ["hopper-fp8"] + [f"hopper-fp8:bits={b}" for b in (12, 13, 15, 16, 22, 25)] + \
        [f"hopper-fp8:group={g}" for g in (4, 8, 16, 64)] + ["hopper-fp8:rounding=rne"] + \
        [f"hopper-fp8:{f}rounding=floor" for f in ("", "bits=13:", "bits=15:", "group=16:")] + \
@@ -86,7 +86,8 @@ def _model_bits(args):
 #              last bit only when aligned at 2^8;
 #   out:       448 + 128 + 2^-5 carries into 2^9, where a 14-bit result ends at
 #              2^-4: the 2^-5 survives only in a full fp32 result (out=24), and
-#              only in the last group (the next would cut c to B bits itself):
+#              only in the last group (toward zero with O >= B, the next group
+#              would cut c to B bits itself):
 #              the terms sit at k = 61-63.
 PROBE_K = 64
 PROBES = ([("direction -u/4", {0: 256.0, 1: -2.0**-7}), ("direction -3.5u", {0: 256.0, 1: -7 * 2.0**-6})]

@@ -45,8 +45,8 @@ CUTS = {"trunc": int, "rne": round, "floor": math.floor}  # toward zero; Fractio
 def emu_limited(pairs: list[tuple[Fraction, Fraction]], c: Fraction, a: acc.Accumulator,
                 emins: tuple[int, int] = (F32_EMIN, F32_EMIN)) -> Fraction:
     """The fused dot-add group after group: pairs (a_k, b_k), emins their formats' smallest normal exponents."""
-    def exp_of(t: Fraction, emin: int) -> int:
-        return max(floor_log2(t), emin)
+    def exp_of(t: Fraction, emin: int) -> int:  # a factor's; MMA-Sim gives a zero -126 in every format
+        return F32_EMIN if t == 0 else max(floor_log2(t), emin)
 
     out_bits = a.out if a.out is not None else min(a.bits, F32_P)
     for g0 in range(0, len(pairs), a.group):
@@ -54,8 +54,10 @@ def emu_limited(pairs: list[tuple[Fraction, Fraction]], c: Fraction, a: acc.Accu
         terms = [c] + [x * y for x, y in group]
         es = [floor_log2(c)] if c != 0 else []
         for x, y in group:
-            if x * y != 0:
-                es.append(exp_of(x, emins[0]) + exp_of(y, emins[1]) if a.align == "product" else floor_log2(x * y))
+            if a.align == "product":  # every product takes part, a zero one too
+                es.append(exp_of(x, emins[0]) + exp_of(y, emins[1]))
+            elif x * y != 0:
+                es.append(floor_log2(x * y))
         u = Fraction(2) ** (max(es + [F32_EMIN]) - a.bits + 1)
         s = sum((CUTS[a.rounding](t / u) * u for t in terms), Fraction(0))
         if s != 0:
@@ -228,7 +230,10 @@ def test_mma_sim_hopper_features_each_read_off_one_output(backend):
       so with B = 10 the unit is 2^-15 and a 2^-18 product is cut away (at its
       value's exponent, -9, it would be kept);
     - the alignment never goes below -126: a bf16 product 2^-140 is cut at
-      2^-139 (B = 14) to +0, and kept with Hopper's bf16 width (B = 26)."""
+      2^-139 (B = 14) to +0, and kept with Hopper's bf16 width (B = 26);
+    - a zero factor's exponent is -126 in every format, so 0 x 2^120 aligns
+      the group at 2^-6 and, with B = 26, cuts 2^-30 (1 + 2^-7) to 2^-30
+      (align=value leaves the zero product out and keeps it whole)."""
     assert _one("hopper-fp8", [1.5, 1.25, 2.0**-13], [1.5, -1.0, 1.0], "bf16", backend) == 1 + 2.0**-13
     assert _one("hopper-fp8:align=value", [1.5, 1.25, 2.0**-13], [1.5, -1.0, 1.0], "bf16", backend) == 1.0
     assert _one("hopper-fp8", [1.75, 0.5, 2.0**-13], [1.0, 1.0, 1.0], "bf16", backend) == 2.25
@@ -238,6 +243,9 @@ def test_mma_sim_hopper_features_each_read_off_one_output(backend):
                 backend) == 2.0**-9 + 2.0**-18
     assert _one("hopper-fp8", [2.0**-70], [2.0**-70], "bf16", backend) == 0.0
     assert _one("hopper-fp8:bits=26:group=16", [2.0**-70], [2.0**-70], "bf16", backend) == 2.0**-140
+    tiny = 2.0**-30 * (1 + 2.0**-7)
+    assert _one("hopper-fp8:bits=26:group=16", [0.0, tiny], [2.0**120, 1.0], "bf16", backend) == 2.0**-30
+    assert _one("hopper-fp8:bits=26:group=16:align=value", [0.0, tiny], [2.0**120, 1.0], "bf16", backend) == tiny
 
 
 def test_hopper_fp8_outputs_carry_at_most_14_significant_bits():

@@ -87,7 +87,7 @@ def parse_maps(specs: list[str]) -> list[tuple[regex.Pattern, str]]:
             raise UsageError(f"--map needs 'REGEX=REPLACEMENT', got {spec!r}")
         try:
             rx = regex.compile(pat)
-            rx.sub(rep, "")  # a bad group reference in the replacement fails here, not mid-run
+            rx.sub(rep, "")  # a malformed replacement fails here; a group it names that the pattern lacks, in rename
         except (regex.error, IndexError) as e:
             raise UsageError(f"--map {spec!r}: {e}") from None
         out.append((rx, rep))

@@ -321,6 +321,7 @@ def _floats(v, at: str) -> np.ndarray:
 
 def _id(digits: str, at: str) -> int:
     """A token id spelled in decimal digits, within int64."""
+    digits = digits.lstrip("0") or "0"  # 19 digits hold any int64; int() on a long string is slow, or refused
     if len(digits) > 19 or int(digits) > MAX_ID:
         raise UsageError(f"{at}: token id {_show(digits)} is past the largest id held here (2^63 - 1)")
     return int(digits)

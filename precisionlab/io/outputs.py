@@ -160,7 +160,8 @@ def atomic_dir(path: str | os.PathLike, writer: Callable[[str], None]) -> Path:
         os.chmod(tmp, 0o777 & ~_umask())
         for root, dirs, files in os.walk(tmp):
             for d in dirs:
-                os.chmod(os.path.join(root, d), 0o777 & ~_umask())
+                if not os.path.islink(os.path.join(root, d)):  # chmod would follow it out of the folder
+                    os.chmod(os.path.join(root, d), 0o777 & ~_umask())
             for f in files:
                 if not os.path.islink(os.path.join(root, f)):
                     os.chmod(os.path.join(root, f), 0o666 & ~_umask())

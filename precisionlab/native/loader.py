@@ -20,7 +20,7 @@ import numpy as np
 from precisionlab.errors import NoDeviceError, RunError, UsageError
 
 LIB_NAME = "libprecisionlab.so"
-ABI_VERSION = 4  # PL_ABI_VERSION in cuda/precisionlab.h
+ABI_VERSION = 5  # PL_ABI_VERSION in cuda/precisionlab.h
 
 # pl_status
 OK, INVALID_ARGUMENT, NULL_POINTER, SIZE_OVERFLOW, UNSUPPORTED = 0, 1, 2, 3, 4

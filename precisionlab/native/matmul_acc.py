@@ -47,10 +47,12 @@ def accumulator_aligns() -> dict[str, int]:
 
 
 def accumulator(kind: str, bits: int = 14, group: int = 32, rounding: str = "trunc", interval: int = 0,
-                order: str = "forward", align: str = "product", out_bits: int = 14) -> _Accumulator:
-    """The C struct of a model; the library checks its fields (a KeyError here: a name it lacks)."""
+                order: str = "forward", align: str = "product", out_bits: int | None = None) -> _Accumulator:
+    """The C struct of a model (out_bits None: min(bits, 24), the model's default); the library checks its
+    fields (a KeyError here: a name it lacks)."""
+    out = min(bits, 24) if out_bits is None else out_bits
     return _Accumulator(accumulator_kinds()[kind], bits, group, accumulator_roundings()[rounding], interval,
-                        ORDERS[order], accumulator_aligns()[align], out_bits)
+                        ORDERS[order], accumulator_aligns()[align], out)
 
 
 def matmul_acc_cpu(a, b, format_code: int, acc: _Accumulator) -> np.ndarray:

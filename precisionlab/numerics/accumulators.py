@@ -22,7 +22,7 @@ The models, each one output element c = sum_k a_k b_k at a time:
 ``hopper-fp8`` (parameters ``bits`` B = 14, ``group`` g = 32, ``rounding``
     trunc | rne | floor, ``align`` product | value, ``out`` O = min(B, 24))
     A tensor core's fused dot-add of g products into an fp32 accumulator c
-    (g = 32 is Hopper's FP8 MMA depth, k = 32 of wgmma/mma.m16n8k32), as
+    (g = 32 is the depth of Hopper's FP8 wgmma instruction, k = 32), as
     MMA-Sim (Xie et al., arXiv 2511.10909) found it on Hopper by targeted and
     randomised tests, bit for bit: B = 14 is its 13 fractional bits. c starts
     at +0; for each group G of g consecutive k (the last may be shorter), the
@@ -31,10 +31,14 @@ The models, each one output element c = sum_k a_k b_k at a time:
     align=product (the hardware's), the sum of its factors' exponents
     E(a) + E(b), E(x) = floor(log2 |x|) but never below the smallest normal
     exponent of x's format (a subnormal factor sits at its format's emin), so a
-    product whose significands multiply past 2 keeps one bit more; with
-    align=value, floor(log2 |a_k b_k|) of the exact product. The group's
-    exponent is e = max(-126, E(t) over the non-zero t in T): the datapath
-    never aligns below fp32's smallest normal exponent. With u = 2^(e - B + 1)
+    product whose significands multiply past 2 keeps one bit more, and a zero
+    factor's exponent is -126 whatever its format (MMA-Sim's convention: a
+    product 0 x b takes part with -126 + E(b), which sets e only when every
+    other term lies below it, never for products of fp8 values); with
+    align=value, floor(log2 |a_k b_k|) of the exact product, and a zero
+    product takes no part. The group's exponent is e = max(-126, E(t) over
+    the terms of T, c only when non-zero): the datapath never aligns below
+    fp32's smallest normal exponent. With u = 2^(e - B + 1)
     every term is cut to a multiple of u: toward zero (trunc, a sign-magnitude
     datapath, the hardware's), to the nearest, ties to even (rne), or toward
     -inf (floor: what an arithmetic, sign-filling right shift of a
@@ -383,10 +387,9 @@ _CUTS = {"trunc": np.trunc, "rne": np.rint, "floor": np.floor}  # np.rint: neare
 
 def _align_exponents(x: np.ndarray, emin: int) -> np.ndarray:
     """E(x) of each factor for align=product: floor(log2 |x|), never below its
-    format's smallest normal exponent (a zero factor's product is a zero term:
-    its exponent is not used)."""
+    format's smallest normal exponent; -126 for a zero (MMA-Sim's convention)."""
     _, e = np.frexp(np.abs(x))  # |x| = m 2^e, 0.5 <= m < 1: floor(log2 |x|) = e - 1
-    return np.maximum(e - 1, emin)
+    return np.where(x == 0, F32_EMIN, np.maximum(e - 1, emin))
 
 
 def _cut_to(x: np.ndarray, shift: np.ndarray, rounding: str) -> np.ndarray:
@@ -402,10 +405,9 @@ def _fused_group(c: np.ndarray, p: np.ndarray, ep: np.ndarray | None, acc: Accum
     the sum cut to O significant bits. Returned as float64 holding fp32 values."""
     _, ec = np.frexp(np.abs(c))
     ec = np.where(c != 0, ec - 1, F32_EMIN)
-    if ep is None:
+    if ep is None:  # align=value: a zero product has no exponent, and never raises e above the floor
         _, ep = np.frexp(np.abs(p))
-        ep = ep - 1
-    ep = np.where(p != 0, ep, F32_EMIN)  # a zero term's exponent never raises e above the floor
+        ep = np.where(p != 0, ep - 1, F32_EMIN)
     e = np.maximum(np.maximum(ec, np.max(ep, axis=-1, initial=F32_EMIN)), F32_EMIN)
     shift = e - acc.bits + 1
     total = _cut_to(c, shift, acc.rounding) + np.sum(_cut_to(p, shift[..., None], acc.rounding), axis=-1)
