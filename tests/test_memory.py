@@ -304,10 +304,12 @@ def test_every_command_refuses_under_the_limit(args):
 
 
 def test_from_file_refused_from_its_header(tmp_path):
-    # a header declaring 2^31 float64 values, and no data: only the header is read
+    # a header declaring 2^31 float64 values, the file sparse to their size (a header that declares more than the
+    # file holds is refused as such, before any memory check): only the header is read
     path = tmp_path / "huge.npy"
     with open(path, "wb") as f:
         np.lib.format.write_array_header_1_0(f, {"descr": "<f8", "fortran_order": False, "shape": (1 << 16, 1 << 15)})
+        f.truncate(f.tell() + (8 << 31))
     assert inputs.npy_declared_bytes(str(path)) == 8 << 31
     r = _run_limited(["softmax", "--from", str(path), "--device", "cpu"], 2 << 30)
     assert r.returncode == 2 and "--from" in r.stderr and len(_numbers_in(r.stderr)) == 2, r.stderr
