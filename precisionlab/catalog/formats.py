@@ -211,9 +211,6 @@ OP_LOW = Subset(LOW_COMPUTE + STORAGE, "a low precision or a storage format")
 # not stored), what Q, K, V are held in, what the output is written in.
 ATTENTION_P = Subset(("fp64", *COMPUTE, *FP8), "a format P can be stored in")
 ATTENTION_INPUTS = Subset(COMPUTE + FP8, "a format Q, K and V can be held in")
-# The formats an accumulator model's inputs are held in (a factor's emin aligns a
-# subnormal under align=product): the library's matmul_acc takes these.
-MMA_INPUTS = Subset(COMPUTE + FP8, "a format an accumulator model's inputs are held in")
 # What an ONNX export computes in.
 ONNX_EXPORT = Subset(("fp32", "fp16"), "an ONNX export precision")
 IEEE_ARITHMETIC = Subset(("fp32", "fp64"), "an IEEE arithmetic")

@@ -65,15 +65,15 @@ def rows(models, args, yours, out_dtype, compare_row, tols, in_format: str = "fp
     a, b = _np64(args[0]), _np64(args[1])
     if not (np.isfinite(a).all() and np.isfinite(b).all()):
         return [], False
-    backend = accumulators.default_backend()
     out_fmt = formats.from_torch(out_dtype)
     exact = torch.from_numpy(a @ b)  # float64 of exact products: the yardstick's reference
     rtol, atol = tols
     out = []
     # the row's format where the inputs hold its values (a subnormal fp8 factor aligns at its format's emin under
     # align=product); fp32 holds every other input's values
-    held = formats.get(in_format) if in_format in formats.MMA_INPUTS else None
+    held = formats.get(in_format) if in_format in accumulators.library_formats() else None
     dtype = held.name if held is not None and all(np.array_equal(held.round(x), x) for x in (a, b)) else "fp32"
+    backend = accumulators.default_backend(dtype)
     for m in models:
         c = m.matmul(a, b, backend=backend, dtype=dtype).astype(np.float64)
         if out_fmt is not None and out_fmt.name != "fp32":

@@ -331,7 +331,7 @@ def _ints(v, at: str) -> np.ndarray:
     if not isinstance(v, list):
         raise UsageError(f"{at}: a list of token ids, got {type(v).__name__}")
     for j, x in enumerate(v):
-        if type(x) is not int or not 0 <= x < 2**63:
+        if type(x) is not int or not 0 <= x <= MAX_ID:
             raise UsageError(f"{at}[{j}]: not a token id (a non-negative integer): {_show(x)}")
     return np.array(v, dtype=np.int64)
 

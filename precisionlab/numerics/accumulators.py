@@ -291,13 +291,17 @@ def parse(text: str) -> Accumulator:
     return acc
 
 
-def default_backend() -> str:
-    """"native" where the library loads, else "numpy": the same bits either way."""
+def library_formats() -> frozenset[str]:
+    """The formats the library's matmul_acc takes (its catalog's table); none where it does not load."""
     try:
-        native.accumulator_kinds()
+        return frozenset(d for v in native.variants("matmul_acc", "cpu") for d in v.dtypes)
     except RunError:
-        return "numpy"
-    return "native"
+        return frozenset()
+
+
+def default_backend(dtype: str = "fp32") -> str:
+    """"native" where the library loads and takes `dtype`'s values, else "numpy": the same bits either way."""
+    return "native" if dtype in library_formats() else "numpy"
 
 
 def parse_list(text: str, bits: int | None = None, rounding: str | None = None) -> list[Accumulator]:
@@ -408,7 +412,7 @@ def _fused_group(c: np.ndarray, p: np.ndarray, ep: np.ndarray | None, acc: Accum
     if ep is None:  # align=value: a zero product has no exponent, and never raises e above the floor
         _, ep = np.frexp(np.abs(p))
         ep = np.where(p != 0, ep - 1, F32_EMIN)
-    e = np.maximum(np.maximum(ec, np.max(ep, axis=-1, initial=F32_EMIN)), F32_EMIN)
+    e = np.maximum(ec, np.max(ep, axis=-1, initial=F32_EMIN))  # initial: never below -126
     shift = e - acc.bits + 1
     total = _cut_to(c, shift, acc.rounding) + np.sum(_cut_to(p, shift[..., None], acc.rounding), axis=-1)
     # |total| < (g + 1) 2^(B + 1) <= 2^53: integers, exact in any order. Now normalise and cut to O bits.
