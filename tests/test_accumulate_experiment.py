@@ -115,3 +115,23 @@ def test_gpu_rows_are_marked_unavailable_under_auto():
     gpu = [r for r in res.rows if r["device"] == "cuda"]
     assert gpu and all(not r["available"] and r["note"] for r in gpu)
     assert {r["variant"] for r in gpu} == {"tree", "tree_kahan", "atomic"}
+
+
+def test_a_value_stored_as_inf_moves_the_sum_by_inf_and_absorbs_nothing():
+    """fp16 stores 70000 as inf: the representation error is +inf (the intended
+    sum is 70001), not NaN, and a sum at inf is not a rounding stall (no
+    spacing there explains it)."""
+    res = acc.run(acc.AccumulateConfig(values="70000,1", dtype="fp16", accumulators="fp32", methods="sequential",
+                                       device="cpu"))
+    assert res.exact_intended == 70001.0 and res.representation_error == math.inf
+    assert all(r["stall_step"] is None for r in res.rows)
+    assert not any("absorbed" in t or "spacing there" in t for t in res.takeaways), res.takeaways
+    res = acc.run(acc.AccumulateConfig(values="0.1,0.2,0.3", dtype="bf16", accumulators="fp64", methods="sequential",
+                                       device="cpu"))
+    from fractions import Fraction
+
+    import ml_dtypes
+    import numpy as np
+
+    stored = sum(Fraction(float(np.float64(v).astype(ml_dtypes.bfloat16))) for v in (0.1, 0.2, 0.3))
+    assert res.representation_error == float(stored - sum(map(Fraction, (0.1, 0.2, 0.3))))  # rounded once

@@ -206,11 +206,28 @@ def test_inputs_from_a_file(tmp_path):
     x = np.random.default_rng(0).standard_normal((6, 40)).astype(np.float32) * 50
     np.save(tmp_path / "x.npy", x)
     res = compare.compare_op(compare.CompareOpConfig(op="softmax", from_file=str(tmp_path / "x.npy"), device="cpu",
-                                                     dtypes="bf16", cases="random"))
+                                                     dtypes="bf16", cases="file"))
     assert res.rows[0]["shape"] == [6, 40] and not res.any_failed
     with pytest.raises(compare.UsageError, match="2-D"):
         np.save(tmp_path / "bad.npy", x.ravel())
         compare.compare_op(compare.CompareOpConfig(op="softmax", from_file=str(tmp_path / "bad.npy"), device="cpu"))
+
+
+def test_the_shape_stated_is_the_files(tmp_path, run):
+    """With --from the header, params.shape and the rows are the file's: a
+    2x3 @ 3x2 matmul is 2x3x2 with 4 outputs, and a file holding only a gets
+    b generated at the file's K (2x3x256); the case is `file`, not `random`."""
+    np.savez(tmp_path / "ab.npz", a=np.arange(6.0).reshape(2, 3), b=np.ones((3, 2)))
+    np.savez(tmp_path / "a.npz", a=np.arange(6.0).reshape(2, 3))
+    r = run("compare", "op", "matmul", "--from", str(tmp_path / "ab.npz"), "--device", "cpu", "--dtype", "bf16",
+            "--cases", "file")
+    assert "compare op matmul 2x3x2:" in r.out and "0/4" in r.out and "random" not in r.out, r.out
+    d = strict_json(run("compare", "op", "matmul", "--from", str(tmp_path / "a.npz"), "--device", "cpu",
+                        "--dtype", "bf16", "--cases", "file", "--json").out)
+    assert d["params"]["shape"] == [2, 3, 256] and list(d["params"]["cases"]) == ["file"]
+    assert {r["case"] for r in d["rows"]} == {"file"} and all(r["n"] == 512 for r in d["rows"])
+    one_line(run("compare", "op", "matmul", "--from", str(tmp_path / "a.npz"), "--device", "cpu",
+                 "--cases", "random"), 2, "unknown case 'random'", "file")
 
 
 def test_masked_zero_policy_and_case_selection():

@@ -739,3 +739,29 @@ def test_a_failed_dump_write_leaves_no_temporary_file(tmp_path):
     with pytest.raises(OSError):
         outputs.atomic_write(tmp_path / "x.safetensors", b"data")
     assert os.listdir(tmp_path) == ["x.safetensors"]
+
+
+@pytest.mark.parametrize("dtype, values, code", [
+    (np.int64, [2**60 + 1, -2**60], 2),       # 61 significant bits: float64 would round it, and the sum to 0
+    (np.int64, [2**60, -2**60, 5], 0),        # past 2^53 but exactly a double
+    (np.uint64, [2**64 - 1, 1], 2),
+    (np.int64, [-2**63, 1], 0),               # -2^63 is a double
+    (np.longdouble, [1.0, 2.0], 0),
+])
+def test_integers_and_long_doubles_are_read_only_where_exactly_doubles(run, tmp_path, dtype, values, code):
+    """accumulate --from and compare tensors measure against the values as
+    read: a value float64 would round is refused by name, not rounded."""
+    a = np.array(values, dtype=dtype)
+    if dtype is np.longdouble and np.finfo(np.longdouble).nmant > 52:
+        a[0] += np.longdouble(2) ** -60  # a bit past a double's 53 (x86's 80-bit long double has 64)
+        code = 2
+    np.save(tmp_path / "a.npy", a)
+    np.save(tmp_path / "b.npy", np.zeros(len(values)))
+    for args in (["accumulate", "--device", "cpu", "--from", str(tmp_path / "a.npy"), "--dtype", "fp64",
+                  "--accumulators", "fp64", "--variants", "sequential"],
+                 ["compare", "tensors", str(tmp_path / "a.npy"), str(tmp_path / "b.npy")]):
+        r = run(*args)
+        if code == 2:
+            one_line(r, 2, "not exactly a double", "element 0")
+        else:
+            assert r.code in (0, 1) and "not exactly" not in r.err, (args, r.err)

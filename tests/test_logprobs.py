@@ -13,7 +13,7 @@ from fractions import Fraction
 import mpmath
 import numpy as np
 import pytest
-from helpers import ROOT, cli, json_glossary_problems, strict_json
+from helpers import ROOT, cli, json_glossary_problems, one_line, strict_json
 
 from precisionlab.errors import UsageError
 from precisionlab.experiments import logprobs as exp
@@ -509,3 +509,56 @@ def test_the_command_never_imports_torch():
             "assert 'torch' not in sys.modules, 'torch imported'")
     p = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True)
     assert p.returncode == 0, p.stderr
+
+
+# ---------------------------------------------------------------------------
+# extremes: the statistics of finite log-probs are finite where their exact values are
+
+
+def _stream(tmp_path, name, lps):
+    p = tmp_path / name
+    p.write_text(json.dumps({"token_ids": list(range(len(lps))), "logprobs": lps}) + "\n")
+    return str(p)
+
+
+def test_means_and_rms_of_huge_finite_deltas_are_their_exact_values(tmp_path, run):
+    """Delta near the double's largest value: its sum and its square overflow a
+    float64, its mean and RMS do not. The oracle: the exact differences in
+    rationals, the mean rounded once, the RMS a 60-digit mpmath root."""
+    a, b = [-0.5, -1.0, 3e307], [-1e308, -1.7e308, -1.5e308]
+    r = run("compare", "logprobs", _stream(tmp_path, "a.jsonl", a), _stream(tmp_path, "b.jsonl", b), "--json")
+    row = strict_json(r.out)["rows"][0]
+    d = [Fraction(x) - Fraction(y) for x, y in zip(a, b)]
+    assert row["mean_diff"] == float(sum(d) / 3) and row["kl_k1"] == -row["mean_diff"]
+    assert row["mean_abs_diff"] == float(sum(abs(x) for x in d) / 3)
+    with mpmath.workdps(60):
+        ms = sum(x * x for x in d) / 3
+        rms = mpmath.sqrt(mpmath.mpf(ms.numerator) / ms.denominator)
+    assert row["rms_diff"] == float(rms)
+    assert row["kl_k2"] == "inf"  # mean(Delta^2) / 2 ~ 1e616 is past the range: inf is its double
+
+
+def test_extreme_ratios_are_the_worst_positions_ratios(tmp_path, run):
+    a, b = [-1.0, -2.0, -0.3], [-0.95, -2.5, -0.3]
+    r = run("compare", "logprobs", _stream(tmp_path, "a.jsonl", a), _stream(tmp_path, "b.jsonl", b), "--json")
+    d = strict_json(r.out)
+    ratios = {w["diff"]: w["ratio"] for w in d["worst_positions"]}
+    assert d["rows"][0]["min_ratio"] == ratios[min(ratios)] == math.exp(min(ratios))
+    assert d["rows"][0]["max_ratio"] == ratios[max(ratios)] == math.exp(max(ratios))
+
+
+@pytest.mark.parametrize("digits", [400, 5000])
+def test_an_integer_literal_past_the_double_range_is_a_number_past_it(tmp_path, run, digits):
+    """A 400-digit log-prob is -inf as the float literal -1e400 is (a non-finite
+    log-prob, left out and said); 5000 digits, past Python's limit on int
+    conversion, the same: never an internal error."""
+    good = _stream(tmp_path, "a.jsonl", [-0.5, -1.0])
+    big = tmp_path / "b.jsonl"
+    big.write_text('{"token_ids": [0, 1], "logprobs": [-0.5, -1' + "0" * digits + "]}\n")
+    r = run("compare", "logprobs", good, str(big), "--json")
+    assert r.code == 0, r.err
+    d = strict_json(r.out)
+    assert d["rows"][0]["n"] == 1 and d["nonfinite"]["b"]["neg_inf"] == 1
+    ids = tmp_path / "ids.jsonl"
+    ids.write_text('{"token_ids": [0, 1' + "0" * 45 + '], "logprobs": [-0.5, -1.0]}\n')
+    one_line(run("compare", "logprobs", good, str(ids)), 2, "token id")

@@ -326,7 +326,7 @@ def test_compare_op_worst_index_is_an_index_of_the_output(tmp_path):
     np.save(tmp_path / "x.npy", x)
     r = cli("compare", "op", "softmax", "--from", str(tmp_path / "x.npy"), "--impl", "oracle_impl:softmax",
             "--dtype", "bf16", "--device", "cpu", "--json", env={"PYTHONPATH": f"{ROOT}:{tmp_path}"})
-    rows = [row for row in r.json()["rows"] if row["comparison"] in (1, 3) and row["case"] == "random"]
+    rows = [row for row in r.json()["rows"] if row["comparison"] in (1, 3) and row["case"] == "file"]
     assert len(rows) == 2
     for row in rows:
         assert row["worst_index"] == [2, 5]

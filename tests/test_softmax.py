@@ -229,6 +229,21 @@ def test_values_and_random_matrix():
     assert all(r["passed"] for r in d["rows"])
 
 
+@pytest.mark.parametrize("values", ["nan,1", "-inf,-inf;1,2"])
+def test_a_non_finite_reference_is_the_inputs_not_an_overflow(run, values):
+    """A NaN logit or an all -inf row (policy nan) makes the float64 reference
+    itself NaN: the stable variants' NaN there is no exp overflow, and the
+    takeaways do not say it is; naive's overflow on large logits still is."""
+    r = run("softmax", "--device", "cpu", f"--values={values}", "--variants", "stable,online", "--json")
+    d = strict_json(r.out)
+    assert all(row["unexpected_nonfinite"] == 0 for row in d["rows"])
+    assert not any("overflows" in t for t in d["takeaways"]), d["takeaways"]
+    r = run("softmax", "--device", "cpu", "--values=100,1", "--variants", "naive", "--json")
+    d = strict_json(r.out)
+    # exp(100) is inf in fp32: inf / inf is NaN, e / inf a finite 0
+    assert d["rows"][0]["unexpected_nonfinite"] == 1 and any("naive gives non-finite" in t for t in d["takeaways"])
+
+
 def test_from_file(tmp_path):
     f = tmp_path / "logits.npy"
     np.save(f, np.random.default_rng(0).standard_normal((3, 50)).astype(np.float32))

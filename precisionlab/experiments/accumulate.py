@@ -68,6 +68,7 @@ class AccumulateResult:
     exact_stored: float
     exact_intended: float
     abs_sum: float  # sum of |stored values|: the scale every bound multiplies
+    representation_error: float  # exact sum of the stored values minus that of the intended ones, rounded once
     rows: list[dict]
     takeaways: list[str]
     devices: dict
@@ -143,6 +144,7 @@ def run(cfg: AccumulateConfig, advance=lambda k=1: None) -> AccumulateResult:
         exact_stored=exact_stored,
         exact_intended=exact_intended,
         abs_sum=abs_sum,
+        representation_error=_representation_error(exact_stored, exact_intended, exact_q, intended_q),
         rows=rows,
         takeaways=takeaways(rows, storage, exact_stored, exact_intended, stored, desc, (exact_q, intended_q)),
         devices=plan.describe(),
@@ -252,7 +254,9 @@ def _cpu_row(r: native.CpuSum, elapsed: float, storage: Format, acc: Format, met
              abs_sum: float, n: int, exact_q=None) -> dict:
     row = _row("cpu", method, storage, acc, r.result, exact, abs_sum, n, elapsed,
                _bound(method, n, acc, storage, abs_sum, exact), exact_q)
-    if r.stall_step >= 0:  # 1-based: the k-th addition was the first absorbed
+    # 1-based: the k-th addition was the first absorbed. A sum at inf "absorbs"
+    # every addend by overflow, not by rounding: no spacing explains it.
+    if r.stall_step >= 0 and math.isfinite(r.stall_value):
         row["stall_step"] = r.stall_step + 1
         row["stall_value"] = r.stall_value
     return row
@@ -395,6 +399,15 @@ def _predicted_stall(v: float, acc: Format) -> float | None:
 # takeaways
 
 
+def _representation_error(exact_stored: float, exact_intended: float, stored_q, intended_q) -> float:
+    """stored - intended: from the exact sums where both are finite, rounded once;
+    otherwise IEEE's difference of the two (a finite input stored as inf moved
+    the sum by +inf; inf against the same inf is no number)."""
+    if stored_q is not None and intended_q is not None:
+        return metrics.q_to_float(stored_q - intended_q)
+    return exact_stored - exact_intended
+
+
 def takeaways(rows, storage: Format, exact_stored, exact_intended, stored, desc, exact_qs=(None, None)) -> list[str]:
     over = [r for r in rows if r["bound_kind"] == "overflow"]
     over_line = [] if not over else [
@@ -407,9 +420,7 @@ def takeaways(rows, storage: Format, exact_stored, exact_intended, stored, desc,
             and r["bound_kind"] != "overflow"]
     if not done:
         return over_line or ["Every result is NaN: a NaN, or +inf beside -inf, in the input propagates through any sum."]
-    stored_q, intended_q = exact_qs
-    rep = (float(abs(stored_q - intended_q)) if stored_q is not None and intended_q is not None
-           else metrics.abs_error(exact_stored, exact_intended))
+    rep = abs(_representation_error(exact_stored, exact_intended, *exact_qs))
     worst = max(done, key=lambda r: r["abs_error"])
     best = min(done, key=lambda r: r["abs_error"])
     label = lambda r: f"{r['accumulator']} {r['variant']}" + (" (GPU)" if r["device"] == "cuda" else "")
@@ -418,7 +429,8 @@ def takeaways(rows, storage: Format, exact_stored, exact_intended, stored, desc,
         f"Storing the inputs as {storage.name} moved the exact sum by {_g(rep)}; accumulation errors run from "
         f"{_g(best['abs_error'])} ({label(best)}) to {_g(worst['abs_error'])} ({label(worst)}), so accumulation "
         f"dominates in {n_acc} of {len(done)} rows." if rep == rep else
-        "The exact sum of the intended values is NaN, so the representation error is undefined."
+        f"The exact sums of the intended values ({_g(exact_intended)}) and of the stored ones "
+        f"({_g(exact_stored)}) differ by no number, so the representation error is undefined."
     ]
     for acc_name in dict.fromkeys(r["accumulator"] for r in done):
         orders = [r for r in done if r["accumulator"] == acc_name and r["device"] == "cpu"

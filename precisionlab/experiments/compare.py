@@ -275,19 +275,21 @@ def _compare_op(cfg: CompareOpConfig, advance) -> CompareResult:
         raise UsageError(f"unknown op {cfg.op!r}; choose from {', '.join(OPS)}")
     if cfg.shape is not None and cfg.from_file:  # the file's tensors give the shape
         raise UsageError("--shape and --from: the file's tensors give the shape; give one")
-    shape = parse_shape(op, cfg.shape)
+    held = open_inputs_file(op, cfg.from_file) if cfg.from_file else None
+    shape = parse_shape(op, cfg.shape if held is None else "x".join(map(str, held.shape)))
     models = op_accumulator.plan(op, cfg.accumulators, cfg.acc_bits, cfg.acc_rounding)
     case_shapes, contract_shape = op_harness.shapes_used(op, shape)
     inputs.check_memory(memory.compare_op(op, shape, case_shapes, contract_shape)
-                        + op_accumulator.peak_bytes(models, (shape, *case_shapes)),
-                        f"compare op {op} --shape {'x'.join(map(str, shape))}")
+                        + op_accumulator.peak_bytes(models, (shape, *case_shapes))
+                        + (0 if held is None else held.nbytes_f64),
+                        f"compare op {op} {'--shape' if held is None else '--from, shape'} {'x'.join(map(str, shape))}")
     lows = [formats.get(d) for d in formats.parse_list(cfg.dtypes, LOW_DTYPES, "--dtype")]  # no repeated rows
     if cfg.masked not in ("nan", "zero"):
         raise UsageError(f"--masked must be nan or zero (got {cfg.masked!r})")
     if not (math.isfinite(cfg.scale) and cfg.scale != 0):
         raise UsageError(f"--scale must be finite and non-zero (got {cfg.scale})")
     out_dtype = formats.get(formats.parse_one(cfg.out_dtype, OUT_DTYPES, "--out-dtype")) if cfg.out_dtype else None
-    cases = op_harness.select(op, cfg.cases)
+    cases = op_harness.select(op, cfg.cases, from_file=held is not None)
     plan = devices.resolve(cfg.device)
     torch = _torch()
     threads.fit_torch(cfg.threads, op_flops(op, shape))
@@ -307,8 +309,8 @@ def _compare_op(cfg: CompareOpConfig, advance) -> CompareResult:
         flags = torch_flags.torch_flags()
         for dev in plan.names:
             base = make_inputs(op, shape, cfg.seed, dev, scale=cfg.scale)
-            if cfg.from_file:
-                base = inputs_from_file(op, cfg.from_file, base, dev, cfg.seed)
+            if held is not None:
+                base = inputs_from_file(op, held, base, dev)
             for case in cases:
                 args = case.build(base, shape, cfg.seed)
                 cshape = _shape_of(op, args)
@@ -339,7 +341,7 @@ def _compare_op(cfg: CompareOpConfig, advance) -> CompareResult:
                     r2["verdict"] = "the cost of the format"
                     if not r3["flagged"]:
                         _verdict(row1, r2, r3)
-                    if case is op_harness.RANDOM and not r3["flagged"]:
+                    if case in op_harness.BASES and not r3["flagged"]:
                         advice.append(_advice(op, dev, low, args, largs, yl, tl))
                     advance()
             for name in ["fp32"] + [f.name for f in lows]:
@@ -392,41 +394,53 @@ ARG_NAMES = {"softmax": ("x",), "logsumexp": ("x",), "rmsnorm": ("x", "weight"),
 _INTEGER_ARGS = {"positions", "kv_start"}
 
 
-def inputs_from_file(op: str, path: str, base: tuple, device: str, seed: int = 0) -> tuple:
-    """The op's inputs from a tensor file: tensors named after the arguments
-    (ARG_NAMES), or one tensor standing for the first; the rest are generated
-    to fit its shape, as for random inputs."""
+@dataclass(frozen=True)
+class InputsFile:
+    """A --from file, its header read: the tensors it gives the op and the shape they set."""
+
+    path: str
+    file: object  # io.tensorfiles.TensorFile
+    picked: dict  # argument name -> the file's tensor name
+    shape: tuple  # the op's shape (matmul: M, K, N)
+    nbytes_f64: int  # the picked tensors read as float64
+
+
+def open_inputs_file(op: str, path: str) -> InputsFile:
+    """Tensors named after the arguments (ARG_NAMES), or one tensor standing
+    for the first, checked from the header before any is read: the shape the
+    run states is the file's."""
     from precisionlab.io import tensorfiles
 
-    torch = _torch()
     tf = tensorfiles.open_tensor_file(path)
     names = ARG_NAMES[op]
-    need = sum(tf.nbytes(n) for n in tf.names if len(tf.names) == 1 or n in names)
-    inputs.check_memory(8 * need, f"--from {path}")  # read as float64
-    if len(tf.names) == 1:
-        pick = {names[0]: tf.get(tf.names[0]).astype(np.float64)}
-    else:
-        pick = {n: tf.get(n).astype(np.float64) for n in names if n in tf.names}
-        if names[0] not in pick:
-            raise UsageError(f"--from {path}: name the tensors {', '.join(names)} (or give one tensor); "
-                             f"found {', '.join(tf.names[:8])}")
-    first = pick[names[0]]
+    picked = {names[0]: tf.names[0]} if len(tf.names) == 1 else {n: n for n in names if n in tf.names}
+    if names[0] not in picked:
+        raise UsageError(f"--from {path}: name the tensors {', '.join(names)} (or give one tensor); "
+                         f"found {', '.join(tf.names[:8])}")
+    first = tuple(tf.shapes[picked[names[0]]])
     want = SHAPE_FORMS.get(op, "ROWSxCOLS").count("x") + (0 if op == "matmul" else 1)
-    if first.ndim != want or first.size == 0:
-        raise UsageError(f"--from {path}: {names[0]} must be a non-empty {want}-D tensor for {op}, got shape "
-                         f"{first.shape}")
-    shape = tuple(first.shape)
+    if len(first) != want or math.prod(first) == 0:
+        raise UsageError(f"--from {path}: {names[0]} must be a non-empty {want}-D tensor for {op}, got shape {first}")
+    shape = first
     if op == "matmul":
-        shape = (shape[0], shape[1], pick["b"].shape[1] if "b" in pick and pick["b"].ndim == 2 else DEFAULT_SHAPES[op][2])
-    args = list(make_inputs(op, parse_shape(op, "x".join(map(str, shape))), seed, device))
-    for i, n in enumerate(names):
-        if n in pick:
+        b = tuple(tf.shapes[picked["b"]]) if "b" in picked else None
+        shape = (first[0], first[1], b[1] if b is not None and len(b) == 2 else DEFAULT_SHAPES[op][2])
+    nbytes = sum(8 * math.prod(tf.shapes[t]) for t in picked.values())
+    return InputsFile(path, tf, picked, shape, nbytes)
+
+
+def inputs_from_file(op: str, held: InputsFile, base: tuple, device: str) -> tuple:
+    """The op's inputs: the file's tensors in place of the generated ones of
+    the same shape (base: make_inputs at the file's shape); each must fit."""
+    torch = _torch()
+    path, args = held.path, list(base)
+    for i, n in enumerate(ARG_NAMES[op]):
+        if n in held.picked:
+            v = held.file.get(held.picked[n]).astype(np.float64)
             if n in _INTEGER_ARGS:
-                _check_integers(path, n, pick[n])
-            dt = torch.int64 if n in _INTEGER_ARGS else torch.float32
-            if n == "kv_start":
-                dt = torch.int32
-            t = torch.from_numpy(np.ascontiguousarray(pick[n])).to(dt).to(device)
+                _check_integers(path, n, v)
+            dt = torch.int32 if n == "kv_start" else torch.int64 if n in _INTEGER_ARGS else torch.float32
+            t = torch.from_numpy(np.ascontiguousarray(v)).to(dt).to(device)
             if tuple(t.shape) != tuple(args[i].shape):
                 raise UsageError(f"--from {path}: {n} has shape {tuple(t.shape)}, {op} needs {tuple(args[i].shape)} here")
             args[i] = t
@@ -452,7 +466,7 @@ class _Raised:
 def _call_case(fn, args, impl, case):
     """On the random case a kernel that raises ends the run (exit 1, one line);
     on an edge case the exception is that case's flagged row."""
-    if case is op_harness.RANDOM:
+    if case in op_harness.BASES:
         return _call(fn, args, impl)
     try:
         return _call(fn, args, impl)

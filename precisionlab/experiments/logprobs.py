@@ -22,7 +22,7 @@ from precisionlab.errors import UsageError
 from precisionlab.io import inputs, logprob_streams
 from precisionlab.io.logprob_streams import Stream
 from precisionlab.numerics import logprobs as lpstats
-from precisionlab.numerics.metrics import exact_sum, exp_or_inf
+from precisionlab.numerics.metrics import exact_mean, exact_sum, exp_or_inf
 
 # Bytes per token the statistics hold at once (about twenty float64 arrays),
 # and per listed alternative (both lists, their matches and differences).
@@ -164,7 +164,7 @@ def compare_streams(a: Stream, b: Stream, clips=lpstats.DEFAULT_CLIPS, cap: floa
         w = int(np.argmax(ad))
         sequences.append({"sequence": s, "n": hi - lo, "log_ratio": float(c.seq_log_ratio[s]),
                           "ratio": exp_or_inf(float(c.seq_log_ratio[s])),
-                          "mean_abs_diff": exact_sum(ad) / (hi - lo), "max_abs_diff": float(ad[w]),
+                          "mean_abs_diff": exact_mean(ad), "max_abs_diff": float(ad[w]),
                           "worst_position": w})
     row = {"label": "A - B", **c.row}
     params = {**(params or {}), "clips": list(clips), "cap": cap, "worst": worst, "compared_by": by}

@@ -112,7 +112,7 @@ def takeaways(rows: list[dict], skipped: list[str]) -> list[str]:
         if r["comparison"] == 5 and r["ratio"] is not None:
             cost = next(c for c in rows if c["comparison"] == 4 and c["device"] == r["device"]
                         and c["case"] == r["case"] and c["dtype"] == r["dtype"] and c["accumulator"] == r["accumulator"])
-            if r["case"] == "random" or r["flagged"]:
+            if r["case"] in ("random", "file") or r["flagged"]:
                 lines.append(f"{r['device']} {r['dtype']} {r['case']}: {r['accumulator']} costs rel L2 "
                              f"{cost['rel_l2']:.2e} against float64; yours is {r['rel_l2']:.2e} from it "
                              f"({r['ratio']:.2f}x), {r['identical_share']:.1%} of its outputs bit for bit.")

@@ -142,29 +142,34 @@ def _exp_overflow(op, rows, feats, explained):
                   "-103); exp(x - max) never does.", bad)
 
 
+def _base(feats: dict) -> str:
+    """The case the others are measured against: the seeded random inputs, or a --from file's."""
+    return "file" if "file" in feats else "random"
+
+
 def _magnitude_rule(rows, feats, explained, comparisons, towards_small: bool):
-    found = []
+    found, base = [], _base(feats)
     for (comp, dtype), by_case in _series(rows).items():
-        if comp not in comparisons or "random" not in by_case:
+        if comp not in comparisons or base not in by_case:
             continue
-        # all-finite inputs at the random case's length: the scale alone changes between them
+        # all-finite inputs at the base case's length: the scale alone changes between them
         by_case = {c: r for c, r in by_case.items() if feats[c]["all_finite"]
-                   and feats[c]["length"] == feats["random"]["length"]}
-        if "random" not in by_case:
+                   and feats[c]["length"] == feats[base]["length"]}
+        if base not in by_case:
             continue
         end = (min if towards_small else max)(by_case, key=lambda c: feats[c]["rms"])
-        a, b = (feats[end]["rms"], feats["random"]["rms"])
-        if end == "random" or min(a, b) <= 0 or (b / a if towards_small else a / b) < SPREAD:
+        a, b = (feats[end]["rms"], feats[base]["rms"])
+        if end == base or min(a, b) <= 0 or (b / a if towards_small else a / b) < SPREAD:
             continue
-        if _own_flag(by_case[end]) and _excess(by_case[end]) >= GROWTH * _excess(by_case["random"]):
+        if _own_flag(by_case[end]) and _excess(by_case[end]) >= GROWTH * _excess(by_case[base]):
             found.append((comp, dtype, end, by_case))
     return found
 
 
 def _series_text(comp, dtype, by_case, feats, key, fmt) -> str:
-    """The series along `key`: its two ends, the random case and every case flagged by its own numbers."""
+    """The series along `key`: its two ends, the base case and every case flagged by its own numbers."""
     order = sorted((c for c in by_case if feats[c][key] is not None), key=lambda c: feats[c][key])
-    order = [c for i, c in enumerate(order) if i in (0, len(order) - 1) or c == "random" or _own_flag(by_case[c])]
+    order = [c for i, c in enumerate(order) if i in (0, len(order) - 1) or c == _base(feats) or _own_flag(by_case[c])]
     return f"({comp}) {dtype}: " + ", ".join(f"{c} ({fmt(feats[c][key])}) {_x(_excess(by_case[c]))}" for c in order)
 
 
@@ -204,7 +209,7 @@ def _ends(by_case, feats, key, spread, need):
     cases = [c for c in by_case if feats[c][key] is not None]
     if not cases:
         return None
-    lo = "random" if need == "random" else min(cases, key=lambda c: feats[c][key])
+    lo = _base(feats) if need == "base" else min(cases, key=lambda c: feats[c][key])
     if lo not in by_case or feats[lo][key] is None:
         return None
     hi = max(cases, key=lambda c: feats[c][key])
@@ -247,7 +252,7 @@ def _rope(op, rows, feats, explained):
 
 
 def _accumulation(op, rows, feats, explained):
-    return _growth_cause("accumulation", rows, feats, explained, "length", MIN_LENGTH_RATIO, LENGTH_GROWTH, "random",
+    return _growth_cause("accumulation", rows, feats, explained, "length", MIN_LENGTH_RATIO, LENGTH_GROWTH, "base",
                          lambda v: f"length {v}",
                          "accumulation in low precision: the error grows with the reduction's length",
                          "The format's own cost is one rounding of the result at any length; an accumulator kept in "

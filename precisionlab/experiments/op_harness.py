@@ -184,18 +184,23 @@ def _swiglu_cases() -> list[Case]:
 
 
 RANDOM = Case("random", "seeded normal inputs (times --scale)", lambda a, s, seed: a)
+# With --from the file's tensors take the random case's place (its role: the
+# case the edge cases are built from and measured against).
+FILE = Case("file", "the --from file's tensors (an argument it does not hold: seeded normal times --scale, "
+            "to fit)", lambda a, s, seed: a)
+BASES = (RANDOM, FILE)
 
 
-def cases_for(op: str) -> list[Case]:
+def cases_for(op: str, from_file: bool = False) -> list[Case]:
     extra = {"softmax": _softmax_cases, "logsumexp": _logsumexp_cases, "rmsnorm": _norm_cases,
              "layernorm": _norm_cases, "matmul": _matmul_cases, "rope": _rope_cases,
              "attention": _attention_cases, "swiglu": _swiglu_cases}[op]()
-    return [RANDOM] + extra
+    return [FILE if from_file else RANDOM] + extra
 
 
-def select(op: str, text: str | None) -> list[Case]:
+def select(op: str, text: str | None, from_file: bool = False) -> list[Case]:
     """--cases: 'all' (default), or a comma list of names."""
-    every = cases_for(op)
+    every = cases_for(op, from_file)
     if text is None or text.strip() == "all":
         return every
     names = [s.strip() for s in text.split(",") if s.strip()]

@@ -102,8 +102,33 @@ def load_npy(path: str, ndim: int | None = None, bytes_per_value: int = 0) -> np
         raise UsageError(f"--from: {path} must be {ndim}-D, got shape {a.shape}")
     if a.size == 0:
         raise UsageError(f"--from: {path} is empty")
-    a = a.astype(np.float64)
+    a = as_float64(a, f"--from {path}")
     return a if ndim is not None else a.ravel()
+
+
+def as_float64(a: np.ndarray, where: str) -> np.ndarray:
+    """A numeric array as float64, refused (one line) where a value is not
+    exactly a double: an int64 or uint64 past 2^53 with more than 53
+    significant bits, or a long double with more bits or range. Everything
+    measured downstream is measured against the values read, so a value
+    rounded on the way in would be an error nobody sees."""
+    a = np.asarray(a)
+    f = a.astype(np.float64)
+    if a.dtype.kind in "iu" and a.dtype.itemsize > 4:
+        u = np.abs(a).astype(np.uint64) if a.dtype.kind == "i" else a  # |INT64_MIN| wraps to 2^63 as uint64
+        low = u & (~u + np.uint64(1))  # the lowest set bit
+        bad = (u > np.uint64(1 << 53)) & (u // np.maximum(low, np.uint64(1)) >= np.uint64(1 << 53))
+    elif a.dtype.kind == "f" and a.dtype.itemsize > 8:
+        with np.errstate(over="ignore"):
+            bad = (f.astype(a.dtype) != a) & ~np.isnan(a)
+    else:
+        return f
+    if bad.any():
+        i = int(np.flatnonzero(bad.ravel())[0])
+        raise UsageError(f"{where}: {a.dtype} value {a.ravel()[i]} (element {i}) is not exactly a double, "
+                         f"and every result here is measured against the values as read; store them as float64 "
+                         f"(or as integers within 2^53)")
+    return f
 
 
 def generate(n: int, dist: str, seed: int) -> np.ndarray:

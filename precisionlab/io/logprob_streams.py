@@ -148,6 +148,14 @@ def _parse_constant(name: str) -> float:  # NaN, Infinity, -Infinity: Python's j
     return {"NaN": math.nan, "Infinity": math.inf, "-Infinity": -math.inf}[name]
 
 
+def _parse_int(digits: str) -> int | float:
+    """A JSON integer: an int while it could be a token id or a plain number;
+    a longer one (past 10^40) as the float its digits round to (inf past the
+    range, as a float literal past it is), so that neither Python's limit on
+    int conversion nor float(int) raises on a hostile file."""
+    return int(digits) if len(digits.lstrip("-")) <= 40 else float(digits)
+
+
 def _jsonl_records(p: Path, where: str):
     """(where, sequence dict) for each sequence of each line."""
     try:
@@ -170,7 +178,7 @@ def _parse_json(text: str, at: str, what: str, lines: bool = False):
     """One JSON document, strict about NaN literals; a bad one is one line
     naming where (the line of a JSONL file, or line and column of a file)."""
     try:
-        return json.loads(text, parse_constant=_parse_constant)
+        return json.loads(text, parse_constant=_parse_constant, parse_int=_parse_int)
     except json.JSONDecodeError as e:
         where = f"line {e.lineno}, column {e.colno}" if lines else f"column {e.colno}"
         raise UsageError(f"{at}: not JSON ({e.msg}, {where})") from None

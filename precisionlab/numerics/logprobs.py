@@ -36,7 +36,9 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from precisionlab.numerics.distribution import nearest_rank, phi
-from precisionlab.numerics.metrics import exact_mean, exact_sum, exp_or_inf
+from precisionlab.numerics.metrics import (exact_mean, exact_mean_abs_difference, exact_mean_difference,
+                                          exact_mean_square_difference, exact_sum, exp_or_inf, q_to_float,
+                                          sqrt_to_float)
 
 DEFAULT_CLIPS = (1.1, 1.25, 2.0)
 DEFAULT_CAP = 2.0
@@ -148,18 +150,23 @@ def token_stats(a: np.ndarray, b: np.ndarray, clips=DEFAULT_CLIPS) -> dict:
     with np.errstate(over="ignore", invalid="ignore"):
         dev = r - mean_r
     pct = {f"p{q:g}_abs_diff": (float(srt[nearest_rank(q, n) - 1]) if n else math.nan) for q in PERCENTILES}
+    # the means of Delta, |Delta| and Delta^2 are of the exact differences a - b,
+    # summed exactly: Delta^2 (or a sum of Delta) past the double range is no inf
+    ms = exact_mean_square_difference(a, b) if n else None
     row = {
         "n": n,
-        "mean_diff": exact_mean(d),
-        "mean_abs_diff": exact_mean(ad),
-        "rms_diff": math.sqrt(exact_mean(d * d)) if n else math.nan,
+        "mean_diff": exact_mean_difference(a, b),
+        "mean_abs_diff": exact_mean_abs_difference(a, b),
+        "rms_diff": sqrt_to_float(ms) if n else math.nan,
         **pct,
         "max_abs_diff": float(srt[-1]) if n else math.nan,
         "prob_pearson": _pearson(np.exp(a), np.exp(b)),
         "mean_ratio": mean_r,
         "std_ratio": math.sqrt(exact_mean(dev * dev)) if n else math.nan,
-        "min_ratio": float(np.min(r)) if n else math.nan,
-        "max_ratio": float(np.max(r)) if n else math.nan,
+        # exp is monotonic: the extreme ratios are exp of the extreme Deltas, by the
+        # one exp the worst positions' ratios use (np.exp may differ by an ulp)
+        "min_ratio": exp_or_inf(float(np.min(d))) if n else math.nan,
+        "max_ratio": exp_or_inf(float(np.max(d))) if n else math.nan,
         "outside_clip": [],
         "ess": ess(d),
     }
@@ -168,7 +175,7 @@ def token_stats(a: np.ndarray, b: np.ndarray, clips=DEFAULT_CLIPS) -> dict:
         row["outside_clip"].append({"clip": c, "n_outside": k, "frac_outside": k / n if n else math.nan})
     row["ess_frac"] = row["ess"] / n if n else math.nan
     row["kl_k1"] = -row["mean_diff"] if n else math.nan
-    row["kl_k2"] = exact_mean(d * d) / 2 if n else math.nan
+    row["kl_k2"] = q_to_float(ms / 2) if n else math.nan
     row["kl_k3"] = exact_mean(phi(d))  # expm1(d) - d, accurate where d is small
     with np.errstate(over="ignore", invalid="ignore"):
         row["chi2"] = exact_mean(em1 * em1)
@@ -189,7 +196,8 @@ def sequence_stats(log_ratio: np.ndarray, cap: float = DEFAULT_CAP) -> dict:
     out = {
         "seq_n": m,
         "mean_seq_log_ratio": mean,
-        "std_seq_log_ratio": math.sqrt(exact_mean((log_ratio - mean) ** 2)) if m else math.nan,
+        "std_seq_log_ratio": sqrt_to_float(exact_mean_square_difference(log_ratio, np.full(m, mean)))
+        if m and math.isfinite(mean) else math.nan,
         "min_seq_log_ratio": float(np.min(log_ratio)) if m else math.nan,
         "max_seq_log_ratio": float(np.max(log_ratio)) if m else math.nan,
         "cap": cap,

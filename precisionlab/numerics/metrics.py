@@ -40,9 +40,22 @@ def exact_sum(values: np.ndarray) -> float:
 
 
 def exact_mean(values: np.ndarray) -> float:
-    """exact_sum over the count: one rounding of the sum, one of the division; NaN when empty."""
-    v = np.asarray(values)
-    return exact_sum(v) / v.size if v.size else math.nan
+    """The mean, correctly rounded: the exact sum over the count, rounded once
+    (a sum that overflows the double range does not make a finite mean inf);
+    the non-finite rules are exact_sum's; NaN when empty."""
+    v = np.asarray(values, dtype=np.float64).ravel()
+    if not v.size:
+        return math.nan
+    q = _exact_total([v])
+    return exact_sum(v) if q is None else q_to_float(q / v.size)
+
+
+def q_to_float(q: Fraction) -> float:
+    """The correctly rounded double of a rational (int / int division is), inf with its sign past the range."""
+    try:
+        return float(q)
+    except OverflowError:
+        return math.inf if q > 0 else -math.inf
 
 
 def exp_or_inf(x: float) -> float:
@@ -70,10 +83,7 @@ def _exact_sum_wide(v: np.ndarray) -> float:
     total = Fraction(0)
     for x in v.tolist():
         total += Fraction(x)
-    try:
-        return float(total)
-    except OverflowError:  # rounds past the double range (float() of the Fraction itself would raise again)
-        return math.inf if total > 0 else -math.inf
+    return q_to_float(total)
 
 
 def _chunked(v: np.ndarray, size: int = 1 << 20):
@@ -348,6 +358,18 @@ def exact_rel_l2(x: np.ndarray, ref: np.ndarray) -> float:
     norm overflows past 1e154 and underflows below 1e-154), the root rounded
     once. The comparison rules (non-finite values) are numerics.compare.rel_l2's."""
     return sqrt_ratio(exact_sum_squares_of_difference(x, ref), exact_dot(ref, ref))
+
+
+def exact_mean_difference(a: np.ndarray, b: np.ndarray) -> float:
+    """mean(a - b) of finite float64 arrays, of the exact differences, rounded once (NaN when empty)."""
+    if a.size == 0:
+        return math.nan
+    return q_to_float(_exact_total([a, -b]) / a.size)
+
+
+def exact_mean_square_difference(a: np.ndarray, b: np.ndarray) -> Fraction:
+    """mean((a - b)^2) of finite float64 arrays, exactly (the exact differences; no overflow at any size)."""
+    return exact_sum_squares_of_difference(a, b) / a.size
 
 
 def exact_mean_abs_difference(a: np.ndarray, b: np.ndarray) -> float:

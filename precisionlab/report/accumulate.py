@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import math
-
 import numpy as np
 from rich.table import Table
 
@@ -29,9 +27,9 @@ def table(res) -> None:
         t.add_row(r["device"], r["accumulator"], r["variant"], num(r["result"]), sci(r["abs_error"]),
                   sci(r["rel_error"]), ulps(r["ulps"]), bound, stall, num(r["predicted_stall"]))
     stdout.print(t)
-    rep = res.exact_stored - res.exact_intended if math.isfinite(res.exact_stored - res.exact_intended) else math.nan
     stdout.print(f"exact sum of stored values (fsum): {num(res.exact_stored)}    "
-                 f"of intended values: {num(res.exact_intended)}    representation error: {num(rep)}",
+                 f"of intended values: {num(res.exact_intended)}    "
+                 f"representation error: {num(res.representation_error)}",
                  highlight=False)
     stdout.print("bound: Higham's a-priori bound on |abs err|, each rounding also allowed half the smallest "
                  "subnormal spacing (underflow); vacuous once (n-1)u >= 1; ~ marks a first-order estimate "
@@ -49,6 +47,7 @@ def as_json(res) -> None:
     emit_json("accumulate", {
         "params": res.params, "devices": res.devices,
         "exact_stored": res.exact_stored, "exact_intended": res.exact_intended, "abs_sum": res.abs_sum,
+        "representation_error": res.representation_error,
         "rows": res.rows, "takeaways": res.takeaways,
     })
 

@@ -60,7 +60,8 @@ def _compare_op_advice(res) -> None:
     if not res.advice:
         return
     matmul = any("gamma_k" in a for a in res.advice)
-    t = Table(title="tolerance advisor: the smallest tolerance under which (3) passes, on the random case",
+    base = "file" if res.params.get("from") else "random"
+    t = Table(title=f"tolerance advisor: the smallest tolerance under which (3) passes, on the {base} case",
               title_justify="left")
     for col in ("device", "dtype", "min atol (rtol 0)", "min rtol (atol 0)"):
         t.add_column(col, justify="right")
