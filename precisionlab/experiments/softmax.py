@@ -117,12 +117,14 @@ def run(cfg: SoftmaxConfig, advance=lambda k=1: None) -> SoftmaxResult:
     out: list[dict] = []
     for name, x in cases.items():
         for fmt in dtypes:
+            refs = references(x, fmt, cfg.masked)  # one reference for every variant and device
             for dev in plan.names:
                 for m in methods:
                     if dev == "cpu" and m not in CPU_METHODS:
                         continue
-                    out.append(evaluate(name, x, fmt, m, dev, cfg.masked, kind="variant"))
+                    out.append(evaluate(name, x, fmt, m, dev, cfg.masked, kind="variant", refs=refs))
                     advance()
+            del refs
     if cfg.methods is None and cfg.values is None and cfg.rows is None and cfg.cols is None and cfg.from_file is None:
         rng = np.random.default_rng(cfg.seed)
         extra = {k: f(rng) for k, f in BUG_EXTRA_CASES.items()}
@@ -130,9 +132,11 @@ def run(cfg: SoftmaxConfig, advance=lambda k=1: None) -> SoftmaxResult:
             fmt = formats.get(BUG_DTYPE.get(bug, dtypes[0].name))
             for case in case_names:
                 x = cases[case] if case in cases else extra[case]
+                refs = references(x, fmt, cfg.masked)
                 for dev in plan.names:
-                    out.append(evaluate(case, x, fmt, "stable", dev, cfg.masked, kind="bug-reference", bug=bug))
-                    out.append(evaluate(case, x, fmt, bug, dev, cfg.masked, kind="bug", bug=bug))
+                    out.append(evaluate(case, x, fmt, "stable", dev, cfg.masked, kind="bug-reference", bug=bug,
+                                        refs=refs))
+                    out.append(evaluate(case, x, fmt, bug, dev, cfg.masked, kind="bug", bug=bug, refs=refs))
     return SoftmaxResult(
         params={"dtypes": [d.name for d in dtypes], "variants": methods, "masked": cfg.masked, "device": cfg.device,
                 "seed": cfg.seed, "cases": list(cases), "rows": cfg.rows, "cols": cfg.cols, "dist": cfg.dist or "normal",
@@ -235,15 +239,22 @@ def reference_dd(x: np.ndarray, ref: np.ndarray, ref_lse: np.ndarray) -> tuple[n
     return lo, lse_lo
 
 
-def evaluate(case: str, x: np.ndarray, fmt: Format, method: str, device: str, masked: str, kind: str,
-             bug: str | None = None) -> dict:
+def references(x: np.ndarray, fmt: Format, masked: str) -> tuple:
+    """(stored inputs, float64 softmax and log-sum-exp, their double-double low
+    parts): what every variant of x stored in fmt is measured against."""
     stored = fmt.round(x)
+    ref, ref_lse = reference(stored, masked)
+    ref_lo, lse_lo = reference_dd(stored, ref, ref_lse)
+    return stored, ref, ref_lse, ref_lo, lse_lo
+
+
+def evaluate(case: str, x: np.ndarray, fmt: Format, method: str, device: str, masked: str, kind: str,
+             bug: str | None = None, refs: tuple | None = None) -> dict:
+    stored, ref, ref_lse, ref_lo, lse_lo = references(x, fmt, masked) if refs is None else refs
     xs = np.ascontiguousarray(stored.astype(fmt.dtype))
     fn = native.softmax_cpu if device == "cpu" else native.softmax_cuda
     y, lse = fn(xs, fmt.code, method, masked)
     y64 = y.astype(np.float64)
-    ref, ref_lse = reference(stored, masked)
-    ref_lo, lse_lo = reference_dd(stored, ref, ref_lse)
     rep = metrics.error_report(y64, ref, fmt, atol_for(fmt, x.shape[1]), RTOL[fmt.name], reference_lo=ref_lo)
     target = np.where(np.all(np.isneginf(stored), axis=1) & (masked == "zero"), 0.0, 1.0)
     # exact row sums a chunk of Python floats at a time (y64.tolist() would hold
