@@ -37,13 +37,53 @@ def test_integers_are_ascii_decimal(run, args):
 # tf32 --accumulator
 
 
-@pytest.mark.parametrize("dtype", ["fp4_e2m1", "fp6_e3m2", "fp64"])
+@pytest.mark.parametrize("dtype", ["fp4_e2m1", "fp6_e3m2"])
 def test_every_dtype_runs_through_the_models(run, dtype):
     """The storage-only formats have no library code: they run on numpy's
     models, in their own format (they were a ctypes TypeError)."""
     r = run("tf32", "--accumulator", "fp32,hopper-fp8", "--dtypes", dtype, "--k", "64", "--json")
     assert r.code == 0, r.err
     assert {x["dtype"] for x in r.json()["rows"]} == {dtype}
+
+
+def test_fp64_inputs_are_refused_by_the_models(run):
+    """The models take values a float32 holds: fp64 inputs were cast to fp32
+    before the fp32 chain saw them (at K = 1 fp32 then differed from exact)."""
+    one_line(run("tf32", "--accumulator", "exact,fp32", "--dtypes", "fp64", "--k", "1"), 2, "fp64",
+             "accumulator models")
+
+
+def test_the_errors_are_the_exact_values_rounded_once(run):
+    """fp32 inputs at K = 16: float64's own sum of the products rounds (the
+    last digits of max_rel_error were off by 1e-9 relative); the oracle is
+    rational: every product and sum exact, each figure rounded once."""
+    from fractions import Fraction
+
+    import numpy as np
+
+    from precisionlab.catalog import formats
+
+    r = run("tf32", "--accumulator", "exact,fp32", "--dtypes", "fp32", "--k", "16", "--json")
+    rows = {x["accumulator"]: x for x in r.json()["rows"]}
+    rng = np.random.default_rng([0, 16])  # the command's inputs: seed 0, K 16, 64 x 16 x 64
+    fp32 = formats.get("fp32")
+    a, b = fp32.round(rng.standard_normal((64, 16))), fp32.round(rng.standard_normal((16, 64)))
+    exact = [[sum(Fraction(x) * Fraction(y) for x, y in zip(a[i], b[:, j])) for j in range(64)] for i in range(64)]
+    scale = max(abs(q) for row in exact for q in row)
+    c = np.float32(0) + np.zeros((64, 64), np.float32)
+    for k in range(16):  # the fp32 chain: c = fp32(c + fp32(a_k b_k))
+        c = c + a[:, k:k + 1].astype(np.float32) * b[k:k + 1, :].astype(np.float32)
+    # q to double to fp32 rounds q correctly: 53 >= 2 x 24 + 2 bits makes the double rounding innocuous
+    for name, got in (("exact", [[float(np.float32(float(q))) for q in row] for row in exact]), ("fp32", c.tolist())):
+        err = max(abs(Fraction(float(got[i][j])) - exact[i][j]) for i in range(64) for j in range(64))
+        assert rows[name]["max_abs_error"] == float(err), name
+        assert rows[name]["max_rel_error"] == float(err / scale), name
+
+
+def test_a_tile_wider_than_the_sequence_is_estimated_at_the_sequence(run):
+    """--block-c 10^12 on 5 keys holds 5 keys a tile: it was refused as 447035 GiB."""
+    r = run("attention", "--seq", "5", "--rows", "3", "--dim", "4", "--std", "1", "--block-c", str(10**12), "--json")
+    assert r.code == 0, r.err
 
 
 def test_a_group_past_k_is_estimated_at_k(run):
@@ -182,3 +222,16 @@ def test_numpy_warnings_stay_off_stderr(run):
     r = run("compare", "op", "matmul", "--device", "cpu", "--shape", "4x4x4", "--scale", "1e30", "--accumulator",
             "exact")
     assert r.code in (0, 1) and "Warning" not in r.err, r.err
+
+
+@pytest.mark.parametrize("command", [["kvcache", "--steps", "2"], ["compare", "model", "--steps", "2"],
+                                     ["nondeterminism", "--endpoint", "http://127.0.0.1:9"]])
+def test_a_prompt_that_is_not_utf8_is_a_usage_error(run, command):
+    """Bytes that are not UTF-8 reach Python as lone surrogates ('\\xff' as
+    '\\udcff'): they were an internal UnicodeEncodeError; no server is contacted."""
+    one_line(run(*command, "--prompt", "a\udcff\x01"), 2, "--prompt", "not UTF-8", "0xff")
+
+
+def test_a_prompt_as_bytes_from_the_shell_is_refused_too():
+    r = cli("kvcache", "--steps", "2", "--prompt", os.fsdecode(b"\xff\x01"))
+    one_line(r, 2, "not UTF-8")

@@ -186,6 +186,11 @@ class Subset(tuple):
 # tests/test_catalog.py checks them against the library's table (which
 # formats are storage only, which have a pl_format code) and torch's dtypes.
 ALL = Subset(tuple(TWINS), "a catalog format")
+# The accumulator models' inputs (numerics/accumulators.py): values a float32
+# holds exactly, so every product of two is exact in float64; fp64 inputs would
+# be rounded to fp32 before the model saw them.
+MODEL_INPUTS = Subset(tuple(n for n in TWINS if n != "fp64"), "an input format of the accumulator models "
+                      "(fp32 or narrower)")
 # torch and this project's op kernels compute in these (numerics.torch_ops).
 COMPUTE = Subset(("fp32", "bf16", "fp16"), "a format torch computes in")
 # The low precisions a model or an op runs in against its fp32 run.

@@ -130,6 +130,7 @@ def command(
     if len(modes) > 1:
         raise UsageError(f"{' and '.join(modes)} are separate runs: give one")
     threads_mod.check(threads)  # the one --threads validation, whatever the mode
+    inputs.check_text(prompt, "--prompt")
     check_mode_options(ctx, modes[0] if modes else PLAIN)
     if modes == [ENGINE]:
         return _engines(engine, reference, text, tokens, steps, prompt, device, max_kld, min_top1, json_out)

@@ -46,7 +46,11 @@ def command(
         if sections is not None or plot is not None:
             raise UsageError("--endpoint runs instead of the sections: drop --sections and --plot")
         from precisionlab.experiments import endpoint as ep
+        from precisionlab.io import inputs
         from precisionlab.report import endpoint as ep_report
+
+        for i, text in enumerate([prompt, *(other_prompts or [])]):
+            inputs.check_text(text, "--prompt" if i == 0 else "--other-prompts")
 
         cfg = ep.EndpointConfig(url=endpoint, prompt=prompt, mix=mix, other_prompts=list(other_prompts or []),
                                 served_model=served_model,

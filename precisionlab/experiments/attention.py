@@ -53,7 +53,7 @@ def check(cfg: AttentionConfig) -> None:
     if cfg.flash.causal and cfg.rows > cfg.seq:
         raise UsageError("--causal needs --rows <= --seq (the rows are the last positions)")
     f = cfg.flash
-    peak = max((m.peak_bytes(min(cfg.rows, fa.CHUNK_ROWS), cfg.dim, f.block_c)
+    peak = max((m.peak_bytes(min(cfg.rows, fa.CHUNK_ROWS), cfg.dim, min(f.block_c, cfg.seq))
                 for m in (fa.model(f.pv_accumulator), fa.model(f.qk_accumulator)) if m is not None), default=0)
     inputs.check_memory(memory.attention(cfg.rows, cfg.seq, cfg.dim, f.block_c, fa.CHUNK_ROWS, peak),
                         f"attention --seq {cfg.seq} --rows {cfg.rows} --dim {cfg.dim}")

@@ -74,6 +74,18 @@ def check_regular_file(path: str, what: str) -> Path:
     return p
 
 
+def check_text(value: str, what: str) -> str:
+    """A text option (a prompt) as the user's UTF-8: bytes that are not UTF-8
+    reach Python as lone surrogates, which no tokenizer, model file or JSON
+    request can take; refused by position, not passed on."""
+    bad = next((i for i, c in enumerate(value) if "\ud800" <= c <= "\udfff"), None)
+    if bad is not None:
+        byte = ord(value[bad]) - 0xDC00 if "\udc80" <= value[bad] <= "\udcff" else None
+        raise UsageError(f"{what}: not UTF-8 text (" + (f"byte 0x{byte:02x}" if byte is not None else "a lone surrogate")
+                         + f" at character {bad})")
+    return value
+
+
 def check_given(value: str | None, what: str) -> str | None:
     """An option that names something (a file, a model, a function, a format):
     None when left out; an empty string is refused, never taken for the default

@@ -304,6 +304,23 @@ def exact_dot(x: np.ndarray, y: np.ndarray) -> Fraction:
     return acc.total() * Fraction(2) ** (kx + ky)
 
 
+def exact_matmul_dd(a: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """a @ b of finite float64 matrices whose products are exact in float64
+    (values of 26 significant bits or fewer: fp32 and narrower), each entry's
+    exact sum as hi + lo: hi its correctly rounded double, lo the rest rounded
+    (float64 BLAS rounds every partial sum: its last digits are not the
+    exact value's)."""
+    m, n = a.shape[0], b.shape[1]
+    hi, lo = np.empty((m, n)), np.empty((m, n))
+    for i in range(m):
+        terms = np.ascontiguousarray((a[i][:, None] * b).T)  # n x K products, each exact
+        for j in range(n):
+            q = _exact_total([terms[j]])
+            hi[i, j] = q_to_float(q)
+            lo[i, j] = q_to_float(q - Fraction(hi[i, j])) if math.isfinite(hi[i, j]) else 0.0
+    return hi, lo
+
+
 def _sum_squares_dd(h: np.ndarray, l: np.ndarray, k: int, acc: "ExactSum") -> None:
     """Adds (h + l)^2 * 4^-k, elementwise, to acc exactly: h^2 + 2 h l + l^2 after scaling by 2^-k."""
     sh, sl = np.ldexp(h, -k), np.ldexp(l, -k)

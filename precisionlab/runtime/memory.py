@@ -321,5 +321,6 @@ def attention(rows: int, seq: int, dim: int, block_c: int, chunk_rows: int, mode
     chunk x d, plus the largest accumulator model's own peak (passed in:
     runtime does not import numerics)."""
     chunk = min(rows, chunk_rows)
+    block_c = min(block_c, seq)  # a tile holds at most the sequence's keys
     return (22 * (rows * dim + 2 * seq * dim) + 24 * rows * dim + 8 * chunk * (20 * block_c + 10 * dim)
             + model_peak + COMPARE_FIXED)
