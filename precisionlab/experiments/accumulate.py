@@ -135,6 +135,7 @@ def run(cfg: AccumulateConfig, advance=lambda k=1: None) -> AccumulateResult:
             _predicted_stall(float(stored[0]), formats.get(row["accumulator"]))
             if constant and row["variant"] in SEQUENTIAL_KIND - {"stochastic"} else None
         )
+    rep_error = _representation_error(exact_stored, exact_intended, exact_q, intended_q)
     return AccumulateResult(
         params={"dtype": storage.name, "n": int(stored.size), "input": desc, "variants": methods,
                 "accumulators": [a.name for a in accumulators], "device": cfg.device, "seed": cfg.seed},
@@ -144,9 +145,9 @@ def run(cfg: AccumulateConfig, advance=lambda k=1: None) -> AccumulateResult:
         exact_stored=exact_stored,
         exact_intended=exact_intended,
         abs_sum=abs_sum,
-        representation_error=_representation_error(exact_stored, exact_intended, exact_q, intended_q),
+        representation_error=rep_error,
         rows=rows,
-        takeaways=takeaways(rows, storage, exact_stored, exact_intended, stored, desc, (exact_q, intended_q)),
+        takeaways=takeaways(rows, storage, exact_stored, exact_intended, stored, desc, rep_error),
         devices=plan.describe(),
         traces=traces,
     )
@@ -408,7 +409,7 @@ def _representation_error(exact_stored: float, exact_intended: float, stored_q, 
     return exact_stored - exact_intended
 
 
-def takeaways(rows, storage: Format, exact_stored, exact_intended, stored, desc, exact_qs=(None, None)) -> list[str]:
+def takeaways(rows, storage: Format, exact_stored, exact_intended, stored, desc, rep_error: float) -> list[str]:
     over = [r for r in rows if r["bound_kind"] == "overflow"]
     over_line = [] if not over else [
         f"Overflow in {', '.join(dict.fromkeys(r['accumulator'] for r in over))} "
@@ -420,7 +421,7 @@ def takeaways(rows, storage: Format, exact_stored, exact_intended, stored, desc,
             and r["bound_kind"] != "overflow"]
     if not done:
         return over_line or ["Every result is NaN: a NaN, or +inf beside -inf, in the input propagates through any sum."]
-    rep = abs(_representation_error(exact_stored, exact_intended, *exact_qs))
+    rep = abs(rep_error)
     worst = max(done, key=lambda r: r["abs_error"])
     best = min(done, key=lambda r: r["abs_error"])
     label = lambda r: f"{r['accumulator']} {r['variant']}" + (" (GPU)" if r["device"] == "cuda" else "")

@@ -23,6 +23,7 @@ import numpy as np
 
 from precisionlab.catalog import formats
 from precisionlab.errors import UsageError
+from precisionlab.experiments import op_harness
 from precisionlab.numerics import accumulators, compare as comparison
 
 LABEL_COST = "accumulator vs fp64"
@@ -112,7 +113,7 @@ def takeaways(rows: list[dict], skipped: list[str]) -> list[str]:
         if r["comparison"] == 5 and r["ratio"] is not None:
             cost = next(c for c in rows if c["comparison"] == 4 and c["device"] == r["device"]
                         and c["case"] == r["case"] and c["dtype"] == r["dtype"] and c["accumulator"] == r["accumulator"])
-            if r["case"] in ("random", "file") or r["flagged"]:
+            if r["case"] in op_harness.BASE_NAMES or r["flagged"]:
                 lines.append(f"{r['device']} {r['dtype']} {r['case']}: {r['accumulator']} costs rel L2 "
                              f"{cost['rel_l2']:.2e} against float64; yours is {r['rel_l2']:.2e} from it "
                              f"({r['ratio']:.2f}x), {r['identical_share']:.1%} of its outputs bit for bit.")

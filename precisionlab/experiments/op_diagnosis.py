@@ -50,6 +50,7 @@ import math
 
 import numpy as np
 
+from precisionlab.experiments import op_harness
 from precisionlab.numerics import compare as comparison
 
 GROWTH = 10.0            # eps, range, RoPE: a growth a relative rounding error does not show across the cases
@@ -144,7 +145,7 @@ def _exp_overflow(op, rows, feats, explained):
 
 def _base(feats: dict) -> str:
     """The case the others are measured against: the seeded random inputs, or a --from file's."""
-    return "file" if "file" in feats else "random"
+    return op_harness.FILE.name if op_harness.FILE.name in feats else op_harness.RANDOM.name
 
 
 def _magnitude_rule(rows, feats, explained, comparisons, towards_small: bool):

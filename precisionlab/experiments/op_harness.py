@@ -189,6 +189,7 @@ RANDOM = Case("random", "seeded normal inputs (times --scale)", lambda a, s, see
 FILE = Case("file", "the --from file's tensors (an argument it does not hold: seeded normal times --scale, "
             "to fit)", lambda a, s, seed: a)
 BASES = (RANDOM, FILE)
+BASE_NAMES = frozenset(c.name for c in BASES)
 
 
 def cases_for(op: str, from_file: bool = False) -> list[Case]:

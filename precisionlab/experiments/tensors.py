@@ -254,10 +254,6 @@ def max_ulps(d: np.ndarray, ref: np.ndarray, fmt) -> float:
 # --- the comparison ----------------------------------------------------------------------
 
 
-def _as64(x: np.ndarray, where: str) -> np.ndarray:
-    return inputs.as_float64(x, where)
-
-
 def _fmt(dtype_name: str, declared: str | None) -> str | None:
     if declared is not None:
         return declared
@@ -348,7 +344,7 @@ def _compare_all(cfg, files, maps, declared, plan, progress) -> tuple[list[dict]
         else:
             row["compared"] = True
             fmts = [_fmt(files[i].dtypes[maps[i][name]], declared[i]) for i in range(n_files)]
-            vals = [_as64(files[i].get(maps[i][name]), f"{files[i].path}: {maps[i][name]!r}") for i in range(n_files)]
+            vals = [inputs.as_float64(files[i].get(maps[i][name]), f"{files[i].path}: {maps[i][name]!r}") for i in range(n_files)]
             if n_files == 2:
                 row.update(pair_stats(vals[0], vals[1], fmts[0], fmts[1], cfg))
                 # overflow: the lower-precision side non-finite where the higher one is finite; on a tie
