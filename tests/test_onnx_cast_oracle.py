@@ -30,6 +30,9 @@ What each mode is held against:
   Format.round answers NaN for a value the format cannot hold, ONNX +-max for
   +-inf and -0 for NaN (ml_dtypes' cast), which is no rounding question.
 
+- FLOAT8E8M0 (the MX scale type): ONNX's Cast with round_mode down / up
+  against the library's FLOOR / CEIL block scales (see the test's comment).
+
 Independence: onnx 1.23's reference casts with ml_dtypes (astype, and
 np.clip before it when saturating), which Format.round also ends in, so the
 Format.round comparisons check the catalog's float64 -> float32 -> format
@@ -47,13 +50,13 @@ import pytest
 onnx = pytest.importorskip("onnx")
 pytest.importorskip("onnx.reference")
 
-from onnx import TensorProto, helper  # noqa: E402
-from onnx.reference import ReferenceEvaluator  # noqa: E402
+from onnx import TensorProto, helper
+from onnx.reference import ReferenceEvaluator
 
-from precisionlab import native  # noqa: E402
-from precisionlab.catalog import formats  # noqa: E402
-from precisionlab.native import blockscale  # noqa: E402
-from precisionlab.numerics import flash_attention  # noqa: E402
+from precisionlab import native
+from precisionlab.catalog import formats
+from precisionlab.native import blockscale
+from precisionlab.numerics import flash_attention
 
 FP8 = {"fp8_e4m3": "FLOAT8E4M3FN", "fp8_e5m2": "FLOAT8E5M2"}
 NARROW = {"fp6_e2m3": "FLOAT6E2M3", "fp6_e3m2": "FLOAT6E3M2", "fp4_e2m1": "FLOAT4E2M1"}
@@ -62,12 +65,12 @@ BLOCK_OF = {"fp8_e4m3": "mxfp8_e4m3", "fp8_e5m2": "mxfp8_e5m2", "fp6_e2m3": "mxf
             "fp6_e3m2": "mxfp6_e3m2", "fp4_e2m1": "mxfp4"}
 
 
-def onnx_cast(x: np.ndarray, onnx_type: str, saturate: int) -> np.ndarray:
+def onnx_cast(x: np.ndarray, onnx_type: str, saturate: int, **attrs) -> np.ndarray:
     """ONNX's reference Cast of float32 values, back as float64."""
     if not hasattr(TensorProto, onnx_type):
         pytest.skip(f"onnx {onnx.__version__} has no {onnx_type}")
     to = getattr(TensorProto, onnx_type)
-    node = helper.make_node("Cast", ["x"], ["y"], to=to, saturate=saturate)
+    node = helper.make_node("Cast", ["x"], ["y"], to=to, saturate=saturate, **attrs)
     graph = helper.make_graph([node], "cast", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [None])],
                               [helper.make_tensor_value_info("y", to, [None])])
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", onnx.defs.onnx_opset_version())])
@@ -176,3 +179,34 @@ def test_the_inputs_hold_the_corner_cases():
     for v in (464.0, 448.0 + 32.0, 2.0 ** -9, 2.0 ** -10, 3 * 2.0 ** -10, 1.0625, -0.0):
         assert v in x or (v == -0.0 and (np.signbit(x) & (x == 0)).any())
     assert np.isnan(x).any() and np.isposinf(x).any() and np.isneginf(x).any()
+
+
+# ONNX's FLOAT8E8M0 Cast (numpy_helper.to_float8e8m0: its own bit arithmetic
+# on the float32 exponent, no ml_dtypes rounding) against the MX scale rules:
+# FLOOR's scale is amax / 2^emax_elem cast with round_mode="down", CEIL's with
+# round_mode="up" (OCP v1.0's X = 2^(floor(log2 amax) - emax_elem), and its
+# ceil variant). amax / 2^emax_elem is exact in float32 while it is normal,
+# which the inputs keep to: for a subnormal ONNX's "up" reads the exponent
+# field 0 as 2^-127 and steps to 2^-126 (2^-149 -> 2^-126), where the smallest
+# e8m0 value at or above it is 2^-127: no rounding question of the library's.
+E8M0_MODE = {"floor": "down", "ceil": "up"}
+
+
+@pytest.mark.parametrize("rule", list(E8M0_MODE))
+@pytest.mark.parametrize("fmt", sorted(set(BLOCK_OF.values())))
+def test_mx_scale_is_onnx_e8m0_cast(fmt, rule):
+    emax = blockscale.block_formats()[fmt].element.emax
+    rng = np.random.default_rng(4)
+    lo, hi = -126 + emax, 127  # amax / 2^emax stays a normal float32
+    powers = np.exp2(np.arange(lo, hi + 1, dtype=np.float64)).astype(np.float32)
+    amax = np.concatenate([
+        powers, np.nextafter(powers, np.float32(0)), np.nextafter(powers, np.float32(np.inf)),
+        np.exp2(rng.uniform(lo, hi + 1, 5_000)).astype(np.float32), [0.0, np.finfo(np.float32).max]])
+    amax = amax[np.isfinite(amax) & ((amax == 0) | (amax >= 2.0 ** lo))].astype(np.float32)
+    ratio = (amax.astype(np.float64) * 2.0 ** -emax).astype(np.float32)  # exact: a power-of-two step, normal
+    assert np.array_equal(ratio.astype(np.float64) * 2.0 ** emax, amax.astype(np.float64))
+    want = onnx_cast(ratio, "FLOAT8E8M0", 1, round_mode=E8M0_MODE[rule])
+    want_codes = np.log2(want) + 127  # e8m0's value 2^(code - 127); it holds no zero (code 0 is 2^-127)
+    q = blockscale.blockscale_quantize_cpu(amax, fmt, rule, block=1)  # one element a block: its |x| is amax
+    bad = np.flatnonzero(q.scales != want_codes)
+    assert bad.size == 0, [(float(amax[i]), int(q.scales[i]), float(want_codes[i])) for i in bad[:5]]
