@@ -60,6 +60,8 @@ def test_defaults_are_those_of_a_torch_model_that_offers_nothing_extra():
     with pytest.raises(NotSupported, match="attention mask"):
         e.forward_batch(None, [[1]], attention_mask=[[1]])
     assert e.forward_batch(None, "ids") == "ids"  # a plain batch is forward's
+    with pytest.raises(UsageError, match="^bare: computes in fp32, bf16, fp16, fp64, not fp8_e4m3$"):
+        e.model("fp8_e4m3")  # refused before the (absent) model is copied
     with pytest.raises(NotSupported):
         e.capture_layers([1, 2])
     with pytest.raises(NotSupported):

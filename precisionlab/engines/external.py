@@ -72,7 +72,7 @@ class ExternalEngine(Engine):
         raise NotImplementedError
 
     def model(self, dtype: str):
-        if dtype != "fp32":
+        if dtype not in self.compute_dtypes:
             raise UsageError(f"{self.name}: computes in the settings it was opened with; --dtypes {dtype} does "
                              "not apply (compare model --engine SPEC --reference SPEC compares two engines)")
         return None

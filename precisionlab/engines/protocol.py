@@ -155,6 +155,8 @@ class Engine(ABC):
         """A copy of the model computing in `dtype` (a catalog name: fp32, bf16, fp16)."""
         from precisionlab.catalog import formats
 
+        if dtype not in self.compute_dtypes:
+            raise UsageError(f"{self.name}: computes in {', '.join(self.compute_dtypes)}, not {dtype}")
         return copy.deepcopy(self.base).to(formats.get(dtype).torch_dtype)
 
     @abstractmethod
