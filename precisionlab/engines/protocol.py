@@ -22,6 +22,7 @@ from collections.abc import Callable, Mapping
 
 import numpy as np
 
+from precisionlab.catalog import formats
 from precisionlab.errors import RunError, UsageError
 
 # A KV-cache hook: layer index -> (keys, values) -> (keys, values) as the cache
@@ -87,7 +88,7 @@ class Engine(ABC):
     batches: bool = False         # forward_batch takes a left-padded batch (attention mask, position ids)
     forks: bool = False           # fork() copies a KV cache
     echoes_prompt: bool = False   # its top-k rows came from one echo of the prompt (checked against the echo)
-    compute_dtypes: tuple[str, ...] = ("fp32", "bf16", "fp16", "fp64")  # what model(dtype) takes; an engine
+    compute_dtypes: tuple[str, ...] = (*formats.COMPUTE, "fp64")  # what model(dtype) takes; an engine
     #                               that computes only as it was opened: ("fp32",), model("fp32") being that
 
     # --- before anything is loaded (classmethods: no torch, no weights) --------------------
@@ -153,8 +154,6 @@ class Engine(ABC):
 
     def model(self, dtype: str):
         """A copy of the model computing in `dtype` (a catalog name: fp32, bf16, fp16)."""
-        from precisionlab.catalog import formats
-
         if dtype not in self.compute_dtypes:
             raise UsageError(f"{self.name}: computes in {', '.join(self.compute_dtypes)}, not {dtype}")
         return copy.deepcopy(self.base).to(formats.get(dtype).torch_dtype)
