@@ -192,7 +192,7 @@ def parse_formats(cfg: AccumulateConfig) -> tuple[Format, list[Format]]:
     """--dtype (any catalog format) and --accumulators (those with a pl_format
     code; fp4/fp6 are storage only), aliases taken."""
     storage = formats.get(formats.parse_one(cfg.dtype, STORAGE_DTYPES, "--dtype"))
-    names = formats.parse_list(cfg.accumulators, ACCUMULATORS, "--accumulators", DEFAULT_ACCUMULATORS)
+    names = formats.parse_list(cfg.accumulators, ACCUMULATORS, "--acc-dtypes", DEFAULT_ACCUMULATORS)
     return storage, [formats.get(n) for n in names]
 
 

@@ -225,7 +225,7 @@ def run_model(cfg: MetricsConfig, advance=lambda k=1: None) -> LogitsResult:
     vocab = engine.info()["vocab"]
     per_batch = max(1, min(n // window or 1, WORKING_BYTES // (10 * 8 * window * max(vocab, 1))))
     save_bytes = sum(n * vocab * (8 if (d != "fp32" and sigma) else 4) for d in saves)
-    inputs.check_memory(save_bytes + per_batch * window * vocab * 8 * 10 * (1 + len(lows)), "compare model --metrics")
+    inputs.check_memory(save_bytes + per_batch * window * vocab * 8 * 10 * (1 + len(lows)), "compare metrics")
     models = {d: engine.model(d) for d in dict.fromkeys(["fp32", *lows])}
     t_load = time.perf_counter() - t0
 
@@ -279,7 +279,7 @@ def run_model(cfg: MetricsConfig, advance=lambda k=1: None) -> LogitsResult:
               "inject": [str(s) for s in cfg.inject], "noise_sigma": sigma, "saved": saves}
     failures = gate_failures(rows, cfg.max_kld, cfg.min_top1)
     failures += [overflow_failure(r["dtype"], r, "fp32") for r in rows if r["nonfinite_positions"]]
-    return LogitsResult("compare model --metrics", params, engine.info(), rows, {d: stats[d].kl for d in lows}, failures,
+    return LogitsResult("compare metrics", params, engine.info(), rows, {d: stats[d].kl for d in lows}, failures,
                         takeaways(rows), {"load_s": t_load, "run_s": t_run, "run_cpu_s": c_run,
                                                  "torch_threads": used_threads})
 
