@@ -92,7 +92,7 @@ def _models(tmp_path: Path):
 
 def _layers_models(tmp_path: Path):
     pytest.importorskip("transformers")
-    return [(["compare", "model", "--model", folder, "--layers", "--steps", "8", "--prompt", "the cat sat", "--json"],
+    return [(["compare", "layers", "--model", folder, "--steps", "8", "--prompt", "the cat sat", "--json"],
              engine_shape.compare_layers_for(folder, 8, "the cat sat"))
             for folder in (_tiny_qwen(tmp_path, h) for h in (128, 256, 512))]
 
@@ -159,8 +159,8 @@ def _families(tmp_path: Path):
         "attention": [(["attention", "--seq", str(n), "--rows", "16", "--std", "1", "--json"],
                        memory.attention(16, n, 128, 128, 256, 0)) for n in (32768, 65536, 131072)],
         "compare model": lambda: _models(tmp_path),
-        "compare model --layers": lambda: _layers_models(tmp_path),
-        "compare model --layers (embedded)": [(["compare", "model", "--layers", "--steps", str(s), "--json"],
+        "compare layers": lambda: _layers_models(tmp_path),
+        "compare model --layers (embedded)": [(["compare", "layers", "--steps", str(s), "--json"],
                                                engine_shape.compare_layers_for(None, s, "ROMEO:\n")) for s in (100, 300, 600)],
         "kvcache --model": lambda: _kvcache_models(tmp_path),
         "kvcache": _kvcache_embedded,
@@ -185,7 +185,7 @@ def _tensor_pair(tmp_path: Path, n: int) -> list[str]:
 # its 128 case grew 37, 85 or 98 MiB as the allocator happened to reuse that.
 GROUPS = [["softmax", "softmax --from"], ["softmax long rows", "softmax --from long rows"], ["nondeterminism"],
           ["nondeterminism sections"], ["tf32"], ["tf32 --sweep-mn"], ["bench"],
-          ["compare op matmul", "compare op softmax"], ["compare model"], ["compare model --layers"],
+          ["compare op matmul", "compare op softmax"], ["compare model"], ["compare layers"],
           ["compare model --layers (embedded)"], ["compare tensors"],
           ["kvcache --model"], ["kvcache"], ["attention"]]
 
@@ -211,7 +211,7 @@ FIRST_USE = {"softmax": memory.softmax(0, 0), "softmax --from": memory.softmax(0
              "tf32": memory.tf32(0, 0, 0, None), "tf32 --sweep-mn": memory.BLAS_FIXED, "bench": memory.bench_cpu(0),
              "compare op softmax": memory.COMPARE_FIXED, "compare op matmul": memory.COMPARE_FIXED,
              "compare model": memory.MODEL_FIXED["hf"], "compare tensors": 0,
-             "compare model --layers": memory.LAYERS_FIXED["hf"],
+             "compare layers": memory.LAYERS_FIXED["hf"],
              "compare model --layers (embedded)": memory.LAYERS_FIXED["embedded"],
              "attention": memory.COMPARE_FIXED,
              "kvcache --model": memory.KVCACHE_FIXED["hf"], "kvcache": memory.KVCACHE_FIXED["embedded"]}
