@@ -65,6 +65,7 @@ def test_every_verb_alias_names_a_registered_command():
     (["softmax", "--values", "1", "--", "--dtype"], ["softmax", "--values", "1", "--", "--dtype"]),
     (["accumulate", "--device=auto"], ["accumulate", "--device=all"]),
     (["compare", "model", "--steps", "2"], ["compare", "model", "--steps", "2"]),
+    (["kvcache", "--device", "auto"], ["kvcache", "--device", "all"]),
     (["compare", "metrics", "--device", "auto"], ["compare", "metrics", "--device", "auto"]),  # a model command's auto
 ])
 def test_rewrite(argv, want):

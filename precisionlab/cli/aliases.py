@@ -60,6 +60,10 @@ DEVICE_AUTO = Alias((), "--device auto", "--device all", "value", renamed="--dev
                     example=("accumulate", "--n", "100", "--device", "auto"))
 
 
+# kvcache runs on every device asked for, as the kernel commands do, but defaults to the CPU alone.
+ALL_DEVICES_TOO = {("kvcache",)}
+
+
 def _trigger(alias: Alias) -> tuple[str, ...]:
     return _TRIGGERS.get(alias.old, (alias.old.split()[-1],))
 
@@ -103,7 +107,7 @@ def rewrite(argv: list[str], flags: set[str], kernel_commands: set[tuple[str, ..
     for alias in ALIASES:
         if alias.kind == "option" and tuple(args[:len(alias.command)]) == alias.command:
             args = _option(args, alias, flags, notices)
-    command = next((c for c in kernel_commands if tuple(args[:len(c)]) == c), None)
+    command = next((c for c in kernel_commands | ALL_DEVICES_TOO if tuple(args[:len(c)]) == c), None)
     if command is not None:
         args = _value(args, len(command), DEVICE_AUTO, flags, notices)
     return args, notices

@@ -24,8 +24,9 @@ def command(
     steps: Annotated[int, typer.Option("--steps", help="Greedy steps.")] = 50,
     prompt: Annotated[str, typer.Option("--prompt", help="Prompt text.")] = DEFAULT_PROMPT,
     model: ModelOpt = DEFAULT_SPEC,
-    device: Annotated[str, typer.Option("--device", help="cpu (the default for a model run, unlike the other "
-                                        "commands) | cuda | auto (CPU, plus GPU where present) | all.")] = "cpu",
+    device: Annotated[str, typer.Option("--device", help="cpu (the default for a model run, unlike the kernel "
+                                        "commands) | cuda | all (the CPU, plus the GPU where present: a table "
+                                        "each). auto, the old spelling of all here, still works this release.")] = "cpu",
     seed: SeedOpt = 0,
     json_out: JsonOpt = False,
 ):

@@ -138,7 +138,7 @@ def run(cfg: AccumulateConfig, advance=lambda k=1: None) -> AccumulateResult:
     rep_error = _representation_error(exact_stored, exact_intended, exact_q, intended_q)
     return AccumulateResult(
         params={"dtype": storage.name, "n": int(stored.size), "input": desc, "variants": methods,
-                "accumulators": [a.name for a in accumulators], "device": cfg.device, "seed": cfg.seed},
+                "acc_dtypes": [a.name for a in accumulators], "device": cfg.device, "seed": cfg.seed},
         storage=storage.name,
         n=int(stored.size),
         input_desc=desc,
