@@ -17,7 +17,7 @@ def command(
     steps: StepsOpt = DEFAULT_STEPS,
     prompt: PromptOpt = DEFAULT_PROMPT,
     dtypes: Annotated[Optional[str], typer.Option("--dtypes", help="Precisions the contracts run in: "
-                                                  f"{format_names(formats.COMPUTE)} (default fp32,bf16).",
+                                                  f"{format_names(formats.COMPUTE)} (default fp32,{formats.LOW_COMPUTE[0]}).",
                                                   show_default=False)] = None,
     chunks: Annotated[Optional[list[int]], typer.Option("--chunks", help="Chunk sizes beyond 1, 7, 64; "
                                                         "repeatable.")] = None,
@@ -34,7 +34,7 @@ def command(
     from precisionlab.report import contracts as contracts_report
     from precisionlab.report.output import Output
 
-    early_checks(model=model, prompt=prompt, threads=threads)
+    early_checks(model=model, threads=threads)
     cfg = cexp.ContractsConfig(model=model, steps=steps, prompt=prompt,
                                **({} if dtypes is None else {"dtypes": dtypes}),
                                chunks=cexp.sizes(chunks or [], cexp.CHUNKS, "--chunks"),

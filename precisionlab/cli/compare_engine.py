@@ -7,7 +7,7 @@ from typing import Annotated, Optional
 import typer
 
 from precisionlab.cli.model_options import (DEFAULT_PROMPT, DEFAULT_STEPS, MaxKldOpt, MinTop1Opt, ModelDeviceOpt,
-                                            PromptOpt, StepsOpt, TextOpt, early_checks)
+                                            PromptOpt, StepsOpt, TextOpt)
 from precisionlab.cli.options import JsonOpt, seed_in_range
 from precisionlab.errors import UsageError
 
@@ -40,7 +40,6 @@ def command(
     from precisionlab.report import engines as engines_report
     from precisionlab.report.output import Output
 
-    early_checks(prompt=prompt)
     if not engine:
         raise UsageError("compare engine needs --engine SPEC")
     cfg = eexp.EnginesConfig(engines=engine, reference=reference, text=text,

@@ -58,7 +58,7 @@ def command(
     from precisionlab.report import layers as layers_report
     from precisionlab.report.plots import check_plot_path
 
-    early_checks(model=model, prompt=prompt)
+    early_checks(model=model)
     plot = check_plot_path(plot, spec_paths(("--model", model)))
     cfg = lexp.LayersConfig(model=model, steps=steps, prompt=prompt, dtypes=dtypes, device=device, seed=seed,
                             inject=inject or [], dump=dump)
@@ -76,7 +76,6 @@ def _pair(ctx, model, engine, reference, inject, dump, steps, prompt, dtypes, de
     from precisionlab.report import layers_pair as report
     from precisionlab.report.output import Output
 
-    early_checks(prompt=prompt)
     if engine and len(engine) > 1:
         raise UsageError("compare layers --engine takes one engine (YOURS); repeat the run for another")
     engine = engine[0] if engine else None

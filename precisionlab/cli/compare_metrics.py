@@ -7,8 +7,8 @@ from typing import Annotated, Optional
 import typer
 
 from precisionlab.catalog import formats
-from precisionlab.cli.model_options import (DEFAULT_SPEC, LowDtypesOpt, MaxKldOpt, MinTop1Opt, ModelDeviceOpt,
-                                            PlotOpt, TextOpt, early_checks, spec_paths)
+from precisionlab.cli.model_options import (DEFAULT_SPEC, MaxKldOpt, MinTop1Opt, ModelDeviceOpt,
+                                            TextOpt, early_checks, spec_paths)
 from precisionlab.cli.options import JsonOpt, ModelOpt, SeedOpt, format_names
 
 DEFAULT_DTYPES = format_names(formats.LOW_COMPUTE, ",")

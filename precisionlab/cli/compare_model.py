@@ -36,7 +36,7 @@ def command(
     from precisionlab.report.output import Output
     from precisionlab.report.plots import check_plot_path
 
-    early_checks(model=model, prompt=prompt, threads=threads)
+    early_checks(model=model, threads=threads)
     plot = check_plot_path(plot, spec_paths(("--model", model)))
     cfg = exp.ModelConfig(model=model, steps=steps, prompt=prompt, dtypes=dtypes, device=device, seed=seed,
                           threads=threads)

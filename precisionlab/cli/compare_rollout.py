@@ -42,7 +42,7 @@ def command(
     from precisionlab.report.output import Output
     from precisionlab.report.plots import check_plot_path
 
-    early_checks(prompt=prompt, threads=threads)
+    early_checks(threads=threads)
     if trainer is None or rollout is None:
         raise UsageError("--trainer and --rollout come together: give both engine specs")
     plot = check_plot_path(plot, spec_paths(("--trainer", trainer), ("--rollout", rollout)))

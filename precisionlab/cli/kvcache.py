@@ -36,10 +36,7 @@ def command(
     from precisionlab.report import kvcache
     from precisionlab.report.output import Output
 
-    from precisionlab.io import inputs
-
-    check_model(model)
-    inputs.check_text(prompt, "--prompt")
+    check_model(model)  # the steps and the prompt: the run's start-up (experiments/startup.py)
     out = Output(kvcache, json_out)
     cfg = exp.KVCacheConfig(dtypes=dtypes, scales=scales, activation_scale=activation_scale, steps=steps,
                             prompt=prompt, device=device, seed=seed, model=model)

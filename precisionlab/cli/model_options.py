@@ -23,14 +23,11 @@ LowDtypesOpt = Annotated[str, typer.Option("--dtypes", help="Low precisions agai
                                            f"{format_names(formats.LOW_COMPUTE)}.")]
 ModelDeviceOpt = Annotated[str, typer.Option("--device", help="cpu (the default for a model run, unlike the kernel "
                                              "commands) | cuda | auto (the GPU where present, else the CPU).")]
-PlotOpt = Annotated[Optional[str], typer.Option("--plot", help="Write the run's plot to this file (.png, .svg, "
-                                                ".pdf, ...).")]
 TextOpt = Annotated[Optional[str], typer.Option("--text", help="A UTF-8 text file, teacher-forced (default: the "
                                                 "held-out part of the shipped Shakespeare text).")]
 MaxKldOpt = Annotated[Optional[float], typer.Option("--max-kld", help="Exit 1 when a mean KLD is above this.")]
 MinTop1Opt = Annotated[Optional[float], typer.Option("--min-top1", help="Exit 1 when a top-1 agreement (%) is "
                                                      "below this.")]
-ReferenceOpt = Annotated[Optional[str], typer.Option("--reference", help="The reference model's spec, run in fp32.")]
 
 
 def spec_paths(*specs: tuple[str, str | None]) -> list[tuple[str, str | None]]:
@@ -46,17 +43,15 @@ def spec_paths(*specs: tuple[str, str | None]) -> list[tuple[str, str | None]]:
     return out
 
 
-def early_checks(model: str | None = None, prompt: str | None = None, threads: int | None = None,
-                 model_option: str = "--model") -> None:
-    """What a model verb refuses before anything slow starts (exit 2, torch not
-    imported): --threads in range, the prompt UTF-8 text, the spec's engine known."""
+def early_checks(model: str | None = None, threads: int | None = None, model_option: str = "--model") -> None:
+    """What a model verb refuses before an output path is checked (exit 2,
+    torch not imported): --threads in range, the spec's engine known. The
+    steps and the prompt are the run's start-up's (experiments/startup.py)."""
     from precisionlab.cli.options import check_model
     from precisionlab.io import inputs
     from precisionlab.runtime import threads as threads_mod
 
     threads_mod.check(threads)
-    if prompt is not None:
-        inputs.check_text(prompt, "--prompt")
     if model is not None:
         inputs.check_given(model, model_option)
         check_model(model)

@@ -32,8 +32,8 @@ def command(
     from precisionlab.report import endpoint as ep_report
     from precisionlab.report.output import Output
 
-    for i, text in enumerate([prompt, *(other_prompts or [])]):
-        inputs.check_text(text, "--prompt" if i == 0 else "--other-prompts")
+    for text in other_prompts or []:  # --prompt: the run's start-up (experiments/startup.check_prompt)
+        inputs.check_text(text, "--other-prompts")
     cfg = ep.EndpointConfig(url=url, prompt=prompt, mix=mix, other_prompts=list(other_prompts or []),
                             served_model=served_model,
                             **{k: v for k, v in (("requests", requests), ("concurrency", concurrency),

@@ -21,12 +21,13 @@ import numpy as np
 
 from precisionlab.engines import protocol
 from precisionlab.engines.openai import ECHO
-from precisionlab.engines.registry import DEFAULT_PROMPT, model_device, open_engine
+from precisionlab.engines.registry import DEFAULT_PROMPT, open_engine
 from precisionlab.errors import RunError, UsageError
 from precisionlab.experiments import logits as lexp
+from precisionlab.experiments import startup
 from precisionlab.numerics import distribution
 from precisionlab.numerics.metrics import exact_mean
-from precisionlab.runtime import torch_flags
+from precisionlab.runtime import memory
 
 DEFAULT_TOKENS = 512  # the engines re-run whole windows; 512 positions take seconds on a tiny model
 
@@ -147,19 +148,31 @@ def _top_k_row(spec, eng, ref, ref_model, ids, targets, n, device, advance) -> d
             "top1_agree_pct": 100.0 * int(a.sum()) / a.size, "greedy_steps": 0, "engine_s": time.perf_counter() - t1}
 
 
-def run(cfg: EnginesConfig, advance=lambda k=1: None) -> EnginesResult:
-    import torch
+def _estimate(shapes: list, tokens: int) -> int:
+    """runtime/memory.compare_engine from the reference's shape and the engines'; 0 where the reference's
+    cannot be read (its loader's own error follows)."""
+    if shapes[0] is None:
+        return 0
+    return memory.compare_engine(shapes[0], shapes[1:], tokens)
 
+
+def run(cfg: EnginesConfig, advance=lambda k=1: None) -> EnginesResult:
     lexp.check_gates(cfg.max_kld, cfg.min_top1)
     if cfg.tokens <= 0:
         raise UsageError(f"--tokens must be > 0 (got {cfg.tokens})")
-    if cfg.steps < 0:
-        raise UsageError(f"--steps must be >= 0 (got {cfg.steps})")
+    startup.check_run(cfg.steps, cfg.prompt, zero_steps_ok=True)
     text = lexp.read_text(cfg.text) if cfg.text else lexp.default_text()
     source = f"--text {cfg.text!r}" if cfg.text else "the held-out Shakespeare text"
-    device = model_device(cfg.device)
+    device = startup.device(cfg.device)
     t0 = time.perf_counter()
     ref_spec, ref_from = default_reference(cfg.reference, cfg.engines)
+    # every engine's memory, the reference's and the largest engine's, before any of them loads: they are
+    # then opened one after another
+    startup.check_memory([startup.Load(s, device, cfg.steps, cfg.prompt) for s in (ref_spec, *cfg.engines)],
+                         lambda shapes: _estimate(shapes, cfg.tokens),
+                         f"compare engine --reference {ref_spec} --tokens {cfg.tokens}")
+    import torch
+
     ref = open_engine(ref_spec, device)
     ref_model = ref.model("fp32")
     ids = lexp.token_ids(ref, text, cfg.tokens + 1, source)
@@ -167,7 +180,7 @@ def run(cfg: EnginesConfig, advance=lambda k=1: None) -> EnginesResult:
     targets = np.asarray(ids[1:], dtype=np.int64)
     n = cfg.tokens
     rows, failures = [], []
-    with torch_flags.ieee_fp32(), torch.no_grad():
+    with startup.numerics(), torch.no_grad():
         ref_tokens, ref_rows = _greedy(ref, ref_model, prompt_ids, cfg.steps)
         ref_windows: dict[tuple[int, int], np.ndarray] = {}
         for spec in cfg.engines:
