@@ -187,7 +187,7 @@ def test_memory_is_estimated_before_the_model_is_opened(monkeypatch):
     seen = []
     monkeypatch.setattr(inputs, "memory_limit", lambda: 1 << 20)
     monkeypatch.setattr(memory, "compare_layers", lambda *a, **k: seen.append(k) or (2 << 20))
-    with pytest.raises(UsageError, match=r"compare model --layers --model embedded --steps 3 needs about 2 MiB"):
+    with pytest.raises(UsageError, match=r"compare layers --model embedded --steps 3 needs about 2 MiB"):
         lexp.run(lexp.LayersConfig(steps=3, dtypes="bf16"))
     assert seen == [{"dump": False}]
     monkeypatch.undo()

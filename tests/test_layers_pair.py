@@ -320,7 +320,7 @@ def test_memory_is_estimated_from_both_models_before_either_loads():
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=ROOT)
     err = r.stderr.strip()
     assert r.returncode == 2 and len(err.splitlines()) == 1 and not r.stdout, (r.returncode, r.stderr)
-    assert "compare model --layers --reference embedded" in err and "needs about 83 MiB of memory, 50 MiB" in err, err
+    assert "compare layers --reference embedded" in err and "needs about 83 MiB of memory, 50 MiB" in err, err
 
 
 def test_the_pair_estimate_counts_yours_weights_and_each_low_dtype():
