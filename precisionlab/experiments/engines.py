@@ -25,6 +25,7 @@ from precisionlab.engines.registry import DEFAULT_PROMPT, open_engine
 from precisionlab.errors import RunError, UsageError
 from precisionlab.experiments import logits as lexp
 from precisionlab.experiments import startup
+from precisionlab.experiments.startup import default_reference, token_check  # noqa: F401 (their home before)
 from precisionlab.numerics import distribution
 from precisionlab.numerics.metrics import exact_mean
 from precisionlab.runtime import memory
@@ -53,44 +54,6 @@ class EnginesResult:
     failures: list[str]
     takeaways: list[str] = field(default_factory=list)
     timing: dict = field(default_factory=dict)
-
-
-def token_check(ref_ids: list[int], eng_ids: list[int] | None, name: str) -> str:
-    """'identical', 'bos shift (...)' or 'none (...)'; a mismatch is a RunError
-    naming where. eng_ids may run longer than ref_ids (a prefix was asked for)."""
-    n = len(ref_ids)
-    if eng_ids is None:
-        return "none (the engine has no tokenizer; it reads the reference's ids)"
-    if eng_ids[:n] == ref_ids:
-        return "identical"
-    if eng_ids[1:n + 1] == ref_ids and (not ref_ids or eng_ids[0] != ref_ids[0]):
-        return f"bos shift (the engine prepends id {eng_ids[0]}; left out so both read the same tokens)"
-    at = next((i for i, (a, b) in enumerate(zip(ref_ids, eng_ids)) if a != b), min(n, len(eng_ids)))
-    raise RunError(f"{name}: its tokenizer differs from the reference's at token {at} "
-                   f"(reference {ref_ids[at:at + 4]}, engine {eng_ids[at:at + 4]}); the two models do not read "
-                   "the same text")
-
-
-def default_reference(given: str | None, engines: list[str]) -> tuple[str, str]:
-    """(REF's spec, where it came from): --reference as given; else the source
-    the engines' export recorded (engines/export.recorded_source; engines
-    recording different sources need --reference); else the embedded model."""
-    from precisionlab.engines.export import recorded_source
-    from precisionlab.engines.registry import DEFAULT_SPEC
-
-    if given is not None:
-        return given, "given"
-    found = {}
-    for spec in engines:
-        src = recorded_source(spec)
-        if src is not None:
-            found.setdefault(src, spec)
-    if len(found) > 1:
-        raise UsageError("the engines were exported from different models ("
-                         + "; ".join(f"{e!r} from {s!r}" for s, e in found.items()) + "); give --reference")
-    if found:
-        return next(iter(found)), "recorded in the export"
-    return DEFAULT_SPEC, "the default (the embedded model)"
 
 
 def shifted_max_abs(ref: np.ndarray, low: np.ndarray) -> float:

@@ -88,13 +88,11 @@ def check_specs(yours: str | None, reference: str | None, as_engine: bool):
 
 
 def run(cfg: PairConfig, advance=lambda k=1: None) -> PairResult:
-    from precisionlab.experiments.engines import default_reference
-
     startup.check_run(cfg.steps, cfg.prompt)
     lows = startup.parse_dtypes(cfg.dtypes, formats.LOW_COMPUTE)
     yours_spec = cfg.engine or cfg.model
     ycls = check_specs(yours_spec, cfg.reference, bool(cfg.engine))
-    ref_spec, ref_note = default_reference(cfg.reference, [cfg.engine] if cfg.engine else [])
+    ref_spec, ref_note = startup.default_reference(cfg.reference, [cfg.engine] if cfg.engine else [])
     _module_engine(ref_spec, "--reference")
     external = hasattr(ycls, "capture_layers")
     device = startup.device(cfg.device)
@@ -128,8 +126,6 @@ def _hf_named(ref_spec: str, external: bool):
 def _run(cfg, lows, yours_spec, run_spec, ref_spec, ref_note, external, device, advance) -> PairResult:
     import torch
 
-    from precisionlab.experiments.engines import token_check
-
     torch.manual_seed(cfg.seed)
     t0 = time.perf_counter()
     ref, yours = startup.open_engines(
@@ -144,7 +140,7 @@ def _run(cfg, lows, yours_spec, run_spec, ref_spec, ref_note, external, device, 
     with startup.numerics(), torch.no_grad(), single.threads_for(ref.base):
         ref_tokens, _ = greedy(ref, ref.base, prompt, cfg.steps)
         ids = (prompt + ref_tokens)[:-1]
-        notes.append("tokens: " + token_check(ids, _encoded(yours, ref, ids), str(yours_spec)))
+        notes.append("tokens: " + startup.token_check(ids, _encoded(yours, ref, ids), str(yours_spec)))
         x = torch.tensor([ids], device=device)
         ref_sites = ref.sites(ref.base)
         cap32 = single.captured_run(ref, ref.base, ref_sites, x)

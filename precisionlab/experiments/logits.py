@@ -200,7 +200,8 @@ def estimate(shape, tokens: int, lows: list[str], saves: dict, sigma: float) -> 
     return memory.compare_metrics(shape, tokens, len(lows), window, WORKING_BYTES, save_bytes)
 
 
-def run_model(cfg: MetricsConfig, advance=lambda k=1: None) -> LogitsResult:
+def _check_options(cfg: MetricsConfig) -> tuple[list[str], float, dict]:
+    """Every option refused before anything loads (exit 2): (the low dtypes, the noise sigma, the saves)."""
     from precisionlab.engines import inject
 
     lows = startup.parse_dtypes(cfg.dtypes, DTYPES)
@@ -223,6 +224,11 @@ def run_model(cfg: MetricsConfig, advance=lambda k=1: None) -> LogitsResult:
         check_output_path(cfg.plot, "--plot", read)
         if os.path.realpath(cfg.plot) in {os.path.realpath(p) for p in saves.values()}:
             raise UsageError("--plot and --save-logits name the same file")
+    return lows, sigma, saves
+
+
+def run_model(cfg: MetricsConfig, advance=lambda k=1: None) -> LogitsResult:
+    lows, sigma, saves = _check_options(cfg)
     text = read_text(cfg.text) if cfg.text else default_text()
     source = f"--text {cfg.text!r}" if cfg.text else "the held-out Shakespeare text"
 

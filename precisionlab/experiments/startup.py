@@ -9,6 +9,9 @@ engines' shapes before any weight is read (exit 2 when it does not fit);
 then the work runs with IEEE fp32 set explicitly and torch's threads sized
 for it (`numerics`).
 
+And for a run of two models: which reference it opens (default_reference)
+and whether both read the same tokens (token_check).
+
 Not one of the commands: experiments/ imports it as a helper of them all
 (the "commands stand alone" contract lists the commands only).
 """
@@ -21,7 +24,7 @@ from typing import Callable, Sequence
 
 from precisionlab.catalog import formats
 from precisionlab.engines import registry
-from precisionlab.errors import UsageError
+from precisionlab.errors import RunError, UsageError
 from precisionlab.io import inputs
 
 GREEDY = "greedy decoding needs at least one token to start from"
@@ -106,6 +109,43 @@ def open_engine(spec: str | None, device: str, steps: int, prompt: str, estimate
     """One engine under estimate(shape): its shape's bytes (a None shape: 0, the engine cannot tell)."""
     return open_engines([Load(spec, device, steps, prompt)],
                         lambda s: 0 if s[0] is None else estimate(s[0]), what)[0]
+
+
+def token_check(ref_ids: list[int], eng_ids: list[int] | None, name: str) -> str:
+    """'identical', 'bos shift (...)' or 'none (...)'; a mismatch is a RunError
+    naming where. eng_ids may run longer than ref_ids (a prefix was asked for)."""
+    n = len(ref_ids)
+    if eng_ids is None:
+        return "none (the engine has no tokenizer; it reads the reference's ids)"
+    if eng_ids[:n] == ref_ids:
+        return "identical"
+    if eng_ids[1:n + 1] == ref_ids and (not ref_ids or eng_ids[0] != ref_ids[0]):
+        return f"bos shift (the engine prepends id {eng_ids[0]}; left out so both read the same tokens)"
+    at = next((i for i, (a, b) in enumerate(zip(ref_ids, eng_ids)) if a != b), min(n, len(eng_ids)))
+    raise RunError(f"{name}: its tokenizer differs from the reference's at token {at} "
+                   f"(reference {ref_ids[at:at + 4]}, engine {eng_ids[at:at + 4]}); the two models do not read "
+                   "the same text")
+
+
+def default_reference(given: str | None, engines: list[str]) -> tuple[str, str]:
+    """(REF's spec, where it came from): --reference as given; else the source
+    the engines' export recorded (engines/export.recorded_source; engines
+    recording different sources need --reference); else the embedded model."""
+    from precisionlab.engines.export import recorded_source
+
+    if given is not None:
+        return given, "given"
+    found = {}
+    for spec in engines:
+        src = recorded_source(spec)
+        if src is not None:
+            found.setdefault(src, spec)
+    if len(found) > 1:
+        raise UsageError("the engines were exported from different models ("
+                         + "; ".join(f"{e!r} from {s!r}" for s, e in found.items()) + "); give --reference")
+    if found:
+        return next(iter(found)), "recorded in the export"
+    return registry.DEFAULT_SPEC, "the default (the embedded model)"
 
 
 @contextmanager
