@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Builds llama.cpp's `llama-server` and `llama-perplexity` (and nothing else)
 # from the llama.cpp that llama-cpp-python's sdist vendors, so the tests of
-# `nondeterminism --endpoint` and of `compare logits` on a --kl-divergence-base
+# `nondeterminism endpoint` and of `compare logits` on a --kl-divergence-base
 # file run against the same llama.cpp sources as the llamacpp engine.
 #
 #   scripts/build_llama_tools.sh            (make llama-tools)

@@ -1,6 +1,6 @@
 """Measure docs/engines.md's tables on this machine: the embedded model
 exported into every engine format, every setting run through the real CLI
-(`precisionlab compare model --engine SPEC --reference hf:HF_EXPORT --json`),
+(`precisionlab compare engine --engine SPEC --reference hf:HF_EXPORT --json`),
 and the markdown written between the doc's `engines_table` markers.
 
     .venv/bin/python scripts/engines_table.py                 # all formats, rewrite docs/engines.md
@@ -13,8 +13,8 @@ the settings of each are SETTINGS below. The exported files go to a temporary
 folder (--work DIR keeps them). Needs precisionlab[engines].
 
 Against two yardsticks: the reference is the Hugging Face fp32 run of the
-`--to hf` export; HF bf16 is the same folder run in bf16 (`compare model
---metrics --dtypes bf16`), and "÷ bf16" is an engine's mean KLD over HF bf16's:
+`--to hf` export; HF bf16 is the same folder run in bf16 (`compare
+metrics --dtypes bf16`), and "÷ bf16" is an engine's mean KLD over HF bf16's:
 below 1, the engine departs less than computing in bf16 does. Then each engine
 against itself: opened twice, and at two thread counts and batch settings
 (`--reference SPEC_A --engine SPEC_B`): bit-identical or by how much.
@@ -101,7 +101,7 @@ def exported(work: Path, fmt: str) -> str:
 def compare(specs: list[str], reference: str) -> dict[str, dict | str]:
     """Each spec's row, or the one line its refusal printed: the specs in one
     run (the reference computed once), each alone where that run failed."""
-    base = ["compare", "model", "--reference", reference, "--tokens", str(TOKENS), "--steps", str(STEPS)]
+    base = ["compare", "engine", "--reference", reference, "--tokens", str(TOKENS), "--steps", str(STEPS)]
     code, doc, _ = cli(*base, *[a for s in specs for a in ("--engine", s)])
     if code == 0:
         return {r["engine_spec"]: r for r in doc["rows"]}
@@ -117,10 +117,10 @@ def yardstick(hf: str, work: Path) -> dict:
     from precisionlab.experiments.engines import shifted_max_abs
 
     f32, b16 = work / "hf-fp32.safetensors", work / "hf-bf16.safetensors"
-    code, doc, err = cli("compare", "model", "--metrics", "--model", hf, "--dtypes", "bf16", "--tokens", str(TOKENS),
+    code, doc, err = cli("compare", "metrics", "--model", hf, "--dtypes", "bf16", "--tokens", str(TOKENS),
                          "--save-logits", f"fp32={f32}", "--save-logits", f"bf16={b16}")
     if code:
-        sys.exit(f"engines_table: compare model --metrics failed: {err}")
+        sys.exit(f"engines_table: compare metrics failed: {err}")
     row = doc["rows"][0]
     a, b = logits_file.open_file(str(f32), "fp32"), logits_file.open_file(str(b16), "bf16")
     row["max_abs_diff_shifted"] = shifted_max_abs(a.rows(0, a.positions), b.rows(0, b.positions))
@@ -237,7 +237,7 @@ def main() -> int:
                 pairs.append((fmt, label, compare([spec + b], spec + a)[spec + b]))
     lines = [f"Measured on {machine()}; {versions()}; {TOKENS} positions of the held-out text teacher-forced, "
              f"{STEPS} greedy steps from `ROMEO:`. Made by `python scripts/engines_table.py` (the exports, then "
-             f"one `compare model --engine ... --reference hf:HF --json` per file). µs/token: the engine's "
+             f"one `compare engine --engine ... --reference hf:HF --json` per file). µs/token: the engine's "
              "teacher-forced forward alone, on a shared machine (a rough figure).", "",
              "Against the HF fp32 run (÷ HF bf16: the engine's mean KLD over HF bf16's):", "",
              *accuracy_table(rows, bf16), "",

@@ -28,7 +28,7 @@ printed on stdout. An HTML comment on the line before the fence marks it:
 Files run two at a time (--jobs), each file's examples in their order: an example
 may read what an earlier one in its file wrote, never what another file wrote.
 
-The engine examples (compare model --engine) read models exported into
+The engine examples (compare engine) read models exported into
 docs/data/engines/ (gitignored): before any example that names that folder
 runs, ENGINE_MODELS are exported there with `precisionlab export embedded`
 (a few seconds; the same bits each time), so a clean clone with the engines

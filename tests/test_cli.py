@@ -29,7 +29,7 @@ def one_line_error(r, code):
     ["accumulate", "--from", "/tmp"],
     ["accumulate", "--device", "tpu"],
     ["accumulate", "--methods", "magic"],
-    ["accumulate", "--accumulators", "int8"],
+    ["accumulate", "--acc-dtypes", "int8"],
     ["accumulate", "--dist", "cauchy"],
     ["accumulate", "--values", "1,2", "--dist", "normal"],
 ])
@@ -51,7 +51,7 @@ def test_bad_npy_files(tmp_path):
 def test_from_file_reads_values(tmp_path):
     f = tmp_path / "v.npy"
     np.save(f, np.full((100, 100), 0.1, dtype=np.float32))
-    d = strict_json(cli("accumulate", "--from", str(f), "--methods", "sequential", "--accumulators", "bf16",
+    d = strict_json(cli("accumulate", "--from", str(f), "--methods", "sequential", "--acc-dtypes", "bf16",
                         "--device", "cpu", "--json").out)
     assert d["params"]["n"] == 10_000 and d["rows"][0]["result"] == 32.0
 
@@ -62,7 +62,9 @@ def test_device_cuda_without_gpu_exits_3():
     if native.gpu_status().count:
         pytest.skip("a GPU is present")
     one_line_error(cli("accumulate", "--device", "cuda"), 3)
-    one_line_error(cli("accumulate", "--device", "all"), 3)
+    # all is the CPU plus the GPU where present: without one, the CPU rows alone
+    r = cli("accumulate", "--device", "all", "--n", "100", "--json")
+    assert r.code == 0 and strict_json(r.out)["devices"]["cuda"] is False, r.err
 
 
 def test_debug_env_shows_the_traceback():

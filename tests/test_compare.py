@@ -108,7 +108,7 @@ def test_compare_op_cli_exit_codes_and_json():
 
 
 @pytest.mark.parametrize("args", [  # after `compare op`
-    ["conv2d"], ["matmul", "--shape", "64x64"], ["rmsnorm", "--shape", "0x4"], ["rmsnorm", "--dtype", "fp8"],
+    ["conv2d"], ["matmul", "--shape", "64x64"], ["rmsnorm", "--shape", "0x4"], ["rmsnorm", "--dtypes", "fp8"],
     ["rmsnorm", "--impl", "nope"], ["rmsnorm", "--impl", "no.such.module:f"],
     ["rmsnorm", "--impl", "tests.impls.kernels:missing"],
 ], ids=" ".join)
@@ -164,7 +164,7 @@ def test_output_contracts_are_flagged_rows_with_the_reason(impls_on_path):
     assert all("not a torch.Tensor" in r["verdict"] for r in res.rows if r["comparison"] in (1, 3))
     res = run_op("softmax", impl="impls.kernels:softmax_wrong_shape", shape="8x256", dtypes="bf16")
     assert all("returned shape" in r["verdict"] for r in res.rows if r["comparison"] in (1, 3))
-    r = cli("compare", "op", "softmax", "--device", "cpu", "--shape", "8x256", "--dtype", "bf16", "--cases", "random",
+    r = cli("compare", "op", "softmax", "--device", "cpu", "--shape", "8x256", "--dtypes", "bf16", "--cases", "random",
             "--impl", "tests.impls.kernels:softmax_wrong_shape")
     assert r.code == 1 and "returned shape" in r.out and "Traceback" not in r.err
     assert len(r.err.strip().splitlines()) == 1 and "softmax_wrong_shape returned shape" in r.err
@@ -219,11 +219,11 @@ def test_the_shape_stated_is_the_files(tmp_path, run):
     b generated at the file's K (2x3x256); the case is `file`, not `random`."""
     np.savez(tmp_path / "ab.npz", a=np.arange(6.0).reshape(2, 3), b=np.ones((3, 2)))
     np.savez(tmp_path / "a.npz", a=np.arange(6.0).reshape(2, 3))
-    r = run("compare", "op", "matmul", "--from", str(tmp_path / "ab.npz"), "--device", "cpu", "--dtype", "bf16",
+    r = run("compare", "op", "matmul", "--from", str(tmp_path / "ab.npz"), "--device", "cpu", "--dtypes", "bf16",
             "--cases", "file")
     assert "compare op matmul 2x3x2:" in r.out and "0/4" in r.out and "random" not in r.out, r.out
     d = strict_json(run("compare", "op", "matmul", "--from", str(tmp_path / "a.npz"), "--device", "cpu",
-                        "--dtype", "bf16", "--cases", "file", "--json").out)
+                        "--dtypes", "bf16", "--cases", "file", "--json").out)
     assert d["params"]["shape"] == [2, 3, 256] and list(d["params"]["cases"]) == ["file"]
     assert {r["case"] for r in d["rows"]} == {"file"} and all(r["n"] == 512 for r in d["rows"])
     one_line(run("compare", "op", "matmul", "--from", str(tmp_path / "a.npz"), "--device", "cpu",

@@ -152,7 +152,7 @@ def test_non_finite_inputs_get_no_model_rows(tmp_path):
 def test_json_rows_carry_every_parameter(run):
     from helpers import json_glossary_problems, strict_json
 
-    r = run("compare", "op", "matmul", "--shape", SHAPE, "--dtype", "bf16", "--cases", "random", "--device", "cpu",
+    r = run("compare", "op", "matmul", "--shape", SHAPE, "--dtypes", "bf16", "--cases", "random", "--device", "cpu",
             "--accumulator", "promote:16,exact", "--acc-bits", "12", "--acc-rounding", "rne", "--json")
     d = strict_json(r.out)
     # exit 1 exactly when a row is flagged (fp32 against exact, one rounding, flags any fp32 kernel not

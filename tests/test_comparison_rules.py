@@ -132,7 +132,7 @@ def test_ratio_and_its_zero_yardstick():
 
 def test_compare_op_and_compare_tensors_judge_with_the_same_tolerances(tmp_path):
     r = cli("compare", "op", "softmax", "--shape", "2x8", "--device", "cpu", "--cases", "random",
-            "--dtype", ",".join(f for f in OP_FORMATS if f != "fp32"), "--json")
+            "--dtypes", ",".join(f for f in OP_FORMATS if f != "fp32"), "--json")
     assert r.code in (0, 1), r.err
     op = {}
     for row in strict_json(r.out)["rows"]:

@@ -212,15 +212,16 @@ def test_hugging_face_pads_that_update_state_are_algorithmic(tiny):
 
 
 def test_cli_json_and_usage_errors():
-    r = cli("compare", "model", "--contracts", "--steps", "4", "--batches", "3", "--json")
+    r = cli("compare", "contracts", "--steps", "4", "--batches", "3", "--json")
     assert r.code == 0, r.err
     d = strict_json(r.out)
-    assert d["command"] == "compare model --contracts" and d["params"]["dtypes"] == ["fp32", "bf16"]
+    assert d["command"] == "compare contracts" and d["params"]["dtypes"] == ["fp32", "bf16"]
     assert d["params"]["batches"] == [2, 3, 4, 16, 64] and json_glossary_problems(d) == []
     assert d["flags"]["torch.backends.cuda.matmul.allow_tf32"] is False
-    for args, needle in ((["--contracts", "--metrics"], "separate runs"),
-                         (["--contracts", "--plot", "x.png"], "--plot has no effect in --contracts"),
-                         (["--chunks", "3"], "read only by --contracts"), (["--contracts", "--chunks", "0"], "positive")):
-        r = cli("compare", "model", *args)
+    for args, needle in ((["model", "--contracts", "--metrics"], "separate runs"),
+                         (["contracts", "--plot", "x.png"], "No such option: --plot"),
+                         (["model", "--chunks", "3"], "No such option: --chunks"),
+                         (["contracts", "--chunks", "0"], "positive")):
+        r = cli("compare", *args)
         lines = r.err.strip().splitlines()
         assert r.code == 2 and len(lines) == 1 and needle in lines[0] and "Traceback" not in r.err, (args, r.err)

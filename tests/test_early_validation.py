@@ -32,20 +32,20 @@ def _refusal(argv: list[str]) -> tuple[int, str, bool, float]:
 
 
 @pytest.mark.parametrize("argv,says", [
-    (["--model", "/nonexistent/model-folder", "--layers"], "no such directory"),
-    (["--model", "nope:thing"], "no engine 'nope'"),
-    (["--layers", "--inject", "layers.0.mlp:bogus=1"], "unknown key"),
-    (["--layers", "--inject", "layers.0.mlp"], "TARGET:KEY=VALUE"),
-    (["--metrics", "--inject", "layers.0:noise=1"], "'logits' only"),
-    (["--layers", "--dump", "/proc/no-such/dir"], "--dump"),
-    (["--plot", "/proc/no-such/x.png"], "--plot"),
-    (["--plot", "/proc/self/x.png"], "--plot"),  # a folder that exists and takes no file, even for root
-    (["--layers", "--dump", "/proc/self/dump"], "--dump"),
-    (["--metrics", "--save-logits", "/proc/no-such/x.safetensors"], "--save-logits"),
-    (["--layers", "--dtypes", "bogus"], "unknown format"),
+    (["layers", "--model", "/nonexistent/model-folder"], "no such directory"),
+    (["model", "--model", "nope:thing"], "no engine 'nope'"),
+    (["layers", "--inject", "layers.0.mlp:bogus=1"], "unknown key"),
+    (["layers", "--inject", "layers.0.mlp"], "TARGET:KEY=VALUE"),
+    (["metrics", "--inject", "layers.0:noise=1"], "'logits' only"),
+    (["layers", "--dump", "/proc/no-such/dir"], "--dump"),
+    (["model", "--plot", "/proc/no-such/x.png"], "--plot"),
+    (["model", "--plot", "/proc/self/x.png"], "--plot"),  # a folder that exists and takes no file, even for root
+    (["layers", "--dump", "/proc/self/dump"], "--dump"),
+    (["metrics", "--save-logits", "/proc/no-such/x.safetensors"], "--save-logits"),
+    (["layers", "--dtypes", "bogus"], "unknown format"),
 ])
 def test_refused_before_torch_is_imported(argv, says):
-    rc, err, torch_seen, took = _refusal(["compare", "model", *argv])
+    rc, err, torch_seen, took = _refusal(["compare", *argv])
     assert rc == 2 and says in err and len(err.splitlines()) == 1 and "Traceback" not in err, err
     assert not torch_seen, f"torch was imported before refusing {argv}"
     assert took < BOUND_S
@@ -56,17 +56,17 @@ def test_an_unknown_module_is_refused_before_the_weights_load(tmp_path):
     # garbage weights: had the load been reached, its error would be "not a loadable causal LM"
     for f in folder.glob("*.safetensors"):
         f.write_bytes(b"not a safetensors file")
-    rc, err, _, took = _refusal(["compare", "model", "--model", str(folder), "--layers", "--steps", "2",
+    rc, err, _, took = _refusal(["compare", "layers", "--model", str(folder), "--steps", "2",
                                  "--prompt", "the cat", "--inject", "layers.7.mlp:scale=1.01"])
     assert rc == 2 and "no module 'layers.7.mlp'" in err and "loadable" not in err, err
     assert took < BOUND_S
     # a module that exists passes the check and reaches the load, which then fails on the weights
-    rc, err, _, _ = _refusal(["compare", "model", "--model", str(folder), "--layers", "--steps", "2",
+    rc, err, _, _ = _refusal(["compare", "layers", "--model", str(folder), "--steps", "2",
                               "--prompt", "the cat", "--inject", "layers.1.mlp:scale=1.01"])
     assert rc == 2 and "no module" not in err and "loadable" in err, err
 
 
 def test_the_embedded_model_checks_module_names_before_the_forward_passes():
     # no cheap module tree: checked right after the (cheap) load, before any run
-    rc, err, _, took = _refusal(["compare", "model", "--layers", "--inject", "no.such.module:scale=1.01"])
+    rc, err, _, took = _refusal(["compare", "layers", "--inject", "no.such.module:scale=1.01"])
     assert rc == 2 and "no module 'no.such.module'" in err and took < BOUND_S

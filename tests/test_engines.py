@@ -59,8 +59,8 @@ _PROBE = ("import sys\nfrom precisionlab.cli import main\nsys.argv = ['precision
 
 @pytest.mark.parametrize("args", [
     ["compare", "model", "--model", "tgi:model"],
-    ["compare", "model", "--metrics", "--model", "hf:/nonexistent/model"],
-    ["compare", "model", "--layers", "--model", "embedded:x"],
+    ["compare", "metrics", "--model", "hf:/nonexistent/model"],
+    ["compare", "layers", "--model", "embedded:x"],
     ["kvcache", "--model", "tgi:model"],
 ])
 def test_a_bad_spec_exits_2_before_torch(args):

@@ -275,10 +275,10 @@ def test_export_and_compare_cli(tmp_path):
     assert json_glossary_problems(doc) == []
     assert any("tied" in c for c in doc["changes"]) and out.is_file()
     assert doc["rows"] == [{"name": "m.gguf", "bytes": out.stat().st_size}]
-    r = cli("compare", "model", "--engine", f"llamacpp:{out},kv=f32", "--tokens", "128", "--steps", "8", "--json")
+    r = cli("compare", "engine", "--engine", f"llamacpp:{out},kv=f32", "--tokens", "128", "--steps", "8", "--json")
     assert r.code == 0, r.err
     doc = strict_json(r.out)
-    assert json_glossary_problems(doc) == [] and doc["command"] == "compare model --engine"
+    assert json_glossary_problems(doc) == [] and doc["command"] == "compare engine"
     row = doc["rows"][0]
     assert row["tokens"] == "identical" and row["greedy_diverged_at"] is None
     assert row["kld_max"] < FP32_MAX_KLD and row["engine"]["kv_cache_type"] == "f32"
@@ -287,9 +287,9 @@ def test_export_and_compare_cli(tmp_path):
 @pytest.mark.parametrize("args", [
     ("export", "embedded", "--to", "tflite", "--out", "x"),
     ("export", "embedded", "--to", "ct2:int4", "--out", "x"),
-    ("compare", "model", "--reference", "embedded"),
-    ("compare", "model", "--engine", "llamacpp:/no/such.gguf"),
-    ("compare", "model", "--engine", "ct2:/tmp,bogus=1"),
+    ("compare", "engine", "--reference", "embedded"),
+    ("compare", "engine", "--engine", "llamacpp:/no/such.gguf"),
+    ("compare", "engine", "--engine", "ct2:/tmp,bogus=1"),
 ])
 def test_usage_errors_exit_2(args):
     r = cli(*args)
@@ -443,7 +443,7 @@ def test_a_hugging_face_folder_through_ct2_against_its_hf_run(tmp_path):
     assert r.code == 0, r.err
     text = tmp_path / "t.txt"
     text.write_text("the cat sat on a mat and the dog ran to it " * 6)
-    r = cli("compare", "model", "--engine", f"ct2:{out}", "--reference", f"hf:{src}", "--text", str(text),
+    r = cli("compare", "engine", "--engine", f"ct2:{out}", "--reference", f"hf:{src}", "--text", str(text),
             "--tokens", "48", "--steps", "5", "--prompt", "the cat", "--json")
     assert r.code == 0, r.err
     row = strict_json(r.out)["rows"][0]
@@ -491,7 +491,7 @@ def test_engine_reference_defaults_to_the_exports_source(tmp_path):
     assert cli("export", f"hf:{src}", "--to", "ct2:float32", "--out", str(out)).code == 0
     text = tmp_path / "t.txt"
     text.write_text("the cat sat on a mat and the dog ran to it " * 6)
-    r = cli("compare", "model", "--engine", f"ct2:{out}", "--text", str(text), "--tokens", "48", "--steps", "5",
+    r = cli("compare", "engine", "--engine", f"ct2:{out}", "--text", str(text), "--tokens", "48", "--steps", "5",
             "--prompt", "the cat", "--json")
     assert r.code == 0, r.err
     doc = strict_json(r.out)
@@ -509,7 +509,7 @@ def test_a_recorded_source_that_is_no_model_is_refused_escaped(tmp_path, record)
     d = tmp_path / "ct2"
     d.mkdir()
     (d / SOURCE_FILE).write_text(json.dumps({"source": record}))
-    r = cli("compare", "model", "--engine", f"ct2:{d}", "--tokens", "8", "--steps", "1")
+    r = cli("compare", "engine", "--engine", f"ct2:{d}", "--tokens", "8", "--steps", "1")
     assert r.code == 2 and r.err.count("\n") == 1, r.err
     assert "give --reference" in r.err and "\x1b" not in r.err and "\u202e" not in r.err
 

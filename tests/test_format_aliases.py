@@ -27,7 +27,7 @@ from precisionlab.cli.app import app
 from precisionlab.engines import inject
 from precisionlab.errors import RunError, UsageError
 from precisionlab.io import logits_file
-from precisionlab.experiments import accumulate, compare, kvcache, logits, model, rollout, softmax, tensors, tf32
+from precisionlab.experiments import accumulate, compare, contracts, kvcache, logits, model, rollout, softmax, tensors, tf32
 from precisionlab.numerics import flash_attention as fa
 
 
@@ -83,10 +83,11 @@ class Opt:
 ACC = ("accumulate", "--n", "10", "--device", "cpu", "--variants", "sequential")
 OP = ("compare", "op", "softmax", "--shape", "2x8", "--cases", "random", "--device", "cpu")
 MODEL = ("compare", "model", "--steps", "2")
-LAYERS = ("compare", "model", "--layers", "--steps", "2")
+LAYERS = ("compare", "layers", "--steps", "2")
 KV = ("kvcache", "--steps", "2", "--scales", "unit")
-METRICS = ("compare", "model", "--metrics", "--tokens", "16")
-ROLLOUT = ("compare", "model", "--trainer", "embedded", "--rollout", "embedded", "--samples", "1", "--tokens", "4")
+METRICS = ("compare", "metrics", "--tokens", "16")
+CONTRACTS = ("compare", "contracts", "--steps", "2", "--batches", "3")
+ROLLOUT = ("compare", "rollout", "--trainer", "embedded", "--rollout", "embedded", "--samples", "1", "--tokens", "4")
 ATTN = ("attention", "--seq", "64", "--rows", "4", "--dim", "8", "--std", "1", "--block-c", "16")
 
 
@@ -103,9 +104,9 @@ def options(dumps) -> list[Opt]:
     three = ("compare", "tensors", *dumps)
     return [
         Opt(ACC, "--dtype", accumulate.STORAGE_DTYPES, single=True),
-        Opt(ACC, "--accumulators", accumulate.ACCUMULATORS),
-        Opt(("softmax", "--values", "1,2", "--device", "cpu"), "--dtype", softmax.DTYPES),
-        Opt(OP, "--dtype", compare.LOW_DTYPES),
+        Opt(ACC, "--acc-dtypes", accumulate.ACCUMULATORS),
+        Opt(("softmax", "--values", "1,2", "--device", "cpu"), "--dtypes", softmax.DTYPES),
+        Opt(OP, "--dtypes", compare.LOW_DTYPES),
         Opt(OP, "--out-dtype", compare.OUT_DTYPES, single=True),
         Opt(three, "--a-dtype", tensors.LOW_DTYPES, single=True),
         Opt(three, "--b-dtype", tensors.LOW_DTYPES, every_spelling_by_cli=False, single=True),
@@ -114,6 +115,7 @@ def options(dumps) -> list[Opt]:
         Opt(LAYERS, "--dtypes", model.LOW_DTYPES, every_spelling_by_cli=False),
         Opt(LAYERS, "--inject", inject.ROPE_DTYPES, every_spelling_by_cli=False, form="rope:rope={}"),
         Opt(METRICS, "--dtypes", logits.DTYPES, every_spelling_by_cli=False),
+        Opt(CONTRACTS, "--dtypes", contracts.DTYPES, every_spelling_by_cli=False),
         Opt(KV, "--dtypes", kvcache.FP8, every_spelling_by_cli=False),
         Opt(ROLLOUT, "--trainer-dtype", rollout.DTYPES, every_spelling_by_cli=False, single=True),
         Opt(ROLLOUT, "--rollout-dtype", rollout.DTYPES, every_spelling_by_cli=False, single=True),
@@ -197,7 +199,7 @@ def test_every_format_option_of_the_cli_is_covered(dumps):
         for sub, c in subs:
             for p in c.params:
                 for o in getattr(p, "opts", []):
-                    if o.endswith(("dtype", "dtypes")) or o == "--accumulators":
+                    if o.endswith(("dtype", "dtypes")) or o == "--acc-dtypes":
                         found.add((name if sub is None else f"{name} {sub}", o))
     assert found and found <= covered, found - covered
 

@@ -27,7 +27,8 @@ def _pages() -> list[tuple[list[str], list[str], str]]:
     """(argv, the source help strings of its options, its docstring) for the
     root, each group and each command."""
     pages = [([], [], cli_app.app.info.help),
-             *([[g], [], cli_app.GROUPS[g].info.help] for g in cli_app.GROUPS)]
+             *([[g], [], cli_app.GROUPS[g].info.help] for g in cli_app.GROUPS
+               if (None, g) not in {(grp, name) for grp, name, _ in cli_app.COMMANDS})]  # else its own page below
     for group, name, module in cli_app.COMMANDS:
         fn = importlib.import_module(f"precisionlab.cli.{module}").command
         helps = [m.help for h in typing.get_type_hints(fn, include_extras=True).values()

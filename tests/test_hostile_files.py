@@ -222,7 +222,7 @@ def test_bad_plot_paths_exit_2_before_the_run(run, tmp_path, monkeypatch, comman
 @pytest.mark.parametrize("ext,magic", [(".png", b"\x89PNG"), (".svg", b"<?xml"), (".pdf", b"%PDF")])
 def test_plot_writes_exactly_the_path_named(run, tmp_path, ext, magic):
     path = tmp_path / f"sum{ext}"
-    r = run("accumulate", "--n", "100", "--device", "cpu", "--methods", "sequential", "--accumulators", "fp32",
+    r = run("accumulate", "--n", "100", "--device", "cpu", "--methods", "sequential", "--acc-dtypes", "fp32",
             "--plot", str(path))
     assert r.code == 0, r.err
     assert os.listdir(tmp_path) == [path.name]  # no temporary file left, no extension appended
@@ -396,7 +396,7 @@ def test_an_input_this_user_may_not_read_is_one_line_and_exit_2(run, tmp_path, r
     args = {
         "accumulate --from": ["accumulate", "--device", "cpu", "--from", str(bad)],
         "softmax --from": ["softmax", "--device", "cpu", "--from", str(bad)],
-        "--metrics --text": ["compare", "model", "--metrics", "--tokens", "8", "--text", str(text)],
+        "--metrics --text": ["compare", "metrics", "--tokens", "8", "--text", str(text)],
         "compare logits": ["compare", "logits", str(good), str(bad)],
     }.get(reader)
     if reader.startswith("compare op"):
@@ -683,24 +683,24 @@ def test_an_output_that_is_an_input_is_refused_before_the_run(run, tmp_path, mon
     (dump_home / "m").mkdir()  # a model folder inside the dump's: --dump would write around what it reads
     (dump_home / "m" / "config.json").write_text("{}")
     args = {
-        "save_logits_is_text": ["compare", "model", "--metrics", "--text", str(text), "--save-logits", str(text)],
-        "save_logits_bf16_is_text": ["compare", "model", "--metrics", "--dtypes", "bf16", "--text", str(text),
+        "save_logits_is_text": ["compare", "metrics", "--text", str(text), "--save-logits", str(text)],
+        "save_logits_bf16_is_text": ["compare", "metrics", "--dtypes", "bf16", "--text", str(text),
                                      "--save-logits", f"bf16={text}"],
-        "save_logits_hard_link": ["compare", "model", "--metrics", "--text", str(text), "--save-logits", str(link)],
-        "plot_is_text": ["compare", "model", "--metrics", "--text", str(text), "--plot", str(text)],
-        "save_logits_in_model": ["compare", "model", "--metrics", "--model", str(model), "--save-logits",
+        "save_logits_hard_link": ["compare", "metrics", "--text", str(text), "--save-logits", str(link)],
+        "plot_is_text": ["compare", "metrics", "--text", str(text), "--plot", str(text)],
+        "save_logits_in_model": ["compare", "metrics", "--model", str(model), "--save-logits",
                                  str(model / "config.json")],
         "plot_is_logits_ref": ["compare", "logits", str(text), str(link.with_name("y")), "--plot", str(text)],
         "plot_is_logits_yours": ["compare", "logits", str(link), str(text), "--plot", str(text)],
         "plot_is_from": ["accumulate", "--device", "cpu", "--from", str(text), "--plot", str(text)],
         "plot_is_model_file": ["compare", "model", "--model", str(model), "--plot", str(model / "p.png")],
-        "dump_is_model": ["compare", "model", "--layers", "--model", str(model), "--dump", str(model)],
-        "dump_holds_text_dir": ["compare", "model", "--layers", "--model", str(dump_home / "m"),
+        "dump_is_model": ["compare", "layers", "--model", str(model), "--dump", str(model)],
+        "dump_holds_text_dir": ["compare", "layers", "--model", str(dump_home / "m"),
                                 "--dump", str(dump_home)],
-        "dump_inside_model": ["compare", "model", "--layers", "--model", str(model), "--dump", str(model / "d")],
-        "plot_in_trainer_model": ["compare", "model", "--trainer", str(model), "--rollout", "embedded",
+        "dump_inside_model": ["compare", "layers", "--model", str(model), "--dump", str(model / "d")],
+        "plot_in_trainer_model": ["compare", "rollout", "--trainer", str(model), "--rollout", "embedded",
                                   "--plot", str(model / "p.png")],
-        "plot_in_rollout_model": ["compare", "model", "--trainer", "embedded", "--rollout", f"hf:{model}",
+        "plot_in_rollout_model": ["compare", "rollout", "--trainer", "embedded", "--rollout", f"hf:{model}",
                                   "--plot", str(model / "p.png")],
         "plot_in_logprobs_tokenizer": ["compare", "logprobs", str(link), str(link), "--tokenizer", str(model),
                                        "--plot", str(model / "p.png")],
@@ -726,7 +726,7 @@ def test_a_dump_member_that_cannot_be_a_file_is_refused_before_the_run(run, tmp_
         (d / "bf16.safetensors").mkdir()
     else:
         (d / "bf16.safetensors").symlink_to(tmp_path / "elsewhere")
-    r = run("compare", "model", "--layers", "--steps", "1", "--dtypes", "bf16", "--dump", str(d))
+    r = run("compare", "layers", "--steps", "1", "--dtypes", "bf16", "--dump", str(d))
     one_line(r, 2, "--dump", "bf16.safetensors")
     assert sorted(os.listdir(d)) == ["bf16.safetensors"]  # nothing written, no temporary file
 
@@ -758,7 +758,7 @@ def test_integers_and_long_doubles_are_read_only_where_exactly_doubles(run, tmp_
     np.save(tmp_path / "a.npy", a)
     np.save(tmp_path / "b.npy", np.zeros(len(values)))
     for args in (["accumulate", "--device", "cpu", "--from", str(tmp_path / "a.npy"), "--dtype", "fp64",
-                  "--accumulators", "fp64", "--variants", "sequential"],
+                  "--acc-dtypes", "fp64", "--variants", "sequential"],
                  ["compare", "tensors", str(tmp_path / "a.npy"), str(tmp_path / "b.npy")]):
         r = run(*args)
         if code == 2:

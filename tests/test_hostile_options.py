@@ -41,7 +41,7 @@ def test_seed_outside_uint64_exits_2_naming_the_range(run, args, seed):
 
 def test_the_largest_seed_is_accepted(run):
     r = run("accumulate", "--n", "10", "--dist", "normal", "--device", "cpu", "--methods", "sequential",
-            "--accumulators", "fp32", "--seed", str(2**64 - 1), "--json")
+            "--acc-dtypes", "fp32", "--seed", str(2**64 - 1), "--json")
     assert r.code == 0, r.err
     assert r.json()["params"]["seed"] == 2**64 - 1
 
@@ -57,11 +57,11 @@ def test_the_largest_seed_is_accepted(run):
     ["bench", "--sections", "", "--device", "cpu"],
     ["accumulate", "--methods", "", "--device", "cpu"],
     ["accumulate", "--methods", ",,", "--device", "cpu"],
-    ["accumulate", "--accumulators", "", "--device", "cpu"],
-    ["accumulate", "--accumulators", " , ", "--device", "cpu"],
+    ["accumulate", "--acc-dtypes", "", "--device", "cpu"],
+    ["accumulate", "--acc-dtypes", " , ", "--device", "cpu"],
     ["softmax", "--methods", ",,", "--device", "cpu"],
-    ["softmax", "--dtype", ",", "--device", "cpu"],
-    ["compare", "op", "softmax", "--dtype", ",", "--device", "cpu"],
+    ["softmax", "--dtypes", ",", "--device", "cpu"],
+    ["compare", "op", "softmax", "--dtypes", ",", "--device", "cpu"],
     ["compare", "model", "--dtypes", ","],
 ], ids=lambda a: " ".join(a))
 def test_empty_lists_exit_2(run, args):
@@ -174,14 +174,14 @@ def impl_module(tmp_path, monkeypatch):
     ("returns_list", ["list"]),
 ])
 def test_a_bad_impl_exits_1_naming_it_and_what_it_returned(run, impl_module, fn, words):
-    r = run("compare", "op", "softmax", "--shape", "2x8", "--dtype", "bf16", "--device", "cpu",
+    r = run("compare", "op", "softmax", "--shape", "2x8", "--dtypes", "bf16", "--device", "cpu",
             "--impl", f"{impl_module}:{fn}")
     one_line(r, 1, f"{impl_module}:{fn}", *words)
     assert "\x1b" not in r.err and "\x07" not in r.err
 
 
 def test_a_correct_impl_passes(run, impl_module):
-    r = run("compare", "op", "softmax", "--shape", "2x8", "--dtype", "bf16", "--device", "cpu",
+    r = run("compare", "op", "softmax", "--shape", "2x8", "--dtypes", "bf16", "--device", "cpu",
             "--impl", f"{impl_module}:correct", "--json")
     assert r.code == 0, r.err
 
@@ -285,8 +285,8 @@ def test_threads_upper_bound_is_per_core():
     (["compare", "op", "softmax", "--shape", "2x8", "--device", "cpu", "--out-dtype", ""], "--out-dtype"),
     (["compare", "op", "softmax", "--shape", "2x8", "--device", "cpu", "--from", ""], "--from"),
     (["compare", "model", "--steps", "1", "--model", ""], "--model"),
-    (["compare", "model", "--steps", "1", "--layers", "--model", ""], "--model"),
-    (["compare", "model", "--metrics", "--tokens", "16", "--text", ""], "--text"),
+    (["compare", "layers", "--steps", "1", "--model", ""], "--model"),
+    (["compare", "metrics", "--tokens", "16", "--text", ""], "--text"),
     (["kvcache", "--steps", "1", "--model", ""], "--model"),
 ], ids=lambda a: " ".join(a) if isinstance(a, list) else a)
 def test_an_empty_name_is_refused_not_taken_for_the_default(run, args, opt):
@@ -319,11 +319,11 @@ def test_softmax_scale_must_be_finite(run, scale):
 
 
 @pytest.mark.parametrize("args,field", [
-    (["softmax", "--values", "1,2", "--device", "cpu", "--methods", "stable", "--dtype", "fp32,fp32,float32"], "dtypes"),
-    (["compare", "op", "softmax", "--shape", "2x8", "--device", "cpu", "--cases", "random", "--dtype",
+    (["softmax", "--values", "1,2", "--device", "cpu", "--methods", "stable", "--dtypes", "fp32,fp32,float32"], "dtypes"),
+    (["compare", "op", "softmax", "--shape", "2x8", "--device", "cpu", "--cases", "random", "--dtypes",
       "bf16,bf16,bfloat16"], "dtypes"),
     (["compare", "model", "--steps", "1", "--dtypes", "bf16,bf16"], "dtypes"),
-    (["compare", "model", "--layers", "--steps", "1", "--dtypes", "bf16,bf16"], "dtypes"),
+    (["compare", "layers", "--steps", "1", "--dtypes", "bf16,bf16"], "dtypes"),
 ], ids=lambda a: " ".join(a[:2]) if isinstance(a, list) else a)
 def test_a_repeated_dtype_runs_once(run, args, field):
     """Repeats in these lists ran the same work twice and printed every row twice;
@@ -362,32 +362,33 @@ def test_formats_runs_with_its_options(run):
 
 
 # ---------------------------------------------------------------------------
-# compare model's modes: an option without effect is refused
+# compare model's verbs: an option another verb reads is no option of this one
 
 
 @pytest.mark.parametrize("args,words", [
     (["compare", "tensors", "A", "B", "--c-dtype", "bf16"], ["--c-dtype", "three"]),
-    (["compare", "model", "--metrics", "--threads", "0"], ["--threads", "at least 1"]),
-    (["compare", "model", "--layers", "--threads", "100000"], ["--threads", "at most"]),
-    (["compare", "model", "--dump", "D", "--threads", "-1"], ["--threads", "at least 1"]),
-    (["compare", "model", "--metrics", "--threads", "1"], ["--threads", "no effect in --metrics"]),
-    (["compare", "model", "--layers", "--threads", "1"], ["--threads", "no effect in --layers"]),
-    (["compare", "model", "--tokens", "5"], ["--tokens", "no effect", "--metrics"]),
-    (["compare", "model", "--layers", "--tokens", "5"], ["--tokens", "no effect in --layers", "--metrics"]),
-    (["compare", "model", "--dump", "D", "--tokens", "5"], ["--tokens", "--metrics"]),
-    (["compare", "model", "--layers", "--text", "T"], ["--text", "--metrics"]),
-    (["compare", "model", "--layers", "--save-logits", "x.st"], ["--save-logits", "--metrics"]),
-    (["compare", "model", "--layers", "--max-kld", "1"], ["--max-kld", "--metrics"]),
-    (["compare", "model", "--layers", "--min-top1", "1"], ["--min-top1", "--metrics"]),
-    (["compare", "model", "--min-top1", "1"], ["--min-top1", "--metrics"]),
-    (["compare", "model", "--contracts", "--plot", "P.png"], ["--plot", "no effect in --contracts"]),
-    (["compare", "model", "--metrics", "--steps", "3"], ["--steps", "no effect in --metrics"]),
-    (["compare", "model", "--metrics", "--prompt", "x"], ["--prompt", "no effect in --metrics"]),
-    (["compare", "model", "--inject", "layers.0.mlp:scale=2"], ["--inject", "no effect", "--layers"]),
+    (["compare", "model", "--threads", "0"], ["--threads", "at least 1"]),
+    (["compare", "contracts", "--threads", "100000"], ["--threads", "at most"]),
+    (["compare", "rollout", "--threads", "-1"], ["--threads", "at least 1"]),
+    (["compare", "metrics", "--threads", "1"], ["--threads", "No such option"]),
+    (["compare", "layers", "--threads", "1"], ["--threads", "No such option"]),
+    (["compare", "model", "--tokens", "5"], ["--tokens", "No such option"]),
+    (["compare", "layers", "--tokens", "5"], ["--tokens", "No such option"]),
+    (["compare", "layers", "--dump", "D", "--tokens", "5"], ["--tokens", "No such option"]),
+    (["compare", "layers", "--text", "T"], ["--text", "No such option"]),
+    (["compare", "layers", "--save-logits", "x.st"], ["--save-logits", "No such option"]),
+    (["compare", "layers", "--max-kld", "1"], ["--max-kld", "No such option"]),
+    (["compare", "model", "--min-top1", "1"], ["--min-top1", "No such option"]),
+    (["compare", "contracts", "--plot", "P.png"], ["--plot", "No such option"]),
+    (["compare", "metrics", "--steps", "3"], ["--steps", "No such option"]),
+    (["compare", "metrics", "--prompt", "x"], ["--prompt", "No such option"]),
+    (["compare", "model", "--inject", "layers.0.mlp:scale=2"], ["--inject", "No such option"]),
+    (["nondeterminism", "endpoint", "http://127.0.0.1:9", "--plot", "P.png"], ["--plot", "No such option"]),
+    (["nondeterminism", "--plot", "P.png", "endpoint", "http://127.0.0.1:9"], ["--plot", "sections' options"]),
     (["nondeterminism", "--sections", "threads", "--n", "100", "--runs", "2", "--device", "cpu", "--plot", "P.png"],
      ["--plot", "atomics"]),
 ], ids=lambda a: " ".join(a) if isinstance(a, list) and a and a[0] in ("compare", "nondeterminism") else "")
-def test_an_option_without_effect_in_its_mode_is_a_usage_error(run, tmp_path, monkeypatch, args, words):
+def test_an_option_of_another_verb_is_a_usage_error(run, tmp_path, monkeypatch, args, words):
     """Each was accepted and ignored (exit 0), or, for --threads, not validated
     in that mode while every other command refuses it."""
     fail_if_a_model_runs(monkeypatch)
@@ -400,13 +401,26 @@ def test_an_option_without_effect_in_its_mode_is_a_usage_error(run, tmp_path, mo
     assert not os.path.exists(sub["P.png"]) and not os.path.exists(sub["D"])
 
 
-def test_every_option_of_compare_model_is_in_the_mode_table():
-    """A new option of compare model declares the modes it works in, or it would be ignored in the others."""
-    import inspect
+def test_each_verb_keeps_few_options():
+    """Issue 38's limits: no leaf command over 22 options, no compare verb over 14
+    (compare model had 31 behind a table of modes); --help is not counted."""
+    import typer
 
-    from precisionlab.cli import compare_model
+    from precisionlab.cli.app import app
 
-    everywhere = {"ctx", "device", "seed", "json_out"}
-    mode_switches = {"metrics", "layers", "dump", "contracts", "trainer", "rollout", "engine"}  # they choose the mode
-    params = set(inspect.signature(compare_model.command).parameters)
-    assert params - everywhere - mode_switches == set(compare_model.APPLIES)
+    def leaves(cmd, path):
+        subs = getattr(cmd, "commands", {})
+        if not subs or path == ("nondeterminism",):  # a group with a run of its own is a leaf too
+            yield path, [p for p in cmd.params if p.name != "help"]
+        for name, sub in subs.items():
+            yield from leaves(sub, (*path, name))
+
+    # compare op (18: its op, shape, impl and matmul-accumulator knobs) and compare tensors (17: three files'
+    # formats and tolerances) are over the compare limit and not split by issue 38's change: held where they
+    # are, so they cannot grow unseen
+    known = {("compare", "op"): 18, ("compare", "tensors"): 17}
+    found = dict(leaves(typer.main.get_command(app), ()))
+    assert ("compare", "metrics") in found and ("nondeterminism", "endpoint") in found
+    for path, params in found.items():
+        limit = known.get(path, 14 if path[:1] == ("compare",) and len(path) == 2 else 22)
+        assert len(params) <= limit, (path, len(params))

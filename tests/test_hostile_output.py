@@ -50,7 +50,7 @@ def test_a_hostile_file_name_is_shown_as_text(run, tmp_path, name):
     f = tmp_path / f"{name}.npy"  # "[/]" names a file "]" in a folder "[": the path holds the closing tag
     f.parent.mkdir(parents=True, exist_ok=True)
     np.save(f, np.full(10, 0.5))
-    r = run("accumulate", "--from", str(f), "--device", "cpu", "--methods", "sequential", "--accumulators", "fp32")
+    r = run("accumulate", "--from", str(f), "--device", "cpu", "--methods", "sequential", "--acc-dtypes", "fp32")
     assert r.code == 0, r.err
     assert "\x1b" not in r.out and "\x07" not in r.out
     assert report_printable(name) in r.out.replace("\n", "")  # a long temporary path folds at the table's width
@@ -120,7 +120,7 @@ def test_ctrl_c_while_the_command_line_is_still_importing_is_one_line():
 
 
 def test_ascii_only_output_degrades():
-    r = cli("accumulate", "--n", "100", "--device", "cpu", "--methods", "sequential,kahan", "--accumulators",
+    r = cli("accumulate", "--n", "100", "--device", "cpu", "--methods", "sequential,kahan", "--acc-dtypes",
             "fp32,bf16", env={"PYTHONIOENCODING": "ascii", "LANG": "C", "LC_ALL": "C"})
     assert r.code == 0, r.err
     r.out.encode("ascii")
@@ -146,7 +146,7 @@ def test_an_ascii_stdout_gets_ascii(run, monkeypatch, args):
 
 NARROW = {
     "accumulate": ["accumulate", "--n", "100", "--device", "cpu", "--methods", "sequential,kahan,pairwise",
-                   "--accumulators", "fp32,bf16"],
+                   "--acc-dtypes", "fp32,bf16"],
     "softmax": ["softmax", "--values", "1,2,3;-inf,-inf,-inf", "--device", "cpu", "--methods", "naive,stable"],
     "compare op": ["compare", "op", "rmsnorm", "--shape", "2x16", "--device", "cpu"],
     "tf32": ["tf32", "--m", "16", "--n", "16", "--k", "32", "--no-sweep", "--device", "cpu"],
@@ -199,8 +199,8 @@ NARROW_NEWER = {  # the newer renderers, at the narrowest width the issue met (C
     "formats": ["formats", "--n", "1024", "--shape", "16x64x16", "--dists", "normal", "--rules", "floor",
                 "--device", "cpu"],
     "kvcache": ["kvcache", "--steps", "2", "--scales", "unit"],
-    "compare model --layers": ["compare", "model", "--layers", "--steps", "2", "--dtypes", "bf16"],
-    "compare model --rollout": ["compare", "model", "--trainer", "embedded", "--rollout", "embedded", "--samples", "2",
+    "compare layers": ["compare", "layers", "--steps", "2", "--dtypes", "bf16"],
+    "compare rollout": ["compare", "rollout", "--trainer", "embedded", "--rollout", "embedded", "--samples", "2",
                                 "--tokens", "8", "--top-p", "0.9"],
     "compare logprobs": ["compare", "logprobs", str(ROOT / "docs/data/logprobs/trainer.safetensors"),
                          str(ROOT / "docs/data/logprobs/rollout-top-p.jsonl"), "--worst", "2"],

@@ -174,7 +174,7 @@ def test_an_exported_folder_has_the_usual_modes(tmp_path):
 
 @pytest.mark.parametrize("url, words", [("http://[::1", "Invalid IPv6"), ("http://127.0.0.1:99999", "Port")])
 def test_a_malformed_endpoint_url_is_a_usage_error(run, url, words):
-    one_line(run("nondeterminism", "--endpoint", url, "--requests", "2"), 2, words)
+    one_line(run("nondeterminism", "endpoint", url, "--requests", "2"), 2, words)
 
 
 def test_an_answer_nested_past_the_stack_is_a_failed_run(run):
@@ -205,7 +205,7 @@ def test_an_answer_nested_past_the_stack_is_a_failed_run(run):
     t.start()
     try:
         port = server.server_address[1]
-        one_line(run("nondeterminism", "--endpoint", f"http://127.0.0.1:{port}", "--requests", "2",
+        one_line(run("nondeterminism", "endpoint", f"http://127.0.0.1:{port}", "--requests", "2",
                      "--concurrency", "1", "--cache", "on"), 1, "no usable answer", "RecursionError")
     finally:
         server.shutdown()
@@ -225,7 +225,7 @@ def test_numpy_warnings_stay_off_stderr(run):
 
 
 @pytest.mark.parametrize("command", [["kvcache", "--steps", "2"], ["compare", "model", "--steps", "2"],
-                                     ["nondeterminism", "--endpoint", "http://127.0.0.1:9"]])
+                                     ["nondeterminism", "endpoint", "http://127.0.0.1:9"]])
 def test_a_prompt_that_is_not_utf8_is_a_usage_error(run, command):
     """Bytes that are not UTF-8 reach Python as lone surrogates ('\\xff' as
     '\\udcff'): they were an internal UnicodeEncodeError; no server is contacted."""

@@ -10,8 +10,8 @@ from precisionlab.report import jsondoc
 # (id, argv): every command and subcommand, small; the files compare tensors and
 # compare logits read are written by the runs before them (the fixture below).
 COMMANDS = [
-    ("accumulate", ["accumulate", "--n", "100", "--device", "auto"]),
-    ("softmax", ["softmax", "--values", "1,2,3;0,0,0", "--dtype", "fp32,bf16", "--device", "cpu"]),
+    ("accumulate", ["accumulate", "--n", "100", "--device", "all"]),
+    ("softmax", ["softmax", "--values", "1,2,3;0,0,0", "--dtypes", "fp32,bf16", "--device", "cpu"]),
     # torch_ops' rows are atomics' with a `refused` (tp's rows have one too, checked in test_tp)
     ("nondeterminism", ["nondeterminism", "--runs", "2", "--n", "10000", "--device", "cpu",
                         "--sections", "atomics,splitk,batch,threads"]),
@@ -23,14 +23,15 @@ COMMANDS = [
     ("attention", ["attention", "--seq", "512", "--rows", "8", "--std", "1"]),
     ("compare op", ["compare", "op", "matmul", "--shape", "8x64x8", "--device", "cpu", "--accumulator", "hopper-fp8"]),
     ("compare model", ["compare", "model", "--steps", "3"]),
-    ("compare model --metrics", ["compare", "model", "--metrics", "--tokens", "128",
+    ("compare metrics", ["compare", "metrics", "--tokens", "128",
                                  "--save-logits", "{tmp}/fp32.safetensors", "--save-logits", "bf16={tmp}/bf16.safetensors"]),
-    ("compare model --layers", ["compare", "model", "--layers", "--steps", "3", "--dtypes", "bf16", "--dump", "{tmp}/dump"]),
-    ("compare model --layers --reference", ["compare", "model", "--layers", "--reference", "embedded", "--steps", "3",
-                                            "--dtypes", "bf16"]),
-    ("compare model --contracts", ["compare", "model", "--contracts", "--steps", "3", "--dtypes", "fp32"]),
-    ("compare model --rollout", ["compare", "model", "--trainer", "embedded", "--rollout", "embedded", "--samples", "2",
+    ("compare layers", ["compare", "layers", "--steps", "3", "--dtypes", "bf16", "--dump", "{tmp}/dump"]),
+    ("compare layers --reference", ["compare", "layers", "--reference", "embedded", "--steps", "3",
+                                    "--dtypes", "bf16"]),
+    ("compare contracts", ["compare", "contracts", "--steps", "3", "--dtypes", "fp32"]),
+    ("compare rollout", ["compare", "rollout", "--trainer", "embedded", "--rollout", "embedded", "--samples", "2",
                                  "--tokens", "8", "--top-p", "0.9"]),
+    ("compare engine", ["compare", "engine", "--engine", "embedded", "--tokens", "16", "--steps", "2"]),
     ("compare logits", ["compare", "logits", "{tmp}/fp32.safetensors", "{tmp}/bf16.safetensors"]),
     ("compare logprobs", ["compare", "logprobs", "docs/data/logprobs/trainer.safetensors",
                           "docs/data/logprobs/rollout-top-p.jsonl"]),
@@ -55,6 +56,11 @@ def test_every_document_carries_the_schema_version_first(docs, name):
     d = docs[name]
     assert list(d)[:2] == ["schema_version", "command"] and d["schema_version"] == jsondoc.SCHEMA_VERSION
     assert isinstance(d["rows"], list) and d["rows"]
+
+
+@pytest.mark.parametrize("name", [c[0] for c in COMMANDS])
+def test_command_names_the_verb(docs, name):
+    assert docs[name]["command"] == name  # the two-model layers document keeps its own name
 
 
 @pytest.mark.parametrize("name", [c[0] for c in COMMANDS])

@@ -110,34 +110,33 @@ def test_fp16_overflow_is_named_where_it_first_happens():
 
 
 def test_cli_layers_json_and_exit_codes(tmp_path):
-    r = cli("compare", "model", "--layers", "--steps", "10", "--dtypes", "bf16", "--json")
+    r = cli("compare", "layers", "--steps", "10", "--dtypes", "bf16", "--json")
     assert r.code == 0, r.err
     d = strict_json(r.out)
     assert d["first_divergence"] is None and d["rows"] and d["first_divergence_by_dtype"] == {"bf16": None}
-    r = cli("compare", "model", "--layers", "--steps", "10", "--dtypes", "bf16", "--inject", "layers.3.mlp:scale=1.5")
+    r = cli("compare", "layers", "--steps", "10", "--dtypes", "bf16", "--inject", "layers.3.mlp:scale=1.5")
     assert r.code == 1 and "first divergence: layers.3.mlp" in r.out
 
 
 @pytest.mark.parametrize("args", [
-    ["--layers", "--inject", "nosuch.module:scale=2"],
-    ["--layers", "--inject", "layers.1.mlp:eps=1e-3"],          # not a norm
-    ["--layers", "--inject", "layers.1.mlp:rope=bf16"],         # not the rope
-    ["--layers", "--inject", "rope:rope=fp8"],
-    ["--layers", "--inject", "lm_head:eps=1"],                  # the tied head is no module
-    ["--layers", "--inject", "rope:scale=2"],
-    ["--layers", "--inject", "logits:noise=1"],                 # not applied by --layers
-    ["--inject", "layers.1.mlp:scale=2"],                       # needs --layers or --dump
+    ["--inject", "nosuch.module:scale=2"],
+    ["--inject", "layers.1.mlp:eps=1e-3"],          # not a norm
+    ["--inject", "layers.1.mlp:rope=bf16"],         # not the rope
+    ["--inject", "rope:rope=fp8"],
+    ["--inject", "lm_head:eps=1"],                  # the tied head is no module
+    ["--inject", "rope:scale=2"],
+    ["--inject", "logits:noise=1"],                 # not applied by --layers
     ["--dump", "/nonexistent/dir/x"],
 ])
 def test_bad_layers_input_exits_2(args):
-    r = cli("compare", "model", "--steps", "4", *args)
+    r = cli("compare", "layers", "--steps", "4", *args)
     assert r.code == 2 and len(r.err.strip().splitlines()) == 1 and "Traceback" not in r.err, r.err
 
 
 def test_dump_into_a_file_is_refused(tmp_path):
     f = tmp_path / "file"
     f.write_text("x")
-    r = cli("compare", "model", "--steps", "4", "--dump", str(f))
+    r = cli("compare", "layers", "--steps", "4", "--dump", str(f))
     assert r.code == 2 and f.read_text() == "x"
 
 
@@ -188,7 +187,7 @@ def test_memory_is_estimated_before_the_model_is_opened(monkeypatch):
     seen = []
     monkeypatch.setattr(inputs, "memory_limit", lambda: 1 << 20)
     monkeypatch.setattr(memory, "compare_layers", lambda *a, **k: seen.append(k) or (2 << 20))
-    with pytest.raises(UsageError, match=r"compare model --layers --model embedded --steps 3 needs about 2 MiB"):
+    with pytest.raises(UsageError, match=r"compare layers --model embedded --steps 3 needs about 2 MiB"):
         lexp.run(lexp.LayersConfig(steps=3, dtypes="bf16"))
     assert seen == [{"dump": False}]
     monkeypatch.undo()

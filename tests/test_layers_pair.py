@@ -42,7 +42,7 @@ def _copy(base, tmp_path, name, weights=None, config=None):
 
 
 def _pair(run, yours, base, *extra):
-    r = run("compare", "model", "--layers", "--model", f"hf:{yours}", "--reference", f"hf:{base}", "--dtypes",
+    r = run("compare", "layers", "--model", f"hf:{yours}", "--reference", f"hf:{base}", "--dtypes",
             "bf16", *PROMPT, *extra, "--json")
     return r, strict_json(r.out) if r.out.strip() else None
 
@@ -129,7 +129,7 @@ def test_rope_in_bf16_and_a_skipped_q_norm_are_named(run, base, tmp_path, bug, m
 
     registry.register("planted", _Planted.make(bug))
     try:
-        r = run("compare", "model", "--layers", "--model", f"planted:{_copy(base, tmp_path, 'c')}", "--reference",
+        r = run("compare", "layers", "--model", f"planted:{_copy(base, tmp_path, 'c')}", "--reference",
                 f"hf:{base}", "--dtypes", "bf16", *PROMPT, "--json")
     finally:
         registry.unregister("planted")
@@ -142,7 +142,7 @@ def test_rope_in_bf16_and_a_skipped_q_norm_are_named(run, base, tmp_path, bug, m
 
 def test_one_models_layers_on_the_bug_copy_runs_as_before(run, base, tmp_path):
     bug = _copy(base, tmp_path, "scaled", weights={"model.layers.1.mlp.down_proj.weight": 1.005})
-    r = run("compare", "model", "--layers", "--model", f"hf:{bug}", "--dtypes", "bf16", *PROMPT, "--json")
+    r = run("compare", "layers", "--model", f"hf:{bug}", "--dtypes", "bf16", *PROMPT, "--json")
     assert r.code == 0, r.err
     doc = strict_json(r.out)
     assert doc["first_divergence"] is None and "rows" in doc and doc["rows"][0]["dtype"] == "bf16"
@@ -150,7 +150,7 @@ def test_one_models_layers_on_the_bug_copy_runs_as_before(run, base, tmp_path):
 
 def test_the_table_names_the_rule_and_its_number(run, base, tmp_path):
     bug = _copy(base, tmp_path, "scaled", weights={"model.layers.1.mlp.down_proj.weight": 1.005})
-    r = run("compare", "model", "--layers", "--model", f"hf:{bug}", "--reference", f"hf:{base}", "--dtypes",
+    r = run("compare", "layers", "--model", f"hf:{bug}", "--reference", f"hf:{base}", "--dtypes",
             "bf16", *PROMPT)
     assert r.code == 1
     assert "first divergence: model.layers.1.mlp" in r.out
@@ -162,7 +162,7 @@ def test_plot_is_written(run, base, tmp_path, reference):
     pytest.importorskip("matplotlib")
     out = tmp_path / "layers.png"
     extra = ["--reference", f"hf:{base}"] if reference else []
-    r = run("compare", "model", "--layers", "--model", f"hf:{base}", *extra, "--dtypes", "bf16", *PROMPT,
+    r = run("compare", "layers", "--model", f"hf:{base}", *extra, "--dtypes", "bf16", *PROMPT,
             "--plot", str(out))
     assert r.code == 0, r.err
     assert out.is_file() and out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
@@ -175,7 +175,7 @@ def test_plot_to_an_unwritable_kind_is_refused_before_the_run(run, base, tmp_pat
 
     fail_if_a_model_runs(monkeypatch)
     extra = ["--reference", f"hf:{base}"] if reference else []
-    r = run("compare", "model", "--layers", "--model", f"hf:{base}", *extra, *PROMPT, "--plot",
+    r = run("compare", "layers", "--model", f"hf:{base}", *extra, *PROMPT, "--plot",
             str(tmp_path / "x.nosuchkind"))
     assert r.code == 2 and len(r.err.strip().splitlines()) == 1 and "--plot" in r.err
     assert not (tmp_path / "x.nosuchkind").exists()
@@ -183,13 +183,13 @@ def test_plot_to_an_unwritable_kind_is_refused_before_the_run(run, base, tmp_pat
 
 @pytest.mark.parametrize("spec", ["openai:http://127.0.0.1:9/v1", "ct2:/no/such/dir", "onnx:/no/such.onnx"])
 def test_an_engine_without_intermediates_is_one_line(run, base, spec):
-    r = run("compare", "model", "--layers", "--engine", spec, "--reference", f"hf:{base}", *PROMPT)
+    r = run("compare", "layers", "--engine", spec, "--reference", f"hf:{base}", *PROMPT)
     assert r.code == 2 and len(r.err.strip().splitlines()) == 1, r.err
     assert "exposes no intermediate tensors" in r.err
 
 
 def test_inject_with_a_reference_is_refused(run, base):
-    r = run("compare", "model", "--layers", "--model", f"hf:{base}", "--reference", f"hf:{base}", "--inject",
+    r = run("compare", "layers", "--model", f"hf:{base}", "--reference", f"hf:{base}", "--inject",
             "layers.0.mlp:scale=2", *PROMPT)
     assert r.code == 2 and "--inject" in r.err
 
@@ -216,7 +216,7 @@ def embedded_hf(tmp_path_factory):
 
 def _engine_layers(run, gguf_path, ref, *extra):
     args = ["--reference", f"hf:{ref}"] if ref else []
-    r = run("compare", "model", "--layers", "--engine", f"llamacpp:{gguf_path},kv=f32", *args, "--dtypes", "bf16",
+    r = run("compare", "layers", "--engine", f"llamacpp:{gguf_path},kv=f32", *args, "--dtypes", "bf16",
             "--prompt", "ROMEO:\n", "--steps", "24", *extra, "--json")
     return r, strict_json(r.out) if r.out.strip() else None
 
@@ -273,7 +273,7 @@ def test_llamacpp_export_of_the_embedded_model_meets_it_by_name(run, embedded_hf
 def test_an_fp16_overflow_in_yours_is_flagged_as_overflow(run, base, tmp_path):
     """YOURS' MLP weights past fp16's range: its fp16 run turns inf where REF's fp16 run is finite."""
     bug = _copy(base, tmp_path, "huge", weights={"model.layers.1.mlp.down_proj.weight": 1e7})
-    r = run("compare", "model", "--layers", "--model", f"hf:{bug}", "--reference", f"hf:{base}", "--dtypes", "fp16",
+    r = run("compare", "layers", "--model", f"hf:{bug}", "--reference", f"hf:{base}", "--dtypes", "fp16",
             *PROMPT, "--json")
     assert r.code == 1, r.err
     doc = strict_json(r.out)
@@ -293,11 +293,11 @@ def test_two_model_usage_errors_are_one_line_before_any_load(run, monkeypatch, a
     from helpers import fail_if_a_model_runs, one_line
 
     fail_if_a_model_runs(monkeypatch)
-    one_line(run("compare", "model", "--layers", *args), 2, *words)
+    one_line(run("compare", "layers", *args), 2, *words)
 
 
 def test_wide_adds_each_views_scale_fit(run, base):
-    r = run("compare", "model", "--layers", "--model", f"hf:{base}", "--reference", f"hf:{base}", "--dtypes", "bf16",
+    r = run("compare", "layers", "--model", f"hf:{base}", "--reference", f"hf:{base}", "--dtypes", "bf16",
             *PROMPT, "--wide")
     assert r.code == 0, r.err
     assert "fp32 scale (z)" in r.out and "bf16 scale (z)" in r.out and "1.00000 (0)" in r.out
@@ -311,7 +311,7 @@ def test_memory_is_estimated_from_both_models_before_either_loads():
     import subprocess
     import sys
 
-    argv = ["precisionlab", "compare", "model", "--layers", "--reference", "embedded", "--steps", "100"]
+    argv = ["precisionlab", "compare", "layers", "--reference", "embedded", "--steps", "100"]
     code = ("import precisionlab.io.inputs as I; I.memory_limit = lambda: 50 * 2**20\n"
             "import precisionlab.engines.registry as R\n"
             "def refuse(*a, **k): raise SystemExit('an engine was opened')\n"
@@ -320,7 +320,7 @@ def test_memory_is_estimated_from_both_models_before_either_loads():
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=ROOT)
     err = r.stderr.strip()
     assert r.returncode == 2 and len(err.splitlines()) == 1 and not r.stdout, (r.returncode, r.stderr)
-    assert "compare model --layers --reference embedded" in err and "needs about 83 MiB of memory, 50 MiB" in err, err
+    assert "compare layers --reference embedded" in err and "needs about 83 MiB of memory, 50 MiB" in err, err
 
 
 def test_the_pair_estimate_counts_yours_weights_and_each_low_dtype():

@@ -92,7 +92,7 @@ def _models(tmp_path: Path):
 
 def _layers_models(tmp_path: Path):
     pytest.importorskip("transformers")
-    return [(["compare", "model", "--model", folder, "--layers", "--steps", "8", "--prompt", "the cat sat", "--json"],
+    return [(["compare", "layers", "--model", folder, "--steps", "8", "--prompt", "the cat sat", "--json"],
              engine_shape.compare_layers_for(folder, 8, "the cat sat"))
             for folder in (_tiny_qwen(tmp_path, h) for h in (128, 256, 512))]
 
@@ -112,6 +112,40 @@ def _kvcache_embedded():
     # 800 steps: the teacher-forced pass's attention scores outgrow the 512-character calibration pass's
     return [(["kvcache", "--steps", str(s), "--dtypes", "fp8_e4m3", "--scales", "dynamic", "--json"],
              engine_shape.kvcache_for(None, s, "ROMEO:\n", CALIBRATION_CHARS)) for s in (100, 400, 800)]
+
+
+def _metrics_embedded():
+    from precisionlab.experiments import logits
+
+    shape = engine_shape.model_shape(None, 0, "")
+    return [(["compare", "metrics", "--tokens", str(t), "--dtypes", "bf16", "--json"],
+             logits.estimate(shape, t, ["bf16"], {}, 0.0)) for t in (2048, 4096, 8192)]
+
+
+def _contracts_embedded():
+    from precisionlab.experiments.contracts import BATCHES, PADS
+
+    # Held to one side only: the estimate counts an fp64 copy and the largest batch's activations at
+    # their worst, and the embedded model's runs measured about half of it (61, 46, 50 MiB against 126,
+    # 78, 112 at steps 8, 16, 32 on a 2-core machine); a run must still never pass 1.5x of it.
+    return [(["compare", "contracts", "--steps", str(s), "--dtypes", "fp32", "--json"],
+             memory.compare_contracts(*engine_shape.model_shape(None, s + PADS, "ROMEO:\n")[:7], batch=max(BATCHES)),
+             UPPER_ONLY) for s in (8, 16, 32)]
+
+
+def _rollout_embedded():
+    from precisionlab.experiments import rollout
+
+    return [(["compare", "rollout", "--trainer", "embedded", "--rollout", "embedded", "--samples", str(n),
+              "--tokens", "64", "--json"],
+             rollout.estimate(rollout.RolloutConfig("embedded", "embedded", samples=n, tokens=64), "fp32", "bf16"))
+            for n in (4, 8, 16)]
+
+
+def _engine_embedded():
+    shape = engine_shape.model_shape(None, 2, "ROMEO:\n")
+    return [(["compare", "engine", "--engine", "embedded", "--tokens", str(t), "--steps", "2", "--json"],
+             memory.compare_engine(shape, [shape], t)) for t in (1024, 2048, 4096)]
 
 
 # (label, [(argv, estimate in bytes)] at three ascending sizes)
@@ -159,9 +193,13 @@ def _families(tmp_path: Path):
         "attention": [(["attention", "--seq", str(n), "--rows", "16", "--std", "1", "--json"],
                        memory.attention(16, n, 128, 128, 256, 0)) for n in (32768, 65536, 131072)],
         "compare model": lambda: _models(tmp_path),
-        "compare model --layers": lambda: _layers_models(tmp_path),
-        "compare model --layers (embedded)": [(["compare", "model", "--layers", "--steps", str(s), "--json"],
+        "compare layers": lambda: _layers_models(tmp_path),
+        "compare model --layers (embedded)": [(["compare", "layers", "--steps", str(s), "--json"],
                                                engine_shape.compare_layers_for(None, s, "ROMEO:\n")) for s in (100, 300, 600)],
+        "compare metrics": _metrics_embedded,
+        "compare contracts": _contracts_embedded,
+        "compare rollout": _rollout_embedded,
+        "compare engine": _engine_embedded,
         "kvcache --model": lambda: _kvcache_models(tmp_path),
         "kvcache": _kvcache_embedded,
         # two files of one fp32 tensor each: both stored tensors (4 + 4), their float64 copies, the
@@ -185,8 +223,9 @@ def _tensor_pair(tmp_path: Path, n: int) -> list[str]:
 # its 128 case grew 37, 85 or 98 MiB as the allocator happened to reuse that.
 GROUPS = [["softmax", "softmax --from"], ["softmax long rows", "softmax --from long rows"], ["nondeterminism"],
           ["nondeterminism sections"], ["tf32"], ["tf32 --sweep-mn"], ["bench"],
-          ["compare op matmul", "compare op softmax"], ["compare model"], ["compare model --layers"],
-          ["compare model --layers (embedded)"], ["compare tensors"],
+          ["compare op matmul", "compare op softmax"], ["compare model"], ["compare layers"],
+          ["compare model --layers (embedded)"], ["compare tensors"], ["compare metrics"], ["compare contracts"],
+          ["compare rollout"], ["compare engine"],
           ["kvcache --model"], ["kvcache"], ["attention"]]
 
 # Families measured one case per fresh child: family -> the warm-up run made there first, unmeasured
@@ -211,9 +250,11 @@ FIRST_USE = {"softmax": memory.softmax(0, 0), "softmax --from": memory.softmax(0
              "tf32": memory.tf32(0, 0, 0, None), "tf32 --sweep-mn": memory.BLAS_FIXED, "bench": memory.bench_cpu(0),
              "compare op softmax": memory.COMPARE_FIXED, "compare op matmul": memory.COMPARE_FIXED,
              "compare model": memory.MODEL_FIXED["hf"], "compare tensors": 0,
-             "compare model --layers": memory.LAYERS_FIXED["hf"],
+             "compare layers": memory.LAYERS_FIXED["hf"],
              "compare model --layers (embedded)": memory.LAYERS_FIXED["embedded"],
              "attention": memory.COMPARE_FIXED,
+             "compare metrics": memory.METRICS_FIXED["embedded"], "compare contracts": memory.MODEL_FIXED["embedded"],
+             "compare rollout": memory.MODEL_FIXED["embedded"], "compare engine": memory.ENGINE_FIXED["embedded"],
              "kvcache --model": memory.KVCACHE_FIXED["hf"], "kvcache": memory.KVCACHE_FIXED["embedded"]}
 
 
@@ -303,6 +344,52 @@ def test_every_command_refuses_under_the_limit(args):
     assert r.returncode == 2, (r.returncode, r.stderr[-500:])
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1 and len(_numbers_in(lines[0])) == 2, r.stderr
+
+
+# Every model command (those whose --device defaults to the CPU), refusing a run that does not fit
+# before any engine is opened: what the process may allocate is set to 1 MiB, and opening an engine
+# ends the child with a message of its own.
+MODEL_REFUSALS = {
+    ("compare", "model"): ["--steps", "4"],
+    ("compare", "metrics"): ["--tokens", "64"],
+    ("compare", "layers"): ["--steps", "4"],
+    ("compare", "contracts"): ["--steps", "4"],
+    ("compare", "rollout"): ["--trainer", "embedded", "--rollout", "embedded", "--samples", "1", "--tokens", "4"],
+    ("compare", "engine"): ["--engine", "embedded", "--tokens", "64", "--steps", "2"],
+    ("kvcache",): ["--steps", "4"],
+}
+NO_ENGINE = ("import precisionlab.io.inputs as I; I.memory_limit = lambda: 1 << 20\n"
+             "import precisionlab.engines.registry as R\n"
+             "def refuse(*a, **k): raise SystemExit('an engine was opened')\n"
+             "R.open_engine = refuse\n")
+
+
+def test_the_refusal_cases_are_every_model_command():
+    import typer
+
+    from precisionlab.cli.app import app
+
+    def model_commands(cmd, path=()):
+        if any(p.name == "device" and p.default == "cpu" for p in cmd.params):
+            yield path
+        for name, sub in getattr(cmd, "commands", {}).items():
+            yield from model_commands(sub, (*path, name))
+
+    assert set(model_commands(typer.main.get_command(app))) == set(MODEL_REFUSALS)
+
+
+@pytest.mark.parametrize("args", [[*c, *a] for c, a in MODEL_REFUSALS.items()]
+                         + [["compare", "layers", "--reference", "embedded", "--steps", "4"]], ids=" ".join)
+def test_every_model_command_refuses_before_loading(args):
+    env = {k: v for k, v in os.environ.items() if k != "PRECISIONLAB_DEBUG"}
+    env["PYTHONPATH"] = str(ROOT)
+    code = NO_ENGINE + "import sys\nfrom precisionlab.cli import main\nsys.argv = ['precisionlab', *sys.argv[1:]]\nmain()"
+    r = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, env=env,
+                       timeout=loaded_timeout(120), cwd=ROOT)
+    lines = r.stderr.strip().splitlines()
+    assert r.returncode == 2 and len(lines) == 1 and not r.stdout, (r.returncode, r.stderr[-500:])
+    verb = " ".join(args[:2] if args[0] == "compare" else args[:1])
+    assert verb in lines[0] and "needs about" in lines[0] and len(_numbers_in(lines[0])) == 2, lines[0]
 
 
 def test_from_file_refused_from_its_header(tmp_path):

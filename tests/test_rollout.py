@@ -102,7 +102,7 @@ def _invoke(*args: str):
 
     from precisionlab.cli.app import app
 
-    return CliRunner().invoke(app, ["compare", "model", *args])
+    return CliRunner().invoke(app, ["compare", "rollout", *args])
 
 
 @pytest.mark.parametrize("args", [
@@ -111,11 +111,8 @@ def _invoke(*args: str):
     ["--trainer", "embedded", "--rollout", "/nonexistent/model"],
     ["--trainer", "embedded", "--rollout", "embedded", "--rollout-dtype", "fp8"],
     ["--trainer", "embedded", "--rollout", "embedded", "--top-p", "0"],
-    ["--trainer", "embedded", "--rollout", "embedded", "--metrics"],  # another mode's option
-    ["--trainer", "embedded", "--rollout", "embedded", "--steps", "5"],
-    ["--trainer", "embedded", "--rollout", "embedded", "--model", "embedded:x"],
     ["--trainer", "embedded", "--rollout", "embedded", "--tokens", "5000"],  # past the model's positions
-    ["--samples", "4"],                                             # this mode's option without it
+    ["--samples", "4"],                                             # its option without the two sides
     ["--top-p", "0.9"],
 ])
 def test_cli_usage_errors(args):
@@ -123,8 +120,14 @@ def test_cli_usage_errors(args):
     assert isinstance(res.exception, UsageError) and "\n" not in str(res.exception), (res.exception, res.output)
 
 
+@pytest.mark.parametrize("option", [["--metrics"], ["--steps", "5"], ["--model", "embedded:x"]])
+def test_another_verbs_option_is_no_option_here(option):
+    res = _invoke("--trainer", "embedded", "--rollout", "embedded", *option)
+    assert res.exit_code == 2 and f"No such option: {option[0]}" in res.output, res.output
+
+
 def test_a_usage_error_is_one_line_and_exit_2_as_a_user_meets_it():
-    r = cli("compare", "model", "--trainer", "embedded", "--rollout", "/nonexistent/model")
+    r = cli("compare", "rollout", "--trainer", "embedded", "--rollout", "/nonexistent/model")
     assert r.code == 2 and len(r.err.strip().splitlines()) == 1 and "Traceback" not in r.err, r.err
     assert r.err.startswith("precisionlab: --rollout "), r.err
 
@@ -134,7 +137,7 @@ def test_cli_json():
                   "0.9", "--json")
     assert res.exit_code == 0, res.exception
     d = strict_json(res.output)
-    assert d["command"] == "compare model --rollout"
+    assert d["command"] == "compare rollout"
     assert [x["comparison"] for x in d["rows"]] == ["sampler", "sampler_top_p", "teacher_forced",
                                                     "rollout_head_fp32", "rollout_fp32"]
     assert [x["comparison"] for x in d["details"]] == [x["comparison"] for x in d["rows"]]

@@ -189,7 +189,7 @@ def test_layers_overflow_is_a_rule_and_exits_1():
     over = [r for r in res.rows if r["overflow"]]
     assert over and all(any(f["rule"] == "overflow" for f in r["flags"]) for r in over)
     assert over[0]["reason"].startswith("overflow: ") and "where fp32 is finite" in over[0]["reason"]
-    r = cli("compare", "model", "--layers", "--steps", "8", "--dtypes", "fp16", "--inject", "layers.1.mlp:scale=1e5",
+    r = cli("compare", "layers", "--steps", "8", "--dtypes", "fp16", "--inject", "layers.1.mlp:scale=1e5",
             env={"COLUMNS": "80"})
     assert r.code == 1 and "first divergence: layers.1.mlp" in r.out
     assert max(len(x) for x in r.out.splitlines()) <= 80 and "-- row 1 of" not in r.out
@@ -207,7 +207,7 @@ def test_metrics_overflow_exits_1_named_as_one(tmp_path):
     path = save_tiny_qwen(tmp_path / "hot", edit=lambda m: m.lm_head.weight.data.mul_(1e6))
     random.seed(0)
     (tmp_path / "t.txt").write_text(" ".join(random.choice(TINY_WORDS[1:]) for _ in range(200)))
-    r = cli("compare", "model", "--metrics", "--model", str(path), "--dtypes", "fp16", "--tokens", "32", "--text",
+    r = cli("compare", "metrics", "--model", str(path), "--dtypes", "fp16", "--tokens", "32", "--text",
             str(tmp_path / "t.txt"), "--json")
     d = strict_json(r.out)
     assert r.code == 1, r.err

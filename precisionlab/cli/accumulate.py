@@ -21,11 +21,11 @@ def command(
     methods: Annotated[Optional[str], typer.Option("--variants", "--methods", help=catalog_help(
         lambda: f"Comma list of sum variants: {variant_names('sum', 'cpu')} (CPU); {variant_names('sum', 'cuda')} (GPU). "
                 "Default: all that apply.", "sum variants"))] = None,
-    accumulators: Annotated[Optional[str], typer.Option("--accumulators", help="Accumulator formats, comma list. "
+    accumulators: Annotated[Optional[str], typer.Option("--acc-dtypes", help="Accumulator formats, comma list. "
                                                         f"Default: {format_names(formats.DEFAULT_ACCUMULATORS, ',')} "
                                                         f"(GPU: {format_names(formats.GPU_ACCUMULATORS)}).")] = None,
     plot: Annotated[Optional[str], typer.Option("--plot", help="Write the running sum against the step to this file (.png, .svg, .pdf, ...).")] = None,
-    device: DeviceOpt = "auto",
+    device: DeviceOpt = "all",
     seed: SeedOpt = 0,
     json_out: JsonOpt = False,
 ):

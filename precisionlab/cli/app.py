@@ -118,7 +118,13 @@ COMMANDS = (
     (None, 'accumulate', 'accumulate'),
     (None, 'softmax', 'softmax'),
     ('compare', 'model', 'compare_model'),
+    ('compare', 'metrics', 'compare_metrics'),
+    ('compare', 'layers', 'compare_layers'),
+    ('compare', 'contracts', 'compare_contracts'),
+    ('compare', 'rollout', 'compare_rollout'),
+    ('compare', 'engine', 'compare_engine'),
     (None, 'nondeterminism', 'nondeterminism'),
+    ('nondeterminism', 'endpoint', 'nondeterminism_endpoint'),
     (None, 'tf32', 'tf32'),
     (None, 'info', 'info'),
     ('compare', 'op', 'compare_op'),
@@ -131,7 +137,11 @@ COMMANDS = (
     (None, 'attention', 'attention'),
     (None, 'export', 'export'),
 )
-GROUPS = {"compare": compare_app}
+# nondeterminism is a group whose own run (no verb given) is the sections: its
+# COMMANDS line registers that run as the group's callback, and `endpoint` is its verb.
+nondeterminism_app = typer.Typer(cls=_Group, no_args_is_help=False)
+app.add_typer(nondeterminism_app, name="nondeterminism")
+GROUPS = {"compare": compare_app, "nondeterminism": nondeterminism_app}
 
 
 def _register() -> None:
@@ -139,7 +149,10 @@ def _register() -> None:
 
     for group, name, module in COMMANDS:
         fn = importlib.import_module(f"precisionlab.cli.{module}").command
-        (app if group is None else GROUPS[group]).command(name, cls=_Command)(fn)
+        if group is None and name in GROUPS:  # the group's own run
+            GROUPS[name].callback(invoke_without_command=True)(fn)
+        else:
+            (app if group is None else GROUPS[group]).command(name, cls=_Command)(fn)
 
 
 _register()
@@ -213,8 +226,9 @@ def _run() -> int:
     if "--install-completion" in sys.argv[1:]:
         _check_completion_shell()
     try:
+        args = _new_spelling(sys.argv[1:])
         # the command's name, also under `python -m`: shell completion is for `precisionlab`
-        rc = app(standalone_mode=False, prog_name="precisionlab")
+        rc = app(args=args, standalone_mode=False, prog_name="precisionlab")
     except PrecisionLabError as e:
         if debug:
             raise
@@ -247,6 +261,37 @@ def _run() -> int:
             _fail(f"{e.strerror}{f': {e.filename}' if e.filename else ''}", 1)
         _fail(f"internal error: {type(e).__name__}: {e} (PRECISIONLAB_DEBUG=1 shows the traceback)", 1)
     return rc if isinstance(rc, int) else 0
+
+
+def _new_spelling(argv: list[str]) -> list[str]:
+    """argv with this release's old spellings rewritten (cli/aliases.py), one notice line each on stderr."""
+    from precisionlab.cli import aliases
+
+    flags, kernel = command_facts()
+    args, notices = aliases.rewrite(argv, flags, kernel)
+    for line in notices:
+        sys.stderr.write(f"precisionlab: {line}\n")
+    return args
+
+
+def command_facts() -> tuple[set[str], set[tuple[str, ...]]]:
+    """(every option of the app that takes no value, the commands whose --device
+    defaults to all), read from the registered commands: what the alias
+    rewriting needs to know, never a copy of it."""
+    flags: set[str] = {"--help", "-h"}
+    kernel: set[tuple[str, ...]] = set()
+
+    def walk(cmd, path: tuple[str, ...]) -> None:
+        for p in cmd.params:
+            if getattr(p, "is_flag", False) or getattr(p, "count", False):  # typer may vendor its own click
+                flags.update(p.opts + p.secondary_opts)
+            if p.name == "device" and p.default == "all":
+                kernel.add(path)
+        for name, sub in getattr(cmd, "commands", {}).items():
+            walk(sub, (*path, name))
+
+    walk(typer.main.get_command(app), ())
+    return flags, kernel
 
 
 # What a write to a full disk, a failing device or past a size limit raises

@@ -17,7 +17,7 @@ def command(
     sections: Annotated[Optional[str], typer.Option("--sections", help="Comma list of sections (default: all): accumulate, softmax, matmul, attention (CPU).")] = None,
     cpu_n: Annotated[Optional[int], typer.Option("--cpu-n", help="Elements for the CPU kernels (default 1e8; 1e7 with --quick).")] = None,
     gpu_n: Annotated[Optional[int], typer.Option("--gpu-n", help="Elements for the GPU sums (default 2^28, --quick too).")] = None,
-    device: DeviceOpt = "auto",
+    device: DeviceOpt = "all",
     seed: SeedOpt = 0,
     json_out: JsonOpt = False,
 ):

@@ -22,7 +22,7 @@ def command(
     shape: Annotated[Optional[str], typer.Option("--shape", help="ROWSxCOLS (matmul: MxKxN; attention: BHxTxD). Defaults: "
                                                  "64x4096, matmul 256x1024x256, rope 64x128 (positions 0..32767), "
                                                  "attention 4x128x64.")] = None,
-    dtype: Annotated[str, typer.Option("--dtype", help="Low precision(s) to test: "
+    dtype: Annotated[str, typer.Option("--dtypes", help="Low precisions to test: "
                                        f"{format_names(formats.LOW_COMPUTE)} or {format_names(formats.LOW_COMPUTE, ',')} "
                                        f"(computed in them); or storage formats {format_names(formats.STORAGE)} "
                                        "(inputs rounded to them, computed in fp32).")] = format_names(formats.LOW_COMPUTE, ","),
@@ -49,7 +49,7 @@ def command(
     acc_rounding: AccRoundingOpt = None,
     atol: AtolOpt = None,
     rtol: RtolOpt = None,
-    device: DeviceOpt = "auto",
+    device: DeviceOpt = "all",
     seed: SeedOpt = 0,
     json_out: JsonOpt = False,
     threads: ThreadsOpt = None,

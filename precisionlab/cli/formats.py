@@ -33,7 +33,7 @@ def command(
     acc_rounding: AccRoundingOpt = None,
     plot: Annotated[Optional[str], typer.Option("--plot", help="Write relative RMSE per configuration to this "
                                                 ".png/.pdf/.svg (checked before the run, written atomically).")] = None,
-    device: DeviceOpt = "auto",
+    device: DeviceOpt = "all",
     seed: SeedOpt = 0,
     json_out: JsonOpt = False,
 ):

@@ -24,8 +24,9 @@ def command(
     steps: Annotated[int, typer.Option("--steps", help="Greedy steps.")] = 50,
     prompt: Annotated[str, typer.Option("--prompt", help="Prompt text.")] = DEFAULT_PROMPT,
     model: ModelOpt = DEFAULT_SPEC,
-    device: Annotated[str, typer.Option("--device", help="cpu (the default for a model run, unlike the other "
-                                        "commands) | cuda | auto (CPU, plus GPU where present) | all.")] = "cpu",
+    device: Annotated[str, typer.Option("--device", help="cpu (the default for a model run, unlike the kernel "
+                                        "commands) | cuda | all (the CPU, plus the GPU where present: a table "
+                                        "each). auto, the old spelling of all here, still works this release.")] = "cpu",
     seed: SeedOpt = 0,
     json_out: JsonOpt = False,
 ):
@@ -35,10 +36,7 @@ def command(
     from precisionlab.report import kvcache
     from precisionlab.report.output import Output
 
-    from precisionlab.io import inputs
-
-    check_model(model)
-    inputs.check_text(prompt, "--prompt")
+    check_model(model)  # the steps and the prompt: the run's start-up (experiments/startup.py)
     out = Output(kvcache, json_out)
     cfg = exp.KVCacheConfig(dtypes=dtypes, scales=scales, activation_scale=activation_scale, steps=steps,
                             prompt=prompt, device=device, seed=seed, model=model)

@@ -49,7 +49,8 @@ def block_format_names() -> str:
 
 
 # Options every command shares.
-DeviceOpt = Annotated[str, typer.Option("--device", help="auto (CPU, plus GPU where present) | cpu | cuda | all.")]
+DeviceOpt = Annotated[str, typer.Option("--device", help="all (the CPU, plus the GPU where present) | cpu | cuda. "
+                                        "auto, the old spelling of all here, still works this release.")]
 SEED_MAX = 2**64 - 1  # the kernels take the seed as a uint64
 
 

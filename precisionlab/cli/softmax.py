@@ -11,7 +11,7 @@ from precisionlab.cli.options import DeviceOpt, SeedOpt, JsonOpt, variant_names,
 
 
 def command(
-    dtype: Annotated[str, typer.Option("--dtype", help=f"Input format(s), comma list: {format_names(formats.COMPUTE)}. "
+    dtype: Annotated[str, typer.Option("--dtypes", help=f"Input formats, comma list: {format_names(formats.COMPUTE)}. "
                                        "Arithmetic is fp32.")] = "fp32",
     methods: Annotated[Optional[str], typer.Option("--variants", "--methods", help=catalog_help(
         lambda: f"Comma list of softmax variants: {variant_names('softmax', 'cpu', ('algorithm',))} (CPU and GPU); "
@@ -27,7 +27,7 @@ def command(
     scale: Annotated[Optional[float], typer.Option("--scale", help="Multiply random logits (--rows/--cols) by this "
                                                    "(default 1).")] = None,
     from_file: Annotated[Optional[str], typer.Option("--from", help="Logits from a 2-D .npy file.")] = None,
-    device: DeviceOpt = "auto",
+    device: DeviceOpt = "all",
     seed: SeedOpt = 0,
     json_out: JsonOpt = False,
 ):

@@ -14,6 +14,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
+from precisionlab.catalog import formats
 from precisionlab.errors import UsageError
 
 # prefix -> "module:Class" (imported when used) or the class itself (register()).
@@ -37,7 +38,7 @@ class ModelRun:
     model: str | None = DEFAULT_SPEC  # None: the embedded model
     steps: int = 50
     prompt: str = DEFAULT_PROMPT
-    dtypes: str = "bf16,fp16"  # the catalog's LOW_COMPUTE, as --dtypes spells it
+    dtypes: str = ",".join(formats.LOW_COMPUTE)  # as --dtypes spells it
     device: str = "cpu"
     seed: int = 0
 

@@ -138,7 +138,7 @@ def run(cfg: AccumulateConfig, advance=lambda k=1: None) -> AccumulateResult:
     rep_error = _representation_error(exact_stored, exact_intended, exact_q, intended_q)
     return AccumulateResult(
         params={"dtype": storage.name, "n": int(stored.size), "input": desc, "variants": methods,
-                "accumulators": [a.name for a in accumulators], "device": cfg.device, "seed": cfg.seed},
+                "acc_dtypes": [a.name for a in accumulators], "device": cfg.device, "seed": cfg.seed},
         storage=storage.name,
         n=int(stored.size),
         input_desc=desc,
@@ -192,7 +192,7 @@ def parse_formats(cfg: AccumulateConfig) -> tuple[Format, list[Format]]:
     """--dtype (any catalog format) and --accumulators (those with a pl_format
     code; fp4/fp6 are storage only), aliases taken."""
     storage = formats.get(formats.parse_one(cfg.dtype, STORAGE_DTYPES, "--dtype"))
-    names = formats.parse_list(cfg.accumulators, ACCUMULATORS, "--accumulators", DEFAULT_ACCUMULATORS)
+    names = formats.parse_list(cfg.accumulators, ACCUMULATORS, "--acc-dtypes", DEFAULT_ACCUMULATORS)
     return storage, [formats.get(n) for n in names]
 
 

@@ -283,7 +283,7 @@ def _compare_op(cfg: CompareOpConfig, advance) -> CompareResult:
                         + op_accumulator.peak_bytes(models, (shape, *case_shapes))
                         + (0 if held is None else held.nbytes_f64),
                         f"compare op {op} {'--shape' if held is None else '--from, shape'} {'x'.join(map(str, shape))}")
-    lows = [formats.get(d) for d in formats.parse_list(cfg.dtypes, LOW_DTYPES, "--dtype")]  # no repeated rows
+    lows = [formats.get(d) for d in formats.parse_list(cfg.dtypes, LOW_DTYPES, "--dtypes")]  # no repeated rows
     if cfg.masked not in ("nan", "zero"):
         raise UsageError(f"--masked must be nan or zero (got {cfg.masked!r})")
     if not (math.isfinite(cfg.scale) and cfg.scale != 0):

@@ -32,7 +32,8 @@ import numpy as np
 
 from precisionlab.catalog import formats
 from precisionlab.engines.protocol import NotSupported, greedy
-from precisionlab.engines.registry import DEFAULT_PROMPT, DEFAULT_SPEC, model_device, open_engine
+from precisionlab.engines.registry import DEFAULT_PROMPT, DEFAULT_SPEC
+from precisionlab.experiments import startup
 from precisionlab.errors import UsageError
 from precisionlab.runtime import memory, threads, torch_flags
 
@@ -47,7 +48,7 @@ class ContractsConfig:
     model: str | None = DEFAULT_SPEC
     steps: int = 50
     prompt: str = DEFAULT_PROMPT
-    dtypes: str = "fp32,bf16"
+    dtypes: str = ",".join(("fp32", formats.LOW_COMPUTE[0]))  # fp32 and bf16
     chunks: tuple[int, ...] = CHUNKS    # the chunked contract's chunk sizes (the CLI adds --chunks to CHUNKS)
     batches: tuple[int, ...] = BATCHES  # the batch contract's sizes (the CLI adds --batches to BATCHES)
     device: str = "cpu"
@@ -78,29 +79,25 @@ def sizes(extra, base: tuple, option: str) -> tuple[int, ...]:
 
 
 def _run(cfg: ContractsConfig, advance) -> ContractsResult:
-    if cfg.steps <= 0:
-        raise UsageError(f"--steps must be > 0 (got {cfg.steps})")
-    if not cfg.prompt:
-        raise UsageError("--prompt is empty: the contracts need a prefix of at least one token")
-    dtypes = formats.parse_list(cfg.dtypes, DTYPES, "--dtypes")
+    startup.check_run(cfg.steps, cfg.prompt, "the contracts need a prefix of at least one token")
+    dtypes = startup.parse_dtypes(cfg.dtypes, DTYPES)
     chunks = list(sizes(cfg.chunks, (), "--chunks"))
     batches = list(sizes(cfg.batches, (), "--batches"))
-    device = model_device(cfg.device)
+    device = startup.device(cfg.device)
     import torch
 
     torch.manual_seed(cfg.seed)
     t0 = time.perf_counter()
     # The memory of the largest batch, from the engine's shape, before a weight is read.
-    engine = open_engine(cfg.model, device, steps=cfg.steps + PADS, prompt=cfg.prompt,
-                         command="compare model --contracts",
-                         estimate=lambda s: memory.compare_contracts(*s[:7], batch=max([2, *batches])))
+    engine = startup.open_engine(cfg.model, device, cfg.steps + PADS, cfg.prompt,
+                                 lambda s: memory.compare_contracts(*s[:7], batch=max([2, *batches])),
+                                 f"compare contracts --model {cfg.model or DEFAULT_SPEC} --steps {cfg.steps}")
     prompt = engine.prompt_ids(cfg.prompt, cfg.steps + PADS)
     t_load = time.perf_counter() - t0
-    n_threads = threads.fit_torch(cfg.threads, 2.0 * engine.info()["parameters"]) if device == "cpu" else None
-
     t1 = time.perf_counter()
     rows: list[dict] = []
-    with torch_flags.ieee_fp32():  # fp32 means IEEE fp32: TF32 off, set explicitly
+    # fp32 means IEEE fp32: TF32 off, set explicitly; a decoding step is ~2 flops per parameter
+    with startup.numerics(cfg.threads, 2.0 * engine.info()["parameters"], device) as n_threads:
         flags = torch_flags.torch_flags()
         tokens, _ = greedy(engine, engine.model("fp32"), prompt, cfg.steps, "fp32")
         seq = prompt + tokens

@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 
 from precisionlab.engines.http_client import Client, v1_base
 from precisionlab.errors import RunError, UsageError
+from precisionlab.experiments import startup
 from precisionlab.io import inputs
 from precisionlab.report.output import Rows
 from precisionlab.runtime import interrupt
@@ -80,8 +81,7 @@ def check(cfg: EndpointConfig) -> tuple[str, list[str]]:
     for name, v in (("--time-limit", cfg.time_limit), ("--request-timeout", cfg.request_timeout)):
         if not (math.isfinite(v) and v > 0):
             raise UsageError(f"{name} must be a positive number of seconds, got {v}")
-    if not cfg.prompt:
-        raise UsageError("--prompt is empty")
+    startup.check_prompt(cfg.prompt, "a request needs at least one token")
     if cfg.other_prompts and not cfg.mix:
         raise UsageError("--other-prompts are the prompts --mix interleaves: add --mix")
     return base, inputs.parse_choices(cfg.cache, CACHES, "cache setting")

@@ -20,12 +20,14 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from precisionlab.engines import protocol
-from precisionlab.engines.registry import DEFAULT_PROMPT, model_device, open_engine
+from precisionlab.engines.registry import DEFAULT_PROMPT, open_engine
 from precisionlab.errors import RunError, UsageError
 from precisionlab.experiments import logits as lexp
+from precisionlab.experiments import startup
+from precisionlab.experiments.startup import default_reference, token_check  # noqa: F401 (their home before)
 from precisionlab.numerics import distribution
 from precisionlab.numerics.metrics import exact_mean
-from precisionlab.runtime import torch_flags
+from precisionlab.runtime import memory
 
 DEFAULT_TOKENS = 512  # the engines re-run whole windows; 512 positions take seconds on a tiny model
 
@@ -51,44 +53,6 @@ class EnginesResult:
     failures: list[str]
     takeaways: list[str] = field(default_factory=list)
     timing: dict = field(default_factory=dict)
-
-
-def token_check(ref_ids: list[int], eng_ids: list[int] | None, name: str) -> str:
-    """'identical', 'bos shift (...)' or 'none (...)'; a mismatch is a RunError
-    naming where. eng_ids may run longer than ref_ids (a prefix was asked for)."""
-    n = len(ref_ids)
-    if eng_ids is None:
-        return "none (the engine has no tokenizer; it reads the reference's ids)"
-    if eng_ids[:n] == ref_ids:
-        return "identical"
-    if eng_ids[1:n + 1] == ref_ids and (not ref_ids or eng_ids[0] != ref_ids[0]):
-        return f"bos shift (the engine prepends id {eng_ids[0]}; left out so both read the same tokens)"
-    at = next((i for i, (a, b) in enumerate(zip(ref_ids, eng_ids)) if a != b), min(n, len(eng_ids)))
-    raise RunError(f"{name}: its tokenizer differs from the reference's at token {at} "
-                   f"(reference {ref_ids[at:at + 4]}, engine {eng_ids[at:at + 4]}); the two models do not read "
-                   "the same text")
-
-
-def default_reference(given: str | None, engines: list[str]) -> tuple[str, str]:
-    """(REF's spec, where it came from): --reference as given; else the source
-    the engines' export recorded (engines/export.recorded_source; engines
-    recording different sources need --reference); else the embedded model."""
-    from precisionlab.engines.export import recorded_source
-    from precisionlab.engines.registry import DEFAULT_SPEC
-
-    if given is not None:
-        return given, "given"
-    found = {}
-    for spec in engines:
-        src = recorded_source(spec)
-        if src is not None:
-            found.setdefault(src, spec)
-    if len(found) > 1:
-        raise UsageError("the engines were exported from different models ("
-                         + "; ".join(f"{e!r} from {s!r}" for s, e in found.items()) + "); give --reference")
-    if found:
-        return next(iter(found)), "recorded in the export"
-    return DEFAULT_SPEC, "the default (the embedded model)"
 
 
 def shifted_max_abs(ref: np.ndarray, low: np.ndarray) -> float:
@@ -143,19 +107,31 @@ def _top_k_row(spec, eng, ref, ref_model, ids, targets, n, device, advance) -> d
             "top1_agree_pct": 100.0 * int(a.sum()) / a.size, "greedy_steps": 0, "engine_s": time.perf_counter() - t1}
 
 
-def run(cfg: EnginesConfig, advance=lambda k=1: None) -> EnginesResult:
-    import torch
+def _estimate(shapes: list, tokens: int) -> int:
+    """runtime/memory.compare_engine from the reference's shape and the engines'; 0 where the reference's
+    cannot be read (its loader's own error follows)."""
+    if shapes[0] is None:
+        return 0
+    return memory.compare_engine(shapes[0], shapes[1:], tokens)
 
+
+def run(cfg: EnginesConfig, advance=lambda k=1: None) -> EnginesResult:
     lexp.check_gates(cfg.max_kld, cfg.min_top1)
     if cfg.tokens <= 0:
         raise UsageError(f"--tokens must be > 0 (got {cfg.tokens})")
-    if cfg.steps < 0:
-        raise UsageError(f"--steps must be >= 0 (got {cfg.steps})")
+    startup.check_run(cfg.steps, cfg.prompt, zero_steps_ok=True)
     text = lexp.read_text(cfg.text) if cfg.text else lexp.default_text()
     source = f"--text {cfg.text!r}" if cfg.text else "the held-out Shakespeare text"
-    device = model_device(cfg.device)
+    device = startup.device(cfg.device)
     t0 = time.perf_counter()
     ref_spec, ref_from = default_reference(cfg.reference, cfg.engines)
+    # every engine's memory, the reference's and the largest engine's, before any of them loads: they are
+    # then opened one after another
+    startup.check_memory([startup.Load(s, device, cfg.steps, cfg.prompt) for s in (ref_spec, *cfg.engines)],
+                         lambda shapes: _estimate(shapes, cfg.tokens),
+                         f"compare engine --reference {ref_spec} --tokens {cfg.tokens}")
+    import torch
+
     ref = open_engine(ref_spec, device)
     ref_model = ref.model("fp32")
     ids = lexp.token_ids(ref, text, cfg.tokens + 1, source)
@@ -163,7 +139,7 @@ def run(cfg: EnginesConfig, advance=lambda k=1: None) -> EnginesResult:
     targets = np.asarray(ids[1:], dtype=np.int64)
     n = cfg.tokens
     rows, failures = [], []
-    with torch_flags.ieee_fp32(), torch.no_grad():
+    with startup.numerics(), torch.no_grad():
         ref_tokens, ref_rows = _greedy(ref, ref_model, prompt_ids, cfg.steps)
         ref_windows: dict[tuple[int, int], np.ndarray] = {}
         for spec in cfg.engines:

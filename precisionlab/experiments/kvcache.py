@@ -50,8 +50,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from precisionlab.engines.protocol import check_finite, greedy
-from precisionlab.engines.registry import DEFAULT_PROMPT, DEFAULT_SPEC, open_engine
-from precisionlab.runtime import devices, memory, torch_flags
+from precisionlab.engines.registry import DEFAULT_PROMPT, DEFAULT_SPEC
+from precisionlab.experiments import startup
+from precisionlab.runtime import devices, memory
 from precisionlab.numerics import compare as comparison, distribution
 from precisionlab.catalog import formats
 from precisionlab.io import inputs
@@ -171,14 +172,11 @@ def _forced(engine, stores, ids: list[int], first: int) -> np.ndarray:
 
 
 def run(cfg: KVCacheConfig, advance=lambda k=1: None) -> KVCacheResult:
-    kv_dtypes = formats.parse_list(cfg.dtypes, FP8, "--dtypes")
+    kv_dtypes = startup.parse_dtypes(cfg.dtypes, FP8)
     modes = inputs.parse_choices(cfg.scales, SCALES, "KV scale")
     if not (math.isfinite(cfg.activation_scale) and cfg.activation_scale > 0):
         raise UsageError(f"--activation-scale must be a positive finite number (got {cfg.activation_scale})")
-    if cfg.steps <= 0:
-        raise UsageError(f"--steps must be > 0 (got {cfg.steps})")
-    if not cfg.prompt:
-        raise UsageError("--prompt is empty: greedy decoding needs at least one token to start from")
+    startup.check_run(cfg.steps, cfg.prompt)
     plan = devices.resolve(cfg.device)
     torch = _torch()
     from precisionlab.engines import charlm
@@ -193,10 +191,11 @@ def run(cfg: KVCacheConfig, advance=lambda k=1: None) -> KVCacheResult:
     rows: list[dict] = []
     info: dict = {}
     calibration_tokens = 0
-    with torch_flags.ieee_fp32(), torch.no_grad():  # fp32 means IEEE fp32 here
+    with startup.numerics(), torch.no_grad():  # fp32 means IEEE fp32 here
         for device in names:
-            engine = open_engine(cfg.model, device, estimate=lambda s: memory.kvcache(s, CALIBRATION_CHARS),
-                                 steps=cfg.steps, prompt=cfg.prompt, command="kvcache")
+            engine = startup.open_engine(cfg.model, device, cfg.steps, cfg.prompt,
+                                         lambda s: memory.kvcache(s, CALIBRATION_CHARS),
+                                         f"kvcache --model {cfg.model or DEFAULT_SPEC} --steps {cfg.steps}")
             try:
                 prompt = engine.prompt_ids(cfg.prompt, cfg.steps)
                 calibration = engine.encode(calibration_text(), "the calibration text")[:int(engine.max_len)]

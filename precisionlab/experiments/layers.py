@@ -39,10 +39,9 @@ import numpy as np
 from precisionlab.catalog import formats
 from precisionlab.engines import inject as inject_mod
 from precisionlab.engines.protocol import greedy
-from precisionlab.engines.registry import DEFAULT_SPEC, ModelRun, spec_path, model_device, open_engine
+from precisionlab.engines.registry import DEFAULT_SPEC, ModelRun, spec_path
+from precisionlab.experiments import startup
 from precisionlab.io import outputs
-from precisionlab.runtime import torch_flags
-from precisionlab.errors import UsageError
 from precisionlab.numerics import divergence
 from precisionlab.numerics.compare import RATIO_THRESHOLD, judge, rel_l2
 from precisionlab.io.tensorfiles import ORDER_KEY, TOKENS_KEY
@@ -101,14 +100,11 @@ def _check_targets_before_load(model: str | None, injections) -> None:
 
 
 def run(cfg: LayersConfig, advance=lambda k=1: None) -> LayersResult:
-    if cfg.steps <= 0:
-        raise UsageError(f"--steps must be > 0 (got {cfg.steps})")
-    if not cfg.prompt:
-        raise UsageError("--prompt is empty: greedy decoding needs at least one token to start from")
-    lows = formats.parse_list(cfg.dtypes, formats.LOW_COMPUTE, "--dtypes")  # no repeated rows
+    startup.check_run(cfg.steps, cfg.prompt)
+    lows = startup.parse_dtypes(cfg.dtypes, formats.LOW_COMPUTE)  # no repeated rows
     injections = inject_mod.parse_all(cfg.inject, INJECT_KEYS)
     dump_dir = check_dump_dir(cfg.dump, ["fp32", *lows], cfg.model) if cfg.dump is not None else None
-    device = model_device(cfg.device)
+    device = startup.device(cfg.device)
     import torch
 
     from precisionlab.engines import hooks
@@ -119,8 +115,8 @@ def run(cfg: LayersConfig, advance=lambda k=1: None) -> LayersResult:
 
     estimate = lambda s: memory.compare_layers(*s[:7], dump=dump_dir is not None)  # noqa: E731
     _check_targets_before_load(cfg.model, injections)
-    engine = open_engine(cfg.model, device, estimate=estimate, steps=cfg.steps, prompt=cfg.prompt,
-                         command="compare model --layers")
+    engine = startup.open_engine(cfg.model, device, cfg.steps, cfg.prompt, estimate,
+                                 f"compare layers --model {cfg.model or DEFAULT_SPEC} --steps {cfg.steps}")
     prompt = engine.prompt_ids(cfg.prompt, cfg.steps)
     site_list = engine.sites(engine.base)
     pseudo = [s.name for s in site_list if s.pseudo]
@@ -134,7 +130,7 @@ def run(cfg: LayersConfig, advance=lambda k=1: None) -> LayersResult:
 
     t1 = time.perf_counter()
     rows, pitfalls, dumped, first_by, div_by = [], [], [], {}, {}
-    with torch_flags.ieee_fp32(), torch.no_grad(), threads_for(engine.base):  # fp32 means IEEE fp32 here
+    with startup.numerics(), torch.no_grad(), threads_for(engine.base):  # fp32 means IEEE fp32 here
         ref = engine.base
         ref_tokens, _ = greedy(engine, ref, prompt, cfg.steps)
         ids = (prompt + ref_tokens)[:-1]

@@ -31,11 +31,11 @@ import numpy as np
 
 from precisionlab.catalog import formats
 from precisionlab.engines.protocol import greedy
-from precisionlab.engines.registry import ModelRun, model_device, open_engine, resolve, spec_shape
+from precisionlab.engines.registry import ModelRun, resolve
 from precisionlab.errors import RunError, UsageError
 from precisionlab.experiments import layers as single
+from precisionlab.experiments import startup
 from precisionlab.numerics import compare, divergence
-from precisionlab.runtime import torch_flags
 
 
 @dataclass
@@ -87,19 +87,14 @@ def check_specs(yours: str | None, reference: str | None, as_engine: bool):
 
 
 def run(cfg: PairConfig, advance=lambda k=1: None) -> PairResult:
-    from precisionlab.experiments.engines import default_reference
-
-    if cfg.steps <= 0:
-        raise UsageError(f"--steps must be > 0 (got {cfg.steps})")
-    if not cfg.prompt:
-        raise UsageError("--prompt is empty: greedy decoding needs at least one token to start from")
-    lows = formats.parse_list(cfg.dtypes, formats.LOW_COMPUTE, "--dtypes")
+    startup.check_run(cfg.steps, cfg.prompt)
+    lows = startup.parse_dtypes(cfg.dtypes, formats.LOW_COMPUTE)
     yours_spec = cfg.engine or cfg.model
     ycls = check_specs(yours_spec, cfg.reference, bool(cfg.engine))
-    ref_spec, ref_note = default_reference(cfg.reference, [cfg.engine] if cfg.engine else [])
+    ref_spec, ref_note = startup.default_reference(cfg.reference, [cfg.engine] if cfg.engine else [])
     _module_engine(ref_spec, "--reference")
     external = not ycls.has_modules  # captured by the engine itself, as it was opened
-    device = model_device(cfg.device)
+    device = startup.device(cfg.device)
     with _hf_named(ref_spec, external) as (run_spec, how):
         if how:
             ref_note += f"; {how}"
@@ -130,21 +125,21 @@ def _hf_named(ref_spec: str, external: bool):
 def _run(cfg, lows, yours_spec, run_spec, ref_spec, ref_note, external, device, advance) -> PairResult:
     import torch
 
-    from precisionlab.experiments.engines import token_check
-
     torch.manual_seed(cfg.seed)
     t0 = time.perf_counter()
-    _check_memory(cfg, lows, yours_spec, run_spec, ref_spec, external)
-    ref = open_engine(run_spec, device, command="compare model --layers --reference")
-    yours = open_engine(yours_spec, "cpu" if external else device, command="compare model --layers")
+    ref, yours = startup.open_engines(
+        [startup.Load(run_spec, device, cfg.steps, cfg.prompt),
+         startup.Load(yours_spec, "cpu" if external else device, cfg.steps, cfg.prompt)],
+        lambda shapes: _estimate(shapes, lows, external),
+        f"compare layers --reference {ref_spec} --model {yours_spec} --steps {cfg.steps}")
     prompt = ref.prompt_ids(cfg.prompt, cfg.steps)
     notes = [f"reference {ref_spec} ({ref_note})"]
     t_load = time.perf_counter() - t0
     t1 = time.perf_counter()
-    with torch_flags.ieee_fp32(), torch.no_grad(), single.threads_for(ref.base):
+    with startup.numerics(), torch.no_grad(), single.threads_for(ref.base):
         ref_tokens, _ = greedy(ref, ref.base, prompt, cfg.steps)
         ids = (prompt + ref_tokens)[:-1]
-        notes.append("tokens: " + token_check(ids, _encoded(yours, ref, ids), str(yours_spec)))
+        notes.append("tokens: " + startup.token_check(ids, _encoded(yours, ref, ids), str(yours_spec)))
         x = torch.tensor([ids], device=device)
         ref_sites = ref.sites(ref.base)
         cap32 = single.captured_run(ref, ref.base, ref_sites, x)
@@ -191,19 +186,16 @@ def _run(cfg, lows, yours_spec, run_spec, ref_spec, ref_note, external, device, 
                       takeaways, {"load_s": t_load, "run_s": t_run}, notes)
 
 
-def _check_memory(cfg, lows, yours_spec, run_spec, ref_spec, external) -> None:
-    """Both models' sizes, read before any weight is (exit 2 when the run would not fit)."""
-    from precisionlab.io import inputs
+def _estimate(shapes, lows, external) -> int:
+    """Both models' bytes from their shapes (runtime/memory.compare_layers_pair);
+    0 where a shape cannot be read (the loader's own error follows). An
+    external engine captures in its own memory: its shape is not counted."""
     from precisionlab.runtime import memory
 
-    ref_shape = spec_shape(run_spec, cfg.steps, cfg.prompt)
-    if ref_shape is None:
-        return
-    yours_shape = None if external else spec_shape(yours_spec, cfg.steps, cfg.prompt)
-    if not external and yours_shape is None:
-        return
-    inputs.check_memory(memory.compare_layers_pair(ref_shape, yours_shape, len(lows)),
-                        f"compare model --layers --reference {ref_spec} --model {yours_spec} --steps {cfg.steps}")
+    ref_shape, yours_shape = shapes[0], None if external else shapes[1]
+    if ref_shape is None or (not external and yours_shape is None):
+        return 0
+    return memory.compare_layers_pair(ref_shape, yours_shape, len(lows))
 
 
 def _encoded(yours, ref, ids):

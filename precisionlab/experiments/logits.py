@@ -19,11 +19,12 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from precisionlab.catalog import formats
-from precisionlab.engines.registry import DEFAULT_SPEC, model_device, open_engine, spec_path
+from precisionlab.engines.registry import DEFAULT_SPEC, spec_path
+from precisionlab.experiments import startup
 from precisionlab.numerics import distribution, divergence
 from precisionlab.numerics.metrics import exact_mean
 from precisionlab.io import inputs, logits_file, outputs
-from precisionlab.runtime import torch_flags
+from precisionlab.runtime import memory
 from precisionlab.errors import UsageError
 
 DTYPES = formats.COMPUTE  # fp32 may be compared too; the index seeds each run's noise
@@ -48,7 +49,7 @@ class MetricsConfig:
     model: str | None = DEFAULT_SPEC  # an engine spec (engines/registry.py); None: the embedded model
     text: str | None = None
     tokens: int = DEFAULT_TOKENS
-    dtypes: str = "bf16,fp16"
+    dtypes: str = ",".join(formats.LOW_COMPUTE)
     device: str = "cpu"
     seed: int = 0
     inject: list[str] = field(default_factory=list)
@@ -188,10 +189,22 @@ def _torch_threads(torch, n: int | None):
         torch.set_num_threads(before)
 
 
-def run_model(cfg: MetricsConfig, advance=lambda k=1: None) -> LogitsResult:
+def estimate(shape, tokens: int, lows: list[str], saves: dict, sigma: float) -> int:
+    """compare metrics' peak (runtime/memory.compare_metrics) from the model's
+    shape, before a weight is read: the window the engine will score in (the
+    embedded model's, or a Hugging Face model's, capped at its positions)."""
+    from precisionlab.engines import embedded, hf
+
+    window = embedded.WINDOW if shape.kind == "embedded" else max(1, min(hf.WINDOW, shape.positions or hf.WINDOW))
+    save_bytes = sum(tokens * shape.vocab * (8 if (d != "fp32" and sigma) else 4) for d in saves)
+    return memory.compare_metrics(shape, tokens, len(lows), window, WORKING_BYTES, save_bytes)
+
+
+def _check_options(cfg: MetricsConfig) -> tuple[list[str], float, dict]:
+    """Every option refused before anything loads (exit 2): (the low dtypes, the noise sigma, the saves)."""
     from precisionlab.engines import inject
 
-    lows = formats.parse_list(cfg.dtypes, DTYPES, "--dtypes")
+    lows = startup.parse_dtypes(cfg.dtypes, DTYPES)
     if cfg.tokens <= 0:
         raise UsageError(f"--tokens must be > 0 (got {cfg.tokens})")
     if cfg.seed < 0:
@@ -211,21 +224,25 @@ def run_model(cfg: MetricsConfig, advance=lambda k=1: None) -> LogitsResult:
         check_output_path(cfg.plot, "--plot", read)
         if os.path.realpath(cfg.plot) in {os.path.realpath(p) for p in saves.values()}:
             raise UsageError("--plot and --save-logits name the same file")
+    return lows, sigma, saves
+
+
+def run_model(cfg: MetricsConfig, advance=lambda k=1: None) -> LogitsResult:
+    lows, sigma, saves = _check_options(cfg)
     text = read_text(cfg.text) if cfg.text else default_text()
     source = f"--text {cfg.text!r}" if cfg.text else "the held-out Shakespeare text"
 
-    device = model_device(cfg.device)
+    device = startup.device(cfg.device)
     import torch
 
     t0 = time.perf_counter()
-    engine = open_engine(cfg.model, device)
+    n = cfg.tokens
+    engine = startup.open_engine(cfg.model, device, 0, "", lambda s: estimate(s, n, lows, saves, sigma),
+                                 f"compare metrics --model {cfg.model or DEFAULT_SPEC} --tokens {n}")
     window = engine.window
     ids = token_ids(engine, text, cfg.tokens + 1, source)
-    n = cfg.tokens
     vocab = engine.info()["vocab"]
     per_batch = max(1, min(n // window or 1, WORKING_BYTES // (10 * 8 * window * max(vocab, 1))))
-    save_bytes = sum(n * vocab * (8 if (d != "fp32" and sigma) else 4) for d in saves)
-    inputs.check_memory(save_bytes + per_batch * window * vocab * 8 * 10 * (1 + len(lows)), "compare model --metrics")
     models = {d: engine.model(d) for d in dict.fromkeys(["fp32", *lows])}
     t_load = time.perf_counter() - t0
 
@@ -237,7 +254,7 @@ def run_model(cfg: MetricsConfig, advance=lambda k=1: None) -> LogitsResult:
     saved: dict[str, np.ndarray | None] = {d: None for d in saves}
     t1, c1 = time.perf_counter(), time.process_time()
     # fp32 means IEEE fp32 here
-    with _torch_threads(torch, engine.score_threads), torch_flags.ieee_fp32(), torch.no_grad():
+    with _torch_threads(torch, engine.score_threads), startup.numerics(), torch.no_grad():
         used_threads = torch.get_num_threads()
         for start, k, length in _batches(n, window, per_batch):
             x = torch.tensor(ids[start:start + k * length], device=device).view(k, length)
@@ -279,7 +296,7 @@ def run_model(cfg: MetricsConfig, advance=lambda k=1: None) -> LogitsResult:
               "inject": [str(s) for s in cfg.inject], "noise_sigma": sigma, "saved": saves}
     failures = gate_failures(rows, cfg.max_kld, cfg.min_top1)
     failures += [overflow_failure(r["dtype"], r, "fp32") for r in rows if r["nonfinite_positions"]]
-    return LogitsResult("compare model --metrics", params, engine.info(), rows, {d: stats[d].kl for d in lows}, failures,
+    return LogitsResult("compare metrics", params, engine.info(), rows, {d: stats[d].kl for d in lows}, failures,
                         takeaways(rows), {"load_s": t_load, "run_s": t_run, "run_cpu_s": c_run,
                                                  "torch_threads": used_threads})
 

@@ -20,11 +20,11 @@ from dataclasses import dataclass
 import numpy as np
 
 from precisionlab.engines.protocol import check_finite, greedy
-from precisionlab.engines.registry import DEFAULT_SPEC, ModelRun, model_device, open_engine
-from precisionlab.runtime import memory, threads, torch_flags
+from precisionlab.engines.registry import DEFAULT_SPEC, ModelRun
+from precisionlab.experiments import startup
+from precisionlab.runtime import memory, threads
 from precisionlab.catalog import formats
 from precisionlab.numerics import metrics
-from precisionlab.errors import UsageError
 
 LOW_DTYPES = formats.LOW_COMPUTE  # each run against the fp32 one
 
@@ -46,72 +46,70 @@ class ModelResult:
 
 
 def run(cfg: ModelConfig, advance=lambda k=1: None) -> ModelResult:
-    return threads.scoped(cfg.threads, _run, cfg, advance)
-
-
-def _run(cfg: ModelConfig, advance) -> ModelResult:
-    if cfg.steps <= 0:
-        raise UsageError(f"--steps must be > 0 (got {cfg.steps})")
-    if not cfg.prompt:
-        raise UsageError("--prompt is empty: greedy decoding needs at least one token to start from")
-    lows = formats.parse_list(cfg.dtypes, LOW_DTYPES, "--dtypes")  # no repeated rows
-    device = model_device(cfg.device)
+    startup.check_run(cfg.steps, cfg.prompt)
+    threads.check(cfg.threads)
+    lows = startup.parse_dtypes(cfg.dtypes, LOW_DTYPES)  # no repeated rows
+    device = startup.device(cfg.device)
     import torch
 
     torch.manual_seed(cfg.seed)
     t0 = time.perf_counter()
-    engine = open_engine(cfg.model, device, estimate=lambda s: memory.compare_model(*s[:7]), steps=cfg.steps,
-                         prompt=cfg.prompt)
+    engine = startup.open_engine(cfg.model, device, cfg.steps, cfg.prompt, lambda s: memory.compare_model(*s[:7]),
+                                 f"compare model --model {cfg.model or DEFAULT_SPEC} --steps {cfg.steps}")
     prompt = engine.prompt_ids(cfg.prompt, cfg.steps)
     t_load = time.perf_counter() - t0
     # One decoding step is ~2 flops per parameter: the work each torch call does.
-    n_threads = threads.fit_torch(cfg.threads, 2.0 * engine.info()["parameters"]) if device == "cpu" else None
+    with startup.numerics(cfg.threads, 2.0 * engine.info()["parameters"], device) as n_threads:
+        return _run(cfg, engine, prompt, lows, device, t_load, n_threads, advance)
 
-    t1 = time.perf_counter()
-    with torch_flags.ieee_fp32():  # fp32 means IEEE fp32 here
-        ref_model = engine.model("fp32")
-        ref_tokens, ref_step_logits = greedy(engine, ref_model, prompt, cfg.steps, "fp32")
-        path = prompt + ref_tokens
-        x = torch.tensor([path[:-1]], device=device)  # teacher-forced: every dtype reads fp32's tokens
-        ref_tf = engine.forward(ref_model, x)[0].double().cpu().numpy()[len(prompt) - 1:]
-        for i, row in enumerate(ref_tf):
-            check_finite(row, "fp32", i, "teacher-forced")
+
+def _run(cfg: ModelConfig, engine, prompt, lows, device, t_load, n_threads, advance) -> ModelResult:
+    import torch
+
+    t1 = time.perf_counter()  # IEEE fp32, the threads sized: startup.numerics, around this
+    ref_model = engine.model("fp32")
+    ref_tokens, ref_step_logits = greedy(engine, ref_model, prompt, cfg.steps, "fp32")
+    path = prompt + ref_tokens
+    x = torch.tensor([path[:-1]], device=device)  # teacher-forced: every dtype reads fp32's tokens
+    ref_tf = engine.forward(ref_model, x)[0].double().cpu().numpy()[len(prompt) - 1:]
+    for i, row in enumerate(ref_tf):
+        check_finite(row, "fp32", i, "teacher-forced")
+    advance()
+    texts = {"fp32": engine.decode(ref_tokens)}
+    summary, rows = [], []
+    for low in lows:
+        m = engine.model(low)
+        tokens, _ = greedy(engine, m, prompt, cfg.steps, low)
+        tf = engine.forward(m, x)[0].double().cpu().numpy()[len(prompt) - 1:]
+        for i, row in enumerate(tf):
+            check_finite(row, low, i, "teacher-forced, reading fp32's tokens")
+        texts[low] = engine.decode(tokens)
+        div = next((i for i, (a, b) in enumerate(zip(tokens, ref_tokens)) if a != b), None)
+        step_reports = []
+        for i in range(cfg.steps):
+            rep = metrics.error_report(tf[i], ref_tf[i], None, 0.0, 0.0)
+            step_reports.append(rep)
+            rows.append({"dtype": low, "step": i, "token_fp32": ref_tokens[i], "token": tokens[i],
+                         "agree": tokens[i] == ref_tokens[i] and (div is None or i < div),
+                         "max_abs_error": rep.max_abs_error, "rel_l2": rep.rel_l2, "finite": rep.finite,
+                         "argmax_agrees": int(np.argmax(tf[i])) == ref_tokens[i]})
+        margin = None
+        if div is not None:
+            top2 = np.sort(ref_step_logits[div])[-2:]
+            margin = float(top2[1] - top2[0])
+        rel = [r.rel_l2 for r in step_reports]
+        summary.append({
+            "dtype": low, "agree": div is None, "diverged_at": div, "fp32_margin_at_divergence": margin,
+            "divergence_char": None if div is None else len(engine.decode(tokens[:div])),
+            "fp32_token_at_divergence": None if div is None else engine.decode([ref_tokens[div]]),
+            "token_at_divergence": None if div is None else engine.decode([tokens[div]]),
+            "mean_rel_l2": float(np.mean(rel)), "max_rel_l2": float(np.max(rel)),
+            "max_abs_error": float(max(r.max_abs_error for r in step_reports)),
+            "teacher_forced_argmax_flips": int(sum(not r["argmax_agrees"] for r in rows if r["dtype"] == low)),
+        })
         advance()
-        texts = {"fp32": engine.decode(ref_tokens)}
-        summary, rows = [], []
-        for low in lows:
-            m = engine.model(low)
-            tokens, _ = greedy(engine, m, prompt, cfg.steps, low)
-            tf = engine.forward(m, x)[0].double().cpu().numpy()[len(prompt) - 1:]
-            for i, row in enumerate(tf):
-                check_finite(row, low, i, "teacher-forced, reading fp32's tokens")
-            texts[low] = engine.decode(tokens)
-            div = next((i for i, (a, b) in enumerate(zip(tokens, ref_tokens)) if a != b), None)
-            step_reports = []
-            for i in range(cfg.steps):
-                rep = metrics.error_report(tf[i], ref_tf[i], None, 0.0, 0.0)
-                step_reports.append(rep)
-                rows.append({"dtype": low, "step": i, "token_fp32": ref_tokens[i], "token": tokens[i],
-                             "agree": tokens[i] == ref_tokens[i] and (div is None or i < div),
-                             "max_abs_error": rep.max_abs_error, "rel_l2": rep.rel_l2, "finite": rep.finite,
-                             "argmax_agrees": int(np.argmax(tf[i])) == ref_tokens[i]})
-            margin = None
-            if div is not None:
-                top2 = np.sort(ref_step_logits[div])[-2:]
-                margin = float(top2[1] - top2[0])
-            rel = [r.rel_l2 for r in step_reports]
-            summary.append({
-                "dtype": low, "agree": div is None, "diverged_at": div, "fp32_margin_at_divergence": margin,
-                "divergence_char": None if div is None else len(engine.decode(tokens[:div])),
-                "fp32_token_at_divergence": None if div is None else engine.decode([ref_tokens[div]]),
-                "token_at_divergence": None if div is None else engine.decode([tokens[div]]),
-                "mean_rel_l2": float(np.mean(rel)), "max_rel_l2": float(np.max(rel)),
-                "max_abs_error": float(max(r.max_abs_error for r in step_reports)),
-                "teacher_forced_argmax_flips": int(sum(not r["argmax_agrees"] for r in rows if r["dtype"] == low)),
-            })
-            advance()
-        probs = _softmax(ref_tf)
-        top1 = float(np.mean(np.max(probs, axis=1)))
+    probs = _softmax(ref_tf)
+    top1 = float(np.mean(np.max(probs, axis=1)))
     t_run = time.perf_counter() - t1
     info = engine.info() | {"mean_top1_probability_fp32": top1, "uniform_probability": 1.0 / ref_tf.shape[1]}
     return ModelResult(

@@ -36,11 +36,12 @@ from precisionlab.catalog import formats
 from precisionlab.engines import registry
 from precisionlab.engines.protocol import check_finite
 from precisionlab.errors import UsageError
+from precisionlab.experiments import startup
 from precisionlab.experiments.logprobs import compare_streams
 from precisionlab.io import inputs, logprob_streams
 from precisionlab.numerics import logprobs as lpstats
 from precisionlab.numerics.metrics import exact_sum
-from precisionlab.runtime import memory, threads, torch_flags
+from precisionlab.runtime import memory, threads
 
 DTYPES = formats.COMPUTE
 DEFAULT_SAMPLES = 8
@@ -105,8 +106,7 @@ def check(cfg: RolloutConfig) -> tuple[str, str]:
         raise UsageError(f"--temperature must be a finite number > 0 (got {cfg.temperature})")
     if not (0 < cfg.top_p <= 1):
         raise UsageError(f"--top-p must be in (0, 1] (got {cfg.top_p})")
-    if not cfg.prompt:
-        raise UsageError("--prompt is empty: sampling needs at least one token to start from")
+    startup.check_prompt(cfg.prompt, "sampling needs at least one token to start from")
     threads.check(cfg.threads)
     return tdt, rdt
 
@@ -131,17 +131,19 @@ def estimate(cfg: RolloutConfig, tdt: str, rdt: str) -> int:
 
 def run(cfg: RolloutConfig, advance=lambda k=1: None) -> RolloutResult:
     tdt, rdt = check(cfg)
-    inputs.check_memory(estimate(cfg, tdt, rdt), f"compare model --trainer {cfg.trainer} --rollout {cfg.rollout} "
-                        f"--samples {cfg.samples} --tokens {cfg.tokens}")
-    device = registry.model_device(cfg.device)
-    with threads.torch_scope():
-        return _run(cfg, tdt, rdt, device, advance)
-
-
-def _run(cfg: RolloutConfig, tdt: str, rdt: str, device: str, advance) -> RolloutResult:
+    need = estimate(cfg, tdt, rdt)  # the specs resolved here, a bad one named by its option
+    device = startup.device(cfg.device)
     t0 = time.perf_counter()
-    rollout = registry.open_engine(cfg.rollout, device)
-    trainer = rollout if cfg.trainer == cfg.rollout else registry.open_engine(cfg.trainer, device)
+    rollout, trainer = startup.open_engines(
+        [startup.Load(cfg.rollout, device, cfg.tokens, cfg.prompt), startup.Load(cfg.trainer, device, cfg.tokens,
+                                                                                 cfg.prompt)],
+        lambda _shapes: need, f"compare rollout --trainer {cfg.trainer} --rollout {cfg.rollout} "
+                              f"--samples {cfg.samples} --tokens {cfg.tokens}")
+    with threads.torch_scope():
+        return _run(cfg, tdt, rdt, device, rollout, trainer, t0, advance)
+
+
+def _run(cfg: RolloutConfig, tdt: str, rdt: str, device: str, rollout, trainer, t0, advance) -> RolloutResult:
     prompt = _prompt_ids(trainer, rollout, cfg)
     t_load = time.perf_counter() - t0
     params = max(trainer.info()["parameters"], rollout.info()["parameters"])
@@ -154,7 +156,7 @@ def _run(cfg: RolloutConfig, tdt: str, rdt: str, device: str, advance) -> Rollou
             models[key] = engine.base if dt == "fp32" else engine.model(dt)
         return models[key]
 
-    with torch_flags.ieee_fp32():  # fp32 means IEEE fp32 on both sides
+    with startup.numerics():  # fp32 means IEEE fp32 on both sides
         t1 = time.perf_counter()
         sampled = sample(rollout, model(rollout, rdt), prompt, cfg, rdt, advance)
         t_sample = time.perf_counter() - t1

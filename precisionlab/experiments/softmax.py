@@ -103,7 +103,7 @@ class SoftmaxResult:
 
 
 def run(cfg: SoftmaxConfig, advance=lambda k=1: None) -> SoftmaxResult:
-    dtypes = [formats.get(d) for d in formats.parse_list(cfg.dtype, DTYPES, "--dtype")]  # 'fp32,fp32' is one row
+    dtypes = [formats.get(d) for d in formats.parse_list(cfg.dtype, DTYPES, "--dtypes")]  # 'fp32,fp32' is one row
     if cfg.masked not in native.MASKED:
         raise UsageError(f"--masked must be nan or zero (got {cfg.masked!r})")
     methods = _parse_methods(cfg.methods)

@@ -1,4 +1,4 @@
-"""compare model --contracts' table and JSON."""
+"""compare contracts' table and JSON."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ def _share(x) -> str:
 
 def table(res) -> None:
     info, p = res.model_info, res.params
-    t = Table(title=f"compare model --contracts: {safe_text(info['name'])}, {p['positions']} positions "
+    t = Table(title=f"compare contracts: {safe_text(info['name'])}, {p['positions']} positions "
                     f"({p['prompt_tokens']} prompt + {p['steps']} greedy fp32 tokens) on {p['device']}",
               title_justify="left")
     for col in ("dtype", "contract", "positions", "bit-identical", "max |Δ logprob|", "ulps", "first diff",
@@ -39,5 +39,5 @@ def table(res) -> None:
 
 
 def as_json(res) -> None:
-    emit_json("compare model --contracts", {"params": res.params, "model": res.model_info, "flags": res.flags,
+    emit_json("compare contracts", {"params": res.params, "model": res.model_info, "flags": res.flags,
                                             "timing": res.timing, "rows": res.rows, "takeaways": res.takeaways})

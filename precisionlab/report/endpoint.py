@@ -28,7 +28,7 @@ def table(res) -> None:
                  f"prompt {safe_text(repr(p['prompt']))}, {p['requests']} requests a run at temperature 0, "
                  f"max_tokens {p['max_tokens']}; prompt cache switch: {safe_text(p['cache_switch'])}",
                  highlight=False)
-    t = Table(title="nondeterminism --endpoint: one prompt, N times", title_justify="left")
+    t = Table(title="nondeterminism endpoint: one prompt, N times", title_justify="left")
     for col in ("stream", "C", "cache", "unique", "completions", "parts at token", "tokens there",
                 "margin there", "distinct log-probs", "max log-prob spread"):
         t.add_column(col, justify="left" if col in ("stream", "cache", "completions", "tokens there") else "right",
@@ -54,4 +54,4 @@ def table(res) -> None:
 
 
 def as_json(res) -> None:
-    emit_json("nondeterminism --endpoint", {"params": res.params, "rows": res.rows, "takeaways": res.takeaways})
+    emit_json("nondeterminism endpoint", {"params": res.params, "rows": res.rows, "takeaways": res.takeaways})

@@ -19,7 +19,7 @@ def table(res) -> None:
         what = " ".join(str(r["engine"][k]) for k in ("engine", "version") if r["engine"].get(k))
         stdout.print(f"{safe_text(r['engine_spec'])}: {safe_text(what or r['engine'].get('name', ''))}; "
                      f"{safe_text(settings)}; tokens {safe_text(r['tokens'])}")
-    t = Table(title="compare model --engine", title_justify="left")
+    t = Table(title="compare engine", title_justify="left")
     for col in ("engine", "mean KLD", "KLD p99", "max KLD", "top-1 agree %", "ln PPL ratio",
                 "max |Δ logit| (shifted)", "greedy divergence", "ref margin there"):
         t.add_column(col, justify="left" if col == "engine" else "right")
@@ -37,6 +37,6 @@ def table(res) -> None:
 
 
 def as_json(res) -> None:
-    emit_json("compare model --engine", {"params": res.params, "reference": res.reference, "rows": res.rows,
+    emit_json("compare engine", {"params": res.params, "reference": res.reference, "rows": res.rows,
                                          "failures": res.failures, "takeaways": res.takeaways,
                                          "timing": res.timing})

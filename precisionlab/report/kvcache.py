@@ -26,7 +26,7 @@ def table(res) -> None:
                   _x(r["vs_bf16"]), f"{r['saturated']} / {r['entries']}",
                   "-" if r["first_divergence"] is None else f"step {r['first_divergence']}", r["flag"] or "-")
     stdout.print(t)
-    d = Table(title="next-token distributions, teacher-forced, against the fp32 cache (as compare model --metrics)",
+    d = Table(title="next-token distributions, teacher-forced, against the fp32 cache (as compare metrics)",
               title_justify="left")
     for col in ("device", "cache", "scale"):
         d.add_column(col)

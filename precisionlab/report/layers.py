@@ -1,4 +1,4 @@
-"""compare model --layers' tables and JSON: each module's error beside what
+"""compare layers' tables and JSON: each module's error beside what
 rounding alone costs there, and the first divergence."""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ def _compact(res, inj: str) -> None:
     numbers = [("(2)", lambda r: sci(r["yardstick"])), ("(3)", lambda r: sci(r["yours_vs_trusted"])),
                ("ratio", lambda r: times(r["ratio"]))]
     for dtype in p["dtypes"]:
-        t, prefix = compact(f"compare model --layers: {safe_text(info['name'])}, {dtype} vs fp32 on {p['tokens']} "
+        t, prefix = compact(f"compare layers: {safe_text(info['name'])}, {dtype} vs fp32 on {p['tokens']} "
                             f"teacher-forced tokens{inj}", [r for r in res.rows if r["dtype"] == dtype], "module",
                             numbers)
         stdout.print(t)
@@ -36,7 +36,7 @@ def table(res, wide: bool = False) -> None:
         _footer(res)
         return
     for dtype in p["dtypes"]:
-        t = Table(title=f"compare model --layers: {safe_text(info['name'])}, {dtype} vs fp32 on {p['tokens']} "
+        t = Table(title=f"compare layers: {safe_text(info['name'])}, {dtype} vs fp32 on {p['tokens']} "
                         f"teacher-forced tokens{inj}", title_justify="left", highlight=False)
         for col in ("#", "module", "kind", "shape"):
             t.add_column(col, overflow="fold", justify="right" if col == "#" else "left")
@@ -77,7 +77,7 @@ def _footer(res) -> None:
 
 
 def as_json(res) -> None:
-    emit_json("compare model --layers", {
+    emit_json("compare layers", {
         "params": res.params, "model": res.model_info, "first_divergence": res.first_divergence,
         "first_divergence_by_dtype": res.first_divergence_by_dtype, "divergence_by_dtype": res.divergence_by_dtype,
         "pitfalls": res.pitfalls,
@@ -96,4 +96,4 @@ def plot(res, path: str) -> None:
                    (f"{dtype} local", [r["local"] for r in rows], "--"),
                    (f"{dtype} (2) rounding", [r["yardstick"] for r in rows], ":")]
     first = next((r["order"] for r in res.rows if r["module"] == res.first_divergence), None)
-    plots.along_model(path, "compare model --layers: per-module rel-L2 against fp32", xs, series, names, first)
+    plots.along_model(path, "compare layers: per-module rel-L2 against fp32", xs, series, names, first)

@@ -20,7 +20,7 @@ def _pct(x) -> str:
 
 def table(res) -> None:
     p = res.params
-    stdout.print(f"compare model --rollout: trainer {safe_text(p['trainer'])} ({p['trainer_dtype']}) against rollout "
+    stdout.print(f"compare rollout: trainer {safe_text(p['trainer'])} ({p['trainer_dtype']}) against rollout "
                  f"{safe_text(p['rollout'])} ({p['rollout_dtype']}); {p['samples']} samples of {p['tokens']} tokens "
                  f"after {safe_text(repr(p['prompt']))} (seed {p['seed']}, temperature {p['temperature']:g}, "
                  f"top-p {p['top_p']:g}), scored teacher-forced", highlight=False)
@@ -50,7 +50,7 @@ def table(res) -> None:
 
 
 def as_json(res) -> None:
-    emit_json("compare model --rollout", {"params": res.params, "models": res.models, "timing": res.timing,
+    emit_json("compare rollout", {"params": res.params, "models": res.models, "timing": res.timing,
                                           "rows": res.rows, "best_change": res.best_change, "skipped": res.skipped,
                                           "details": res.details, "texts": res.texts, "takeaways": res.takeaways})
 

@@ -27,8 +27,11 @@ class DevicePlan:
 
 
 def resolve(choice: str) -> DevicePlan:
-    """auto: CPU, plus the GPU where one is present. cpu/cuda: that one only.
-    all: both, and a missing GPU is an error (exit 3), as it is for cuda."""
+    """all: CPU, plus the GPU where one is present (the kernel commands'
+    default). cpu/cuda: that one only, a missing GPU an error (exit 3). auto:
+    this release still as all in the kernel commands (the command line's alias
+    rewrites it to all, with a notice); the model commands read it themselves
+    (engines/registry.model_device: the GPU where present, else the CPU)."""
     choice = choice.lower()
     if choice not in CHOICES:
         raise UsageError(f"unknown device {choice!r}; choose from {', '.join(CHOICES)}")
@@ -36,7 +39,7 @@ def resolve(choice: str) -> DevicePlan:
         return DevicePlan(True, False, "")
     gpu = native.gpu_status()
     if gpu.count == 0:
-        if choice in ("cuda", "all"):
+        if choice == "cuda":
             raise NoDeviceError(f"--device {choice}: no CUDA GPU available ({gpu.reason})")
         return DevicePlan(True, False, gpu.reason or "no CUDA GPU")
     return DevicePlan(choice != "cuda", True, "")

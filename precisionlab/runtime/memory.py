@@ -213,6 +213,44 @@ def compare_contracts(params: int, seq: int, vocab: int, hidden: int, layers: in
             + 32 * seq * vocab + MODEL_FIXED[kind])
 
 
+# compare metrics' and compare engine's first-use state, measured with the embedded model: less than
+# compare model's (no generate(), no low-precision decoding kernels); transformers' as compare model's.
+METRICS_FIXED = {"hf": MODEL_FIXED["hf"], "embedded": 24 * MiB}
+ENGINE_FIXED = {"hf": MODEL_FIXED["hf"], "embedded": 32 * MiB}
+
+
+def compare_metrics(shape, tokens: int, lows: int, window: int, working_bytes: int, save_bytes: int) -> int:
+    """compare metrics (experiments/logits.run_model). Weights: the model in
+    fp32 (4 per parameter), the fp32 run's model (4) and each low copy kept
+    (2), made from an fp32 deep copy (4, one at a time): 12 + 2 per low dtype.
+    The teacher-forced windows run per_batch at a time, as the run sizes
+    them to `working_bytes` (logits.WORKING_BYTES, at 80 bytes a logit and
+    dtype); per logit of a batch and dtype (fp32 and each low one) its
+    output, float64 copy, position_stats' temporaries and what the batch
+    keeps: 128 bytes, measured (tests/test_memory.py). Per position scored and
+    low dtype, the statistics kept and concatenated (nine float64, twice: 144
+    bytes); --save-logits' arrays (`save_bytes`, given: the dtypes saved)."""
+    vocab = max(shape.vocab, 1)
+    per_batch = max(1, min(tokens // window or 1, working_bytes // (80 * window * vocab)))
+    batch = per_batch * window * vocab * 128 * (1 + lows)
+    return ((12 + 2 * lows) * shape.params + batch + 144 * tokens * max(lows, 1) + save_bytes
+            + METRICS_FIXED[shape.kind])
+
+
+def compare_engine(reference, engines: list, tokens: int) -> int:
+    """compare engine (experiments/engines.py), from the reference's shape and
+    each engine's (None: an engine that holds its weights in memory of its
+    own, a llama.cpp mapping or a server, not counted). The reference in fp32
+    and its fp32 run's model (4 + 4 per parameter) and the largest engine
+    likewise (8; they are opened one at a time). Per logit of the positions
+    scored: the reference's float64 windows, kept for every engine (8); for the
+    engine being compared both sides' float64 windows and their concatenation
+    (32) and position_stats' temporaries (about ten float64: 80)."""
+    largest = max((8 * s.params for s in engines if s is not None), default=0)
+    return (8 * reference.params + largest + 120 * tokens * max(reference.vocab, 1)
+            + ENGINE_FIXED[reference.kind])
+
+
 # compare model --trainer/--rollout: bytes kept per sampled token, for each of
 # the up to six streams (chosen and TOP_K listed log-probs and ids, float64 and
 # int64: 16 per value), and compare logprobs' statistics of one pair at a time

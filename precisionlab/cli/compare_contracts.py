@@ -1,0 +1,43 @@
+"""precisionlab compare contracts: options parsed here; the work is the experiment's, the output the report's."""
+
+from __future__ import annotations
+
+from typing import Annotated, Optional
+
+import typer
+
+from precisionlab.catalog import formats
+from precisionlab.cli.model_options import (DEFAULT_PROMPT, DEFAULT_SPEC, DEFAULT_STEPS, ModelDeviceOpt, PromptOpt,
+                                            StepsOpt, early_checks)
+from precisionlab.cli.options import JsonOpt, ModelOpt, SeedOpt, ThreadsOpt, format_names
+
+
+def command(
+    model: ModelOpt = DEFAULT_SPEC,
+    steps: StepsOpt = DEFAULT_STEPS,
+    prompt: PromptOpt = DEFAULT_PROMPT,
+    dtypes: Annotated[Optional[str], typer.Option("--dtypes", help="Precisions the contracts run in: "
+                                                  f"{format_names(formats.COMPUTE)} (default fp32,{formats.LOW_COMPUTE[0]}).",
+                                                  show_default=False)] = None,
+    chunks: Annotated[Optional[list[int]], typer.Option("--chunks", help="Chunk sizes beyond 1, 7, 64; "
+                                                        "repeatable.")] = None,
+    batches: Annotated[Optional[list[int]], typer.Option("--batches", help="Batch sizes beyond 2, 4, 16, 64; "
+                                                         "repeatable.")] = None,
+    device: ModelDeviceOpt = "cpu",
+    seed: SeedOpt = 0,
+    json_out: JsonOpt = False,
+    threads: ThreadsOpt = None,
+):
+    """Invariance contracts of the serving path (prefill vs decode, chunked prefill, shared prefix, padding, batch
+    mates) on the prompt + --steps fp32 greedy tokens; each break re-run in fp64: rounding or algorithmic."""
+    from precisionlab.experiments import contracts as cexp
+    from precisionlab.report import contracts as contracts_report
+    from precisionlab.report.output import Output
+
+    early_checks(model=model, threads=threads)
+    cfg = cexp.ContractsConfig(model=model, steps=steps, prompt=prompt,
+                               **({} if dtypes is None else {"dtypes": dtypes}),
+                               chunks=cexp.sizes(chunks or [], cexp.CHUNKS, "--chunks"),
+                               batches=cexp.sizes(batches or [], cexp.BATCHES, "--batches"),
+                               device=device, seed=seed, threads=threads)
+    Output(contracts_report, json_out).run("compare contracts", lambda advance: cexp.run(cfg, advance))
