@@ -62,7 +62,7 @@ def exact_rel_l2(c: np.ndarray, a: np.ndarray, b: np.ndarray) -> float:
     num = den = Fraction(0)
     for i in range(a.shape[0]):
         for j in range(b.shape[1]):
-            ref = sum((Fraction(x) * Fraction(y) for x, y in zip(a[i], b[:, j])), Fraction(0))
+            ref = sum((Fraction(x) * Fraction(y) for x, y in zip(a[i], b[:, j], strict=True)), Fraction(0))
             num += (Fraction(float(c[i, j])) - ref) ** 2
             den += ref ** 2
     return math.sqrt(num / den)

@@ -177,7 +177,7 @@ def _narrow_keeps_numbers(run, monkeypatch, argv, width):
                 header = [h.strip() for h in line.strip("┃").split("┃")]
             elif line.startswith("│"):
                 cells = [c.strip() for c in line.strip("│").split("│")]
-                out += [m for h, c in zip(header, cells) if not re.search(r"time|/s", h)
+                out += [m for h, c in zip(header, cells, strict=True) if not re.search(r"time|/s", h)
                         for m in _NUMBER.findall(c)]
         return out
 

@@ -239,7 +239,7 @@ def test_estimate_tracks_the_measured_peak(group, tmp_path):
     else:
         measured = _measure([argv for _, argv, _, _ in cases])
     report, fits = [], []
-    for i, ((family, argv, est, sides), m) in enumerate(zip(cases, measured)):
+    for i, ((family, argv, est, sides), m) in enumerate(zip(cases, measured, strict=True)):
         assert m["rc"] in (0, 1), m  # 1: compare op flags a comparison; the run itself completed
         first = FRESH[family] is None if family in FRESH else i == 0  # it pays the first-use state
         want = est if first else est - FIRST_USE[family]

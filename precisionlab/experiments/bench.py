@@ -134,7 +134,7 @@ def accumulate_cpu_orders(n: int, seed: int, rows: list[dict], advance) -> list[
             out.append({"section": "accumulate", "device": "cpu", "variant": order, "dtype": "fp32", "accumulator": acc,
                         "n": n, "time_s": t, "gbps": base["gbps"] * t_np / t, "vs_baseline": t_np / t,
                         "baseline": "numpy.sum"})
-        del x
+        x = None  # freed before the next order's permutation is built
     return out
 
 

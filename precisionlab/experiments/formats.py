@@ -127,7 +127,7 @@ class _Quantizer:
         rows, cols = x.shape
         results = [self._one(x, fmt, rule, block, d) for d in self.devices]
         y, codes = results[0]
-        for (y2, c2), d in zip(results[1:], self.devices[1:]):
+        for (y2, c2), d in zip(results[1:], self.devices[1:], strict=True):
             if not (np.array_equal(c2, codes) and np.array_equal(y2.view(np.uint32), y.view(np.uint32))):
                 raise RunError(f"{fmt}/{rule}/block {block}: the {d} kernels disagree with the host reference")
         return y.reshape(rows, cols), codes.reshape(rows, cols)

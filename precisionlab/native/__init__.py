@@ -355,7 +355,7 @@ def softmax_cuda_plan(rows: int, cols: int, dtype_code: int, method: str, sm_cou
     rows a block, cluster size."""
     plan = (ctypes.c_int32 * len(SOFTMAX_PLAN_FIELDS))()
     _call("pl_softmax_cuda_plan", rows, cols, dtype_code, _variant_id("softmax", method), sm_count, ctypes.addressof(plan))
-    out = dict(zip(SOFTMAX_PLAN_FIELDS, plan))
+    out = dict(zip(SOFTMAX_PLAN_FIELDS, plan, strict=True))
     out["variant"] = next(v.name for v in variants("softmax") if v.id == out["variant"])
     return out
 

@@ -90,7 +90,7 @@ class _Console(Console):
         parts = [text(table.title)] if table.title else []
         for i in range(n_rows):
             parts.append(Text(f"-- row {i + 1} of {n_rows} --", style="dim"))
-            for c, col_cells in zip(columns, cells):
+            for c, col_cells in zip(columns, cells, strict=True):
                 line = Text("  ") + text(c.header) + Text(": ") + text(col_cells[i] if i < len(col_cells) else "")
                 line.overflow = "fold"
                 parts.append(line)
@@ -117,7 +117,7 @@ def _words_fit(console, table: Table, text) -> bool:
         return True
     pad = table.padding[1] + table.padding[3] if len(table.padding) == 4 else 2
     return all(_longest_word(text(cell)) <= w - pad
-               for col, w in zip(table.columns, widths) for cell in col.cells)
+               for col, w in zip(table.columns, widths, strict=True) for cell in col.cells)
 
 
 
