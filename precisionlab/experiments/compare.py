@@ -29,6 +29,7 @@ from precisionlab.io import inputs
 from precisionlab.numerics import compare as comparison, metrics
 from precisionlab.errors import RunError, UsageError
 from precisionlab.experiments import op_accumulator, op_diagnosis, op_harness
+from precisionlab.runtime.torch_import import import_torch
 
 OPS = ("softmax", "logsumexp", "rmsnorm", "layernorm", "matmul", "rope", "attention", "swiglu")
 DEFAULT_SHAPES = {"softmax": (64, 4096), "logsumexp": (64, 4096), "rmsnorm": (64, 4096), "layernorm": (64, 4096),
@@ -67,14 +68,8 @@ class CompareResult(Rows):
     contract_violation: str | None = None  # the first output-contract row, as one line
 
 
-def _torch():
-    import torch
-
-    return torch
-
-
 def trusted(op: str):
-    torch = _torch()
+    torch = import_torch()
     F = torch.nn.functional
     return {
         "softmax": lambda x: torch.softmax(x, dim=-1),
@@ -91,7 +86,7 @@ def trusted(op: str):
 def _trusted_rope(x, pos, base):
     """Hugging Face's Llama RoPE: fp32 (fp64 for an fp64 x) inv_freq and
     angles, cos/sin cast to x's dtype, rotate-half in x's dtype."""
-    torch = _torch()
+    torch = import_torch()
     wide = torch.float64 if x.dtype == torch.float64 else torch.float32
     h = x.shape[-1] // 2
     inv = 1.0 / (base ** (torch.arange(0, x.shape[-1], 2, dtype=wide, device=x.device) / x.shape[-1]))
@@ -105,7 +100,7 @@ def _trusted_rope(x, pos, base):
 def attention_mask(tq: int, tk: int, kv_start, device):
     """bh x tq x tk visibility: causal (queries are the last tq positions) and
     key j >= kv_start[b] (left padding)."""
-    torch = _torch()
+    torch = import_torch()
     i = torch.arange(tq, device=device)[:, None]
     j = torch.arange(tk, device=device)[None, :]
     causal = j <= i + (tk - tq)
@@ -115,7 +110,7 @@ def attention_mask(tq: int, tk: int, kv_start, device):
 def _trusted_attention(q, k, v, kv_start):
     """torch's scaled_dot_product_attention with the same mask; a query that
     sees no key gets zeros (SDPA gives NaN there), as engines write."""
-    torch = _torch()
+    torch = import_torch()
     mask = attention_mask(q.shape[1], k.shape[1], kv_start, q.device)
     out = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=q.shape[-1] ** -0.5)
     return torch.where(mask.any(-1, keepdim=True), out, torch.zeros((), dtype=out.dtype, device=out.device))
@@ -125,7 +120,7 @@ def make_inputs(op: str, shape: tuple, seed: int, device: str, scale: float = 1.
     """fp32 inputs and the op's scalar arguments. Logits get a spread of a few
     units, norm inputs an offset (so the mean matters), weights sit around 1.
     `scale` multiplies the first (data) argument."""
-    torch = _torch()
+    torch = import_torch()
     g = torch.Generator().manual_seed(seed)
     first = [True]
 
@@ -160,7 +155,7 @@ def make_inputs(op: str, shape: tuple, seed: int, device: str, scale: float = 1.
 
 def _cast(args: tuple, dtype) -> tuple:
     """Floating tensors to dtype; positions and padding offsets stay integers."""
-    torch = _torch()
+    torch = import_torch()
     return tuple(a.to(dtype) if isinstance(a, torch.Tensor) and a.is_floating_point() else a for a in args)
 
 
@@ -174,7 +169,7 @@ OUT_DTYPES = formats.COMPUTE  # what --out-dtype can declare
 
 
 def _stored(args: tuple, fmt) -> tuple:
-    torch = _torch()
+    torch = import_torch()
     return tuple(torch.from_numpy(fmt.round(a.detach().double().cpu().numpy())).to(torch.float32).to(a.device)
                  if isinstance(a, torch.Tensor) and a.is_floating_point() else a for a in args)
 
@@ -291,7 +286,7 @@ def _compare_op(cfg: CompareOpConfig, advance) -> CompareResult:
     out_dtype = formats.get(formats.parse_one(cfg.out_dtype, OUT_DTYPES, "--out-dtype")) if cfg.out_dtype else None
     cases = op_harness.select(op, cfg.cases, from_file=held is not None)
     plan = devices.resolve(cfg.device)
-    torch = _torch()
+    torch = import_torch()
     threads.fit_torch(cfg.threads, op_flops(op, shape))
     from precisionlab.numerics import torch_ops
 
@@ -432,7 +427,7 @@ def open_inputs_file(op: str, path: str) -> InputsFile:
 def inputs_from_file(op: str, held: InputsFile, base: tuple, device: str) -> tuple:
     """The op's inputs: the file's tensors in place of the generated ones of
     the same shape (base: make_inputs at the file's shape); each must fit."""
-    torch = _torch()
+    torch = import_torch()
     path, args = held.path, list(base)
     for i, n in enumerate(ARG_NAMES[op]):
         if n in held.picked:
@@ -481,7 +476,7 @@ def _policy(fn, op: str, masked: str):
         return fn
 
     def wrapped(x):
-        torch = _torch()
+        torch = import_torch()
         y = fn(x)
         dead = torch.isneginf(x).all(-1)
         if op == "softmax":

@@ -135,7 +135,7 @@ def _top_k_row(spec, eng, ref, ref_model, ids, targets, n, device, advance) -> d
         R = R.astype(np.float64)
         top = eng.top_logprobs(ids[start:stop + 1])
         bounds.append(distribution.kl_lower_bound_top_k(distribution.log_softmax(R), top))
-        agree.append(np.array([bool(t) and max(t, key=t.get) == int(np.argmax(r)) for t, r in zip(top, R, strict=True)]))
+        agree.append(np.array([bool(t) and max(t, key=t.get) == int(np.argmax(r)) for t, r in zip(top, R, strict=False)]))
         advance()
     b, a = np.concatenate(bounds), np.concatenate(agree)
     checked = ("checked against the echo" if eng.settings.get("prompt_logprobs", ECHO) == ECHO
