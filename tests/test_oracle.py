@@ -221,8 +221,8 @@ def _mxfp4_floor(x, block=32):
     return out
 
 
-def test_formats_rel_rmse_to_the_last_bit():
-    # rel_rmse was sqrt(fsum of rounded squares / fsum), two more roundings:
+def test_formats_rel_l2_to_the_last_bit():
+    # rel_l2 (once rel_rmse) was sqrt(fsum of rounded squares / fsum), two more roundings:
     # 0.12054942890436372 where the exact value rounds to 0.12054942890436371.
     import mpmath as mp
     import numpy as np
@@ -238,7 +238,7 @@ def test_formats_rel_rmse_to_the_last_bit():
     num = sum(((b - a) ** 2 for a, b in zip(X, y, strict=True)), Fraction(0))
     den = sum((a * a for a in X), Fraction(0))
     q = lambda f: mp.mpf(f.numerator) / f.denominator  # noqa: E731
-    assert row["rel_rmse"] == float(mp.sqrt(q(num) / q(den)))
+    assert row["rel_l2"] == float(mp.sqrt(q(num) / q(den)))
     assert row["flush_share"] == sum(1 for a, b in zip(X, y, strict=True) if a != 0 and b == 0) / n
 
 
