@@ -204,3 +204,21 @@ def local_server(argv_for_port, log_path: Path, probe: str, ready, *, what: str,
             p.kill()
             p.wait()
         log.close()
+
+
+def registered_commands(option: str | None = None) -> list[str]:
+    """Every command cli/app.py's COMMANDS registers ('accumulate', 'compare op'),
+    in its order; with `option` ('--seed', '--plot'), those that take it. Tests
+    that cover every command parametrize over this, so a new command joins them
+    the day it is registered."""
+    import typer.main
+
+    from precisionlab.cli import app as cli_app
+
+    root = typer.main.get_command(cli_app.app)
+    out = []
+    for group, name, _module in cli_app.COMMANDS:
+        cmd = (root.commands[group].commands if group else root.commands)[name]
+        if option is None or any(option in p.opts for p in cmd.params):
+            out.append(f"{group} {name}" if group else name)
+    return out
