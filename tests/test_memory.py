@@ -21,9 +21,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+import model_estimates
 from helpers import ROOT, loaded_timeout, save_tiny_qwen
 from precisionlab.io import inputs
-from precisionlab.engines import shape as engine_shape
 from precisionlab.runtime import memory
 from precisionlab.experiments.op_harness import shapes_used
 from precisionlab.errors import UsageError
@@ -86,14 +86,14 @@ def _tiny_qwen(out: Path, hidden: int) -> str:
 def _models(tmp_path: Path):
     pytest.importorskip("transformers")
     return [(["compare", "model", "--model", folder, "--steps", "8", "--prompt", "the cat sat", "--json"],
-             engine_shape.compare_model_for(folder, 8, "the cat sat"))
+             model_estimates.compare_model_for(folder, 8, "the cat sat"))
             for folder in (_tiny_qwen(tmp_path, h) for h in (128, 256, 512))]
 
 
 def _layers_models(tmp_path: Path):
     pytest.importorskip("transformers")
     return [(["compare", "model", "--model", folder, "--layers", "--steps", "8", "--prompt", "the cat sat", "--json"],
-             engine_shape.compare_layers_for(folder, 8, "the cat sat"))
+             model_estimates.compare_layers_for(folder, 8, "the cat sat"))
             for folder in (_tiny_qwen(tmp_path, h) for h in (128, 256, 512))]
 
 
@@ -102,7 +102,7 @@ def _kvcache_models(tmp_path: Path):
 
     pytest.importorskip("transformers")
     return [(["kvcache", "--model", folder, "--steps", "8", "--prompt", "the cat sat", "--json"],
-             engine_shape.kvcache_for(folder, 8, "the cat sat", CALIBRATION_CHARS))
+             model_estimates.kvcache_for(folder, 8, "the cat sat", CALIBRATION_CHARS))
             for folder in (_tiny_qwen(tmp_path, h) for h in (128, 256, 512))]
 
 
@@ -111,7 +111,7 @@ def _kvcache_embedded():
 
     # 800 steps: the teacher-forced pass's attention scores outgrow the 512-character calibration pass's
     return [(["kvcache", "--steps", str(s), "--dtypes", "fp8_e4m3", "--scales", "dynamic", "--json"],
-             engine_shape.kvcache_for(None, s, "ROMEO:\n", CALIBRATION_CHARS)) for s in (100, 400, 800)]
+             model_estimates.kvcache_for(None, s, "ROMEO:\n", CALIBRATION_CHARS)) for s in (100, 400, 800)]
 
 
 # (label, [(argv, estimate in bytes)] at three ascending sizes)
@@ -161,7 +161,7 @@ def _families(tmp_path: Path):
         "compare model": lambda: _models(tmp_path),
         "compare model --layers": lambda: _layers_models(tmp_path),
         "compare model --layers (embedded)": [(["compare", "model", "--layers", "--steps", str(s), "--json"],
-                                               engine_shape.compare_layers_for(None, s, "ROMEO:\n")) for s in (100, 300, 600)],
+                                               model_estimates.compare_layers_for(None, s, "ROMEO:\n")) for s in (100, 300, 600)],
         "kvcache --model": lambda: _kvcache_models(tmp_path),
         "kvcache": _kvcache_embedded,
         # two files of one fp32 tensor each: both stored tensors (4 + 4), their float64 copies, the
