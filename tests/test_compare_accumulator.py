@@ -21,7 +21,7 @@ import numpy as np
 import pytest
 import torch
 
-from precisionlab.experiments import compare
+from precisionlab.experiments import compare, op_inputs
 from precisionlab.numerics import accumulators as acc
 from helpers import cli
 from test_accumulators import emulate
@@ -77,7 +77,7 @@ def case_inputs(case: str, dtype: str):
     shape = compare.parse_shape("matmul", SHAPE)
     base = compare.make_inputs("matmul", shape, 0, "cpu")
     args = next(c for c in op_harness.select("matmul", case) if c.name == case).build(base, shape, 0)
-    return args if dtype == "fp32" else compare._low_args(args, formats.get(dtype))
+    return args if dtype == "fp32" else op_inputs.low_args(args, formats.get(dtype))
 
 
 @pytest.mark.parametrize("model,bits,rounding", [("hopper-fp8:group=4", 10, "rne"), ("promote:7:group=3", None, None),

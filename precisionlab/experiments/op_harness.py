@@ -37,7 +37,7 @@ LONG_ROW = 16384  # norms' long_rows: 4x the default row, the length step op_dia
 class Case:
     name: str
     what: str
-    build: Callable  # (random_args, shape, seed) -> fp32 args; random_args is compare.make_inputs' tuple
+    build: Callable  # (random_args, shape, seed) -> fp32 args; random_args is op_inputs.make_inputs' tuple
 
 
 def _with_first(args: tuple, x) -> tuple:
