@@ -159,11 +159,19 @@ def test_pt_with_a_pickled_object_is_refused_and_never_runs(run, tmp_path):
     assert not marker.exists()
 
 
-@pytest.mark.parametrize("command", [["accumulate", "--from"], ["softmax", "--from"], ["compare", "tensors"]])
+# The arguments a command needs before its --from (compare op: the op).
+FROM_NEEDS = {"compare op": ["softmax"]}
+
+
+# every registered command that takes --from (helpers.registered_commands), and compare tensors' two files
+@pytest.mark.parametrize("command", [*registered_commands("--from"), "compare tensors"])
 def test_npy_with_pickled_objects_is_refused(run, tmp_path, command):
     bad = tmp_path / "objects.npy"
     np.save(bad, np.array([{"a": 1}, None], dtype=object), allow_pickle=True)
-    args = [*command, str(bad)] + ([str(bad)] if command[-1] == "tensors" else ["--device", "cpu"])
+    if command == "compare tensors":
+        args = ["compare", "tensors", str(bad), str(bad)]
+    else:
+        args = [*command.split(), *FROM_NEEDS.get(command, []), "--from", str(bad), "--device", "cpu"]
     one_line(run(*args), 2)
 
 
