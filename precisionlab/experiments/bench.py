@@ -21,6 +21,7 @@ from precisionlab.runtime import devices, memory, torch_flags
 from precisionlab.catalog import formats
 from precisionlab.io import inputs
 from precisionlab.errors import UsageError
+from precisionlab.runtime.torch_import import import_torch
 
 SECTIONS = ("accumulate", "softmax", "matmul", "attention")
 SOFTMAX_SHAPES = [(4096, 1024), (4096, 4096), (4096, 16384), (1024, 32768), (512, 151936), (64, 262144)]
@@ -200,7 +201,7 @@ def attention_cpu(seed: int, quick: bool, advance) -> list[dict]:
 def accumulate_gpu(n: int, seed: int, quick: bool, advance) -> list[dict]:
     from precisionlab.runtime import cuda_timing as ct
 
-    torch = ct.torch()
+    torch = import_torch()
     iters = 20 if quick else 50
     rows = []
     copy = ct.copy_bandwidth(n * 4, iters)
@@ -245,7 +246,7 @@ def _gpu_row(kernel, storage, acc, n, t, nbytes, torch_ms, copy_gbps) -> dict:
 def softmax_gpu(seed: int, quick: bool, advance) -> list[dict]:
     from precisionlab.runtime import cuda_timing as ct
 
-    torch = ct.torch()
+    torch = import_torch()
     iters = 20 if quick else 30
     sms = torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count
     rows = []
@@ -289,7 +290,7 @@ def softmax_gpu(seed: int, quick: bool, advance) -> list[dict]:
 def matmul_gpu(seed: int, quick: bool, advance) -> list[dict]:
     from precisionlab.runtime import cuda_timing as ct
 
-    torch = ct.torch()
+    torch = import_torch()
     n = 4096 if quick else 8192
     g = torch.Generator(device="cuda").manual_seed(seed)
     a = torch.randn(n, n, device="cuda", generator=g)
@@ -320,7 +321,7 @@ SPLITK_SPLITS = 8
 def splitk_gpu(seed: int, quick: bool, advance) -> list[dict]:
     from precisionlab.runtime import cuda_timing as ct
 
-    torch = ct.torch()
+    torch = import_torch()
     m, k, n = SPLITK_SHAPE
     g = torch.Generator(device="cuda").manual_seed(seed)
     a = torch.randn(m, k, device="cuda", generator=g)
