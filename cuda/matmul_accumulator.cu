@@ -18,11 +18,12 @@
  *                  folded from the right), the same tree in O(log K) memory.
  *   hopper-fp8     a tensor core's fused dot-add, MMA-Sim's Hopper model: per
  *                  group of `group` k, the terms {c} U {a_k b_k}, each with
- *                  its alignment exponent (c: its own; a product: its
- *                  factors' exponents summed, each at least its format's emin,
- *                  a zero factor's -126, or with align = value its exact
- *                  value's, a zero product none), e the largest
- *                  (at least -126), each term cut to a multiple of
+ *                  its alignment exponent (c: its own, at least -126; a
+ *                  product: its factors' exponents summed, each at least its
+ *                  format's emin; a zero c or product: -133, MMA-Sim 2.1.1's
+ *                  e_zero; or with align = value a product's exact value's,
+ *                  a zero product none, and e at least -126), e the largest,
+ *                  each term cut to a multiple of
  *                  2^(e - bits + 1) (trunc, rne or floor) in integer arithmetic on
  *                  its significand, the cut terms summed exactly in int64
  *                  (below (group + 1) 2^(bits + 1) < 2^53), the sum cut to
@@ -68,7 +69,11 @@ const char* const ALIGN_NAMES[PL_ACC_ALIGN_COUNT_] = {"product", "value"};
 
 constexpr int kMaxBits = 40;    // numerics/accumulators.py's MAX_BITS: the cut sum stays below 2^53
 constexpr int kMaxOut = 24;     // MAX_OUT: a step's result is an fp32 value
-constexpr int kF32Emin = -126;  // F32_EMIN: the datapath never aligns below fp32's smallest normal exponent
+constexpr int kF32Emin = -126;  // F32_EMIN: where a subnormal c aligns; align = value never aligns below it
+// ZERO_EXP: a zero term's alignment exponent with align = product (c = 0, or a product with a zero factor):
+// MMA-Sim 2.1.1's e_zero for an fp32 result on Hopper and Blackwell, below every non-zero fp32 c, so a zero
+// never sets the group's exponent.
+constexpr int kZeroExp = -133;
 constexpr int kProductLsb = -298;  // the last bit of the smallest product, 2^-149 squared
 constexpr int kLimbs = 20;      // 32-bit digits: 640 bits hold K < 2^63 products below 2^256
 
@@ -112,12 +117,10 @@ PL_HD inline term product(float x, float y) {  // exact: 48 bits at most
     return {a.sig * b.sig, a.ex + b.ex, a.neg != b.neg};
 }
 PL_HD inline int top_exp(const term& t) { return t.ex + bitlen64(t.sig) - 1; }  // floor(log2 |t|), t != 0
-// A factor's alignment exponent (align = product): floor(log2 |x|), at least its format's emin; -126 for a
-// zero, whatever the format (MMA-Sim's convention: 0 x b takes part in the group's maximum at -126 + E(b)).
+// A non-zero factor's alignment exponent (align = product): floor(log2 |x|), at least its format's emin
+// (a product with a zero factor takes part at kZeroExp instead, see fused_group).
 PL_HD inline int factor_exp(float x, int emin) {
-    const term t = term_of(x);
-    if (t.sig == 0) return kF32Emin;
-    const int e = top_exp(t);
+    const int e = top_exp(term_of(x));
     return e > emin ? e : emin;
 }
 
@@ -186,14 +189,19 @@ PL_HD inline float fp32_pairwise(const dot_args& d) {
 PL_HD inline float fused_group(float c, const dot_args& d, int64_t s0, int64_t s1, const pl_accumulator& a) {
     if (!finite(c)) return c;  // an overflowed accumulator stays as it is (the numpy model's inf)
     const bool by_product = a.align == PL_ACC_ALIGN_PRODUCT;
-    int e = kF32Emin;
+    // The floor: a zero term's exponent (align = product; c = 0 and zero products take part there, never
+    // above a non-zero term), or fp32's emin (align = value: a zero product has no exponent).
+    int e = by_product ? kZeroExp : kF32Emin;
     const term tc = term_of(c);
-    if (tc.sig && top_exp(tc) > e) e = top_exp(tc);
+    if (tc.sig) {
+        const int ec = top_exp(tc) > kF32Emin ? top_exp(tc) : kF32Emin;  // a subnormal c aligns at -126
+        if (ec > e) e = ec;
+    }
     for (int64_t s = s0; s < s1; ++s) {
         const float x = d.xv(s), y = d.yv(s);
         if (!finite(x) || !finite(y)) return NAN;
         const term t = product(x, y);
-        if (by_product || t.sig) {  // align = value: a zero product has no exponent
+        if (t.sig) {  // a zero product sits at the floor
             const int te = by_product ? factor_exp(x, d.emin_x) + factor_exp(y, d.emin_y) : top_exp(t);
             if (te > e) e = te;
         }

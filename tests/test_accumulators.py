@@ -17,6 +17,7 @@ import pytest
 from precisionlab.numerics import accumulators as acc
 
 F32_P, F32_EMIN = 24, -126
+ZERO_EXP = -133  # MMA-Sim 2.1.1 nv_ptx/sim.py: e_zero for an fp32 result on Hopper and Blackwell
 
 
 def floor_log2(q: Fraction) -> int:
@@ -45,20 +46,20 @@ CUTS = {"trunc": int, "rne": round, "floor": math.floor}  # toward zero; Fractio
 def emu_limited(pairs: list[tuple[Fraction, Fraction]], c: Fraction, a: acc.Accumulator,
                 emins: tuple[int, int] = (F32_EMIN, F32_EMIN)) -> Fraction:
     """The fused dot-add group after group: pairs (a_k, b_k), emins their formats' smallest normal exponents."""
-    def exp_of(t: Fraction, emin: int) -> int:  # a factor's; MMA-Sim gives a zero -126 in every format
-        return F32_EMIN if t == 0 else max(floor_log2(t), emin)
+    def exp_of(t: Fraction, emin: int) -> int:  # a non-zero factor's: at least its format's emin
+        return max(floor_log2(t), emin)
 
     out_bits = a.out if a.out is not None else min(a.bits, F32_P)
     for g0 in range(0, len(pairs), a.group):
         group = pairs[g0:g0 + a.group]
         terms = [c] + [x * y for x, y in group]
-        es = [floor_log2(c)] if c != 0 else []
-        for x, y in group:
-            if a.align == "product":  # every product takes part, a zero one too
-                es.append(exp_of(x, emins[0]) + exp_of(y, emins[1]))
-            elif x * y != 0:
-                es.append(floor_log2(x * y))
-        u = Fraction(2) ** (max(es + [F32_EMIN]) - a.bits + 1)
+        if a.align == "product":  # MMA-Sim 2.1.1: every term takes part, a zero one at e_zero = -133
+            es = [max(floor_log2(c), F32_EMIN) if c != 0 else ZERO_EXP]
+            es += [exp_of(x, emins[0]) + exp_of(y, emins[1]) if x * y != 0 else ZERO_EXP for x, y in group]
+        else:  # align=value: non-zero terms only, and never below -126
+            es = [F32_EMIN] + ([floor_log2(c)] if c != 0 else [])
+            es += [floor_log2(x * y) for x, y in group if x * y != 0]
+        u = Fraction(2) ** (max(es) - a.bits + 1)
         s = sum((CUTS[a.rounding](t / u) * u for t in terms), Fraction(0))
         if s != 0:
             q = Fraction(2) ** (max(floor_log2(s), F32_EMIN) - out_bits + 1)
@@ -198,6 +199,30 @@ def test_cancellation_and_zeros():
         assert got.view(np.uint32)[0, 0] == 0, model
 
 
+def test_a_zero_product_never_sets_the_groups_exponent():
+    """MMA-Sim 2.1.1 gives a zero product the exponent -133 (its e_zero for an
+    fp32 result), whatever the other factor: an instruction whose products are
+    all zero leaves a tiny c as it is. The case the MMA-Sim run of issue 41
+    found: e4m3, c = 0x02fd9c00 (3.7266e-37, exponent -122, 13 fractional
+    bits) onto 0 x 448 products. Aligned at -126 + E(448) = -118 (the old
+    convention) it came back 0x02fd8000; MMA-Sim gives 0x02fd9c00."""
+    c = np.array([[0x02FD9C00]], np.uint32).view(np.float32)
+    got = acc.parse("hopper-fp8").accumulate(c, np.zeros((1, 32)), np.full((32, 1), 448.0), "fp8_e4m3", "fp8_e4m3")
+    assert got.view(np.uint32)[0, 0] == 0x02FD9C00
+
+
+@pytest.mark.parametrize("model", ["hopper-fp8", "hopper-fp8:bits=26:group=16"])
+@pytest.mark.parametrize("backend", acc.BACKENDS)
+def test_zero_products_after_a_tiny_group_keep_it(model, backend):
+    """The same class from +0, on both backends: the first group leaves
+    c = 1.5 x 2^-122 (bf16 factors), the second holds only 0 x 2^120. At the
+    old -126 + 120 = -6 the second group cut c to +0; at -133 it stays."""
+    g = acc.parse(model).group
+    a = [1.5 * 2.0**-61] + [0.0] * (2 * g - 1)
+    b = [2.0**-61] + [1.0] * (g - 1) + [2.0**120] * g
+    assert _one(model, a, b, "bf16", backend) == 1.5 * 2.0**-122
+
+
 def test_floor_cuts_toward_minus_infinity():
     """Below the cut's unit u = 2^(e - B + 1) a term loses toward zero (trunc),
     to nearest (rne) or toward -inf (floor). B = 9, one group: e = 0, u = 2^-8,
@@ -229,11 +254,12 @@ def test_mma_sim_hopper_features_each_read_off_one_output(backend):
     - a subnormal factor sits at its format's emin: e4m3's 2^-9 aligns at 2^-6,
       so with B = 10 the unit is 2^-15 and a 2^-18 product is cut away (at its
       value's exponent, -9, it would be kept);
-    - the alignment never goes below -126: a bf16 product 2^-140 is cut at
-      2^-139 (B = 14) to +0, and kept with Hopper's bf16 width (B = 26);
-    - a zero factor's exponent is -126 in every format, so 0 x 2^120 aligns
-      the group at 2^-6 and, with B = 26, cuts 2^-30 (1 + 2^-7) to 2^-30
-      (align=value leaves the zero product out and keeps it whole)."""
+    - a bf16 product 2^-140 with c = 0 aligns at c's -133 and is kept, but
+      the result's 14 bits, counted from fp32's emin -126, end at 2^-139: +0;
+      Hopper's bf16 width (B = 26) keeps it;
+    - a zero term takes part at -133 (MMA-Sim 2.1.1's e_zero), below every
+      other term: 0 x 2^120 does not raise the group's exponent, so 2^-30
+      (1 + 2^-7) stays whole, as with align=value, which leaves it out."""
     assert _one("hopper-fp8", [1.5, 1.25, 2.0**-13], [1.5, -1.0, 1.0], "bf16", backend) == 1 + 2.0**-13
     assert _one("hopper-fp8:align=value", [1.5, 1.25, 2.0**-13], [1.5, -1.0, 1.0], "bf16", backend) == 1.0
     assert _one("hopper-fp8", [1.75, 0.5, 2.0**-13], [1.0, 1.0, 1.0], "bf16", backend) == 2.25
@@ -244,7 +270,7 @@ def test_mma_sim_hopper_features_each_read_off_one_output(backend):
     assert _one("hopper-fp8", [2.0**-70], [2.0**-70], "bf16", backend) == 0.0
     assert _one("hopper-fp8:bits=26:group=16", [2.0**-70], [2.0**-70], "bf16", backend) == 2.0**-140
     tiny = 2.0**-30 * (1 + 2.0**-7)
-    assert _one("hopper-fp8:bits=26:group=16", [0.0, tiny], [2.0**120, 1.0], "bf16", backend) == 2.0**-30
+    assert _one("hopper-fp8:bits=26:group=16", [0.0, tiny], [2.0**120, 1.0], "bf16", backend) == tiny
     assert _one("hopper-fp8:bits=26:group=16:align=value", [0.0, tiny], [2.0**120, 1.0], "bf16", backend) == tiny
 
 

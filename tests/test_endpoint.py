@@ -17,7 +17,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 from helpers import ROOT, cli, json_glossary_problems, loaded_timeout, strict_json
 
-from precisionlab.engines.openai import Client
+from precisionlab.engines.http_client import Client
 from precisionlab.errors import RunError, UsageError
 from precisionlab.experiments import endpoint as ep
 

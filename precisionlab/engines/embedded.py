@@ -21,6 +21,8 @@ SCORE_THREADS = 1
 class EmbeddedEngine(Engine):
     window = WINDOW
     score_threads = SCORE_THREADS
+    batches = True  # CharLM takes a key mask and positions
+    forks = True    # its cache is a list of tensors never written in place
 
     @classmethod
     def check(cls, arg):
@@ -108,6 +110,21 @@ class EmbeddedEngine(Engine):
     def close(self) -> None:
         for layer in self.base.layers:
             layer.attn.kv_store = None
+
+    def sites(self, model) -> list:
+        """CharLM's watched modules. Its RoPE tables and its tied LM head are
+        computed outside any module: two pseudo-sites, `rope` (built by the
+        experiment from the tables) and `lm_head` (the model's own output,
+        after `norm`)."""
+        from precisionlab.engines.hooks import Site
+
+        out = [Site("rope", "rope", True), Site("embed", "embed")]
+        for i, _ in enumerate(model.layers):
+            p = f"layers.{i}"
+            out += [Site(f"{p}.attn_norm", "norm"), Site(f"{p}.attn.q_norm", "norm"), Site(f"{p}.attn.k_norm", "norm"),
+                    Site(f"{p}.attn", "attn"), Site(f"{p}.mlp_norm", "norm"), Site(f"{p}.mlp", "mlp"),
+                    Site(p, "block")]
+        return out + [Site("norm", "final_norm"), Site("lm_head", "lm_head", True, hook_on="")]
 
 
 def _weights():

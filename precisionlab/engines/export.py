@@ -126,7 +126,7 @@ def run(spec: str, to: str, out: str) -> ExportResult:
     t0 = time.perf_counter()
     changes: list[str] = []
     source = "embedded" if src is None else f"hf:{Path(src).resolve()}"
-    from precisionlab.engines.hf import quiet_library
+    from precisionlab.engines.model_folders import quiet_library
 
     with quiet_library(), tempfile.TemporaryDirectory(prefix="precisionlab-export-") as work:
         if src is None and kind != "onnx":

@@ -62,6 +62,8 @@ def need_package(module: str, extra: str, prefix: str) -> None:
 
 class ExternalEngine(Engine):
     window = 1024
+    has_modules = False        # the engine's graph, not torch modules: no hooks, no dtype copies
+    compute_dtypes = ("fp32",)  # "fp32": the engine as opened (its own settings decide its types)
     vocab: int              # the logical vocabulary: columns beyond it (engine padding) are trimmed
     padded_from: int | None = None  # the engine's own width where it padded the vocabulary
 
@@ -70,7 +72,7 @@ class ExternalEngine(Engine):
         raise NotImplementedError
 
     def model(self, dtype: str):
-        if dtype != "fp32":
+        if dtype not in self.compute_dtypes:
             raise UsageError(f"{self.name}: computes in the settings it was opened with; --dtypes {dtype} does "
                              "not apply (compare model --engine SPEC --reference SPEC compares two engines)")
         return None
@@ -105,11 +107,6 @@ class ExternalEngine(Engine):
             return torch.from_numpy(self.logits(seen)[start:])
 
         return feed
-
-    def sites(self, model):
-        raise UsageError(f"{self.name}: --layers needs the model's modules (an hf: or the embedded model)")
-
-    ENGINE = ""  # the engine's own name, as info() reports it
 
     def info(self) -> dict:
         """The settings that decide its numbers, beside what every engine reports."""

@@ -4,10 +4,12 @@ perturbations applied to a model copy.
 
 Watched ("sites"), in the model's own names: the embeddings, the RoPE phases,
 each block's norms (q/k norms included), attention and MLP, the residual
-stream after each block, the final norm and the LM head. The embedded model
-computes its RoPE tables and its tied LM head outside any module, so it gets
-two named pseudo-sites, `rope` and `lm_head`. Execution order is the order
-in which the hooks fire (a module's hook fires when it returns).
+stream after each block, the final norm and the LM head. Each engine owns its
+sites (Engine.sites): sites() here finds a Hugging Face-style decoder's, and
+an engine whose model computes something outside any module declares a
+pseudo-site for it (the embedded model's RoPE tables and tied LM head, in
+engines/embedded.py). Execution order is the order in which the hooks fire
+(a module's hook fires when it returns).
 """
 
 from __future__ import annotations
@@ -29,12 +31,8 @@ class Site:
     name: str
     kind: str
     pseudo: bool = False   # no module of its own (the embedded model's rope tables and tied head)
-
-
-def _is_charlm(model) -> bool:
-    from precisionlab.engines.charlm import CharLM
-
-    return isinstance(model, CharLM)
+    hook_on: str | None = None  # a pseudo-site read from another module's output ("": the whole
+    #                             model's first output); None: not hooked (the experiment computes it)
 
 
 def is_norm(module) -> bool:
@@ -49,19 +47,8 @@ def eps_attr(module) -> str | None:
 
 
 def sites(model) -> list[Site]:
-    """The watched modules, in definition order (execution order is recorded at run time)."""
-    if _is_charlm(model):
-        out = [Site("rope", "rope", True), Site("embed", "embed")]
-        for i, _ in enumerate(model.layers):
-            p = f"layers.{i}"
-            out += [Site(f"{p}.attn_norm", "norm"), Site(f"{p}.attn.q_norm", "norm"), Site(f"{p}.attn.k_norm", "norm"),
-                    Site(f"{p}.attn", "attn"), Site(f"{p}.mlp_norm", "norm"), Site(f"{p}.mlp", "mlp"),
-                    Site(p, "block")]
-        return out + [Site("norm", "final_norm"), Site("lm_head", "lm_head", True)]
-    return _hf_sites(model)
-
-
-def _hf_sites(model) -> list[Site]:
+    """A Hugging Face-style decoder's watched modules, in definition order
+    (execution order is recorded at run time): Engine.sites' default."""
     names = {id(m): n for n, m in model.named_modules()}
     emb, head = model.get_input_embeddings(), model.get_output_embeddings()
     base = getattr(model, "base_model", model)
@@ -112,7 +99,8 @@ def resolve(model, target: str, extra: list[str]) -> str:
         return hits[0]
     if len(hits) > 1:
         raise UsageError(f"--inject: {target!r} matches {len(hits)} modules ({', '.join(hits[:4])}...); give the full name")
-    sample = ", ".join(s.name for s in sites(model)[:6])
+    listed = [n for n, m in model.named_modules() if n and not isinstance(m, nn.ModuleList)]
+    sample = ", ".join((extra + listed)[:6])
     raise UsageError(f"--inject: no module {target!r} in this model (names look like: {sample}, ...)")
 
 
@@ -142,13 +130,11 @@ class Capture:
         self.enabled = True
         self._handles = []
         for s in site_list:
-            if s.pseudo:
+            target = s.hook_on if s.pseudo else s.name
+            if target is None:
                 continue
-            mod = model.get_submodule(s.name)
+            mod = model.get_submodule(target)
             self._handles.append(mod.register_forward_hook(self._hook(s), with_kwargs=True))
-        if _is_charlm(model):  # the tied head: the model's own output, after `norm`
-            self._handles.append(model.register_forward_hook(self._hook(Site("lm_head", "lm_head", True)),
-                                                             with_kwargs=True))
 
     def _hook(self, site: Site):
         def hook(_mod, args, kwargs, out):

@@ -61,6 +61,7 @@ def _model_params(llama_cpp, **fields):
 
 
 class LlamaCppEngine(ExternalEngine):
+    captures_layers = True  # its eval callback hands over every GGML tensor (capture below)
     @classmethod
     def check(cls, arg):
         path, opts = file_spec(arg, "llamacpp", KEYS, "llama_cpp", " (a .gguf)")

@@ -50,6 +50,7 @@ class OnnxEngine(ExternalEngine):
             raise UsageError(f"engine onnx:{path}: onnxruntime cannot load it ({str(e).splitlines()[0]})") from None
         meta = self.sess.get_modelmeta().custom_metadata_map
         self.chars = json.loads(meta["precisionlab.vocab"]) if "precisionlab.vocab" in meta else None
+        self.vocabulary = self.chars is not None  # without one it reads the reference's ids
         out = self.sess.get_outputs()[0]
         self.vocab = int(out.shape[-1]) if isinstance(out.shape[-1], int) else len(self.chars or [])
         self.settings = {"provider": self.sess.get_providers()[0], "intra_op_num_threads": so.intra_op_num_threads,

@@ -19,18 +19,13 @@ list of {id, token, logprob}) is read by id where the server gives one; the
 legacy form (top_logprobs[0], {token: logprob}) by string. info() says which
 way the rows came (prompt_logprobs).
 
-Client is the one HTTP client of the project (this adapter's and
-`nondeterminism --endpoint`'s): JSON in and out of the one server the user
-named, a timeout on every socket operation, each answer a dict or one
-RunError line, and close_all() to drop the connections in flight (Ctrl-C).
+Its requests go through engines/http_client.py, the project's one HTTP client.
 """
 
 from __future__ import annotations
 
-import json
-import threading
-
 from precisionlab.engines.external import ExternalEngine, int_opt, split_spec
+from precisionlab.engines.http_client import Client, v1_base
 from precisionlab.errors import RunError, UsageError
 
 KEYS = {"model": "the model name the endpoint serves", "top": "top_logprobs K (default 5)",
@@ -41,100 +36,9 @@ ECHO = "echo (one request)"
 PER_POSITION = "one request per position (the server ignored or refused echo)"
 
 
-def v1_base(url: str) -> str:
-    """The user's URL as the API's base: `http://host:port` and `.../v1` both give `.../v1`."""
-    if not url.startswith(("http://", "https://")):
-        raise UsageError(f"endpoint {url!r}: give the server's http:// or https:// URL")
-    url = url.rstrip("/")
-    return url if url.endswith("/v1") else url + "/v1"
-
-
-class Client:
-    """JSON requests to one server (the user's URL, never another); thread-safe."""
-
-    def __init__(self, base: str, timeout: float):
-        from urllib.parse import urlsplit
-
-        self.base = base
-        self.timeout = timeout
-        try:  # urlsplit and .port raise ValueError on '[::1' or a port past 65535
-            parts = urlsplit(base)
-            host, port = parts.hostname, parts.port
-        except ValueError as e:
-            raise UsageError(f"endpoint {base!r}: {e}") from None
-        if not host:
-            raise UsageError(f"endpoint {base!r}: no host in the URL")
-        self._https = parts.scheme == "https"
-        self._host, self._port, self._path = host, port, parts.path.rstrip("/")
-        self._live: set = set()
-        self._lock = threading.Lock()
-        self.closed = False
-
-    def get(self, path: str, timeout: float | None = None) -> dict:
-        return self._request("GET", path, None, timeout)
-
-    def post(self, path: str, body: dict, timeout: float | None = None) -> dict:
-        return self._request("POST", path, body, timeout)
-
-    def close_all(self) -> None:
-        """Drop every connection in flight and refuse new ones: the server sees
-        each request's client go away (what Ctrl-C must do)."""
-        import socket
-
-        with self._lock:
-            self.closed = True
-            live = list(self._live)
-        for conn in live:
-            try:
-                if conn.sock is not None:
-                    conn.sock.shutdown(socket.SHUT_RDWR)
-                conn.close()
-            except OSError:
-                pass
-
-    def _request(self, method: str, path: str, body: dict | None, timeout: float | None) -> dict:
-        import http.client
-
-        t = self.timeout if timeout is None else timeout
-        cls = http.client.HTTPSConnection if self._https else http.client.HTTPConnection
-        conn = cls(self._host, self._port, timeout=t)
-        url = self.base + path
-        with self._lock:
-            if self.closed:
-                raise RunError(f"{url}: stopped")
-            self._live.add(conn)
-        try:
-            data = None if body is None else json.dumps(body).encode()
-            conn.request(method, self._path + path, body=data,
-                         headers={"Content-Type": "application/json"} if data else {})
-            r = conn.getresponse()
-            raw = r.read()
-            if r.status != 200:
-                text = raw.decode("utf-8", "replace").strip().splitlines()
-                raise RunError(f"{url}: HTTP {r.status} {r.reason}"
-                               + (f": {text[0][:200]!r}" if text else ""))
-            doc = json.loads(raw.decode("utf-8"))
-        except TimeoutError:
-            raise RunError(f"{url}: no answer within {t:g} s (timeout)") from None
-        except ConnectionRefusedError:
-            raise RunError(f"{url}: connection refused (nothing listens there)") from None
-        # RecursionError: an answer whose JSON nests deeper than Python's stack
-        except (OSError, http.client.HTTPException, ValueError, RecursionError) as e:
-            if self.closed:
-                raise RunError(f"{url}: stopped") from None
-            why = str(e).splitlines()[0] if str(e) else ""
-            raise RunError(f"{url}: no usable answer ({type(e).__name__}{': ' + why if why else ''})") from None
-        finally:
-            with self._lock:
-                self._live.discard(conn)
-            conn.close()
-        if not isinstance(doc, dict):
-            raise RunError(f"{url}: the answer is JSON but not an object")
-        return doc
-
-
 class OpenAIEngine(ExternalEngine):
-    top_k_only = True
+    top_k = 5           # top=K of the spec (set per instance); only these log-probabilities come back
+    vocabulary = False  # it reads the reference's ids, and maps its token strings back through bind()
 
     @classmethod
     def check(cls, arg):
@@ -154,12 +58,18 @@ class OpenAIEngine(ExternalEngine):
                          "timeout_s": int_opt(opts, "timeout", 60, "openai"), "echo": True, "temperature": 0,
                          "prompt_as": "token ids", "lag": int_opt(opts, "lag", 0, "openai"),
                          "prompt_logprobs": ECHO}
+        self.top_k = self.settings["top_logprobs"]
         self.name = f"openai:{url}"
         self.device = "cpu"
         self.max_len = 1 << 20
         self.vocab = 0
         self.strings: dict[str, int] | None = None
         self.names: list[str] = []  # id -> the reference's string, for a server that takes only text
+
+    @property
+    def echoes_prompt(self) -> bool:
+        """Its rows came from one echo of the prompt (checked against it), not one request per position."""
+        return self.settings["prompt_logprobs"] == ECHO
 
     def info(self) -> dict:
         return {"name": self.name, "engine": "openai-completions", "vocab": None, "max_seq_len": None,

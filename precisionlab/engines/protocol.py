@@ -7,6 +7,11 @@ its model once, in fp32 (`base`); every run works on `model(dtype)` copies or
 on `base` itself, through these calls only, so an experiment never asks which
 engine it has. Torch is imported by the adapters, never here: the CLI checks a
 spec (`check`) before anything slow is loaded.
+
+What an engine can do is declared on its class (the capabilities below, with
+the defaults of an engine that holds its model as torch modules), never
+probed: an experiment reads `engine.top_k` or `cls.has_modules`, and a call
+the engine does not offer raises NotSupported through `require`.
 """
 
 from __future__ import annotations
@@ -17,6 +22,7 @@ from collections.abc import Callable, Mapping
 
 import numpy as np
 
+from precisionlab.catalog import formats
 from precisionlab.errors import RunError, UsageError
 
 # A KV-cache hook: layer index -> (keys, values) -> (keys, values) as the cache
@@ -31,9 +37,34 @@ class NotSupported(Exception):
     for what needed it, and carry on."""
 
 
+# Each boolean capability's meaning: what a refusal says is missing.
+CAPABILITIES = {
+    "has_modules": "the model's torch modules (an hf: or the embedded model)",
+    "captures_layers": "per-layer outputs captured by the engine itself",
+    "vocabulary": "a vocabulary of its own",
+    "batches": "an attention mask / position ids in a batch",
+    "forks": "copying a KV cache",
+}
+
+
+def require(engine, capability: str, needed_by: str = "", error: type[Exception] = NotSupported) -> None:
+    """The one check of a declared capability, on an engine or its class. A
+    missing one raises NotSupported naming what is missing (the caller reports
+    "not supported by this engine (...)" and carries on), or `error` with the
+    whole sentence (UsageError: the run is refused, exit 2)."""
+    if getattr(engine, capability):
+        return
+    if error is NotSupported:
+        raise NotSupported(CAPABILITIES[capability])
+    cls = engine if isinstance(engine, type) else type(engine)
+    who = ("" if engine is cls else getattr(engine, "name", "")) or cls.ENGINE or cls.__name__
+    raise error(f"{who}: {needed_by} needs {CAPABILITIES[capability]}")
+
+
 class Engine(ABC):
     """One model behind the calls the experiments make. Subclasses set
-    `name`, `device`, `base`, `max_len` and `window` in __init__(arg, device)."""
+    `name`, `device`, `base`, `max_len` and `window` in __init__(arg, device),
+    and override the capabilities they differ in."""
 
     name: str           # what the JSON's model.name says
     device: str         # "cpu" | "cuda", resolved
@@ -43,6 +74,22 @@ class Engine(ABC):
     score_threads: int | None = None  # torch threads for --metrics; None: torch's own choice
     exact_dtype: str = "fp64"  # the precision a broken contract is re-run in (fp32 where an engine has no fp64)
     pad_id: int = 0            # the token left padding is made of (masked: its value must not matter)
+    ENGINE: str = ""           # the engine's own name (llama.cpp, onnxruntime, ...); "" for a torch model
+
+    # --- capabilities: declared, read by the experiments, never probed ----------------------
+    # Class attributes (an adapter may refine one per instance in __init__, e.g. from its file),
+    # so the ones a run needs before anything loads are read from the class.
+    top_k: int | None = None      # only the top k log-probabilities per position come back (an endpoint);
+    #                               None: every logit (forward/session)
+    has_modules: bool = True      # `base` is a torch module: hooks watch its sites (--layers), model(dtype)
+    #                               copies it in any of compute_dtypes
+    captures_layers: bool = False  # capture_layers(ids) returns per-layer outputs itself (no modules needed)
+    vocabulary: bool = True       # it tokenises text itself; False: it reads the reference's token ids
+    batches: bool = False         # forward_batch takes a left-padded batch (attention mask, position ids)
+    forks: bool = False           # fork() copies a KV cache
+    echoes_prompt: bool = False   # its top-k rows came from one echo of the prompt (checked against the echo)
+    compute_dtypes: tuple[str, ...] = (*formats.COMPUTE, "fp64")  # what model(dtype) takes; an engine
+    #                               that computes only as it was opened: ("fp32",), model("fp32") being that
 
     # --- before anything is loaded (classmethods: no torch, no weights) --------------------
 
@@ -107,8 +154,8 @@ class Engine(ABC):
 
     def model(self, dtype: str):
         """A copy of the model computing in `dtype` (a catalog name: fp32, bf16, fp16)."""
-        from precisionlab.catalog import formats
-
+        if dtype not in self.compute_dtypes:
+            raise UsageError(f"{self.name}: computes in {', '.join(self.compute_dtypes)}, not {dtype}")
         return copy.deepcopy(self.base).to(formats.get(dtype).torch_dtype)
 
     @abstractmethod
@@ -133,22 +180,41 @@ class Engine(ABC):
         position in its own sequence) describe a left-padded batch; an engine
         that cannot take them raises NotSupported."""
         if attention_mask is not None or position_ids is not None:
-            raise NotSupported("an attention mask / position ids in a batch")
+            require(self, "batches", "forward_batch with an attention mask / position ids")
         return self.forward(model, ids)
 
     def fork(self, feed: Callable) -> Callable:
         """A new feed that steps on from a copy of what `feed`'s KV cache holds
         (a prefix served from a saved cache); `feed` itself is left as it was."""
-        raise NotSupported("copying a KV cache")
+        require(self, "forks", "a prefix served from a saved cache")
+        raise NotImplementedError(f"{type(self).__name__} declares forks but has no fork()")
+
+    def capture_layers(self, ids: list[int]) -> dict:
+        """{module name (Hugging Face's): float numpy output} for one fp32
+        pass over ids, from the engine itself (captures_layers)."""
+        require(self, "captures_layers", "--layers")
+        raise NotImplementedError(f"{type(self).__name__} declares captures_layers but has no capture_layers()")
+
+    def top_logprobs(self, ids: list[int]) -> list[dict[int, float]]:
+        """For each position i < len(ids) - 1: {id: log-probability} over the
+        top `top_k` (an engine with top_k set)."""
+        raise NotSupported(f"{self.name}: returns every logit, not top-k log-probabilities")
+
+    def bind(self, decode_one: Callable[[int], str], vocab: int) -> None:
+        """The reference's vocabulary, for an engine without one (vocabulary
+        False) that maps token strings back to ids; others ignore it."""
 
     def calibrate(self, model, stores: KVStores, ids: list[int]) -> None:
         """One pass over ids through `stores`, for what they record (no logits needed)."""
         self.session(model, stores)(ids)
 
     def sites(self, model) -> list:
-        """The modules --layers watches (engines/hooks.py's Site list)."""
+        """The modules --layers watches (engines/hooks.py's Site list): the
+        engine owns its sites; this default finds a Hugging Face-style
+        decoder's (embeddings, .layers blocks, norms, attention, MLP, head)."""
         from precisionlab.engines import hooks
 
+        require(self, "has_modules", "--layers", UsageError)
         return hooks.sites(model)
 
     def close(self) -> None:

@@ -32,7 +32,7 @@ from collections import Counter
 from concurrent.futures import ThreadPoolExecutor, wait, FIRST_EXCEPTION
 from dataclasses import dataclass, field
 
-from precisionlab.engines.openai import Client, v1_base
+from precisionlab.engines.http_client import Client, v1_base
 from precisionlab.errors import RunError, UsageError
 from precisionlab.io import inputs
 from precisionlab.report.output import Rows

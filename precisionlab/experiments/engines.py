@@ -20,7 +20,6 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from precisionlab.engines import protocol
-from precisionlab.engines.openai import ECHO
 from precisionlab.engines.registry import DEFAULT_PROMPT, model_device, open_engine
 from precisionlab.errors import RunError, UsageError
 from precisionlab.experiments import logits as lexp
@@ -108,12 +107,9 @@ def bit_identical(ref: np.ndarray, low: np.ndarray) -> bool:
 
 
 def _encode(engine, text: str, need: int, source: str):
-    try:
-        return engine.prefix_ids(text, need + 1, source)[:need + 1]  # one more: room for a BOS
-    except UsageError:
-        if getattr(engine, "chars", "x") is None:  # an ONNX file without a vocabulary
-            return None
-        raise
+    if not engine.vocabulary:  # e.g. an ONNX file without one: it reads the reference's ids
+        return None
+    return engine.prefix_ids(text, need + 1, source)[:need + 1]  # one more: room for a BOS
 
 
 def _greedy(engine, model, prompt_ids, steps):
@@ -138,11 +134,11 @@ def _top_k_row(spec, eng, ref, ref_model, ids, targets, n, device, advance) -> d
         agree.append(np.array([bool(t) and max(t, key=t.get) == int(np.argmax(r)) for t, r in zip(top, R, strict=False)]))
         advance()
     b, a = np.concatenate(bounds), np.concatenate(agree)
-    checked = ("checked against the echo" if eng.settings.get("prompt_logprobs", ECHO) == ECHO
+    checked = ("checked against the echo" if eng.echoes_prompt
                else "sent as token ids, one prefix a request (no echo to check them against)")
     return {"engine_spec": spec, "engine": eng.info(), "tokens": f"the reference's ids, {checked}",
             "positions": int(b.size), "kld_lower_bound_mean": exact_mean(b),
-            "kld_lower_bound_max": float(np.max(b)), "top_k": eng.settings["top_logprobs"],
+            "kld_lower_bound_max": float(np.max(b)), "top_k": eng.top_k,
             "kld_note": "a lower bound: KL over the endpoint's top k tokens plus one bucket for the rest",
             "top1_agree_pct": 100.0 * int(a.sum()) / a.size, "greedy_steps": 0, "engine_s": time.perf_counter() - t1}
 
@@ -172,7 +168,7 @@ def run(cfg: EnginesConfig, advance=lambda k=1: None) -> EnginesResult:
         ref_windows: dict[tuple[int, int], np.ndarray] = {}
         for spec in cfg.engines:
             eng = open_engine(spec, device)
-            if getattr(eng, "top_k_only", False):
+            if eng.top_k is not None:
                 rows.append(_top_k_row(spec, eng, ref, ref_model, ids, targets, n, device, advance))
                 continue
             eng_model = eng.model("fp32")

@@ -337,8 +337,8 @@ def _pitfalls(low, rows, engine, ref_cap, cap, ref) -> list[dict]:
         if x_low is not None:
             with torch.no_grad():
                 h = ref.get_submodule(norm_name)(x_low.float())
-                logits = h @ ref.embed.weight.T if head["module"] == "lm_head" and not hasattr(ref, "lm_head") \
-                    else ref.get_submodule(head["module"])(h)
+                tied = any(s.pseudo and s.name == head["module"] for s in engine.sites(ref))  # a pseudo-site
+                logits = h @ ref.embed.weight.T if tied else ref.get_submodule(head["module"])(h)
             kept = rel_l2(as_float64(logits), as_float64(ref_cap.outputs[head["module"]]))
             head["logits_rel_l2_head_in_fp32"] = kept
             if head["accumulated"] > HEAD_SHARE * kept:

@@ -62,14 +62,13 @@ class PairResult:
 def _module_engine(spec: str | None, role: str):
     """REF must expose its modules; YOURS may be an engine with a capture() of its own."""
     from precisionlab.engines import registry
-    from precisionlab.engines.external import ExternalEngine
 
     cls = registry.engine_class(registry.parse(spec)[0])  # before its own checks: the refusal that matters first
 
-    if issubclass(cls, ExternalEngine) and not hasattr(cls, "capture_layers"):
+    if not cls.has_modules and not cls.captures_layers:
         raise UsageError(f"{role} {spec}: {cls.ENGINE or cls.__name__} exposes no intermediate tensors, so "
                          "--layers cannot compare it module by module (compare model --engine compares its logits)")
-    if role == "--reference" and issubclass(cls, ExternalEngine):
+    if role == "--reference" and not (cls.has_modules and "fp64" in cls.compute_dtypes):
         raise UsageError(f"--reference {spec}: the reference runs in fp32 and fp64 through its modules; give an "
                          "hf:DIR or the embedded model")
     try:
@@ -99,7 +98,7 @@ def run(cfg: PairConfig, advance=lambda k=1: None) -> PairResult:
     ycls = check_specs(yours_spec, cfg.reference, bool(cfg.engine))
     ref_spec, ref_note = default_reference(cfg.reference, [cfg.engine] if cfg.engine else [])
     _module_engine(ref_spec, "--reference")
-    external = hasattr(ycls, "capture_layers")
+    external = not ycls.has_modules  # captured by the engine itself, as it was opened
     device = model_device(cfg.device)
     with _hf_named(ref_spec, external) as (run_spec, how):
         if how:
@@ -120,7 +119,7 @@ def _hf_named(ref_spec: str, external: bool):
     import tempfile
 
     from precisionlab.engines.exporters import hf
-    from precisionlab.engines.hf import quiet_library
+    from precisionlab.engines.model_folders import quiet_library
 
     with tempfile.TemporaryDirectory(prefix="precisionlab-ref-") as work:
         with quiet_library():

@@ -86,7 +86,7 @@ def load_decoder(folder: str) -> Callable[[int], str]:
     trust_remote_code=False (a folder that maps to custom code is refused)."""
     import os
 
-    from precisionlab.engines.hf import quiet_library, refuse_foreign_code
+    from precisionlab.engines.model_folders import quiet_library, refuse_foreign_code
 
     p = Path(folder)
     if not p.is_dir():

@@ -27,18 +27,21 @@ The models, each one output element c = sum_k a_k b_k at a time:
     randomised tests, bit for bit: B = 14 is its 13 fractional bits. c starts
     at +0; for each group G of g consecutive k (the last may be shorter), the
     terms are T = {c} U {a_k b_k : k in G}, all exact. Each term has an
-    alignment exponent E(t): for c, floor(log2 |c|); for a product, with
+    alignment exponent E(t): for a product, with
     align=product (the hardware's), the sum of its factors' exponents
     E(a) + E(b), E(x) = floor(log2 |x|) but never below the smallest normal
     exponent of x's format (a subnormal factor sits at its format's emin), so a
-    product whose significands multiply past 2 keeps one bit more, and a zero
-    factor's exponent is -126 whatever its format (MMA-Sim's convention: a
-    product 0 x b takes part with -126 + E(b), which sets e only when every
-    other term lies below it, never for products of fp8 values); with
-    align=value, floor(log2 |a_k b_k|) of the exact product, and a zero
-    product takes no part. The group's exponent is e = max(-126, E(t) over
-    the terms of T, c only when non-zero): the datapath never aligns below
-    fp32's smallest normal exponent. With u = 2^(e - B + 1)
+    product whose significands multiply past 2 keeps one bit more; with
+    align=value, floor(log2 |a_k b_k|) of the exact product. c's exponent is
+    floor(log2 |c|) but never below -126 (a subnormal c sits at fp32's emin).
+    A zero term (c = 0, or a product with a zero factor) takes part at
+    -133 with align=product: MMA-Sim 2.1.1's e_zero for an fp32 result on
+    Hopper and Blackwell, below every non-zero term of an fp32 accumulator, so
+    a zero never raises the group's exponent; with c = 0 tiny products (of
+    bf16, tf32 or fp32 factors) align at -133 rather than -126. The group's
+    exponent is e = the largest of the terms' exponents. With align=value
+    (this project's earlier model) a zero product takes no part and e is at
+    least -126, fp32's smallest normal exponent. With u = 2^(e - B + 1)
     every term is cut to a multiple of u: toward zero (trunc, a sign-magnitude
     datapath, the hardware's), to the nearest, ties to even (rne), or toward
     -inf (floor: what an arithmetic, sign-filling right shift of a
@@ -119,7 +122,10 @@ DEFAULT_BITS = 14
 DEFAULT_GROUP = 32
 MAX_BITS = 40  # the cut terms' exact sum must stay within float64's 53 bits: (g + 1) 2^(B + 1) < 2^53
 MAX_OUT = 24  # the output is an fp32 value: at most its 24 significant bits
-F32_EMIN = -126  # the datapath's lowest alignment exponent, fp32's smallest normal one
+F32_EMIN = -126  # fp32's smallest normal exponent: where a subnormal c aligns, and the floor of align=value
+# A zero term's alignment exponent with align=product: MMA-Sim 2.1.1's e_zero for an fp32 result (Hopper,
+# Blackwell; nv_ptx/sim.py), below every non-zero fp32 c, so a zero never sets the group's exponent.
+ZERO_EXP = -133
 MAX_INTERVAL = 2**63 - 1  # pl_accumulator.interval is an int64
 MAX_GROUP = 2**31 - 1  # pl_accumulator.group an int32
 _DECIMAL = re.compile(r"[0-9]+")  # str.isdigit() also takes '²', which int() refuses
@@ -412,9 +418,10 @@ _CUTS = {"trunc": np.trunc, "rne": np.rint, "floor": np.floor}  # np.rint: neare
 
 def _align_exponents(x: np.ndarray, emin: int) -> np.ndarray:
     """E(x) of each factor for align=product: floor(log2 |x|), never below its
-    format's smallest normal exponent; -126 for a zero (MMA-Sim's convention)."""
+    format's smallest normal exponent (a zero's is meaningless: the product's
+    exponent is ZERO_EXP, set where the product is formed)."""
     _, e = np.frexp(np.abs(x))  # |x| = m 2^e, 0.5 <= m < 1: floor(log2 |x|) = e - 1
-    return np.where(x == 0, F32_EMIN, np.maximum(e - 1, emin))
+    return np.maximum(e - 1, emin)
 
 
 def _cut_to(x: np.ndarray, shift: np.ndarray, rounding: str) -> np.ndarray:
@@ -428,12 +435,15 @@ def _fused_group(c: np.ndarray, p: np.ndarray, ep: np.ndarray | None, acc: Accum
     (M x N x g), ep their alignment exponents (None: align=value, each
     product's own), aligned to the largest, cut to B bits, summed exactly,
     the sum cut to O significant bits. Returned as float64 holding fp32 values."""
+    floor = F32_EMIN if ep is None else ZERO_EXP  # align=value: never below -126; product: a zero's -133
     _, ec = np.frexp(np.abs(c))
-    ec = np.where(c != 0, ec - 1, F32_EMIN)
+    ec = np.where(c != 0, np.maximum(ec - 1, F32_EMIN), floor)  # a subnormal c aligns at -126
     if ep is None:  # align=value: a zero product has no exponent, and never raises e above the floor
         _, ep = np.frexp(np.abs(p))
-        ep = np.where(p != 0, ep - 1, F32_EMIN)
-    e = np.maximum(ec, np.max(ep, axis=-1, initial=F32_EMIN))  # initial: never below -126
+        ep = np.where(p != 0, ep - 1, floor)
+    else:  # align=product: a product with a zero factor takes part at ZERO_EXP
+        ep = np.where(p != 0, ep, ZERO_EXP)
+    e = np.maximum(ec, np.max(ep, axis=-1, initial=floor))
     shift = e - acc.bits + 1
     total = _cut_to(c, shift, acc.rounding) + np.sum(_cut_to(p, shift[..., None], acc.rounding), axis=-1)
     # |total| < (g + 1) 2^(B + 1) <= 2^53: integers, exact in any order. Now normalise and cut to O bits.
