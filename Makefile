@@ -41,7 +41,7 @@ endif
 HOST_FLAGS := -O2 -std=c++17 -fPIC -ffp-contract=off -Wall -Wextra
 NVCC_FLAGS := -O3 -std=c++17 --threads 0 --fmad=false -cudart static $(GENCODE) -Xcompiler -fPIC,-ffp-contract=off,-Wall
 
-.PHONY: FORCE objects setup engines llama-tools lib demo test gpu-test emu-test sanitize sass-check arch-check bench clean dist docs docs-check
+.PHONY: FORCE objects setup engines llama-tools lib demo test gpu-test emu-test sanitize sass-check arch-check lint bench clean dist docs docs-check
 
 setup: $(SETUP)
 
@@ -168,6 +168,11 @@ sass-check: setup lib
 # imports from a room above its own, and the rooms on one level not from each other.
 arch-check: setup
 	$(PYTHON) -c 'import sys; from importlinter.cli import lint_imports_command; sys.exit(lint_imports_command())'
+
+# ruff (pyproject.toml's [tool.ruff] says which rules and why some are off), from the venv
+# the dev extra installs it into.
+lint: setup
+	$(PYTHON) -m ruff check precisionlab tests scripts
 
 bench: setup lib
 	$(PYTHON) -m precisionlab bench

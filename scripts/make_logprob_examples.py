@@ -76,8 +76,8 @@ def main() -> None:
                 seq.append(x)
                 raw.append(f32(lp[x]))
                 proc.append(f32(plp[x]))
-                raw_top.append({str(int(i)): f32(v) for i, v in zip(*top(lp, TOP_K))})
-                proc_top.append({str(int(i)): f32(v) for i, v in zip(*top(plp, TOP_K))})
+                raw_top.append({str(int(i)): f32(v) for i, v in zip(*top(lp, TOP_K), strict=True)})
+                proc_top.append({str(int(i)): f32(v) for i, v in zip(*top(plp, TOP_K), strict=True)})
                 logits, cache = bf16(torch.tensor([[x]]), cache, len(seq) - 1)
             response = seq[PROMPT:]
             chars = [tok.decode([i]) for i in response]

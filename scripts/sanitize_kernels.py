@@ -94,7 +94,7 @@ def _device_pointer_kernels(rng) -> int:
                 calls += 1
     for name in ("fp32", "bf16", "fp16"):  # swiglu, rope, attention on odd sizes
         fmt = formats.get(name)
-        arr = lambda *shape: dev(np.ascontiguousarray(fmt.round(rng.standard_normal(shape)).astype(fmt.dtype)))
+        arr = lambda *shape, fmt=fmt: dev(np.ascontiguousarray(fmt.round(rng.standard_normal(shape)).astype(fmt.dtype)))
         g, u, y = arr(1001), arr(1001), native.DeviceArray((1001,), fmt.dtype)
         native.swiglu_cuda(g.ptr, u.ptr, 1001, fmt.code, y.ptr)
         x, pos, yr = arr(7, 66), dev(np.arange(7, dtype=np.int64) * 5000), native.DeviceArray((7, 66), fmt.dtype)

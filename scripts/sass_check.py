@@ -33,6 +33,7 @@ the check says so and passes.
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import re
@@ -159,7 +160,7 @@ def demangle(names: list[str]) -> dict[str, str]:
     if not filt or not names:
         return {n: n for n in names}
     out = subprocess.run([filt], input="\n".join(names), capture_output=True, text=True, check=True).stdout
-    return dict(zip(names, out.splitlines()))
+    return dict(zip(names, out.splitlines(), strict=True))
 
 
 @dataclass
@@ -279,7 +280,7 @@ def single_pass_marginals(kernels: list[Kernel]) -> None:
             groups.setdefault((k.family, k.elem), []).append(k)
     for tiers in groups.values():
         tiers.sort(key=lambda k: k.elems)
-        for small, big in zip(tiers, tiers[1:]):
+        for small, big in itertools.pairwise(tiers):
             big.ipe = (big.body - small.body) / (big.elems - small.elems)
             big.ipe_what = (f"({big.body} - {small.body}) instructions / ({big.elems:g} - {small.elems:g}) "
                             f"elements a thread holds")

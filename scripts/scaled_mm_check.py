@@ -209,7 +209,7 @@ def main() -> int:
                 tasks = [(model, k, i) for k in ks for i in range(n)]
                 same = total = 0
                 per_k_share = {}
-                for (m, k, i), bits in zip(tasks, pool.map(_model_bits, tasks)):
+                for (_m, k, i), bits in zip(tasks, pool.map(_model_bits, tasks), strict=True):
                     eq = int(np.count_nonzero(bits == gpu[(k, i, fast)]))
                     same += eq
                     total += bits.size

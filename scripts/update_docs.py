@@ -104,7 +104,7 @@ def normalise(text: str) -> str:
             continue
         if s[:1] == "┃":  # a header line; a wrapped header name continues on the next one
             cells = _cells(s)
-            header = cells if not header else [f"{a} {b}".strip() for a, b in zip(header, cells)]
+            header = cells if not header else [f"{a} {b}".strip() for a, b in zip(header, cells, strict=True)]
             timing = {i for i, name in enumerate(header) if name in TIMING_COLUMNS}
             out.append("┃ " + " ┃ ".join(cells) + " ┃")
             continue
@@ -233,7 +233,7 @@ def main() -> int:
     # The longest files first, so the last one to start is a short one.
     paths = sorted(files(), key=lambda f: -len(BLOCK.findall(f.read_text())))
     with ThreadPoolExecutor(max(1, args.jobs)) as pool:
-        done = dict(zip(paths, pool.map(lambda f: check_file(f, args, cpu), paths)))
+        done = dict(zip(paths, pool.map(lambda f: check_file(f, args, cpu), paths), strict=True))
     count = {k: sum(done[f][k] for f in paths) for k in ("checked", "skipped", "machine", "masked")}
     for path in files():  # report and write in the files' own order
         failures += done[path]["failures"]

@@ -105,7 +105,8 @@ def matmul(a: np.ndarray, b: np.ndarray, splits: int = 1, tile: int = 16) -> np.
 
     m, k = a.shape
     n = b.shape[1]
-    kslice = -(-(-(-k // splits)) // tile) * tile
+    per_split = -(-k // splits)  # ceiling divisions: each split's share, rounded up to whole tiles
+    kslice = -(-per_split // tile) * tile
     bounds = [(k0, min(k0 + kslice, k)) for k0 in range(0, k, kslice)]
     fa = [[Fraction(float(v)) for v in row] for row in a.astype(np.float64)]
     fb = [[Fraction(float(v)) for v in row] for row in b.astype(np.float64)]
@@ -253,7 +254,7 @@ def softmax_cluster_row(x: np.ndarray, storage, masked: str = "nan",
     if m == NEG_INF and not zero:
         s = F32(np.nan)
     y = np.empty((nvec, n), F32)
-    for lo, mine, idx, ok, tm, ex in keep:
+    for lo, _mine, idx, ok, tm, ex in keep:
         with np.errstate(invalid="ignore", divide="ignore"):
             scale = np.zeros(tm.size, F32) if zero else (expf(tm - m) / s).astype(F32)
         out = (ex * scale[:, None]).astype(F32).reshape(idx.shape[0], idx.shape[1], n)

@@ -167,6 +167,27 @@ def save_tiny_qwen(folder: Path, hidden: int = 32, layers: int = 2, words=TINY_W
     return Path(folder)
 
 
+def save_char_qwen(folder: Path, hidden: int, positions: int, seed: int) -> Path:
+    """A random Qwen3 (2 layers, MLP 2 x hidden, 4 query heads and 2 key/value
+    heads of hidden / 4, tied head, initializer range 0.1) with the embedded
+    model's character tokenizer, saved as a local folder: what the exporters'
+    tests translate."""
+    import torch
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    from precisionlab.engines import charlm
+    from precisionlab.engines.exporters import hf
+
+    _, tok = charlm.load_default(torch.float32)
+    torch.manual_seed(seed)
+    cfg = Qwen3Config(vocab_size=len(tok), hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, head_dim=hidden // 4,
+                      max_position_embeddings=positions, tie_word_embeddings=True, initializer_range=0.1)
+    Qwen3ForCausalLM(cfg).save_pretrained(folder)
+    hf.char_tokenizer(tok.vocab).save_pretrained(str(folder))
+    return Path(folder)
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -204,3 +225,21 @@ def local_server(argv_for_port, log_path: Path, probe: str, ready, *, what: str,
             p.kill()
             p.wait()
         log.close()
+
+
+def registered_commands(option: str | None = None) -> list[str]:
+    """Every command cli/app.py's COMMANDS registers ('accumulate', 'compare op'),
+    in its order; with `option` ('--seed', '--plot'), those that take it. Tests
+    that cover every command parametrize over this, so a new command joins them
+    the day it is registered."""
+    import typer.main
+
+    from precisionlab.cli import app as cli_app
+
+    root = typer.main.get_command(cli_app.app)
+    out = []
+    for group, name, _module in cli_app.COMMANDS:
+        cmd = (root.commands[group].commands if group else root.commands)[name]
+        if option is None or any(option in p.opts for p in cmd.params):
+            out.append(f"{group} {name}" if group else name)
+    return out

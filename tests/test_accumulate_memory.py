@@ -79,7 +79,7 @@ def test_rows_on_threads_equal_rows_one_at_a_time():
     one = A.run(A.AccumulateConfig(**cfg, workers=1))
     two = A.run(A.AccumulateConfig(**cfg, workers=2))
     assert [(r["accumulator"], r["variant"]) for r in one.rows] == [(r["accumulator"], r["variant"]) for r in two.rows]
-    for a, b in zip(one.rows, two.rows):
+    for a, b in zip(one.rows, two.rows, strict=True):
         assert a["result"] == b["result"] and a["stall_step"] == b["stall_step"], (a["accumulator"], a["variant"])
     assert one.traces.keys() == two.traces.keys()
     for k in one.traces:

@@ -72,8 +72,8 @@ def emulate(model: str, x: list[Fraction], y: list[Fraction], emins=(F32_EMIN, F
     a = acc.parse(model)  # the spelling only: its fields say which semantics to follow
     if a.order == "reverse":
         x, y = x[::-1], y[::-1]
-    pairs = list(zip(x, y))
-    prods = [xi * yi for xi, yi in zip(x, y)]
+    pairs = list(zip(x, y, strict=True))
+    prods = [xi * yi for xi, yi in zip(x, y, strict=True)]
     if a.kind == "exact":
         return to_f32(round_f32(sum(prods, Fraction(0))))
     if a.kind == "fp32":
@@ -103,8 +103,8 @@ def emulate_onto(model: str, c: Fraction, x: list[Fraction], y: list[Fraction],
     a = acc.parse(model)
     if a.order == "reverse":
         x, y = x[::-1], y[::-1]
-    pairs = list(zip(x, y))
-    prods = [xi * yi for xi, yi in zip(x, y)]
+    pairs = list(zip(x, y, strict=True))
+    prods = [xi * yi for xi, yi in zip(x, y, strict=True)]
     if a.kind == "exact":
         return round_f32(c + sum(prods, Fraction(0)))
     if a.kind == "fp32":

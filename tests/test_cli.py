@@ -132,3 +132,15 @@ def test_json_rows_are_flat_objects(argv):
     d = strict_json(cli(*argv, "--device", "cpu", "--json").out if argv[0] != "info" else cli(*argv, "--json").out)
     assert d["rows"] and all(isinstance(r, dict) for r in d["rows"])
     assert not [k for r in d["rows"] for k, v in r.items() if isinstance(v, dict)]
+
+
+def test_the_tests_command_lists_are_the_registry():
+    # helpers.registered_commands, which the --seed, --plot, --from and JSON-glossary tests parametrize over
+    from helpers import registered_commands
+
+    from precisionlab.cli.app import COMMANDS
+
+    every = registered_commands()
+    assert every == [f"{g} {n}" if g else n for g, n, _ in COMMANDS]
+    assert "compare op" in registered_commands("--from") and "info" not in registered_commands("--seed")
+    assert set(registered_commands("--plot")) < set(every)

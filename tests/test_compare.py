@@ -8,7 +8,7 @@ import pytest
 from helpers import ROOT, cli, one_line, strict_json
 from precisionlab.catalog import formats
 from precisionlab.numerics import compare as comparison, metrics
-from precisionlab.experiments import compare
+from precisionlab.experiments import compare, op_rows
 
 FP32 = formats.get("fp32")
 
@@ -186,8 +186,8 @@ def test_the_advisors_tolerance_passes_and_ten_percent_less_fails():
 
     x, w, eps = compare.make_inputs("rmsnorm", (16, 512), 0, "cpu")
     xb, wb = x.bfloat16(), w.bfloat16()
-    got = compare._np(torch_ops.rmsnorm(xb, wb, eps))  # bf16 against fp32: differences to advise on
-    ref = compare._np(torch.nn.functional.rms_norm(x, (512,), w, eps))
+    got = op_rows.to_numpy(torch_ops.rmsnorm(xb, wb, eps))  # bf16 against fp32: differences to advise on
+    ref = op_rows.to_numpy(torch.nn.functional.rms_norm(x, (512,), w, eps))
     a = op_harness.advise(got, ref)
     assert a["min_atol"] > 0 and 0 < a["min_rtol"] < math.inf
     assert op_harness.passes(got, ref, a["min_atol"], 0) and not op_harness.passes(got, ref, 0.9 * a["min_atol"], 0)

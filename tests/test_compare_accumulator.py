@@ -21,8 +21,9 @@ import numpy as np
 import pytest
 import torch
 
-from precisionlab.experiments import compare
+from precisionlab.experiments import compare, op_inputs
 from precisionlab.numerics import accumulators as acc
+from helpers import cli
 from test_accumulators import emulate
 
 SHAPE = "5x37x3"  # neither a multiple of a group (32, 4, 3) nor of an interval
@@ -62,7 +63,7 @@ def exact_rel_l2(c: np.ndarray, a: np.ndarray, b: np.ndarray) -> float:
     num = den = Fraction(0)
     for i in range(a.shape[0]):
         for j in range(b.shape[1]):
-            ref = sum((Fraction(x) * Fraction(y) for x, y in zip(a[i], b[:, j])), Fraction(0))
+            ref = sum((Fraction(x) * Fraction(y) for x, y in zip(a[i], b[:, j], strict=True)), Fraction(0))
             num += (Fraction(float(c[i, j])) - ref) ** 2
             den += ref ** 2
     return math.sqrt(num / den)
@@ -76,7 +77,7 @@ def case_inputs(case: str, dtype: str):
     shape = compare.parse_shape("matmul", SHAPE)
     base = compare.make_inputs("matmul", shape, 0, "cpu")
     args = next(c for c in op_harness.select("matmul", case) if c.name == case).build(base, shape, 0)
-    return args if dtype == "fp32" else compare._low_args(args, formats.get(dtype))
+    return args if dtype == "fp32" else op_inputs.low_args(args, formats.get(dtype))
 
 
 @pytest.mark.parametrize("model,bits,rounding", [("hopper-fp8:group=4", 10, "rne"), ("promote:7:group=3", None, None),
@@ -212,6 +213,20 @@ def test_acc_bits_reach_the_tf32_and_formats_rows(run):
     assert (row["accumulator"], row["acc_bits"], row["acc_rounding"]) == ("hopper-fp8:bits=8", 8, "trunc")
 
 
+def test_the_accumulator_help_lists_every_published_kind_and_field():
+    # the library's names (pl_accumulator_*_info), not a copy: align= and out= were missing from the old one
+    from precisionlab import native
+
+    text = acc.spellings_help()
+    for kind in native.accumulator_kinds():
+        assert kind in text
+    for field in ("bits=", "group=", "align=", "out=", "order="):
+        assert field in text
+    assert "|".join(native.accumulator_roundings()) in text and "|".join(native.accumulator_aligns()) in text
+    r = cli("tf32", "--help", env={"COLUMNS": "400"})
+    assert r.code == 0 and ":align=product|value" in r.out, r.out[-2000:]
+
+
 def test_every_matmul_path_takes_the_one_model_type(monkeypatch):
     """tf32, formats, compare op matmul and the attention emulator parse the
     same spelling into numerics.accumulators.Accumulator, the CLI's options are
@@ -228,7 +243,7 @@ def test_every_matmul_path_takes_the_one_model_type(monkeypatch):
     assert all(type(g) is acc.Accumulator and g == want for g in got), got
     for cmd in (cli_tf32, cli_formats, cli_compare):
         hints = typing.get_type_hints(cmd.command, include_extras=True)
-        assert options.ACCUMULATOR_MODELS in hints["accumulator"].__metadata__[0].help
+        assert acc.spellings_help() in hints["accumulator"].__metadata__[0].help
         assert hints["acc_bits"] == options.AccBitsOpt and hints["acc_rounding"] == options.AccRoundingOpt
         assert hints["acc_bits"].__metadata__[0] is options.AccBitsOpt.__metadata__[0]  # the one option object
     calls = []

@@ -153,7 +153,7 @@ def _llama_report(path, yours):
         base = float(scale) * w[4:4 + n_vocab].astype(np.float64) + float(low)
         y = _log_softmax(yours[c * n_ctx + first + j][None])[0]
         t = text[c * n_ctx + first + j + 1]
-        kl.append(math.fsum(math.exp(b) * (b - q) for b, q in zip(base, y) if b > -16))
+        kl.append(math.fsum(math.exp(b) * (b - q) for b, q in zip(base, y, strict=True) if b > -16))
         dp.append(math.exp(y[t]) - math.exp(base[t]))
         same += int(np.argmax(yours[c * n_ctx + first + j]) == np.argmax(base))
     n = len(kl)

@@ -77,7 +77,7 @@ def test_override_both_or_neither():
 def _reference_rel_l2(x, ref) -> float:
     """||x - ref|| / ||ref|| in 60-digit mpmath from the exact rationals, then rounded to a double."""
     with mpmath.workdps(60):
-        num = sum((Fraction(float(a)) - Fraction(float(b))) ** 2 for a, b in zip(x, ref))
+        num = sum((Fraction(float(a)) - Fraction(float(b))) ** 2 for a, b in zip(x, ref, strict=True))
         den = sum(Fraction(float(b)) ** 2 for b in ref)
         return float(mpmath.sqrt(mpmath.mpf(num.numerator) / num.denominator / (mpmath.mpf(den.numerator) / den.denominator)))
 

@@ -70,7 +70,7 @@ def test_measure_against_float64_by_hand():
     row = np.array([0.5, 0.25, 4.0])
     lse = lambda x: max(x) + math.log(math.fsum(math.exp(v - max(x)) for v in x))
     want = max(abs((a - lse(row)) - (b - lse(row + np.array([0, 0, 2 ** -21])))) for a, b in
-               zip(row, row + np.array([0, 0, 2 ** -21])))
+               zip(row, row + np.array([0, 0, 2 ** -21]), strict=True))
     assert m["max_abs_diff"] == pytest.approx(want, rel=1e-6)
     assert m["margin_at_first_diff"] == pytest.approx(3.5) and m["greedy_flips"] == 0
     nan = ref.clone()

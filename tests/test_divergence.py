@@ -98,7 +98,7 @@ def test_flags_come_in_rule_order():
 
 
 def _rows(diffs, ratios):
-    return [dv.Judged(f"t{i}", d, r) for i, (d, r) in enumerate(zip(diffs, ratios))]
+    return [dv.Judged(f"t{i}", d, r) for i, (d, r) in enumerate(zip(diffs, ratios, strict=True))]
 
 
 def test_first_to_differ_after_bit_identical_tensors():

@@ -33,7 +33,7 @@ def legacy(tokens, lps, tops):
 def content(tokens, lps, tops):
     """llama-server's form: one object a token, its top-K as a list."""
     return {"content": [{"token": t, "logprob": lp, "top_logprobs": [{"token": k, "logprob": v} for k, v in top.items()]}
-                        for t, lp, top in zip(tokens, lps, tops)]}
+                        for t, lp, top in zip(tokens, lps, tops, strict=True)]}
 
 
 class Stub:

@@ -19,7 +19,7 @@ import math
 import numpy as np
 import pytest
 
-from helpers import cli, json_glossary_problems, strict_json
+from helpers import cli, json_glossary_problems, save_char_qwen, strict_json
 
 FP32_MAX_KLD = 1e-8
 FP32_MAX_SHIFTED = 1e-4
@@ -85,7 +85,8 @@ def test_hf_export_is_the_embedded_model(hf_dir, reference):
     # Against the float64 run of charlm: both fp32 paths are within fp32 rounding of it.
     assert np.max(np.abs(got - fp64)) < FP32_MAX_SHIFTED
     assert np.max(np.abs(fp32 - fp64)) < FP32_MAX_SHIFTED
-    with pytest.raises(Exception):
+    # tokenizers raises a bare Exception; its message says which error it is
+    with pytest.raises(Exception, match="Missing .*UNK.* token"):
         tok("é")  # no <unk>: an unknown character is an error, never a silent token
 
 
@@ -123,21 +124,7 @@ def wide_hf(tmp_path_factory):
     """A random Qwen3 256 wide (2 layers, MLP 512) with the embedded model's character tokenizer: rows
     of 256 take K-quants (the embedded model's 128-wide rows get llama.cpp's fallback types instead)."""
     pytest.importorskip("transformers")
-    import torch
-    from transformers import Qwen3Config, Qwen3ForCausalLM
-
-    from precisionlab.engines import charlm
-    from precisionlab.engines.exporters import hf
-
-    _, tok = charlm.load_default(torch.float32)
-    torch.manual_seed(0)
-    cfg = Qwen3Config(vocab_size=len(tok), hidden_size=256, intermediate_size=512, num_hidden_layers=2,
-                      num_attention_heads=4, num_key_value_heads=2, head_dim=64, max_position_embeddings=256,
-                      tie_word_embeddings=True, initializer_range=0.1)
-    d = tmp_path_factory.mktemp("wide")
-    Qwen3ForCausalLM(cfg).save_pretrained(d)
-    hf.char_tokenizer(tok.vocab).save_pretrained(str(d))
-    return d
+    return save_char_qwen(tmp_path_factory.mktemp("wide"), hidden=256, positions=256, seed=0)
 
 
 def test_q4_k_m_export_and_the_ordering_f16_q8_0_q4_k(wide_hf, tmp_path):

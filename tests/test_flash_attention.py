@@ -203,7 +203,7 @@ def scalar_row(i, q, k, v, cfg, rows_total, qd=1.0, kd=1.0, vd=1.0):
                                                [Fraction(x) for x in stored], [Fraction(v[j, y]) for j in keys],
                                                (EMINS[cfg.p_dtype], EMINS[cfg.input_dtype])))
             if cfg.promote_tiles and (n % cfg.promote_tiles == 0 or t == b0 - 1):
-                o = [f32(x + z) for x, z in zip(o, tt)]
+                o = [f32(x + z) for x, z in zip(o, tt, strict=True)]
                 tt = [0.0] * v.shape[1]
         inv = f32(1.0 / l) if l > 0 else 0.0
         fs = f32(inv * f32(vd / cfg.p_scale))
@@ -223,7 +223,7 @@ def scalar_row(i, q, k, v, cfg, rows_total, qd=1.0, kd=1.0, vd=1.0):
     o = [0.0] * v.shape[1]
     for sp in order:
         w = f32(math.exp(f32(lses[sp] - lse)))
-        o = [fma(w, x, z) for x, z in zip(outs[sp], o)]
+        o = [fma(w, x, z) for x, z in zip(outs[sp], o, strict=True)]
     return o
 
 

@@ -24,6 +24,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from helpers import save_char_qwen
 
 gguf = pytest.importorskip("gguf", reason="the GGUF exporter needs the gguf package")
 llama_cpp = pytest.importorskip("llama_cpp", reason="llama.cpp's C quantizer comes with llama-cpp-python")
@@ -115,21 +116,10 @@ def exported(tmp_path_factory):
     """A random Qwen3 128 wide (2 layers, MLP 256) with the embedded model's character tokenizer, exported
     as F32, Q8_0 and Q4_0 by the exporter."""
     pytest.importorskip("transformers")
-    import torch
-    from transformers import Qwen3Config, Qwen3ForCausalLM
-
-    from precisionlab.engines import charlm
     from precisionlab.engines.exporters import gguf as exporter
-    from precisionlab.engines.exporters import hf
 
-    _, tok = charlm.load_default(torch.float32)
-    torch.manual_seed(1)
-    cfg = Qwen3Config(vocab_size=len(tok), hidden_size=128, intermediate_size=256, num_hidden_layers=2,
-                      num_attention_heads=4, num_key_value_heads=2, head_dim=32, max_position_embeddings=64,
-                      tie_word_embeddings=True, initializer_range=0.1)
     d = tmp_path_factory.mktemp("gguf-oracle")
-    Qwen3ForCausalLM(cfg).save_pretrained(d / "src")
-    hf.char_tokenizer(tok.vocab).save_pretrained(str(d / "src"))
+    save_char_qwen(d / "src", hidden=128, positions=64, seed=1)
     paths = {}
     for v in ("f32", *GGML_TYPE):
         paths[v] = d / f"m-{v}.gguf"

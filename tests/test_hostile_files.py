@@ -20,7 +20,7 @@ import time
 import numpy as np
 import pytest
 
-from helpers import cli, fail_if_a_model_runs, one_line, save_tiny_qwen
+from helpers import ROOT, cli, fail_if_a_model_runs, one_line, registered_commands, save_tiny_qwen
 
 
 # ---------------------------------------------------------------------------
@@ -159,11 +159,19 @@ def test_pt_with_a_pickled_object_is_refused_and_never_runs(run, tmp_path):
     assert not marker.exists()
 
 
-@pytest.mark.parametrize("command", [["accumulate", "--from"], ["softmax", "--from"], ["compare", "tensors"]])
+# The arguments a command needs before its --from (compare op: the op).
+FROM_NEEDS = {"compare op": ["softmax"]}
+
+
+# every registered command that takes --from (helpers.registered_commands), and compare tensors' two files
+@pytest.mark.parametrize("command", [*registered_commands("--from"), "compare tensors"])
 def test_npy_with_pickled_objects_is_refused(run, tmp_path, command):
     bad = tmp_path / "objects.npy"
     np.save(bad, np.array([{"a": 1}, None], dtype=object), allow_pickle=True)
-    args = [*command, str(bad)] + ([str(bad)] if command[-1] == "tensors" else ["--device", "cpu"])
+    if command == "compare tensors":
+        args = ["compare", "tensors", str(bad), str(bad)]
+    else:
+        args = [*command.split(), *FROM_NEEDS.get(command, []), "--from", str(bad), "--device", "cpu"]
     one_line(run(*args), 2)
 
 
@@ -192,28 +200,41 @@ def test_safetensors_load_through_their_library(run, tmp_path):
 def _no_run(monkeypatch):
     """Make every experiment fail if it runs: a bad --plot must be refused first."""
     import importlib
+    import pkgutil
 
-    for mod in ("accumulate", "model", "nondeterminism", "tf32"):
-        m = importlib.import_module(f"precisionlab.experiments.{mod}")
-        monkeypatch.setattr(m, "run", lambda *a, **k: pytest.fail("the experiment ran before --plot was checked"))
+    from precisionlab import experiments
+
+    for info in pkgutil.iter_modules(experiments.__path__):
+        m = importlib.import_module(f"precisionlab.experiments.{info.name}")
+        if callable(getattr(m, "run", None)):
+            monkeypatch.setattr(m, "run", lambda *a, **k: pytest.fail("the experiment ran before --plot was checked"))
 
 
-PLOT_COMMANDS = {
-    "accumulate": ["accumulate", "--n", "10", "--device", "cpu"],
-    "model": ["compare", "model", "--steps", "2"],
-    "nondeterminism": ["nondeterminism", "--n", "100", "--runs", "2", "--device", "cpu"],
-    "tf32": ["tf32", "--m", "8", "--n", "8", "--k", "8", "--device", "cpu"],
+# The cheapest run of each command that takes --plot; the test runs every
+# registered command with the option (helpers.registered_commands) and fails
+# for one missing here.
+PLOT_ARGS = {
+    "accumulate": ["--n", "10", "--device", "cpu"],
+    "compare model": ["--steps", "2"],
+    "nondeterminism": ["--n", "100", "--runs", "2", "--device", "cpu"],
+    "tf32": ["--m", "8", "--n", "8", "--k", "8", "--device", "cpu"],
+    "compare logits": ["docs/data/logits/ref.safetensors", "docs/data/logits/bf16.safetensors"],
+    "compare logprobs": ["docs/data/logprobs/trainer.safetensors", "docs/data/logprobs/rollout-top-p.jsonl"],
+    "formats": ["--n", "4096", "--shape", "16x256x16", "--dists", "normal", "--device", "cpu"],
+    "attention": ["--seq", "512", "--rows", "8", "--std", "1"],
 }
 
 
 @pytest.mark.parametrize("bad", ["", "   ", "/dev/null", "DIR", "-", "DIR/missing/x.png", "DIR/x.txt", "DIR/noext",
                                  "/proc/x.png"])
-@pytest.mark.parametrize("command", list(PLOT_COMMANDS))
+@pytest.mark.parametrize("command", registered_commands("--plot"))
 def test_bad_plot_paths_exit_2_before_the_run(run, tmp_path, monkeypatch, command, bad):
+    assert command in PLOT_ARGS, f"{command} takes --plot: give its cheapest run in PLOT_ARGS"
     _no_run(monkeypatch)
     path = str(tmp_path) if bad == "DIR" else bad.replace("DIR", str(tmp_path))
     before = set(os.listdir(tmp_path))
-    r = run(*PLOT_COMMANDS[command], "--plot", path)
+    r = run(*command.split(), *[str(ROOT / a) if a.startswith("docs/") else a for a in PLOT_ARGS[command]],
+            "--plot", path)
     one_line(r, 2, "--plot")
     assert set(os.listdir(tmp_path)) == before
     assert not os.path.exists("/dev/null.png") or os.path.getmtime("/dev/null.png") < time.time() - 3600

@@ -15,28 +15,20 @@ import sys
 import numpy as np
 import pytest
 
-from helpers import cli, fail_if_a_model_runs, one_line
+from helpers import cli, fail_if_a_model_runs, one_line, registered_commands
 
 
 # ---------------------------------------------------------------------------
 # --seed outside 0 ... 2^64-1, in every command
 
 
-SEED_COMMANDS = [
-    ["accumulate", "--n", "10", "--device", "cpu"],
-    ["softmax", "--values", "1,2", "--device", "cpu"],
-    ["compare", "op", "softmax", "--shape", "2x8", "--device", "cpu"],
-    ["compare", "model", "--steps", "2"],
-    ["nondeterminism", "--n", "100", "--runs", "2", "--sections", "threads", "--device", "cpu"],
-    ["tf32", "--m", "8", "--n", "8", "--k", "8", "--no-sweep", "--device", "cpu"],
-    ["bench", "accumulate", "--cpu-n", "1000", "--device", "cpu", "--quick"],
-]
-
-
+# Every registered command that takes --seed: the range is checked as the
+# option is parsed (options.seed_in_range), before arguments the command needs
+# or anything else, so the command's name alone is enough.
 @pytest.mark.parametrize("seed", ["-1", str(2**64)])
-@pytest.mark.parametrize("args", SEED_COMMANDS, ids=lambda a: " ".join(a[:2]))
-def test_seed_outside_uint64_exits_2_naming_the_range(run, args, seed):
-    one_line(run(*args, "--seed", seed), 2, "--seed", "2^64-1")
+@pytest.mark.parametrize("command", registered_commands("--seed"))
+def test_seed_outside_uint64_exits_2_naming_the_range(run, command, seed):
+    one_line(run(*command.split(), "--seed", seed), 2, "--seed", "2^64-1")
 
 
 def test_the_largest_seed_is_accepted(run):

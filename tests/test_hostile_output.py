@@ -177,7 +177,7 @@ def _narrow_keeps_numbers(run, monkeypatch, argv, width):
                 header = [h.strip() for h in line.strip("┃").split("┃")]
             elif line.startswith("│"):
                 cells = [c.strip() for c in line.strip("│").split("│")]
-                out += [m for h, c in zip(header, cells) if not re.search(r"time|/s", h)
+                out += [m for h, c in zip(header, cells, strict=True) if not re.search(r"time|/s", h)
                         for m in _NUMBER.findall(c)]
         return out
 
@@ -316,3 +316,22 @@ def test_a_bad_library_path_says_what_is_wrong_with_the_library(tmp_path, lib, w
         r = cli(*args, env=env)
         one_line(r, 1, "PRECISIONLAB_LIB", *words)
         assert "cannot read" not in r.err and "ok.pt" not in r.err
+
+
+# The one rule (report.console.printable): what str.isprintable() refuses is
+# escaped as repr() would write it; everything else, any script, shows as is.
+@pytest.mark.parametrize("s, shown", [
+    ("tab\there\nnew\rline", "tab\\there\\nnew\\rline"),
+    ("\x1b]0;owned\x07", "\\x1b]0;owned\\x07"),
+    ("nul\x00del\x7f csi\x9b", "nul\\x00del\\x7f csi\\x9b"),
+    ("e\u202eRIGHT\u2066", "e\\u202eRIGHT\\u2066"),
+    ("line\u2028sep zero\u200bwidth", "line\\u2028sep zero\\u200bwidth"),
+    ("tag\U000e0001 lone\udcff", "tag\\U000e0001 lone\\udcff"),
+    ("nbsp\xa0", "nbsp\\xa0"),
+    ("naïve é 字 🙂 a b", "naïve é 字 🙂 a b"),
+    ("trailing\\", "trailing\\"),
+], ids=repr)
+def test_printable_escapes_what_isprintable_refuses(s, shown):
+    from precisionlab.report import console as report
+
+    assert report.printable(s) == shown

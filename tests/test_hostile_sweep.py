@@ -59,7 +59,6 @@ def test_the_errors_are_the_exact_values_rounded_once(run):
     rational: every product and sum exact, each figure rounded once."""
     from fractions import Fraction
 
-    import numpy as np
 
     from precisionlab.catalog import formats
 
@@ -68,7 +67,7 @@ def test_the_errors_are_the_exact_values_rounded_once(run):
     rng = np.random.default_rng([0, 16])  # the command's inputs: seed 0, K 16, 64 x 16 x 64
     fp32 = formats.get("fp32")
     a, b = fp32.round(rng.standard_normal((64, 16))), fp32.round(rng.standard_normal((16, 64)))
-    exact = [[sum(Fraction(x) * Fraction(y) for x, y in zip(a[i], b[:, j])) for j in range(64)] for i in range(64)]
+    exact = [[sum(Fraction(x) * Fraction(y) for x, y in zip(a[i], b[:, j], strict=True)) for j in range(64)] for i in range(64)]
     scale = max(abs(q) for row in exact for q in row)
     c = np.float32(0) + np.zeros((64, 64), np.float32)
     for k in range(16):  # the fp32 chain: c = fp32(c + fp32(a_k b_k))

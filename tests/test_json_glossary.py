@@ -3,7 +3,7 @@ time in seconds, one for the largest absolute error, `dtype` for a row's
 format, and a schema_version first. Each command runs once at a small size."""
 
 import pytest
-from helpers import cli, json_glossary_problems, strict_json
+from helpers import cli, json_glossary_problems, registered_commands, strict_json
 
 from precisionlab.report import jsondoc
 
@@ -37,7 +37,15 @@ COMMANDS = [
                           "docs/data/logprobs/rollout-top-p.jsonl"]),
     ("compare tensors", ["compare", "tensors", "{tmp}/dump/fp32.safetensors", "{tmp}/dump/bf16.safetensors",
                          "{tmp}/dump/bf16.safetensors"]),
+    ("export", ["export", "embedded", "--to", "hf", "--out", "{tmp}/hf"]),  # hf: transformers, in the dev extra
 ]
+
+
+def test_every_registered_command_has_a_run_here():
+    # a command cli/app.py registers (helpers.registered_commands) joins the glossary check or fails here
+    ran = {" ".join(argv[:2]) if argv[0] == "compare" else argv[0] for _, argv in COMMANDS}
+    missing = [c for c in registered_commands("--json") if c not in ran]
+    assert not missing, f"give each its cheapest --json run in COMMANDS: {missing}"
 
 
 @pytest.fixture(scope="module")

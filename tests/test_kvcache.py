@@ -171,7 +171,7 @@ def test_hf_attention_reads_the_quantized_cache_its_own_token_included(tiny_qwen
     with torch.no_grad():
         feed = m.session(m.base, unit())
         steps = [feed(prompt)[-1]] + [feed([t])[-1] for t in path[len(prompt):-1]]
-    for new, returned, k, v, held in seen:
+    for _new, returned, k, v, held in seen:
         assert returned == held  # the whole cache, this call's tokens included
         for x in (k, v):
             assert np.array_equal(e4m3.round(np.clip(x, -448, 448)), x)

@@ -178,7 +178,7 @@ def test_an_lm_head_that_overflows_fp16_is_the_head_pitfall(tmp_path):
 
 
 def test_memory_is_estimated_before_the_model_is_opened(monkeypatch):
-    # compare model --layers checks its own estimate (engines.shape.compare_layers_for: memory.compare_layers) first
+    # compare model --layers checks its own estimate (memory.compare_layers of engines.shape.model_shape) first
     from precisionlab.io import inputs
     from precisionlab.engines import shape
     from precisionlab.runtime import memory

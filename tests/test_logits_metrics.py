@@ -28,7 +28,7 @@ def kl_mp(x, y) -> mpmath.mpf:
     zx = mpmath.fsum(mpmath.exp(v) for v in x if v is not None)
     zy = mpmath.fsum(mpmath.exp(v) for v in y if v is not None)
     total = mpmath.mpf(0)
-    for a, b in zip(x, y):
+    for a, b in zip(x, y, strict=True):
         if a is None:
             continue
         if b is None:
@@ -57,7 +57,7 @@ def test_phi_series_and_direct_agree_with_mpmath():
     u = np.array([-3.0, -0.5, -0.25, -0.2499, -1e-2, -1e-5, -1e-12, 0.0, 1e-12, 3e-7, 1e-2, 0.1, 0.2499, 0.25,
                   0.26, 0.7, 5.0, 40.0])
     got = dist.phi(u)
-    for ui, g in zip(u, got):
+    for ui, g in zip(u, got, strict=True):
         ref = mpmath.expm1(mpmath.mpf(float(ui))) - mpmath.mpf(float(ui))
         # A few ulps everywhere, including just either side of the series' threshold (0.25).
         assert abs(g - float(ref)) <= 2e-15 * abs(float(ref)), (ui, g, ref)

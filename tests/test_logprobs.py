@@ -39,10 +39,10 @@ def nearest_rank(sorted_values, q):
 
 def reference(a, b, offsets, clips=(1.1, 1.25, 2.0), cap=2.0):
     a, b = [float(x) for x in a], [float(x) for x in b]
-    ok = [math.isfinite(x) and math.isfinite(y) for x, y in zip(a, b)]
-    d = [x - y for x, y, o in zip(a, b, ok) if o]
-    fa = [x for x, o in zip(a, ok) if o]
-    fb = [y for y, o in zip(b, ok) if o]
+    ok = [math.isfinite(x) and math.isfinite(y) for x, y in zip(a, b, strict=True)]
+    d = [x - y for x, y, o in zip(a, b, ok, strict=True) if o]
+    fa = [x for x, o in zip(a, ok, strict=True) if o]
+    fb = [y for y, o in zip(b, ok, strict=True) if o]
     n = len(d)
     r = [math.exp(x) for x in d]
     ad = sorted(abs(x) for x in d)
@@ -413,7 +413,7 @@ def bad_cases(tmp):
 
 def test_bad_files_are_usage_errors_naming_the_cause(tmp_path):
     good, cases = bad_cases(tmp_path)
-    for name, (path, pattern) in cases.items():
+    for path, pattern in cases.values():
         with pytest.raises(UsageError, match=pattern):
             exp.run(exp.LogprobsConfig(str(good), str(path)))
 
@@ -488,7 +488,7 @@ def test_tokenizer_decodes_the_worst_tokens_and_clip_and_cap_are_the_users(tmp_p
     assert len(worst) == 3 and all(w["token"] == words[w["token_id"]] for w in worst)
     want = reference(a, b, offsets.tolist(), clips=(1.05, 3.0), cap=1.5)
     row = doc["rows"][0]
-    assert [(c["clip"], c["n_outside"]) for c in row["outside_clip"]] == list(zip((1.05, 3.0), want["outside"]))
+    assert [(c["clip"], c["n_outside"]) for c in row["outside_clip"]] == list(zip((1.05, 3.0), want["outside"], strict=True))
     assert row["seq_frac_above_cap"] == want["seq_frac_above_cap"] and doc["params"]["cap"] == 1.5
 
 
@@ -528,7 +528,7 @@ def test_means_and_rms_of_huge_finite_deltas_are_their_exact_values(tmp_path, ru
     a, b = [-0.5, -1.0, 3e307], [-1e308, -1.7e308, -1.5e308]
     r = run("compare", "logprobs", _stream(tmp_path, "a.jsonl", a), _stream(tmp_path, "b.jsonl", b), "--json")
     row = strict_json(r.out)["rows"][0]
-    d = [Fraction(x) - Fraction(y) for x, y in zip(a, b)]
+    d = [Fraction(x) - Fraction(y) for x, y in zip(a, b, strict=True)]
     assert row["mean_diff"] == float(sum(d) / 3) and row["kl_k1"] == -row["mean_diff"]
     assert row["mean_abs_diff"] == float(sum(abs(x) for x in d) / 3)
     with mpmath.workdps(60):

@@ -21,9 +21,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+import model_estimates
+from precisionlab.engines import shape as engine_shape
 from helpers import ROOT, loaded_timeout, save_tiny_qwen
 from precisionlab.io import inputs
-from precisionlab.engines import shape as engine_shape
 from precisionlab.runtime import memory
 from precisionlab.experiments.op_harness import shapes_used
 from precisionlab.errors import UsageError
@@ -86,14 +87,14 @@ def _tiny_qwen(out: Path, hidden: int) -> str:
 def _models(tmp_path: Path):
     pytest.importorskip("transformers")
     return [(["compare", "model", "--model", folder, "--steps", "8", "--prompt", "the cat sat", "--json"],
-             engine_shape.compare_model_for(folder, 8, "the cat sat"))
+             model_estimates.compare_model_for(folder, 8, "the cat sat"))
             for folder in (_tiny_qwen(tmp_path, h) for h in (128, 256, 512))]
 
 
 def _layers_models(tmp_path: Path):
     pytest.importorskip("transformers")
     return [(["compare", "layers", "--model", folder, "--steps", "8", "--prompt", "the cat sat", "--json"],
-             engine_shape.compare_layers_for(folder, 8, "the cat sat"))
+             model_estimates.compare_layers_for(folder, 8, "the cat sat"))
             for folder in (_tiny_qwen(tmp_path, h) for h in (128, 256, 512))]
 
 
@@ -102,7 +103,7 @@ def _kvcache_models(tmp_path: Path):
 
     pytest.importorskip("transformers")
     return [(["kvcache", "--model", folder, "--steps", "8", "--prompt", "the cat sat", "--json"],
-             engine_shape.kvcache_for(folder, 8, "the cat sat", CALIBRATION_CHARS))
+             model_estimates.kvcache_for(folder, 8, "the cat sat", CALIBRATION_CHARS))
             for folder in (_tiny_qwen(tmp_path, h) for h in (128, 256, 512))]
 
 
@@ -111,7 +112,7 @@ def _kvcache_embedded():
 
     # 800 steps: the teacher-forced pass's attention scores outgrow the 512-character calibration pass's
     return [(["kvcache", "--steps", str(s), "--dtypes", "fp8_e4m3", "--scales", "dynamic", "--json"],
-             engine_shape.kvcache_for(None, s, "ROMEO:\n", CALIBRATION_CHARS)) for s in (100, 400, 800)]
+             model_estimates.kvcache_for(None, s, "ROMEO:\n", CALIBRATION_CHARS)) for s in (100, 400, 800)]
 
 
 def _metrics_embedded():
@@ -195,7 +196,7 @@ def _families(tmp_path: Path):
         "compare model": lambda: _models(tmp_path),
         "compare layers": lambda: _layers_models(tmp_path),
         "compare model --layers (embedded)": [(["compare", "layers", "--steps", str(s), "--json"],
-                                               engine_shape.compare_layers_for(None, s, "ROMEO:\n")) for s in (100, 300, 600)],
+                                               model_estimates.compare_layers_for(None, s, "ROMEO:\n")) for s in (100, 300, 600)],
         "compare metrics": _metrics_embedded,
         "compare contracts": _contracts_embedded,
         "compare rollout": _rollout_embedded,
@@ -280,7 +281,7 @@ def test_estimate_tracks_the_measured_peak(group, tmp_path):
     else:
         measured = _measure([argv for _, argv, _, _ in cases])
     report, fits = [], []
-    for i, ((family, argv, est, sides), m) in enumerate(zip(cases, measured)):
+    for i, ((family, argv, est, sides), m) in enumerate(zip(cases, measured, strict=True)):
         assert m["rc"] in (0, 1), m  # 1: compare op flags a comparison; the run itself completed
         first = FRESH[family] is None if family in FRESH else i == 0  # it pays the first-use state
         want = est if first else est - FIRST_USE[family]

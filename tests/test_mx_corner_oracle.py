@@ -74,7 +74,7 @@ def _neighbours(v: Fraction, spacing: Fraction) -> tuple[Fraction, Fraction]:
 def test_fp8_e4m3_saturation_vector():
     y, scales = quantize_dequantize(FIX_X, "mxfp8_e4m3", "floor", block=8)
     assert scales[0] == 127  # X = 2^0: the elements are encoded as themselves
-    for i, (got, published) in enumerate(zip(y, FIX_PUBLISHED)):
+    for i, (got, published) in enumerate(zip(y, FIX_PUBLISHED, strict=True)):
         if i != FIX_TIE:
             assert got == published, (FIX_X[i], got, published)
     # the tie: exact arithmetic says which rule gives which answer

@@ -129,7 +129,7 @@ def problems(header_text: str, prototypes: dict, mirror_of: dict) -> list[str]:
         if len(args) != len(argtypes):
             out.append(f"{name}: {len(args)} arguments in the header, {len(argtypes)} bound")
             continue
-        for i, (a, t) in enumerate(zip(args, argtypes)):
+        for i, (a, t) in enumerate(zip(args, argtypes, strict=True)):
             if not _accepts(t, a, structs, mirror_of):
                 out.append(f"{name}: argument {i} is {a}, bound as {t}")
     for cname, cls in sorted(mirror_of.items()):
@@ -140,7 +140,7 @@ def problems(header_text: str, prototypes: dict, mirror_of: dict) -> list[str]:
         if [f for f, _ in want] != [f for f, _ in have]:
             out.append(f"{cls.__name__}: fields {[f for f, _ in have]}, {cname} has {[f for f, _ in want]}")
             continue
-        for (f, ct), (_, t) in zip(want, have):
+        for (f, ct), (_, t) in zip(want, have, strict=True):
             if not _accepts(t, ct, structs, mirror_of):
                 out.append(f"{cls.__name__}.{f}: {ct} in {cname}, mirrored as {t}")
     return out

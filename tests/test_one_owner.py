@@ -84,3 +84,29 @@ def test_models_are_opened_only_by_the_engines():
                 loads.setdefault(mod, []).append("charlm")
     assert all(m in ("engines/hf.py", "engines/embedded.py") or m.startswith("engines/export") for m in loads), loads
     assert "AutoModelForCausalLM" in loads.get("engines/hf.py", []) and "charlm" in loads.get("engines/embedded.py", [])
+
+
+def _escapers(tree) -> list[int]:
+    """Lines that decide by themselves whether a character is shown as is:
+    a call of str.isprintable() or an encode to 'unicode_escape'."""
+    return sorted(n.lineno for n in ast.walk(tree) if isinstance(n, ast.Call) and (
+        (isinstance(n.func, ast.Attribute) and n.func.attr == "isprintable")
+        or any(isinstance(a, ast.Constant) and a.value == "unicode_escape" for a in n.args)))
+
+
+def test_strings_from_outside_are_escaped_by_one_rule():
+    # cli/app.py asks isprintable() only to choose repr() for a default shown in --help
+    stray = {mod: lines for mod, tree in _modules() if mod not in ("report/console.py", "cli/app.py")
+             for lines in [_escapers(tree)] if lines}
+    assert not stray, f"escaping written outside report/console.printable: {stray}"
+
+
+def test_the_escaper_check_can_fail():
+    tree = ast.parse('a = "".join(c if c.isprintable() else "?" for c in s)\nb = s.encode("unicode_escape")\n')
+    assert _escapers(tree) == [1, 2]
+
+
+def test_torch_is_imported_lazily_by_one_helper():
+    lazy = {mod for mod, tree in _modules() for n in ast.walk(tree)
+            if isinstance(n, ast.FunctionDef) and n.name in ("_torch", "torch", "import_torch")}
+    assert lazy == {"runtime/torch_import.py"}

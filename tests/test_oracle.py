@@ -2,7 +2,6 @@
 here in rationals (fractions) and mpmath, never through the project's own
 reference code. Each test names the case that once printed a wrong number."""
 
-import math
 from fractions import Fraction
 
 import pytest
@@ -122,9 +121,9 @@ def _mp_stats(a, b):
     A = [Fraction(float(x)) for x in a.ravel()]
     B = [Fraction(float(x)) for x in b.ravel()]
     q = lambda f: mp.mpf(f.numerator) / f.denominator  # noqa: E731
-    num = sum(((x - y) ** 2 for x, y in zip(A, B)), Fraction(0))
+    num = sum(((x - y) ** 2 for x, y in zip(A, B, strict=True)), Fraction(0))
     den = sum((y * y for y in B), Fraction(0))
-    dot = sum((x * y for x, y in zip(A, B)), Fraction(0))
+    dot = sum((x * y for x, y in zip(A, B, strict=True)), Fraction(0))
     na = sum((x * x for x in A), Fraction(0))
     return float(mp.sqrt(q(num) / q(den))), float(q(dot) / mp.sqrt(q(na) * q(den)))
 
@@ -178,7 +177,7 @@ def test_compare_tensors_reads_fp8_safetensors(tmp_path, fmt):
             (1 + Fraction(m, 1 << mbits)) * Fraction(2) ** (e - bias)
         vals.append(-v if code >> 7 else v)
     assert row["dtypes"] == [fmt, "float32"]
-    assert row["max_abs_error"] == float(max(abs(v - Fraction(float(x))) for v, x in zip(vals, b)))
+    assert row["max_abs_error"] == float(max(abs(v - Fraction(float(x))) for v, x in zip(vals, b, strict=True)))
 
 
 def test_error_report_rel_l2_and_mean_are_exact():
@@ -199,10 +198,10 @@ def test_error_report_rel_l2_and_mean_are_exact():
         rep = metrics.error_report(a, r, None, 0.0, 0.0)
         A, R = [Fraction(x) for x in a], [Fraction(x) for x in r]
         q = lambda f: mp.mpf(f.numerator) / f.denominator  # noqa: E731
-        num = sum(((x - y) ** 2 for x, y in zip(A, R)), Fraction(0))
+        num = sum(((x - y) ** 2 for x, y in zip(A, R, strict=True)), Fraction(0))
         den = sum((y * y for y in R), Fraction(0))
         assert rep.rel_l2 == float(mp.sqrt(q(num) / q(den)))
-        assert rep.mean_abs_error == float(sum((abs(x - y) for x, y in zip(A, R)), Fraction(0)) / len(A))
+        assert rep.mean_abs_error == float(sum((abs(x - y) for x, y in zip(A, R, strict=True)), Fraction(0)) / len(A))
 
 
 def _mxfp4_floor(x, block=32):
@@ -222,8 +221,8 @@ def _mxfp4_floor(x, block=32):
     return out
 
 
-def test_formats_rel_rmse_to_the_last_bit():
-    # rel_rmse was sqrt(fsum of rounded squares / fsum), two more roundings:
+def test_formats_rel_l2_to_the_last_bit():
+    # rel_l2 (once rel_rmse) was sqrt(fsum of rounded squares / fsum), two more roundings:
     # 0.12054942890436372 where the exact value rounds to 0.12054942890436371.
     import mpmath as mp
     import numpy as np
@@ -236,11 +235,11 @@ def test_formats_rel_rmse_to_the_last_bit():
     x = np.random.default_rng([1, 0, 32]).standard_normal((1, n)).astype(np.float32)[0]  # formats' data, seed 1
     y = _mxfp4_floor(x)
     X = [Fraction(float(v)) for v in x]
-    num = sum(((b - a) ** 2 for a, b in zip(X, y)), Fraction(0))
+    num = sum(((b - a) ** 2 for a, b in zip(X, y, strict=True)), Fraction(0))
     den = sum((a * a for a in X), Fraction(0))
     q = lambda f: mp.mpf(f.numerator) / f.denominator  # noqa: E731
-    assert row["rel_rmse"] == float(mp.sqrt(q(num) / q(den)))
-    assert row["flush_share"] == sum(1 for a, b in zip(X, y) if a != 0 and b == 0) / n
+    assert row["rel_l2"] == float(mp.sqrt(q(num) / q(den)))
+    assert row["flush_share"] == sum(1 for a, b in zip(X, y, strict=True) if a != 0 and b == 0) / n
 
 
 def _logits_stats(tmp_path, ref, low, tokens):
@@ -265,9 +264,9 @@ def _mp_logits(ref, low, tokens):
         return [v - lse for v in row]
 
     kls, dnll, dp = [], [], []
-    for r, l, t in zip(ref, low, tokens):
+    for r, l, t in zip(ref, low, tokens, strict=True):
         lp, lq = lsm(r), lsm(l)
-        kls.append(mp.fsum(mp.exp(a) * (a - b) for a, b in zip(lp, lq)))
+        kls.append(mp.fsum(mp.exp(a) * (a - b) for a, b in zip(lp, lq, strict=True)))
         dnll.append(lp[t] - lq[t])
         dp.append(mp.exp(lq[t]) - mp.exp(lp[t]))
     n = len(tokens)
@@ -348,7 +347,7 @@ def test_softmax_errors_against_the_true_softmax(values):
     s = mp.fsum(es)
     p = [e / s for e in es]
     for row in _softmax_rows(values):
-        d = [abs(mp.mpf(y) - q) for y, q in zip(row["output"], p)]
+        d = [abs(mp.mpf(y) - q) for y, q in zip(row["output"], p, strict=True)]
         assert row["max_abs_error"] == float(max(d))
         # rel_l2: within an ulp (the double-double reference is good to ~1e-32)
         want = float(mp.sqrt(mp.fsum(x * x for x in d) / mp.fsum(q * q for q in p)))
@@ -399,4 +398,4 @@ def test_compare_tensors_reads_fp8_e5m2_npy(tmp_path, container):
         e, m = (code >> 2) & 31, code & 3
         v = Fraction(m, 4) * Fraction(2) ** -14 if e == 0 else (1 + Fraction(m, 4)) * Fraction(2) ** (e - 15)
         vals.append(-v if code >> 7 else v)
-    assert row["max_abs_error"] == float(max(abs(v - Fraction(float(x))) for v, x in zip(vals, b)))
+    assert row["max_abs_error"] == float(max(abs(v - Fraction(float(x))) for v, x in zip(vals, b, strict=True)))

@@ -77,7 +77,7 @@ def test_probes_read_each_parameter_off_one_output():
     leave only the planted model among the fast candidates that differ in direction, B (up to 15), the group,
     the alignment or the output's width."""
     mod = load()
-    out = {m: dict(zip((n for n, _ in mod.PROBES), mod._probe_outputs(mod._probe_model_bits(m)).view(np.float32)))
+    out = {m: dict(zip((n for n, _ in mod.PROBES), mod._probe_outputs(mod._probe_model_bits(m)).view(np.float32), strict=True))
            for m in mod.FAST}
     u = 2.0**-5  # 256's unit at B = 14
     assert out["hopper-fp8"]["direction -u/4"] == 256 and out["hopper-fp8:rounding=floor"]["direction -u/4"] == 256 - u

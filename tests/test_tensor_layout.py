@@ -4,7 +4,6 @@ logits, the residual in two parts, two tensor-parallel shards. Each compares
 correctly after the right option, and without it is refused with a line that
 names the option; bad specs are usage errors before any file is read."""
 
-import numpy as np
 import pytest
 import torch
 from safetensors.torch import save_file
@@ -38,7 +37,7 @@ def dumps(tmp_path_factory):
         "mlp.shard0": low["mlp"][..., :D // 2].contiguous(), "mlp.shard1": low["mlp"][..., D // 2:].contiguous(),
     }
     paths = [tmp / "fp32.safetensors", tmp / "bf16.safetensors", tmp / "engine.safetensors"]
-    for p, tensors in zip(paths, (ref, low, ours)):
+    for p, tensors in zip(paths, (ref, low, ours), strict=True):
         save_file(tensors, str(p))
     return [str(p) for p in paths], ref, low, ours
 
@@ -199,7 +198,7 @@ def test_the_hook_script_dumps_any_model_for_compare_tensors(tmp_path):
         m = _Tiny().to(dtype)
         m.load_state_dict(model.state_dict())
         if scale is not None:  # an engine's bug in the second block's MLP
-            m.blocks[1][2].register_forward_hook(lambda _m, _a, y: y * scale)
+            m.blocks[1][2].register_forward_hook(lambda _m, _a, y, scale=scale: y * scale)
         with torch.no_grad(), hooks.DumpHooks(m, include) as dump:
             m(ids)
         paths[label] = str(tmp_path / f"{label}.safetensors")

@@ -2,6 +2,7 @@
 processes, and the all-reduce order replayed by the library (allreduce.cu),
 checked against an independent step-by-step emulation."""
 
+import itertools
 import os
 import signal
 import subprocess
@@ -167,7 +168,7 @@ def test_fp32_changes_with_world_size_but_not_for_the_worse(rows):
 def test_bf16_error_grows_with_world_size(rows):
     d = _by(rows, "bf16")
     errs = [d[p]["mean_abs_error"] for p in tp.WORLD_SIZES]
-    assert all(a < b for a, b in zip(errs, errs[1:])), errs
+    assert all(a < b for a, b in itertools.pairwise(errs)), errs
     assert d[8]["max_abs_error"] > d[1]["max_abs_error"]
 
 

@@ -92,14 +92,13 @@ ThreadsOpt = Annotated[Optional[int], typer.Option("--threads", help="CPU thread
 # matmul path: tf32, formats' block-scaled matmul, compare op matmul. Each
 # command says what the models do there (`role`); the spellings, --acc-bits and
 # --acc-rounding are the same everywhere, parsed by accumulators.parse_list.
-ACCUMULATOR_MODELS = ("exact, fp32, fp32-pairwise, hopper-fp8 (optional :bits=B :group=G :rounding=trunc|rne|floor "
-                      ":order=reverse), promote:N (the same fields)")
-
-
 def accumulator_option(role: str):
-    """--accumulator MODEL[,MODEL...] with the command's `role` in its help."""
+    """--accumulator MODEL[,MODEL...] with the command's `role` in its help; the
+    spellings are the library's published kinds (numerics.accumulators.spellings_help)."""
+    from precisionlab.numerics import accumulators
+
     return Annotated[Optional[str], typer.Option("--accumulator", help=f"Accumulator models MODEL[,MODEL...]: "
-                                                 f"{ACCUMULATOR_MODELS}. {role}")]
+                                                 f"{accumulators.spellings_help()}. {role}")]
 
 
 AccBitsOpt = Annotated[Optional[int], typer.Option("--acc-bits", help="With --accumulator: B, the bits hopper-fp8 and "

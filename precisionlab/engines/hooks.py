@@ -226,7 +226,7 @@ def keep_rope_fp32(low_model, fp32_model) -> None:
     in fp32; model.to(bf16) would round them too (the pitfall --inject rope
     demonstrates). The low-precision copies here follow transformers' own loader."""
     ref = dict(fp32_model.named_buffers())
-    for name, buf in low_model.named_buffers():
+    for name, _buf in low_model.named_buffers():
         if ("inv_freq" in name.rsplit(".", 1)[-1]) and name in ref:
             owner = low_model.get_submodule(name.rsplit(".", 1)[0]) if "." in name else low_model
             setattr(owner, name.rsplit(".", 1)[-1], ref[name].clone())

@@ -18,6 +18,8 @@ from __future__ import annotations
 import contextlib
 from pathlib import Path
 
+import numpy as np
+
 from precisionlab.engines.external import ExternalEngine, file_spec, int_opt, split_spec
 from precisionlab.errors import UsageError
 

@@ -108,7 +108,7 @@ class OpenAIEngine(ExternalEngine):
         except (KeyError, IndexError, TypeError) as e:
             raise RunError(f"{self.name}: no usable completions answer ({type(e).__name__}: "
                            f"{str(e).splitlines()[0] if str(e) else ''})") from None
-        for j, (s, want) in enumerate(zip(tokens, ids)):
+        for j, (s, want) in enumerate(zip(tokens, ids, strict=False)):
             if self.strings.get(s) != want:
                 raise RunError(f"{self.name}: echoed token {j} is {s!r}, not the id {want} sent: the endpoint's "
                                "tokenizer differs from the reference's")

@@ -1,11 +1,10 @@
 """A model's sizes, read from the checkpoint's headers and config.json before
-anything is loaded, for the memory estimates of runtime/memory.py."""
+anything is loaded, for the memory estimates of runtime/memory.py (the
+estimate by model name the tests use is tests/model_estimates.py)."""
 
 from __future__ import annotations
 
 from typing import NamedTuple
-
-from precisionlab.runtime import memory
 
 
 def safetensors_parameters(paths) -> int:
@@ -78,20 +77,3 @@ def model_shape(model: str | None, steps: int, prompt: str) -> ModelShape | None
     return ModelShape(params, seq, num("vocab_size"), num("hidden_size"), num("num_hidden_layers"),
                       num("num_attention_heads"), "hf", num("max_position_embeddings"))
 
-
-def compare_model_for(model: str | None, steps: int, prompt: str) -> int:
-    """compare_model for the embedded model or a Hugging Face folder (model_shape); 0 where none is found."""
-    shape = model_shape(model, steps, prompt)
-    return 0 if shape is None else memory.compare_model(*shape[:7])
-
-
-def compare_layers_for(model: str | None, steps: int, prompt: str, dump: bool = False) -> int:
-    """compare_layers for the embedded model or a Hugging Face folder (model_shape); 0 where none is found."""
-    shape = model_shape(model, steps, prompt)
-    return 0 if shape is None else memory.compare_layers(*shape[:7], dump=dump)
-
-
-def kvcache_for(model: str | None, steps: int, prompt: str, calibration: int) -> int:
-    """kvcache for the embedded model or a Hugging Face folder (model_shape); 0 where none is found."""
-    shape = model_shape(model, steps, prompt)
-    return 0 if shape is None else memory.kvcache(shape, calibration)

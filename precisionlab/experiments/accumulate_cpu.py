@@ -46,7 +46,7 @@ from precisionlab.errors import UsageError
 from precisionlab.catalog.formats import Format
 
 # The reordered variants (the catalog's order column) by name: each runs its
-# kernel on the input as CpuRows permutes it (permuted() for one array alone).
+# kernel on the input as CpuRows permutes it (native.arranged for one array alone).
 ORDERS = {v.name: v.order for v in native.variants("sum", "cpu") if v.order != "as_given"}
 CHUNK = 1 << 18  # values per chunk of rounding: 2 MiB of float64
 # Fixed costs beside the per-element ones: a rounding chunk's temporaries and
@@ -145,14 +145,6 @@ def exact_abs_sum(x: np.ndarray, exact: float) -> float:
 
 # ---------------------------------------------------------------------------
 # rows on worker threads
-
-
-def permuted(stored: np.ndarray, name: str) -> np.ndarray:
-    """The reordered variant `name`'s permutation of stored, in a new array."""
-    order = ORDERS[name]
-    if order == "reversed":
-        return np.ascontiguousarray(stored[::-1])
-    return native.sort_by_magnitude(stored, descending=order == "descending_abs")
 
 
 class CpuRows:

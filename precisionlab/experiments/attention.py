@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
@@ -124,12 +124,3 @@ def takeaways(rows: list[dict]) -> list[str]:
     return out
 
 
-def bench_seconds(seq: int = 8192, rows: int = 8192, dim: int = 128, seed: int = 0) -> dict:
-    """bench's CPU row: one emulated head at the default knobs (P bf16, fp32
-    accumulation), untracked; thread CPU time."""
-    cfg = AttentionConfig(seq=seq, rows=rows, dim=dim, stds=(1.0,), seed=seed)
-    check(cfg)
-    q, k, v = draw(cfg, 0, 1.0)
-    t0 = time.thread_time()
-    fa.attention(q, k, v, replace(cfg.flash), track=False)
-    return {"seq": seq, "rows": rows, "dim": dim, "time_s": time.thread_time() - t0}

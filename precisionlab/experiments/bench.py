@@ -21,7 +21,7 @@ from precisionlab.runtime import devices, memory, torch_flags
 from precisionlab.catalog import formats
 from precisionlab.io import inputs
 from precisionlab.errors import UsageError
-from precisionlab.experiments import accumulate_cpu as accumulate_cpu_exp
+from precisionlab.runtime.torch_import import import_torch
 
 SECTIONS = ("accumulate", "softmax", "matmul", "attention")
 SOFTMAX_SHAPES = [(4096, 1024), (4096, 4096), (4096, 16384), (1024, 32768), (512, 151936), (64, 262144)]
@@ -91,7 +91,8 @@ ACCUMULATE_CPU_METHODS = [v.name for v in native.variants("sum", "cpu") if v.ord
 ACCUMULATE_CPU_ACCS = formats.DEFAULT_ACCUMULATORS  # accumulate's own default rows
 # The reordered variants run their kernel on the permuted data; their rows
 # time that kernel (making the permutation is not in the time).
-ACCUMULATE_CPU_ORDERS = [v.name for v in native.variants("sum", "cpu") if v.order != "as_given"]
+# the reordered variants by name, with the input order each runs on (the catalog's order column)
+ACCUMULATE_CPU_ORDERS = {v.name: v.order for v in native.variants("sum", "cpu") if v.order != "as_given"}
 
 
 def accumulate_cpu(n: int, seed: int, advance) -> list[dict]:
@@ -125,8 +126,8 @@ def accumulate_cpu_orders(n: int, seed: int, rows: list[dict], advance) -> list[
     t_np = base["time_s"]
     x64 = np.random.default_rng(seed).standard_normal(n, dtype=np.float32).astype(np.float64)
     out = []
-    for order in ACCUMULATE_CPU_ORDERS:
-        x = accumulate_cpu_exp.permuted(x64, order)
+    for order, arrangement in ACCUMULATE_CPU_ORDERS.items():
+        x = native.arranged(x64, arrangement)
         for acc in ACCUMULATE_CPU_ACCS:
             code = formats.get(acc).code
             t = _wall(lambda: native.accumulate_cpu(x, code, order))
@@ -134,7 +135,7 @@ def accumulate_cpu_orders(n: int, seed: int, rows: list[dict], advance) -> list[
             out.append({"section": "accumulate", "device": "cpu", "variant": order, "dtype": "fp32", "accumulator": acc,
                         "n": n, "time_s": t, "gbps": base["gbps"] * t_np / t, "vs_baseline": t_np / t,
                         "baseline": "numpy.sum"})
-        del x
+        x = None  # freed before the next order's permutation is built
     return out
 
 
@@ -168,13 +169,24 @@ ATTENTION_SHAPE = (8192, 8192, 128)  # keys, query rows (one head of self-attent
 
 
 def attention_cpu(seed: int, quick: bool, advance) -> list[dict]:
-    """One emulated head (P bf16, fp32 accumulation, untracked), thread CPU
-    time, once; --quick: 1024 query rows. A time, never a test: the emulator
-    is a model, not a kernel."""
-    from precisionlab.experiments import attention
+    """One emulated head at attention's default knobs (P bf16, fp32
+    accumulation), untracked, thread CPU time, once; --quick: 1024 query rows.
+    A time, never a test: the emulator is a model, not a kernel."""
+    from precisionlab.numerics import flash_attention as fa
 
     seq, rows, dim = ATTENTION_SHAPE
-    got = attention.bench_seconds(seq, 1024 if quick else rows, dim, seed)
+    rows = 1024 if quick else rows
+    flash = fa.FlashConfig()
+    peak = max((m.peak_bytes(min(rows, fa.CHUNK_ROWS), dim, min(flash.block_c, seq))
+                for m in (fa.model(flash.pv_accumulator), fa.model(flash.qk_accumulator)) if m is not None), default=0)
+    inputs.check_memory(memory.attention(rows, seq, dim, flash.block_c, fa.CHUNK_ROWS, peak),
+                        f"bench attention ({rows} rows, {seq} keys, d {dim})")
+    rng = np.random.default_rng([seed, 0])  # attention's draw of its first --std (1.0)
+    k, v = rng.standard_normal((seq, dim)), rng.standard_normal((seq, dim))
+    q = rng.standard_normal((rows, dim))
+    t0 = time.thread_time()
+    fa.attention(q, k, v, flash, track=False)
+    got = {"rows": rows, "time_s": time.thread_time() - t0}
     advance()
     n = got["rows"] * seq
     return [{"section": "attention", "device": "cpu", "variant": "flash_emulator", "dtype": "bf16",
@@ -189,7 +201,7 @@ def attention_cpu(seed: int, quick: bool, advance) -> list[dict]:
 def accumulate_gpu(n: int, seed: int, quick: bool, advance) -> list[dict]:
     from precisionlab.runtime import cuda_timing as ct
 
-    torch = ct.torch()
+    torch = import_torch()
     iters = 20 if quick else 50
     rows = []
     copy = ct.copy_bandwidth(n * 4, iters)
@@ -234,7 +246,7 @@ def _gpu_row(kernel, storage, acc, n, t, nbytes, torch_ms, copy_gbps) -> dict:
 def softmax_gpu(seed: int, quick: bool, advance) -> list[dict]:
     from precisionlab.runtime import cuda_timing as ct
 
-    torch = ct.torch()
+    torch = import_torch()
     iters = 20 if quick else 30
     sms = torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count
     rows = []
@@ -278,7 +290,7 @@ def softmax_gpu(seed: int, quick: bool, advance) -> list[dict]:
 def matmul_gpu(seed: int, quick: bool, advance) -> list[dict]:
     from precisionlab.runtime import cuda_timing as ct
 
-    torch = ct.torch()
+    torch = import_torch()
     n = 4096 if quick else 8192
     g = torch.Generator(device="cuda").manual_seed(seed)
     a = torch.randn(n, n, device="cuda", generator=g)
@@ -309,7 +321,7 @@ SPLITK_SPLITS = 8
 def splitk_gpu(seed: int, quick: bool, advance) -> list[dict]:
     from precisionlab.runtime import cuda_timing as ct
 
-    torch = ct.torch()
+    torch = import_torch()
     m, k, n = SPLITK_SHAPE
     g = torch.Generator(device="cuda").manual_seed(seed)
     a = torch.randn(m, k, device="cuda", generator=g)

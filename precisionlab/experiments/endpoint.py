@@ -203,7 +203,7 @@ class _Runner:
                 if failed:
                     raise failed[0].exception()
                 self.out_of_time = True
-        return [r for (_, target), f in zip(bodies, futures)
+        return [r for (_, target), f in zip(bodies, futures, strict=True)
                 if target and f.done() and not f.cancelled() and f.exception() is None
                 for r in [f.result()] if r is not None]
 

@@ -95,7 +95,7 @@ def _top_k_row(spec, eng, ref, ref_model, ids, targets, n, device, advance) -> d
         R = R.astype(np.float64)
         top = eng.top_logprobs(ids[start:stop + 1])
         bounds.append(distribution.kl_lower_bound_top_k(distribution.log_softmax(R), top))
-        agree.append(np.array([bool(t) and max(t, key=t.get) == int(np.argmax(r)) for t, r in zip(top, R)]))
+        agree.append(np.array([bool(t) and max(t, key=t.get) == int(np.argmax(r)) for t, r in zip(top, R, strict=False)]))
         advance()
     b, a = np.concatenate(bounds), np.concatenate(agree)
     checked = ("checked against the echo" if eng.echoes_prompt
@@ -169,7 +169,7 @@ def run(cfg: EnginesConfig, advance=lambda k=1: None) -> EnginesResult:
                 raise RunError(f"{spec}: {E.shape[1]} logits per position against the reference's {R.shape[1]}")
             stats = distribution.position_stats(R, E, targets)
             eng_tokens, _ = _greedy(eng, eng_model, prompt_ids, cfg.steps)
-            div = next((i for i, (a, b) in enumerate(zip(ref_tokens, eng_tokens)) if a != b), None)
+            div = next((i for i, (a, b) in enumerate(zip(ref_tokens, eng_tokens, strict=False)) if a != b), None)
             margin = None
             if div is not None:
                 top = np.sort(ref_rows[div])[-2:]

@@ -4,7 +4,7 @@ outlier-injected data (one element per block scaled 10x, 30x, 100x), beside
 bf16 and per-tensor-scaled fp8.
 
 For each configuration and distribution (fp32 inputs, float64 references):
-  rel_rmse      numerics.compare.rel_l2(y, x): ||y - x|| / ||x|| exactly, y the
+  rel_l2        numerics.compare.rel_l2(y, x): ||y - x|| / ||x|| exactly (the relative RMSE), y the
                 dequantized values;
   clip_share    the share of blocks whose largest element clips: its scaled
                 magnitude exceeds the element format's max, so it comes back
@@ -127,7 +127,7 @@ class _Quantizer:
         rows, cols = x.shape
         results = [self._one(x, fmt, rule, block, d) for d in self.devices]
         y, codes = results[0]
-        for (y2, c2), d in zip(results[1:], self.devices[1:]):
+        for (y2, c2), d in zip(results[1:], self.devices[1:], strict=True):
             if not (np.array_equal(c2, codes) and np.array_equal(y2.view(np.uint32), y.view(np.uint32))):
                 raise RunError(f"{fmt}/{rule}/block {block}: the {d} kernels disagree with the host reference")
         return y.reshape(rows, cols), codes.reshape(rows, cols)
@@ -268,7 +268,7 @@ def run(cfg: FormatsConfig, advance=lambda k=1: None) -> FormatsResult:
                 stats = {
                     "format": fmt, "element": f.element.name, "scale": f.scale.name, "rule": rule, "block": block,
                     "dist": dist, "bits_per_element": f.element.bits + f.scale.bits / block,
-                    "rel_rmse": comparison.rel_l2(y, vec), "clip_share": _clip_share(y, vec, codes, block, f.element),
+                    "rel_l2": comparison.rel_l2(y, vec), "clip_share": _clip_share(y, vec, codes, block, f.element),
                     "flush_share": _flush_share(y, vec),
                 }
                 for model in models:
@@ -281,7 +281,7 @@ def run(cfg: FormatsConfig, advance=lambda k=1: None) -> FormatsResult:
                         "format": name if name == "bf16" else f"{name} per-tensor", "element": name,
                         "scale": None if name == "bf16" else "fp64 per-tensor", "rule": None, "block": None,
                         "dist": dist, "bits_per_element": float(formats.get(name).bits),
-                        "rel_rmse": comparison.rel_l2(y, vec), "clip_share": None, "flush_share": _flush_share(y, vec),
+                        "rel_l2": comparison.rel_l2(y, vec), "clip_share": None, "flush_share": _flush_share(y, vec),
                     }
                     a_t, bt_t = _per_tensor(a, name), _per_tensor(bt, name)
                     for model in models:
@@ -314,8 +314,8 @@ def takeaways(rows: list[dict]) -> list[str]:
             o0 = max(o, key=lambda r: r["block"])
             g0 = _find(g, block=o0["block"]) or g[0]
             out.append(f"{fmt}, one 100x outlier per block of {o0['block']}: {o0['flush_share']:.1%} of elements flush "
-                       f"to zero (Gaussian: {g0['flush_share']:.1%}); relative RMSE {o0['rel_rmse']:.3g} "
-                       f"(Gaussian {g0['rel_rmse']:.3g}).")
+                       f"to zero (Gaussian: {g0['flush_share']:.1%}); relative RMSE {o0['rel_l2']:.3g} "
+                       f"(Gaussian {g0['rel_l2']:.3g}).")
     bf = _find(rows, format="bf16", dist="normal")
     fp8 = _find(rows, format="fp8_e4m3 per-tensor", dist="normal")
     mx8 = _find(rows, format="mxfp8_e4m3", rule="rceil", block=32, dist="normal")

@@ -57,6 +57,7 @@ from precisionlab.numerics import compare as comparison, distribution
 from precisionlab.catalog import formats
 from precisionlab.io import inputs
 from precisionlab.errors import NoDeviceError, RunError, UsageError
+from precisionlab.runtime.torch_import import import_torch
 
 FP8 = formats.FP8  # the caches' formats: fp32 and bf16 caches are the yardsticks
 SCALES = ("unit", "calibrated", "dynamic")
@@ -83,12 +84,6 @@ class KVCacheResult:
     takeaways: list[str]
 
 
-def _torch():
-    import torch
-
-    return torch
-
-
 class KVStore:
     """One layer's cache format: what it stores of K and V. Counts what it stores."""
 
@@ -106,7 +101,7 @@ class KVStore:
         return self._store(k, 0), self._store(v, 1)
 
     def _store(self, x, which: int):
-        torch = _torch()
+        torch = import_torch()
         y = x.float() * self.a
         self.amax[which] = max(self.amax[which], float(y.abs().max()))
         self.entries += y.numel()
@@ -178,7 +173,7 @@ def run(cfg: KVCacheConfig, advance=lambda k=1: None) -> KVCacheResult:
         raise UsageError(f"--activation-scale must be a positive finite number (got {cfg.activation_scale})")
     startup.check_run(cfg.steps, cfg.prompt)
     plan = devices.resolve(cfg.device)
-    torch = _torch()
+    torch = import_torch()
     from precisionlab.engines import charlm
 
     if plan.cuda and not torch.cuda.is_available():

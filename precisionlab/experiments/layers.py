@@ -144,7 +144,7 @@ def run(cfg: LayersConfig, advance=lambda k=1: None) -> LayersResult:
             tdt = formats.get(low).torch_dtype
             trusted = low_copy(engine, low)
             yours = low_copy(engine, low)
-            for inj, target in zip(injections, targets):
+            for inj, target in zip(injections, targets, strict=True):
                 hooks.apply(yours, inj, target, by_name)
             cap = captured_run(engine, yours, site_list, x)
             if dump_dir is not None:
@@ -183,7 +183,7 @@ def judge_rows(rows: list[dict]):
     flagged/rule/reason/flags/status set; returns the first divergence."""
     judged = [r.pop("_judged") for r in rows]
     first = divergence.first_divergence(judged)
-    for r, j in zip(rows, judged):
+    for r, j in zip(rows, judged, strict=True):
         r.update(divergence.row_fields(j.flags))
         r["status"] = "flagged" if r["flagged"] else "ok"
     return first
@@ -378,5 +378,5 @@ def _takeaways(first, div_by, pitfalls, injections, targets) -> list[str]:
     for p in pitfalls:
         out.append(f"{p['dtype']} pitfall at {p['module']}: {p['detail']}.")
     if injections:
-        out.append("injected: " + "; ".join(f"{i} (as {t})" for i, t in zip(injections, targets)))
+        out.append("injected: " + "; ".join(f"{i} (as {t})" for i, t in zip(injections, targets, strict=True)))
     return out

@@ -261,7 +261,7 @@ def apply_rules(rows: list[dict], views: list[str]) -> tuple[list[dict], dict]:
             judged.append(divergence.Judged(r["module"], v["error"], v["ratio"], found,
                                             rounding=divergence.rounding(view)))
         div = divergence.first_divergence(judged)
-        for (r, v), j in zip(seq, judged):
+        for (r, v), j in zip(seq, judged, strict=True):
             v.update(divergence.row_fields(j.flags))
             flags += [{"module": r["module"], "order": r["order"], "view": view, **f.as_dict()} for f in j.flags]
         first[view] = div.name if div else None

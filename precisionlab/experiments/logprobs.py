@@ -22,7 +22,7 @@ from precisionlab.errors import UsageError
 from precisionlab.io import inputs, logprob_streams
 from precisionlab.io.logprob_streams import Stream
 from precisionlab.numerics import logprobs as lpstats
-from precisionlab.numerics.metrics import exact_mean, exact_sum, exp_or_inf
+from precisionlab.numerics.metrics import exact_mean, exp_or_inf
 
 # Bytes per token the statistics hold at once (about twenty float64 arrays),
 # and per listed alternative (both lists, their matches and differences).

@@ -84,7 +84,7 @@ def _run(cfg: ModelConfig, engine, prompt, lows, device, t_load, n_threads, adva
         for i, row in enumerate(tf):
             check_finite(row, low, i, "teacher-forced, reading fp32's tokens")
         texts[low] = engine.decode(tokens)
-        div = next((i for i, (a, b) in enumerate(zip(tokens, ref_tokens)) if a != b), None)
+        div = next((i for i, (a, b) in enumerate(zip(tokens, ref_tokens, strict=False)) if a != b), None)
         step_reports = []
         for i in range(cfg.steps):
             rep = metrics.error_report(tf[i], ref_tf[i], None, 0.0, 0.0)

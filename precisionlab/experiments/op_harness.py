@@ -25,6 +25,7 @@ from typing import Callable
 import numpy as np
 
 from precisionlab.errors import UsageError
+from precisionlab.runtime.torch_import import import_torch
 
 BATCH_SIZES = (1, 2, 3, 8, 64, 257, 1024)
 DETERMINISM_CALLS = 10
@@ -32,17 +33,11 @@ VOCAB = 151936
 LONG_ROW = 16384  # norms' long_rows: 4x the default row, the length step op_diagnosis' accumulation rule reads
 
 
-def _torch():
-    import torch
-
-    return torch
-
-
 @dataclass(frozen=True)
 class Case:
     name: str
     what: str
-    build: Callable  # (random_args, shape, seed) -> fp32 args; random_args is compare.make_inputs' tuple
+    build: Callable  # (random_args, shape, seed) -> fp32 args; random_args is op_inputs.make_inputs' tuple
 
 
 def _with_first(args: tuple, x) -> tuple:
@@ -64,7 +59,7 @@ def _logsumexp_cases() -> list[Case]:
 
 
 def _softmax_cases() -> list[Case]:
-    t = _torch
+    t = import_torch
     g = lambda seed: t().Generator().manual_seed(seed + 1)
 
     def vocab(args, shape, seed):
@@ -104,9 +99,9 @@ def _norm_cases() -> list[Case]:
 
     def long_rows(args, shape, seed):
         # the random case's distributions (x ~ N(0.5, 1), weight ~ 1 + 0.1 N, bias ~ 0.1 N) at another length
-        gen = _torch().Generator().manual_seed(seed + 4)
+        gen = import_torch().Generator().manual_seed(seed + 4)
         dev = args[0].device
-        rnd = lambda *s: _torch().randn(*s, generator=gen).to(dev)
+        rnd = lambda *s: import_torch().randn(*s, generator=gen).to(dev)
         out = (rnd(2, LONG_ROW) + 0.5, 1 + 0.1 * rnd(LONG_ROW))
         return out + ((0.1 * rnd(LONG_ROW),) if len(args) == 4 else ()) + (args[-1],)
 
@@ -122,7 +117,7 @@ def _norm_cases() -> list[Case]:
 
 
 def _matmul_cases() -> list[Case]:
-    t = _torch
+    t = import_torch
 
     def long_k(args, shape, seed):
         gen = t().Generator().manual_seed(seed + 2)
@@ -146,7 +141,7 @@ def _matmul_cases() -> list[Case]:
 
 
 def _rope_cases() -> list[Case]:
-    t = _torch
+    t = import_torch
 
     def positions(lo, hi):
         def build(args, shape, seed):
@@ -162,7 +157,7 @@ def _rope_cases() -> list[Case]:
 
 
 def _attention_cases() -> list[Case]:
-    t = _torch
+    t = import_torch
 
     def all_masked(args, shape, seed):
         q, k, v, ks = args
@@ -220,7 +215,7 @@ def select(op: str, text: str | None, from_file: bool = False) -> list[Case]:
 
 def output_problem(got, ref, expect_dtype) -> str | None:
     """Why `got` cannot stand for `ref`: not a tensor, wrong shape, wrong dtype."""
-    torch = _torch()
+    torch = import_torch()
     if got is None:
         return "returned None"
     if not isinstance(got, torch.Tensor):
@@ -321,7 +316,7 @@ def batched_inputs(op: str, shape: tuple, seed: int, device: str, make_inputs) -
 
 
 def _bits(t) -> np.ndarray:
-    torch = _torch()
+    torch = import_torch()
     t = t.detach().contiguous().cpu()
     view = {torch.float64: torch.int64, torch.float32: torch.int32, torch.bfloat16: torch.int16,
             torch.float16: torch.int16}.get(t.dtype)
@@ -331,7 +326,7 @@ def _bits(t) -> np.ndarray:
 def contracts(fn, call, args, take, dtype_name: str) -> list[dict]:
     """Batch invariance over BATCH_SIZES and determinism over
     DETERMINISM_CALLS calls, of fn on args already in the tested dtype."""
-    torch = _torch()
+    torch = import_torch()
     alone: dict[int, np.ndarray] = {}
     first_changed, changed_rows, checked = None, 0, 0
     per_batch = []

@@ -262,7 +262,7 @@ def evaluate(case: str, x: np.ndarray, fmt: Format, method: str, device: str, ma
     # row_sum_error: |sum - target| rounded once (fsum of the row and -target),
     # not the sum's double minus target (1 - 4e-18 would round to 1.0 first)
     sum_err = np.array([abs(metrics.exact_sum(np.append(r, -t))) if np.all(np.isfinite(r)) else math.nan
-                        for r, t in zip(y64, target)])
+                        for r, t in zip(y64, target, strict=True)])
     with np.errstate(invalid="ignore"):
         lse_err = np.abs((lse - ref_lse) - lse_lo)  # lse - ref_lse is exact near the reference (Sterbenz)
     lse_err[(lse == ref_lse) & np.isinf(ref_lse)] = 0.0  # the same infinity (a masked row under 'zero') agrees

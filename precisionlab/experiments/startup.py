@@ -121,7 +121,7 @@ def token_check(ref_ids: list[int], eng_ids: list[int] | None, name: str) -> str
         return "identical"
     if eng_ids[1:n + 1] == ref_ids and (not ref_ids or eng_ids[0] != ref_ids[0]):
         return f"bos shift (the engine prepends id {eng_ids[0]}; left out so both read the same tokens)"
-    at = next((i for i, (a, b) in enumerate(zip(ref_ids, eng_ids)) if a != b), min(n, len(eng_ids)))
+    at = next((i for i, (a, b) in enumerate(zip(ref_ids, eng_ids, strict=False)) if a != b), min(n, len(eng_ids)))
     raise RunError(f"{name}: its tokenizer differs from the reference's at token {at} "
                    f"(reference {ref_ids[at:at + 4]}, engine {eng_ids[at:at + 4]}); the two models do not read "
                    "the same text")

@@ -144,7 +144,7 @@ def _ordered(files: list[TensorFile], maps: list[dict[str, str]]) -> list[str]:
     """The first file that records an execution order gives it (dumps of this tool,
     .pt and .npz order); names it lacks follow in natural order."""
     union = list(dict.fromkeys(n for m in maps for n in m))
-    for f, m in zip(files, maps):
+    for f, m in zip(files, maps, strict=True):
         if f.order_recorded:
             back = {stored: new for new, stored in m.items()}
             first = [back[n] for n in f.names if n in back]
@@ -266,7 +266,9 @@ DTYPE_OPTIONS = ("--a-dtype", "--b-dtype", "--c-dtype")
 def parse_declared(dtypes: list[str | None], n_files: int) -> list[str | None]:
     """Each file's declared format (--a-dtype, ...), canonical, None where not given."""
     declared = list(dtypes) + [None] * (n_files - len(dtypes))
-    return [None if d is None else formats.parse_one(d, LOW_DTYPES, opt) for d, opt in zip(declared, DTYPE_OPTIONS)]
+    # as many as were given or as there are files: the options beyond either are not used
+    return [None if d is None else formats.parse_one(d, LOW_DTYPES, opt)
+            for d, opt in zip(declared, DTYPE_OPTIONS, strict=False)]
 
 
 def compare(cfg: CompareTensorsConfig, progress_factory=None) -> TensorsResult:
@@ -279,7 +281,7 @@ def compare(cfg: CompareTensorsConfig, progress_factory=None) -> TensorsResult:
     declared = parse_declared(cfg.dtypes, n_files)
     layout, renames = tensor_layout.parse(cfg.maps, cfg.layouts, cfg.transposes, cfg.reshapes, cfg.unshards)
     rules = parse_maps(renames)
-    files = [open_tensor_file(p, d) for p, d in zip(cfg.files, declared)]
+    files = [open_tensor_file(p, d) for p, d in zip(cfg.files, declared, strict=False)]  # --c-dtype unused with 2
     maps, mapped_side = _apply_maps(files, rules)
     files, maps, layout_notes = tensor_layout.arrange(files, maps, layout, labels(n_files))
     names = _ordered(files, maps)

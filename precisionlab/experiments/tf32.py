@@ -25,6 +25,7 @@ from precisionlab.catalog import formats
 from precisionlab.io import inputs
 from precisionlab.numerics import accumulators, metrics
 from precisionlab.errors import UsageError
+from precisionlab.runtime.torch_import import import_torch
 
 K_SWEEP = [256, 512, 1024, 2048, 4096, 8192, 16384]
 CPU_MODES = ["fp32", "tf32", "bf16", "fp16"]
@@ -116,14 +117,6 @@ def _run(cfg: Tf32Config, advance) -> Tf32Result:
 # torch's flags (precisionlab.runtime.torch_flags sets and restores them)
 
 
-def _torch():
-    try:
-        import torch
-    except ImportError:
-        return None
-    return torch
-
-
 def gpu_modes() -> list[str]:
     return [m for m in torch_flags.gpu_fp32_modes() if m not in refused_gpu_modes()] + list(formats.LOW_COMPUTE)
 
@@ -134,7 +127,7 @@ def refused_gpu_modes() -> dict[str, str]:
     torch >= 2.9 checks that the legacy flags and the newer fp32_precision
     agree when cuBLAS asks whether TF32 is allowed, and raises if they do not;
     setting fp32_precision alone, as its docs advise, can leave them apart."""
-    t = _torch()
+    t = import_torch(optional=True)
     refused = {}
     if t is None or not t.cuda.is_available() or not hasattr(t.backends.cuda.matmul, "fp32_precision"):
         return refused
@@ -217,7 +210,7 @@ def _integer_cpu() -> list[dict]:
 
 
 def _gpu_matmul(ta, tb, mode: str):
-    t = _torch()
+    t = import_torch(optional=True)
     if mode == "bf16":
         return ta.to(t.bfloat16) @ tb.to(t.bfloat16)
     if mode == "fp16":
@@ -229,7 +222,7 @@ def _gpu_matmul(ta, tb, mode: str):
 def _modes_gpu(a, b, advance) -> list[dict]:
     from precisionlab.runtime import cuda_timing as ct
 
-    t = _torch()
+    t = import_torch(optional=True)
     ta, tb = t.from_numpy(a).cuda(), t.from_numpy(b).cuda()
     ref = (ta.double() @ tb.double()).cpu().numpy()
     m, k = a.shape
@@ -255,7 +248,7 @@ def _null():
 
 
 def _integer_gpu() -> list[dict]:
-    t = _torch()
+    t = import_torch(optional=True)
     # big enough that cuBLAS takes a tensor-core kernel when TF32 is allowed
     # (a small product may run on the fp32 pipes and hide the lesson)
     a, b, want = integer_problem(512, 1024, 1024)
@@ -284,7 +277,7 @@ def _sweep(cfg: Tf32Config, device: str, advance) -> list[dict]:
             ref = a.astype(np.float64) @ b.astype(np.float64)
             results = {mode: matmul_emulated(a, b, mode) for mode in CPU_MODES}
         else:
-            t = _torch()
+            t = import_torch(optional=True)
             ta, tb = t.from_numpy(a).cuda(), t.from_numpy(b).cuda()
             ref = (ta.double() @ tb.double()).cpu().numpy()
             results = {mode: _gpu_matmul(ta, tb, mode).float().cpu().numpy() for mode in gpu_modes()}

@@ -45,6 +45,7 @@ import numpy as np
 from precisionlab import native
 from precisionlab.catalog import formats
 from precisionlab.numerics.metrics import exact_mean
+from precisionlab.report.console import printable
 from precisionlab.runtime import interrupt
 from precisionlab.errors import RunError, UsageError
 
@@ -142,12 +143,12 @@ def _last_line(path: str) -> str:
             lines = [ln.strip() for ln in f if ln.strip()]
     except OSError:
         return ""
-    return _printable(lines[-1] if lines else "")
+    return _shown(lines[-1] if lines else "")
 
 
-def _printable(line: str) -> str:
-    """A line from a rank, shown as text: control characters escaped, cut short."""
-    return "".join(c if c.isprintable() else f"\\x{ord(c):02x}" for c in line)[:300]
+def _shown(line: str) -> str:
+    """A line from a rank, shown as text: escaped (report.console's one rule), cut short."""
+    return printable(line)[:300]
 
 
 def _stop(procs: list[subprocess.Popen]) -> None:
@@ -241,7 +242,7 @@ def _failure_record(tmp: str, r: int) -> tuple[float, str] | None:
     try:
         with open(os.path.join(tmp, f"{r}.fail"), errors="replace") as f:
             when, line = f.read().rstrip("\n").split("\t", 1)
-        return float(when), _printable(line)
+        return float(when), _shown(line)
     except (OSError, ValueError):
         return None
 

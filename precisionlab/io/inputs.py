@@ -291,8 +291,6 @@ def npy_header(f) -> tuple[tuple, np.dtype]:
     path or an open binary stream positioned at the start of the array (an
     .npz member: only its header is decompressed). Pickled (object) arrays
     are refused: they are never loaded."""
-    from numpy.lib import format as npy_format
-
     if isinstance(f, (str, os.PathLike)):
         try:
             fh = open(f, "rb")

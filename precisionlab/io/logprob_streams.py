@@ -383,7 +383,7 @@ def _from_records(records, name: str, kind: str, where: str) -> Stream:
     if all(t is not None for t in toks):
         st.tokens = [s for t in toks for s in t]
     if any(t is not None for t in tops):
-        _dense_tops(st, [e for t, n in zip(tops, lengths) for e in (t if t is not None else [None] * n)], where)
+        _dense_tops(st, [e for t, n in zip(tops, lengths, strict=True) for e in (t if t is not None else [None] * n)], where)
     return st
 
 

@@ -182,7 +182,7 @@ def _wild_groups(pattern: str, name: str) -> list[str] | None:
 
 def _fill(pattern: str, groups) -> str:
     pieces = pattern.split("*")
-    return pieces[0] + "".join(g + p for g, p in zip(groups, pieces[1:]))
+    return pieces[0] + "".join(g + p for g, p in zip(groups, pieces[1:], strict=True))
 
 
 def _first(globs: list[str], name: str) -> int | None:
@@ -214,7 +214,7 @@ def arrange(files: list[TensorFile], maps: list[dict[str, str]], spec: LayoutSpe
     where that makes a tensor's shapes agree. Returns (files, name maps: new
     name -> the file's key, per-tensor notes); a key is the stored name, or
     for a composite what it is made of ('A + B', 'X.shard0, X.shard1')."""
-    entries = [{new: _plain(f, stored) for new, stored in m.items()} for f, m in zip(files, maps)]
+    entries = [{new: _plain(f, stored) for new, stored in m.items()} for f, m in zip(files, maps, strict=True)]
     keys = [dict(m) for m in maps]
     ours = len(files) - 1
     _unshard(entries[ours], keys[ours], spec, files[ours].path)
@@ -230,7 +230,7 @@ def arrange(files: list[TensorFile], maps: list[dict[str, str]], spec: LayoutSpe
             if said:
                 notes.setdefault(name, []).append(said)
     views = []
-    for f, m, es, ks in zip(files, maps, entries, keys):
+    for f, es, ks in zip(files, entries, keys, strict=True):
         order = {stored: i for i, stored in enumerate(f.names)}
         ks_sorted = sorted(es, key=lambda n: order.get(ks[n].split(" + ")[0].split(", ")[0], len(order)))
         views.append(_view(f, {ks[n]: es[n] for n in ks_sorted}))
@@ -276,7 +276,7 @@ def _concat(base: str, names: list[str], parts: list[_Entry], dim: int) -> _Entr
     if not -rank <= dim < rank:
         raise UsageError(f"--unshard {base}: DIM {dim} is out of range for shards of shape {dims(parts[0].shape)}")
     d = dim % rank
-    for n, p in zip(names, parts):
+    for n, p in zip(names, parts, strict=True):
         if len(p.shape) != rank or p.shape[:d] + p.shape[d + 1:] != parts[0].shape[:d] + parts[0].shape[d + 1:]:
             raise UsageError(f"--unshard {base}: shard {n!r} is {dims(p.shape)}, shard {names[0]!r} "
                              f"{dims(parts[0].shape)}: they may differ along dim {dim} only")
@@ -350,8 +350,8 @@ def _reshape_all(es: dict[str, _Entry], spec: LayoutSpec) -> None:
             glob, shape = spec.reshapes[i]
             _reshape(name, e, shape, f"--reshape {glob}={','.join(map(str, shape))}")
     for opt, i in sorted(unused):
-        glob = {"--layout": lambda: spec.layouts[i][0], "--transpose": lambda: spec.transposes[i],
-                "--reshape": lambda: spec.reshapes[i][0]}[opt]()
+        glob = (spec.layouts[i][0] if opt == "--layout" else spec.transposes[i] if opt == "--transpose"
+                else spec.reshapes[i][0])
         raise UsageError(f"{opt} {glob}: matches no tensor of YOURS")
 
 
@@ -396,7 +396,7 @@ def _squeeze(entries: list[_Entry], labels: list[str]) -> str | None:
         return None
     target = bare.pop()
     said = {}
-    for lab, e in zip(labels, entries):
+    for lab, e in zip(labels, entries, strict=True):
         if e.shape != target:
             said.setdefault((e.shape, target), []).append(lab)
             e.shape = target

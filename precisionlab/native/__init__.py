@@ -253,6 +253,18 @@ def sort_by_magnitude(x: np.ndarray, descending: bool = False, out: np.ndarray |
     return out
 
 
+def arranged(x: np.ndarray, order: str) -> np.ndarray:
+    """x arranged in one of the catalog's input orders (a sum variant's `order`,
+    INPUT_ORDERS), in a new float64 array: what a reordered variant's kernel runs on."""
+    if order not in INPUT_ORDERS:
+        raise ValueError(f"arranged: unknown order {order!r}; one of {', '.join(INPUT_ORDERS)}")
+    if order == "as_given":
+        return np.array(x, dtype=np.float64)
+    if order == "reversed":
+        return np.ascontiguousarray(_as_f64(x)[::-1])
+    return sort_by_magnitude(x, descending=order == "descending_abs")
+
+
 def sort_float32_by_magnitude(x: np.ndarray, descending: bool = False, out: np.ndarray | None = None) -> np.ndarray:
     """sort_by_magnitude for x whose values are all float32 values, with no work
     array (UsageError otherwise)."""
@@ -355,7 +367,7 @@ def softmax_cuda_plan(rows: int, cols: int, dtype_code: int, method: str, sm_cou
     rows a block, cluster size."""
     plan = (ctypes.c_int32 * len(SOFTMAX_PLAN_FIELDS))()
     _call("pl_softmax_cuda_plan", rows, cols, dtype_code, _variant_id("softmax", method), sm_count, ctypes.addressof(plan))
-    out = dict(zip(SOFTMAX_PLAN_FIELDS, plan))
+    out = dict(zip(SOFTMAX_PLAN_FIELDS, plan, strict=True))
     out["variant"] = next(v.name for v in variants("softmax") if v.id == out["variant"])
     return out
 

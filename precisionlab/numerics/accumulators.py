@@ -297,6 +297,27 @@ def parse(text: str) -> Accumulator:
     return acc
 
 
+def published_names() -> tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...]]:
+    """(kinds, roundings, aligns) as the library publishes them (pl_accumulator_*_info);
+    this module's own KINDS, ROUNDINGS, ALIGNS where it does not load (the numpy
+    backend runs the same models; tests/test_accumulators.py holds the two equal)."""
+    try:
+        return (tuple(native.accumulator_kinds()), tuple(native.accumulator_roundings()),
+                tuple(native.accumulator_aligns()))
+    except RunError:
+        return KINDS, ROUNDINGS, ALIGNS
+
+
+def spellings_help() -> str:
+    """Every model's spelling and every field a model takes, for --help: built from
+    the published names, so a kind, rounding or alignment the library adds is listed."""
+    kinds, roundings, aligns = published_names()
+    names = [f"{k}:N" if k == "promote" else k for k in kinds]  # promote's interval N is part of its name
+    limited = " and ".join(n for k, n in zip(kinds, names, strict=True) if k in LIMITED)
+    return (f"{', '.join(names)}; {limited} take :bits=B :group=G :rounding={'|'.join(roundings)} "
+            f":align={'|'.join(aligns)} :out=O, every model :order={'|'.join(ORDERS)}")
+
+
 def library_formats() -> frozenset[str]:
     """The formats the library's matmul_acc takes (its catalog's table); none where it does not load."""
     try:

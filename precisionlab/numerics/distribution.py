@@ -22,6 +22,7 @@ Conventions, declared once here:
 
 from __future__ import annotations
 
+import itertools
 import math
 from dataclasses import dataclass
 from fractions import Fraction
@@ -292,7 +293,7 @@ def summarize(s: PositionStats) -> dict:
 
 def flips_by_margin(s: PositionStats) -> list[dict]:
     out = []
-    for lo, hi in zip(MARGIN_EDGES[:-1], MARGIN_EDGES[1:]):
+    for lo, hi in itertools.pairwise(MARGIN_EDGES):
         inside = (s.margin >= lo) & (s.margin < hi)
         if hi == math.inf:
             inside |= s.margin == math.inf

@@ -434,7 +434,7 @@ def _error_report_dd(a, r, r_lo, fmt, atol, rtol, fa, fr, nan_both) -> ErrorRepo
 
     kd = kr = 0
     best, flat_worst = -1.0, None
-    for i, m, ac, rc, lc, dh, dl in chunks():  # first pass: the largest error and the scales
+    for i, m, _ac, rc, _lc, dh, _dl in chunks():  # first pass: the largest error and the scales
         d = np.abs(dh)
         kd = max(kd, _exponent(dh))
         kr = max(kr, _exponent(rc))
@@ -444,7 +444,7 @@ def _error_report_dd(a, r, r_lo, fmt, atol, rtol, fa, fr, nan_both) -> ErrorRepo
     num, den, total = ExactSum(), ExactSum(), ExactSum()
     ulps = np.empty(n_both)
     at = 0
-    for i, m, ac, rc, lc, dh, dl in chunks():
+    for _i, _m, _ac, rc, lc, dh, dl in chunks():
         d = np.abs(dh)
         n_out += int(np.count_nonzero(d > atol + rtol * np.abs(rc)))
         _sum_squares_dd(dh, dl, kd, num)

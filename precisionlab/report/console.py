@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import math
 import os
-import re
 import sys
 from contextlib import contextmanager
 
@@ -15,22 +14,29 @@ from rich.markup import escape
 from rich.table import Table
 
 
-# Control characters a string from outside must not carry to the terminal: C0
-# (ESC, BEL, CR, ...), DEL, C1 (0x80-0x9f, which some terminals read as CSI/OSC)
-# and the bidirectional overrides that reorder a line as it is shown.
-_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069]")
+# The one escaping rule for strings from outside (a file, a model, a server, a
+# rank's output, the command line): a character is shown as itself when
+# str.isprintable() says so, as repr() decides; every other one as an escape.
+# That covers C0 (ESC, BEL, CR, ...), DEL, C1 (0x80-0x9f, which some terminals
+# read as CSI/OSC), the bidirectional overrides and other format characters
+# that reorder or hide text, the line and paragraph separators, lone surrogates
+# and unassigned code points.
+_NAMED = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
 
 
 def printable(s) -> str:
-    """str(s) with every control character shown as an escape (\\x1b, \\n,
-    \\u202e): what a plain-text line (an error) may print of a string from outside."""
-    return _CONTROL.sub(_escape_char, str(s))
+    """str(s) with every character str.isprintable() refuses shown as an
+    escape (\\n, \\x1b, \\u202e, \\U000e0001): what a plain-text line (an
+    error, a version string) may print of a string from outside."""
+    text = str(s)
+    if text.isprintable():  # the common case, in one C call
+        return text
+    return "".join(c if c.isprintable() else _escape_char(c) for c in text)
 
 
-def _escape_char(m) -> str:
-    c = m.group()
-    return {"\n": "\\n", "\r": "\\r", "\t": "\\t"}.get(c) or (
-        f"\\x{ord(c):02x}" if ord(c) < 0x100 else f"\\u{ord(c):04x}")
+def _escape_char(c: str) -> str:
+    o = ord(c)
+    return _NAMED.get(c) or (f"\\x{o:02x}" if o < 0x100 else f"\\u{o:04x}" if o < 0x10000 else f"\\U{o:08x}")
 
 
 def safe_text(s) -> str:
@@ -90,7 +96,7 @@ class _Console(Console):
         parts = [text(table.title)] if table.title else []
         for i in range(n_rows):
             parts.append(Text(f"-- row {i + 1} of {n_rows} --", style="dim"))
-            for c, col_cells in zip(columns, cells):
+            for c, col_cells in zip(columns, cells, strict=True):
                 line = Text("  ") + text(c.header) + Text(": ") + text(col_cells[i] if i < len(col_cells) else "")
                 line.overflow = "fold"
                 parts.append(line)
@@ -117,7 +123,7 @@ def _words_fit(console, table: Table, text) -> bool:
         return True
     pad = table.padding[1] + table.padding[3] if len(table.padding) == 4 else 2
     return all(_longest_word(text(cell)) <= w - pad
-               for col, w in zip(table.columns, widths) for cell in col.cells)
+               for col, w in zip(table.columns, widths, strict=True) for cell in col.cells)
 
 
 

@@ -27,7 +27,7 @@ def table(res) -> None:
             t.add_column(col, justify="right")
         for r in rows:
             t.add_row(r["format"], r["scale"] or "-", r["rule"] or "-", "-" if r["block"] is None else str(r["block"]),
-                      f"{r['bits_per_element']:.4g}", *((r["accumulator"],) if models else ()), sci(r["rel_rmse"]),
+                      f"{r['bits_per_element']:.4g}", *((r["accumulator"],) if models else ()), sci(r["rel_l2"]),
                       _pct(r["clip_share"]), _pct(r["flush_share"]), sci(r["matmul_rel_l2"]),
                       *((sci(r["accumulation_rel_l2"]),) if models else ()))
         stdout.print(t)
@@ -57,7 +57,7 @@ def plot(res, path: str) -> None:
     fig, ax = plt.subplots(figsize=(max(8.0, 0.28 * len(labels)), 5.5))
     try:
         for dist in res.params["dists"]:
-            by = {_label(r): r["rel_rmse"] for r in res.rows if r["dist"] == dist}
+            by = {_label(r): r["rel_l2"] for r in res.rows if r["dist"] == dist}
             ax.plot(range(len(labels)), [by.get(lb, float("nan")) for lb in labels], marker="o", ms=3, lw=1,
                     label=dist)
         ax.set_xticks(range(len(labels)))

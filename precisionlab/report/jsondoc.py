@@ -42,7 +42,8 @@ def jsonable(obj):
 # Every --json document's "schema_version": bumped when a field is renamed,
 # removed or changes meaning (adding a field keeps it), so scripts can check.
 SCHEMA_VERSION = 5  # 2: one name per quantity (docs/json.md); 3: "method" / "kernel" became "variant";
-# 4: compare logits' REF fields by role (ppl_ref, ...); 5: compare model's modes became verbs (issue 38)
+# 4: compare logits' REF fields by role (ppl_ref, ...); 5: compare model's modes became verbs (issue 38),
+# formats' rel_rmse became rel_l2 (the same quantity)
 
 
 def emit_json(command: str, doc: dict) -> None:

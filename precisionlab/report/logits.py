@@ -7,7 +7,7 @@ import numpy as np
 from rich.markup import escape
 from rich.table import Table
 
-from precisionlab.report.console import footer, hint, num, sci, stdout
+from precisionlab.report.console import footer, hint, num, safe_text, sci, stdout
 from precisionlab.report.jsondoc import emit_json
 
 # Rows of the main table: (label, key, formatter), one line per statistic.
@@ -21,11 +21,6 @@ STATS = (
     ("Δp mean", "dp_mean", sci), ("Δp RMS", "dp_rms", sci),
     ("perplexity", "ppl", lambda x: num(x, 6)), ("ln(PPL / PPL fp32)", "ln_ppl_ratio", sci),
 )
-
-
-def _printable(text: str) -> str:
-    """Control characters (from a file name) shown escaped, never sent to the terminal."""
-    return "".join(c if c.isprintable() else c.encode("unicode_escape").decode("ascii") for c in text)
 
 
 def show(res, plot: str | None, json_out: bool) -> None:
@@ -82,13 +77,13 @@ def _pm(v, se) -> str:
 
 
 def _side_head(r: dict) -> str:
-    return escape(r["side"] + "\n" + _printable(r["file"]))
+    return escape(r["side"]) + "\n" + safe_text(r["file"])
 
 
 def table_files(res) -> None:
     p = res.params
     title = f"compare logits: REF {p['ref']} ({p['ref_dtype']}), {p['tokens']} positions"
-    stdout.print(escape(_printable(title)), highlight=False)
+    stdout.print(safe_text(title), highlight=False)
     if not res.rows:
         footer(None, res.takeaways)
         return
@@ -168,7 +163,7 @@ def table(res) -> None:
             title += f", logits + N(0, {p['noise_sigma']:g}²)"
     else:
         title = f"compare logits: {p['yours']} ({p['yours_dtype']}) against {p['ref']} ({p['ref_dtype']}), {p['tokens']} positions"
-    stdout.print(escape(_printable(title)), highlight=False)
+    stdout.print(safe_text(title), highlight=False)
     t = Table(title="next-token distributions" + (" against fp32" if model else " against REF"),
               title_justify="left")
     t.add_column("statistic")

@@ -72,7 +72,7 @@ def along_model(path: str, title: str, xs: list[int], series, names: list[str], 
 
     with figure(path, title, "module (execution order)", "rel-L2") as ax:
         for label, values, style in series:
-            pts = [(x, v) for x, v in zip(xs, values) if v is not None and math.isfinite(v) and v > 0]
+            pts = [(x, v) for x, v in zip(xs, values, strict=True) if v is not None and math.isfinite(v) and v > 0]
             if pts:
                 ax.plot([p[0] for p in pts], [p[1] for p in pts], style, marker=".", label=label)
         if any(line.get_ydata().size for line in ax.get_lines()):

@@ -146,7 +146,7 @@ def compact(title: str, rows: list[dict], name_key: str, numbers) -> tuple[Table
         t.add_column(head, justify="right")
     t.add_column("scale", justify="right")
     t.add_column("rule" if roomy else "status / rule")
-    for r, n in zip(rows, cells):
+    for r, n in zip(rows, cells, strict=True):
         status = r["status"] if r.get("compared", True) else ("missing" if r["status"].startswith("only") else "shape")
         status = f"[red]{safe_text(status)}[/red]" if r["flagged"] else f"[green]{safe_text(status)}[/green]"
         rule = rule_cell(r)
@@ -166,7 +166,7 @@ def compact(title: str, rows: list[dict], name_key: str, numbers) -> tuple[Table
 def _compact_tensors(res) -> None:
     p = res.params
     three = p["mode"] == "three-way"
-    files = ", ".join(f"{lab}={safe_text(f)}" for lab, f in zip(p["labels"], p["files"]))
+    files = ", ".join(f"{lab}={safe_text(f)}" for lab, f in zip(p["labels"], p["files"], strict=True))
     numbers = [("(2)", lambda r: sci(r["yardstick"])), ("(3)", lambda r: sci(r["rel_l2"])),
                ("ratio", lambda r: times(r["ratio"]))] if three else \
         [("rel L2", lambda r: sci(r["rel_l2"])), ("max abs", lambda r: sci(r["max_abs_error"])),
@@ -188,7 +188,7 @@ def table(res, wide: bool = False) -> None:
         return
     p = res.params
     three = p["mode"] == "three-way"
-    files = ", ".join(f"{lab}={safe_text(f)}" for lab, f in zip(p["labels"], p["files"]))
+    files = ", ".join(f"{lab}={safe_text(f)}" for lab, f in zip(p["labels"], p["files"], strict=True))
     t = Table(title=f"compare tensors ({p['mode']}): {files}", title_justify="left", highlight=False)
     t.add_column("name", overflow="fold")
     kinds = {_dtypes(r) for r in res.rows}

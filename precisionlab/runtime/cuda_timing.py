@@ -8,6 +8,8 @@ import math
 import statistics
 from dataclasses import dataclass
 
+from precisionlab.runtime.torch_import import import_torch
+
 L2_FLUSH_BYTES = 256 << 20  # several times any current L2
 # A spin kernel of ~1 ms (at ~2 GHz) ahead of each timed sample: the host
 # queues every launch of the sample while it runs, so a kernel shorter than
@@ -15,16 +17,10 @@ L2_FLUSH_BYTES = 256 << 20  # several times any current L2
 SPIN_CYCLES = 2_000_000
 
 
-def torch():
-    import torch as t
-
-    return t
-
-
 def rotating_buffers(n: int, dtype, seed: int, min_total: int = L2_FLUSH_BYTES) -> list:
     """Enough copies of an n-element random tensor that cycling through them
     never hits in L2 (at least two)."""
-    t = torch()
+    t = import_torch()
     g = t.Generator(device="cuda").manual_seed(seed)
     one = t.randn(n, device="cuda", dtype=t.float32, generator=g).to(dtype)
     k = max(2, math.ceil(min_total / max(1, one.numel() * one.element_size())))
@@ -61,7 +57,7 @@ def time_ms(fn, iters: int, warmup: int = 5, reps: int = 10) -> Timing:
     """Per-call time of fn(i) over max(iters, MIN_SAMPLES) samples. Each sample
     times `reps` back-to-back calls between two CUDA events, queued behind a
     spin kernel so that none of them waits for the host."""
-    t = torch()
+    t = import_torch()
     iters = max(iters, MIN_SAMPLES)
     for i in range(warmup):
         fn(i)
@@ -91,7 +87,7 @@ class Copy:
 
 
 def copy_bandwidth(nbytes: int, iters: int) -> Copy:
-    t = torch()
+    t = import_torch()
     n = nbytes // 4
     srcs = rotating_buffers(n, t.float32, 0)
     dsts = [t.empty_like(s) for s in srcs]

@@ -18,6 +18,7 @@ import os
 from contextlib import contextmanager
 
 from precisionlab.errors import UsageError
+from precisionlab.runtime.torch_import import import_torch
 
 # One more thread per this many floating-point operations in the largest
 # operation: ~2-5 ms of one core's fp32 work, well above the cost of waking a
@@ -72,18 +73,10 @@ def workers(tasks: int, threads: int | None = None) -> int:
     return max(1, min(tasks, check(threads) or cores()))
 
 
-def _torch():
-    try:
-        import torch
-    except ImportError:  # the commands that can run without torch say so themselves
-        return None
-    return torch
-
-
 @contextmanager
 def torch_scope():
     """Restores torch's intra-op thread count on exit; inside, `fit_torch` sets it."""
-    torch = _torch()
+    torch = import_torch(optional=True)
     before = torch.get_num_threads() if torch else None
     try:
         yield
@@ -103,7 +96,7 @@ def scoped(threads: int | None, work, *args):
 def fit_torch(threads: int | None, flops: float) -> int:
     """Set torch's intra-op threads for work of `flops` (or to --threads); the count."""
     n = choose(threads, flops)
-    torch = _torch()
+    torch = import_torch(optional=True)
     if torch and torch.get_num_threads() != n:
         torch.set_num_threads(n)
     return n

@@ -16,6 +16,8 @@ from __future__ import annotations
 import os
 from contextlib import contextmanager
 
+from precisionlab.runtime.torch_import import import_torch
+
 # The GPU fp32 matmul modes, each named after the switch that selects it (matmul_mode).
 FP32_OFF = "fp32 (tf32 off)"
 TF32_ALLOW = "tf32 (allow_tf32=True)"
@@ -24,17 +26,9 @@ MEDIUM = "medium (precision='medium')"
 TF32_FP32_PRECISION = "tf32 (fp32_precision='tf32')"  # torch >= 2.9 only
 
 
-def _torch():
-    try:
-        import torch
-    except ImportError:
-        return None
-    return torch
-
-
 def torch_flags() -> dict:
     """Every switch that decides an fp32 matmul's precision, as torch reports it."""
-    t = _torch()
+    t = import_torch(optional=True)
     out = {"CUBLAS_WORKSPACE_CONFIG": os.environ.get("CUBLAS_WORKSPACE_CONFIG")}
     if t is None:
         return out
@@ -57,7 +51,7 @@ def torch_flags() -> dict:
 @contextmanager
 def restored_flags():
     """Whatever the body sets, the precision switches are as before afterwards."""
-    t = _torch()
+    t = import_torch(optional=True)
     if t is None:
         yield
         return
@@ -90,7 +84,7 @@ def _ieee(t) -> None:
 def ieee_fp32():
     """fp32 means IEEE fp32 in the body: no TF32 in matmuls or convolutions,
     whatever torch's defaults; restored afterwards."""
-    t = _torch()
+    t = import_torch(optional=True)
     with restored_flags():
         if t is not None:
             _ieee(t)
@@ -99,7 +93,7 @@ def ieee_fp32():
 
 def gpu_fp32_modes() -> list[str]:
     """The GPU fp32 matmul modes this torch offers a switch for."""
-    t = _torch()
+    t = import_torch(optional=True)
     modes = [FP32_OFF, TF32_ALLOW, TF32_HIGH, MEDIUM]
     if t is not None and hasattr(t.backends.cuda.matmul, "fp32_precision"):
         modes.append(TF32_FP32_PRECISION)
@@ -110,7 +104,7 @@ def gpu_fp32_modes() -> list[str]:
 def matmul_mode(name: str):
     """One GPU fp32 matmul mode (gpu_fp32_modes), selected through the switch
     it names, from IEEE fp32; restored afterwards."""
-    t = _torch()
+    t = import_torch(optional=True)
     m = t.backends.cuda.matmul
     with restored_flags():
         _ieee(t)

@@ -73,7 +73,27 @@ def write(src: str, out: str, variant: str, source: str | None = None) -> list[s
     if variant in _LLAMA_QUANTIZED:
         return _quantized(src, out, variant, source)
     import gguf
-    import numpy as np
+
+    cfg, arch, model, tokens = _read_folder(src)
+    qtype = {"f32": gguf.GGMLQuantizationType.F32, "f16": gguf.GGMLQuantizationType.F16,
+             "bf16": gguf.GGMLQuantizationType.BF16, "q8_0": gguf.GGMLQuantizationType.Q8_0,
+             "q4_0": gguf.GGMLQuantizationType.Q4_0}[variant]
+    ftype = {"f32": gguf.LlamaFileType.ALL_F32, "f16": gguf.LlamaFileType.MOSTLY_F16,
+             "bf16": gguf.LlamaFileType.MOSTLY_BF16, "q8_0": gguf.LlamaFileType.MOSTLY_Q8_0,
+             "q4_0": gguf.LlamaFileType.MOSTLY_Q4_0}[variant]
+    w = gguf.GGUFWriter(out, arch)
+    changes = _write_metadata(w, cfg, arch, tokens, ftype, source)
+    changes += _write_tensors(w, model, cfg, arch, variant, qtype)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return changes
+
+
+def _read_folder(src: str):
+    """(config, llama.cpp architecture, the fp32 model, the GGUF token strings) of
+    the folder, refused where this writer cannot translate it."""
     import torch
     import transformers
 
@@ -90,19 +110,16 @@ def write(src: str, out: str, variant: str, source: str | None = None) -> list[s
         raise UsageError("--to gguf: only a character (single-byte token) vocabulary is translated by this writer")
     bu = _byte_unicode()
     tokens = [bu[t.encode()[0]] for t, _ in vocab]
-    changes = []
     n_vocab = int(cfg["vocab_size"])
     if n_vocab != len(tokens):
         raise UsageError(f"--to gguf: the tokenizer has {len(tokens)} tokens, the model {n_vocab} rows")
+    return cfg, arch, model, tokens
 
-    qtype = {"f32": gguf.GGMLQuantizationType.F32, "f16": gguf.GGMLQuantizationType.F16,
-             "bf16": gguf.GGMLQuantizationType.BF16, "q8_0": gguf.GGMLQuantizationType.Q8_0,
-             "q4_0": gguf.GGMLQuantizationType.Q4_0}[variant]
-    ftype = {"f32": gguf.LlamaFileType.ALL_F32, "f16": gguf.LlamaFileType.MOSTLY_F16,
-             "bf16": gguf.LlamaFileType.MOSTLY_BF16, "q8_0": gguf.LlamaFileType.MOSTLY_Q8_0,
-             "q4_0": gguf.LlamaFileType.MOSTLY_Q4_0}[variant]
 
-    w = gguf.GGUFWriter(out, arch)
+def _write_metadata(w, cfg: dict, arch: str, tokens: list[str], ftype, source: str | None) -> list[str]:
+    """The model's sizes, RoPE and tokenizer as llama.cpp reads them; what was changed on the way."""
+    import gguf
+
     head_dim = int(cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"])
     theta = float((cfg.get("rope_parameters") or {}).get("rope_theta", cfg.get("rope_theta", 10000.0)))
     w.add_name("precisionlab export")
@@ -127,11 +144,18 @@ def write(src: str, out: str, variant: str, source: str | None = None) -> list[s
     w.add_token_merges(["\u0100 \u0100"])  # never applies: a merge llama.cpp requires the list to exist
     w.add_add_bos_token(False)
     w.add_add_eos_token(False)
-    changes.append(f"tokenizer: {len(tokens)} characters as byte-level BPE tokens with no merges "
-                   "(one byte, one token), no BOS/EOS added")
-    changes.append(f"rope: NEOX (rotate-half) style, freq_base {theta:g}, {head_dim} dimensions (llama.cpp's "
-                   f"{arch} layout)")
+    return [f"tokenizer: {len(tokens)} characters as byte-level BPE tokens with no merges "
+            "(one byte, one token), no BOS/EOS added",
+            f"rope: NEOX (rotate-half) style, freq_base {theta:g}, {head_dim} dimensions (llama.cpp's "
+            f"{arch} layout)"]
 
+
+def _write_tensors(w, model, cfg: dict, arch: str, variant: str, qtype) -> list[str]:
+    """Every tensor under its llama.cpp name, 2-D ones in `variant`; what was changed on the way."""
+    import gguf
+    import numpy as np
+
+    changes = []
     tied = bool(cfg.get("tie_word_embeddings")) or "lm_head.weight" not in dict(model.named_parameters())
     if tied:
         changes.append("head: tied; written once as token_embd (llama.cpp reuses it for the output)")
@@ -155,10 +179,6 @@ def write(src: str, out: str, variant: str, source: str | None = None) -> list[s
             w.add_tensor(g, q, raw_shape=q.shape, raw_dtype=qtype)
     if variant != "f32":
         changes.append(f"weights: every 2-D tensor as {variant.upper()} (round to nearest), the norm gains F32")
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
     return changes
 
 
