@@ -5,6 +5,7 @@ mechanism."""
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import os
 
@@ -133,3 +134,140 @@ def test_an_out_that_is_a_link_to_a_folder_is_refused_before_the_run(run, tmp_pa
     (tmp_path / "real").mkdir()
     (tmp_path / "link").symlink_to(tmp_path / "real")
     one_line(run("export", "embedded", "--to", to, "--out", str(tmp_path / "link")), 2, "symbolic link")
+
+
+# ---------------------------------------------------------------------------
+# (3) values from servers are validated; (4) a deadline for the whole request
+
+
+@contextlib.contextmanager
+def _server(answer, dribble: str | None = None):
+    """A local server on 127.0.0.1 for the length of a with block: POST answers `answer` (a str, the
+    body as sent: NaN spelled as JSON cannot), or sends it one header line or one body byte a second
+    (`dribble` "headers" or "body") until the client goes."""
+    import http.server
+    import threading
+    import time
+
+    class H(http.server.BaseHTTPRequestHandler):
+        def log_message(self, *a):
+            pass
+
+        def do_POST(self):
+            self.rfile.read(int(self.headers.get("Content-Length", 0)))
+            data = answer.encode()
+            try:
+                if dribble == "headers":
+                    self.wfile.write(b"HTTP/1.1 200 OK\r\n")
+                    for i in range(15):
+                        self.wfile.write(f"X-Slow-{i}: 1\r\n".encode())
+                        self.wfile.flush()
+                        time.sleep(1)
+                    return
+                self.send_response(200)
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                if dribble == "body":
+                    for b in data:
+                        self.wfile.write(bytes([b]))
+                        self.wfile.flush()
+                        time.sleep(1)
+                else:
+                    self.wfile.write(data)
+            except OSError:  # the client went away: what a deadline does
+                pass
+
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), H)
+    srv.daemon_threads = True
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    try:
+        yield f"http://127.0.0.1:{srv.server_address[1]}"
+    finally:
+        srv.shutdown()
+        srv.server_close()
+
+
+def _engine(url, vocab=("a", "b", "c"), opts=""):
+    from precisionlab.engines.openai import PER_POSITION, OpenAIEngine
+
+    e = OpenAIEngine(f"{url}{opts}", "cpu")
+    e.bind(lambda i: vocab[i], len(vocab))
+    return e, PER_POSITION
+
+
+def _echo_answer(value: str) -> str:
+    return ('{"choices": [{"logprobs": {"tokens": ["a", "b", "x"], "token_logprobs": [null, -1, null], '
+            '"top_logprobs": [null, {"a": %s, "b": -2.0}, null]}}]}' % value)
+
+
+def _content_answer(value: str, token_id: int = 1) -> str:
+    return ('{"choices": [{"text": "b", "logprobs": {"content": [{"id": 1, "token": "b", "logprob": -1, '
+            '"top_logprobs": [{"id": %d, "token": "b", "logprob": %s}]}]}}]}' % (token_id, value))
+
+
+@pytest.mark.parametrize("value, words", [("NaN", "nan"), ("Infinity", "inf"), ("50", "above 0"),
+                                          ('"-1"', "not a number"), ("true", "not a number")])
+@pytest.mark.parametrize("form", ["echo", "per-position"])
+def test_a_servers_log_prob_that_no_probability_has_is_a_failed_run(value, words, form):
+    """"logprob": NaN gave 'KLD >= nan', +50 'KLD >= inf', exit 0."""
+    from precisionlab.errors import RunError
+
+    body = _echo_answer(value) if form == "echo" else _content_answer(value)
+    with _server(body) as url:
+        e, per_position = _engine(url)
+        if form == "per-position":
+            e.settings["prompt_logprobs"] = per_position
+        with pytest.raises(RunError, match=words):
+            e.top_logprobs([0, 1])
+
+
+@pytest.mark.parametrize("form", ["echo", "per-position"])
+def test_a_near_certain_tokens_rounding_above_0_is_taken_as_0(form):
+    body = _echo_answer("1e-6") if form == "echo" else _content_answer("1e-6")
+    with _server(body) as url:
+        e, per_position = _engine(url)
+        if form == "per-position":
+            e.settings["prompt_logprobs"] = per_position
+        row = e.top_logprobs([0, 1])[0]
+    assert max(row.values()) == 0.0
+
+
+@pytest.mark.parametrize("token_id", [-1, 3, 10 ** 20])
+def test_a_token_id_outside_the_vocabulary_is_a_failed_run(token_id):
+    from precisionlab.errors import RunError
+
+    with _server(_content_answer("-0.5", token_id)) as url:
+        e, per_position = _engine(url)
+        e.settings["prompt_logprobs"] = per_position
+        with pytest.raises(RunError, match="outside the reference's vocabulary"):
+            e.top_logprobs([0, 1])
+
+
+@pytest.mark.parametrize("value", ["NaN", "50"])
+def test_nondeterminism_endpoints_log_probs_are_validated_too(value):
+    """The sibling: nondeterminism --endpoint's answers went through float(v) as well."""
+    import json
+
+    from precisionlab.errors import RunError
+    from precisionlab.experiments import endpoint
+
+    doc = json.loads('{"choices": [{"text": "x", "logprobs": {"tokens": ["x"], "token_logprobs": [%s], '
+                     '"top_logprobs": [{"x": -0.1}]}}]}' % value)
+    with pytest.raises(RunError, match="log-probability"):
+        endpoint.parse_completion(doc, "http://h")
+
+
+@pytest.mark.parametrize("dribble", ["headers", "body"])
+def test_a_server_that_dribbles_its_answer_ends_at_the_timeout(dribble):
+    """--engine "openai:URL,timeout=3" against a header line or a body byte a second: never ended."""
+    import time
+
+    from precisionlab.engines.openai import Client
+    from precisionlab.errors import RunError
+
+    with _server('{"choices": []}', dribble) as url:
+        t0 = time.monotonic()
+        with pytest.raises(RunError, match="within 2 s"):
+            Client(url + "/v1", 2).post("/completions", {"prompt": [1]})
+        took = time.monotonic() - t0
+    assert took < 2 + 3, took  # the deadline plus a loaded machine's slack, far from the 15 s dribble

@@ -120,6 +120,8 @@ def parse_completion(doc: dict, url: str) -> Completion:
             tops = [list(map(_num, (row or {}).values())) for row in lp.get("top_logprobs") or [None] * len(tokens)]
         else:
             tokens = []
+    except _Bad as e:
+        raise RunError(f"{url}: {e}") from None
     except (KeyError, TypeError, AttributeError, ValueError):
         raise RunError(f"{url}: choices[0].logprobs is not in a form this reads (OpenAI's tokens/token_logprobs/"
                        "top_logprobs, or content[])") from None
@@ -136,7 +138,12 @@ def parse_completion(doc: dict, url: str) -> Completion:
 
 
 def _num(v) -> float | None:
-    return None if v is None else float(v)
+    """A log-probability from the server: None where it gives none, else checked (inputs.logprob)."""
+    return None if v is None else inputs.logprob(v, "the server's answer", _Bad)
+
+
+class _Bad(ValueError):
+    """A log-probability that no probability has: parse_completion's one RunError line names it."""
 
 
 def summarize(comps: list[Completion]) -> dict:
