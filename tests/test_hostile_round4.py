@@ -271,3 +271,61 @@ def test_a_server_that_dribbles_its_answer_ends_at_the_timeout(dribble):
             Client(url + "/v1", 2).post("/completions", {"prompt": [1]})
         took = time.monotonic() - t0
     assert took < 2 + 3, took  # the deadline plus a loaded machine's slack, far from the 15 s dribble
+
+
+# ---------------------------------------------------------------------------
+# (5) engine knobs passed to C are bounded, the bound named
+
+
+@pytest.mark.parametrize("prefix, knobs, words", [
+    ("llamacpp", "threads=100000", ["threads=100000", "bound"]),
+    ("llamacpp", "threads=0", ["threads must be >= 1"]),
+    ("llamacpp", "ubatch=0", ["ubatch must be >= 1"]),
+    ("llamacpp", "batch=0", ["batch must be >= 1"]),
+    ("llamacpp", "batch=64,ubatch=128", ["ubatch=128", "n_batch"]),
+    ("llamacpp", "ctx=99999999999", ["ctx=99999999999", "bound"]),
+    ("llamacpp", "threads=" + "9" * 5000, ["too long"]),
+    ("onnx", "threads=100000", ["threads=100000", "bound"]),
+    ("onnx", "batch=10000000", ["batch=10000000", "bound"]),
+])
+def test_an_engine_knob_past_its_bound_is_refused_before_c_sees_it(tmp_path, monkeypatch, prefix, knobs, words):
+    """llamacpp:FILE,threads=100000 ended in SIGSEGV; ubatch=0 ran and reported n_ubatch=0."""
+    from precisionlab.engines import external, registry
+    from precisionlab.errors import UsageError
+
+    monkeypatch.setattr(external, "need_package", lambda *a: None)
+    f = tmp_path / ("m.gguf" if prefix == "llamacpp" else "m.onnx")
+    f.write_bytes(b"not opened: refused first")
+    with pytest.raises(UsageError) as e:
+        registry.resolve(f"{prefix}:{f},{knobs}")
+    assert all(w in str(e.value) for w in words), str(e.value)
+
+
+def test_a_knob_past_its_bound_is_one_line_from_the_cli(run, tmp_path, monkeypatch):
+    from precisionlab.engines import external
+
+    monkeypatch.setattr(external, "need_package", lambda *a: None)
+    f = tmp_path / "m.gguf"
+    f.write_bytes(b"not opened: refused first")
+    one_line(run("compare", "model", "--engine", f"llamacpp:{f},threads=100000"), 2, "threads=100000", "bound")
+
+
+def test_the_thread_bound_is_named_with_where_it_comes_from():
+    from precisionlab.engines import external
+    from precisionlab.errors import UsageError
+
+    bound = external.thread_bound()
+    assert 64 <= bound <= 1024
+    assert external.threads_opt({"threads": str(bound)}, "x") == bound
+    with pytest.raises(UsageError, match=f"bound of {bound} .*per CPU"):
+        external.threads_opt({"threads": str(bound + 1)}, "x")
+
+
+@pytest.mark.parametrize("knob, words", [("top=100000000000000000000", "top="), ("timeout=10000000", "timeout=")])
+def test_openai_top_and_timeout_are_bounded(knob, words):
+    """top=10^20 was sent to the server as is."""
+    from precisionlab.engines import registry
+    from precisionlab.errors import UsageError
+
+    with pytest.raises(UsageError, match=f"{words}.*bound"):
+        registry.resolve(f"openai:http://127.0.0.1:9,{knob}")

@@ -18,7 +18,7 @@ from __future__ import annotations
 import contextlib
 from pathlib import Path
 
-from precisionlab.engines.external import ExternalEngine, file_spec, int_opt, split_spec
+from precisionlab.engines.external import MAX_CTX, ExternalEngine, file_spec, int_opt, split_spec, threads_opt
 from precisionlab.errors import UsageError
 
 KEYS = {"kv": "KV cache type: f16 (llama.cpp's default) | f32 | bf16 | q8_0", "flash": "flash attention 0|1",
@@ -58,6 +58,29 @@ def _model_params(llama_cpp, **fields):
         module.llama_model_default_params = default
 
 
+def check_sizes(opts: dict) -> None:
+    """threads, batch, ubatch and ctx bounded before llama.cpp sees them: threads=100000 segfaulted
+    it, and ubatch=0 ran with a split it cannot use (it used another, unreported)."""
+    threads_opt(opts, "llamacpp", least=1)
+    batch = int_opt(opts, "batch", 512, "llamacpp", 1, MAX_CTX, "llama.cpp's n_ctx bound here")
+    int_opt(opts, "ubatch", min(512, batch), "llamacpp", 1, batch, "n_batch: a micro-batch splits a batch")
+    int_opt(opts, "ctx", 0, "llamacpp", 0, MAX_CTX, "2^20 positions; 0 is the model's own")
+
+
+def _used_sizes(llama_cpp, llm, settings: dict) -> None:
+    """n_batch and n_ubatch as llama.cpp set them (it clamps them to n_ctx and n_batch), beside
+    what was asked where they differ."""
+    try:
+        used = {"n_batch": int(llama_cpp.llama_n_batch(llm._ctx.ctx)),
+                "n_ubatch": int(llama_cpp.llama_n_ubatch(llm._ctx.ctx))}
+    except (AttributeError, TypeError):  # a llama-cpp-python without them: what was asked stands
+        return
+    for k, v in used.items():
+        if settings[k] != v:
+            settings[f"{k}_asked"] = settings[k]
+            settings[k] = v
+
+
 class LlamaCppEngine(ExternalEngine):
     @classmethod
     def check(cls, arg):
@@ -68,8 +91,7 @@ class LlamaCppEngine(ExternalEngine):
             raise UsageError("engine llamacpp: flash is 0 or 1")
         if opts.get("extra", "0") not in ("0", "1"):
             raise UsageError("engine llamacpp: extra is 0 or 1")
-        for k in ("threads", "batch", "ubatch", "ctx"):
-            int_opt(opts, k, 1, "llamacpp")
+        check_sizes(opts)
 
     def __init__(self, arg, device: str):
         self.check(arg)
@@ -78,10 +100,10 @@ class LlamaCppEngine(ExternalEngine):
         path, opts = split_spec(arg, "llamacpp", KEYS)
         self.path = path
         kv = opts.get("kv", "f16")
+        batch = int_opt(opts, "batch", 512, "llamacpp", 1)
         self.settings = {"kv_cache_type": kv, "flash_attn": opts.get("flash", "0") == "1",
-                         "n_threads": int_opt(opts, "threads", 1, "llamacpp"),
-                         "n_batch": int_opt(opts, "batch", 512, "llamacpp"),
-                         "n_ubatch": int_opt(opts, "ubatch", 512, "llamacpp")}
+                         "n_threads": threads_opt(opts, "llamacpp", least=1),
+                         "n_batch": batch, "n_ubatch": int_opt(opts, "ubatch", min(512, batch), "llamacpp", 1)}
         try:
             probe = llama_cpp.Llama(path, vocab_only=True, verbose=False)
             arch = probe.metadata.get("general.architecture", "")
@@ -100,6 +122,7 @@ class LlamaCppEngine(ExternalEngine):
         except (ValueError, RuntimeError) as e:
             raise UsageError(f"engine llamacpp:{path}: llama.cpp cannot load it ({str(e).splitlines()[0]})") from None
         self.settings["n_ctx"] = ctx
+        _used_sizes(llama_cpp, self.llm, self.settings)
         self.device = "cpu"
         self.name = f"llamacpp:{path}"
         self.vocab = int(self.llm.n_vocab())

@@ -38,6 +38,8 @@ KEYS = {"model": "the model name the endpoint serves", "top": "top_logprobs K (d
         "timeout": "seconds per request (default 60)",
         "lag": "0: echo's top_logprobs[j] is token j's distribution (OpenAI's rule, default); 1: token j+1's "
                "(llama-cpp-python 0.3.36's echo, one position late)"}
+MAX_TOP = 1000
+MAX_TIMEOUT_S = 86400
 ECHO = "echo (one request)"
 PER_POSITION = "one request per position (the server ignored or refused echo)"
 
@@ -172,8 +174,9 @@ class OpenAIEngine(ExternalEngine):
     def check(cls, arg):
         url, opts = split_spec(arg, "openai", KEYS)
         v1_base(url)
-        if int_opt(opts, "top", 5, "openai") < 1 or int_opt(opts, "timeout", 60, "openai") < 1:
-            raise UsageError("engine openai: top and timeout must be >= 1")
+        # bounded: top=10^20 went to the server as is, and a timeout past a day overflows the socket's
+        int_opt(opts, "top", 5, "openai", 1, MAX_TOP, "top_logprobs per position; vLLM's default allows 20")
+        int_opt(opts, "timeout", 60, "openai", 1, MAX_TIMEOUT_S, "seconds: a day")
         if int_opt(opts, "lag", 0, "openai") > 1:
             raise UsageError("engine openai: lag is 0 or 1")
 
