@@ -329,3 +329,42 @@ def test_openai_top_and_timeout_are_bounded(knob, words):
 
     with pytest.raises(UsageError, match=f"{words}.*bound"):
         registry.resolve(f"openai:http://127.0.0.1:9,{knob}")
+
+
+# ---------------------------------------------------------------------------
+# (6) every option that changes an allocation is in the estimate
+
+
+def test_attention_splits_are_in_the_memory_estimate(run, monkeypatch):
+    """--splits 1000000000 grew to 5.6 GB, then ended 'out of memory' (exit 1)."""
+    from precisionlab.experiments import attention
+    from precisionlab.numerics import flash_attention as fa
+
+    monkeypatch.setattr(fa, "attention", lambda *a, **k: pytest.fail("ran before the memory check"))
+    monkeypatch.setattr(attention.fa, "attention", fa.attention)
+    one_line(run("attention", "--seq", "256", "--rows", "8", "--dim", "8", "--splits", "1000000000"), 2,
+             "--splits 1000000000", "needs about")
+
+
+def test_the_attention_estimate_covers_many_splits_as_measured():
+    """The estimate against tracemalloc's peak of a run whose splits dominate (numpy reports to it)."""
+    import tracemalloc
+
+    import numpy as np
+
+    from precisionlab.numerics import flash_attention as fa
+    from precisionlab.runtime import memory
+
+    rows, seq, dim, splits = 8, 64, 8, 3000
+    cfg = fa.FlashConfig(block_c=16, splits=splits)
+    rng = np.random.default_rng(0)
+    q, k, v = rng.standard_normal((rows, dim)), rng.standard_normal((seq, dim)), rng.standard_normal((seq, dim))
+    tracemalloc.start()
+    try:
+        fa.attention(q, k, v, cfg)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    est = memory.attention(rows, seq, dim, 16, fa.CHUNK_ROWS, 0, splits) - memory.COMPARE_FIXED
+    assert peak <= est, (peak, est)
+    assert peak > memory.attention(rows, seq, dim, 16, fa.CHUNK_ROWS, 0, 1) - memory.COMPARE_FIXED  # splits count
