@@ -368,3 +368,56 @@ def test_the_attention_estimate_covers_many_splits_as_measured():
     est = memory.attention(rows, seq, dim, 16, fa.CHUNK_ROWS, 0, splits) - memory.COMPARE_FIXED
     assert peak <= est, (peak, est)
     assert peak > memory.attention(rows, seq, dim, 16, fa.CHUNK_ROWS, 0, 1) - memory.COMPARE_FIXED  # splits count
+
+
+# ---------------------------------------------------------------------------
+# (7) compare logits --plot; (9) its FAIL line's prefix
+
+
+def _logits_files(tmp_path, nan: bool = False, dtype: str | None = None):
+    import numpy as np
+    from safetensors.numpy import save_file
+
+    rng = np.random.default_rng(3)
+    ref = (rng.standard_normal((64, 17)) * 2).astype(np.float32)
+    yours = ref + np.float32(0.01) * rng.standard_normal(ref.shape).astype(np.float32)
+    if nan:
+        yours[[2, 7], 3] = np.nan
+    tok = rng.integers(0, 17, 64)
+    paths = []
+    for name, x in (("ref", ref), ("yours", yours)):
+        meta = {"window": "32", **({"dtype": dtype} if dtype else {})}
+        save_file({"logits": x, "tokens": tok.astype(np.int64)}, str(tmp_path / f"{name}.safetensors"), metadata=meta)
+        paths.append(str(tmp_path / f"{name}.safetensors"))
+    return paths
+
+
+@pytest.mark.parametrize("dtype", [None, "bf16"])
+def test_compare_logits_plot_is_drawn(run, tmp_path, dtype):
+    """'internal error: KeyError' from report/logits.py, declared dtype or not."""
+    pytest.importorskip("matplotlib")
+    ref, yours = _logits_files(tmp_path, dtype=dtype)
+    r = run("compare", "logits", ref, yours, "--plot", str(tmp_path / "x.png"))
+    assert r.code == 0, r.err
+    assert (tmp_path / "x.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_compare_logits_nan_fail_line_has_the_prefix(run, tmp_path):
+    ref, yours = _logits_files(tmp_path, nan=True)
+    r = run("compare", "logits", ref, yours)
+    assert r.code == 1
+    fails = [line for line in r.err.splitlines() if "FAIL" in line]
+    assert fails and all(line.startswith("precisionlab: FAIL") for line in fails), r.err
+
+
+def test_the_references_perplexity_has_one_name():
+    """ppl_fp32 in compare model --metrics, ppl_ref in compare logits: docs/json.md's role name wins."""
+    import numpy as np
+
+    from precisionlab.numerics import distribution
+
+    x = np.random.default_rng(0).standard_normal((8, 5))
+    lp = distribution.log_softmax(x)
+    st = distribution.position_stats(x, x, np.zeros(8, dtype=np.int64))
+    row = distribution.summarize(st)
+    assert "ppl_ref" in row and "ppl_fp32" not in row

@@ -41,8 +41,8 @@ def jsonable(obj):
 
 # Every --json document's "schema_version": bumped when a field is renamed,
 # removed or changes meaning (adding a field keeps it), so scripts can check.
-SCHEMA_VERSION = 4  # 2: one name per quantity (docs/json.md); 3: "method" / "kernel" became "variant";
-# 4: compare logits' REF fields by role (ppl_ref, ...)
+SCHEMA_VERSION = 5  # 2: one name per quantity (docs/json.md); 3: "method" / "kernel" became "variant";
+# 4: compare logits' REF fields by role (ppl_ref, ...); 5: compare model --metrics' ppl_fp32 is ppl_ref too
 
 
 def emit_json(command: str, doc: dict) -> None:
