@@ -6,6 +6,7 @@ mechanism."""
 from __future__ import annotations
 
 import contextlib
+import math
 import importlib.util
 import os
 
@@ -421,3 +422,43 @@ def test_the_references_perplexity_has_one_name():
     st = distribution.position_stats(x, x, np.zeros(8, dtype=np.int64))
     row = distribution.summarize(st)
     assert "ppl_ref" in row and "ppl_fp32" not in row
+
+
+# ---------------------------------------------------------------------------
+# (8) compare logprobs' std_ratio: +inf where it is, all its digits near 1
+
+
+def _std_ratio_exact(d):
+    """The population standard deviation of exp(d_i), to 60 digits (mpmath; each d_i a double, exact)."""
+    mpmath = pytest.importorskip("mpmath")
+    with mpmath.workdps(60):
+        r = [mpmath.exp(mpmath.mpf(float(x))) for x in d]
+        m = mpmath.fsum(r) / len(r)
+        return mpmath.sqrt(mpmath.fsum((x - m) ** 2 for x in r) / len(r))
+
+
+@pytest.mark.parametrize("d", [[1e-7, -1e-7, 3e-8, 0.0], [2e-9, -5e-10, 1e-12, 7e-9, -3e-9],
+                               [0.5, -0.25, 1e-7, 3.0], [700.0, -1.0, 0.0]])
+def test_std_ratio_keeps_its_digits(d):
+    """r = 1 +- 1e-7 kept about 10 digits (r - mean(r)); expm1's deviations keep them."""
+    import numpy as np
+
+    from precisionlab.numerics import logprobs
+
+    k = 700.0 if max(d) >= 700 else 0.0  # log-probs <= 0 where a ratio is huge: Delta = (d - k) - (-k) = d exactly
+    a, b = np.array(d) - k, np.full(len(d), -k)
+    assert (a - b).tolist() == d
+    got = logprobs.token_stats(a, b)["std_ratio"]
+    want = _std_ratio_exact(d)
+    assert abs(got - float(want)) <= 4e-16 * float(want) * len(d), (got, want)
+
+
+def test_std_ratio_past_float64_is_inf_not_nan():
+    """A ratio past float64 (Delta > 709.8): std_ratio printed nan, mean_ratio and chi2 said inf."""
+    import numpy as np
+
+    from precisionlab.numerics import logprobs
+
+    a, b = np.array([-1.0, -2.0, -3.0]), np.array([-801.0, -2.0, -2.0])  # Delta 800, 0, -1
+    row = logprobs.token_stats(a, b)
+    assert row["std_ratio"] == math.inf and row["mean_ratio"] == math.inf and row["chi2"] == math.inf
