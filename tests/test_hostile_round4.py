@@ -154,6 +154,9 @@ def _server(answer, dribble: str | None = None):
         def log_message(self, *a):
             pass
 
+        def do_GET(self):  # /v1/models: not served (a server without the route is fine)
+            self.send_error(404)
+
         def do_POST(self):
             self.rfile.read(int(self.headers.get("Content-Length", 0)))
             data = answer.encode()
@@ -462,3 +465,20 @@ def test_std_ratio_past_float64_is_inf_not_nan():
     a, b = np.array([-1.0, -2.0, -3.0]), np.array([-801.0, -2.0, -2.0])  # Delta 800, 0, -1
     row = logprobs.token_stats(a, b)
     assert row["std_ratio"] == math.inf and row["mean_ratio"] == math.inf and row["chi2"] == math.inf
+
+
+# ---------------------------------------------------------------------------
+# (9) nondeterminism: --prompt without --endpoint; zero answers
+
+
+def test_nondeterminism_prompt_without_endpoint_is_refused(run):
+    """--prompt hi without --endpoint ran the sections and ignored the prompt."""
+    one_line(run("nondeterminism", "--prompt", "hi"), 2, "--prompt", "--endpoint")
+
+
+def test_nondeterminism_endpoint_with_zero_answers_is_a_failed_run(run):
+    """Every request cut short by --time-limit: a table of 'answered 0', exit 0."""
+    with _server('{"choices": []}', "headers") as url:
+        r = run("nondeterminism", "--endpoint", url, "--requests", "2", "--concurrency", "1", "--cache", "on",
+                "--time-limit", "1")
+    one_line(r, 1, "no completion answered")

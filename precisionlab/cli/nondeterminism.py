@@ -10,7 +10,7 @@ from precisionlab.cli.options import DeviceOpt, SeedOpt, JsonOpt
 from precisionlab.engines.registry import DEFAULT_PROMPT
 from precisionlab.errors import UsageError
 
-_ENDPOINT_ONLY = "--requests, --concurrency, --mix, --other-prompts, --cache, --max-tokens, --time-limit, " \
+_ENDPOINT_ONLY = "--prompt, --requests, --concurrency, --mix, --other-prompts, --cache, --max-tokens, --time-limit, " \
                  "--request-timeout, --served-model"
 
 
@@ -20,7 +20,7 @@ def command(
     sections: Annotated[Optional[str], typer.Option("--sections", help="Comma list: atomics, splitk, batch, torch_ops, threads, tp.")] = None,
     plot: Annotated[Optional[str], typer.Option("--plot", help="Histogram of the atomic results, in ulps around fsum, to this file (.png, .svg, .pdf, ...).")] = None,
     endpoint: Annotated[Optional[str], typer.Option("--endpoint", help="An OpenAI-compatible server's URL (http://HOST:PORT): send one prompt N times at temperature 0 and count the unique completions, instead of the sections. Only this URL is contacted.")] = None,
-    prompt: Annotated[str, typer.Option("--prompt", help="--endpoint: the prompt sent N times.")] = DEFAULT_PROMPT,
+    prompt: Annotated[Optional[str], typer.Option("--prompt", help="--endpoint: the prompt sent N times.", show_default=False)] = None,
     requests: Annotated[Optional[int], typer.Option("--requests", help="--endpoint: requests a run (default 100).", show_default=False)] = None,
     concurrency: Annotated[Optional[int], typer.Option("--concurrency", help="--endpoint: requests in flight in the concurrent and mixed runs (default 4; 1: only the sequential run).", show_default=False)] = None,
     mix: Annotated[bool, typer.Option("--mix", help="--endpoint: also a run that interleaves other prompts with the prompt's requests (their batch mates).")] = False,
@@ -37,7 +37,7 @@ def command(
     """Run-to-run and batch-size variation: atomics, split-K, batch invariance, torch ops, threads, tensor parallel; or, with --endpoint, a server's unique completions of one prompt."""
     from precisionlab.report.output import Output
 
-    endpoint_opts = (requests, concurrency, other_prompts, cache, max_tokens, time_limit, request_timeout,
+    endpoint_opts = (prompt, requests, concurrency, other_prompts, cache, max_tokens, time_limit, request_timeout,
                      served_model)
     if endpoint is None:
         if mix or any(v is not None for v in endpoint_opts):
@@ -49,6 +49,7 @@ def command(
         from precisionlab.io import inputs
         from precisionlab.report import endpoint as ep_report
 
+        prompt = DEFAULT_PROMPT if prompt is None else prompt
         for i, text in enumerate([prompt, *(other_prompts or [])]):
             inputs.check_text(text, "--prompt" if i == 0 else "--other-prompts")
 

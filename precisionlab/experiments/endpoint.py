@@ -246,6 +246,9 @@ def run(cfg: EndpointConfig, advance=lambda k=1: None) -> Rows:
                 else:
                     row.update({"answered": 0, "unique": None})
                 rows.append(row)
+    if not any(r.get("answered") for r in rows):  # nothing to count: a failed run, not a table of zeros
+        raise RunError(f"{base}/completions: no completion answered within --time-limit {cfg.time_limit:g} s "
+                       f"(0 of {cfg.requests} requests a run)")
     params = {"url": base + "/completions", "prompt": cfg.prompt, "requests": cfg.requests,
               "concurrency": cfg.concurrency, "mix": cfg.mix, "other_prompts": _others(cfg) if cfg.mix else [],
               "caches": caches, "max_tokens": cfg.max_tokens, "temperature": 0, "top_logprobs": TOP,
