@@ -482,3 +482,25 @@ def test_nondeterminism_endpoint_with_zero_answers_is_a_failed_run(run):
         r = run("nondeterminism", "--endpoint", url, "--requests", "2", "--concurrency", "1", "--cache", "on",
                 "--time-limit", "1")
     one_line(r, 1, "no completion answered")
+
+
+# ---------------------------------------------------------------------------
+# (9) a password in a URL is masked wherever it is shown or written
+
+
+@pytest.mark.parametrize("url", ["http://user:hunter2@127.0.0.1:9", "ftp://user:hunter2@127.0.0.1:9",
+                                 "http://hunter2@127.0.0.1:9/v1"])
+def test_a_password_in_an_endpoint_url_never_reaches_stderr(run, url):
+    r = run("nondeterminism", "--endpoint", url, "--requests", "1", "--time-limit", "5")
+    assert r.code in (1, 2) and "hunter2" not in r.err and "***@127.0.0.1" in r.err, r.err
+
+
+def test_a_password_in_a_url_is_masked_in_json_and_tables():
+    from precisionlab.report import console, jsondoc
+
+    doc = jsondoc.jsonable({"engine_spec": "openai:https://me:hunter2@host:8000/v1,top=5",
+                            "rows": [{"url": "http://tok3n@h/v1/completions"}], "n": 3})
+    text = str(doc)
+    assert "hunter2" not in text and "tok3n" not in text and "openai:https://***@host:8000/v1,top=5" in text
+    assert console.safe_text("see http://a:b@h/ and https://c@d/") == "see http://***@h/ and https://***@d/"
+    assert console.printable("an e-mail: me@example.com, not a URL") == "an e-mail: me@example.com, not a URL"

@@ -14,6 +14,8 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from precisionlab.io.urls import mask_secrets
+
 
 # Control characters a string from outside must not carry to the terminal: C0
 # (ESC, BEL, CR, ...), DEL, C1 (0x80-0x9f, which some terminals read as CSI/OSC)
@@ -23,8 +25,9 @@ _CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\u061c\u200e\u200f\u202a-\u202e\u2066-
 
 def printable(s) -> str:
     """str(s) with every control character shown as an escape (\\x1b, \\n,
-    \\u202e): what a plain-text line (an error) may print of a string from outside."""
-    return _CONTROL.sub(_escape_char, str(s))
+    \\u202e): what a plain-text line (an error) may print of a string from outside.
+    A URL's credentials are masked (io.urls): every line and table goes through here."""
+    return _CONTROL.sub(_escape_char, mask_secrets(str(s)))
 
 
 def _escape_char(m) -> str:

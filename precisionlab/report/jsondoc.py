@@ -9,6 +9,7 @@ import sys
 
 import numpy as np
 
+from precisionlab.io.urls import mask_secrets
 from precisionlab.runtime.machine import cpu_name, versions
 
 # ---------------------------------------------------------------------------
@@ -16,7 +17,10 @@ from precisionlab.runtime.machine import cpu_name, versions
 
 
 def jsonable(obj):
-    """Plain JSON types; non-finite floats become "nan", "inf", "-inf"."""
+    """Plain JSON types; non-finite floats become "nan", "inf", "-inf"; a URL's credentials masked
+    (io.urls: engine_spec, params' url, ...)."""
+    if isinstance(obj, str):
+        return mask_secrets(obj)
     if isinstance(obj, dict):
         return {str(k): jsonable(v) for k, v in obj.items()}
     if isinstance(obj, (list, tuple)):
