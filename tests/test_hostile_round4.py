@@ -504,3 +504,28 @@ def test_a_password_in_a_url_is_masked_in_json_and_tables():
     assert "hunter2" not in text and "tok3n" not in text and "openai:https://***@host:8000/v1,top=5" in text
     assert console.safe_text("see http://a:b@h/ and https://c@d/") == "see http://***@h/ and https://***@d/"
     assert console.printable("an e-mail: me@example.com, not a URL") == "an e-mail: me@example.com, not a URL"
+
+
+# ---------------------------------------------------------------------------
+# (9) a KLD base file as YOURS; a comma in a spec's path
+
+
+@pytest.mark.parametrize("order", ["yours", "ref_low"])
+def test_a_kld_base_file_given_as_yours_says_it_is_a_reference(run, tmp_path, order):
+    """It said 'token ids differ'."""
+    ref, yours = _logits_files(tmp_path)
+    r = run("compare", "logits", ref, "--write-kld-base", str(tmp_path / "base.kld"))
+    assert r.code == 0, r.err
+    base = str(tmp_path / "base.kld")
+    args = [ref, base] if order == "yours" else [ref, base, yours]
+    one_line(run("compare", "logits", *args), 2, "a KLD base file is a reference", "REF")
+
+
+def test_a_comma_in_a_specs_path_is_named(tmp_path, monkeypatch):
+    from precisionlab.engines import external, registry
+    from precisionlab.errors import UsageError
+
+    monkeypatch.setattr(external, "need_package", lambda *a: None)
+    (tmp_path / "a,b.gguf").write_bytes(b"x")
+    with pytest.raises(UsageError, match="a path with a comma cannot be named"):
+        registry.resolve(f"llamacpp:{tmp_path}/a,b.gguf")

@@ -30,7 +30,9 @@ def split_spec(arg: str | None, prefix: str, keys: dict[str, str]) -> tuple[str,
         k, eq, v = item.partition("=")
         if not eq or k not in keys:
             known = ", ".join(f"{k} ({h})" for k, h in keys.items())
-            raise UsageError(f"engine {prefix}:{arg}: {item!r} is not KEY=VALUE with a known key: {known}")
+            comma = ("; a path with a comma cannot be named in a spec (the comma starts KEY=VALUE): rename "
+                     "it or link it to a name without one" if not eq else "")
+            raise UsageError(f"engine {prefix}:{arg}: {item!r} is not KEY=VALUE with a known key: {known}{comma}")
         opts[k] = v
     return path, opts
 

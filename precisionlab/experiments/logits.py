@@ -409,6 +409,10 @@ def compare_files(cfg: LogitsConfig, advance=lambda k=1: None) -> LogitsResult:
             raise UsageError(f"--write-kld-base: REF {cfg.ref!r} is already a kl-divergence-base file")
         n_ctx = cfg.kld_ctx if cfg.kld_ctx is not None else _window(ref)
         written = kld_base_file.write(cfg.write_kld_base, ref, n_ctx, advance)
+    for s, p in named[1:]:  # llama.cpp's base file holds REF's logits only, no run to judge
+        if kld_base_file.looks_like(p):
+            raise UsageError(f"{s} {p!r} is a KLD base file (llama-perplexity --kl-divergence-base): a KLD base "
+                             "file is a reference; give it as REF (the first file)")
     sides = [(s, p, logits_file.open_file(p, s)) for s, p in named[1:]]
     sides = [(s, p, logits_file.align(ref, f, s)) for s, p, f in sides]
     for s, _, f in sides:
