@@ -529,3 +529,53 @@ def test_a_comma_in_a_specs_path_is_named(tmp_path, monkeypatch):
     (tmp_path / "a,b.gguf").write_bytes(b"x")
     with pytest.raises(UsageError, match="a path with a comma cannot be named"):
         registry.resolve(f"llamacpp:{tmp_path}/a,b.gguf")
+
+
+# ---------------------------------------------------------------------------
+# (9) an engine library's own stderr lines are captured
+
+
+def test_a_librarys_stderr_is_held_back_and_explains_its_error(capfd, monkeypatch):
+    from precisionlab.engines.chatter import captured
+    from precisionlab.errors import UsageError
+
+    with captured("lib"):
+        os.write(2, b"lib: a line nobody asked for\n")
+    assert "nobody asked" not in capfd.readouterr().err
+    with pytest.raises(UsageError) as e:
+        with captured("lib"):
+            os.write(2, b"lib: loading\nlib: error: bad magic\n")
+            raise UsageError("engine x: cannot load it")
+    assert str(e.value) == "engine x: cannot load it (lib said: lib: error: bad magic)"
+    assert "bad magic" not in capfd.readouterr().err  # only under the error line, once
+    monkeypatch.setenv("PRECISIONLAB_DEBUG", "1")
+    with captured("lib"):
+        os.write(2, b"lib: shown under debug\n")
+    assert "lib: shown under debug" in capfd.readouterr().err
+
+
+def test_llama_cpps_context_line_does_not_reach_stderr(tmp_path, capfd):
+    """`llama_context: n_ctx_seq (512) > n_ctx_train (0)` reached stderr: one error became two lines."""
+    pytest.importorskip("llama_cpp")
+    pytest.importorskip("gguf")
+    from precisionlab.engines import export
+    from precisionlab.engines.llamacpp import LlamaCppEngine
+
+    export.run("embedded", "gguf:f32", str(tmp_path / "m.gguf"))
+    capfd.readouterr()
+    e = LlamaCppEngine(f"{tmp_path / 'm.gguf'},ctx=512", "cpu")
+    assert e.rows([1, 2, 3]).shape[0] == 3
+    err = capfd.readouterr().err
+    assert "n_ctx" not in err and "llama" not in err, err
+
+
+def test_llama_cpp_reports_the_batch_sizes_it_used(tmp_path):
+    """ubatch=0 ran and reported n_ubatch=0; what llama.cpp used instead was not said."""
+    pytest.importorskip("llama_cpp")
+    pytest.importorskip("gguf")
+    from precisionlab.engines import export
+    from precisionlab.engines.llamacpp import LlamaCppEngine
+
+    export.run("embedded", "gguf:f32", str(tmp_path / "m.gguf"))
+    s = LlamaCppEngine(f"{tmp_path / 'm.gguf'},ctx=64,batch=512,ubatch=256", "cpu").settings
+    assert (s["n_batch"], s["n_ubatch"], s["n_batch_asked"], s["n_ubatch_asked"]) == (64, 64, 512, 256)

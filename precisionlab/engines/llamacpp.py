@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 from pathlib import Path
 
+from precisionlab.engines.chatter import captured
 from precisionlab.engines.external import MAX_CTX, ExternalEngine, file_spec, int_opt, split_spec, threads_opt
 from precisionlab.errors import UsageError
 
@@ -104,6 +105,11 @@ class LlamaCppEngine(ExternalEngine):
         self.settings = {"kv_cache_type": kv, "flash_attn": opts.get("flash", "0") == "1",
                          "n_threads": threads_opt(opts, "llamacpp", least=1),
                          "n_batch": batch, "n_ubatch": int_opt(opts, "ubatch", min(512, batch), "llamacpp", 1)}
+        with captured("llama.cpp"):
+            self._open(llama_cpp, path, opts, kv)
+
+    def _open(self, llama_cpp, path: str, opts: dict, kv: str) -> None:
+        """The model and its context (llama.cpp's own lines captured around this: chatter.py)."""
         try:
             probe = llama_cpp.Llama(path, vocab_only=True, verbose=False)
             arch = probe.metadata.get("general.architecture", "")
@@ -229,9 +235,7 @@ def capture(engine: LlamaCppEngine, ids: list[int]) -> dict[str, "np.ndarray"]:
     params = llm.context_params
     params.cb_eval = callback
     old = llm._ctx
-    from llama_cpp._utils import suppress_stdout_stderr
-
-    with suppress_stdout_stderr(disable=False):  # llama.cpp's own log lines (n_ctx_seq ...) would land on stdout
+    with captured("llama.cpp"):  # llama.cpp's own log lines (n_ctx_seq ...): chatter.py
         llm._ctx = _internals.LlamaContext(model=llm._model, params=params, verbose=False)
     try:
         llm._batch = _internals.LlamaBatch(n_tokens=llm.n_batch, embd=0, n_seq_max=params.n_ctx, verbose=False)
