@@ -579,3 +579,19 @@ def test_llama_cpp_reports_the_batch_sizes_it_used(tmp_path):
     export.run("embedded", "gguf:f32", str(tmp_path / "m.gguf"))
     s = LlamaCppEngine(f"{tmp_path / 'm.gguf'},ctx=64,batch=512,ubatch=256", "cpu").settings
     assert (s["n_batch"], s["n_ubatch"], s["n_batch_asked"], s["n_ubatch_asked"]) == (64, 64, 512, 256)
+
+
+@pytest.mark.parametrize("option", ["--request-timeout", "--time-limit"])
+def test_an_endpoint_timeout_past_a_day_is_refused(run, option):
+    """The sibling of the whole-request deadline: 1e20 s overflowed the timer's clock, a traceback from its thread."""
+    one_line(run("nondeterminism", "--endpoint", "http://127.0.0.1:9", "--requests", "1", option, "1e20"), 2,
+             option, "a day")
+
+
+def test_a_client_timeout_past_a_day_is_a_day(capfd):
+    from precisionlab.engines.openai import Client
+    from precisionlab.errors import RunError
+
+    with pytest.raises(RunError, match="connection refused"):
+        Client("http://127.0.0.1:9/v1", 1e20).get("/models")
+    assert "Exception in thread" not in capfd.readouterr().err

@@ -101,7 +101,8 @@ class Client:
         timer shuts the socket, and the read in progress ends."""
         import http.client
 
-        t = self.timeout if timeout is None else timeout
+        # past a day, the socket's and the timer's clocks overflow (a traceback from the timer's thread)
+        t = min(self.timeout if timeout is None else timeout, MAX_TIMEOUT_S)
         cls = http.client.HTTPSConnection if self._https else http.client.HTTPConnection
         conn = cls(self._host, self._port, timeout=t)
         url = self.base + path

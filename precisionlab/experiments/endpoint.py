@@ -32,7 +32,7 @@ from collections import Counter
 from concurrent.futures import ThreadPoolExecutor, wait, FIRST_EXCEPTION
 from dataclasses import dataclass, field
 
-from precisionlab.engines.openai import Client, v1_base
+from precisionlab.engines.openai import MAX_TIMEOUT_S, Client, v1_base
 from precisionlab.errors import RunError, UsageError
 from precisionlab.io import inputs
 from precisionlab.report.output import Rows
@@ -78,8 +78,8 @@ def check(cfg: EndpointConfig) -> tuple[str, list[str]]:
         if not lo <= v <= hi:
             raise UsageError(f"{name} must be in {lo} ... {hi}, got {v}")
     for name, v in (("--time-limit", cfg.time_limit), ("--request-timeout", cfg.request_timeout)):
-        if not (math.isfinite(v) and v > 0):
-            raise UsageError(f"{name} must be a positive number of seconds, got {v}")
+        if not (math.isfinite(v) and 0 < v <= MAX_TIMEOUT_S):
+            raise UsageError(f"{name} must be a positive number of seconds up to {MAX_TIMEOUT_S} (a day), got {v}")
     if not cfg.prompt:
         raise UsageError("--prompt is empty")
     if cfg.other_prompts and not cfg.mix:
