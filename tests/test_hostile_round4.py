@@ -421,7 +421,6 @@ def test_the_references_perplexity_has_one_name():
     from precisionlab.numerics import distribution
 
     x = np.random.default_rng(0).standard_normal((8, 5))
-    lp = distribution.log_softmax(x)
     st = distribution.position_stats(x, x, np.zeros(8, dtype=np.int64))
     row = distribution.summarize(st)
     assert "ppl_ref" in row and "ppl_fp32" not in row

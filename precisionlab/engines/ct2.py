@@ -10,7 +10,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from precisionlab.engines.external import MAX_BATCH, ExternalEngine, batch_of, threads_opt, int_opt, need_package, split_spec
+from precisionlab.engines.external import (MAX_BATCH, ExternalEngine, batch_of, threads_opt,
+                                           int_opt, need_package, split_spec)
 from precisionlab.errors import UsageError
 
 KEYS = {"compute": "compute_type (default: the stored type)", "threads": "intra_threads (default 1)",

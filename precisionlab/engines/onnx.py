@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import json
 
-from precisionlab.engines.external import MAX_BATCH, ExternalEngine, batch_of, threads_opt, file_spec, int_opt, split_spec
+from precisionlab.engines.external import (MAX_BATCH, ExternalEngine, batch_of, threads_opt,
+                                           file_spec, int_opt, split_spec)
 from precisionlab.errors import UsageError
 
 KEYS = {"threads": "intra_op_num_threads (default 1)", "provider": "execution provider (default CPUExecutionProvider)",
