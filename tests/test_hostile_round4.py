@@ -594,3 +594,25 @@ def test_a_client_timeout_past_a_day_is_a_day(capfd):
     with pytest.raises(RunError, match="connection refused"):
         Client("http://127.0.0.1:9/v1", 1e20).get("/models")
     assert "Exception in thread" not in capfd.readouterr().err
+
+
+@pytest.mark.parametrize("value", ["-5", "0"])
+def test_a_gguf_context_length_that_is_no_count_never_reaches_c(tmp_path, monkeypatch, value):
+    """The sibling of the knobs: a value from the file on its way to n_ctx (ctx=0 takes the file's)."""
+    llama_cpp = pytest.importorskip("llama_cpp")
+    from precisionlab.engines.llamacpp import LlamaCppEngine
+    from precisionlab.errors import UsageError
+
+    opened = []
+
+    class Fake:
+        def __init__(self, path, vocab_only=False, **kw):
+            opened.append(vocab_only)
+            self.metadata = {"general.architecture": "qwen3", "qwen3.context_length": value}
+
+    monkeypatch.setattr(llama_cpp, "Llama", Fake)
+    f = tmp_path / "m.gguf"
+    f.write_bytes(b"x")
+    with pytest.raises(UsageError, match="context_length"):
+        LlamaCppEngine(f"{f}", "cpu")
+    assert opened == [True]  # the probe only: no context was made

@@ -117,7 +117,10 @@ class LlamaCppEngine(ExternalEngine):
             # a file that does not say its type counts as quantised (the safe side)
             quantised = str(probe.metadata.get("general.file_type", "")) not in _UNQUANTISED_FTYPES
             del probe
-            ctx = int_opt(opts, "ctx", min(train_ctx, 4096), "llamacpp") or min(train_ctx, 4096)
+            ctx = int_opt(opts, "ctx", 0, "llamacpp") or min(train_ctx, 4096)  # 0: the file's, at most 4096
+            if ctx < 1:  # a value from the file (its context_length), on its way to C
+                raise UsageError(f"engine llamacpp:{path}: the file's {arch}.context_length is {train_ctx}, not a "
+                                 "positive count; give ctx=N")
             extra = opts.get("extra", "0" if quantised and _cpu_has_amx(llama_cpp) else "1") == "1"
             self.settings["extra_bufts"] = extra
             with _model_params(llama_cpp, use_extra_bufts=extra):
