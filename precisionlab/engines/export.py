@@ -55,6 +55,7 @@ class ExportResult:
     files: list[dict] = field(default_factory=list)
     timing: dict = field(default_factory=dict)
     side_files: list[str] = field(default_factory=list)  # written beside --out, named in the success line
+    force: bool = False  # --force: a non-empty folder filled, an existing side file replaced
 
 
 def parse_format(to: str) -> tuple[str, str | None]:
@@ -166,7 +167,7 @@ def run(spec: str, to: str, out: str, force: bool = False) -> ExportResult:
     side = [out + SOURCE_SUFFIX] if kind == "onnx" else []
     paths = [p / n for n in sorted(written)] if FORMATS[kind][2] else [p, *map(Path, side)]
     files = [{"name": f.name, "bytes": f.stat().st_size} for f in paths]
-    return ExportResult(spec, to, out, changes, files, {"export_s": time.perf_counter() - t0}, side)
+    return ExportResult(spec, to, out, changes, files, {"export_s": time.perf_counter() - t0}, side, force)
 
 
 def _copy(src: str, dst: str) -> None:

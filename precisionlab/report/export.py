@@ -17,6 +17,6 @@ def table(res) -> None:
 
 
 def as_json(res) -> None:
-    emit_json("export", {"params": {"model": res.spec, "to": res.to, "out": res.out}, "changes": res.changes,
+    emit_json("export", {"params": {"model": res.spec, "to": res.to, "out": res.out, "force": res.force}, "changes": res.changes,
                          "side_files": res.side_files,
                          "rows": res.files, "timing": res.timing})
