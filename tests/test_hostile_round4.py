@@ -50,16 +50,20 @@ def test_export_refuses_a_users_model_folder_without_force(run, tmp_path, monkey
     assert _contents(d) == before
 
 
-def test_export_with_force_fills_the_folder_and_keeps_the_users_files(run, tmp_path):
-    d = _user_folder(tmp_path)
-    r = run("export", "embedded", "--to", "hf", "--out", str(d), "--force", "--json")
+@pytest.mark.parametrize("to, model_file, written", [("hf", "config.json", "model.safetensors"),
+                                                     ("ct2:float32", "model.bin", "precisionlab-source.json")])
+def test_export_with_force_fills_the_folder_and_keeps_the_users_files(run, tmp_path, to, model_file, written):
+    if to.startswith("ct2"):
+        pytest.importorskip("ctranslate2")
+    d = _user_folder(tmp_path, model_file)
+    r = run("export", "embedded", "--to", to, "--out", str(d), "--force", "--json")
     assert r.code == 0, r.err
     assert (d / "my_notes.txt").read_text() == "notes" and (d / "README_mine.md").read_text() == "readme"
-    assert (d / "config.json").read_text() != "{}" and (d / "model.safetensors").is_file()
+    assert (d / model_file).read_bytes() != b"{}" and (d / written).is_file()
     import json
 
     names = {f["name"] for f in json.loads(r.out)["rows"]}
-    assert "my_notes.txt" not in names and "config.json" in names  # only what the run wrote is listed
+    assert "my_notes.txt" not in names and model_file in names  # only what the run wrote is listed
 
 
 def test_atomic_dir_never_deletes_a_file_it_did_not_write(tmp_path):
