@@ -620,3 +620,14 @@ def test_a_gguf_context_length_that_is_no_count_never_reaches_c(tmp_path, monkey
     with pytest.raises(UsageError, match="context_length"):
         LlamaCppEngine(f"{f}", "cpu")
     assert opened == [True]  # the probe only: no context was made
+
+
+def test_the_quantizers_metadata_listing_does_not_reach_stderr(tmp_path):
+    """export --to gguf:q4_k_m printed llama.cpp's loader listing (dozens of lines) on stderr."""
+    pytest.importorskip("llama_cpp")
+    pytest.importorskip("gguf")
+    from helpers import cli
+
+    r = cli("export", "embedded", "--to", "gguf:q4_k_m", "--out", str(tmp_path / "m.gguf"))
+    assert r.code == 0, r.err
+    assert "llama_model_loader" not in r.err and "llama_model_quantize" not in r.err, r.err[:2000]
