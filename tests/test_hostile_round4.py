@@ -631,3 +631,14 @@ def test_the_quantizers_metadata_listing_does_not_reach_stderr(tmp_path):
     r = cli("export", "embedded", "--to", "gguf:q4_k_m", "--out", str(tmp_path / "m.gguf"))
     assert r.code == 0, r.err
     assert "llama_model_loader" not in r.err and "llama_model_quantize" not in r.err, r.err[:2000]
+
+
+def test_ctrl_c_inside_a_capture_still_says_interrupted(capfd):
+    """The main thread's Ctrl-C line goes to fd 2: the capture gives it back first (interrupt.run_all)."""
+    from precisionlab.engines.chatter import captured
+    from precisionlab.runtime import interrupt
+
+    with captured("lib"):
+        interrupt.run_all()  # what cli._interrupted does, from the main thread
+        os.write(2, b"precisionlab: interrupted\n")
+    assert "precisionlab: interrupted" in capfd.readouterr().err

@@ -9,7 +9,8 @@ library: the lines are shown only with PRECISIONLAB_DEBUG=1, or, where the
 call fails with one of precisionlab's errors, the library's last line is
 added to that one error line (the line it explains). Each window is one
 short call (opening a model, quantizing): fd 2 is the process's, so
-nothing else should be writing meanwhile.
+nothing else should be writing meanwhile; Ctrl-C restores it (an
+interrupt.cleanup) before the main thread's one "interrupted" line.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import sys
 import tempfile
 
 from precisionlab.errors import PrecisionLabError
+from precisionlab.runtime import interrupt
 
 _SHOWN = 200  # characters of the library's last line added to an error line
 
@@ -40,7 +42,13 @@ def captured(what: str):
         return
     py = io.StringIO()
     streams = sys.stdout, sys.stderr
-    with tempfile.TemporaryFile() as log:
+
+    def restore() -> None:  # also on Ctrl-C, from the main thread, before its "interrupted" line
+        sys.stdout, sys.stderr = streams
+        for fd, old in zip((1, 2), saved):
+            os.dup2(old, fd)
+
+    with tempfile.TemporaryFile() as log, interrupt.cleanup(restore):
         os.dup2(log.fileno(), 1)
         os.dup2(log.fileno(), 2)
         sys.stdout = sys.stderr = py
@@ -51,9 +59,8 @@ def captured(what: str):
             failed = e
             raise
         finally:
-            sys.stdout, sys.stderr = streams
-            for fd, old in zip((1, 2), saved):
-                os.dup2(old, fd)
+            restore()
+            for old in saved:
                 os.close(old)
             log.seek(0)
             _settle(log.read().decode("utf-8", "replace") + py.getvalue(), what, failed)
