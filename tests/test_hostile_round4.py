@@ -642,3 +642,18 @@ def test_ctrl_c_inside_a_capture_still_says_interrupted(capfd):
         interrupt.run_all()  # what cli._interrupted does, from the main thread
         os.write(2, b"precisionlab: interrupted\n")
     assert "precisionlab: interrupted" in capfd.readouterr().err
+
+
+@pytest.mark.parametrize("body", [
+    '{"choices": [{"logprobs": {"tokens": [["a"], "b", "x"], "top_logprobs": [null, {"a": -1}, null]}}]}',
+    '{"choices": [{"logprobs": {"tokens": ["a", "b", "x"], "top_logprobs": [null, ["a"], null]}}]}',
+    '{"choices": [{"logprobs": {"tokens": "abx", "top_logprobs": [null, {"a": -1}, null]}}]}',
+], ids=["token-a-list", "row-a-list", "tokens-a-string"])
+def test_an_echo_of_the_wrong_shape_is_a_failed_run(body):
+    """The siblings of the value checks, found while writing them: TypeError / AttributeError, internal errors."""
+    from precisionlab.errors import RunError
+
+    with _server(body) as url:
+        e, _ = _engine(url)
+        with pytest.raises(RunError, match="echoed tokens|top_logprobs is not"):
+            e.top_logprobs([0, 1])

@@ -234,6 +234,7 @@ class OpenAIEngine(ExternalEngine):
         except (KeyError, IndexError, TypeError) as e:
             raise RunError(f"{self.name}: no usable completions answer ({type(e).__name__}: "
                            f"{str(e).splitlines()[0] if str(e) else ''})") from None
+        _check_echo_shape(self.name, tokens, tops)
         for j, (s, want) in enumerate(zip(tokens, ids)):
             if self.strings.get(s) != want:
                 raise RunError(f"{self.name}: echoed token {j} is {s!r}, not the id {want} sent: the endpoint's "
@@ -309,6 +310,15 @@ class OpenAIEngine(ExternalEngine):
             raise RunError(f"{self.name}: the answer carries no top_logprobs (logprobs={self.settings['top_logprobs']} "
                            "was asked)")
         return out
+
+
+def _check_echo_shape(name: str, tokens, tops) -> None:
+    """An echo's tokens are strings and its top_logprobs rows objects or null (a list there was an
+    internal error: unhashable, or no .items())."""
+    if not isinstance(tokens, list) or not all(isinstance(t, str) for t in tokens):
+        raise RunError(f"{name}: the echoed tokens are not a list of strings")
+    if not isinstance(tops, list) or not all(r is None or isinstance(r, dict) for r in tops):
+        raise RunError(f"{name}: top_logprobs is not a list of {{token: logprob}} objects (or null)")
 
 
 def _echo_ignored(doc: dict) -> bool:
