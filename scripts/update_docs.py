@@ -158,7 +158,8 @@ def export_engine_models(cmds: list[str]) -> list[str]:
     (ROOT / ENGINE_DATA).mkdir(parents=True, exist_ok=True)
     failures = []
     for to, name in ENGINE_MODELS:
-        out, code = run(f"export embedded --to {to} --out {ENGINE_DATA}{name}")
+        # --force: the folder is this script's, and a second run re-exports over the first (same bits)
+        out, code = run(f"export embedded --to {to} --out {ENGINE_DATA}{name} --force")
         if code:
             failures.append(f"precisionlab export embedded --to {to}: exit {code} (the engine examples need "
                             "`make engines`)")

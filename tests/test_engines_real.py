@@ -409,7 +409,7 @@ def test_export_never_replaces_a_folder_that_holds_no_model(tmp_path):
     keep.mkdir()
     (keep / "todo.txt").write_text("mine")
     r = cli("export", "embedded", "--to", "hf", "--out", str(keep))
-    assert r.code == 2 and "holds no model" in r.err and (keep / "todo.txt").read_text() == "mine"
+    assert r.code == 2 and "not empty" in r.err and (keep / "todo.txt").read_text() == "mine"
 
 
 def test_export_refuses_foreign_code(tmp_path):

@@ -167,7 +167,7 @@ def test_fp32_against_fp32_is_exact(tmp_path):
     for k in ("kld_mean", "kld_median", "kld_p90", "kld_p99", "kld_p99_9", "kld_max", "dp_mean", "dp_rms",
               "ln_ppl_ratio"):
         assert row[k] == 0.0, k
-    assert row["top1_agree_pct"] == 100.0 and row["top1_agree"] == 1000 and row["ppl"] == row["ppl_fp32"]
+    assert row["top1_agree_pct"] == 100.0 and row["top1_agree"] == 1000 and row["ppl"] == row["ppl_ref"]
 
 
 @pytest.fixture(scope="module")

@@ -15,6 +15,9 @@ def command(
     to: Annotated[str, typer.Option("--to", help=f"The format: {format_help()}.")],
     out: Annotated[str, typer.Option("--out", help="The file (gguf, onnx) or folder (hf, ct2) to write; "
                                      "written atomically.")],
+    force: Annotated[bool, typer.Option("--force", help="Write into a non-empty folder (its other files are "
+                                        "kept) or over an existing side file (m.onnx.precisionlab-source.json).")]
+    = False,
     json_out: JsonOpt = False,
 ):
     """A model in another engine's format (Hugging Face, GGUF, CTranslate2, ONNX), with what the conversion changed."""
@@ -22,5 +25,5 @@ def command(
     from precisionlab.report import export as export_report
     from precisionlab.report.output import Output
 
-    export.check(model, to, out)
-    Output(export_report, json_out).run("export", lambda advance: export.run(model, to, out))
+    export.check(model, to, out, force)
+    Output(export_report, json_out).run("export", lambda advance: export.run(model, to, out, force))

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from precisionlab.engines.external import ExternalEngine, batch_of, int_opt, need_package, split_spec
+from precisionlab.engines.external import (MAX_BATCH, ExternalEngine, batch_of, threads_opt,
+                                           int_opt, need_package, split_spec)
 from precisionlab.errors import UsageError
 
 KEYS = {"compute": "compute_type (default: the stored type)", "threads": "intra_threads (default 1)",
@@ -24,8 +25,8 @@ class CT2Engine(ExternalEngine):
         need_package("ctranslate2", "ct2", "ct2")
         if not (Path(path) / "model.bin").is_file():
             raise UsageError(f"engine ct2:{path}: not a CTranslate2 model folder (no model.bin)")
-        int_opt(opts, "threads", 1, "ct2")
-        int_opt(opts, "batch", 1, "ct2", least=1)
+        threads_opt(opts, "ct2")
+        int_opt(opts, "batch", 1, "ct2", least=1, most=MAX_BATCH, bound="copies of the prompt in one batch")
 
     def __init__(self, arg, device: str):
         self.check(arg)

@@ -37,6 +37,8 @@ VARIANT_PACKAGE = {("gguf", "q4_k_m"): "llama_cpp"}
 # a json file beside an ONNX file. compare model --engine takes it as the default reference.
 SOURCE_FILE = "precisionlab-source.json"
 SOURCE_SUFFIX = ".precisionlab-source.json"
+# what a file target's --out must end in (a folder target takes any name)
+FILE_EXTENSIONS = {"gguf": (".gguf",), "onnx": (".onnx",)}
 _EXTRA = {"transformers": "hf", "gguf": "engines", "ctranslate2": "ct2", "onnx": "onnx", "llama_cpp": "engines"}
 
 
@@ -52,6 +54,8 @@ class ExportResult:
     changes: list[str]
     files: list[dict] = field(default_factory=list)
     timing: dict = field(default_factory=dict)
+    side_files: list[str] = field(default_factory=list)  # written beside --out, named in the success line
+    force: bool = False  # --force: a non-empty folder filled, an existing side file replaced
 
 
 def parse_format(to: str) -> tuple[str, str | None]:
@@ -70,8 +74,10 @@ def parse_format(to: str) -> tuple[str, str | None]:
     return kind, variant
 
 
-def check(spec: str, to: str, out: str) -> tuple[str, str | None, str | None]:
-    """Everything that can be refused before a weight is read: (kind, variant, HF folder or None)."""
+def check(spec: str, to: str, out: str, force: bool = False) -> tuple[str, str | None, str | None]:
+    """Everything that can be refused before a weight is read: (kind, variant, HF folder or None).
+    Nothing the user did not name is replaced without `force`: a non-empty folder (with force it is
+    filled, never emptied: its other files stay), the ONNX file's side file."""
     from precisionlab.engines.registry import parse
 
     kind, variant = parse_format(to)
@@ -98,33 +104,32 @@ def check(spec: str, to: str, out: str) -> tuple[str, str | None, str | None]:
     p = Path(out)
     if not out or (p.exists() and not (p.is_dir() if FORMATS[kind][2] else p.is_file())):
         raise UsageError(f"--out {out!r}: {'a folder' if FORMATS[kind][2] else 'a file'} is written there")
-    if p.is_dir() and any(p.iterdir()) and not ((p / "config.json").is_file() or (p / "model.bin").is_file()):
-        # a folder is replaced whole: only an earlier export (a model folder) or an empty one
-        raise UsageError(f"--out {out!r}: a folder that holds no model (no config.json or model.bin) is not "
-                         "replaced; name a new or empty folder")
     if p.resolve() == Path.cwd().resolve() or p.resolve() == Path(p.resolve().anchor):
         raise UsageError(f"--out {out!r}: not the current or the root folder")
-    if src is not None:  # never over the folder it reads, nor a file in it, nor around it
-        from precisionlab.io import outputs
+    from precisionlab.io import outputs
 
-        read = [("MODEL", src)]
-        if FORMATS[kind][2]:
-            outputs.check_output_dir(out, (), "--out", read)
-        else:
-            outputs.check_output_path(out, None, "--out", read)
+    read = [("MODEL", src)] if src is not None else []  # never over the folder it reads, nor in it, nor around it
+    if FORMATS[kind][2]:
+        outputs.check_output_dir(out, (), "--out", read)
+        outputs.check_folder_to_fill(out, "--out", force)
+    else:
+        outputs.check_output_path(out, None, "--out", read)
+        outputs.check_extension(out, FILE_EXTENSIONS[kind], "--out", f"a {kind} file")
+        outputs.check_side_file(out + SOURCE_SUFFIX, "--out", force)
     parent = p.parent if str(p.parent) else Path(".")
     if not parent.is_dir() or not os.access(parent, os.W_OK):
         raise UsageError(f"--out {out!r}: {str(parent)!r} is not a writable folder")
     return kind, variant, src
 
 
-def run(spec: str, to: str, out: str) -> ExportResult:
+def run(spec: str, to: str, out: str, force: bool = False) -> ExportResult:
     from precisionlab.engines.exporters import hf
     from precisionlab.io import outputs
 
-    kind, variant, src = check(spec, to, out)
+    kind, variant, src = check(spec, to, out, force)
     t0 = time.perf_counter()
     changes: list[str] = []
+    written: list[str] = []  # the members a folder target received
     source = "embedded" if src is None else f"hf:{Path(src).resolve()}"
     from precisionlab.engines.model_folders import quiet_library
 
@@ -134,9 +139,9 @@ def run(spec: str, to: str, out: str) -> ExportResult:
             src = work
         if kind == "hf":
             if src == work:
-                outputs.atomic_dir(out, lambda tmp: _copy(work, tmp))
+                written += outputs.atomic_dir(out, lambda tmp: _copy(work, tmp), force)
             else:
-                outputs.atomic_dir(out, lambda tmp: changes.extend(hf.resave(src, tmp)))
+                written += outputs.atomic_dir(out, lambda tmp: changes.extend(hf.resave(src, tmp)), force)
         elif kind == "gguf":
             from precisionlab.engines.exporters import gguf
 
@@ -148,7 +153,7 @@ def run(spec: str, to: str, out: str) -> ExportResult:
                 changes.extend(ct2.write(src, tmp, variant))
                 (Path(tmp) / SOURCE_FILE).write_text(_source_json(source))
 
-            outputs.atomic_dir(out, ct2_dir)
+            written += outputs.atomic_dir(out, ct2_dir, force)
         else:
             from precisionlab.engines.exporters import onnx
 
@@ -158,8 +163,11 @@ def run(spec: str, to: str, out: str) -> ExportResult:
         changes.append(f"source recorded ({'GGUF key ' + _gguf_key() if kind == 'gguf' else 'beside it'}): "
                        f"{source} (compare model --engine's default reference)")
     p = Path(out)
-    files = [{"name": f.name, "bytes": f.stat().st_size} for f in (sorted(p.iterdir()) if p.is_dir() else [p])]
-    return ExportResult(spec, to, out, changes, files, {"export_s": time.perf_counter() - t0})
+    # what this run wrote, and only that (a folder filled with --force keeps the user's other files)
+    side = [out + SOURCE_SUFFIX] if kind == "onnx" else []
+    paths = [p / n for n in sorted(written)] if FORMATS[kind][2] else [p, *map(Path, side)]
+    files = [{"name": f.name, "bytes": f.stat().st_size} for f in paths]
+    return ExportResult(spec, to, out, changes, files, {"export_s": time.perf_counter() - t0}, side, force)
 
 
 def _copy(src: str, dst: str) -> None:

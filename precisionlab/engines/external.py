@@ -30,19 +30,51 @@ def split_spec(arg: str | None, prefix: str, keys: dict[str, str]) -> tuple[str,
         k, eq, v = item.partition("=")
         if not eq or k not in keys:
             known = ", ".join(f"{k} ({h})" for k, h in keys.items())
-            raise UsageError(f"engine {prefix}:{arg}: {item!r} is not KEY=VALUE with a known key: {known}")
+            comma = ("; a path with a comma cannot be named in a spec (the comma starts KEY=VALUE): rename "
+                     "it or link it to a name without one" if not eq else "")
+            raise UsageError(f"engine {prefix}:{arg}: {item!r} is not KEY=VALUE with a known key: {known}{comma}")
         opts[k] = v
     return path, opts
 
 
-def int_opt(opts: dict, key: str, default: int, prefix: str, least: int = 0) -> int:
+def int_opt(opts: dict, key: str, default: int, prefix: str, least: int = 0, most: int | None = None,
+            bound: str = "") -> int:
+    """An integer knob, within [least, most] before it reaches an engine's C code (threads=100000
+    segfaulted llama.cpp); `bound` says where `most` comes from, in the refusal."""
+    raw = str(opts.get(key, default))
+    if len(raw) > 30:  # int() of a long digit string is slow, or refused
+        raise UsageError(f"engine {prefix}: {key}={raw[:20]!r}...: too long for an integer")
     try:
-        v = int(opts.get(key, default))
+        v = int(raw)
     except ValueError:
         raise UsageError(f"engine {prefix}: {key}={opts[key]!r} is not an integer") from None
     if v < least:
         raise UsageError(f"engine {prefix}: {key} must be >= {least}")
+    if most is not None and v > most:
+        raise UsageError(f"engine {prefix}: {key}={v} is past the bound of {most}{' (' + bound + ')' if bound else ''}")
     return v
+
+
+def thread_bound() -> int:
+    """The most threads an engine knob may ask: 4 per CPU, at least 64 (to study summation orders on a
+    small machine), at most 1024."""
+    import os
+
+    return min(1024, max(64, 4 * (os.cpu_count() or 1)))
+
+
+def threads_opt(opts: dict, prefix: str, least: int = 0) -> int:
+    """threads=N, default 1, bounded by thread_bound() (named in the refusal)."""
+    import os
+
+    return int_opt(opts, "threads", 1, prefix, least, thread_bound(),
+                   f"4 per CPU of this machine's {os.cpu_count() or 1}, at least 64, at most 1024")
+
+
+# Sizes an engine knob may ask (a batch of copies of the prompt, a context's KV cache): past this the
+# allocation is the knob's, not the model's, and a typo (batch=1000000) would fill the memory.
+MAX_BATCH = 4096
+MAX_CTX = 1 << 20
 
 
 def batch_of(ids: list[int], n: int) -> list[list[int]]:

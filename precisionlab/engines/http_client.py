@@ -1,8 +1,8 @@
 """The one HTTP client of the project (the openai engine's and
 `nondeterminism endpoint`'s): JSON in and out of the one server the user
-named, a timeout on every socket operation, each answer a dict or one
-RunError line, and close_all() to drop the connections in flight (Ctrl-C).
-No adapter lives here, so an experiment may import it."""
+named, a deadline for each whole request (not only each socket read), each
+answer a dict or one RunError line, and close_all() to drop the connections in
+flight (Ctrl-C). No adapter lives here, so an experiment may import it."""
 
 from __future__ import annotations
 
@@ -10,6 +10,8 @@ import json
 import threading
 
 from precisionlab.errors import RunError, UsageError
+
+MAX_TIMEOUT_S = 86400  # a day: past it the socket's and the timer's clocks overflow
 
 
 def v1_base(url: str) -> str:
@@ -57,16 +59,20 @@ class Client:
             live = list(self._live)
         for conn in live:
             try:
-                if conn.sock is not None:
-                    conn.sock.shutdown(socket.SHUT_RDWR)
+                for sock in {conn.sock, *getattr(conn, "held", [])} - {None}:  # conn.sock: None once answering
+                    sock.shutdown(socket.SHUT_RDWR)
                 conn.close()
             except OSError:
                 pass
 
     def _request(self, method: str, path: str, body: dict | None, timeout: float | None) -> dict:
+        """One request with a deadline for the whole of it: a socket timeout alone is per read, so a
+        server sending a header line or a body byte a second never ran out of it; at the deadline a
+        timer shuts the socket, and the read in progress ends."""
         import http.client
 
-        t = self.timeout if timeout is None else timeout
+        # past a day, the socket's and the timer's clocks overflow (a traceback from the timer's thread)
+        t = min(self.timeout if timeout is None else timeout, MAX_TIMEOUT_S)
         cls = http.client.HTTPSConnection if self._https else http.client.HTTPConnection
         conn = cls(self._host, self._port, timeout=t)
         url = self.base + path
@@ -74,31 +80,59 @@ class Client:
             if self.closed:
                 raise RunError(f"{url}: stopped")
             self._live.add(conn)
+        expired = threading.Event()
+        held: list = []  # the request's socket: http.client drops conn.sock once a closing answer began
+        conn.held = held  # for close_all
+        timer = threading.Timer(t, _expire, (held, expired))
+        timer.daemon = True
+        timer.start()
         try:
-            data = None if body is None else json.dumps(body).encode()
-            conn.request(method, self._path + path, body=data,
-                         headers={"Content-Type": "application/json"} if data else {})
-            r = conn.getresponse()
-            raw = r.read()
-            if r.status != 200:
-                text = raw.decode("utf-8", "replace").strip().splitlines()
-                raise RunError(f"{url}: HTTP {r.status} {r.reason}"
-                               + (f": {text[0][:200]!r}" if text else ""))
-            doc = json.loads(raw.decode("utf-8"))
+            conn.connect()
+            held.append(conn.sock)
+            if expired.is_set():  # the deadline passed while connecting
+                raise TimeoutError
+            doc = self._exchange(conn, method, path, body, url)
         except TimeoutError:
             raise RunError(f"{url}: no answer within {t:g} s (timeout)") from None
         except ConnectionRefusedError:
             raise RunError(f"{url}: connection refused (nothing listens there)") from None
         # RecursionError: an answer whose JSON nests deeper than Python's stack
         except (OSError, http.client.HTTPException, ValueError, RecursionError) as e:
+            if expired.is_set():
+                raise RunError(f"{url}: no answer within {t:g} s (timeout)") from None  # as a silent server's
             if self.closed:
                 raise RunError(f"{url}: stopped") from None
             why = str(e).splitlines()[0] if str(e) else ""
             raise RunError(f"{url}: no usable answer ({type(e).__name__}{': ' + why if why else ''})") from None
         finally:
+            timer.cancel()
             with self._lock:
                 self._live.discard(conn)
             conn.close()
         if not isinstance(doc, dict):
             raise RunError(f"{url}: the answer is JSON but not an object")
         return doc
+
+    def _exchange(self, conn, method: str, path: str, body: dict | None, url: str):
+        """Send the request, read the whole answer: the JSON document, or RunError for an HTTP error."""
+        data = None if body is None else json.dumps(body).encode()
+        conn.request(method, self._path + path, body=data,
+                     headers={"Content-Type": "application/json"} if data else {})
+        r = conn.getresponse()
+        raw = r.read()
+        if r.status != 200:
+            text = raw.decode("utf-8", "replace").strip().splitlines()
+            raise RunError(f"{url}: HTTP {r.status} {r.reason}" + (f": {text[0][:200]!r}" if text else ""))
+        return json.loads(raw.decode("utf-8"))
+
+
+def _expire(held: list, expired: threading.Event) -> None:
+    """The request's deadline: mark it, and shut its socket so the read in progress returns."""
+    import socket
+
+    expired.set()
+    for sock in list(held):
+        try:
+            sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass

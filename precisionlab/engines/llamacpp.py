@@ -20,7 +20,8 @@ from pathlib import Path
 
 import numpy as np
 
-from precisionlab.engines.external import ExternalEngine, file_spec, int_opt, split_spec
+from precisionlab.engines.chatter import captured
+from precisionlab.engines.external import MAX_CTX, ExternalEngine, file_spec, int_opt, split_spec, threads_opt
 from precisionlab.errors import UsageError
 
 KEYS = {"kv": "KV cache type: f16 (llama.cpp's default) | f32 | bf16 | q8_0", "flash": "flash attention 0|1",
@@ -60,6 +61,29 @@ def _model_params(llama_cpp, **fields):
         module.llama_model_default_params = default
 
 
+def check_sizes(opts: dict) -> None:
+    """threads, batch, ubatch and ctx bounded before llama.cpp sees them: threads=100000 segfaulted
+    it, and ubatch=0 ran with a split it cannot use (it used another, unreported)."""
+    threads_opt(opts, "llamacpp", least=1)
+    batch = int_opt(opts, "batch", 512, "llamacpp", 1, MAX_CTX, "llama.cpp's n_ctx bound here")
+    int_opt(opts, "ubatch", min(512, batch), "llamacpp", 1, batch, "n_batch: a micro-batch splits a batch")
+    int_opt(opts, "ctx", 0, "llamacpp", 0, MAX_CTX, "2^20 positions; 0 is the model's own")
+
+
+def _used_sizes(llama_cpp, llm, settings: dict) -> None:
+    """n_batch and n_ubatch as llama.cpp set them (it clamps them to n_ctx and n_batch), beside
+    what was asked where they differ."""
+    try:
+        used = {"n_batch": int(llama_cpp.llama_n_batch(llm._ctx.ctx)),
+                "n_ubatch": int(llama_cpp.llama_n_ubatch(llm._ctx.ctx))}
+    except (AttributeError, TypeError):  # a llama-cpp-python without them: what was asked stands
+        return
+    for k, v in used.items():
+        if settings[k] != v:
+            settings[f"{k}_asked"] = settings[k]
+            settings[k] = v
+
+
 class LlamaCppEngine(ExternalEngine):
     captures_layers = True  # its eval callback hands over every GGML tensor (capture below)
     @classmethod
@@ -71,8 +95,7 @@ class LlamaCppEngine(ExternalEngine):
             raise UsageError("engine llamacpp: flash is 0 or 1")
         if opts.get("extra", "0") not in ("0", "1"):
             raise UsageError("engine llamacpp: extra is 0 or 1")
-        for k in ("threads", "batch", "ubatch", "ctx"):
-            int_opt(opts, k, 1, "llamacpp")
+        check_sizes(opts)
 
     def __init__(self, arg, device: str):
         self.check(arg)
@@ -81,10 +104,15 @@ class LlamaCppEngine(ExternalEngine):
         path, opts = split_spec(arg, "llamacpp", KEYS)
         self.path = path
         kv = opts.get("kv", "f16")
+        batch = int_opt(opts, "batch", 512, "llamacpp", 1)
         self.settings = {"kv_cache_type": kv, "flash_attn": opts.get("flash", "0") == "1",
-                         "n_threads": int_opt(opts, "threads", 1, "llamacpp"),
-                         "n_batch": int_opt(opts, "batch", 512, "llamacpp"),
-                         "n_ubatch": int_opt(opts, "ubatch", 512, "llamacpp")}
+                         "n_threads": threads_opt(opts, "llamacpp", least=1),
+                         "n_batch": batch, "n_ubatch": int_opt(opts, "ubatch", min(512, batch), "llamacpp", 1)}
+        with captured("llama.cpp"):
+            self._open(llama_cpp, path, opts, kv)
+
+    def _open(self, llama_cpp, path: str, opts: dict, kv: str) -> None:
+        """The model and its context (llama.cpp's own lines captured around this: chatter.py)."""
         try:
             probe = llama_cpp.Llama(path, vocab_only=True, verbose=False)
             arch = probe.metadata.get("general.architecture", "")
@@ -92,7 +120,10 @@ class LlamaCppEngine(ExternalEngine):
             # a file that does not say its type counts as quantised (the safe side)
             quantised = str(probe.metadata.get("general.file_type", "")) not in _UNQUANTISED_FTYPES
             del probe
-            ctx = int_opt(opts, "ctx", min(train_ctx, 4096), "llamacpp") or min(train_ctx, 4096)
+            ctx = int_opt(opts, "ctx", 0, "llamacpp") or min(train_ctx, 4096)  # 0: the file's, at most 4096
+            if ctx < 1:  # a value from the file (its context_length), on its way to C
+                raise UsageError(f"engine llamacpp:{path}: the file's {arch}.context_length is {train_ctx}, not a "
+                                 "positive count; give ctx=N")
             extra = opts.get("extra", "0" if quantised and _cpu_has_amx(llama_cpp) else "1") == "1"
             self.settings["extra_bufts"] = extra
             with _model_params(llama_cpp, use_extra_bufts=extra):
@@ -103,6 +134,7 @@ class LlamaCppEngine(ExternalEngine):
         except (ValueError, RuntimeError) as e:
             raise UsageError(f"engine llamacpp:{path}: llama.cpp cannot load it ({str(e).splitlines()[0]})") from None
         self.settings["n_ctx"] = ctx
+        _used_sizes(llama_cpp, self.llm, self.settings)
         self.device = "cpu"
         self.name = f"llamacpp:{path}"
         self.vocab = int(self.llm.n_vocab())
@@ -209,9 +241,7 @@ def capture(engine: LlamaCppEngine, ids: list[int]) -> dict[str, "np.ndarray"]:
     params = llm.context_params
     params.cb_eval = callback
     old = llm._ctx
-    from llama_cpp._utils import suppress_stdout_stderr
-
-    with suppress_stdout_stderr(disable=False):  # llama.cpp's own log lines (n_ctx_seq ...) would land on stdout
+    with captured("llama.cpp"):  # llama.cpp's own log lines (n_ctx_seq ...): chatter.py
         llm._ctx = _internals.LlamaContext(model=llm._model, params=params, verbose=False)
     try:
         llm._batch = _internals.LlamaBatch(n_tokens=llm.n_batch, embd=0, n_seq_max=params.n_ctx, verbose=False)

@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import json
 
-from precisionlab.engines.external import ExternalEngine, batch_of, file_spec, int_opt, split_spec
+from precisionlab.engines.external import (MAX_BATCH, ExternalEngine, batch_of, threads_opt,
+                                           file_spec, int_opt, split_spec)
 from precisionlab.errors import UsageError
 
 KEYS = {"threads": "intra_op_num_threads (default 1)", "provider": "execution provider (default CPUExecutionProvider)",
@@ -27,8 +28,8 @@ class OnnxEngine(ExternalEngine):
         path, opts = file_spec(arg, "onnx", KEYS, "onnxruntime")
         if opts.get("opt", "all") not in _OPT:
             raise UsageError(f"engine onnx: opt is one of {', '.join(_OPT)}")
-        int_opt(opts, "threads", 1, "onnx")
-        int_opt(opts, "batch", 1, "onnx", least=1)
+        threads_opt(opts, "onnx")
+        int_opt(opts, "batch", 1, "onnx", least=1, most=MAX_BATCH, bound="copies of the prompt in one batch")
 
     def __init__(self, arg, device: str):
         self.check(arg)

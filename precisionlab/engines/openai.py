@@ -25,13 +25,15 @@ Its requests go through engines/http_client.py, the project's one HTTP client.
 from __future__ import annotations
 
 from precisionlab.engines.external import ExternalEngine, int_opt, split_spec
-from precisionlab.engines.http_client import Client, v1_base
+from precisionlab.engines.http_client import MAX_TIMEOUT_S, Client, v1_base
 from precisionlab.errors import RunError, UsageError
+from precisionlab.io.inputs import logprob
 
 KEYS = {"model": "the model name the endpoint serves", "top": "top_logprobs K (default 5)",
         "timeout": "seconds per request (default 60)",
         "lag": "0: echo's top_logprobs[j] is token j's distribution (OpenAI's rule, default); 1: token j+1's "
                "(llama-cpp-python 0.3.36's echo, one position late)"}
+MAX_TOP = 1000
 ECHO = "echo (one request)"
 PER_POSITION = "one request per position (the server ignored or refused echo)"
 
@@ -44,8 +46,9 @@ class OpenAIEngine(ExternalEngine):
     def check(cls, arg):
         url, opts = split_spec(arg, "openai", KEYS)
         v1_base(url)
-        if int_opt(opts, "top", 5, "openai") < 1 or int_opt(opts, "timeout", 60, "openai") < 1:
-            raise UsageError("engine openai: top and timeout must be >= 1")
+        # bounded: top=10^20 went to the server as is, and a timeout past a day overflows the socket's
+        int_opt(opts, "top", 5, "openai", 1, MAX_TOP, "top_logprobs per position; vLLM's default allows 20")
+        int_opt(opts, "timeout", 60, "openai", 1, MAX_TIMEOUT_S, "seconds: a day")
         if int_opt(opts, "lag", 0, "openai") > 1:
             raise UsageError("engine openai: lag is 0 or 1")
 
@@ -108,6 +111,7 @@ class OpenAIEngine(ExternalEngine):
         except (KeyError, IndexError, TypeError) as e:
             raise RunError(f"{self.name}: no usable completions answer ({type(e).__name__}: "
                            f"{str(e).splitlines()[0] if str(e) else ''})") from None
+        _check_echo_shape(self.name, tokens, tops)
         for j, (s, want) in enumerate(zip(tokens, ids, strict=False)):
             if self.strings.get(s) != want:
                 raise RunError(f"{self.name}: echoed token {j} is {s!r}, not the id {want} sent: the endpoint's "
@@ -122,7 +126,7 @@ class OpenAIEngine(ExternalEngine):
             for s, v in row.items():
                 if s not in self.strings:
                     raise RunError(f"{self.name}: top_logprobs names {s!r}, not in the reference's vocabulary")
-                mapped[self.strings[s]] = float(v)
+                mapped[self.strings[s]] = logprob(v, f"{self.name}: top_logprobs[{j - lag}][{s!r}]", RunError)
             out.append(mapped)
         return out
 
@@ -174,15 +178,24 @@ class OpenAIEngine(ExternalEngine):
                 if not 0 <= i < self.vocab:
                     raise RunError(f"{self.name}: top_logprobs names token id {i}, outside the reference's "
                                    f"vocabulary of {self.vocab}")
-                out[i] = float(v)
-            elif s in self.strings:
-                out[self.strings[s]] = float(v)
+                out[i] = logprob(v, f"{self.name}: top_logprobs id {i}", RunError)
+            elif isinstance(s, str) and s in self.strings:
+                out[self.strings[s]] = logprob(v, f"{self.name}: top_logprobs {s!r}", RunError)
             else:
                 raise RunError(f"{self.name}: top_logprobs names {s!r}, not in the reference's vocabulary")
         if not out:
             raise RunError(f"{self.name}: the answer carries no top_logprobs (logprobs={self.settings['top_logprobs']} "
                            "was asked)")
         return out
+
+
+def _check_echo_shape(name: str, tokens, tops) -> None:
+    """An echo's tokens are strings and its top_logprobs rows objects or null (a list there was an
+    internal error: unhashable, or no .items())."""
+    if not isinstance(tokens, list) or not all(isinstance(t, str) for t in tokens):
+        raise RunError(f"{name}: the echoed tokens are not a list of strings")
+    if not isinstance(tops, list) or not all(r is None or isinstance(r, dict) for r in tops):
+        raise RunError(f"{name}: top_logprobs is not a list of {{token: logprob}} objects (or null)")
 
 
 def _echo_ignored(doc: dict) -> bool:

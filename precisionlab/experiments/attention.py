@@ -55,8 +55,8 @@ def check(cfg: AttentionConfig) -> None:
     f = cfg.flash
     peak = max((m.peak_bytes(min(cfg.rows, fa.CHUNK_ROWS), cfg.dim, min(f.block_c, cfg.seq))
                 for m in (fa.model(f.pv_accumulator), fa.model(f.qk_accumulator)) if m is not None), default=0)
-    inputs.check_memory(memory.attention(cfg.rows, cfg.seq, cfg.dim, f.block_c, fa.CHUNK_ROWS, peak),
-                        f"attention --seq {cfg.seq} --rows {cfg.rows} --dim {cfg.dim}")
+    inputs.check_memory(memory.attention(cfg.rows, cfg.seq, cfg.dim, f.block_c, fa.CHUNK_ROWS, peak, f.splits),
+                        f"attention --seq {cfg.seq} --rows {cfg.rows} --dim {cfg.dim} --splits {f.splits}")
 
 
 def draw(cfg: AttentionConfig, i: int, std: float):

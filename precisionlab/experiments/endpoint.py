@@ -32,7 +32,7 @@ from collections import Counter
 from concurrent.futures import ThreadPoolExecutor, wait, FIRST_EXCEPTION
 from dataclasses import dataclass, field
 
-from precisionlab.engines.http_client import Client, v1_base
+from precisionlab.engines.http_client import MAX_TIMEOUT_S, Client, v1_base
 from precisionlab.errors import RunError, UsageError
 from precisionlab.experiments import startup
 from precisionlab.io import inputs
@@ -79,8 +79,8 @@ def check(cfg: EndpointConfig) -> tuple[str, list[str]]:
         if not lo <= v <= hi:
             raise UsageError(f"{name} must be in {lo} ... {hi}, got {v}")
     for name, v in (("--time-limit", cfg.time_limit), ("--request-timeout", cfg.request_timeout)):
-        if not (math.isfinite(v) and v > 0):
-            raise UsageError(f"{name} must be a positive number of seconds, got {v}")
+        if not (math.isfinite(v) and 0 < v <= MAX_TIMEOUT_S):
+            raise UsageError(f"{name} must be a positive number of seconds up to {MAX_TIMEOUT_S} (a day), got {v}")
     startup.check_prompt(cfg.prompt, "a request needs at least one token")
     if cfg.other_prompts and not cfg.mix:
         raise UsageError("--other-prompts are the prompts --mix interleaves: add --mix")
@@ -120,6 +120,8 @@ def parse_completion(doc: dict, url: str) -> Completion:
             tops = [list(map(_num, (row or {}).values())) for row in lp.get("top_logprobs") or [None] * len(tokens)]
         else:
             tokens = []
+    except _Bad as e:
+        raise RunError(f"{url}: {e}") from None
     except (KeyError, TypeError, AttributeError, ValueError):
         raise RunError(f"{url}: choices[0].logprobs is not in a form this reads (OpenAI's tokens/token_logprobs/"
                        "top_logprobs, or content[])") from None
@@ -136,7 +138,12 @@ def parse_completion(doc: dict, url: str) -> Completion:
 
 
 def _num(v) -> float | None:
-    return None if v is None else float(v)
+    """A log-probability from the server: None where it gives none, else checked (inputs.logprob)."""
+    return None if v is None else inputs.logprob(v, "the server's answer", _Bad)
+
+
+class _Bad(ValueError):
+    """A log-probability that no probability has: parse_completion's one RunError line names it."""
 
 
 def summarize(comps: list[Completion]) -> dict:
@@ -239,6 +246,9 @@ def run(cfg: EndpointConfig, advance=lambda k=1: None) -> Rows:
                 else:
                     row.update({"answered": 0, "unique": None})
                 rows.append(row)
+    if not any(r.get("answered") for r in rows):  # nothing to count: a failed run, not a table of zeros
+        raise RunError(f"{base}/completions: no completion answered within --time-limit {cfg.time_limit:g} s "
+                       f"(0 of {cfg.requests} requests a run)")
     params = {"url": base + "/completions", "prompt": cfg.prompt, "requests": cfg.requests,
               "concurrency": cfg.concurrency, "mix": cfg.mix, "other_prompts": _others(cfg) if cfg.mix else [],
               "caches": caches, "max_tokens": cfg.max_tokens, "temperature": 0, "top_logprobs": TOP,

@@ -319,8 +319,7 @@ class LogitsConfig:
 
 # Row keys of distribution.summarize that say "fp32" for the reference: in
 # compare logits the reference is REF, whatever its format.
-_REF_NAMES = {"fp32_top1_in_top5_pct": "ref_top1_in_top5_pct", "top1_in_fp32_top5_pct": "top1_in_ref_top5_pct",
-              "ppl_fp32": "ppl_ref"}
+_REF_NAMES = {"fp32_top1_in_top5_pct": "ref_top1_in_top5_pct", "top1_in_fp32_top5_pct": "top1_in_ref_top5_pct"}
 _SHOWN_POSITIONS = 5  # non-finite positions named in a message
 _SHARES = ("top1_agree_pct", "ref_top1_in_top5_pct", "top1_in_ref_top5_pct")  # percentages where 100 is REF itself
 
@@ -427,6 +426,10 @@ def compare_files(cfg: LogitsConfig, advance=lambda k=1: None) -> LogitsResult:
             raise UsageError(f"--write-kld-base: REF {cfg.ref!r} is already a kl-divergence-base file")
         n_ctx = cfg.kld_ctx if cfg.kld_ctx is not None else _window(ref)
         written = kld_base_file.write(cfg.write_kld_base, ref, n_ctx, advance)
+    for s, p in named[1:]:  # llama.cpp's base file holds REF's logits only, no run to judge
+        if kld_base_file.looks_like(p):
+            raise UsageError(f"{s} {p!r} is a KLD base file (llama-perplexity --kl-divergence-base): a KLD base "
+                             "file is a reference; give it as REF (the first file)")
     sides = [(s, p, logits_file.open_file(p, s)) for s, p in named[1:]]
     sides = [(s, p, logits_file.align(ref, f, s)) for s, p, f in sides]
     for s, _, f in sides:
@@ -538,7 +541,7 @@ def takeaways(rows: list[dict]) -> list[str]:
             top = max(b["margin_hi"] for b in flips)
             where = f"; every flip sits where {ref}'s top-2 margin is below {top:g}"
         lines.append(f"{d}: mean KLD {r['kld_mean']:.3g} nats, top-1 agreement {r['top1_agree_pct']:.2f} %, "
-                     f"perplexity {r['ppl']:.4g} against {r.get('ppl_ref', r.get('ppl_fp32')):.4g} "
+                     f"perplexity {r['ppl']:.4g} against {r['ppl_ref']:.4g} "
                      f"(ln ratio {r['ln_ppl_ratio']:+.2e})"
                      f"{where}.")
     return lines

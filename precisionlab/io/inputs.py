@@ -19,6 +19,28 @@ DISTS = ("uniform", "normal", "lognormal")
 _LOW_PRECISION = {formats.TWINS[n][0].name for n in ("bf16", *formats.FP8)}
 
 
+# A log-probability read from a server or a file may sit above 0 by a near-certain token's rounding
+# (log_softmax in fp32 of a logit near 100 is off by a few ulp, ~1e-5); up to this slack it is taken
+# as 0 (a probability of 1), beyond it the value claims a probability above 1 and is refused.
+# compare logprobs calls the same range "a near-certain token's rounding".
+LOGPROB_SLACK = 1e-4
+
+
+def logprob(v, where: str, error: type[Exception] = UsageError) -> float:
+    """A log-probability from outside (a server's answer, a file) as a float: a number, not a bool,
+    finite or -inf (probability 0), at most LOGPROB_SLACK above 0 (then 0.0); else `error` naming
+    `where` and the value (a NaN or +50 gave a KLD of nan or inf with exit 0)."""
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        raise error(f"{where}: the log-probability {str(v)[:40]!r} is not a number")
+    x = float(v)
+    if math.isnan(x) or x == math.inf:
+        raise error(f"{where}: the log-probability is {x}, not a number a probability has")
+    if x > LOGPROB_SLACK:
+        raise error(f"{where}: the log-probability {x:.6g} is above 0 (a probability above 1; up to "
+                    f"{LOGPROB_SLACK:g} is taken as a near-certain token's rounding)")
+    return min(x, 0.0)
+
+
 _INTEGER = re.compile(r"[+-]?[0-9]+")  # ASCII digits: int() also takes '١٠', '1_000' and '²'-free lookalikes
 
 

@@ -18,7 +18,7 @@ import threading
 from pathlib import Path
 from typing import Callable, Iterable, Optional, Union
 
-from precisionlab.errors import UsageError
+from precisionlab.errors import RunError, UsageError
 
 Writer = Union[bytes, Callable[[str], None]]
 # What a run reads, as (option, path) pairs (None paths are skipped): an output
@@ -93,6 +93,38 @@ def check_output_dir(path: str | None, members: Iterable[str], what: str, inputs
     return p
 
 
+def check_extension(path: str, kinds: tuple[str, ...], what: str, label: str) -> None:
+    """Refuse a file name whose extension is not one of `kinds` (as --plot does): `--out notes.txt`
+    for a GGUF would replace the user's text file with a model."""
+    ext = Path(path).suffix.lower()
+    if ext not in kinds:
+        got = f"extension {ext!r}" if ext else "no extension"
+        raise UsageError(f"{what} {path!r}: {got}; {label} is written there, and its name must end in "
+                         f"{' or '.join(kinds)}")
+
+
+def check_side_file(path: str, what: str, force: bool) -> None:
+    """A file a run writes beside the one the user named (a name the user never gave): refused where
+    something is already there, unless `force` (and never over a folder, link or device)."""
+    if not os.path.lexists(path):
+        return
+    if not force:
+        raise UsageError(f"{what}: {path!r} exists, and the run would replace it (a side file the run "
+                         "writes beside the one named); move it, or give --force")
+    check_output_path(path, None, f"{what}: side file")
+
+
+def check_folder_to_fill(path: str, what: str, force: bool) -> None:
+    """A folder a run fills (atomic_dir): a new or empty one, or with `force` a non-empty one (its
+    other files are kept); never a link to a folder (renaming over it fails after the run)."""
+    p = Path(path)
+    if p.is_symlink():
+        raise UsageError(f"{what} {path!r} is a symbolic link; name the folder itself")
+    if p.is_dir() and any(p.iterdir()) and not force:
+        raise UsageError(f"{what} {path!r}: the folder is not empty and the run did not create it; name a new "
+                         "or empty folder, or give --force to write into it (its other files are kept)")
+
+
 def _inside(child: str, folder: str) -> bool:
     """Whether the resolved path `child` lies under the resolved directory `folder`."""
     return os.path.commonpath([child, folder]) == folder and child != folder
@@ -143,34 +175,34 @@ def atomic_write(path: str | os.PathLike, writer: Writer) -> Path:
     return p
 
 
-def atomic_dir(path: str | os.PathLike, writer: Callable[[str], None]) -> Path:
+def atomic_dir(path: str | os.PathLike, writer: Callable[[str], None], force: bool = False) -> list[str]:
     """A folder's twin of atomic_write: `writer` fills a temporary folder
-    beside `path`, which is then renamed to `path` (an existing folder at
-    `path` is replaced only once the new one is complete)."""
+    beside `path`, which is then renamed to `path` when `path` is new or
+    empty. A non-empty folder is the user's: refused, or with `force` filled
+    member by member (each renamed over its name), its other files kept;
+    nothing the run did not write is deleted. Returns the members written."""
     import shutil
 
     p = Path(path)
+    if p.is_symlink():
+        raise UsageError(f"{str(path)!r} is a symbolic link; name the folder itself")
+    fill = p.is_dir() and any(p.iterdir())
+    if fill and not force:
+        raise UsageError(f"{str(path)!r}: the folder is not empty; give --force to write into it")
     parent = p.parent if str(p.parent) else Path(".")
     tmp = tempfile.mkdtemp(dir=parent, prefix=f".{p.name}.", suffix=".tmp")
     with _lock:
         _pending.add(tmp)
     try:
         writer(tmp)
-        # the usual modes: mkdtemp makes 0700, and a library writing inside may make 0600 (safetensors does)
-        os.chmod(tmp, 0o777 & ~_umask())
-        for root, dirs, files in os.walk(tmp):
-            for d in dirs:
-                if not os.path.islink(os.path.join(root, d)):  # chmod would follow it out of the folder
-                    os.chmod(os.path.join(root, d), 0o777 & ~_umask())
-            for f in files:
-                if not os.path.islink(os.path.join(root, f)):
-                    os.chmod(os.path.join(root, f), 0o666 & ~_umask())
-        if p.is_dir() and not p.is_symlink():
-            old = tempfile.mkdtemp(dir=parent, prefix=f".{p.name}.", suffix=".old")
-            os.replace(p, Path(old) / "x")
-            os.replace(tmp, p)
-            shutil.rmtree(old, ignore_errors=True)
+        _usual_modes(tmp)
+        members = sorted(os.listdir(tmp))
+        if fill:
+            _fill(p, tmp, members)
+            shutil.rmtree(tmp, ignore_errors=True)
         else:
+            if p.is_dir():
+                os.rmdir(p)  # empty: rmdir refuses if a file appeared meanwhile
             os.replace(tmp, p)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -178,7 +210,30 @@ def atomic_dir(path: str | os.PathLike, writer: Callable[[str], None]) -> Path:
     finally:
         with _lock:
             _pending.discard(tmp)
-    return p
+    return members
+
+
+def _usual_modes(tmp: str) -> None:
+    """The usual modes: mkdtemp makes 0700, and a library writing inside may make 0600 (safetensors does)."""
+    os.chmod(tmp, 0o777 & ~_umask())
+    for root, dirs, files in os.walk(tmp):
+        for d in dirs:
+            if not os.path.islink(os.path.join(root, d)):  # chmod would follow it out of the folder
+                os.chmod(os.path.join(root, d), 0o777 & ~_umask())
+        for f in files:
+            if not os.path.islink(os.path.join(root, f)):
+                os.chmod(os.path.join(root, f), 0o666 & ~_umask())
+
+
+def _fill(p: Path, tmp: str, members: list[str]) -> None:
+    """Rename each member of `tmp` over its name in `p`, once none of those names is a folder or link
+    of the user's (a file of the same name is replaced: --force said so)."""
+    for m in members:
+        there = p / m
+        if os.path.lexists(there) and (there.is_symlink() or there.is_dir() or os.path.isdir(Path(tmp) / m)):
+            raise RunError(f"{str(p)!r}: {m!r} is there already as a folder or link; nothing was written")
+    for m in members:
+        os.replace(Path(tmp) / m, p / m)
 
 
 def remove_pending() -> None:

@@ -281,7 +281,7 @@ def summarize(s: PositionStats) -> dict:
         "dp_rms": dp_rms,
         # the delta method on sqrt(mean dp^2), as llama.cpp: d sqrt(m) = dm / (2 sqrt(m))
         "dp_rms_se": standard_error(s.dp * s.dp) / (2 * dp_rms) if dp_rms > 0 else math.nan,
-        "ppl_fp32": exp_or_inf(mean_nll_ref),
+        "ppl_ref": exp_or_inf(mean_nll_ref),  # the reference's, fp32 or REF: one name (issue 45)
         "ppl": exp_or_inf(mean_nll_low),
         "ln_ppl_ratio": ln_ratio,
         # from the per-token differences: the two NLLs move together, so their

@@ -147,8 +147,6 @@ def token_stats(a: np.ndarray, b: np.ndarray, clips=DEFAULT_CLIPS) -> dict:
         r = np.exp(d)
         em1 = np.expm1(d)
     mean_r = exact_mean(r)
-    with np.errstate(over="ignore", invalid="ignore"):
-        dev = r - mean_r
     pct = {f"p{q:g}_abs_diff": (float(srt[nearest_rank(q, n) - 1]) if n else math.nan) for q in PERCENTILES}
     # the means of Delta, |Delta| and Delta^2 are of the exact differences a - b,
     # summed exactly: Delta^2 (or a sum of Delta) past the double range is no inf
@@ -162,7 +160,7 @@ def token_stats(a: np.ndarray, b: np.ndarray, clips=DEFAULT_CLIPS) -> dict:
         "max_abs_diff": float(srt[-1]) if n else math.nan,
         "prob_pearson": _pearson(np.exp(a), np.exp(b)),
         "mean_ratio": mean_r,
-        "std_ratio": math.sqrt(exact_mean(dev * dev)) if n else math.nan,
+        "std_ratio": ratio_spread(em1),
         # exp is monotonic: the extreme ratios are exp of the extreme Deltas, by the
         # one exp the worst positions' ratios use (np.exp may differ by an ulp)
         "min_ratio": exp_or_inf(float(np.min(d))) if n else math.nan,
@@ -183,6 +181,26 @@ def token_stats(a: np.ndarray, b: np.ndarray, clips=DEFAULT_CLIPS) -> dict:
     row["ppl_a"] = exp_or_inf(-exact_mean(a))
     row["ppl_b"] = exp_or_inf(-exact_mean(b))
     return row
+
+
+def ratio_spread(em1: np.ndarray) -> float:
+    """The population standard deviation of the ratios r = 1 + em1, from em1 = expm1(Delta): r - mean(r)
+    near r = 1 kept only the digits past 1 (about 10 of them at r = 1 +- 1e-7), em1 keeps them all.
+    +inf where a ratio is past float64 (r - mean(r) was inf - inf, NaN), and the deviations scaled by
+    the largest before squaring (a square past float64 is no inf here)."""
+    if em1.size == 0:
+        return math.nan
+    if np.isposinf(em1).any():
+        return math.inf
+    mean = exact_mean(em1)  # exact_sum: correctly rounded, no overflow inside the sum
+    with np.errstate(over="ignore", invalid="ignore"):
+        dev = em1 - mean
+    if not np.isfinite(dev).all():
+        return math.inf
+    top = float(np.max(np.abs(dev)))
+    if top == 0.0:
+        return 0.0
+    return top * math.sqrt(exact_mean((dev / top) ** 2))
 
 
 def sequence_stats(log_ratio: np.ndarray, cap: float = DEFAULT_CAP) -> dict:

@@ -13,6 +13,8 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from precisionlab.io.urls import mask_secrets
+
 
 # The one escaping rule for strings from outside (a file, a model, a server, a
 # rank's output, the command line): a character is shown as itself when
@@ -27,8 +29,9 @@ _NAMED = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
 def printable(s) -> str:
     """str(s) with every character str.isprintable() refuses shown as an
     escape (\\n, \\x1b, \\u202e, \\U000e0001): what a plain-text line (an
-    error, a version string) may print of a string from outside."""
-    text = str(s)
+    error, a version string) may print of a string from outside. A URL's
+    credentials are masked (io.urls): every line and table goes through here."""
+    text = mask_secrets(str(s))
     if text.isprintable():  # the common case, in one C call
         return text
     return "".join(c if c.isprintable() else _escape_char(c) for c in text)

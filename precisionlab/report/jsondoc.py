@@ -9,6 +9,7 @@ import sys
 
 import numpy as np
 
+from precisionlab.io.urls import mask_secrets
 from precisionlab.runtime.machine import cpu_name, versions
 
 # ---------------------------------------------------------------------------
@@ -16,7 +17,10 @@ from precisionlab.runtime.machine import cpu_name, versions
 
 
 def jsonable(obj):
-    """Plain JSON types; non-finite floats become "nan", "inf", "-inf"."""
+    """Plain JSON types; non-finite floats become "nan", "inf", "-inf"; a URL's credentials masked
+    (io.urls: engine_spec, params' url, ...)."""
+    if isinstance(obj, str):
+        return mask_secrets(obj)
     if isinstance(obj, dict):
         return {str(k): jsonable(v) for k, v in obj.items()}
     if isinstance(obj, (list, tuple)):
@@ -43,7 +47,7 @@ def jsonable(obj):
 # removed or changes meaning (adding a field keeps it), so scripts can check.
 SCHEMA_VERSION = 5  # 2: one name per quantity (docs/json.md); 3: "method" / "kernel" became "variant";
 # 4: compare logits' REF fields by role (ppl_ref, ...); 5: compare model's modes became verbs (issue 38),
-# formats' rel_rmse became rel_l2 (the same quantity)
+# formats' rel_rmse became rel_l2 (the same quantity), compare metrics' ppl_fp32 became ppl_ref
 
 
 def emit_json(command: str, doc: dict) -> None:

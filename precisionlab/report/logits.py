@@ -7,7 +7,7 @@ import numpy as np
 from rich.markup import escape
 from rich.table import Table
 
-from precisionlab.report.console import footer, hint, num, safe_text, sci, stdout
+from precisionlab.report.console import error_line, footer, hint, num, safe_text, sci, stdout
 from precisionlab.report.jsondoc import emit_json
 
 # Rows of the main table: (label, key, formatter), one line per statistic.
@@ -27,8 +27,8 @@ def show(res, plot: str | None, json_out: bool) -> None:
     if plot:
         draw(res, plot)
     (as_json if json_out else table)(res)
-    for f in res.failures:
-        hint(f"FAIL {f}")
+    for f in res.failures:  # a failed run's line: the prefix every error line has (it was a bare dim line)
+        error_line(f"FAIL {f}")
 
 
 # compare logits: the sides by role, never by a format ("fp32" is what
@@ -176,7 +176,7 @@ def table(res) -> None:
             t.add_row(label, *[fmt(r[key]) for r in res.rows])
     stdout.print(t)
     ref = res.rows[0]
-    stdout.print(f"fp32 perplexity {num(ref['ppl_fp32'], 6)} over {ref['positions']} positions", highlight=False)
+    stdout.print(f"fp32 perplexity {num(ref['ppl_ref'], 6)} over {ref['positions']} positions", highlight=False)
     _flips(res, "fp32")
     stdout.print("KLD: KL(P_fp32 || P_run) per position in nats; percentiles are nearest-rank. Δp: the run's "
                  "probability of the text's next token minus fp32's.", style="dim", highlight=False)
@@ -204,13 +204,14 @@ def draw(res, path: str) -> None:
 
     fig, (a, b) = plt.subplots(1, 2, figsize=(12, 4.5))
     for r in res.rows:
-        kl = res.kl[r["dtype"]]
+        name = r.get("side") or r["dtype"]  # compare logits keys its rows by side (YOURS, REF_LOW)
+        kl = res.kl[name]
         floor = np.where(kl > 0, kl, np.nan)  # zeros have no place on a log axis
-        a.plot(np.arange(kl.size), floor, lw=0.4, alpha=0.8, label=f"{r['dtype']} (mean {r['kld_mean']:.2e})")
+        a.plot(np.arange(kl.size), floor, lw=0.4, alpha=0.8, label=f"{name} (mean {r['kld_mean']:.2e})")
         buckets = [c for c in r["flips_by_margin"] if c["positions"]]
         mids = [np.sqrt(max(c["margin_lo"], 1e-3) * (c["margin_hi"] if np.isfinite(c["margin_hi"]) else 30.0))
                 for c in buckets]
-        b.plot(mids, [c["flip_rate"] for c in buckets], marker="o", label=r["dtype"])
+        b.plot(mids, [c["flip_rate"] for c in buckets], marker="o", label=name)
     a.set_yscale("log")
     a.set_xlabel("position")
     a.set_ylabel("KL(P_fp32 || P_run), nats")

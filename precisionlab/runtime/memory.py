@@ -349,7 +349,8 @@ def kvcache(shape, calibration: int) -> int:
             + 8 * longest * shape.hidden * shape.layers + KVCACHE_FIXED[shape.kind])
 
 
-def attention(rows: int, seq: int, dim: int, block_c: int, chunk_rows: int, model_peak: int) -> int:
+def attention(rows: int, seq: int, dim: int, block_c: int, chunk_rows: int, model_peak: int,
+              splits: int = 1) -> int:
     """attention (experiments/attention.py, numerics/flash_attention.py): q
     (rows x d) and k, v (seq x d) in float64 with their stored copies (16 per
     element) and, while one is stored, its x / descale and fp32 round trip
@@ -357,8 +358,12 @@ def attention(rows: int, seq: int, dim: int, block_c: int, chunk_rows: int, mode
     (24 per row element); per chunk of rows: about twenty float64 arrays of
     chunk x block_c (the scores, P, masks, the reference's tile) and ten of
     chunk x d, plus the largest accumulator model's own peak (passed in:
-    runtime does not import numerics)."""
+    runtime does not import numerics). Each split (--splits, empty ones
+    included: 10^9 of them grew to 5.6 GB unestimated) holds its range's
+    Python tuple and, per chunk, its output and lse arrays until the combine
+    stacks them: measured about 1.2 kB a split at 8 rows x d 8 (array
+    headers dominate), estimated 1 kB plus twice chunk x (d + 2) float64."""
     chunk = min(rows, chunk_rows)
     block_c = min(block_c, seq)  # a tile holds at most the sequence's keys
     return (22 * (rows * dim + 2 * seq * dim) + 24 * rows * dim + 8 * chunk * (20 * block_c + 10 * dim)
-            + model_peak + COMPARE_FIXED)
+            + splits * (1024 + 16 * chunk * (dim + 2)) + model_peak + COMPARE_FIXED)

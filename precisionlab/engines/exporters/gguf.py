@@ -198,11 +198,13 @@ def _quantized(src: str, out: str, variant: str, source: str | None) -> list[str
         params = llama_cpp.llama_model_quantize_default_params()
         params.ftype = _LLAMA_QUANTIZED[variant]
         params.nthread = 1
-        status = llama_cpp.llama_model_quantize(f32.encode(), str(out).encode(), ctypes.byref(params))
-        if status != 0:
-            from precisionlab.errors import RunError
+        from precisionlab.engines.chatter import captured
+        from precisionlab.errors import RunError
 
-            raise RunError(f"--to gguf:{variant}: llama.cpp's quantizer failed (status {status})")
+        with captured("llama.cpp"):  # its loader lists the metadata: shown under an error, or with PRECISIONLAB_DEBUG
+            status = llama_cpp.llama_model_quantize(f32.encode(), str(out).encode(), ctypes.byref(params))
+            if status != 0:
+                raise RunError(f"--to gguf:{variant}: llama.cpp's quantizer failed (status {status})")
     types = tensor_types(out)
     changes.append(f"weights: quantized to {variant.upper()} by llama.cpp's own quantizer (llama-cpp-python "
                    f"{getattr(llama_cpp, '__version__', '?')}) from an F32 file; tensor types now: {types}")
