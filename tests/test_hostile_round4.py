@@ -315,7 +315,7 @@ def test_a_knob_past_its_bound_is_one_line_from_the_cli(run, tmp_path, monkeypat
     monkeypatch.setattr(external, "need_package", lambda *a: None)
     f = tmp_path / "m.gguf"
     f.write_bytes(b"not opened: refused first")
-    one_line(run("compare", "model", "--engine", f"llamacpp:{f},threads=100000"), 2, "threads=100000", "bound")
+    one_line(run("compare", "engine", "--engine", f"llamacpp:{f},threads=100000"), 2, "threads=100000", "bound")
 
 
 def test_the_thread_bound_is_named_with_where_it_comes_from():
@@ -475,14 +475,15 @@ def test_std_ratio_past_float64_is_inf_not_nan():
 
 
 def test_nondeterminism_prompt_without_endpoint_is_refused(run):
-    """--prompt hi without --endpoint ran the sections and ignored the prompt."""
-    one_line(run("nondeterminism", "--prompt", "hi"), 2, "--prompt", "--endpoint")
+    """--prompt hi without --endpoint ran the sections and ignored the prompt; the prompt is now
+    `nondeterminism endpoint`'s option alone, so the sections refuse it."""
+    one_line(run("nondeterminism", "--prompt", "hi"), 2, "--prompt")
 
 
 def test_nondeterminism_endpoint_with_zero_answers_is_a_failed_run(run):
     """Every request cut short by --time-limit: a table of 'answered 0', exit 0."""
     with _server('{"choices": []}', "headers") as url:
-        r = run("nondeterminism", "--endpoint", url, "--requests", "2", "--concurrency", "1", "--cache", "on",
+        r = run("nondeterminism", "endpoint", url, "--requests", "2", "--concurrency", "1", "--cache", "on",
                 "--time-limit", "1")
     one_line(r, 1, "no completion answered")
 
@@ -494,7 +495,7 @@ def test_nondeterminism_endpoint_with_zero_answers_is_a_failed_run(run):
 @pytest.mark.parametrize("url", ["http://user:hunter2@127.0.0.1:9", "ftp://user:hunter2@127.0.0.1:9",
                                  "http://hunter2@127.0.0.1:9/v1"])
 def test_a_password_in_an_endpoint_url_never_reaches_stderr(run, url):
-    r = run("nondeterminism", "--endpoint", url, "--requests", "1", "--time-limit", "5")
+    r = run("nondeterminism", "endpoint", url, "--requests", "1", "--time-limit", "5")
     assert r.code in (1, 2) and "hunter2" not in r.err and "***@127.0.0.1" in r.err, r.err
 
 
@@ -587,7 +588,7 @@ def test_llama_cpp_reports_the_batch_sizes_it_used(tmp_path):
 @pytest.mark.parametrize("option", ["--request-timeout", "--time-limit"])
 def test_an_endpoint_timeout_past_a_day_is_refused(run, option):
     """The sibling of the whole-request deadline: 1e20 s overflowed the timer's clock, a traceback from its thread."""
-    one_line(run("nondeterminism", "--endpoint", "http://127.0.0.1:9", "--requests", "1", option, "1e20"), 2,
+    one_line(run("nondeterminism", "endpoint", "http://127.0.0.1:9", "--requests", "1", option, "1e20"), 2,
              option, "a day")
 
 
