@@ -129,6 +129,7 @@ COMMANDS = (
     (None, 'formats', 'formats'),
     (None, 'kvcache', 'kvcache'),
     (None, 'attention', 'attention'),
+    (None, 'attention-cases', 'attention_cases'),
     (None, 'export', 'export'),
 )
 GROUPS = {"compare": compare_app}
