@@ -324,7 +324,8 @@ def run(cfg: CasesConfig, advance=lambda k=1: None) -> Rows:
                 sweep.extend(points)
                 advance()
     params = {"impl": cfg.impl, "variants": [k.name for k in kernels], "cases": [c.name for c in cases],
-              "dtypes": list(cfg.dtypes), "max_keys": cfg.max_keys, "bound": cfg.bound, "device": "cpu"}
+              "dtypes": list(cfg.dtypes), "max_keys": cfg.max_keys, "rope_top": ROPE_TOP, "bound": cfg.bound,
+              "device": "cpu"}
     res = Rows(params=params, rows=rows, any_failed=any(r["status"] == "fail" for r in rows))
     res.flags = {"sweep": sweep, "facts": facts(cfg)}
     res.takeaways = takeaways(rows, sweep, res.flags["facts"], cfg)

@@ -20,23 +20,34 @@ def _value(x) -> str:
 def table(res) -> None:
     p = res.params
     t = Table(title=f"attention edge cases: {safe_text(', '.join(p['variants']))}", title_justify="left")
-    for col in ("variant", "case", "dtype", "status", "worst call", "expected", "observed", "max abs err"):
+    several = len(p["variants"]) > 1  # one kernel: named in the title only
+    for col in ("variant", "case", "dtype", "status", "worst call", "expected", "observed", "max abs err")[
+            0 if several else 1:]:
         t.add_column(col, overflow="fold", justify="right" if col in ("expected", "observed", "max abs err")
                      else "left")
+    unsupported: dict = {}
     for r in res.rows:
+        if r["status"] == "not supported":  # one line a variant below the table, not a row a case and format
+            unsupported.setdefault(r["variant"], {}).setdefault(r["note"], []).append(r["case"])
+            continue
         style = STATUS_STYLE.get(r["status"])
         status = f"[{style}]{r['status']}[/{style}]" if style else r["status"]
         call = r["worst_call"] if r["status"] == "fail" or r["note"] is None else r["note"]
-        t.add_row(safe_text(r["variant"]), r["case"], r["dtype"], status, safe_text(call or "-"),
-                  _value(r["expected"]), _value(r["observed"]), sci(r["max_abs_error"]))
+        cells = [r["case"], r["dtype"], status, safe_text(call or "-"), _value(r["expected"]), _value(r["observed"]),
+                 sci(r["max_abs_error"])]
+        t.add_row(*([safe_text(r["variant"])] if several else []), *cells)
     stdout.print(t)
+    for variant, why in unsupported.items():
+        parts = "; ".join(f"{', '.join(dict.fromkeys(names))} ({reason})" for reason, names in why.items())
+        stdout.print(safe_text(f"not supported by {variant}: {parts}"), highlight=False)
     f = Table(title=f"what each format does (computed; bound {p['bound']:g})", title_justify="left")
     for col in ("dtype", "denominator held in it: off from", "phase table: cos off from position",
                 "zero-init sink visible"):
         f.add_column(col, justify="right")
     for r in res.flags["facts"]:
-        pos = [_count(r["rope_first_position"]), _count(r["rope_first_position_slow"])]
-        f.add_row(r["dtype"], _count(r["denominator_first_keys"], " keys"), " / ".join(pos),
+        top = p["rope_top"]
+        pos = [_count(r["rope_first_position"], top), _count(r["rope_first_position_slow"], top)]
+        f.add_row(r["dtype"], _count(r["denominator_first_keys"], p["max_keys"], " keys"), " / ".join(pos),
                   "yes" if r["zero_sink_visible"] else "no")
     stdout.print(f)
     note = ("A case passes when every output is within atol + rtol max |expected| of its exact value (torch.testing's "
@@ -47,8 +58,9 @@ def table(res) -> None:
     footer(None, res.takeaways, note)
 
 
-def _count(x, unit: str = "") -> str:
-    return "never" if x is None else f"{x:,}{unit}"
+def _count(x, top: int, unit: str = "") -> str:
+    """A first failing length or position, or '> top' where none up to top failed."""
+    return f"> {top:,}{unit}" if x is None else f"{x:,}{unit}"
 
 
 def as_json(res) -> None:
