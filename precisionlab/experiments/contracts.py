@@ -34,6 +34,7 @@ from precisionlab.catalog import formats
 from precisionlab.engines.protocol import NotSupported, greedy
 from precisionlab.engines.registry import DEFAULT_PROMPT, DEFAULT_SPEC, model_device, open_engine
 from precisionlab.errors import UsageError
+from precisionlab.experiments import spec_verify
 from precisionlab.runtime import memory, threads, torch_flags
 
 CHUNKS = (1, 7, 64)
@@ -50,6 +51,7 @@ class ContractsConfig:
     dtypes: str = "fp32,bf16"
     chunks: tuple[int, ...] = CHUNKS    # the chunked contract's chunk sizes (the CLI adds --chunks to CHUNKS)
     batches: tuple[int, ...] = BATCHES  # the batch contract's sizes (the CLI adds --batches to BATCHES)
+    draft_widths: tuple[int, ...] = spec_verify.DRAFT_WIDTHS  # spec_verify's k (--draft-widths)
     device: str = "cpu"
     seed: int = 0
     threads: int | None = None
@@ -117,6 +119,7 @@ def _run(cfg: ContractsConfig, advance) -> ContractsResult:
                  ("padding", f"{PADS} pads, batch of 1", {"batch": 1, "pads": PADS}),
                  ("padding", f"{PADS} pads, batch of 2", {"batch": 2, "pads": PADS})]
         plan += [("batch", f"batch of {b}", {"batch": b}) for b in batches]
+        plan += spec_verify.plan(sizes(cfg.draft_widths, (), "--draft-widths"), cfg.steps)
         exact_model = None
         for dtype in dtypes:
             model = engine.model(dtype)
@@ -129,7 +132,7 @@ def _run(cfg: ContractsConfig, advance) -> ContractsResult:
                     rows.append(row | _unsupported(str(e)))
                     continue
                 m = measure(ref, got, dtype, start)
-                row |= m
+                row |= m | spec_verify.extra(contract, ref, got, start)
                 if m["bit_identical_share"] < 1.0:
                     if exact_model is None:
                         exact_model = engine.model(engine.exact_dtype)
@@ -214,7 +217,8 @@ def _batch(ctx, model, batch: int):
 
 
 CONTRACTS = {"prefill_vs_decode": _prefill_vs_decode, "chunked": _chunked, "shared_prefix": _shared_prefix,
-             "prefix_cache": _prefix_cache, "padding": _padding, "batch": _batch}
+             "prefix_cache": _prefix_cache, "padding": _padding, "batch": _batch,
+             spec_verify.CONTRACT: spec_verify.contract}
 
 
 # --- the figures --------------------------------------------------------------------------------------
