@@ -102,10 +102,10 @@ def test_first_flip_by_hand():
 def test_embedded_verify_is_decode_or_rounding():
     res = exp.run(exp.ContractsConfig(dtypes="fp32", **SMALL))
     rows = _verify_rows(res, "fp32")
-    assert [r["label"] for r in rows] == ["verify 1 draft (M = 2)", "verify 2 drafts (M = 3)",
-                                          "verify 4 drafts (M = 5)", "verify 8 drafts (M = 9)"]
+    assert [r["label"] for r in rows] == ["verify k=1, M=2", "verify k=2, M=3", "verify k=4, M=5", "verify k=8, M=9"]
     # windows of M from the prompt's end (7 tokens) over 19 positions: 12, 12, 10, 9 positions compared
     assert [r["positions"] for r in rows] == [12, 12, 10, 9]
+    assert [r["draft"] for r in rows] == [1, 2, 4, 8]
     for r in rows:
         if r["verdict"] != "holds":  # torch's CPU matmul blocks M rows and one row differently: rounding
             assert r["verdict"] == "rounding", r

@@ -132,7 +132,7 @@ def _run(cfg: ContractsConfig, advance) -> ContractsResult:
                     rows.append(row | _unsupported(str(e)))
                     continue
                 m = measure(ref, got, dtype, start)
-                row |= m | spec_verify.extra(contract, ref, got, start)
+                row |= m | spec_verify.extra(contract, ref, got, start, kw)
                 if m["bit_identical_share"] < 1.0:
                     if exact_model is None:
                         exact_model = engine.model(engine.exact_dtype)

@@ -32,7 +32,7 @@ CONTRACT = "spec_verify"
 def plan(widths, steps: int) -> list[tuple[str, str, dict]]:
     """The contract's rows, one a draft width whose window (k + 1 positions)
     fits in the `steps` decoded positions after the prompt."""
-    return [(CONTRACT, f"verify {k} draft{'s' if k > 1 else ''} (M = {k + 1})", {"draft": k})
+    return [(CONTRACT, f"verify k={k}, M={k + 1}", {"draft": k})
             for k in widths if k + 1 <= steps]
 
 
@@ -66,6 +66,6 @@ def first_flip(ref, got, start: int) -> dict:
             "near_tie_flips": int(np.count_nonzero(margins[flips] <= 1e-3 * scale)) if flips.size else 0}
 
 
-def extra(contract_name: str, ref, got, start: int) -> dict:
-    """The fields this contract adds to its rows (none for the others)."""
-    return first_flip(ref, got, start) if contract_name == CONTRACT else {}
+def extra(contract_name: str, ref, got, start: int, kw: dict) -> dict:
+    """The fields this contract adds to its rows (none for the others): k and the first flip."""
+    return {"draft": kw["draft"], **first_flip(ref, got, start)} if contract_name == CONTRACT else {}
