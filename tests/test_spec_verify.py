@@ -106,6 +106,9 @@ def test_embedded_verify_is_decode_or_rounding():
     # windows of M from the prompt's end (7 tokens) over 19 positions: 12, 12, 10, 9 positions compared
     assert [r["positions"] for r in rows] == [12, 12, 10, 9]
     assert [r["draft"] for r in rows] == [1, 2, 4, 8]
+    for r in rows:  # the sequence is the fp32 greedy stream: decoding accepts every draft, and no flip loses one
+        assert r["accepted_decode"] == r["drafts"] and (r["greedy_flips"] > 0 or r["acceptance_lost"] == 0), r
+    assert any(t.startswith("fp32 spec_verify, the greedy stream as the draft: k=1: ") for t in res.takeaways)
     for r in rows:
         if r["verdict"] != "holds":  # torch's CPU matmul blocks M rows and one row differently: rounding
             assert r["verdict"] == "rounding", r
@@ -126,3 +129,13 @@ def test_a_position_off_by_one_persists_in_fp64(planted):
     assert rows and all(r["verdict"] == "algorithmic" for r in rows), rows
     for r in rows:
         assert r["note"].startswith("algorithmic: persists in fp64") and r["exact_max_abs_diff"] > 1e-3
+
+
+def test_acceptance_by_hand():
+    # two windows of M = 3 (k = 2) from position 4; the drafts are seq[5], seq[6] and seq[8], seq[9]
+    seq = [0, 0, 0, 0, 1, 2, 0, 1, 1, 2, 0]
+    one_hot = lambda tops: torch.nn.functional.one_hot(torch.tensor(tops), 3).double()
+    ref = one_hot([2, 0, 0, 1, 2, 0])  # window 1: accepts seq[5] = 2 and seq[6] = 0; window 2: 1 then 2: both
+    got = one_hot([2, 1, 0, 2, 2, 0])  # window 1: accepts 2, then 1 != 0; window 2: 2 != 1 at once
+    acc = spec_verify.acceptance(ref, got, seq, 4, 2)
+    assert acc == {"drafts": 4, "accepted_decode": 4, "accepted_verify": 1, "acceptance_lost": 3}

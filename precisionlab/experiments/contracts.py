@@ -132,7 +132,7 @@ def _run(cfg: ContractsConfig, advance) -> ContractsResult:
                     rows.append(row | _unsupported(str(e)))
                     continue
                 m = measure(ref, got, dtype, start)
-                row |= m | spec_verify.extra(contract, ref, got, start, kw)
+                row |= m | spec_verify.extra(ctx, contract, ref, got, start, kw)
                 if m["bit_identical_share"] < 1.0:
                     if exact_model is None:
                         exact_model = engine.model(engine.exact_dtype)
@@ -150,7 +150,7 @@ def _run(cfg: ContractsConfig, advance) -> ContractsResult:
         params={"model": cfg.model or DEFAULT_SPEC, "steps": cfg.steps, "prompt": cfg.prompt, "dtypes": dtypes,
                 "chunks": chunks, "batches": batches, "pads": PADS, "device": device, "seed": cfg.seed,
                 "prompt_tokens": len(prompt), "positions": len(seq), "exact_dtype": engine.exact_dtype},
-        rows=rows, model_info=info, flags=flags, takeaways=takeaways(rows, info),
+        rows=rows, model_info=info, flags=flags, takeaways=takeaways(rows, info) + spec_verify.takeaways(rows),
         timing={"load_s": t_load, "run_s": t_run, "torch_threads": n_threads})
 
 

@@ -66,6 +66,48 @@ def first_flip(ref, got, start: int) -> dict:
             "near_tie_flips": int(np.count_nonzero(margins[flips] <= 1e-3 * scale)) if flips.size else 0}
 
 
-def extra(contract_name: str, ref, got, start: int, kw: dict) -> dict:
-    """The fields this contract adds to its rows (none for the others): k and the first flip."""
-    return {"draft": kw["draft"], **first_flip(ref, got, start)} if contract_name == CONTRACT else {}
+def acceptance(ref, got, seq: list[int], start: int, draft: int) -> dict:
+    """Greedy verification of the sequence's own next tokens as the draft:
+    in each window of M = draft + 1 rows, row j judges draft token
+    seq[pos + j + 1] (j < draft; the last row gives the bonus token), and the
+    drafts are accepted up to the first row whose argmax disagrees. Counted
+    under the decoded rows and under the verify rows: the difference is the
+    acceptance lost to numerics; the decoded rows' own rejections are the
+    draft's disagreement with this run (the sequence is the fp32 greedy
+    stream, so in fp32 none)."""
+    m = draft + 1
+    a = ref.detach().cpu().double().numpy().argmax(axis=1)
+    b = got.detach().cpu().double().numpy().argmax(axis=1)
+    counts = {"drafts": 0, "accepted_decode": 0, "accepted_verify": 0}
+    for w in range(len(a) // m):
+        targets = [seq[start + w * m + j + 1] for j in range(draft)]
+        counts["drafts"] += draft
+        for key, top in (("accepted_decode", a), ("accepted_verify", b)):
+            for j, t in enumerate(targets):
+                if top[w * m + j] != t:
+                    break
+                counts[key] += 1
+    counts["acceptance_lost"] = counts["accepted_decode"] - counts["accepted_verify"]
+    return counts
+
+
+def extra(ctx, contract_name: str, ref, got, start: int, kw: dict) -> dict:
+    """The fields this contract adds to its rows (none for the others): k, the
+    first flip, and the acceptance of greedy verification."""
+    if contract_name != CONTRACT:
+        return {}
+    return {"draft": kw["draft"], **first_flip(ref, got, start),
+            **acceptance(ref, got, ctx.seq, start, kw["draft"])}
+
+
+def takeaways(rows: list[dict]) -> list[str]:
+    """One line a dtype: the acceptance each width loses to numerics, beside the draft's own rejections."""
+    out = []
+    for dtype in dict.fromkeys(r["dtype"] for r in rows if r["contract"] == CONTRACT):
+        mine = [r for r in rows if r["contract"] == CONTRACT and r["dtype"] == dtype and r["supported"]]
+        if not mine:
+            continue
+        parts = [f"k={r['draft']}: {r['accepted_verify']} of {r['drafts']} drafts accepted by the verify chunk, "
+                 f"{r['accepted_decode']} by decoding ({r['acceptance_lost']} lost to numerics)" for r in mine]
+        out.append(f"{dtype} spec_verify, the greedy stream as the draft: " + "; ".join(parts) + ".")
+    return out
