@@ -98,7 +98,7 @@ def _run(cfg: ContractsConfig, advance) -> ContractsResult:
                          estimate=lambda s: memory.compare_contracts(*s[:7], batch=max([2, *batches])))
     prompt = engine.prompt_ids(cfg.prompt, cfg.steps + PADS)
     t_load = time.perf_counter() - t0
-    n_threads = threads.fit_torch(cfg.threads, 2.0 * engine.info()["parameters"]) if device == "cpu" else None
+    n_threads = threads.fit_torch(cfg.threads, 2.0 * (engine.info()["parameters"] or 0)) if device == "cpu" else None
 
     t1 = time.perf_counter()
     rows: list[dict] = []
@@ -267,6 +267,10 @@ def rounding_ratio(dtype: str, exact: str) -> float:
 
 def verdict(run: dict, exact: dict, dtype: str, exact_dtype: str) -> dict:
     d, d64 = run["max_abs_diff"], exact["max_abs_diff"]
+    if exact_dtype == dtype:  # an engine with nothing finer (llama.cpp): the re-run is the same computation
+        return {"verdict": "unresolved", "exact_dtype": exact_dtype, "exact_max_abs_diff": d64,
+                "exact_bit_identical_share": exact["bit_identical_share"],
+                "note": f"unresolved: the engine has no precision finer than {dtype} to re-run in"}
     ratio = d64 / d if d > 0 and math.isfinite(d) else (0.0 if d64 == 0 else math.inf)
     rounding = exact["bit_identical_share"] == 1.0 or ratio <= rounding_ratio(dtype, exact_dtype)
     if rounding:
@@ -292,7 +296,11 @@ def takeaways(rows: list[dict], info: dict) -> list[str]:
         held = [r["label"] for r in mine if r["verdict"] == "holds"]
         alg = [r for r in mine if r["verdict"] == "algorithmic"]
         rnd = [r for r in mine if r["verdict"] == "rounding"]
+        open_ = [r for r in mine if r["verdict"] == "unresolved"]
         parts = [f"{dtype}: {len(held)} of {len(mine)} contracts bit-identical"]
+        if open_:
+            parts.append(f"{len(open_)} break, unresolved: this engine has no finer precision to re-run them in "
+                         f"(largest |Δ logprob| {max(r['max_abs_diff'] for r in open_):.2g} nats)")
         if rnd:
             flips = sum(r["greedy_flips"] for r in rnd)
             parts.append(f"{len(rnd)} break by rounding only (largest |Δ logprob| "
