@@ -186,3 +186,10 @@ def test_memory_checked_before_the_long_rows(monkeypatch):
     with pytest.raises(Exception) as e:
         run(max_keys=1 << 20, cases=("denominator",))
     assert "--max-keys" in str(e.value) and "memory" in str(e.value)
+
+
+def test_plot_of_the_denominator_sweep(tmp_path):
+    out = tmp_path / "den.png"
+    r = cli("attention-cases", "--cases", "denominator", "--max-keys", "8192", "--plot", str(out))
+    assert r.code == 0, r.err
+    assert out.read_bytes()[:4] == b"\x89PNG" and "plot written" in r.err
