@@ -27,7 +27,8 @@ from precisionlab.cli.app import app
 from precisionlab.engines import inject
 from precisionlab.errors import RunError, UsageError
 from precisionlab.io import logits_file
-from precisionlab.experiments import accumulate, compare, kvcache, logits, model, rollout, softmax, tensors, tf32
+from precisionlab.experiments import (accumulate, attention_cases, compare, kvcache, logits, model, rollout, softmax,
+                                      tensors, tf32)
 from precisionlab.numerics import flash_attention as fa
 
 
@@ -88,6 +89,7 @@ KV = ("kvcache", "--steps", "2", "--scales", "unit")
 METRICS = ("compare", "model", "--metrics", "--tokens", "16")
 ROLLOUT = ("compare", "model", "--trainer", "embedded", "--rollout", "embedded", "--samples", "1", "--tokens", "4")
 ATTN = ("attention", "--seq", "64", "--rows", "4", "--dim", "8", "--std", "1", "--block-c", "16")
+CASES = ("attention-cases", "--cases", "random", "--max-keys", "4096")
 
 
 @pytest.fixture(scope="module")
@@ -121,6 +123,7 @@ def options(dumps) -> list[Opt]:
         Opt(ATTN, "--p-dtype", fa.P_DTYPES, every_spelling_by_cli=False, single=True),
         Opt(ATTN, "--input-dtype", fa.INPUT_DTYPES, every_spelling_by_cli=False, single=True),
         Opt(ATTN, "--out-dtype", fa.OUT_DTYPES, every_spelling_by_cli=False, single=True),
+        Opt(CASES, "--dtypes", attention_cases.DTYPES, every_spelling_by_cli=False),
     ]
 
 

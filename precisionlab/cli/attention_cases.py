@@ -23,7 +23,8 @@ def command(
                                                 "and the library's attention op.")] = None,
     cases: Annotated[Optional[str], typer.Option("--cases", help="The cases to run, a list (default: all).")] = None,
     dtypes: Annotated[str, typer.Option("--dtypes", help=f"The formats q, k, v are given in: "
-                                        f"{format_names(formats.COMPUTE)}.")] = "fp32,bf16",
+                                        f"{format_names(formats.COMPUTE)}.")] = ",".join(
+        formats.ATTENTION_CASES_DEFAULT),
     max_keys: Annotated[int, typer.Option("--max-keys", help="The denominator case's longest row: 4096, 8192, ... "
                                           "up to this many keys.")] = 1 << 20,
     bound: Annotated[float, typer.Option("--bound", help="The relative error the takeaways name a row length and a "

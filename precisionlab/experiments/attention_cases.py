@@ -63,7 +63,7 @@ class Case:
 class CasesConfig:
     impl: str | None = None
     cases: tuple[str, ...] | None = None
-    dtypes: tuple[str, ...] = ("fp32", "bf16")
+    dtypes: tuple[str, ...] = tuple(formats.ATTENTION_CASES_DEFAULT)
     max_keys: int = 1 << 20
     bound: float = BOUND
 
@@ -443,7 +443,7 @@ def facts(cfg: CasesConfig) -> list[dict]:
     than the bound, and the position past which a phase table in it moves
     cos by more than the bound."""
     out = []
-    for dtype in ("bf16", "fp16", "fp32"):
+    for dtype in formats.COMPUTE:
         den = ax.first_denominator_failure(dtype, cfg.bound, cfg.max_keys)
         rope = [ax.first_bad_position(dtype, cfg.bound, ROPE_TOP, t) for t in ROPE_THETAS]
         visible, _ = _zero_sink_visible(dtype)
