@@ -110,6 +110,11 @@ def test_planted_bug_is_flagged_by_its_case(impls_on_path, bug, case):
     assert any(t.startswith(f"impls.attention:{bug} fails {case} in {dtype}") for t in res.takeaways)
 
 
+def test_softcap_seeded_wrongly_in_split_paths_only(impls_on_path):
+    res = run("softcap_split_seed", cases=("softcap", "softcap_splits"), dtypes=("fp32",))
+    assert [status(res, c, "fp32") for c in ("softcap", "softcap_splits")] == ["pass", "fail"]
+
+
 def test_dropped_sink_passes_in_bf16_only_where_invisible(impls_on_path):
     res = run("sink_dropped", cases=("sink_zero_init",), dtypes=("fp32", "bf16"))
     assert [status(res, "sink_zero_init", d) for d in ("fp32", "bf16")] == ["fail", "invisible"]

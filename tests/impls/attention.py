@@ -42,7 +42,7 @@ def _scores(q, k, scale, mask, softcap, window, q_pos, rope_base, bug):
     return np.where(vis, s, -np.inf), np.where(vis, raw, -np.inf), vis
 
 
-def _partition(s, raw, v, lo, hi, sink, bug):
+def _partition(s, raw, v, lo, hi, sink, bug, first=True):
     """One split's running (m, l, o) over tiles lo ... hi, the sink folded in
     when `sink` is given: m = sink, l = 1 to start."""
     rows = s.shape[0]
@@ -52,8 +52,10 @@ def _partition(s, raw, v, lo, hi, sink, bug):
     for t0 in range(lo, hi, TILE):
         t1 = min(hi, t0 + TILE)
         st = s[:, t0:t1]
-        # the bug: the max taken over the raw scores, the cap applied after it
-        top = np.max(raw[:, t0:t1] if bug == "softcap_after_max" else st, axis=1)
+        # the bugs: the max taken over the raw scores, the cap applied after it (everywhere, or only in the
+        # partitions after the first: a split path seeded from the uncapped scores)
+        uncapped = bug == "softcap_after_max" or (bug == "softcap_split_seed" and not first)
+        top = np.max(raw[:, t0:t1] if uncapped else st, axis=1)
         m_new = np.maximum(m, top)
         with np.errstate(invalid="ignore", over="ignore"):
             if bug == "empty_split_nan":  # the bug: no guard for a tile that sees no key (-inf - -inf)
@@ -84,7 +86,7 @@ def make(bug=None):
             lo, hi = min(keys, i * per * TILE), min(keys, (i + 1) * per * TILE)
             with_sink = sink if (sink is not None and bug != "sink_dropped" and (i == 0 or bug == "sink_twice")) \
                 else None
-            parts.append(_partition(s, raw, v, lo, hi, with_sink, bug))
+            parts.append(_partition(s, raw, v, lo, hi, with_sink, bug, first=i == 0))
         with np.errstate(invalid="ignore", divide="ignore"):
             lse = np.stack([np.where(l > 0, m + np.log(np.where(l > 0, l, 1.0)), -np.inf) for m, l, _ in parts])
             if bug == "empty_split_nan":  # the bug: each split normalised without a guard (0 / 0 = NaN)
@@ -111,6 +113,7 @@ empty_split_nan = make("empty_split_nan")
 bf16_denominator = make("bf16_denominator")
 bf16_rope_table = make("bf16_rope_table")
 softcap_after_max = make("softcap_after_max")
+softcap_split_seed = make("softcap_split_seed")
 
 
 def no_sinks(q, k, v, *, scale, splits=1, mask=None):
