@@ -27,7 +27,8 @@ from precisionlab.cli.app import app
 from precisionlab.engines import inject
 from precisionlab.errors import RunError, UsageError
 from precisionlab.io import logits_file
-from precisionlab.experiments import accumulate, compare, contracts, kvcache, logits, model, rollout, softmax, tensors, tf32
+from precisionlab.experiments import (accumulate, attention_cases, compare, contracts, kvcache, logits, model, rollout,
+                                      softmax, tensors, tf32)
 from precisionlab.numerics import flash_attention as fa
 
 
@@ -89,6 +90,7 @@ METRICS = ("compare", "metrics", "--tokens", "16")
 CONTRACTS = ("compare", "contracts", "--steps", "2", "--batches", "3")
 ROLLOUT = ("compare", "rollout", "--trainer", "embedded", "--rollout", "embedded", "--samples", "1", "--tokens", "4")
 ATTN = ("attention", "--seq", "64", "--rows", "4", "--dim", "8", "--std", "1", "--block-c", "16")
+CASES = ("attention-cases", "--cases", "random", "--max-keys", "4096")
 
 
 @pytest.fixture(scope="module")
@@ -123,6 +125,7 @@ def options(dumps) -> list[Opt]:
         Opt(ATTN, "--p-dtype", fa.P_DTYPES, every_spelling_by_cli=False, single=True),
         Opt(ATTN, "--input-dtype", fa.INPUT_DTYPES, every_spelling_by_cli=False, single=True),
         Opt(ATTN, "--out-dtype", fa.OUT_DTYPES, every_spelling_by_cli=False, single=True),
+        Opt(CASES, "--dtypes", attention_cases.DTYPES, every_spelling_by_cli=False),
     ]
 
 

@@ -21,6 +21,7 @@ COMMANDS = [
     ("formats", ["formats", "--n", "4096", "--shape", "16x256x16", "--dists", "normal", "--device", "cpu"]),
     ("kvcache", ["kvcache", "--steps", "2", "--dtypes", "fp8_e4m3", "--scales", "unit"]),
     ("attention", ["attention", "--seq", "512", "--rows", "8", "--std", "1"]),
+    ("attention-cases", ["attention-cases", "--max-keys", "8192"]),
     ("compare op", ["compare", "op", "matmul", "--shape", "8x64x8", "--device", "cpu", "--accumulator", "hopper-fp8"]),
     ("compare model", ["compare", "model", "--steps", "3"]),
     ("compare metrics", ["compare", "metrics", "--tokens", "128",

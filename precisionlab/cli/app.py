@@ -135,6 +135,7 @@ COMMANDS = (
     (None, 'formats', 'formats'),
     (None, 'kvcache', 'kvcache'),
     (None, 'attention', 'attention'),
+    (None, 'attention-cases', 'attention_cases'),
     (None, 'export', 'export'),
 )
 # nondeterminism is a group whose own run (no verb given) is the sections: its

@@ -23,6 +23,9 @@ def command(
                                                         "repeatable.")] = None,
     batches: Annotated[Optional[list[int]], typer.Option("--batches", help="Batch sizes beyond 2, 4, 16, 64; "
                                                          "repeatable.")] = None,
+    draft_widths: Annotated[Optional[list[int]], typer.Option("--draft-widths", help="spec_verify's draft widths k "
+                                                              "(a verify chunk of k + 1 rows against decoding), "
+                                                              "replacing 1, 2, 4, 8; repeatable.")] = None,
     device: ModelDeviceOpt = "cpu",
     seed: SeedOpt = 0,
     json_out: JsonOpt = False,
@@ -39,5 +42,6 @@ def command(
                                **({} if dtypes is None else {"dtypes": dtypes}),
                                chunks=cexp.sizes(chunks or [], cexp.CHUNKS, "--chunks"),
                                batches=cexp.sizes(batches or [], cexp.BATCHES, "--batches"),
+                               **({} if not draft_widths else {"draft_widths": tuple(draft_widths)}),
                                device=device, seed=seed, threads=threads)
     Output(contracts_report, json_out).run("compare contracts", lambda advance: cexp.run(cfg, advance))

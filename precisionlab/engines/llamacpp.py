@@ -160,6 +160,49 @@ class LlamaCppEngine(ExternalEngine):
     def decode(self, ids) -> str:
         return self.llm.detokenize([int(i) for i in ids]).decode("utf-8", "replace")
 
+    exact_dtype = "fp32"  # llama.cpp computes in the file's types: no fp64 re-run exists
+
+    def session(self, model, stores=None):
+        """A feed that steps on through llama.cpp's own KV cache (one context,
+        llm.eval after what it holds): the first call prefills, each later one
+        evaluates only its new tokens, as a server's decode or verify step."""
+        if stores is not None:
+            return super().session(model, stores)  # refused there, in one line
+        return self._feed([])
+
+    def fork(self, feed):
+        """A feed from a copy of `feed`'s cache: the context is shared, and each
+        feed holds its own tokens; before it evaluates, the cache is cut back to
+        the longest prefix it has in common with them (llm.eval removes what
+        lies past llm.n_tokens) and rebuilt past that where another feed wrote."""
+        return self._feed(list(feed.tokens))
+
+    def _feed(self, tokens: list[int]):
+        import numpy as np
+        import torch
+
+        def feed(ids: list[int]):
+            mine = feed.tokens
+            if len(mine) + len(ids) > self.max_len:
+                raise UsageError(f"{self.name}: {len(mine) + len(ids)} tokens exceed n_ctx {self.max_len}")
+            held = self.llm.input_ids[:self.llm.n_tokens]
+            common = 0
+            while common < min(len(held), len(mine)) and held[common] == mine[common]:
+                common += 1
+            self.llm.n_tokens = common
+            if common < len(mine):
+                self.llm.eval(mine[common:])
+            self.llm.eval(list(ids))
+            out = np.array(self.llm.scores[len(mine):len(mine) + len(ids)], dtype=np.float32)
+            mine.extend(ids)
+            if out.shape[1] > self.vocab:
+                self.padded_from = int(out.shape[1])
+                out = out[:, :self.vocab]
+            return torch.from_numpy(out)
+
+        feed.tokens = list(tokens)
+        return feed
+
     def rows(self, ids):
         import numpy as np
 

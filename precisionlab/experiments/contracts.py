@@ -35,6 +35,7 @@ from precisionlab.engines.protocol import NotSupported, greedy
 from precisionlab.engines.registry import DEFAULT_PROMPT, DEFAULT_SPEC
 from precisionlab.experiments import startup
 from precisionlab.errors import UsageError
+from precisionlab.experiments import spec_verify
 from precisionlab.runtime import memory, threads, torch_flags
 
 CHUNKS = (1, 7, 64)
@@ -51,6 +52,7 @@ class ContractsConfig:
     dtypes: str = ",".join(("fp32", formats.LOW_COMPUTE[0]))  # fp32 and bf16
     chunks: tuple[int, ...] = CHUNKS    # the chunked contract's chunk sizes (the CLI adds --chunks to CHUNKS)
     batches: tuple[int, ...] = BATCHES  # the batch contract's sizes (the CLI adds --batches to BATCHES)
+    draft_widths: tuple[int, ...] = spec_verify.DRAFT_WIDTHS  # spec_verify's k (--draft-widths)
     device: str = "cpu"
     seed: int = 0
     threads: int | None = None
@@ -96,8 +98,9 @@ def _run(cfg: ContractsConfig, advance) -> ContractsResult:
     t_load = time.perf_counter() - t0
     t1 = time.perf_counter()
     rows: list[dict] = []
-    # fp32 means IEEE fp32: TF32 off, set explicitly; a decoding step is ~2 flops per parameter
-    with startup.numerics(cfg.threads, 2.0 * engine.info()["parameters"], device) as n_threads:
+    # fp32 means IEEE fp32: TF32 off, set explicitly; a decoding step is ~2 flops per parameter (an engine
+    # that does not count them, llama.cpp, sizes torch's threads for nothing)
+    with startup.numerics(cfg.threads, 2.0 * (engine.info()["parameters"] or 0), device) as n_threads:
         flags = torch_flags.torch_flags()
         tokens, _ = greedy(engine, engine.model("fp32"), prompt, cfg.steps, "fp32")
         seq = prompt + tokens
@@ -114,6 +117,7 @@ def _run(cfg: ContractsConfig, advance) -> ContractsResult:
                  ("padding", f"{PADS} pads, batch of 1", {"batch": 1, "pads": PADS}),
                  ("padding", f"{PADS} pads, batch of 2", {"batch": 2, "pads": PADS})]
         plan += [("batch", f"batch of {b}", {"batch": b}) for b in batches]
+        plan += spec_verify.plan(sizes(cfg.draft_widths, (), "--draft-widths"), cfg.steps)
         exact_model = None
         for dtype in dtypes:
             model = engine.model(dtype)
@@ -126,7 +130,7 @@ def _run(cfg: ContractsConfig, advance) -> ContractsResult:
                     rows.append(row | _unsupported(str(e)))
                     continue
                 m = measure(ref, got, dtype, start)
-                row |= m
+                row |= m | spec_verify.extra(ctx, contract, ref, got, start, kw)
                 if m["bit_identical_share"] < 1.0:
                     if exact_model is None:
                         exact_model = engine.model(engine.exact_dtype)
@@ -144,7 +148,7 @@ def _run(cfg: ContractsConfig, advance) -> ContractsResult:
         params={"model": cfg.model or DEFAULT_SPEC, "steps": cfg.steps, "prompt": cfg.prompt, "dtypes": dtypes,
                 "chunks": chunks, "batches": batches, "pads": PADS, "device": device, "seed": cfg.seed,
                 "prompt_tokens": len(prompt), "positions": len(seq), "exact_dtype": engine.exact_dtype},
-        rows=rows, model_info=info, flags=flags, takeaways=takeaways(rows, info),
+        rows=rows, model_info=info, flags=flags, takeaways=takeaways(rows, info) + spec_verify.takeaways(rows),
         timing={"load_s": t_load, "run_s": t_run, "torch_threads": n_threads})
 
 
@@ -211,7 +215,8 @@ def _batch(ctx, model, batch: int):
 
 
 CONTRACTS = {"prefill_vs_decode": _prefill_vs_decode, "chunked": _chunked, "shared_prefix": _shared_prefix,
-             "prefix_cache": _prefix_cache, "padding": _padding, "batch": _batch}
+             "prefix_cache": _prefix_cache, "padding": _padding, "batch": _batch,
+             spec_verify.CONTRACT: spec_verify.contract}
 
 
 # --- the figures --------------------------------------------------------------------------------------
@@ -260,6 +265,10 @@ def rounding_ratio(dtype: str, exact: str) -> float:
 
 def verdict(run: dict, exact: dict, dtype: str, exact_dtype: str) -> dict:
     d, d64 = run["max_abs_diff"], exact["max_abs_diff"]
+    if exact_dtype == dtype:  # an engine with nothing finer (llama.cpp): the re-run is the same computation
+        return {"verdict": "unresolved", "exact_dtype": exact_dtype, "exact_max_abs_diff": d64,
+                "exact_bit_identical_share": exact["bit_identical_share"],
+                "note": f"unresolved: the engine has no precision finer than {dtype} to re-run in"}
     ratio = d64 / d if d > 0 and math.isfinite(d) else (0.0 if d64 == 0 else math.inf)
     rounding = exact["bit_identical_share"] == 1.0 or ratio <= rounding_ratio(dtype, exact_dtype)
     if rounding:
@@ -285,7 +294,11 @@ def takeaways(rows: list[dict], info: dict) -> list[str]:
         held = [r["label"] for r in mine if r["verdict"] == "holds"]
         alg = [r for r in mine if r["verdict"] == "algorithmic"]
         rnd = [r for r in mine if r["verdict"] == "rounding"]
+        open_ = [r for r in mine if r["verdict"] == "unresolved"]
         parts = [f"{dtype}: {len(held)} of {len(mine)} contracts bit-identical"]
+        if open_:
+            parts.append(f"{len(open_)} break, unresolved: this engine has no finer precision to re-run them in "
+                         f"(largest |Δ logprob| {max(r['max_abs_diff'] for r in open_):.2g} nats)")
         if rnd:
             flips = sum(r["greedy_flips"] for r in rnd)
             parts.append(f"{len(rnd)} break by rounding only (largest |Δ logprob| "
