@@ -15,7 +15,7 @@ with its own tolerance says why. NaN never agrees.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Callable
 
 import numpy as np
@@ -469,7 +469,7 @@ def takeaways(rows: list[dict], sweep: list[dict], fact_rows: list[dict], cfg: C
         if f["denominator_first_keys"] is not None:
             out.append(f"a softmax denominator held in {f['dtype']} between tiles of {ax.TILE} keys is off by more "
                        f"than {pct} from {f['denominator_first_keys']:,} keys (equal scores)")
-        first = [(p, t) for p, t in zip((f["rope_first_position"], f["rope_first_position_slow"]), ROPE_THETAS)
+        first = [(p, t) for p, t in zip((f["rope_first_position"], f["rope_first_position_slow"]), ROPE_THETAS, strict=True)
                  if p is not None]
         if first:
             out.append(f"a RoPE phase table in {f['dtype']} moves cos by more than {cfg.bound:g} from position "
