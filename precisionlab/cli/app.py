@@ -123,6 +123,7 @@ COMMANDS = (
     (None, 'info', 'info'),
     ('compare', 'op', 'compare_op'),
     ('compare', 'logits', 'compare_logits'),
+    ('compare', 'builds', 'compare_builds'),
     ('compare', 'logprobs', 'compare_logprobs'),
     ('compare', 'tensors', 'compare_tensors'),
     (None, 'bench', 'bench'),
