@@ -1,0 +1,162 @@
+"""compare builds: the block-bootstrap interval's coverage, the verdicts on
+synthetic builds, the JSON and the refusals.
+
+The coverage band (93-97 % of 1,000 replicates for a 95 % interval), the
+replicate size (2,000 positions, a short text), the AR(1) coefficient (0.5)
+and the seed were fixed before the test was first run."""
+
+import numpy as np
+import pytest
+from safetensors.numpy import save_file
+
+from helpers import cli, strict_json
+from precisionlab.numerics import paired
+
+REPLICATES, N, PHI, RESAMPLES, TRUTH = 1000, 2000, 0.5, 500, 0.3
+BAND = (0.93, 0.97)
+
+
+def _ar1(rng, reps, n, phi):
+    e = rng.standard_normal((reps, n))
+    x = np.empty_like(e)
+    x[:, 0] = e[:, 0] / np.sqrt(1 - phi * phi)  # stationary from the first position
+    for i in range(1, n):
+        x[:, i] = phi * x[:, i - 1] + e[:, i]
+    return x
+
+
+@pytest.mark.parametrize("phi", [0.0, PHI], ids=["independent", "ar1"])
+def test_95_interval_covers_a_known_difference_93_to_97_percent(phi):
+    x = TRUTH + _ar1(np.random.default_rng(44), REPLICATES, N, phi)
+    covered = 0
+    for r in range(REPLICATES):
+        iv = paired.mean_interval(x[r], 0.95, RESAMPLES, np.random.default_rng([44, r]))
+        covered += iv.lo <= TRUTH <= iv.hi
+    assert BAND[0] <= covered / REPLICATES <= BAND[1], covered
+
+
+def test_block_length_follows_the_dependence():
+    rng = np.random.default_rng(5)
+    assert paired.block_length(rng.standard_normal(4000)) <= 2
+    assert paired.block_length(_ar1(rng, 1, 4000, 0.8)[0]) >= 10
+
+
+def test_same_seed_same_interval_other_seed_other_draws():
+    x = _ar1(np.random.default_rng(1), 1, 500, 0.5)[0]
+    a = paired.mean_interval(x, 0.95, 300, np.random.default_rng(3))
+    b = paired.mean_interval(x, 0.95, 300, np.random.default_rng(3))
+    c = paired.mean_interval(x, 0.95, 300, np.random.default_rng(4))
+    assert (a.lo, a.hi) == (b.lo, b.hi) and (a.lo, a.hi) != (c.lo, c.hi)
+
+
+# ---------------------------------------------------------------------------
+# the command on synthetic builds: REF, two runs of one build, a worse build
+
+NP, V = 1500, 48
+
+
+def _write(path, logits, tokens):
+    save_file({"logits": np.asarray(logits, np.float32), "tokens": np.asarray(tokens, np.int64)}, str(path))
+    return str(path)
+
+
+@pytest.fixture(scope="module")
+def builds(tmp_path_factory):
+    d = tmp_path_factory.mktemp("builds")
+    rng = np.random.default_rng(12)
+    h = np.empty((NP, V))
+    h[0] = rng.standard_normal(V)
+    for i in range(1, NP):  # a slowly moving context: neighbouring positions correlate
+        h[i] = 0.7 * h[i - 1] + 0.7 * rng.standard_normal(V)
+    ref = 2.0 * h
+    tok = rng.integers(0, V, NP)
+    noise = lambda s, seed: ref + s * np.random.default_rng(seed).standard_normal(ref.shape)  # noqa: E731
+    f = {"ref": _write(d / "ref.safetensors", ref, tok),
+         "a": _write(d / "a.safetensors", noise(0.05, 1), tok),
+         "a2": _write(d / "a2.safetensors", noise(0.05, 2), tok),      # the same build run again
+         "b": _write(d / "b.safetensors", noise(0.065, 3), tok)}       # planted: 30 % more logit noise
+    nan = noise(0.05, 4)
+    nan[700, 3] = np.nan
+    f["nan"] = _write(d / "nan.safetensors", nan, tok)
+    other = tok.copy()
+    other[321] = (other[321] + 1) % V
+    f["tokens"] = _write(d / "tokens.safetensors", noise(0.05, 5), other)
+    f["vocab"] = _write(d / "vocab.safetensors", np.pad(noise(0.05, 6), ((0, 0), (0, 1))), tok)  # one more logit
+    (d / "empty.safetensors").write_bytes(b"")
+    f["empty"] = str(d / "empty.safetensors")
+    f["norows"] = _write(d / "norows.safetensors", np.zeros((0, V)), np.zeros(0))
+    return f
+
+
+def _run(*args):
+    r = cli("compare", "builds", *args, "--json", "--resamples", "500")
+    return r, strict_json(r.out) if r.out.strip() else None
+
+
+def test_two_runs_of_one_build_are_within_noise_with_the_resolvable_effect_stated(builds):
+    r, doc = _run(builds["ref"], builds["a"], builds["a2"], "--fail-on-worse")
+    assert r.code == 0, r.err
+    assert doc["verdict"] == "within noise"
+    kld = next(x for x in doc["rows"] if x["statistic"] == "kld")
+    assert kld["ci_lo"] < 0 < kld["ci_hi"]
+    assert 0 < kld["ci_half_width"] < kld["mde"]
+    assert any("could still hide" in t and "kld" in t for t in doc["takeaways"])
+
+
+def test_a_planted_difference_is_separated_and_gates(builds):
+    r, doc = _run(builds["ref"], builds["a"], builds["b"], "--fail-on-worse")
+    assert r.code == 1 and "FAIL B is worse than A on kld" in r.err
+    kld = next(x for x in doc["rows"] if x["statistic"] == "kld")
+    assert doc["verdict"] == "B worse" and kld["ci_lo"] > 0
+    # the other way round: A is the better build
+    r, doc = _run(builds["ref"], builds["b"], builds["a"], "--fail-on-worse")
+    assert r.code == 0 and doc["verdict"] == "B better"
+
+
+def test_the_mean_difference_is_the_exact_mean_of_the_per_position_kld_difference(builds):
+    from precisionlab.numerics import distribution
+    from safetensors.numpy import load_file
+
+    ref, a, b = (load_file(builds[k]) for k in ("ref", "a", "b"))
+    kl = [distribution.position_stats(ref["logits"], x["logits"], ref["tokens"]).kl for x in (a, b)]
+    import math
+
+    want = math.fsum((kl[1] - kl[0]).tolist()) / NP
+    _, doc = _run(builds["ref"], builds["a"], builds["b"])
+    got = next(x for x in doc["rows"] if x["statistic"] == "kld")["diff"]
+    assert got == pytest.approx(want, rel=1e-12)
+
+
+def test_identical_builds_say_so(builds):
+    r, doc = _run(builds["ref"], builds["a"], builds["a"])
+    assert r.code == 0 and doc["verdict"] == "identical"
+
+
+def test_same_seed_reproduces_the_json_rows(builds):
+    one = _run(builds["ref"], builds["a"], builds["a2"], "--seed", "9")[1]["rows"]
+    two = _run(builds["ref"], builds["a"], builds["a2"], "--seed", "9")[1]["rows"]
+    assert one == two
+
+
+@pytest.mark.parametrize("case, needle", [
+    ("tokens", "token ids differ first at position 321"),
+    ("vocab", "vocabulary sizes differ"),
+    ("nan", "NaN or +inf logits (no distribution) at position 700"),
+    ("empty", "not a readable safetensors file"),
+    ("norows", "is empty"),
+])
+def test_hostile_inputs_are_one_line_exit_2(builds, case, needle):
+    r = cli("compare", "builds", builds["ref"], builds["a"], builds[case])
+    assert r.code == 2 and needle in r.err and len(r.err.strip().splitlines()) == 1, r.err
+
+
+@pytest.mark.parametrize("args, needle", [
+    (["--confidence", "1"], "--confidence"), (["--resamples", "5"], "--resamples"), (["--seed", "-1"], "--seed")])
+def test_bad_options_exit_2(builds, args, needle):
+    r = cli("compare", "builds", builds["ref"], builds["a"], builds["b"], *args)
+    assert r.code == 2 and needle in r.err
+
+
+def test_two_files_are_a_usage_error(builds):
+    r = cli("compare", "builds", builds["ref"], builds["a"])
+    assert r.code == 2 and "REF A B" in r.err
