@@ -124,6 +124,7 @@ COMMANDS = (
     ('compare', 'op', 'compare_op'),
     ('compare', 'logits', 'compare_logits'),
     ('compare', 'builds', 'compare_builds'),
+    ('compare', 'scores', 'compare_scores'),
     ('compare', 'logprobs', 'compare_logprobs'),
     ('compare', 'tensors', 'compare_tensors'),
     (None, 'bench', 'bench'),

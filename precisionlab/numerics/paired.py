@@ -243,10 +243,28 @@ def questions_needed(drop: float, discordant_share: float, confidence: float, po
     0.05 = five points) with the given power, when a share `discordant_share`
     of questions is answered differently by the two builds (Connor 1987):
     n = (z_(1-alpha/2) sqrt(psi) + z_power sqrt(psi - drop^2))^2 / drop^2.
-    inf where psi <= drop^2 cannot hold such a drop (then the drop alone is
-    psi's lower bound, used instead)."""
+    A drop of D moves at least D of the questions, so psi is taken as at
+    least `drop` (with no discordant pair observed, that is the planning
+    value)."""
     if not drop > 0:
         return math.nan
     psi = max(discordant_share, drop)  # a drop of D needs at least D of questions to differ
     zb = NormalDist().inv_cdf(power)
     return (z(confidence) * math.sqrt(psi) + zb * math.sqrt(max(psi - drop * drop, 0.0))) ** 2 / (drop * drop)
+
+
+def detectable_drop(n: int, discordant_share: float, confidence: float, power: float = POWER) -> float:
+    """The smallest drop (a fraction) questions_needed says n questions
+    resolve, at this discordant share: bisection on the monotone formula."""
+    if n < 1:
+        return math.nan
+    lo, hi = 1e-9, 1.0
+    if questions_needed(hi, discordant_share, confidence, power) > n:
+        return math.inf
+    for _ in range(100):
+        mid = (lo + hi) / 2
+        if questions_needed(mid, discordant_share, confidence, power) > n:
+            lo = mid
+        else:
+            hi = mid
+    return hi
