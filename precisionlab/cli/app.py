@@ -125,6 +125,7 @@ COMMANDS = (
     ('compare', 'logits', 'compare_logits'),
     ('compare', 'builds', 'compare_builds'),
     ('compare', 'scores', 'compare_scores'),
+    ('compare', 'moved', 'compare_moved'),
     ('compare', 'logprobs', 'compare_logprobs'),
     ('compare', 'tensors', 'compare_tensors'),
     (None, 'bench', 'bench'),
