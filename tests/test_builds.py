@@ -160,3 +160,28 @@ def test_bad_options_exit_2(builds, args, needle):
 def test_two_files_are_a_usage_error(builds):
     r = cli("compare", "builds", builds["ref"], builds["a"])
     assert r.code == 2 and "REF A B" in r.err
+
+
+def test_json_follows_the_glossary(builds):
+    from helpers import json_glossary_problems
+
+    from precisionlab.report import jsondoc
+
+    _, doc = _run(builds["ref"], builds["a"], builds["b"])
+    assert list(doc)[:2] == ["schema_version", "command"] and doc["schema_version"] == jsondoc.SCHEMA_VERSION
+    assert doc["command"] == "compare builds" and json_glossary_problems(doc) == []
+
+
+@pytest.mark.parametrize("argv", [["compare", "builds", "--help"], ["compare", "scores", "--help"],
+                                  ["compare", "moved", "--help"]])
+def test_help_never_imports_torch(argv):
+    from helpers import cli_in_process
+
+    assert cli_in_process(*argv).stderr.endswith("TORCH=False")
+
+
+def test_a_run_on_files_never_imports_torch(builds):
+    from helpers import cli_in_process
+
+    p = cli_in_process("compare", "builds", builds["ref"], builds["a"], builds["b"], "--resamples", "100")
+    assert "B worse" in p.stdout and p.stderr.endswith("TORCH=False")
