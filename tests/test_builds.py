@@ -185,3 +185,26 @@ def test_a_run_on_files_never_imports_torch(builds):
 
     p = cli_in_process("compare", "builds", builds["ref"], builds["a"], builds["b"], "--resamples", "100")
     assert "B worse" in p.stdout and p.stderr.endswith("TORCH=False")
+
+
+def test_an_infinite_kld_gives_no_interval_and_says_why(builds, tmp_path):
+    from safetensors.numpy import load_file
+
+    d = load_file(builds["b"])
+    logits = d["logits"].copy()
+    logits[5, :] = -np.inf  # B gives all its mass to token 0 at position 5: KL from REF is inf there
+    logits[5, 0] = 0.0
+    r, doc = _run(builds["ref"], builds["a"], _write(tmp_path / "inf.safetensors", logits, d["tokens"]))
+    kld = next(x for x in doc["rows"] if x["statistic"] == "kld")
+    assert r.code == 0 and kld["verdict"] == "undefined" and kld["ci_lo"] == "nan" and doc["verdict"] == "undefined"
+    assert any(t.startswith("kld: not finite") for t in doc["takeaways"])
+    table = cli("compare", "builds", builds["ref"], builds["a"], str(tmp_path / "inf.safetensors"),
+                "--resamples", "100").out
+    assert "[nan, nan]" in table  # shown, not swallowed as markup
+
+
+def test_plot_is_written(builds, tmp_path):
+    pytest.importorskip("matplotlib")
+    r = cli("compare", "builds", builds["ref"], builds["a"], builds["b"], "--resamples", "100",
+            "--plot", str(tmp_path / "d.png"))
+    assert r.code == 0 and (tmp_path / "d.png").stat().st_size > 1000

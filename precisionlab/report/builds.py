@@ -4,6 +4,7 @@ interval, the smallest effect resolved, the verdict), the JSON, the plot."""
 from __future__ import annotations
 
 import numpy as np
+from rich.markup import escape
 from rich.table import Table
 
 from precisionlab.report.console import footer, hint, safe_text, stdout
@@ -33,7 +34,7 @@ def table(res) -> None:
         t.add_column(c, justify="left" if c in ("statistic", "verdict") else "right")
     for r in res.rows:
         t.add_row(LABELS[r["statistic"]], _g(r["a"]), _g(r["b"]), _g(r["diff"]),
-                  f"[{_g(r['ci_lo'])}, {_g(r['ci_hi'])}]", _g(r["ci_half_width"]), _g(r["mde"]),
+                  escape(f"[{_g(r['ci_lo'])}, {_g(r['ci_hi'])}]"), _g(r["ci_half_width"]), _g(r["mde"]),
                   str(r["block"]), r["verdict"])
     stdout.print(t)
     stdout.print(f"verdict ({p['primary']}): {res.verdict}", highlight=False)

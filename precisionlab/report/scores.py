@@ -3,6 +3,7 @@ difference with its interval, McNemar's exact p, the verdict."""
 
 from __future__ import annotations
 
+from rich.markup import escape
 from rich.table import Table
 
 from precisionlab.report.console import footer, hint, safe_text, stdout
@@ -31,7 +32,7 @@ def table(res) -> None:
     for c in ("A", "B", "B - A", "interval", "McNemar p", "MDE 80 %", "verdict"):
         s.add_column(c, justify="left" if c == "verdict" else "right")
     s.add_row(f"{r['acc_a_pct']:.2f} %", f"{r['acc_b_pct']:.2f} %", f"{r['diff_pct']:+.2f}",
-              f"[{r['ci_lo']:+.2f}, {r['ci_hi']:+.2f}]", f"{r['p_value']:.3g}", f"{r['mde']:.2f}", r["verdict"])
+              escape(f"[{r['ci_lo']:+.2f}, {r['ci_hi']:+.2f}]"), f"{r['p_value']:.3g}", f"{r['mde']:.2f}", r["verdict"])
     stdout.print(s)
     footer(None, res.takeaways,
            note=f"points of accuracy. {p['test']}; {p['interval']}; the verdict is the test's. MDE: the smallest "
