@@ -208,3 +208,15 @@ def test_plot_is_written(builds, tmp_path):
     r = cli("compare", "builds", builds["ref"], builds["a"], builds["b"], "--resamples", "100",
             "--plot", str(tmp_path / "d.png"))
     assert r.code == 0 and (tmp_path / "d.png").stat().st_size > 1000
+
+
+def test_integer_valued_differences_resample_exactly():
+    """Top-1 agreement's per-position difference is 0 or +-100: every resample
+    mean is then an exact multiple of 100/n, and one whose flips cancel is 0,
+    not a rounding of it (an edge at -2e-16 would decide a verdict)."""
+    rng = np.random.default_rng(8)
+    d = rng.choice([-100.0, 0.0, 0.0, 0.0, 100.0], size=777)
+    means = paired.bootstrap_means(d, 3, 400, np.random.default_rng(1))
+    totals = np.round(means * d.size)
+    assert np.array_equal(totals % 100, np.zeros(400))
+    assert np.array_equal(means, totals / d.size)  # the exact total, divided once

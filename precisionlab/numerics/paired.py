@@ -86,7 +86,7 @@ def _politis_white(x: np.ndarray) -> tuple[int, float]:
     band = 2.0 * math.sqrt(math.log10(n) / n)
     inside = np.abs(rho[1:]) < band  # inside[k-1]: lag k
     m_hat = mmax
-    for m in range(0, mmax - kn + 1):
+    for m in range(mmax - kn + 1):
         if inside[m:m + kn].all():
             m_hat = m
             break
@@ -108,15 +108,17 @@ def bootstrap_means(x: np.ndarray, block: int, resamples: int, rng: np.random.Ge
     `block` consecutive positions (wrapping past the end), uniformly chosen
     starts, the last block cut so every resample has n positions.
 
-    Each resample's sum is a sum of precomputed block sums (a circular cumsum of
-    the centred series), so the cost is resamples x n/block draws, not x n."""
+    Each resample's sum is a sum of precomputed block sums (a circular cumsum),
+    so the cost is resamples x n/block draws, not x n. The cumsum is of the
+    values themselves, not centred: integer-valued differences (top-1
+    agreement's 0 / +-100) then sum exactly, and a resample whose flips
+    cancel is exactly 0, never -2e-16 (which would put an interval's edge on
+    the wrong side of 0 and decide a verdict by a rounding)."""
     x = np.asarray(x, dtype=np.float64)
     n = x.size
-    centre = exact_mean(x)
-    xc = x - centre
     k = -(-n // block)
     last = n - (k - 1) * block
-    wrapped = np.concatenate([xc, xc[:block]]) if block <= n else np.resize(xc, n + block)
+    wrapped = np.concatenate([x, x[:block]]) if block <= n else np.resize(x, n + block)
     c = np.concatenate([[0.0], np.cumsum(wrapped)])
     full = c[block:block + n] - c[:n]   # sum of the block starting at each position
     tail = c[last:last + n] - c[:n]     # sum of the cut last block starting there
@@ -126,7 +128,7 @@ def bootstrap_means(x: np.ndarray, block: int, resamples: int, rng: np.random.Ge
         m = min(per, resamples - s)
         starts = rng.integers(0, n, size=(m, k))
         total = full[starts[:, :-1]].sum(axis=1) + tail[starts[:, -1]]
-        out[s:s + m] = centre + total / n
+        out[s:s + m] = total / n
     return out
 
 
