@@ -220,3 +220,8 @@ def test_integer_valued_differences_resample_exactly():
     totals = np.round(means * d.size)
     assert np.array_equal(totals % 100, np.zeros(400))
     assert np.array_equal(means, totals / d.size)  # the exact total, divided once
+
+
+def test_a_resample_draws_at_most_max_blocks_blocks():
+    x = np.random.default_rng(2).standard_normal(3 * paired.MAX_BLOCKS + 1)
+    assert paired.mean_interval(x, 0.95, 100, np.random.default_rng(0)).block == 4  # ceil(n / MAX_BLOCKS)
