@@ -55,7 +55,7 @@ def dumps(tmp_path_factory):
 def test_a_planted_rope_base_is_localised_to_the_first_attention_module(dumps):
     ref, a, _, b, order = dumps
     r = cli("compare", "moved", ref, a, b, "--json")
-    assert r.code == 0, r.err
+    assert r.code == 1 and "FAIL B moved at layers.0.attn.wo" in r.err, r.err
     doc = strict_json(r.out)
     fd = doc["first_divergence"]
     assert fd["name"] == "layers.0.attn.wo", fd
@@ -68,8 +68,9 @@ def test_a_planted_rope_base_is_localised_to_the_first_attention_module(dumps):
 
 def test_the_same_build_twice_moves_nowhere(dumps):
     ref, a, a2, _, _ = dumps
-    doc = strict_json(cli("compare", "moved", ref, a, a2, "--json").out)
-    assert doc["first_divergence"] is None
+    r = cli("compare", "moved", ref, a, a2, "--json")
+    doc = strict_json(r.out)
+    assert r.code == 0 and doc["first_divergence"] is None
     assert all(x["diff_ba"] == 0 for x in doc["rows"])  # A and A2: the same float32 run, bit for bit
 
 
@@ -78,3 +79,17 @@ def test_dumps_sharing_no_tensor_are_refused(tmp_path):
     np.savez(tmp_path / "y.npz", y=np.ones(3))
     r = cli("compare", "moved", str(tmp_path / "r.npz"), str(tmp_path / "y.npz"), str(tmp_path / "y.npz"))
     assert r.code == 2 and "no tensor is in all of REF, A and B" in r.err
+
+
+def test_a_planted_scale_is_named_with_its_rule_and_number(tmp_path):
+    rng = np.random.default_rng(3)
+    ref = {f"layers.{i}.{m}": rng.standard_normal((4, 64)) for i in range(3) for m in ("attn", "mlp")}
+    a = {k: v + 1e-3 * rng.standard_normal(v.shape) for k, v in ref.items()}
+    b = dict(a)
+    b["layers.1.mlp"] = a["layers.1.mlp"] * 1.01  # 1 % scale: ratio about 10x A's error
+    b["layers.2.attn"] = a["layers.2.attn"] * 1.01
+    for name, d in (("r", ref), ("a", a), ("b", b)):
+        np.savez(tmp_path / f"{name}.npz", **d)
+    r = cli("compare", "moved", *(str(tmp_path / f"{x}.npz") for x in "rab"), "--json")
+    fd = strict_json(r.out)["first_divergence"]
+    assert r.code == 1 and fd["name"] == "layers.1.mlp" and fd["rule"] == "ratio" and fd["text"].startswith("beyond 4x")

@@ -17,10 +17,15 @@ def command(
     json_out: JsonOpt = False,
 ):
     """Where did B move? The first module where B's error against REF exceeds A's beyond the yardstick, with
-    the rule and its number."""
+    the rule and its number.
+
+    Exit 1 when B moved (a rule fired), 0 when B stays within A's distance from REF everywhere."""
     if len(files) != 3:
         raise UsageError(f"compare moved takes REF A B (got {len(files)} files)")
     from precisionlab.experiments import moved as exp
     from precisionlab.report import moved as report
 
-    report.show(exp.run(exp.MovedConfig(ref=files[0], a=files[1], b=files[2])), json_out)
+    result = exp.run(exp.MovedConfig(ref=files[0], a=files[1], b=files[2]))
+    report.show(result, json_out)
+    if result.failures:
+        raise typer.Exit(1)

@@ -76,7 +76,9 @@ def run(cfg: MovedConfig, advance=lambda k=1: None) -> MovedResult:
         both = np.isfinite(r) & np.isfinite(va)
         over = divergence.overflow_split(np.where(both, r, np.nan), vb)
         fit = divergence.scale_fit(vb, va, err_a) if np.isfinite(vb).all() and np.isfinite(va).all() else None
-        flags = divergence.judge_tensor(moved, err_a, scale=fit, overflow=over, against="A", ref="REF and A")
+        flags = [divergence.Flag(f.rule, f.text.replace("YOURS", "B", 1), f.value)  # B is YOURS here
+                 for f in divergence.judge_tensor(moved, err_a, scale=fit, overflow=over, against="A",
+                                                  ref="REF and A")]
         j = divergence.Judged(name, moved, compare.ratio(moved, err_a), flags)
         judged.append(j)
         rows.append({"name": name, "shape": list(shapes["REF"]), "error_a": err_a, "error_b": err_b,
@@ -90,7 +92,8 @@ def run(cfg: MovedConfig, advance=lambda k=1: None) -> MovedResult:
         row.update(divergence.row_fields(j.flags))
     fd = first.as_dict() if first else None
     params = {"ref": cfg.ref, "a": cfg.a, "b": cfg.b, "compared": len(rows)}
-    return MovedResult(params, rows, fd, missing, [], takeaways(fd, rows, missing),
+    failures = [f"B moved at {fd['name']}: {fd['text']}"] if fd else []
+    return MovedResult(params, rows, fd, missing, failures, takeaways(fd, rows, missing),
                        {"run_s": time.perf_counter() - t0})
 
 

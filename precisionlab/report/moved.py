@@ -5,12 +5,14 @@ from __future__ import annotations
 
 from rich.table import Table
 
-from precisionlab.report.console import footer, safe_text, sci, stdout
+from precisionlab.report.console import footer, hint, safe_text, sci, stdout
 from precisionlab.report.jsondoc import emit_json
 
 
 def show(res, json_out: bool) -> None:
     (as_json if json_out else table)(res)
+    for f in res.failures:
+        hint(f"FAIL {f}")
 
 
 def table(res) -> None:
