@@ -225,3 +225,13 @@ def test_integer_valued_differences_resample_exactly():
 def test_a_resample_draws_at_most_max_blocks_blocks():
     x = np.random.default_rng(2).standard_normal(3 * paired.MAX_BLOCKS + 1)
     assert paired.mean_interval(x, 0.95, 100, np.random.default_rng(0)).block == 4  # ceil(n / MAX_BLOCKS)
+
+
+@pytest.mark.parametrize("bad", ["DIR/x.txt", "DIR", "DIR/missing/x.png", "REF"])
+def test_a_bad_plot_path_exits_2_and_writes_nothing(builds, tmp_path, bad):
+    pytest.importorskip("matplotlib")
+    path = builds["ref"] if bad == "REF" else (str(tmp_path) if bad == "DIR" else bad.replace("DIR", str(tmp_path)))
+    before = set(tmp_path.iterdir())
+    r = cli("compare", "builds", builds["ref"], builds["a"], builds["b"], "--plot", path)
+    assert r.code == 2 and "--plot" in r.err and len(r.err.strip().splitlines()) == 1, r.err
+    assert set(tmp_path.iterdir()) == before
