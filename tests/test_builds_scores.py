@@ -141,3 +141,15 @@ def test_hostile_score_files_are_one_line_exit_2(tmp_path, case, needle):
          "nan": lambda p: (p.write_text('{"doc_id": 0, "acc": NaN}\n'), str(p))[1]}[case](tmp_path / "b.txt")
     r = cli("compare", "scores", a, b)
     assert r.code == 2 and needle in r.err and len(r.err.strip().splitlines()) == 1, r.err
+
+
+def test_a_csv_with_a_byte_order_mark_and_an_lm_eval_file_pair_by_id(tmp_path):
+    a, b = _pattern(20, 4, 0, 6)
+    (tmp_path / "a.csv").write_text("\ufeffquestion_id,correct\n" + "".join(f"{i},{x}\n" for i, x in enumerate(a)),
+                                    encoding="utf-8")
+    r = cli("compare", "scores", str(tmp_path / "a.csv"), _lm_eval(tmp_path / "b.jsonl", b), "--metric", "correct")
+    assert r.code == 2 and "no field 'correct'" in r.err  # B's metric is exact_match: named, not guessed
+    r = cli("compare", "scores", str(tmp_path / "a.csv"), _lm_eval(tmp_path / "b.jsonl", b, metric="correct"), "--json")
+    row = strict_json(r.out)["rows"][0]
+    assert r.code == 0 and (row["questions"], row["a_only"], row["b_only"]) == (30, 4, 0)
+    assert row["p_value"] == 0.125  # 2 x (1/2)^4

@@ -54,7 +54,7 @@ def read(path: str, what: str, metric: str | None = None, filter_: str | None = 
     p = inputs.check_regular_file(path, what)
     inputs.check_memory(4 * p.stat().st_size, f"{what} {path!r}")
     try:
-        with open(p, encoding="utf-8", newline="") as f:
+        with open(p, encoding="utf-8-sig", newline="") as f:  # a spreadsheet's BOM is no part of the header
             head = f.read(4096).lstrip()
             f.seek(0)
             if not head:
