@@ -235,3 +235,18 @@ def test_a_bad_plot_path_exits_2_and_writes_nothing(builds, tmp_path, bad):
     r = cli("compare", "builds", builds["ref"], builds["a"], builds["b"], "--plot", path)
     assert r.code == 2 and "--plot" in r.err and len(r.err.strip().splitlines()) == 1, r.err
     assert set(tmp_path.iterdir()) == before
+
+
+def test_q8_0_and_f16_in_llama_cpp_are_separated_with_non_overlapping_intervals():
+    """docs/data/builds: the embedded model's gguf exports run in llama.cpp
+    (scripts/builds_example.py), 512 positions against the fp32 export."""
+    from helpers import ROOT
+
+    d = ROOT / "docs/data/builds"
+    _, doc = _run(str(d / "ref.safetensors"), str(d / "f16.safetensors"), str(d / "q8_0.safetensors"))
+    kld = next(x for x in doc["rows"] if x["statistic"] == "kld")
+    assert doc["verdict"] == "B worse" and kld["ci_lo"] > 0
+    assert kld["a_ci_hi"] < kld["b_ci_lo"] and kld["sides_overlap"] is False
+    # the same f16 file run again (1 thread instead of 2): llama.cpp's CPU path gives the same bits
+    _, doc = _run(str(d / "ref.safetensors"), str(d / "f16.safetensors"), str(d / "f16-t1.safetensors"))
+    assert doc["verdict"] == "identical"

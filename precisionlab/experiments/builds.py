@@ -26,7 +26,6 @@ import numpy as np
 from precisionlab.errors import UsageError
 from precisionlab.io import inputs, logits_file, outputs
 from precisionlab.numerics import distribution, paired
-from precisionlab.numerics.metrics import exact_mean
 
 # The statistics compared, per position, each side against REF:
 # (name, unit, higher is worse, the per-position value from PositionStats).
@@ -124,13 +123,20 @@ def per_position(cfg: BuildsConfig, advance=lambda k=1: None):
 
 
 def _row(name: str, unit: str, worse_high: bool, va: np.ndarray, vb: np.ndarray, cfg: BuildsConfig,
-         rng: np.random.Generator) -> tuple[dict, np.ndarray]:
+         seed: list[int]) -> tuple[dict, np.ndarray]:
+    """One statistic: the paired interval for B - A (the verdict's), and each
+    side's own interval beside it (whether the two overlap is what a reader
+    of two separate reports would look at; the paired one is the sharper
+    test, since the positions' shared difficulty cancels in B - A)."""
     with np.errstate(invalid="ignore"):
         d = vb - va
-    iv = paired.mean_interval(d, cfg.confidence, cfg.resamples, rng)
+    iv = paired.mean_interval(d, cfg.confidence, cfg.resamples, np.random.default_rng([*seed, 0]))
+    ia = paired.mean_interval(va, cfg.confidence, cfg.resamples, np.random.default_rng([*seed, 1]))
+    ib = paired.mean_interval(vb, cfg.confidence, cfg.resamples, np.random.default_rng([*seed, 2]))
     identical = bool(np.all(d == 0))
     row = {"statistic": name, "unit": unit, "worse_when": "higher" if worse_high else "lower",
-           "a": exact_mean(va), "b": exact_mean(vb), "diff": iv.mean, "ci_lo": iv.lo, "ci_hi": iv.hi,
+           "a": ia.mean, "a_ci_lo": ia.lo, "a_ci_hi": ia.hi, "b": ib.mean, "b_ci_lo": ib.lo, "b_ci_hi": ib.hi,
+           "sides_overlap": not (ia.hi < ib.lo or ib.hi < ia.lo), "diff": iv.mean, "ci_lo": iv.lo, "ci_hi": iv.hi,
            "diff_se": iv.se, "ci_half_width": iv.half_width, "mde": iv.mde, "block": iv.block,
            "positions_differing": int(np.count_nonzero(d)),
            "verdict": paired.verdict(iv.lo, iv.hi, worse_high, identical)}
@@ -144,8 +150,8 @@ def run(cfg: BuildsConfig, advance=lambda k=1: None) -> BuildsResult:
     t1 = time.perf_counter()
     rows, diffs = [], {}
     for i, (name, unit, worse_high, get) in enumerate(STATISTICS):
-        rng = np.random.default_rng([cfg.seed, i])  # one stream a statistic: adding one changes no other
-        row, d = _row(name, unit, worse_high, get(stats["A"]), get(stats["B"]), cfg, rng)
+        # one stream per statistic and interval: adding one changes no other
+        row, d = _row(name, unit, worse_high, get(stats["A"]), get(stats["B"]), cfg, [cfg.seed, i])
         rows.append(row)
         diffs[name] = d
     primary = next(r for r in rows if r["statistic"] == PRIMARY)
@@ -179,4 +185,9 @@ def takeaways(rows: list[dict], confidence: float) -> list[str]:
         else:
             lines.append(f"{s}: {r['verdict']}: B - A = {r['diff']:.3g} {r['unit']}, {pct} interval "
                          f"[{r['ci_lo']:.3g}, {r['ci_hi']:.3g}] excludes 0 (blocks of {r['block']}).")
+        if s == PRIMARY and r["verdict"] not in (paired.SAME, "undefined"):
+            lines.append(f"{s} of each side alone: A {r['a']:.3g} [{r['a_ci_lo']:.3g}, {r['a_ci_hi']:.3g}], "
+                         f"B {r['b']:.3g} [{r['b_ci_lo']:.3g}, {r['b_ci_hi']:.3g}]: the {pct} intervals "
+                         f"{'overlap' if r['sides_overlap'] else 'do not overlap'} (the paired interval of B - A "
+                         f"is the sharper test).")
     return lines
