@@ -93,3 +93,11 @@ def test_a_planted_scale_is_named_with_its_rule_and_number(tmp_path):
     r = cli("compare", "moved", *(str(tmp_path / f"{x}.npz") for x in "rab"), "--json")
     fd = strict_json(r.out)["first_divergence"]
     assert r.code == 1 and fd["name"] == "layers.1.mlp" and fd["rule"] == "ratio" and fd["text"].startswith("beyond 4x")
+
+
+def test_moved_json_follows_the_glossary(dumps):
+    from helpers import json_glossary_problems
+
+    ref, a, _, b, _ = dumps
+    doc = strict_json(cli("compare", "moved", ref, a, b, "--json").out)
+    assert doc["command"] == "compare moved" and json_glossary_problems(doc) == []

@@ -153,3 +153,13 @@ def test_a_csv_with_a_byte_order_mark_and_an_lm_eval_file_pair_by_id(tmp_path):
     row = strict_json(r.out)["rows"][0]
     assert r.code == 0 and (row["questions"], row["a_only"], row["b_only"]) == (30, 4, 0)
     assert row["p_value"] == 0.125  # 2 x (1/2)^4
+
+
+def test_scores_json_follows_the_glossary(tmp_path):
+    from helpers import json_glossary_problems
+
+    a, b = _pattern(50, 5, 2, 43)
+    doc = strict_json(cli("compare", "scores", _csv(tmp_path / "a.csv", a), _csv(tmp_path / "b.csv", b),
+                          "--json", "--drop", "3").out)
+    assert list(doc)[:2] == ["schema_version", "command"] and doc["command"] == "compare scores"
+    assert json_glossary_problems(doc) == []
