@@ -98,8 +98,8 @@ def _check_defined(rows: np.ndarray, what: str, path: str, start: int) -> None:
     bad = np.flatnonzero(~distribution.valid_rows(rows))
     if bad.size:
         i = start + int(bad[0])
-        raise UsageError(f"{what} {path!r}: NaN or +inf logits (no distribution) at position {i}, "
-                         f"{bad.size} such rows in this part; a paired comparison needs every position defined")
+        raise UsageError(f"{what} {path!r}: NaN or +inf logits (no distribution) at position {i}; a paired "
+                         f"comparison needs every position defined")
 
 
 def per_position(cfg: BuildsConfig, advance=lambda k=1: None):
