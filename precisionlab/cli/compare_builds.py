@@ -1,0 +1,39 @@
+"""precisionlab compare builds: options parsed here; the work is the experiment's, the output the report's."""
+
+from __future__ import annotations
+
+from typing import Annotated, Optional
+
+import typer
+
+from precisionlab.cli.options import JsonOpt
+from precisionlab.errors import UsageError
+
+
+def command(
+    files: Annotated[list[str], typer.Argument(
+        help="REF A B: three logits files over the same tokens (as compare logits reads them; REF may be llama.cpp's "
+             "--kl-divergence-base file). A is the build you trust, B the one under test.", show_default=False)],
+    confidence: Annotated[float, typer.Option("--confidence", help="Confidence of the intervals.")] = 0.95,
+    seed: Annotated[int, typer.Option("--seed", help="Seed of the bootstrap (same seed, same interval).")] = 0,
+    resamples: Annotated[int, typer.Option("--resamples", help="Bootstrap resamples.")] = 2000,
+    fail_on_worse: Annotated[bool, typer.Option("--fail-on-worse", help="Exit 1 when B is worse than A on KLD "
+                                                "(its interval for B - A lies above 0).")] = False,
+    plot: Annotated[Optional[str], typer.Option("--plot", help="Write the per-position KLD difference to this PNG.")] = None,
+    json_out: JsonOpt = False,
+):
+    """Regression or noise? B against A, both against REF: per position the paired difference of KLD, top-1
+    agreement, |Δp| and NLL, its mean with a block-bootstrap interval, the smallest effect resolved, the verdict."""
+    if len(files) != 3:
+        raise UsageError(f"compare builds takes REF A B (got {len(files)} files)")
+    from precisionlab.experiments import builds as exp
+    from precisionlab.report import builds as report
+    from precisionlab.report.console import progress
+
+    cfg = exp.BuildsConfig(ref=files[0], a=files[1], b=files[2], confidence=confidence, seed=seed,
+                           resamples=resamples, fail_on_worse=fail_on_worse, plot=plot)
+    with progress("compare builds", enabled=not json_out) as advance:
+        result = exp.run(cfg, advance)
+    report.show(result, json_out)
+    if result.failures:
+        raise typer.Exit(1)
