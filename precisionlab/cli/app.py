@@ -130,6 +130,7 @@ COMMANDS = (
     (None, 'kvcache', 'kvcache'),
     (None, 'attention', 'attention'),
     (None, 'export', 'export'),
+    (None, 'router', 'router'),
 )
 GROUPS = {"compare": compare_app}
 

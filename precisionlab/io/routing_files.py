@@ -1,0 +1,103 @@
+"""Router inputs from files: router-logit dumps and routed-expert traces.
+
+- Router logits: a ``.npy`` of (tokens, experts) or (layers, tokens, experts),
+  any float or integer dtype, every value finite (a NaN logit has no top-k to
+  compare).
+- Routed-expert traces: the expert ids each token was sent to, per MoE layer.
+  vLLM returns them as ``routed_experts`` and SGLang as ``routed_experts`` in
+  its return dict, both a (tokens, layers, top_k) integer array per sequence
+  (SGLang's `return_routed_experts`; vLLM's `RequestOutput.routed_experts`);
+  read here from a ``.npy`` of (tokens, layers, top_k), or a ``.jsonl`` with
+  one ``{"routed_experts": [[[id, ...], ...], ...]}`` per sequence (the
+  sequences concatenated, in order, as the log-prob streams are). Ids must lie
+  in 0 ... experts - 1; a ragged record (layers or top_k varying) is refused.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+
+from precisionlab.errors import UsageError
+from precisionlab.io import inputs
+
+TRACE_EXTENSIONS = (".npy", ".jsonl")
+JSON_MEMORY_FACTOR = 16  # bytes of parsed Python objects per byte of JSON text, at most (io/logprob_streams.py)
+
+
+def read_logits(path: str, what: str = "--from") -> np.ndarray:
+    """(layers, tokens, experts) float64 router logits."""
+    p = inputs.check_regular_file(path, what)
+    shape, _ = inputs.npy_header(p)
+    if len(shape) not in (2, 3):
+        raise UsageError(f"{what}: {path} must be (tokens, experts) or (layers, tokens, experts), got shape {shape}")
+    a = inputs.load_npy(path, ndim=len(shape), bytes_per_value=48)  # the logits, their scores and copies per path
+    a = a[None] if a.ndim == 2 else a
+    if 0 in a.shape:
+        raise UsageError(f"{what}: {path} is empty (shape {a.shape})")
+    bad = ~np.isfinite(a)
+    if bad.any():
+        i = np.unravel_index(int(np.flatnonzero(bad)[0]), a.shape)
+        raise UsageError(f"{what}: {path} holds a non-finite router logit ({a[i]} at layer {i[0]}, token {i[1]}, "
+                         f"expert {i[2]}): a NaN or infinite logit has no top-k to compare")
+    return a
+
+
+def read_traces(path: str, experts: int, what: str) -> np.ndarray:
+    """(tokens, layers, top_k) int64 routed-expert ids, every id in 0 ... experts - 1."""
+    p = inputs.check_regular_file(path, what)
+    ext = p.suffix.lower()
+    if ext == ".npy":
+        shape, _ = inputs.npy_header(p)
+        inputs.check_memory(16 * int(np.prod(shape, dtype=np.int64)), f"{what} {path}")
+        try:
+            a = np.load(p, allow_pickle=False)
+        except Exception as e:
+            raise UsageError(f"{what}: cannot read {path} as .npy ({type(e).__name__}: {e})") from None
+        if a.dtype.kind not in "iu":
+            raise UsageError(f"{what}: {path} must hold integer expert ids, got {a.dtype}")
+        arrays = [a]
+    elif ext == ".jsonl":
+        inputs.check_memory(JSON_MEMORY_FACTOR * p.stat().st_size, f"{what} {path}")
+        arrays = list(_jsonl_traces(p, what))
+    else:
+        raise UsageError(f"{what}: {path}: a trace is {' or '.join(TRACE_EXTENSIONS)}")
+    if not arrays:
+        raise UsageError(f"{what}: {path} holds no traces")
+    for a in arrays:
+        if a.ndim != 3 or 0 in a.shape:
+            raise UsageError(f"{what}: {path}: a trace is (tokens, layers, top_k) with none empty, got shape {a.shape}")
+    if len({a.shape[1:] for a in arrays}) > 1:
+        raise UsageError(f"{what}: {path} is ragged: (layers, top_k) varies between sequences "
+                         f"({', '.join(sorted({str(a.shape[1:]) for a in arrays}))})")
+    out = np.concatenate(arrays).astype(np.int64)
+    bad = (out < 0) | (out >= experts)
+    if bad.any():
+        t, layer, j = np.unravel_index(int(np.flatnonzero(bad)[0]), out.shape)
+        raise UsageError(f"{what}: {path}: expert id {out[t, layer, j]} at token {t}, layer {layer} is out of range "
+                         f"0 ... {experts - 1}")
+    return out
+
+
+def _jsonl_traces(p: Path, what: str):
+    with open(p, encoding="utf-8") as f:
+        for n, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            at = f"{what}: {p} line {n}"
+            try:
+                rec = json.loads(line)
+            except ValueError as e:
+                raise UsageError(f"{at}: not JSON ({e})") from None
+            ids = rec.get("routed_experts") if isinstance(rec, dict) else None
+            if ids is None:
+                raise UsageError(f"{at}: no routed_experts")
+            try:
+                a = np.array(ids)
+            except ValueError:  # numpy refuses an inhomogeneous nesting
+                raise UsageError(f"{at}: routed_experts is ragged (layers or top_k vary between tokens)") from None
+            if a.dtype == object or (a.size and a.dtype.kind not in "iu"):
+                raise UsageError(f"{at}: routed_experts must be a (tokens, layers, top_k) list of integer ids")
+            yield a

@@ -1,0 +1,215 @@
+"""An MoE router's path, emulated in numpy, each choice declared once.
+
+The path (DeepSeek-V3's noaux_tc router, of which Qwen3-MoE's and Mixtral's
+are the special case n_group = 1, no bias):
+
+1. gate GEMM: logits = hidden @ gate^T, both operands rounded to ``gate_dtype``
+   and the dot products carried by an accumulator model
+   (numerics/accumulators.py), the fp32 result rounded to ``logit_dtype``;
+2. scores = softmax(logits) or sigmoid(logits), in the path's arithmetic;
+3. choice = scores + bias, the correction bias stored in ``bias_dtype``
+   (e_score_correction_bias: it steers the choice, never the weights);
+4. grouped top-k: the experts split into n_group equal groups, a group's score
+   the sum of its two best choices (its best where a group holds one), the
+   topk_group best groups kept, the rest masked;
+5. top-k of the kept choices; an exact tie goes to the lowest index
+   (torch.topk's and the fused kernels' rule) or the highest (``tie``);
+6. weights = the chosen experts' scores (without the bias), divided by their
+   sum where ``normalize``.
+
+The reference path is the same algorithm in float64 on the unrounded inputs,
+the GEMM a float64 matmul. A precision path's arithmetic (steps 2-6) is fp32,
+as the kernels' is.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from precisionlab.catalog import formats
+
+SCORINGS = ("softmax", "sigmoid")
+TIES = ("lowest", "highest")  # which expert index wins an exact tie
+# The margin buckets, in ulps of the path's narrowest format at the k-th
+# choice score: below one ulp a rounding can swap the k-th and (k+1)-th expert
+# outright; the bucket edges are powers of 4 from there.
+MARGIN_EDGES_ULPS = (0.0, 1.0, 4.0, 16.0, 64.0, 256.0, float("inf"))
+REFERENCE = "fp64"
+
+
+@dataclass(frozen=True)
+class Algorithm:
+    """What the router computes, whatever the precision."""
+    top_k: int
+    scoring: str = "softmax"
+    n_group: int = 1
+    topk_group: int = 1
+    normalize: bool = True
+    tie: str = "lowest"
+
+
+@dataclass(frozen=True)
+class Precision:
+    """One precision path: every format the router's numbers pass through."""
+    gate_dtype: str = "fp32"
+    accumulator: str = "fp32"  # an accumulators.parse spelling
+    logit_dtype: str = "fp32"
+    bias_dtype: str = "fp32"
+
+    @property
+    def is_reference(self) -> bool:
+        return self.gate_dtype == REFERENCE
+
+    @property
+    def arithmetic(self):
+        """The numpy type steps 2-6 compute in."""
+        return np.float64 if self.is_reference else np.float32
+
+    @property
+    def narrowest(self) -> str:
+        """The format of the path with the fewest significand bits: its ulp measures the margins."""
+        if self.is_reference:
+            return REFERENCE
+        names = (self.gate_dtype, self.logit_dtype, self.bias_dtype)
+        return min(names, key=lambda n: formats.get(n).precision)
+
+    def label(self) -> str:
+        if self.is_reference:
+            return "fp64"
+        return (f"gate {self.gate_dtype} / acc {self.accumulator} / logits {self.logit_dtype} / "
+                f"bias {self.bias_dtype}")
+
+
+FP64 = Precision(REFERENCE, REFERENCE, REFERENCE, REFERENCE)
+
+
+@dataclass
+class Routed:
+    ids: np.ndarray      # (T, k) int64, the chosen experts, best first
+    weights: np.ndarray  # (T, k) float64
+    choice: np.ndarray   # (T, E) float64: the choice scores as this path holds them (masked groups -inf)
+
+
+def gate_logits(hidden: np.ndarray, gate: np.ndarray, prec: Precision) -> np.ndarray:
+    """Step 1: (T, H) @ (E, H)^T -> (T, E) float64 holding logit_dtype values."""
+    if prec.is_reference:
+        return np.asarray(hidden, np.float64) @ np.asarray(gate, np.float64).T
+    from precisionlab.numerics import accumulators
+
+    f = formats.get(prec.gate_dtype)
+    acc = accumulators.parse(prec.accumulator)
+    out = acc.matmul(f.round(hidden), f.round(gate).T, backend=accumulators.default_backend(f.name), dtype=f.name)
+    return store_logits(out, prec)
+
+
+def store_logits(logits: np.ndarray, prec: Precision) -> np.ndarray:
+    """Logits as the path holds them (logit_dtype; float64 for the reference)."""
+    return np.asarray(logits, np.float64) if prec.is_reference else formats.get(prec.logit_dtype).round(logits)
+
+
+def store_bias(bias: np.ndarray | None, prec: Precision) -> np.ndarray | None:
+    if bias is None or prec.is_reference:
+        return bias
+    return formats.get(prec.bias_dtype).round(bias)
+
+
+def scores(logits: np.ndarray, scoring: str, dt) -> np.ndarray:
+    """Step 2 in the arithmetic dt."""
+    x = np.asarray(logits, dtype=dt)
+    with np.errstate(over="ignore", under="ignore"):
+        if scoring == "softmax":
+            e = np.exp(x - x.max(axis=1, keepdims=True))
+            return e / e.sum(axis=1, keepdims=True, dtype=dt)
+        return (dt(1) / (dt(1) + np.exp(-x))).astype(dt)
+
+
+def top_k(s: np.ndarray, k: int, tie: str) -> np.ndarray:
+    """The k best columns of each row, best first; an exact tie by `tie`."""
+    if tie == "lowest":
+        return np.argsort(-s, axis=1, kind="stable")[:, :k]
+    n = s.shape[1]
+    return (n - 1 - np.argsort(-s[:, ::-1], axis=1, kind="stable"))[:, :k]
+
+
+def route_scores(sc: np.ndarray, bias: np.ndarray | None, alg: Algorithm, dt) -> Routed:
+    """Steps 3-6 from the scores (T, E) in the arithmetic dt."""
+    sc = np.asarray(sc, dtype=dt)
+    choice = sc + np.asarray(bias, dtype=dt)[None, :] if bias is not None else sc.copy()
+    t, e = choice.shape
+    if alg.n_group > 1:
+        per = e // alg.n_group
+        g = choice.reshape(t, alg.n_group, per)
+        best = -np.sort(-g, axis=2)[:, :, :2]
+        group_score = best.sum(axis=2, dtype=dt) if per > 1 else best[:, :, 0]
+        kept = top_k(group_score, alg.topk_group, alg.tie)
+        mask = np.ones((t, alg.n_group), bool)
+        np.put_along_axis(mask, kept, False, axis=1)
+        choice = np.where(np.repeat(mask, per, axis=1), dt(-np.inf), choice)
+    ids = top_k(choice, alg.top_k, alg.tie)
+    w = np.take_along_axis(sc, ids, axis=1)
+    if alg.normalize:
+        w = w / w.sum(axis=1, keepdims=True, dtype=dt)
+    return Routed(ids.astype(np.int64), w.astype(np.float64), choice.astype(np.float64))
+
+
+def route(logits: np.ndarray, bias: np.ndarray | None, alg: Algorithm, prec: Precision) -> Routed:
+    """Steps 2-6: logits (already as the path holds them), the bias stored by the path."""
+    dt = prec.arithmetic
+    return route_scores(scores(logits, alg.scoring, dt), store_bias(bias, prec), alg, dt)
+
+
+def same_set(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """(T,) bool: the two (T, k) id lists choose the same experts (order aside)."""
+    return np.all(np.sort(a, axis=1) == np.sort(b, axis=1), axis=1)
+
+
+def dense_weights(r: Routed, experts: int) -> np.ndarray:
+    out = np.zeros((r.ids.shape[0], experts))
+    np.put_along_axis(out, r.ids, r.weights, axis=1)
+    return out
+
+
+def weight_l1(a: Routed, b: Routed, experts: int) -> np.ndarray:
+    """(T,) the routed-weight mass moved: sum over experts of |w_a - w_b| (0 ... 2 for normalised weights)."""
+    return np.abs(dense_weights(a, experts) - dense_weights(b, experts)).sum(axis=1)
+
+
+def margins(ref: Routed, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """(T,) the reference's top-k margin (k-th minus (k+1)-th choice score, inf
+    where no (k+1)-th is left) and (T,) its k-th choice score."""
+    s = -np.sort(-ref.choice, axis=1)
+    kth = s[:, k - 1]
+    nxt = s[:, k] if s.shape[1] > k else np.full(s.shape[0], -np.inf)
+    with np.errstate(invalid="ignore"):
+        m = np.where(np.isfinite(nxt), kth - nxt, np.inf)
+    return m, kth
+
+
+def margin_ulps(margin: np.ndarray, at: np.ndarray, fmt_name: str) -> np.ndarray:
+    """Margins in ulps of fmt at the k-th score."""
+    return margin / formats.get(fmt_name).spacing(at)
+
+
+def margin_buckets(m_ulps: np.ndarray, flipped: np.ndarray) -> list[dict]:
+    """Flips by margin bucket (MARGIN_EDGES_ULPS)."""
+    out = []
+    for lo, hi in zip(MARGIN_EDGES_ULPS[:-1], MARGIN_EDGES_ULPS[1:]):
+        inside = (m_ulps >= lo) & (m_ulps < hi)
+        n = int(inside.sum())
+        f = int((inside & flipped).sum())
+        out.append({"margin_lo_ulps": lo, "margin_hi_ulps": hi, "tokens": n, "flips": f,
+                    "flip_share": f / n if n else None})
+    return out
+
+
+def independence_prediction(per_layer: list[float]) -> float:
+    """1 - prod(1 - p_l): the any-layer share if layers flipped independently."""
+    return float(1.0 - np.prod([1.0 - p for p in per_layer]))
+
+
+def spread_bias(experts: int, lo: float, hi: float, seed: int) -> np.ndarray:
+    """`experts` fp32 correction biases evenly spread over [lo, hi], in a seeded random order."""
+    v = formats.get("fp32").round(np.linspace(lo, hi, experts))
+    return np.random.default_rng(seed).permutation(v)
