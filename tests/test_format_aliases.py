@@ -28,6 +28,7 @@ from precisionlab.engines import inject
 from precisionlab.errors import RunError, UsageError
 from precisionlab.io import logits_file
 from precisionlab.experiments import accumulate, compare, kvcache, logits, model, rollout, softmax, tensors, tf32
+from precisionlab.experiments import router
 from precisionlab.numerics import flash_attention as fa
 
 
@@ -87,6 +88,8 @@ LAYERS = ("compare", "model", "--layers", "--steps", "2")
 KV = ("kvcache", "--steps", "2", "--scales", "unit")
 METRICS = ("compare", "model", "--metrics", "--tokens", "16")
 ROLLOUT = ("compare", "model", "--trainer", "embedded", "--rollout", "embedded", "--samples", "1", "--tokens", "4")
+ROUTER = ("router", "--tokens", "64", "--layers", "1", "--experts", "16", "--hidden", "16", "--top-k", "2",
+          "--bias", "0:1")
 ATTN = ("attention", "--seq", "64", "--rows", "4", "--dim", "8", "--std", "1", "--block-c", "16")
 
 
@@ -121,6 +124,9 @@ def options(dumps) -> list[Opt]:
         Opt(ATTN, "--p-dtype", fa.P_DTYPES, every_spelling_by_cli=False, single=True),
         Opt(ATTN, "--input-dtype", fa.INPUT_DTYPES, every_spelling_by_cli=False, single=True),
         Opt(ATTN, "--out-dtype", fa.OUT_DTYPES, every_spelling_by_cli=False, single=True),
+        Opt(ROUTER, "--gate-dtypes", router.DTYPES),
+        Opt(ROUTER, "--logit-dtypes", router.DTYPES),
+        Opt(ROUTER, "--bias-dtypes", router.DTYPES),
     ]
 
 
