@@ -131,6 +131,7 @@ COMMANDS = (
     (None, 'attention', 'attention'),
     (None, 'export', 'export'),
     (None, 'router', 'router'),
+    ('compare', 'routing', 'compare_routing'),
 )
 GROUPS = {"compare": compare_app}
 
