@@ -27,7 +27,7 @@ def test_glm_biases_collapse_to_at_most_9_bf16_values():
     assert np.unique(b32).size == 238
     n_bf16 = np.unique(b32.astype(ml_dtypes.bfloat16)).size
     assert n_bf16 <= 9
-    doc = _doc("--synthetic", "logits", "--scoring", "sigmoid", "--bias", "glm", "--experts", "238",
+    doc = _doc("--inputs", "logits", "--scoring", "sigmoid", "--bias", "glm", "--experts", "238",
                "--bias-dtypes", "fp32,bf16", "--logit-dtypes", "fp32", "--layers", "1", "--tokens", "2048")
     assert doc["params"]["bias_distinct_values"] == {"bf16": n_bf16, "fp32": 238}
     bf16 = _summary(doc, bias_dtype="bf16")[0]
@@ -44,7 +44,7 @@ def test_flip_rates_on_a_dump_equal_an_independent_bf16_recomputation(tmp_path):
     logits = rng.standard_normal((3, 1000, 64)).astype(np.float32)
     path = tmp_path / "logits.npy"
     np.save(path, logits)
-    doc = _doc("--from", str(path), "--logit-dtypes", "bf16", "--top-k", "8")
+    doc = _doc("--inputs", str(path), "--logit-dtypes", "bf16", "--top-k", "8")
     # independent: softmax is monotone, so the top-8 set is the 8 largest logits (exact ties: the lowest
     # index, a stable sort); bf16 by ml_dtypes from fp32 (one rounding), against the fp32 values themselves
     low = logits.astype(ml_dtypes.bfloat16).astype(np.float64)
@@ -112,12 +112,13 @@ def test_hostile_inputs_are_refused_in_one_line(tmp_path):
     x = np.zeros((4, 16))
     x[2, 5] = np.nan
     np.save(nan, x)
-    one_line(cli("router", "--from", str(nan)), 2, "non-finite router logit", "token 2")
+    one_line(cli("router", "--inputs", str(nan)), 2, "non-finite router logit", "token 2")
     empty = tmp_path / "empty.npy"
     np.save(empty, np.zeros((0, 16)))
-    one_line(cli("router", "--from", str(empty)), 2, "empty")
+    one_line(cli("router", "--inputs", str(empty)), 2, "empty")
     one_line(cli("router", "--groups", "3:1", "--experts", "64"), 2, "--groups")
     one_line(cli("router", "--top-k", "64", "--experts", "64"), 2, "--top-k")
     one_line(cli("router", "--threshold", "10"), 2, "--impl")
     one_line(cli("router", "--gate-dtypes", "fp8"), 2, "--gate-dtypes")
     one_line(cli("router", "--bias", "7:6"), 2, "--bias")
+    one_line(cli("router", "--bias-dtypes", "bf16"), 2, "--bias")

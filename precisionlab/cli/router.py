@@ -23,8 +23,9 @@ def command(
     = "fp32",
     logit_dtypes: Annotated[str, typer.Option("--logit-dtypes", help="The router logits' formats, comma list: "
                                               f"{format_names(formats.COMPUTE)}.")] = "fp32,bf16",
-    bias_dtypes: Annotated[str, typer.Option("--bias-dtypes", help="The correction bias's formats (with --bias), "
-                                             f"comma list: {format_names(formats.COMPUTE)}.")] = "fp32",
+    bias_dtypes: Annotated[Optional[str], typer.Option("--bias-dtypes", help="The correction bias's formats (with "
+                                                       f"--bias), comma list: {format_names(formats.COMPUTE)} "
+                                                       "(default fp32).")] = None,
     scoring: Annotated[str, typer.Option("--scoring", help="softmax (Qwen3-MoE, Mixtral) | sigmoid "
                                          "(DeepSeek-V3, GLM).")] = "softmax",
     top_k: Annotated[int, typer.Option("--top-k", help="Experts per token.")] = 8,
@@ -35,19 +36,22 @@ def command(
                                             "their sum (norm_topk_prob).")] = True,
     ties: Annotated[str, typer.Option("--ties", help="An exact tie goes to the lowest | highest expert index.")]
     = "lowest",
-    tokens: Annotated[int, typer.Option("--tokens", help="Tokens (synthetic inputs).")] = 4096,
+    tokens: Annotated[int, typer.Option("--tokens", help="Tokens (synthetic inputs; with a model, the seeded "
+                                        "token ids run through it).")] = 4096,
     hidden: Annotated[int, typer.Option("--hidden", help="Hidden size (synthetic gate GEMM).")] = 512,
     layers: Annotated[int, typer.Option("--layers", help="MoE layers (synthetic inputs), independent draws.")] = 4,
     scales: Annotated[str, typer.Option("--scales", help="HIDDEN,GATE: hidden states ~ N(0, HIDDEN^2), gate "
-                                        "weights ~ N(0, GATE^2 / hidden); with --synthetic logits, the logits' "
+                                        "weights ~ N(0, GATE^2 / hidden); with --inputs logits, the logits' "
                                         "standard deviation.")] = "1,1",
-    synthetic: Annotated[str, typer.Option("--synthetic", help="gate: hidden states through a gate GEMM | "
-                                           "logits: fp32 router logits drawn directly.")] = "gate",
+    inputs_from: Annotated[str, typer.Option("--inputs", help="gate: synthetic hidden states through a gate GEMM "
+                                             "| logits: synthetic fp32 router logits | FILE.npy: a router-logit dump, "
+                                             "(tokens, experts) or (layers, tokens, experts) | hf:DIR: the routers of "
+                                             "a Qwen3-MoE, Mixtral or DeepSeek-V3-style model (its config sets the "
+                                             "routing; --tokens seeded token ids run through it in fp32).")]
+    = "gate",
     bias: Annotated[Optional[str], typer.Option("--bias", help="Correction bias (e_score_correction_bias): none | "
                                                 "glm (evenly spread over [6.817, 7.063], GLM-5.2's) | LO:HI.")]
     = None,
-    from_file: Annotated[Optional[str], typer.Option("--from", help="Router logits from a .npy dump: (tokens, "
-                                                     "experts) or (layers, tokens, experts).")] = None,
     impl: Annotated[Optional[str], typer.Option("--impl", help="Your router kernel, package.module:function "
                                                 "(docs/router.md gives its signature): run on the adversarial "
                                                 "cases against the emulated fp64 router.")] = None,
@@ -63,11 +67,10 @@ def command(
     from precisionlab.report import router
     from precisionlab.report.output import Output
 
-    inputs_read = [("--from", from_file)] if from_file else []
-    out = Output(router, json_out, plot, inputs=inputs_read)
+    out = Output(router, json_out, plot, inputs=[("--inputs", inputs_from)])
     cfg = exp.RouterConfig(gate_dtypes=gate_dtypes, accumulator=accumulator, logit_dtypes=logit_dtypes,
                            bias_dtypes=bias_dtypes, scoring=scoring, top_k=top_k, experts=experts, groups=groups,
                            normalize=normalize, ties=ties, tokens=tokens, hidden=hidden, layers=layers,
-                           scales=scales, synthetic=synthetic, bias=bias, from_file=from_file, impl=impl,
+                           scales=scales, inputs=inputs_from, bias=bias, impl=impl,
                            threshold=threshold, seed=seed)
     out.run("router", lambda advance: exp.run(cfg, advance))

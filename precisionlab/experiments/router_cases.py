@@ -99,8 +99,6 @@ def run(cfg, advance=lambda k=1: None):
     from precisionlab.experiments.compare import load_impl
 
     exp._check_sizes(cfg)
-    if cfg.from_file is not None:
-        raise UsageError("--impl runs its own adversarial cases; --from goes without it")
     if cfg.threshold is not None and not 2 <= cfg.threshold <= MAX_THRESHOLD:
         raise UsageError(f"--threshold must be in 2 ... {MAX_THRESHOLD} (got {cfg.threshold})")
     alg = exp.algorithm(cfg, cfg.experts)
@@ -195,6 +193,6 @@ def evaluate(fn, case: Case, logits, bias, alg: routing.Algorithm, experts: int)
     row["passed"] = True
     row["verdict"] = "vanishes in fp64: rounding"
     if alg.n_group == 1:  # with groups a flip may come from the group choice, whose margin this is not
-        margin, kth = routing.margins(ref, alg.top_k)
+        margin, kth = routing.margins(ref, alg.top_k, routing.margin_scale(alg, bias))
         row["verdict"] += f" (margin {np.median(routing.margin_ulps(margin[off], kth[off], 'fp32')):.3g} fp32 ulps)"
     return row

@@ -25,6 +25,7 @@ from pathlib import Path
 
 import numpy as np
 
+from precisionlab.catalog import formats
 from precisionlab.errors import UsageError
 from precisionlab.io import inputs
 
@@ -38,7 +39,14 @@ def read_logits(path: str, what: str = "--from") -> np.ndarray:
     shape, _ = inputs.npy_header(p)
     if len(shape) not in (2, 3):
         raise UsageError(f"{what}: {path} must be (tokens, experts) or (layers, tokens, experts), got shape {shape}")
-    a = inputs.load_npy(path, ndim=len(shape), bytes_per_value=48)  # the logits, their scores and copies per path
+    inputs.check_memory(48 * int(np.prod(shape, dtype=np.int64)), f"{what} {path}")  # logits, scores, copies
+    try:
+        a = np.load(p, allow_pickle=False)
+    except Exception as e:  # numpy raises ValueError, OSError, EOFError... for a bad file
+        raise UsageError(f"{what}: cannot read {path} as .npy ({type(e).__name__}: {e})") from None
+    if a.dtype.kind not in "biuf" and formats.from_numpy(a.dtype) is None:  # bf16 and fp8 dumps come as ml_dtypes
+        raise UsageError(f"{what}: {path} does not hold a numeric array ({a.dtype})")
+    a = inputs.as_float64(a, f"{what} {path}")
     a = a[None] if a.ndim == 2 else a
     if 0 in a.shape:
         raise UsageError(f"{what}: {path} is empty (shape {a.shape})")

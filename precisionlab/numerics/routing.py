@@ -56,7 +56,7 @@ class Precision:
     gate_dtype: str = "fp32"
     accumulator: str = "fp32"  # an accumulators.parse spelling
     logit_dtype: str = "fp32"
-    bias_dtype: str = "fp32"
+    bias_dtype: str | None = "fp32"  # None: no bias of this run's choosing (a model's own is routed as it is)
 
     @property
     def is_reference(self) -> bool:
@@ -72,14 +72,14 @@ class Precision:
         """The format of the path with the fewest significand bits: its ulp measures the margins."""
         if self.is_reference:
             return REFERENCE
-        names = (self.gate_dtype, self.logit_dtype, self.bias_dtype)
+        names = [n for n in (self.gate_dtype, self.logit_dtype, self.bias_dtype) if n is not None]
         return min(names, key=lambda n: formats.get(n).precision)
 
     def label(self) -> str:
         if self.is_reference:
             return "fp64"
-        return (f"gate {self.gate_dtype} / acc {self.accumulator} / logits {self.logit_dtype} / "
-                f"bias {self.bias_dtype}")
+        return (f"gate {self.gate_dtype} / acc {self.accumulator} / logits {self.logit_dtype}"
+                + (f" / bias {self.bias_dtype}" if self.bias_dtype is not None else ""))
 
 
 FP64 = Precision(REFERENCE, REFERENCE, REFERENCE, REFERENCE)
@@ -90,6 +90,7 @@ class Routed:
     ids: np.ndarray      # (T, k) int64, the chosen experts, best first
     weights: np.ndarray  # (T, k) float64
     choice: np.ndarray   # (T, E) float64: the choice scores as this path holds them (masked groups -inf)
+    logits: np.ndarray | None = None  # (T, E) float64: the logits routed, where route() was given them
 
 
 def gate_logits(hidden: np.ndarray, gate: np.ndarray, prec: Precision) -> np.ndarray:
@@ -110,7 +111,7 @@ def store_logits(logits: np.ndarray, prec: Precision) -> np.ndarray:
 
 
 def store_bias(bias: np.ndarray | None, prec: Precision) -> np.ndarray | None:
-    if bias is None or prec.is_reference:
+    if bias is None or prec.is_reference or prec.bias_dtype is None:
         return bias
     return formats.get(prec.bias_dtype).round(bias)
 
@@ -157,7 +158,17 @@ def route_scores(sc: np.ndarray, bias: np.ndarray | None, alg: Algorithm, dt) ->
 def route(logits: np.ndarray, bias: np.ndarray | None, alg: Algorithm, prec: Precision) -> Routed:
     """Steps 2-6: logits (already as the path holds them), the bias stored by the path."""
     dt = prec.arithmetic
-    return route_scores(scores(logits, alg.scoring, dt), store_bias(bias, prec), alg, dt)
+    out = route_scores(scores(logits, alg.scoring, dt), store_bias(bias, prec), alg, dt)
+    out.logits = np.asarray(logits, np.float64)
+    return out
+
+
+def margin_scale(alg: Algorithm, bias) -> str:
+    """Where a margin is measured: on the logits where the choice is a monotone
+    function of them alone (no bias, one group: the order of the logits is the
+    order of the choices, and the logits are what the low formats round), else
+    on the choice scores (score + bias), where the bias is rounded."""
+    return "logits" if bias is None and alg.n_group == 1 else "choice scores"
 
 
 def same_set(a: np.ndarray, b: np.ndarray) -> np.ndarray:
@@ -176,10 +187,10 @@ def weight_l1(a: Routed, b: Routed, experts: int) -> np.ndarray:
     return np.abs(dense_weights(a, experts) - dense_weights(b, experts)).sum(axis=1)
 
 
-def margins(ref: Routed, k: int) -> tuple[np.ndarray, np.ndarray]:
-    """(T,) the reference's top-k margin (k-th minus (k+1)-th choice score, inf
-    where no (k+1)-th is left) and (T,) its k-th choice score."""
-    s = -np.sort(-ref.choice, axis=1)
+def margins(ref: Routed, k: int, scale: str = "choice scores") -> tuple[np.ndarray, np.ndarray]:
+    """(T,) the reference's top-k margin (k-th minus (k+1)-th value on `scale`,
+    margin_scale()'s; inf where no (k+1)-th is left) and (T,) its k-th value."""
+    s = -np.sort(-(ref.logits if scale == "logits" else ref.choice), axis=1)
     kth = s[:, k - 1]
     nxt = s[:, k] if s.shape[1] > k else np.full(s.shape[0], -np.inf)
     with np.errstate(invalid="ignore"):

@@ -36,12 +36,13 @@ def table(res) -> None:
     stdout.print(s)
     _buckets(res)
     footer(None, res.takeaways, note="flips: tokens whose top-k set differs from the fp64 path; mass moved: "
-           "sum |w - w_fp64| over experts; margin: the fp64 path's k-th minus (k+1)-th choice score in ulps of "
-           "the path's narrowest format (median over the flips).")
+           "sum |w - w_fp64| over experts; margin: the fp64 path's k-th minus (k+1)-th logit (choice score "
+           "where a bias or groups decide) in ulps of the path's narrowest format there (median over the flips).")
 
 
 def _buckets(res) -> None:
-    b = Table(title="flips by top-k margin (ulps of the path's narrowest format)", title_justify="left")
+    b = Table(title=f"flips by top-k margin of the {res.params['margin_scale']} (ulps of the path's narrowest "
+                    "format)", title_justify="left")
     b.add_column("path", overflow="fold")
     for col in ("margin", "tokens", "flips", "flip share"):
         b.add_column(col, justify="right")
