@@ -93,9 +93,8 @@ def test_planted_all_negative_router_is_flagged_persisting_in_fp64():
 def test_a_correct_router_passes_every_case(extra):
     doc = _doc("--impl", "tests.impls.router_kernels:correct", "--experts", "64", "--threshold", "100", *extra)
     names = [r["case"] for r in doc["rows"]]
-    assert {"all_negative", "exact_ties", "near_ties", "dominating_bias", "threshold_below",
-            "threshold_above"} <= set(names)
-    assert ("equal_group_maxima" in names) == bool(extra)
+    assert {"all_negative", "exact_ties", "near_ties", "threshold_below", "threshold_above"} <= set(names)
+    assert ("equal_group_maxima" in names) == bool(extra) and ("dominating_bias" in names) == bool(extra)
     assert all(r["passed"] for r in doc["rows"]), [(r["case"], r["first_difference"]) for r in doc["rows"]]
 
 

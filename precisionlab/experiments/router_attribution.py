@@ -122,7 +122,8 @@ def takeaways(rows, layers) -> list[str]:
     out.append(f"Most flips at layer {worst['layer']}: {100 * worst['flip_rate']:.2f} % of tokens.")
     order = [r for r in layers if r["order_only_rate"] > 0]
     if order:
-        out.append(f"In {len(order)} layers the same experts come in another slot order for some tokens: "
+        out.append(f"In {len(order)} layer{'s' if len(order) > 1 else ''} the same experts come in another slot "
+                   "order for some tokens: "
                    "replaying ids alone leaves the weights' order to differ.")
     return out
 

@@ -104,7 +104,10 @@ def run(cfg, advance=lambda k=1: None):
     alg = exp.algorithm(cfg, cfg.experts)
     bias = exp.bias_vector(cfg, cfg.experts)
     fn = load_impl(cfg.impl)
-    plan = [(c, CASE_TOKENS) for c in CASES if c.name != "equal_group_maxima" or alg.n_group > 1]
+    # a case for a feature the router has not: no groups, no equal group maxima; no bias, no dominating one
+    skip = {"equal_group_maxima"} if alg.n_group == 1 else set()
+    skip |= {"dominating_bias"} if bias is None else set()
+    plan = [(c, CASE_TOKENS) for c in CASES if c.name not in skip]
     if cfg.threshold is not None:
         plan += [(Case(f"threshold_{side}", f"random logits, {n} tokens ({side} your threshold {cfg.threshold})",
                        _random), n) for side, n in (("below", cfg.threshold - 1), ("above", cfg.threshold + 1))]
