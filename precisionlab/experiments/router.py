@@ -83,8 +83,10 @@ def algorithm(cfg: RouterConfig, experts: int) -> routing.Algorithm:
     if n_group < 1 or not 1 <= topk_group <= n_group or experts % n_group:
         raise UsageError(f"--groups N:M: N groups dividing the {experts} experts, 1 <= M <= N (got {cfg.groups!r})")
     kept = experts // n_group * topk_group
-    if not 1 <= cfg.top_k <= kept - (kept > 1):
-        raise UsageError(f"--top-k must be in 1 ... {max(1, kept - 1)} (the kept groups hold {kept} experts; "
+    if kept < 2:
+        raise UsageError(f"the kept groups hold {kept} expert: a top-k margin needs one left out (--experts, --groups)")
+    if not 1 <= cfg.top_k <= kept - 1:
+        raise UsageError(f"--top-k must be in 1 ... {kept - 1} (the kept groups hold {kept} experts; "
                          f"one must be left out for a margin), got {cfg.top_k}")
     return routing.Algorithm(cfg.top_k, cfg.scoring, n_group, topk_group, cfg.normalize, cfg.ties)
 

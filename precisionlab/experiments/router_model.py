@@ -67,7 +67,9 @@ def capture(spec: str, tokens: int, seed: int, n_paths: int, advance=lambda k=1:
     engine = registry.open_engine(spec, "cpu", estimate=estimate(tokens, n_paths), steps=tokens,
                                   command="router --inputs")
     model = engine.model("fp32")
-    config = model.config
+    config = getattr(model, "config", None)  # a transformers model's; the embedded decoder has none, nor routers
+    if config is None:
+        raise UsageError(f"--inputs {spec}: not a Hugging Face MoE model; no routers to measure")
     alg = algorithm(config)
     gates = [(n, m) for n, m in model.named_modules() if n.endswith(ROUTER_SUFFIXES)
              and getattr(m, "weight", None) is not None and m.weight.dim() == 2]
