@@ -18,8 +18,9 @@ are the special case n_group = 1, no bias):
    sum where ``normalize``.
 
 The reference path is the same algorithm in float64 on the unrounded inputs,
-the GEMM a float64 matmul. A precision path's arithmetic (steps 2-6) is fp32,
-as the kernels' is.
+the GEMM a float64 sum in a fixed order. A precision path's arithmetic (steps
+2-6) is fp32, as the kernels' is, each operation rounded to fp32 (exp and the
+sums correctly rounded once), so that a run gives the same bits on any CPU.
 """
 
 from __future__ import annotations
@@ -96,13 +97,22 @@ class Routed:
 def gate_logits(hidden: np.ndarray, gate: np.ndarray, prec: Precision) -> np.ndarray:
     """Step 1: (T, H) @ (E, H)^T -> (T, E) float64 holding logit_dtype values."""
     if prec.is_reference:
-        return np.asarray(hidden, np.float64) @ np.asarray(gate, np.float64).T
+        return _fixed_order_matmul(np.asarray(hidden, np.float64), np.asarray(gate, np.float64))
     from precisionlab.numerics import accumulators
 
     f = formats.get(prec.gate_dtype)
     acc = accumulators.parse(prec.accumulator)
     out = acc.matmul(f.round(hidden), f.round(gate).T, backend=accumulators.default_backend(f.name), dtype=f.name)
     return store_logits(out, prec)
+
+
+def _fixed_order_matmul(h: np.ndarray, w: np.ndarray) -> np.ndarray:
+    """(T, H) @ (E, H)^T in float64, k = 0 ... H-1 in order: one result on
+    every machine (a BLAS matmul's order, and its FMAs, follow the CPU)."""
+    out = np.zeros((h.shape[0], w.shape[0]))
+    for k in range(h.shape[1]):
+        out += h[:, k, None] * w[None, :, k]
+    return out
 
 
 def store_logits(logits: np.ndarray, prec: Precision) -> np.ndarray:
@@ -116,14 +126,28 @@ def store_bias(bias: np.ndarray | None, prec: Precision) -> np.ndarray | None:
     return formats.get(prec.bias_dtype).round(bias)
 
 
+def _exp(x: np.ndarray, dt) -> np.ndarray:
+    """exp in the arithmetic dt: in fp32, float64's exp rounded once to fp32
+    (correctly rounded but within float64's own error of a tie): numpy's own
+    float32 exp picks a SIMD kernel by the CPU, and its last bit with it."""
+    return np.exp(x) if dt is np.float64 else np.exp(x.astype(np.float64)).astype(np.float32)
+
+
+def _sum(x: np.ndarray, dt, axis: int = 1) -> np.ndarray:
+    """A row sum in dt: in fp32 the float64 sum rounded once (numpy's float32
+    reductions also vary in order with the CPU's vector width)."""
+    return x.sum(axis=axis, keepdims=True) if dt is np.float64 else \
+        x.astype(np.float64).sum(axis=axis, keepdims=True).astype(np.float32)
+
+
 def scores(logits: np.ndarray, scoring: str, dt) -> np.ndarray:
-    """Step 2 in the arithmetic dt."""
+    """Step 2 in the arithmetic dt: every operation rounded to dt (the sums once)."""
     x = np.asarray(logits, dtype=dt)
     with np.errstate(over="ignore", under="ignore"):
         if scoring == "softmax":
-            e = np.exp(x - x.max(axis=1, keepdims=True))
-            return e / e.sum(axis=1, keepdims=True, dtype=dt)
-        return (dt(1) / (dt(1) + np.exp(-x))).astype(dt)
+            e = _exp(x - x.max(axis=1, keepdims=True), dt)
+            return e / _sum(e, dt)
+        return dt(1) / (dt(1) + _exp(-x, dt))
 
 
 def top_k(s: np.ndarray, k: int, tie: str) -> np.ndarray:
@@ -143,7 +167,7 @@ def route_scores(sc: np.ndarray, bias: np.ndarray | None, alg: Algorithm, dt) ->
         per = e // alg.n_group
         g = choice.reshape(t, alg.n_group, per)
         best = -np.sort(-g, axis=2)[:, :, :2]
-        group_score = best.sum(axis=2, dtype=dt) if per > 1 else best[:, :, 0]
+        group_score = (best[:, :, 0] + best[:, :, 1]) if per > 1 else best[:, :, 0]
         kept = top_k(group_score, alg.topk_group, alg.tie)
         mask = np.ones((t, alg.n_group), bool)
         np.put_along_axis(mask, kept, False, axis=1)
@@ -151,7 +175,7 @@ def route_scores(sc: np.ndarray, bias: np.ndarray | None, alg: Algorithm, dt) ->
     ids = top_k(choice, alg.top_k, alg.tie)
     w = np.take_along_axis(sc, ids, axis=1)
     if alg.normalize:
-        w = w / w.sum(axis=1, keepdims=True, dtype=dt)
+        w = w / _sum(w, dt)
     return Routed(ids.astype(np.int64), w.astype(np.float64), choice.astype(np.float64))
 
 
