@@ -121,3 +121,24 @@ def test_hostile_inputs_are_refused_in_one_line(tmp_path):
     one_line(cli("router", "--gate-dtypes", "fp8"), 2, "--gate-dtypes")
     one_line(cli("router", "--bias", "7:6"), 2, "--bias")
     one_line(cli("router", "--bias-dtypes", "bf16"), 2, "--bias")
+
+
+def test_agreement_between_two_runs_of_a_router():
+    from precisionlab.numerics import routing
+
+    ids_a = np.array([[0, 1], [2, 3], [4, 5], [6, 7]])
+    ids_b = np.array([[1, 0], [2, 3], [4, 6], [6, 7]])  # token 0: other order; token 2: another expert
+    w_a = np.array([[0.75, 0.25], [0.5, 0.5], [0.5, 0.5], [0.875, 0.125]])
+    w_b = np.array([[0.25, 0.75], [0.5, 0.5], [0.5, 0.5], [0.75, 0.25]])
+    got = routing.agreement(ids_a, w_a, ids_b, w_b, 8)
+    assert got["topk_agreement"] == 0.75 and got["order_only_share"] == 0.25
+    # |Δw| per token by hand: 0, 0, 0.5 + 0.5 (expert 5 out, 6 in), 0.125 + 0.125
+    assert got["weight_l1_mean"] == (0 + 0 + 1.0 + 0.25) / 4 and got["weight_l1_max"] == 1.0
+
+
+def test_plot_of_flips_by_margin(tmp_path):
+    pytest.importorskip("matplotlib")
+    out = tmp_path / "flips.png"
+    r = cli("router", "--tokens", "512", "--layers", "1", "--experts", "32", "--hidden", "64", "--plot", str(out))
+    assert r.code == 0, r.err
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

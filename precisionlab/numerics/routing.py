@@ -248,3 +248,20 @@ def spread_bias(experts: int, lo: float, hi: float, seed: int) -> np.ndarray:
     """`experts` fp32 correction biases evenly spread over [lo, hi], in a seeded random order."""
     v = formats.get("fp32").round(np.linspace(lo, hi, experts))
     return np.random.default_rng(seed).permutation(v)
+
+
+def agreement(a_ids: np.ndarray, a_weights: np.ndarray, b_ids: np.ndarray, b_weights: np.ndarray,
+              experts: int) -> dict:
+    """Two runs' routing of the same tokens at one MoE layer ((T, k) ids and
+    weights each, as a model's router returns them): what a per-layer model
+    comparison adds for a layer with a router. topk_agreement: the share of
+    tokens whose expert sets agree; order_only_share: sets that agree in
+    another slot order; weight_l1_mean / weight_l1_max: the routed weight
+    moved, sum over experts of |w_a - w_b|."""
+    a = Routed(np.asarray(a_ids, np.int64), np.asarray(a_weights, np.float64), np.empty((0, 0)))
+    b = Routed(np.asarray(b_ids, np.int64), np.asarray(b_weights, np.float64), np.empty((0, 0)))
+    same = same_set(a.ids, b.ids)
+    l1 = weight_l1(a, b, experts)
+    return {"tokens": int(same.size), "topk_agreement": float(same.mean()),
+            "order_only_share": float((same & np.any(a.ids != b.ids, axis=1)).mean()),
+            "weight_l1_mean": float(l1.mean()), "weight_l1_max": float(l1.max())}
