@@ -23,7 +23,8 @@ def command(
                                                      "routed_experts (flat int32 ids).")] = None,
     json_out: JsonOpt = False,
 ):
-    """How much of a trainer/rollout log-prob mismatch comes with routing flips: |Δ| and KL per group, flips by layer."""
+    """How much of a trainer/rollout log-prob mismatch comes with routing flips: |Δ| and KL per group, flips by
+    layer."""
     from precisionlab.experiments import router_attribution as exp
     from precisionlab.report import router_attribution as report
     from precisionlab.report.output import Output
