@@ -10,9 +10,9 @@ from helpers import cli, json_glossary_problems, one_line, strict_json
 GLM_LO, GLM_HI = 6.817, 7.063
 
 
-def _doc(*args):
+def _doc(*args, code=0):
     r = cli("router", *args, "--json")
-    assert r.code == 0, r.err
+    assert r.code == code, r.err
     return strict_json(r.out)
 
 
@@ -81,7 +81,7 @@ def test_fp32_path_alone_has_no_flips_and_the_json_follows_the_glossary():
 
 
 def test_planted_all_negative_router_is_flagged_persisting_in_fp64():
-    doc = _doc("--impl", "tests.impls.router_kernels:fused_max_from_zero", "--experts", "64")
+    doc = _doc("--impl", "tests.impls.router_kernels:fused_max_from_zero", "--experts", "64", code=1)
     rows = {r["case"]: r for r in doc["rows"]}
     assert not rows["all_negative"]["passed"]
     assert rows["all_negative"]["verdict"] == "persists in fp64: algorithmic"
@@ -100,7 +100,7 @@ def test_a_correct_router_passes_every_case(extra):
 
 def test_weights_from_the_biased_scores_are_caught():
     doc = _doc("--impl", "tests.impls.router_kernels:weights_with_bias", "--experts", "64", "--scoring",
-               "sigmoid", "--bias", "0:0.5")
+               "sigmoid", "--bias", "0:0.5", code=1)
     rows = {r["case"]: r for r in doc["rows"]}
     assert rows["dominating_bias"]["verdict"] == "persists in fp64: algorithmic"
     assert rows["dominating_bias"]["flips"] == 0  # the right experts, the wrong weights
@@ -142,3 +142,10 @@ def test_plot_of_flips_by_margin(tmp_path):
     r = cli("router", "--tokens", "512", "--layers", "1", "--experts", "32", "--hidden", "64", "--plot", str(out))
     assert r.code == 0, r.err
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.mark.parametrize("fn,words", [("raises", "ValueError: router exploded"), ("exits", "sys.exit(3)"),
+                                      ("wrong_shape", "expected (256, 8)")])
+def test_a_broken_kernel_fails_its_cases_and_exits_1(fn, words):
+    doc = _doc("--impl", f"tests.impls.router_kernels:{fn}", "--experts", "64", code=1)
+    assert all(r["verdict"] == "error" and words in r["first_difference"] for r in doc["rows"])

@@ -62,7 +62,9 @@ def command(
     seed: SeedOpt = 0,
     json_out: JsonOpt = False,
 ):
-    """An MoE router under low precision: top-k flips by margin, mass moved, rounding or bug."""
+    """An MoE router under low precision: top-k flips by margin, mass moved, rounding or bug.
+
+    Exit 1 when your --impl fails an adversarial case."""
     from precisionlab.experiments import router as exp
     from precisionlab.report import router
     from precisionlab.report.output import Output
@@ -73,4 +75,6 @@ def command(
                            normalize=normalize, ties=ties, tokens=tokens, hidden=hidden, layers=layers,
                            scales=scales, inputs=inputs_from, bias=bias, impl=impl,
                            threshold=threshold, seed=seed)
-    out.run("router", lambda advance: exp.run(cfg, advance))
+    result = out.run("router", lambda advance: exp.run(cfg, advance))
+    if any(not c["passed"] for c in result.cases):  # --impl: a failing case fails the run, so CI can hold a kernel
+        raise typer.Exit(1)

@@ -53,3 +53,17 @@ def weights_with_bias(logits, bias, *, top_k, n_group, topk_group, scoring, norm
     scores, ids = _select(logits, bias, top_k, n_group, topk_group, scoring)
     w = (scores + (0 if bias is None else bias)).gather(1, ids)
     return (w / w.sum(dim=1, keepdim=True) if normalize else w), ids
+
+
+def raises(logits, bias, **kw):
+    raise ValueError("router exploded")
+
+
+def exits(logits, bias, **kw):
+    import sys
+
+    sys.exit(3)
+
+
+def wrong_shape(logits, bias, *, top_k, **kw):
+    return logits[:, :1], torch.zeros(logits.shape[0], 1, dtype=torch.int64)
