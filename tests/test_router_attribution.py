@@ -99,3 +99,21 @@ def test_hostile_traces_are_refused_in_one_line(built):
         f.write(json.dumps({"routed_experts": [[[0, 1, 2], [2, 3, 4]]]}) + "\n")
     one_line(_run(tmp, a="ragged2.jsonl"), 2, "ragged")
     one_line(_run(tmp, "--moe-shape", "0:4"), 2, "--moe-shape")
+
+
+def test_vllm_nested_lists_read_as_the_npy_and_minus_one_is_no_expert(built):
+    tmp, flipped, _ = built
+    for side in ("ta", "tb"):
+        arr = np.load(tmp / f"{side}.npy")
+        arr[:, -1, :] = -1  # SGLang's placeholder: a layer without routed experts, on both sides
+        np.save(tmp / f"{side}-1.npy", arr)
+        with open(tmp / f"{side}.nested.jsonl", "w") as f:
+            for part in (arr[:7], arr[7:]):  # two completions, vLLM's [tokens, layers, top_k] each
+                f.write(json.dumps({"routed_experts": part.tolist()}) + "\n")
+    npy = _run(tmp, "--json", a="ta-1.npy", b="tb-1.npy")
+    nested = _run(tmp, "--json", a="ta.nested.jsonl", b="tb.nested.jsonl")
+    assert npy.code == 0 and nested.code == 0, (npy.err, nested.err)
+    a, b = strict_json(npy.out), strict_json(nested.out)
+    assert a["rows"] == b["rows"] and a["layers"] == b["layers"]
+    assert a["layers"][-1]["flip_rate"] == 0.0  # the placeholder layer agrees on both sides
+    assert a["rows"][0]["tokens"] < int(flipped.sum())  # the flips planted in the last layer are gone
