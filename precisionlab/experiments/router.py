@@ -289,7 +289,7 @@ def takeaways(rows, summary, distinct, bias) -> list[str]:
     out = []
     worst = max(summary, key=lambda s: s["flip_share"])
     if worst["flip_share"] > 0:
-        out.append(f"Worst path: {worst['path']}: {100 * worst['flip_share']:.2f} % of tokens a layer change their "
+        out.append(f"Worst path: {worst['path']}: {100 * worst['flip_share']:.2f} % of tokens per layer change their "
                    f"top-k set; {100 * worst['any_layer_flip_share']:.2f} % in at least one layer (independence "
                    f"predicts {100 * worst['independence_prediction']:.2f} %).")
     for s in summary:
