@@ -20,7 +20,7 @@ def _mcnemar_by_likelihood(b: int, c: int) -> Fraction:
     n = b + c
     row = [1]
     for _ in range(n):
-        row = [x + y for x, y in zip([0, *row], [*row, 0])]
+        row = [x + y for x, y in zip([0, *row], [*row, 0], strict=True)]
     seen = row[b]
     return Fraction(sum(x for x in row if x <= seen), 2 ** n)
 
@@ -86,7 +86,7 @@ def _csv(path, right, ids=None):
     with open(path, "w", newline="") as f:
         w = csv.writer(f)
         w.writerow(["question_id", "correct"])
-        for i, r in zip(ids or range(len(right)), right):
+        for i, r in zip(ids or range(len(right)), right, strict=True):
             w.writerow([i, int(r)])
     return str(path)
 

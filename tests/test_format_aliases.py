@@ -28,7 +28,7 @@ from precisionlab.engines import inject
 from precisionlab.errors import RunError, UsageError
 from precisionlab.io import logits_file
 from precisionlab.experiments import (accumulate, attention_cases, compare, contracts, kvcache, logits, model, rollout,
-                                      softmax, tensors, tf32)
+                                      router, softmax, tensors, tf32)
 from precisionlab.numerics import flash_attention as fa
 
 
@@ -89,6 +89,8 @@ KV = ("kvcache", "--steps", "2", "--scales", "unit")
 METRICS = ("compare", "metrics", "--tokens", "16")
 CONTRACTS = ("compare", "contracts", "--steps", "2", "--batches", "3")
 ROLLOUT = ("compare", "rollout", "--trainer", "embedded", "--rollout", "embedded", "--samples", "1", "--tokens", "4")
+ROUTER = ("router", "--tokens", "64", "--layers", "1", "--experts", "16", "--hidden", "16", "--top-k", "2",
+          "--bias", "0:1")
 ATTN = ("attention", "--seq", "64", "--rows", "4", "--dim", "8", "--std", "1", "--block-c", "16")
 CASES = ("attention-cases", "--cases", "random", "--max-keys", "4096")
 
@@ -126,6 +128,9 @@ def options(dumps) -> list[Opt]:
         Opt(ATTN, "--input-dtype", fa.INPUT_DTYPES, every_spelling_by_cli=False, single=True),
         Opt(ATTN, "--out-dtype", fa.OUT_DTYPES, every_spelling_by_cli=False, single=True),
         Opt(CASES, "--dtypes", attention_cases.DTYPES, every_spelling_by_cli=False),
+        Opt(ROUTER, "--gate-dtypes", router.DTYPES),
+        Opt(ROUTER, "--logit-dtypes", router.DTYPES),
+        Opt(ROUTER, "--bias-dtypes", router.DTYPES),
     ]
 
 

@@ -140,6 +140,8 @@ COMMANDS = (
     (None, 'attention', 'attention'),
     (None, 'attention-cases', 'attention_cases'),
     (None, 'export', 'export'),
+    (None, 'router', 'router'),
+    ('compare', 'routing', 'compare_routing'),
 )
 # nondeterminism is a group whose own run (no verb given) is the sections: its
 # COMMANDS line registers that run as the group's callback, and `endpoint` is its verb.

@@ -88,7 +88,7 @@ def run(cfg: MovedConfig, advance=lambda k=1: None) -> MovedResult:
     if not rows:
         raise UsageError("no tensor is in all of REF, A and B with one shape: nothing to compare")
     first = divergence.first_divergence(judged)
-    for row, j in zip(rows, judged):
+    for row, j in zip(rows, judged, strict=True):
         row.update(divergence.row_fields(j.flags))
     fd = first.as_dict() if first else None
     params = {"ref": cfg.ref, "a": cfg.a, "b": cfg.b, "compared": len(rows)}
