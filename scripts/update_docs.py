@@ -24,6 +24,10 @@ printed on stdout. An HTML comment on the line before the fence marks it:
     .venv/bin/python scripts/update_docs.py            # rewrite the files
     .venv/bin/python scripts/update_docs.py --check    # CI: exit 1 on a difference
     .venv/bin/python scripts/update_docs.py --only softmax   # examples whose command matches
+    .venv/bin/python scripts/update_docs.py docs/router.md   # one page's examples (a new page, say)
+
+Every page is README.md or docs/*.md: a new page in docs/ is re-run and checked
+with no edit here.
 
 Files run two at a time (--jobs), each file's examples in their order: an example
 may read what an earlier one in its file wrote, never what another file wrote.
@@ -166,8 +170,17 @@ def export_engine_models(cmds: list[str]) -> list[str]:
     return failures
 
 
-def files() -> list[Path]:
-    return [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+def files(only: list[str] | None = None) -> list[Path]:
+    """README.md and docs/*.md, or those of them named in only (paths from the
+    current folder); a name that is not one of them is refused."""
+    every = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+    if not only:
+        return every
+    chosen = [Path(p).resolve() for p in only]
+    unknown = [p for p, c in zip(only, chosen, strict=True) if c not in every]
+    if unknown:
+        raise ValueError(f"not README.md or docs/*.md: {', '.join(unknown)}")
+    return list(dict.fromkeys(chosen))
 
 
 def check_file(path: Path, args, cpu: str) -> dict:
@@ -223,20 +236,25 @@ def main() -> int:
     ap.add_argument("--check", action="store_true", help="compare instead of rewriting; exit 1 on a difference")
     ap.add_argument("--gpu", action="store_true", help="also run the examples marked gpu")
     ap.add_argument("--only", default=None, help="only the examples whose command contains this text")
+    ap.add_argument("pages", nargs="*", help="only these files (README.md, docs/PAGE.md); default: every one")
     ap.add_argument("--jobs", type=int, default=min(2, os.cpu_count() or 1),
                     help="files run at once (default: 2, or 1 on a one-core machine)")
     args = ap.parse_args()
     t_all = time.perf_counter()
     cpu = this_cpu()
-    selected = [m.group("cmd") for path in files() for m in BLOCK.finditer(path.read_text())
+    try:
+        pages = files(args.pages)
+    except ValueError as e:
+        ap.error(str(e))  # one line and exit 2
+    selected = [m.group("cmd") for path in pages for m in BLOCK.finditer(path.read_text())
                 if not args.only or args.only in m.group("cmd")]
     failures = export_engine_models(selected)
     # The longest files first, so the last one to start is a short one.
-    paths = sorted(files(), key=lambda f: -len(BLOCK.findall(f.read_text())))
+    paths = sorted(pages, key=lambda f: -len(BLOCK.findall(f.read_text())))
     with ThreadPoolExecutor(max(1, args.jobs)) as pool:
         done = dict(zip(paths, pool.map(lambda f: check_file(f, args, cpu), paths), strict=True))
     count = {k: sum(done[f][k] for f in paths) for k in ("checked", "skipped", "machine", "masked")}
-    for path in files():  # report and write in the files' own order
+    for path in pages:  # report and write in the files' own order
         failures += done[path]["failures"]
         if not args.check and done[path]["text"] != path.read_text():
             path.write_text(done[path]["text"])

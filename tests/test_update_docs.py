@@ -3,6 +3,8 @@ are ignored, a result's digit never is."""
 
 import importlib.util
 
+import pytest
+
 from helpers import ROOT
 
 _spec = importlib.util.spec_from_file_location("update_docs", ROOT / "scripts" / "update_docs.py")
@@ -102,3 +104,13 @@ def test_engine_models_are_exported_only_for_the_examples_that_read_them(monkeyp
     monkeypatch.setattr(update_docs, "run", lambda cmd: ("", 2))  # an engine's package missing: said, one line each
     failures = update_docs.export_engine_models([cmd])
     assert len(failures) == len(update_docs.ENGINE_MODELS) and all("make engines" in f for f in failures)
+
+
+def test_pages_named_on_the_command_line_are_the_only_ones_run(monkeypatch):
+    monkeypatch.chdir(ROOT)
+    every = update_docs.files()
+    assert every[0] == ROOT / "README.md" and ROOT / "docs" / "install.md" in every  # a new page needs no edit
+    assert update_docs.files(["docs/softmax.md", "./docs/softmax.md"]) == [ROOT / "docs" / "softmax.md"]
+    for wrong in (["docs/nonexistent.md"], ["DEVELOPERS.md"], ["docs/data"]):
+        with pytest.raises(ValueError, match="not README.md or docs"):
+            update_docs.files(wrong)
