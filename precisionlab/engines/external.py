@@ -63,10 +63,22 @@ def thread_bound() -> int:
     return min(1024, max(64, 4 * (os.cpu_count() or 1)))
 
 
-def threads_opt(opts: dict, prefix: str, least: int = 0) -> int:
-    """threads=N, default 1, bounded by thread_bound() (named in the refusal)."""
+def default_threads() -> int:
+    """What torch uses here (torch.get_num_threads(): the reference's own count), so an engine and
+    the reference it is compared with run on as many threads unless the spec says otherwise."""
+    import torch
+
+    return int(torch.get_num_threads())
+
+
+def threads_opt(opts: dict, prefix: str, least: int = 1, checking: bool = False) -> int:
+    """threads=N, bounded by thread_bound() (named in the refusal); absent: default_threads(). Every
+    engine reports it as `threads` in info(), whatever its own API calls it. `checking`: a spec checked
+    before anything loads, where an absent key needs no torch to be imported."""
     import os
 
+    if "threads" not in opts:
+        return 0 if checking else default_threads()
     return int_opt(opts, "threads", 1, prefix, least, thread_bound(),
                    f"4 per CPU of this machine's {os.cpu_count() or 1}, at least 64, at most 1024")
 
