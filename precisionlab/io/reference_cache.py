@@ -1,8 +1,8 @@
 """The reference's logits kept between runs: compare engine pays the fp32
 reference once per model, text and settings, then reads it from here.
 
-An entry lives under $PRECISIONLAB_CACHE (default ~/.cache/precisionlab)
-/reference/<sha256>.npz, named by the hash of its key. The key is what
+An entry lives in $PRECISIONLAB_REFERENCE_CACHE, else under $PRECISIONLAB_CACHE
+(default ~/.cache/precisionlab)/reference/, as <sha256>.npz, named by the hash of its key. The key is what
 decides the numbers before the reference is loaded: the model's identity
 (its spec and, for every file the spec names, path, size and modification
 time: the tokenizer and the weights are files of the folder), the text's
@@ -26,7 +26,10 @@ SCHEMA = 1
 
 
 def cache_dir() -> Path:
-    """The folder of the entries (the llama tools' cache root, as scripts/build_llama_tools.sh finds it)."""
+    """The folder of the entries: $PRECISIONLAB_REFERENCE_CACHE where set (the tests' own folder), else
+    reference/ under the llama tools' cache root, as scripts/build_llama_tools.sh finds it."""
+    if os.environ.get("PRECISIONLAB_REFERENCE_CACHE"):
+        return Path(os.environ["PRECISIONLAB_REFERENCE_CACHE"])
     root = os.environ.get("PRECISIONLAB_CACHE") or os.path.join(
         os.environ.get("XDG_CACHE_HOME") or os.path.join(Path.home(), ".cache"), "precisionlab")
     return Path(root) / "reference"
@@ -36,7 +39,7 @@ def _files_of(path: Path) -> list[list]:
     """[relative name, size, mtime_ns] of path, or of every file under it (sorted)."""
     if path.is_file():
         st = path.stat()
-        return [[path.name, st.st_size, st.st_mtime_ns]]
+        return [[str(path), st.st_size, st.st_mtime_ns]]
     out = []
     for p in sorted(path.rglob("*")):
         if p.is_file():
