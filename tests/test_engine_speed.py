@@ -185,6 +185,24 @@ def test_llamacpp_session_matches_a_full_re_evaluation(gguf):
     assert isinstance(torch.get_num_threads(), int)
 
 
+def test_llamacpp_forks_step_on_from_a_shared_prefix(gguf):
+    """Two feeds forked from one prefix, stepping in turn (each rebuilding the context past the
+    common prefix), give the logits a full evaluation of each's own tokens does, within the bound above."""
+    eng = registry.open_engine(f"llamacpp:{gguf},kv=f32,threads=1", "cpu")
+    assert eng.forks
+    ids = eng.encode("ROMEO:\nBut soft, what light through yonder window breaks?")
+    a = eng.session(None)
+    a(ids[:20])
+    b = eng.fork(a)
+    tail_a, tail_b = ids[20:26], list(reversed(ids[20:26]))
+    got_a = a(tail_a).numpy()
+    got_b = b(tail_b).numpy()
+    got_a2 = a(ids[26:28]).numpy()
+    assert np.max(np.abs(got_a - eng.logits(ids[:26])[20:])) <= 1e-4
+    assert np.max(np.abs(got_b - eng.logits(ids[:20] + tail_b)[20:])) <= 1e-4
+    assert np.max(np.abs(got_a2 - eng.logits(ids[:28])[26:])) <= 1e-4
+
+
 def test_external_engines_default_to_torch_threads(gguf):
     import torch
 

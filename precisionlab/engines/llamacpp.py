@@ -88,6 +88,7 @@ def _used_sizes(llama_cpp, llm, settings: dict) -> None:
 
 class LlamaCppEngine(ExternalEngine):
     captures_layers = True  # its eval callback hands over every GGML tensor (capture below)
+    forks = True  # fork(): feeds that share one context, each rebuilding past the prefix it holds in common
     @classmethod
     def check(cls, arg):
         path, opts = file_spec(arg, "llamacpp", KEYS, "llama_cpp", " (a .gguf)")
