@@ -275,11 +275,11 @@ def _engine_row(spec, cfg, ref, ref_window, ids, prompt_ids, ref_tokens, ref_mar
         ref_eng, ref_model = ref.engine()
         return _top_k_row(spec, eng, ref_eng, ref_model, ids, ids[1:], cfg.tokens, device, advance)
     eng_model = eng.model("fp32")
+    window = min(ref_window, eng.window)
+    R = ref.rows(ids, window, advance)  # before the engine's clock: a miss is the reference's time
     t1 = time.perf_counter()
     tokens_note, disagreement = _tokens(ids, _encode(eng, text, cfg.tokens + 1, source), spec, eng)
     prompt_note, _ = _tokens(prompt_ids, _encode(eng, cfg.prompt, len(prompt_ids), "--prompt"), spec, eng)
-    window = min(ref_window, eng.window)
-    R = ref.rows(ids, window, advance)
     n = cfg.tokens
     eng_parts, forward_s = [], 0.0
     for start in range(0, n, window):
