@@ -90,6 +90,9 @@ def main() -> int:
     ap.add_argument("--steps", default="50,200,400")
     ap.add_argument("--text", default=None)
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--threads", type=int, default=None,
+                    help="both sides' threads (default: torch's count, compare engine's default); on a loaded "
+                         "machine 1 keeps ggml's thread barriers from waiting on the scheduler")
     ap.add_argument("--work", default=None, help="folder for the export (default: a temporary one)")
     ap.add_argument("--json", default=None, help="write the numbers here")
     a = ap.parse_args()
@@ -99,8 +102,8 @@ def main() -> int:
     work = Path(a.work or tempfile.mkdtemp(prefix="bench-engine-speed-"))
     path = Path(a.gguf) if a.gguf else export_embedded(work)
     reference = a.reference or "embedded"
-    spec = f"llamacpp:{path}"
-    threads = torch.get_num_threads()
+    threads = a.threads or torch.get_num_threads()
+    spec = f"llamacpp:{path}" + (f",threads={a.threads}" if a.threads else "")
     out = {"gguf": str(path), "reference": reference, "tokens": a.tokens, "threads": threads,
            "load_avg": os.getloadavg(), "rows": []}
     for steps in [int(s) for s in a.steps.split(",")]:

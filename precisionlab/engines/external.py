@@ -5,11 +5,12 @@ Such an engine computes in the settings it was opened with (a GGUF's types, a
 CTranslate2 compute_type, an ONNX graph's dtype), not in a dtype precisionlab
 picks: model("fp32") is the engine as opened and any other dtype is refused.
 Its settings come from the spec, `PREFIX:PATH,key=value,...`, and are all
-reported by info(), since they decide its numbers. It keeps no cache for
-precisionlab: a session re-runs the whole sequence each step, which gives the
-same logits as the engine's own cached decoding would only where its cache
-is exact; compare model --engine teacher-forces one sequence, so it never
-depends on that.
+reported by info(), since they decide its numbers; threads=N is one key for
+all of them (default: torch's thread count). The session below re-runs the
+whole sequence each step (exact, and quadratic in the steps): the fallback
+of an engine whose API offers no cache to step on (CTranslate2's
+forward_batch, the ONNX graphs export writes). llama.cpp overrides it with
+a session through its own KV cache (engines/llamacpp.py).
 """
 
 from __future__ import annotations
