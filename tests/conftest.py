@@ -15,6 +15,13 @@ os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # tests/emulate.py
 
+# compare engine keeps the reference's logits between runs (io/reference_cache): the tests' runs keep
+# theirs in a folder of their own, never the user's ~/.cache
+if not os.environ.get("PRECISIONLAB_REFERENCE_CACHE"):
+    import tempfile
+
+    os.environ["PRECISIONLAB_REFERENCE_CACHE"] = tempfile.mkdtemp(prefix="precisionlab-reference-")
+
 
 def _gpu_skip_reason() -> str | None:
     from precisionlab import native

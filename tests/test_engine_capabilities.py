@@ -23,7 +23,7 @@ from precisionlab.errors import UsageError
 DECLARED = {
     "embedded": (True, False, True, True, True, None, ("fp32", "bf16", "fp16", "fp64")),
     "hf": (True, False, True, True, True, None, ("fp32", "bf16", "fp16", "fp64")),
-    "llamacpp": (False, True, True, False, False, None, ("fp32",)),
+    "llamacpp": (False, True, True, False, True, None, ("fp32",)),  # fork(): one context, feeds rebuild past their common prefix
     "ct2": (False, False, True, False, False, None, ("fp32",)),
     "onnx": (False, False, True, False, False, None, ("fp32",)),
     "openai": (False, False, False, False, False, 5, ("fp32",)),

@@ -30,6 +30,10 @@ def command(
     device: ModelDeviceOpt = "cpu",
     seed: Annotated[int, typer.Option("--seed", callback=seed_in_range, help="Accepted as by every command; this run draws nothing "
                                       "random.")] = 0,
+    reference_cache: Annotated[bool, typer.Option("--reference-cache/--no-reference-cache",
+                                                  help="Read the reference's logits from, and keep them in, "
+                                                  "~/.cache/precisionlab/reference/ (keyed by the model's files, "
+                                                  "the text, tokens, prompt, steps and settings).")] = True,
     json_out: JsonOpt = False,
 ):
     """A real engine (llama.cpp, CTranslate2, ONNX Runtime, a server, any --model spec) against a reference
@@ -44,7 +48,8 @@ def command(
         raise UsageError("compare engine needs --engine SPEC")
     cfg = eexp.EnginesConfig(engines=engine, reference=reference, text=text,
                              tokens=eexp.DEFAULT_TOKENS if tokens is None else tokens, steps=steps, prompt=prompt,
-                             device=device, max_kld=max_kld, min_top1=min_top1)
+                             device=device, max_kld=max_kld, min_top1=min_top1,
+                             reference_cache=reference_cache)
     res = Output(engines_report, json_out).run("compare engine", lambda advance: eexp.run(cfg, advance))
     if res.failures:
         raise typer.Exit(1)

@@ -14,7 +14,7 @@ from precisionlab.engines.external import (MAX_BATCH, ExternalEngine, batch_of, 
                                            int_opt, need_package, split_spec)
 from precisionlab.errors import UsageError
 
-KEYS = {"compute": "compute_type (default: the stored type)", "threads": "intra_threads (default 1)",
+KEYS = {"compute": "compute_type (default: the stored type)", "threads": "intra_threads (default: torch's thread count)",
         "batch": "prompts in each forward_batch: the compared one and N-1 others of its length (default 1)"}
 
 
@@ -25,7 +25,7 @@ class CT2Engine(ExternalEngine):
         need_package("ctranslate2", "ct2", "ct2")
         if not (Path(path) / "model.bin").is_file():
             raise UsageError(f"engine ct2:{path}: not a CTranslate2 model folder (no model.bin)")
-        threads_opt(opts, "ct2")
+        threads_opt(opts, "ct2", checking=True)
         int_opt(opts, "batch", 1, "ct2", least=1, most=MAX_BATCH, bound="copies of the prompt in one batch")
 
     def __init__(self, arg, device: str):
@@ -34,7 +34,7 @@ class CT2Engine(ExternalEngine):
 
         path, opts = split_spec(arg, "ct2", KEYS)
         asked = opts.get("compute", "default")
-        threads = int_opt(opts, "threads", 1, "ct2")
+        threads = threads_opt(opts, "ct2")
         self.batch = int_opt(opts, "batch", 1, "ct2")
         try:
             self.gen = ctranslate2.Generator(path, device=device, compute_type=asked, intra_threads=threads)
@@ -49,7 +49,7 @@ class CT2Engine(ExternalEngine):
         import json
 
         self.vocab = len(json.loads((Path(path) / "vocabulary.json").read_text()))
-        self.settings = {"compute_type_asked": asked, "compute_type": self.gen.compute_type, "intra_threads": threads,
+        self.settings = {"compute_type_asked": asked, "compute_type": self.gen.compute_type, "threads": threads,
                          "batch_size": self.batch, "device": device}
         self.device = device
         self.name = f"ct2:{path}"

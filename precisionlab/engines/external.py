@@ -5,11 +5,12 @@ Such an engine computes in the settings it was opened with (a GGUF's types, a
 CTranslate2 compute_type, an ONNX graph's dtype), not in a dtype precisionlab
 picks: model("fp32") is the engine as opened and any other dtype is refused.
 Its settings come from the spec, `PREFIX:PATH,key=value,...`, and are all
-reported by info(), since they decide its numbers. It keeps no cache for
-precisionlab: a session re-runs the whole sequence each step, which gives the
-same logits as the engine's own cached decoding would only where its cache
-is exact; compare model --engine teacher-forces one sequence, so it never
-depends on that.
+reported by info(), since they decide its numbers; threads=N is one key for
+all of them (default: torch's thread count). The session below re-runs the
+whole sequence each step (exact, and quadratic in the steps): the fallback
+of an engine whose API offers no cache to step on (CTranslate2's
+forward_batch, the ONNX graphs export writes). llama.cpp overrides it with
+a session through its own KV cache (engines/llamacpp.py).
 """
 
 from __future__ import annotations
@@ -63,10 +64,22 @@ def thread_bound() -> int:
     return min(1024, max(64, 4 * (os.cpu_count() or 1)))
 
 
-def threads_opt(opts: dict, prefix: str, least: int = 0) -> int:
-    """threads=N, default 1, bounded by thread_bound() (named in the refusal)."""
+def default_threads() -> int:
+    """What torch uses here (torch.get_num_threads(): the reference's own count), so an engine and
+    the reference it is compared with run on as many threads unless the spec says otherwise."""
+    import torch
+
+    return int(torch.get_num_threads())
+
+
+def threads_opt(opts: dict, prefix: str, least: int = 1, checking: bool = False) -> int:
+    """threads=N, bounded by thread_bound() (named in the refusal); absent: default_threads(). Every
+    engine reports it as `threads` in info(), whatever its own API calls it. `checking`: a spec checked
+    before anything loads, where an absent key needs no torch to be imported."""
     import os
 
+    if "threads" not in opts:
+        return 0 if checking else default_threads()
     return int_opt(opts, "threads", 1, prefix, least, thread_bound(),
                    f"4 per CPU of this machine's {os.cpu_count() or 1}, at least 64, at most 1024")
 

@@ -7,8 +7,10 @@ default; kv=f32 keeps the cache exact), flash attention (its CPU kernel
 accumulates V in f16), n_threads (the order of its sums), n_batch and
 n_ubatch (how a prompt is split into graphs), and the extra weight buffers
 (extra=1: AMX and repacked CPU kernels, which compute quantised matmuls in
-their own order). Defaults are llama.cpp's own, except n_threads=1 (a fixed
-summation order), flash=0, and extra=0 for a quantised GGUF on a CPU with AMX:
+their own order). Defaults are llama.cpp's own, except n_threads (threads=N,
+reported as `threads`): torch's thread count, as the reference runs; llama.cpp
+gives each thread whole dot products, so the count has not changed a bit of
+its logits (docs/engines.md's run-to-run table), flash=0, and extra=0 for a quantised GGUF on a CPU with AMX:
 llama.cpp's AMX kernels (llama-cpp-python 0.3.36) segfault there on small
 models (a 128 x 352 MLP in q8_0 or q4_0), and a crash is never an answer.
 """
@@ -25,7 +27,7 @@ from precisionlab.engines.external import MAX_CTX, ExternalEngine, file_spec, in
 from precisionlab.errors import UsageError
 
 KEYS = {"kv": "KV cache type: f16 (llama.cpp's default) | f32 | bf16 | q8_0", "flash": "flash attention 0|1",
-        "threads": "n_threads (default 1)", "batch": "n_batch (default 512)", "ubatch": "n_ubatch (default 512)",
+        "threads": "n_threads (default: torch's thread count)", "batch": "n_batch (default 512)", "ubatch": "n_ubatch (default 512)",
         "ctx": "n_ctx (default: the model's, at most 4096)",
         "extra": "extra weight buffers, AMX/repacked kernels, 0|1 (default 1; 0 for a quantised GGUF on an AMX CPU)"}
 # ggml_type ids (ggml.h) of the KV cache types offered
@@ -64,7 +66,7 @@ def _model_params(llama_cpp, **fields):
 def check_sizes(opts: dict) -> None:
     """threads, batch, ubatch and ctx bounded before llama.cpp sees them: threads=100000 segfaulted
     it, and ubatch=0 ran with a split it cannot use (it used another, unreported)."""
-    threads_opt(opts, "llamacpp", least=1)
+    threads_opt(opts, "llamacpp", least=1, checking=True)
     batch = int_opt(opts, "batch", 512, "llamacpp", 1, MAX_CTX, "llama.cpp's n_ctx bound here")
     int_opt(opts, "ubatch", min(512, batch), "llamacpp", 1, batch, "n_batch: a micro-batch splits a batch")
     int_opt(opts, "ctx", 0, "llamacpp", 0, MAX_CTX, "2^20 positions; 0 is the model's own")
@@ -86,6 +88,7 @@ def _used_sizes(llama_cpp, llm, settings: dict) -> None:
 
 class LlamaCppEngine(ExternalEngine):
     captures_layers = True  # its eval callback hands over every GGML tensor (capture below)
+    forks = True  # fork(): feeds that share one context, each rebuilding past the prefix it holds in common
     @classmethod
     def check(cls, arg):
         path, opts = file_spec(arg, "llamacpp", KEYS, "llama_cpp", " (a .gguf)")
@@ -106,7 +109,7 @@ class LlamaCppEngine(ExternalEngine):
         kv = opts.get("kv", "f16")
         batch = int_opt(opts, "batch", 512, "llamacpp", 1)
         self.settings = {"kv_cache_type": kv, "flash_attn": opts.get("flash", "0") == "1",
-                         "n_threads": threads_opt(opts, "llamacpp", least=1),
+                         "threads": threads_opt(opts, "llamacpp", least=1),
                          "n_batch": batch, "n_ubatch": int_opt(opts, "ubatch", min(512, batch), "llamacpp", 1)}
         with captured("llama.cpp"):
             self._open(llama_cpp, path, opts, kv)
@@ -127,8 +130,8 @@ class LlamaCppEngine(ExternalEngine):
             extra = opts.get("extra", "0" if quantised and _cpu_has_amx(llama_cpp) else "1") == "1"
             self.settings["extra_bufts"] = extra
             with _model_params(llama_cpp, use_extra_bufts=extra):
-                self.llm = llama_cpp.Llama(path, logits_all=True, n_ctx=ctx, n_threads=self.settings["n_threads"],
-                                           n_threads_batch=self.settings["n_threads"], n_batch=self.settings["n_batch"],
+                self.llm = llama_cpp.Llama(path, logits_all=True, n_ctx=ctx, n_threads=self.settings["threads"],
+                                           n_threads_batch=self.settings["threads"], n_batch=self.settings["n_batch"],
                                            n_ubatch=self.settings["n_ubatch"], type_k=_KV[kv], type_v=_KV[kv],
                                            flash_attn=self.settings["flash_attn"], n_gpu_layers=0, verbose=False)
         except (ValueError, RuntimeError) as e:

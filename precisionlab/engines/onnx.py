@@ -16,7 +16,7 @@ from precisionlab.engines.external import (MAX_BATCH, ExternalEngine, batch_of, 
                                            file_spec, int_opt, split_spec)
 from precisionlab.errors import UsageError
 
-KEYS = {"threads": "intra_op_num_threads (default 1)", "provider": "execution provider (default CPUExecutionProvider)",
+KEYS = {"threads": "intra_op_num_threads (default: torch's thread count)", "provider": "execution provider (default CPUExecutionProvider)",
         "opt": "graph optimisation: all (default) | basic | off",
         "batch": "prompts in each run: the compared one and N-1 others of its length (default 1)"}
 _OPT = {"all": "ORT_ENABLE_ALL", "basic": "ORT_ENABLE_BASIC", "off": "ORT_DISABLE_ALL"}
@@ -28,7 +28,7 @@ class OnnxEngine(ExternalEngine):
         path, opts = file_spec(arg, "onnx", KEYS, "onnxruntime")
         if opts.get("opt", "all") not in _OPT:
             raise UsageError(f"engine onnx: opt is one of {', '.join(_OPT)}")
-        threads_opt(opts, "onnx")
+        threads_opt(opts, "onnx", checking=True)
         int_opt(opts, "batch", 1, "onnx", least=1, most=MAX_BATCH, bound="copies of the prompt in one batch")
 
     def __init__(self, arg, device: str):
@@ -38,7 +38,7 @@ class OnnxEngine(ExternalEngine):
         path, opts = split_spec(arg, "onnx", KEYS)
         self.batch = int_opt(opts, "batch", 1, "onnx")
         so = ort.SessionOptions()
-        so.intra_op_num_threads = int_opt(opts, "threads", 1, "onnx")
+        so.intra_op_num_threads = threads_opt(opts, "onnx")
         so.inter_op_num_threads = 1
         so.graph_optimization_level = getattr(ort.GraphOptimizationLevel, _OPT[opts.get("opt", "all")])
         provider = opts.get("provider", "CPUExecutionProvider")
@@ -54,7 +54,7 @@ class OnnxEngine(ExternalEngine):
         self.vocabulary = self.chars is not None  # without one it reads the reference's ids
         out = self.sess.get_outputs()[0]
         self.vocab = int(out.shape[-1]) if isinstance(out.shape[-1], int) else len(self.chars or [])
-        self.settings = {"provider": self.sess.get_providers()[0], "intra_op_num_threads": so.intra_op_num_threads,
+        self.settings = {"provider": self.sess.get_providers()[0], "threads": so.intra_op_num_threads,
                          "graph_optimization": opts.get("opt", "all"), "output_type": out.type,
                          "batch_size": self.batch}
         self.device = "cpu"

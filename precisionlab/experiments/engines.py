@@ -1,15 +1,21 @@
-"""compare model --engine SPEC --reference SPEC: a real engine's next-token
+"""compare engine --engine SPEC --reference SPEC: a real engine's next-token
 distributions against a reference run of the same model, teacher-forced over
 one token sequence, and the first greedy divergence from a prompt.
 
-The reference tokenises the text; each engine's own tokenizer must give the
-same ids (a BOS the engine prepends is named as a shift and left out, so both
-read the same tokens; any other difference ends the run, naming the first
-position: statistics over misaligned tokens would mean nothing). The
-distribution statistics are numerics/distribution's, as in --metrics, with
-the reference in the fp32 column; beside them the max |Δ logit| after
-removing each row's constant shift (softmax ignores one): half the row's
-range of differences, the smallest max |Δ - c| over all shifts c.
+Both sides read the same tokens: the reference tokenises the text and the
+engine reads those ids (every engine here takes ids). Where the engine's own
+tokenizer would split the text otherwise, that is reported as a finding of
+its own (experiments/token_agreement: where, how often, which kind of split),
+not a refusal; a BOS the engine prepends is named as a shift. The reference's
+side (ids, greedy path, teacher-forced logits) is computed once per model,
+text and settings and kept in io/reference_cache, so further engines and
+further runs read it without loading the reference. Greedy decoding runs
+through each engine's session (llama.cpp's own KV cache: each step evaluates
+one token). The distribution statistics are numerics/distribution's, as in
+compare metrics, with the reference in the fp32 column; beside them the max
+|Δ logit| after removing each row's constant shift (softmax ignores one):
+half the row's range of differences, the smallest max |Δ - c| over all
+shifts c.
 """
 
 from __future__ import annotations
@@ -20,16 +26,17 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from precisionlab.engines import protocol
+from precisionlab.io import reference_cache
 from precisionlab.engines.registry import DEFAULT_PROMPT, open_engine
 from precisionlab.errors import RunError, UsageError
 from precisionlab.experiments import logits as lexp
-from precisionlab.experiments import startup
+from precisionlab.experiments import startup, token_agreement
 from precisionlab.experiments.startup import default_reference, token_check  # noqa: F401 (their home before)
 from precisionlab.numerics import distribution
 from precisionlab.numerics.metrics import exact_mean
 from precisionlab.runtime import memory
 
-DEFAULT_TOKENS = 512  # the engines re-run whole windows; 512 positions take seconds on a tiny model
+DEFAULT_TOKENS = 512  # one window of teacher forcing; seconds on a tiny model
 
 
 @dataclass
@@ -43,6 +50,7 @@ class EnginesConfig:
     device: str = "cpu"
     max_kld: float | None = None
     min_top1: float | None = None
+    reference_cache: bool = True  # the reference's logits read from / written to io/reference_cache
 
 
 @dataclass
@@ -115,6 +123,108 @@ def _estimate(shapes: list, tokens: int) -> int:
     return memory.compare_engine(shapes[0], shapes[1:], tokens)
 
 
+def _tokens(ref_ids: list[int], eng_ids: list[int] | None, spec: str, eng) -> tuple[str, dict | None]:
+    """(the `tokens` note, the disagreement finding or None): the engine reads the reference's ids
+    either way, so a tokenizer that splits the text otherwise is reported, never a refusal."""
+    try:
+        return token_check(ref_ids, eng_ids, spec), None
+    except RunError:
+        pass
+    if eng_ids and ref_ids and eng_ids[0] != ref_ids[0] and eng_ids[1:2] == ref_ids[:1]:
+        eng_ids = eng_ids[1:]  # a BOS the engine prepends is the shift token_check names, not a split
+    found = token_agreement.finding(ref_ids, eng_ids, lambda i: eng.decode([i]))
+    return ("differ: the engine read the reference's ids; its own tokenizer splits the text otherwise, "
+            + token_agreement.describe(found)), found
+
+
+class Reference:
+    """The reference's side of compare engine: its ids, greedy path and
+    teacher-forced logits, from io/reference_cache where an entry matches, else
+    computed (the reference opened then, once) and stored there."""
+
+    def __init__(self, spec: str, cfg: EnginesConfig, text: str, source: str, device: str, use_cache: bool):
+        import torch
+
+        self.spec, self.cfg, self.text, self.source, self.device = spec, cfg, text, source, device
+        self.use_cache = use_cache
+        self._eng = self._model = None
+        self.hits, self.misses, self.compute_s = 0, 0, 0.0
+        self.settings = {"text_sha256": reference_cache.text_digest(text), "tokens": cfg.tokens,
+                         "prompt": cfg.prompt, "steps": cfg.steps, "dtype": "fp32", "device": device,
+                         "torch": torch.__version__, "torch_threads": torch.get_num_threads()}
+        self.identity = reference_cache.model_identity(spec, _own_files(spec)) if use_cache else {}
+
+    def engine(self):
+        """The reference itself, opened on first use."""
+        if self._eng is None:
+            self._eng = open_engine(self.spec, self.device)
+            self._model = self._eng.model("fp32")
+        return self._eng, self._model
+
+    def _entry(self, part: str, compute, **more):
+        k = reference_cache.key(self.identity, part=part, **self.settings, **more) if self.use_cache else ""
+        got = reference_cache.load(k) if self.use_cache else None
+        if got is not None:
+            self.hits += 1
+            return got
+        self.misses += 1
+        t = time.perf_counter()
+        meta, arrays = compute()
+        self.compute_s += time.perf_counter() - t
+        if self.use_cache:
+            reference_cache.store(k, meta, arrays)
+        return meta, arrays
+
+    def start(self):
+        """(info, window, ids, prompt_ids, greedy tokens, greedy margins: top-1 minus top-2 at each step)."""
+        def compute():
+            ref, model = self.engine()
+            ids = lexp.token_ids(ref, self.text, self.cfg.tokens + 1, self.source)
+            prompt_ids = ref.prompt_ids(self.cfg.prompt, self.cfg.steps)
+            tokens, rows = _greedy(ref, model, prompt_ids, self.cfg.steps)
+            top = np.sort(rows, axis=1)[:, -2:] if len(tokens) else np.zeros((0, 2))
+            margins = top[:, 1] - top[:, 0] if top.shape[1] == 2 else np.zeros(len(tokens))
+            return ({"info": ref.info(), "window": ref.window},
+                    {"ids": np.asarray(ids, np.int64), "prompt_ids": np.asarray(prompt_ids, np.int64),
+                     "greedy": np.asarray(tokens, np.int64), "margins": np.asarray(margins, np.float64)})
+
+        meta, a = self._entry("start", compute)
+        return (meta["info"], int(meta["window"]), a["ids"].tolist(), a["prompt_ids"].tolist(), a["greedy"].tolist(),
+                a["margins"])
+
+    def rows(self, ids: list[int], window: int, advance):
+        """(n, vocab) logits at every position of ids[:n], each window of `window` positions one forward."""
+        import torch
+
+        def compute():
+            ref, model = self.engine()
+            parts = []
+            for start in range(0, self.cfg.tokens, window):
+                x = torch.tensor([ids[start:min(self.cfg.tokens, start + window)]], device=self.device)
+                parts.append(reference_cache.compact(lexp.to_numpy(ref.forward(model, x)[0])))
+                advance()
+            return {}, {"logits": np.concatenate(parts)}
+
+        return self._entry("logits", compute, window=window)[1]["logits"]
+
+    def note(self) -> dict:
+        where = str(reference_cache.cache_dir()) if self.use_cache else None
+        return {"reference_cache": "off" if not self.use_cache else ("hit" if not self.misses else
+                                                                       "miss" if not self.hits else "partly"),
+                "reference_cache_dir": where, "reference_s": self.compute_s}
+
+
+def _own_files(spec: str) -> list:
+    """The files that make a model its spec names no file of (the embedded model: weights and code)."""
+    if spec.partition(":")[0] != "embedded":
+        return []
+    from pathlib import Path
+
+    from precisionlab.engines import charlm, embedded
+
+    return [charlm.DEFAULT_WEIGHTS, Path(charlm.__file__), Path(embedded.__file__)]
+
+
 def run(cfg: EnginesConfig, advance=lambda k=1: None) -> EnginesResult:
     lexp.check_gates(cfg.max_kld, cfg.min_top1)
     if cfg.tokens <= 0:
@@ -132,64 +242,70 @@ def run(cfg: EnginesConfig, advance=lambda k=1: None) -> EnginesResult:
                          f"compare engine --reference {ref_spec} --tokens {cfg.tokens}")
     import torch
 
-    ref = open_engine(ref_spec, device)
-    ref_model = ref.model("fp32")
-    ids = lexp.token_ids(ref, text, cfg.tokens + 1, source)
-    prompt_ids = ref.prompt_ids(cfg.prompt, cfg.steps)
-    targets = np.asarray(ids[1:], dtype=np.int64)
-    n = cfg.tokens
-    rows, failures = [], []
+    rows = []
     with startup.numerics(), torch.no_grad():
-        ref_tokens, ref_rows = _greedy(ref, ref_model, prompt_ids, cfg.steps)
-        ref_windows: dict[tuple[int, int], np.ndarray] = {}
+        ref = Reference(ref_spec, cfg, text, source, device, cfg.reference_cache)
+        ref_info, ref_window, ids, prompt_ids, ref_tokens, ref_margins = ref.start()
         for spec in cfg.engines:
-            eng = open_engine(spec, device)
-            if eng.top_k is not None:
-                rows.append(_top_k_row(spec, eng, ref, ref_model, ids, targets, n, device, advance))
-                continue
-            eng_model = eng.model("fp32")
-            t1 = time.perf_counter()
-            tokens_note = token_check(ids, _encode(eng, text, cfg.tokens + 1, source), spec)
-            prompt_note = token_check(prompt_ids, _encode(eng, cfg.prompt, len(prompt_ids), "--prompt"), spec)
-            window = min(ref.window, eng.window)
-            ref_parts, eng_parts = [], []
-            forward_s = 0.0
-            for start in range(0, n, window):
-                chunk = ids[start:min(n, start + window)]
-                x = torch.tensor([chunk], device=device)
-                if (start, window) not in ref_windows:
-                    ref_windows[start, window] = lexp.to_numpy(ref.forward(ref_model, x)[0]).astype(np.float64)
-                ref_parts.append(ref_windows[start, window])
-                t2 = time.perf_counter()
-                eng_parts.append(lexp.to_numpy(eng.forward(eng_model, x)[0]).astype(np.float64))
-                forward_s += time.perf_counter() - t2
-                advance()
-            R, E = np.concatenate(ref_parts), np.concatenate(eng_parts)
-            if R.shape != E.shape:
-                raise RunError(f"{spec}: {E.shape[1]} logits per position against the reference's {R.shape[1]}")
-            stats = distribution.position_stats(R, E, targets)
-            eng_tokens, _ = _greedy(eng, eng_model, prompt_ids, cfg.steps)
-            div = next((i for i, (a, b) in enumerate(zip(ref_tokens, eng_tokens, strict=False)) if a != b), None)
-            margin = None
-            if div is not None:
-                top = np.sort(ref_rows[div])[-2:]
-                margin = float(top[1] - top[0])
-            row = {"engine_spec": spec, "engine": eng.info(), "tokens": tokens_note, "prompt_tokens": prompt_note,
-                   **distribution.summarize(stats), "max_abs_diff_shifted": shifted_max_abs(R, E),
-                   "max_abs_diff": float(np.max(np.abs(E - R))) if R.size else 0.0,
-                   "bit_identical": bit_identical(R, E), "forward_s": forward_s,
-                   "greedy_steps": cfg.steps, "greedy_diverged_at": div, "reference_margin_at_divergence": margin,
-                   "engine_s": time.perf_counter() - t1}
-            rows.append(row)
-            eng.close()
+            rows.append(_engine_row(spec, cfg, ref, ref_window, ids, prompt_ids, ref_tokens, ref_margins, text,
+                                    source, device, advance))
     # takeaways and the gates name a row by its `dtype`; here that is the engine's spec
     full = [{**r, "dtype": r["engine_spec"]} for r in rows if "kld_mean" in r]
     failures = lexp.gate_failures(full, cfg.max_kld, cfg.min_top1)
     params = {"engines": cfg.engines, "reference": ref_spec, "reference_from": ref_from, "text": cfg.text or
-              "held-out Shakespeare (last 5 %)", "tokens": n, "steps": cfg.steps, "prompt": cfg.prompt,
+              "held-out Shakespeare (last 5 %)", "tokens": cfg.tokens, "steps": cfg.steps, "prompt": cfg.prompt,
               "device": device}
     bound_lines = [f"{r['engine_spec']}: KLD >= {r['kld_lower_bound_mean']:.3g} nats on average (a lower bound from "
                    f"the top {r['top_k']} log-probabilities and a tail bucket), top-1 agreement "
                    f"{r['top1_agree_pct']:.2f} %." for r in rows if "kld_mean" not in r]
-    return EnginesResult(params, ref.info(), rows, failures, lexp.takeaways(full) + bound_lines,
-                         {"run_s": time.perf_counter() - t0})
+    token_lines = [f"{r['engine_spec']}: its own tokenizer splits the text otherwise than the reference's "
+                   f"({token_agreement.describe(r['token_disagreement'])}); it read the reference's ids."
+                   for r in rows if r.get("token_disagreement")]
+    return EnginesResult(params, ref_info, rows, failures, lexp.takeaways(full) + bound_lines + token_lines,
+                         {"run_s": time.perf_counter() - t0, **ref.note()})
+
+
+def _engine_row(spec, cfg, ref, ref_window, ids, prompt_ids, ref_tokens, ref_margins, text, source, device,
+                advance) -> dict:
+    """One engine's row: opened, teacher-forced over the reference's ids, greedy from its prompt ids, closed."""
+    import torch
+
+    eng = open_engine(spec, device)
+    if eng.top_k is not None:
+        ref_eng, ref_model = ref.engine()
+        return _top_k_row(spec, eng, ref_eng, ref_model, ids, ids[1:], cfg.tokens, device, advance)
+    eng_model = eng.model("fp32")
+    window = min(ref_window, eng.window)
+    R = ref.rows(ids, window, advance)  # before the engine's clock: a miss is the reference's time
+    t1 = time.perf_counter()
+    tokens_note, disagreement = _tokens(ids, _encode(eng, text, cfg.tokens + 1, source), spec, eng)
+    prompt_note, _ = _tokens(prompt_ids, _encode(eng, cfg.prompt, len(prompt_ids), "--prompt"), spec, eng)
+    n = cfg.tokens
+    eng_parts, forward_s = [], 0.0
+    for start in range(0, n, window):
+        x = torch.tensor([ids[start:min(n, start + window)]], device=device)
+        t2 = time.perf_counter()
+        eng_parts.append(lexp.to_numpy(eng.forward(eng_model, x)[0]))
+        forward_s += time.perf_counter() - t2
+        advance()
+    E = np.concatenate(eng_parts)
+    if R.shape != E.shape:
+        raise RunError(f"{spec}: {E.shape[1]} logits per position against the reference's {R.shape[1]}")
+    R64, E64 = R.astype(np.float64), E.astype(np.float64)
+    del R, E  # the float64 pair is what the statistics read
+    stats = distribution.position_stats(R64, E64, np.asarray(ids[1:n + 1], dtype=np.int64))
+    t3 = time.perf_counter()
+    eng_tokens, _ = _greedy(eng, eng_model, prompt_ids, cfg.steps)
+    greedy_s = time.perf_counter() - t3
+    div = next((i for i, (a, b) in enumerate(zip(ref_tokens, eng_tokens, strict=False)) if a != b), None)
+    row = {"engine_spec": spec, "engine": eng.info(), "tokens": tokens_note, "prompt_tokens": prompt_note,
+           **distribution.summarize(stats), "max_abs_diff_shifted": shifted_max_abs(R64, E64),
+           "max_abs_diff": float(np.max(np.abs(E64 - R64))) if R64.size else 0.0,
+           "bit_identical": bit_identical(R64, E64), "forward_s": forward_s, "greedy_s": greedy_s,
+           "greedy_steps": cfg.steps, "greedy_diverged_at": div,
+           "reference_margin_at_divergence": None if div is None else float(ref_margins[div]),
+           "engine_s": time.perf_counter() - t1}
+    if disagreement is not None:
+        row["token_disagreement"] = disagreement
+    eng.close()
+    return row
