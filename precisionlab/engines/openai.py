@@ -19,6 +19,12 @@ list of {id, token, logprob}) is read by id where the server gives one; the
 legacy form (top_logprobs[0], {token: logprob}) by string. info() says which
 way the rows came (prompt_logprobs).
 
+Greedy decoding (generates): one request, the prompt's ids, max_tokens=steps,
+temperature 0, logprobs=1, and vLLM's ignore_eos (other servers ignore the
+field; one that stops at an end token gives fewer steps, said as such); the
+generated token strings are mapped to ids through the reference's
+vocabulary, and one that is not there is named.
+
 Its requests go through engines/http_client.py, the project's one HTTP client.
 """
 
@@ -41,6 +47,7 @@ PER_POSITION = "one request per position (the server ignored or refused echo)"
 class OpenAIEngine(ExternalEngine):
     top_k = 5           # top=K of the spec (set per instance); only these log-probabilities come back
     vocabulary = False  # it reads the reference's ids, and maps its token strings back through bind()
+    generates = True    # greedy decoding through the completions API (generate)
 
     @classmethod
     def check(cls, arg):
@@ -150,6 +157,29 @@ class OpenAIEngine(ExternalEngine):
                     raise
                 self.settings["prompt_as"] = "text (the server refused token ids)"
         return client.post("/completions", {**body, "prompt": "".join(self.names[i] for i in ids)})
+
+    def generate(self, ids: list[int], steps: int) -> list[int]:
+        """Up to `steps` greedy tokens after ids, from one completions request."""
+        body = {"prompt": list(ids), "max_tokens": steps, "temperature": 0, "logprobs": 1, "ignore_eos": True}
+        if self.settings["served_model"]:
+            body["model"] = self.settings["served_model"]
+        timeout = min(MAX_TIMEOUT_S, self.settings["timeout_s"] * max(1, steps // 16 + 1))  # scales with steps
+        doc = Client(self.url, self.settings["timeout_s"]).post("/completions", body, timeout=timeout)
+        try:
+            lp = doc["choices"][0]["logprobs"]
+            if isinstance(lp, dict) and isinstance(lp.get("content"), list):
+                tokens = [x["token"] for x in lp["content"]]
+            else:
+                tokens = lp["tokens"]
+        except (KeyError, IndexError, TypeError) as e:
+            raise RunError(f"{self.name}: no generated tokens in the completions answer "
+                           f"({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})") from None
+        out = []
+        for j, t in enumerate(tokens[:steps]):
+            if not isinstance(t, str) or t not in self.strings:
+                raise RunError(f"{self.name}: generated token {j} is {t!r}, not in the reference's vocabulary")
+            out.append(self.strings[t])
+        return out
 
     def _per_position(self, ids: list[int]) -> list[dict[int, float]]:
         """Row i from its own request: the prefix ids[:i+1] as token ids, one token generated."""
