@@ -50,6 +50,7 @@ MAX_TOP = 1000
 ECHO = "echo (one request)"
 PER_POSITION = "one request per position (the server ignored or refused echo)"
 VLLM = "vLLM's prompt_logprobs (one request, keyed by token id)"
+_UNASKED = object()
 
 
 class OpenAIEngine(ExternalEngine):
@@ -83,6 +84,7 @@ class OpenAIEngine(ExternalEngine):
         self.vocab = 0
         self.strings: dict[str, int] | None = None
         self.names: list[str] = []  # id -> the reference's string, for a server that takes only text
+        self.owner = _UNASKED       # /v1/models' owned_by, asked once (_is_vllm)
 
     @property
     def echoes_prompt(self) -> bool:
@@ -109,7 +111,7 @@ class OpenAIEngine(ExternalEngine):
 
     def _is_vllm(self) -> bool:
         """GET /v1/models once: owned_by "vllm" (any failure there: not known to be vLLM)."""
-        if "server" not in self.settings:
+        if self.owner is _UNASKED:
             try:
                 doc = Client(self.url, self.settings["timeout_s"]).get("/models")
                 data = doc.get("data") if isinstance(doc, dict) else None
@@ -117,11 +119,10 @@ class OpenAIEngine(ExternalEngine):
                     else None
             except RunError:
                 owner = None
-            self.settings["server"] = owner if isinstance(owner, str) else None
-            if self.settings["server"] == "vllm":
-                self.settings["prompt_logprobs"] = VLLM
-                self.settings["lag"] = None
-        return self.settings["server"] == "vllm"
+            self.owner = owner if isinstance(owner, str) else None
+            if self.owner == "vllm":  # said in info() only where it changes how the rows are read
+                self.settings.update({"server": "vllm", "prompt_logprobs": VLLM, "lag": None})
+        return self.owner == "vllm"
 
     def top_logprobs(self, ids: list[int]) -> list[dict[int, float]]:
         """For each position i < len(ids) - 1: {id: log Q(id | ids[:i+1])} over the top K."""
