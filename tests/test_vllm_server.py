@@ -23,6 +23,7 @@ import signal
 import subprocess
 import time
 import urllib.request
+from contextlib import contextmanager
 
 import pytest
 from helpers import ROOT, cli, free_port, loaded_timeout, strict_json
@@ -71,14 +72,14 @@ def _post(url, body, timeout=60.0):
         return json.loads(r.read())
 
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory):
-    folder = build_model(tmp_path_factory.mktemp("vllm-model"))
+@contextmanager
+def _serve(folder, log_dir, *extra):
+    """vllm serve for `folder` on a free port, until the block ends: stopped by its process group's id."""
     port = free_port()
-    log = open(tmp_path_factory.mktemp("vllm-log") / "serve.log", "w+")
+    log = open(log_dir / "serve.log", "w+")
     cmd = [VLLM_PY, str(ROOT / "scripts" / "vllm_serve.py"), str(folder), "--host", "127.0.0.1", "--port",
            str(port), "--dtype", "float32", "--max-model-len", "256", "--enforce-eager", "--served-model-name",
-           "tiny", "--kv-cache-memory-bytes", str(256 << 20), "--max-logprobs", "20", "--seed", "0"]
+           "tiny", "--kv-cache-memory-bytes", str(256 << 20), "--max-logprobs", "20", "--seed", "0", *extra]
     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, cwd=ROOT)
     url = f"http://127.0.0.1:{port}"
     try:
@@ -95,7 +96,7 @@ def server(tmp_path_factory):
             if time.monotonic() > deadline:
                 pytest.fail("vllm serve did not answer /v1/models within its deadline")
             time.sleep(2)
-        yield url, folder
+        yield url
     finally:
         os.killpg(proc.pid, signal.SIGTERM)  # the server and the engine processes it spawned
         try:
@@ -104,6 +105,17 @@ def server(tmp_path_factory):
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait(timeout=30)
         log.close()
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    return build_model(tmp_path_factory.mktemp("vllm-model"))
+
+
+@pytest.fixture(scope="module")
+def server(model_dir, tmp_path_factory):
+    with _serve(model_dir, tmp_path_factory.mktemp("vllm-log")) as url:
+        yield url, model_dir
 
 
 def test_vllm_fp32_matches_hf_fp32_and_decodes_the_same_greedy_path(server):
@@ -162,3 +174,34 @@ def test_compare_logprobs_on_vllms_echo_streams_keeps_every_sequence(server, tmp
     assert doc["params"]["unscored_first_tokens"] == 3
     assert row["seq_n"] == 3 and row["seq_excluded"] == 0
     assert math.isfinite(row["rms_diff"]) and row["rms_diff"] < MAX_RMS
+
+
+def _prefix_hits(url) -> float:
+    """vLLM's prefix-cache hit counter (tokens), from its Prometheus /metrics."""
+    with urllib.request.urlopen(url + "/metrics", timeout=loaded_timeout(30)) as r:
+        text = r.read().decode()
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+               if line.startswith("vllm:prefix_cache_hits_total"))
+
+
+def test_prefix_caching_is_the_servers_switch_not_a_requests(server, model_dir, tmp_path):
+    """The same run against a second server started with --no-enable-prefix-caching: the cache_prompt field
+    changes nothing (not sent), the server flag does: hits on the default server, none without it."""
+    from transformers import AutoTokenizer
+
+    from precisionlab.experiments import logits as lexp
+
+    url, _ = server
+    tok = AutoTokenizer.from_pretrained(str(model_dir), local_files_only=True)
+    prompt = tok.decode(tok.encode(lexp.default_text())[:180])  # past one KV block (vLLM's CPU blocks: up to 128)
+    args = ("--prompt", prompt, "--requests", "4", "--concurrency", "1", "--cache", "on", "--max-tokens", "4",
+            "--json")
+    r = cli("nondeterminism", "endpoint", url, *args, timeout=loaded_timeout(600))
+    assert r.code == 0, r.err
+    assert _prefix_hits(url) > 0
+    with _serve(model_dir, tmp_path, "--no-enable-prefix-caching") as off:
+        r = cli("nondeterminism", "endpoint", off, *args, timeout=loaded_timeout(600))
+        assert r.code == 0, r.err
+        assert _prefix_hits(off) == 0
+    doc = strict_json(r.out)
+    assert doc["rows"][0]["cache"] == "server" and doc["rows"][0]["complete"]
