@@ -220,8 +220,8 @@ class OpenAIEngine(ExternalEngine):
         doc = Client(self.url, self.settings["timeout_s"]).post("/completions", body, timeout=timeout)
         try:
             lp = doc["choices"][0]["logprobs"]
-            if isinstance(lp, dict) and isinstance(lp.get("content"), list):
-                tokens = [x["token"] for x in lp["content"]]
+            if isinstance(lp, dict) and isinstance(lp.get("content"), list):  # llama-server gives each token's id
+                tokens = [f"token_id:{x['id']}" if type(x.get("id")) is int else x["token"] for x in lp["content"]]
             else:
                 tokens = lp["tokens"]
         except (KeyError, IndexError, TypeError) as e:
