@@ -12,6 +12,9 @@ What it checks, against HF fp32 of the same folder:
 - nondeterminism endpoint: sequential, concurrent and mixed runs each report
   k of N, and cache on/off become one `server` run naming vLLM's own switch (a
   server flag: prefix caching cannot be toggled per request).
+- prefix caching through the server's own flag: a second server with
+  --no-enable-prefix-caching, its hit counter (/metrics) 0 where the
+  default's is above 0.
 - compare logprobs on vLLM's echo stream (null first token) against HF's
   log-probs of the same ids: every sequence in the per-sequence statistics.
 """
