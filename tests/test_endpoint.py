@@ -5,6 +5,7 @@ so every expected figure (k, the parting position, its margin, the spread)
 is known before the run. The real server is tests/test_endpoint_server.py."""
 
 import json
+import math
 import os
 import signal
 import subprocess
@@ -220,9 +221,33 @@ def test_the_time_limit_stops_the_run_with_what_it_has():
                                        cache="server"))
         took = time.monotonic() - t0
     assert took < loaded_timeout(4)  # 1 s, plus at most one request's end and the slack of the wait
-    r = res.rows[0]
-    assert not r["complete"] and 0 < r["answered"] < 50 and r["unique"] == 1
-    assert res.params["skipped"] == ["concurrent/cache server"] and len(stub.bodies) < 50
+    # the time is planned per run (issue 41): the sequential run gets half, the concurrent run the rest; neither
+    # is skipped, both stop at their share with what they have
+    assert [r["stream"] for r in res.rows] == ["sequential", "concurrent"] and res.params["skipped"] == []
+    seq, conc = res.rows
+    assert math.isclose(seq["budget_s"], 0.5, rel_tol=0.2) and conc["budget_s"] > 0
+    for r in res.rows:
+        assert not r["complete"] and 0 < r["answered"] < 50 and r["unique"] == 1
+    assert len(stub.bodies) < 100
+    assert any("share of the 1 s time limit" in t for t in res.takeaways)
+
+
+def test_cache_server_sends_nothing_and_says_so():
+    stub = Stub(fixed)
+    with serve(stub) as url:
+        res = ep.run(ep.EndpointConfig(url=url, prompt="p", requests=2, concurrency=1, cache="server"))
+    assert all("cache_prompt" not in b for b in stub.bodies)
+    assert "cache_prompt sent" not in res.params["cache_switch"] and res.params["cache_switch"].startswith("none sent")
+
+
+def test_vllm_ignores_cache_prompt_so_on_and_off_are_one_server_run():
+    stub = Stub(fixed, owned_by="vllm")
+    with serve(stub) as url:
+        res = ep.run(ep.EndpointConfig(url=url, prompt="p", requests=2, concurrency=2, cache="on,off"))
+    assert [(r["stream"], r["cache"]) for r in res.rows] == [("sequential", "server"), ("concurrent", "server")]
+    assert all("cache_prompt" not in b for b in stub.bodies) and len(stub.bodies) == 4
+    assert "--enable-prefix-caching" in res.params["cache_switch"] and res.params["caches_asked"] == ["on", "off"]
+    assert res.takeaways[0].startswith("--cache on,off ran as one 'server' run")
 
 
 def test_a_stub_without_logprobs_is_one_line():

@@ -398,7 +398,9 @@ def test_openai_adapter_reads_a_server_without_echo_one_position_at_a_time(form)
     assert row["engine"]["prompt_logprobs"] == PER_POSITION and row["engine"]["prompt_as"] == "token ids"
     assert row["positions"] == 32 and row["top1_agree_pct"] == 100.0
     assert row["kld_lower_bound_max"] < FP32_MAX_KLD
-    per = [b for b in served["bodies"] if not b.get("echo")]
+    greedy = [b for b in served["bodies"] if b.get("ignore_eos")]  # --steps 2: one greedy request (issue 41)
+    assert len(greedy) == 1 and greedy[0]["max_tokens"] == 2 and greedy[0]["temperature"] == 0
+    per = [b for b in served["bodies"] if not b.get("echo") and not b.get("ignore_eos")]
     assert all(b["max_tokens"] == 1 and b["cache_prompt"] is False and b["logprobs"] == 5 for b in per)
     assert sorted(len(b["prompt"]) for b in per) == list(range(1, 33))  # one request per prefix
     assert row["tokens"].startswith("the reference's ids, sent as token ids")

@@ -356,7 +356,9 @@ def test_openai_token_strings_are_compared_when_there_are_no_ids(tmp_path):
     doc["choices"][0]["logprobs"]["token_logprobs"] = [None, -0.6, -1.0, -0.1]
     (tmp_path / "b.json").write_text(json.dumps(doc))
     res = exp.run(exp.LogprobsConfig(str(tmp_path / "a.json"), str(tmp_path / "b.json")))
-    assert res.params["compared_by"] == "tokens" and res.rows[0]["n"] == 3 and res.nonfinite["a"]["nan"] == 1
+    # the echo's null first log-prob is no value (issue 41): left out of both streams, not counted as a NaN
+    assert res.params["compared_by"] == "tokens" and res.rows[0]["n"] == 3 and res.nonfinite["a"]["nan"] == 0
+    assert res.params["unscored_first_tokens"] == 1 and res.rows[0]["seq_n"] == 1
     assert res.worst_positions[0]["token"] == "," and res.worst_positions[0]["position"] == 1
     doc["choices"][0]["logprobs"]["tokens"] = ["Hello", ";", " world", "!"]
     (tmp_path / "c.json").write_text(json.dumps(doc))

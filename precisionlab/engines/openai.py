@@ -19,6 +19,19 @@ list of {id, token, logprob}) is read by id where the server gives one; the
 legacy form (top_logprobs[0], {token: logprob}) by string. info() says which
 way the rows came (prompt_logprobs).
 
+vLLM (its GET /v1/models says owned_by "vllm", asked once) is read through its
+own extensions instead: `prompt_logprobs=K` gives every prompt position's top K
+(and the sent token's own log-prob) keyed by token id, in one request, so no
+token string is mapped back (byte-level BPE pieces that are not whole UTF-8
+characters all come back as "" in its strings); each row is checked to hold
+the id sent. Its greedy tokens come as ids too (return_tokens_as_token_ids).
+
+Greedy decoding (generates): one request, the prompt's ids, max_tokens=steps,
+temperature 0, logprobs=1, and vLLM's ignore_eos (other servers ignore the
+field; one that stops at an end token gives fewer steps, said as such); the
+generated token strings are mapped to ids through the reference's
+vocabulary, and one that is not there is named.
+
 Its requests go through engines/http_client.py, the project's one HTTP client.
 """
 
@@ -36,11 +49,14 @@ KEYS = {"model": "the model name the endpoint serves", "top": "top_logprobs K (d
 MAX_TOP = 1000
 ECHO = "echo (one request)"
 PER_POSITION = "one request per position (the server ignored or refused echo)"
+VLLM = "vLLM's prompt_logprobs (one request, keyed by token id)"
+_UNASKED = object()
 
 
 class OpenAIEngine(ExternalEngine):
     top_k = 5           # top=K of the spec (set per instance); only these log-probabilities come back
     vocabulary = False  # it reads the reference's ids, and maps its token strings back through bind()
+    generates = True    # greedy decoding through the completions API (generate)
 
     @classmethod
     def check(cls, arg):
@@ -68,11 +84,12 @@ class OpenAIEngine(ExternalEngine):
         self.vocab = 0
         self.strings: dict[str, int] | None = None
         self.names: list[str] = []  # id -> the reference's string, for a server that takes only text
+        self.owner = _UNASKED       # /v1/models' owned_by, asked once (_is_vllm)
 
     @property
     def echoes_prompt(self) -> bool:
         """Its rows came from one echo of the prompt (checked against it), not one request per position."""
-        return self.settings["prompt_logprobs"] == ECHO
+        return self.settings["prompt_logprobs"] in (ECHO, VLLM)
 
     def info(self) -> dict:
         return {"name": self.name, "engine": "openai-completions", "vocab": None, "max_seq_len": None,
@@ -92,8 +109,25 @@ class OpenAIEngine(ExternalEngine):
         for i, s in enumerate(self.names):
             self.strings.setdefault(s, i)
 
+    def _is_vllm(self) -> bool:
+        """GET /v1/models once: owned_by "vllm" (any failure there: not known to be vLLM)."""
+        if self.owner is _UNASKED:
+            try:
+                doc = Client(self.url, self.settings["timeout_s"]).get("/models")
+                data = doc.get("data") if isinstance(doc, dict) else None
+                owner = data[0].get("owned_by") if isinstance(data, list) and data and isinstance(data[0], dict) \
+                    else None
+            except RunError:
+                owner = None
+            self.owner = owner if isinstance(owner, str) else None
+            if self.owner == "vllm":  # said in info() only where it changes how the rows are read
+                self.settings.update({"server": "vllm", "prompt_logprobs": VLLM, "lag": None})
+        return self.owner == "vllm"
+
     def top_logprobs(self, ids: list[int]) -> list[dict[int, float]]:
         """For each position i < len(ids) - 1: {id: log Q(id | ids[:i+1])} over the top K."""
+        if self._is_vllm():
+            return self._vllm_rows(ids)
         if self.settings["prompt_logprobs"] == ECHO:
             try:
                 doc = self._echo(ids)
@@ -150,6 +184,58 @@ class OpenAIEngine(ExternalEngine):
                     raise
                 self.settings["prompt_as"] = "text (the server refused token ids)"
         return client.post("/completions", {**body, "prompt": "".join(self.names[i] for i in ids)})
+
+    def _vllm_rows(self, ids: list[int]) -> list[dict[int, float]]:
+        """vLLM's prompt_logprobs: row j (j >= 1) holds {id: {logprob, ...}} for token j's position, the id
+        sent among them; row j is position j-1's distribution."""
+        body = {"prompt": list(ids), "max_tokens": 1, "temperature": 0, "prompt_logprobs": self.top_k}
+        if self.settings["served_model"]:
+            body["model"] = self.settings["served_model"]
+        doc = Client(self.url, self.settings["timeout_s"]).post("/completions", body)
+        try:
+            rows = doc["choices"][0]["prompt_logprobs"]
+            if not isinstance(rows, list) or len(rows) != len(ids):
+                raise TypeError(f"{len(rows) if isinstance(rows, list) else 'no'} rows for {len(ids)} tokens")
+            out = []
+            for j in range(1, len(ids)):
+                row = {int(k): logprob(v["logprob"], f"{self.name}: prompt_logprobs[{j}][{k}]", RunError)
+                       for k, v in rows[j].items()}
+                if ids[j] not in row:
+                    raise RunError(f"{self.name}: prompt_logprobs[{j}] does not hold the id {ids[j]} sent: the "
+                                   "server read other tokens")
+                out.append(row)
+        except (KeyError, IndexError, TypeError, ValueError, AttributeError) as e:
+            raise RunError(f"{self.name}: no usable prompt_logprobs in vLLM's answer ({type(e).__name__}: "
+                           f"{str(e).splitlines()[0] if str(e) else ''})") from None
+        return out
+
+    def generate(self, ids: list[int], steps: int) -> list[int]:
+        """Up to `steps` greedy tokens after ids, from one completions request."""
+        body = {"prompt": list(ids), "max_tokens": steps, "temperature": 0, "logprobs": 1, "ignore_eos": True}
+        if self._is_vllm():
+            body["return_tokens_as_token_ids"] = True
+        if self.settings["served_model"]:
+            body["model"] = self.settings["served_model"]
+        timeout = min(MAX_TIMEOUT_S, self.settings["timeout_s"] * max(1, steps // 16 + 1))  # scales with steps
+        doc = Client(self.url, self.settings["timeout_s"]).post("/completions", body, timeout=timeout)
+        try:
+            lp = doc["choices"][0]["logprobs"]
+            if isinstance(lp, dict) and isinstance(lp.get("content"), list):  # llama-server gives each token's id
+                tokens = [f"token_id:{x['id']}" if type(x.get("id")) is int else x["token"] for x in lp["content"]]
+            else:
+                tokens = lp["tokens"]
+        except (KeyError, IndexError, TypeError) as e:
+            raise RunError(f"{self.name}: no generated tokens in the completions answer "
+                           f"({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})") from None
+        out = []
+        for j, t in enumerate(tokens[:steps]):
+            if isinstance(t, str) and t.startswith("token_id:") and t[9:].isdigit() and int(t[9:]) < self.vocab:
+                out.append(int(t[9:]))
+                continue
+            if not isinstance(t, str) or t not in self.strings:
+                raise RunError(f"{self.name}: generated token {j} is {t!r}, not in the reference's vocabulary")
+            out.append(self.strings[t])
+        return out
 
     def _per_position(self, ids: list[int]) -> list[dict[int, float]]:
         """Row i from its own request: the prefix ids[:i+1] as token ids, one token generated."""

@@ -7,8 +7,17 @@ prompts (`mixed`: the prompt's requests share the server with other work, the
 batch mates of a continuous-batching server). Each stream runs once per
 --cache setting: `on`/`off` send llama.cpp's `cache_prompt` field true/false,
 `server` sends nothing (the server's default). Whether a server honours
-cache_prompt is known only for llama.cpp's llama-server (its /v1/models says
-owned_by "llamacpp"); for any other the field is sent and said to be unknown.
+cache_prompt is known for llama.cpp's llama-server (its /v1/models says
+owned_by "llamacpp": it does) and vLLM (owned_by "vllm": it does not; its
+prefix cache is the server's --enable-prefix-caching / --no-enable-prefix-
+caching flag, not a request's, so on/off become one `server` run and the
+switch says so); for any other the field is sent and said to be unknown.
+
+Time: the --time-limit is planned per run up front: each run (stream x cache)
+gets an equal share of what is left when it starts, so every run is started
+(the concurrent ones, which find batch mates, are never skipped) and a run
+that ends early leaves its rest to the later ones; a run cut at its share
+says so (complete false, its share in budget_s).
 
 Per run: k unique completions of N with their counts; the first token position
 where the completions part (the common prefix of their token lists), the
@@ -17,8 +26,8 @@ there; the spread (max - min) of the returned log-prob of each position of the
 common prefix, where every completion holds the same token; and how many
 distinct log-prob vectors came back (k can be 1 while the numbers move).
 
-Bounded: every request has a timeout (--request-timeout, never past the
---time-limit), the whole command stops at --time-limit with what it has, the
+Bounded: every request has a timeout (--request-timeout, never past its
+run's share of the --time-limit), the whole command stops at --time-limit, the
 first failed request ends the run with one line (exit 1), and Ctrl-C drops
 the connections in flight (runtime/interrupt). Only the user's URL is
 contacted: GET URL/v1/models once, then POST URL/v1/completions.
@@ -179,8 +188,17 @@ class _Runner:
 
     def __init__(self, client: Client, cfg: EndpointConfig, advance):
         self.client, self.cfg, self.advance = client, cfg, advance
-        self.deadline = time.monotonic() + cfg.time_limit
+        self.end = time.monotonic() + cfg.time_limit  # the whole command's
+        self.deadline = self.end                      # the current run's share
         self.out_of_time = False
+
+    def start_run(self, runs_left: int) -> float:
+        """The next run's share: an equal part of the time left for the runs left. Returns it (s)."""
+        now = time.monotonic()
+        share = max(0.0, self.end - now) / max(1, runs_left)
+        self.deadline = now + share
+        self.out_of_time = False
+        return share
 
     def _one(self, body: dict, target: bool):
         left = self.deadline - time.monotonic()
@@ -215,12 +233,27 @@ class _Runner:
                 for r in [f.result()] if r is not None]
 
 
-def _cache_switch(models: dict | None) -> str:
+VLLM_SWITCH = ("none per request: vLLM ignores cache_prompt; its prefix cache is the server's "
+               "--enable-prefix-caching / --no-enable-prefix-caching flag (start one server each way)")
+
+
+def _owner(models: dict | None):
     data = (models or {}).get("data") or []
-    owner = data[0].get("owned_by") if data and isinstance(data[0], dict) else None
+    return data[0].get("owned_by") if data and isinstance(data[0], dict) else None
+
+
+def _cache_switch(models: dict | None, caches: list[str]) -> tuple[str, list[str]]:
+    """What the cache settings do on this server, and the settings to run: a
+    server known to ignore cache_prompt (vLLM) gets one `server` run, not two
+    identical runs labelled on and off."""
+    owner = _owner(models)
+    if owner == "vllm":
+        return VLLM_SWITCH, ["server"]
     if owner == "llamacpp":
-        return "llama.cpp's cache_prompt (llama-server)"
-    return f"unknown: cache_prompt sent, this server (owned_by {owner!r}) may ignore it"
+        return "llama.cpp's cache_prompt (llama-server)", caches
+    if caches == ["server"]:
+        return f"none sent: the server's own default (owned_by {owner!r})", caches
+    return f"unknown: cache_prompt sent, this server (owned_by {owner!r}) may ignore it", caches
 
 
 def run(cfg: EndpointConfig, advance=lambda k=1: None) -> Rows:
@@ -229,23 +262,22 @@ def run(cfg: EndpointConfig, advance=lambda k=1: None) -> Rows:
     with interrupt.cleanup(client.close_all):
         models = _models(client, cfg)
         served = cfg.served_model or _first_model(models)
-        switch = _cache_switch(models)
+        asked = caches
+        switch, caches = _cache_switch(models, caches)
         runner = _Runner(client, cfg, advance)
-        rows, skipped = [], []
-        for mode, conc in streams(cfg):
-            for cache in caches:
-                if runner.out_of_time:
-                    skipped.append(f"{mode}/cache {cache}")
-                    continue
-                t0 = time.monotonic()
-                comps = runner.stream(_bodies(cfg, mode, cache, served), conc)
-                row = {"stream": mode, "concurrency": conc, "cache": cache, "requests": cfg.requests,
-                       "complete": len(comps) == cfg.requests, "time_s": time.monotonic() - t0}
-                if comps:
-                    row.update(summarize(comps))
-                else:
-                    row.update({"answered": 0, "unique": None})
-                rows.append(row)
+        rows, skipped = [], []  # skipped stays empty: every run gets its share (kept for the JSON's readers)
+        plan = [(mode, conc, cache) for mode, conc in streams(cfg) for cache in caches]
+        for k, (mode, conc, cache) in enumerate(plan):
+            share = runner.start_run(len(plan) - k)
+            t0 = time.monotonic()
+            comps = runner.stream(_bodies(cfg, mode, cache, served), conc)
+            row = {"stream": mode, "concurrency": conc, "cache": cache, "requests": cfg.requests,
+                   "complete": len(comps) == cfg.requests, "time_s": time.monotonic() - t0, "budget_s": share}
+            if comps:
+                row.update(summarize(comps))
+            else:
+                row.update({"answered": 0, "unique": None})
+            rows.append(row)
     if not any(r.get("answered") for r in rows):  # nothing to count: a failed run, not a table of zeros
         raise RunError(f"{base}/completions: no completion answered within --time-limit {cfg.time_limit:g} s "
                        f"(0 of {cfg.requests} requests a run)")
@@ -253,8 +285,9 @@ def run(cfg: EndpointConfig, advance=lambda k=1: None) -> Rows:
               "concurrency": cfg.concurrency, "mix": cfg.mix, "other_prompts": _others(cfg) if cfg.mix else [],
               "caches": caches, "max_tokens": cfg.max_tokens, "temperature": 0, "top_logprobs": TOP,
               "time_limit_s": cfg.time_limit, "request_timeout_s": cfg.request_timeout,
-              "served_model": served, "cache_switch": switch, "skipped": skipped}
-    return Rows(params, rows, takeaways=_takeaways(rows, skipped, cfg))
+              "served_model": served, "cache_switch": switch, "caches_asked": asked, "skipped": skipped}
+    notes = [] if caches == asked else [f"--cache {','.join(asked)} ran as one 'server' run: {switch}"]
+    return Rows(params, rows, takeaways=notes + _takeaways(rows, skipped, cfg))
 
 
 def _models(client: Client, cfg: EndpointConfig) -> dict | None:
@@ -313,7 +346,8 @@ def _takeaways(rows: list[dict], skipped: list[str], cfg: EndpointConfig) -> lis
         else:
             s += "; identical log-probs"
         if not r["complete"]:
-            s += f" (stopped by the {cfg.time_limit:g} s time limit)"
+            s += (f" (stopped at its {r['budget_s']:.3g} s share of the {cfg.time_limit:g} s time limit; "
+                  f"{r['answered']} of {r['requests']} answered)")
         out.append(s)
     if skipped:
         out.append(f"not run, past the time limit: {', '.join(skipped)}")

@@ -88,11 +88,35 @@ def _greedy(engine, model, prompt_ids, steps):
     return protocol.greedy(engine, model, prompt_ids, steps, strict=False)
 
 
-def _top_k_row(spec, eng, ref, ref_model, ids, targets, n, device, advance) -> dict:
+def _divergence(ref_tokens, eng_tokens, ref_margins) -> tuple[int | None, float | None]:
+    """The first step where the two greedy paths differ, and the reference's top-1 - top-2 margin there."""
+    div = next((i for i, (a, b) in enumerate(zip(ref_tokens, eng_tokens, strict=False)) if a != b), None)
+    if div is None or div >= len(ref_margins):
+        return div, None
+    return div, float(ref_margins[div])
+
+
+def _endpoint_greedy(eng, prompt_ids, steps, ref_tokens, ref_margins) -> dict:
+    """--steps through an endpoint's own decoding (generates), or a refusal naming what is missing: a top-k
+    stream has no logits for protocol.greedy, and a "-" would read as "no divergence"."""
+    if steps == 0:
+        return {"greedy_steps": 0, "greedy_diverged_at": None, "reference_margin_at_divergence": None}
+    got = eng.generate(prompt_ids, steps)
+    div, margin = _divergence(ref_tokens, got, ref_margins)
+    if div is None and len(got) < steps:
+        div = len(got)  # it stopped (an end token) where the reference went on
+    return {"greedy_steps": len(got), "greedy_diverged_at": div, "reference_margin_at_divergence": margin}
+
+
+def _top_k_row(spec, eng, ref, ref_model, ids, targets, n, device, advance, greedy) -> dict:
     """An endpoint that returns only the top K log-probabilities: a KLD lower
-    bound (top K plus one tail bucket) and top-1 agreement; no greedy run."""
+    bound (top K plus one tail bucket) and top-1 agreement; greedy decoding
+    through the endpoint's own completions (greedy: prompt_ids, steps,
+    ref_tokens, ref_margins)."""
     import torch
 
+    if greedy[1]:  # refused before any request: the metrics alone would leave --steps silently unanswered
+        protocol.require(eng, "generates", f"--steps {greedy[1]} (greedy decoding; --steps 0 skips it)", UsageError)
     t1 = time.perf_counter()
     vocab = int(ref.info()["vocab"])
     eng.bind(lambda i: ref.decode([i]), vocab)
@@ -112,7 +136,8 @@ def _top_k_row(spec, eng, ref, ref_model, ids, targets, n, device, advance) -> d
             "positions": int(b.size), "kld_lower_bound_mean": exact_mean(b),
             "kld_lower_bound_max": float(np.max(b)), "top_k": eng.top_k,
             "kld_note": "a lower bound: KL over the endpoint's top k tokens plus one bucket for the rest",
-            "top1_agree_pct": 100.0 * int(a.sum()) / a.size, "greedy_steps": 0, "engine_s": time.perf_counter() - t1}
+            "top1_agree_pct": 100.0 * int(a.sum()) / a.size, **_endpoint_greedy(eng, *greedy),
+            "engine_s": time.perf_counter() - t1}
 
 
 def _estimate(shapes: list, tokens: int) -> int:
@@ -273,7 +298,8 @@ def _engine_row(spec, cfg, ref, ref_window, ids, prompt_ids, ref_tokens, ref_mar
     eng = open_engine(spec, device)
     if eng.top_k is not None:
         ref_eng, ref_model = ref.engine()
-        return _top_k_row(spec, eng, ref_eng, ref_model, ids, ids[1:], cfg.tokens, device, advance)
+        return _top_k_row(spec, eng, ref_eng, ref_model, ids, ids[1:], cfg.tokens, device, advance,
+                          (prompt_ids, cfg.steps, ref_tokens, ref_margins))
     eng_model = eng.model("fp32")
     window = min(ref_window, eng.window)
     R = ref.rows(ids, window, advance)  # before the engine's clock: a miss is the reference's time
@@ -297,13 +323,13 @@ def _engine_row(spec, cfg, ref, ref_window, ids, prompt_ids, ref_tokens, ref_mar
     t3 = time.perf_counter()
     eng_tokens, _ = _greedy(eng, eng_model, prompt_ids, cfg.steps)
     greedy_s = time.perf_counter() - t3
-    div = next((i for i, (a, b) in enumerate(zip(ref_tokens, eng_tokens, strict=False)) if a != b), None)
+    div, margin = _divergence(ref_tokens, eng_tokens, ref_margins)
     row = {"engine_spec": spec, "engine": eng.info(), "tokens": tokens_note, "prompt_tokens": prompt_note,
            **distribution.summarize(stats), "max_abs_diff_shifted": shifted_max_abs(R64, E64),
            "max_abs_diff": float(np.max(np.abs(E64 - R64))) if R64.size else 0.0,
            "bit_identical": bit_identical(R64, E64), "forward_s": forward_s, "greedy_s": greedy_s,
            "greedy_steps": cfg.steps, "greedy_diverged_at": div,
-           "reference_margin_at_divergence": None if div is None else float(ref_margins[div]),
+           "reference_margin_at_divergence": margin,
            "engine_s": time.perf_counter() - t1}
     if disagreement is not None:
         row["token_disagreement"] = disagreement

@@ -135,6 +135,8 @@ def compare_streams(a: Stream, b: Stream, clips=lpstats.DEFAULT_CLIPS, cap: floa
     """The whole comparison of two streams in memory: a the trainer's, b the rollout's."""
     t0 = time.perf_counter()
     by = logprob_streams.check_pair(a, b)
+    a, b, shift = logprob_streams.drop_unscored(a, b)  # an echo's null first log-prob: no value to compare
+    unscored = int(shift.sum())
     keys = logprob_streams.top_keys(a, b)
     inputs.check_memory(a.n * STAT_BYTES_PER_TOKEN + (0 if keys is None else a.n * (a.top_k + b.top_k)
                                                        * STAT_BYTES_PER_TOP), "compare logprobs")
@@ -153,7 +155,7 @@ def compare_streams(a: Stream, b: Stream, clips=lpstats.DEFAULT_CLIPS, cap: floa
 
     positions = []
     for i in c.worst_positions:
-        positions.append({"sequence": int(c.sequence[i]), "position": int(c.position[i]),
+        positions.append({"sequence": int(c.sequence[i]), "position": int(c.position[i] + shift[c.sequence[i]]),
                           "token_id": None if ids is None else int(ids[i]), "token": token(i),
                           "logprob_a": float(a.logprobs[i]), "logprob_b": float(b.logprobs[i]),
                           "diff": float(c.diff[i]), "ratio": exp_or_inf(float(c.diff[i]))})
@@ -165,15 +167,24 @@ def compare_streams(a: Stream, b: Stream, clips=lpstats.DEFAULT_CLIPS, cap: floa
         sequences.append({"sequence": s, "n": hi - lo, "log_ratio": float(c.seq_log_ratio[s]),
                           "ratio": exp_or_inf(float(c.seq_log_ratio[s])),
                           "mean_abs_diff": exact_mean(ad), "max_abs_diff": float(ad[w]),
-                          "worst_position": w})
+                          "worst_position": w + int(shift[s])})
     row = {"label": "A - B", **c.row}
-    params = {**(params or {}), "clips": list(clips), "cap": cap, "worst": worst, "compared_by": by}
+    params = {**(params or {}), "clips": list(clips), "cap": cap, "worst": worst, "compared_by": by,
+              "unscored_first_tokens": unscored}
     info = {side: {"path": st.name, "format": st.kind, "dtype": st.dtype, "sequences": st.sequences, "n": st.n,
                    "top_k": st.top_k} for side, st in (("a", a), ("b", b))}
     return LogprobsResult("compare logprobs", params, info, [row], c.nonfinite, c.diagnoses, sequences, positions,
-                          takeaways(row, c.diagnoses, c.nonfinite, cap), {"run_s": time.perf_counter() - t0},
-                          c.diff, c.position)
+                          _unscored_line(unscored) + takeaways(row, c.diagnoses, c.nonfinite, cap),
+                          {"run_s": time.perf_counter() - t0},
+                          c.diff, c.position + shift[c.sequence] if unscored else c.position)
 
+
+
+def _unscored_line(n: int) -> list[str]:
+    if not n:
+        return []
+    return [f"{n} sequence(s) begin with a null log-prob (an echo's first token, predicted from nothing): that "
+            "position is left out of both streams; the rest of each sequence is compared."]
 
 
 def _where(first: list[dict]) -> str:

@@ -30,8 +30,12 @@ Formats, by extension:
   negative id an empty slot. Other tensors are ignored.
 
 JSON numbers may also be the strings "nan", "inf", "-inf" (strict JSON, as
-this tool writes them) or NaN / Infinity / -Infinity (Python's json); a null
-log-prob (the first prompt token of an echo) is read as NaN and counted.
+this tool writes them) or NaN / Infinity / -Infinity (Python's json). A null
+log-prob at a sequence's first token (an echo's first prompt token, which has no
+context to be predicted from: vLLM's and OpenAI's echo write null there) is not
+a value: it is marked `unscored`, and compare logprobs leaves that position out
+of both streams (see drop_unscored), so the sequence keeps its per-sequence
+statistics. A null anywhere else is read as NaN and counted.
 
 Nothing is read before its size is checked against memory: a JSON file by its
 size, an array file by the shapes and dtypes in its header.
@@ -77,6 +81,7 @@ class Stream:
     top_ids: np.ndarray | None = None       # int64 (tokens, k), -1 in an empty slot
     top_tokens: list[list[str]] | None = None  # string keys of the top lists, where they have no ids
     dtype: str = "float64"                  # what the log-probs were stored in
+    unscored: np.ndarray | None = None      # bool (tokens,): a sequence's first token whose log-prob was null
 
     @property
     def sequences(self) -> int:
@@ -226,7 +231,7 @@ def _sequences(doc, at: str):
         if not isinstance(raw, list) or len(raw) != lps.size:
             raise UsageError(f"{at}: top_logprobs must be a list of {lps.size} entries (one per token)")
         tops = [_top_entry(e, f"{at}: top_logprobs[{j}]", ids is not None) for j, e in enumerate(raw)]
-    yield at, ids, toks, lps, tops
+    yield at, ids, toks, lps, tops, _first_null(doc["logprobs"])
 
 
 def _openai(doc: dict, at: str):
@@ -286,7 +291,12 @@ def _openai(doc: dict, at: str):
         if ids is not None and tops is not None and all(e is None or all(_TOKEN_ID.match(k) for k in e) for e in tops):
             tops = [None if e is None else {_id(_TOKEN_ID.match(k).group(1), f"{here}.top_logprobs"): v
                                             for k, v in e.items()} for e in tops]
-        yield here, ids, toks, lps, tops
+        yield here, ids, toks, lps, tops, _first_null(vals)
+
+
+def _first_null(vals) -> bool:
+    """The record's first log-prob is JSON null (an echo's unconditioned first token), not a number."""
+    return isinstance(vals, list) and bool(vals) and vals[0] is None
 
 
 def _top_entry(e, at: str, keyed_by_id: bool):
@@ -362,9 +372,9 @@ def _show(v) -> str:
 
 
 def _from_records(records, name: str, kind: str, where: str) -> Stream:
-    ids, toks, lps, tops, lengths = [], [], [], [], []
+    ids, toks, lps, tops, lengths, nulls = [], [], [], [], [], []
     first_at = None
-    for at, i, t, lp, top in records:
+    for at, i, t, lp, top, null in records:
         first_at = first_at or at
         if lengths and (i is None) != (ids[0] is None):
             raise UsageError(f"{at}: has {'no ' if i is None else ''}token ids where the first record "
@@ -373,11 +383,15 @@ def _from_records(records, name: str, kind: str, where: str) -> Stream:
         toks.append(t)
         lps.append(lp)
         tops.append(top)
+        nulls.append(null)
         lengths.append(lp.size)
     if not lengths:
         raise UsageError(f"{where}: holds no records")
     offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
     st = Stream(name, kind, np.concatenate(lps), offsets)
+    if any(nulls):
+        st.unscored = np.zeros(st.n, dtype=bool)
+        st.unscored[offsets[:-1][np.asarray(nulls, dtype=bool)]] = True
     if ids[0] is not None:
         st.token_ids = np.concatenate(ids)
     if all(t is not None for t in toks):
@@ -542,6 +556,43 @@ def check_pair(a: Stream, b: Stream) -> str:
         raise UsageError(f"A has {a.sequences} sequences, B {b.sequences}: they differ first at sequence "
                          f"{min(a.sequences, b.sequences)}")
     return by
+
+
+def drop_unscored(a: Stream, b: Stream) -> tuple[Stream, Stream, np.ndarray]:
+    """Two streams that check_pair accepted (the same sequences and lengths),
+    less every position either marks unscored (a null first log-prob): (a, b,
+    per sequence 1 where its first position was left out, else 0: what to add
+    to a position to name it as the file counts). The rest of each sequence stays in, so a stream of
+    echoes keeps its per-sequence statistics instead of losing every sequence
+    to a NaN at position 0."""
+    drop = np.zeros(a.n, dtype=bool)
+    for st in (a, b):
+        if st.unscored is not None:
+            drop |= st.unscored
+    first = drop[a.offsets[:-1][np.diff(a.offsets) > 0]] if a.n else drop[:0]
+    shift = np.zeros(a.sequences, dtype=np.int64)
+    shift[np.diff(a.offsets) > 0] = first
+    if not drop.any():
+        return a, b, shift
+    keep = ~drop
+    return _subset(a, keep), _subset(b, keep), shift
+
+
+def _subset(st: Stream, keep: np.ndarray) -> Stream:
+    """st's positions where keep is True, its sequences' bounds moved to match."""
+    kept = np.concatenate([[0], np.cumsum(keep)]).astype(np.int64)
+    sub = Stream(st.name, st.kind, st.logprobs[keep], kept[st.offsets], dtype=st.dtype)
+    if st.token_ids is not None:
+        sub.token_ids = st.token_ids[keep]
+    if st.tokens is not None:
+        sub.tokens = [t for t, k in zip(st.tokens, keep, strict=True) if k]
+    if st.top_logprobs is not None:
+        sub.top_logprobs = st.top_logprobs[keep]
+    if st.top_ids is not None:
+        sub.top_ids = st.top_ids[keep]
+    if st.top_tokens is not None:
+        sub.top_tokens = [t for t, k in zip(st.top_tokens, keep, strict=True) if k]
+    return sub
 
 
 def _keys(st: Stream) -> str:

@@ -26,14 +26,22 @@ def table(res) -> None:
     for r in res.rows:
         if "kld_mean" not in r:  # a top-k stream: a bound, labelled
             t.add_row(safe_text(r["engine_spec"]), f"≥ {sci(r['kld_lower_bound_mean'])} (bound)", "-",
-                      f"≥ {sci(r['kld_lower_bound_max'])}", num(r["top1_agree_pct"], 5), "-", "-", "-", "-")
+                      f"≥ {sci(r['kld_lower_bound_max'])}", num(r["top1_agree_pct"], 5), "-", "-",
+                      _divergence(r), num(r["reference_margin_at_divergence"], 4))
             continue
         t.add_row(safe_text(r["engine_spec"]), sci(r["kld_mean"]), sci(r["kld_p99"]), sci(r["kld_max"]),
                   num(r["top1_agree_pct"], 5), sci(r["ln_ppl_ratio"]), sci(r["max_abs_diff_shifted"]),
-                  "-" if r["greedy_diverged_at"] is None else f"step {r['greedy_diverged_at']}",
+                  _divergence(r),
                   num(r["reference_margin_at_divergence"], 4))
     stdout.print(t)
     footer(None, res.takeaways + [f"FAILED: {f}" for f in res.failures])
+
+
+def _divergence(r: dict) -> str:
+    """"-" only where the greedy paths agreed over steps that ran; "not run" where none did."""
+    if not r["greedy_steps"]:
+        return "not run"
+    return "-" if r["greedy_diverged_at"] is None else f"step {r['greedy_diverged_at']}"
 
 
 def as_json(res) -> None:
