@@ -221,10 +221,15 @@ def tensor_types(path: str) -> str:
 
 def read_source(path: str) -> str | None:
     """The SOURCE_KEY string a GGUF records (None: none, or not a GGUF the gguf package reads)."""
+    return read_string(path, SOURCE_KEY)
+
+
+def read_string(path: str, key: str) -> str | None:
+    """A string metadata value of a GGUF (None: absent, or not a GGUF the gguf package reads)."""
     try:
         import gguf
 
-        field = gguf.GGUFReader(path).fields.get(SOURCE_KEY)
+        field = gguf.GGUFReader(path).fields.get(key)
         if field is None:
             return None
         return bytes(field.parts[field.data[0]]).decode("utf-8", "replace")
