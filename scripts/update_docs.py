@@ -166,6 +166,7 @@ def smollm2_linked() -> bool:
     if not SMOLLM2_DATA.is_symlink():
         SMOLLM2_DATA.parent.mkdir(parents=True, exist_ok=True)
         SMOLLM2_DATA.symlink_to(cache, target_is_directory=True)
+    (ROOT / "docs/data/smollm2-out").mkdir(exist_ok=True)  # where the examples write (gitignored)
     return True
 
 

@@ -149,3 +149,27 @@ def test_smollm2_gguf_to_hf_and_back(tmp_path):
     for path in (out, SMOL_GGUF):  # the export and the original file split a text the same way
         assert _llama(path).tokenize(HELD_OUT.encode(), add_bos=False, special=False) == ids, path
     assert _kl_mean(hf, _llama(out), ids) < MAX_KL_MEAN
+
+
+@pytest.mark.parametrize("arch", ["qwen3", "llama"])
+def test_onnx_of_a_hf_folder_computes_as_transformers(arch, tmp_path):
+    """--to onnx:fp32 of a HF folder (torch's dynamo exporter), run by onnxruntime over more tokens than
+    it was traced with: mean KL < 1e-6 against transformers' fp32 logits."""
+    pytest.importorskip("onnxscript", reason="the ONNX export of a HF folder needs onnxscript")
+    ort = pytest.importorskip("onnxruntime")
+    import torch
+    import transformers
+
+    src = _tiny_bpe_folder(tmp_path / "hf", arch, "qwen2" if arch == "qwen3" else "llama-bpe")
+    out = tmp_path / "m.onnx"
+    r = cli("export", f"hf:{src}", "--to", "onnx:fp32", "--out", str(out), timeout=900)
+    assert r.code == 0, r.err
+    ids = transformers.AutoTokenizer.from_pretrained(src)(HELD_OUT)["input_ids"]
+    assert len(ids) > 8  # longer than the trace: the token axis is dynamic
+    got = ort.InferenceSession(str(out), providers=["CPUExecutionProvider"]).run(
+        None, {"input_ids": np.array([ids], dtype=np.int64)})[0][0]
+    model = transformers.AutoModelForCausalLM.from_pretrained(src, dtype=torch.float32).eval()
+    with torch.no_grad():
+        ref = model(input_ids=torch.tensor([ids])).logits[0].double()
+    lp, lq = ref.log_softmax(-1), torch.tensor(got, dtype=torch.float64).log_softmax(-1)
+    assert float((lp.exp() * (lp - lq)).sum(-1).mean()) < MAX_KL_MEAN

@@ -102,9 +102,9 @@ def check(spec: str, to: str, out: str, force: bool = False) -> tuple[str, str |
         if not Path(arg).is_dir():
             raise UsageError(f"export hf:{arg}: give a local folder")
         src = arg
-        if kind == "onnx":
-            raise UsageError("--to onnx: exports the embedded model only (transformers' mask code does not trace "
-                             "with torch.onnx's TorchScript exporter)")
+        if kind == "onnx" and importlib.util.find_spec("onnxscript") is None:
+            raise UsageError("--to onnx of a Hugging Face folder: needs the onnxscript package (torch's dynamo "
+                             "exporter): pip install 'precisionlab[onnx]'")
     p = Path(out)
     if not out or (p.exists() and not (p.is_dir() if FORMATS[kind][2] else p.is_file())):
         raise UsageError(f"--out {out!r}: {'a folder' if FORMATS[kind][2] else 'a file'} is written there")
@@ -178,7 +178,10 @@ def run(spec: str, to: str, out: str, force: bool = False) -> ExportResult:
         else:
             from precisionlab.engines.exporters import onnx
 
-            outputs.atomic_write(out, lambda tmp: changes.extend(onnx.write_embedded(tmp, variant)))
+            if src is None:
+                outputs.atomic_write(out, lambda tmp: changes.extend(onnx.write_embedded(tmp, variant)))
+            else:
+                outputs.atomic_write(out, lambda tmp: changes.extend(onnx.write_hf(src, tmp, variant)))
             outputs.atomic_write(out + SOURCE_SUFFIX, _source_json(source).encode())
     if kind != "hf":
         changes.append(f"source recorded ({'GGUF key ' + _gguf_key() if kind == 'gguf' else 'beside it'}): "
