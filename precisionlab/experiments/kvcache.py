@@ -160,9 +160,14 @@ def calibration_text(path: str | None = None) -> str:
     """The first CALIBRATION_CHARS characters of the user's --text (a real model is calibrated on text
     like its own use, not on the character model's Shakespeare), else of the shipped Shakespeare."""
     if path is not None:
-        from precisionlab.experiments import logits as lexp
-
-        return lexp.read_text(path)[:CALIBRATION_CHARS]
+        p = inputs.check_regular_file(path, "--text")
+        try:
+            with p.open(encoding="utf-8") as f:  # only what is used: a large file is not read whole
+                return f.read(CALIBRATION_CHARS)
+        except UnicodeDecodeError as e:
+            raise UsageError(f"--text {path!r}: not UTF-8 text (byte {e.start})") from None
+        except OSError as e:
+            raise UsageError(f"--text {path!r}: cannot read ({e.strerror})") from None
     from precisionlab.engines import charlm
 
     return charlm.DEFAULT_WEIGHTS.with_name("shakespeare.txt").read_text("utf-8")[:CALIBRATION_CHARS]
