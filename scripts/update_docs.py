@@ -10,6 +10,9 @@ printed on stdout. An HTML comment on the line before the fence marks it:
   <!-- example: gpu -->      needs a GPU: skipped (and counted) unless --gpu
   <!-- example: machine -->  its output is the machine itself (`info`): --check
                              runs it and wants exit 0, but compares nothing
+  <!-- example: smollm2 -->  reads SmolLM2-135M-Instruct (`make smollm2`) through
+                             docs/data/smollm2/ (a link to its cache, made
+                             here): skipped (and counted) where it is not cached
   <!-- example: cpu NAME -->  its numbers depend on the CPU's own kernels (torch's
                              CPU matmuls pick their blocking and vector width by
                              the instruction set, so fp32/bf16 sums round in
@@ -65,7 +68,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 BLOCK = re.compile(r"(?:<!-- example: (?P<mark>\w+)(?: (?P<arg>[^\n]*?))? -->\n)?```\n\$ precisionlab (?P<cmd>[^\n]*)\n(?P<body>.*?)```", re.S)
-MARKS = {None, "gpu", "machine", "cpu"}
+MARKS = {None, "gpu", "machine", "cpu", "smollm2"}
 
 # Table columns whose every cell is a timing or a throughput (bench, tf32).
 TIMING_COLUMNS = {"time (ms)", "GB/s", "TFLOP/s", "ns/element", "x numpy.sum", "vs baseline", "% of copy"}
@@ -149,6 +152,24 @@ def run(cmd: str) -> tuple[str, int]:
     return "\n".join(lines) + "\n", p.returncode
 
 
+SMOLLM2_DATA = ROOT / "docs/data/smollm2"
+
+
+def smollm2_linked() -> bool:
+    """docs/data/smollm2 -> the SmolLM2 cache (scripts/fetch_smollm2.py), where both of its pieces are there."""
+    sys.path.insert(0, str(ROOT / "scripts"))
+    import fetch_smollm2
+
+    cache = fetch_smollm2.cache_dir()
+    if not ((cache / fetch_smollm2.NAME).is_file() and (cache / "hf" / "config.json").is_file()):
+        return False
+    if not SMOLLM2_DATA.is_symlink():
+        SMOLLM2_DATA.parent.mkdir(parents=True, exist_ok=True)
+        SMOLLM2_DATA.symlink_to(cache, target_is_directory=True)
+    (ROOT / "docs/data/smollm2-out").mkdir(exist_ok=True)  # where the examples write (gitignored)
+    return True
+
+
 ENGINE_DATA = "docs/data/engines/"
 # (--to FORMAT, file name): what the examples under ENGINE_DATA read
 ENGINE_MODELS = [("gguf:q8_0", "m-q8_0.gguf"), ("ct2:int8", "ct2-int8"), ("onnx:fp16", "m-fp16.onnx")]
@@ -197,7 +218,7 @@ def check_file(path: Path, args, cpu: str) -> dict:
             return m.group(0)
         if args.only and args.only not in cmd:
             return m.group(0)
-        if mark == "gpu" and not args.gpu:
+        if (mark == "gpu" and not args.gpu) or (mark == "smollm2" and not smollm2_linked()):
             res["skipped"] += 1
             return m.group(0)
         t0 = time.perf_counter()
@@ -260,7 +281,8 @@ def main() -> int:
             path.write_text(done[path]["text"])
     total = time.perf_counter() - t_all
     skipped = count["skipped"]
-    note = f"{skipped} skipped (need a GPU; --gpu runs them)" if skipped else "none skipped"
+    note = (f"{skipped} skipped (need a GPU: --gpu runs them; or SmolLM2: make smollm2)" if skipped
+            else "none skipped")
     if args.check:
         print(f"update_docs --check: {count['checked']} examples compared ({count['masked']} of them recorded on "
               f"another CPU: numbers masked), {count['machine']} machine-specific run only, {note}; {total:.0f} s",

@@ -24,6 +24,9 @@ def command(
     steps: Annotated[int, typer.Option("--steps", help="Greedy steps.")] = 50,
     prompt: Annotated[str, typer.Option("--prompt", help="Prompt text.")] = DEFAULT_PROMPT,
     model: ModelOpt = DEFAULT_SPEC,
+    text: Annotated[Optional[str], typer.Option("--text", help="A UTF-8 text file whose first 512 characters "
+                                                "calibrate the scales (default: the shipped Shakespeare's).")]
+    = None,
     device: Annotated[str, typer.Option("--device", help="cpu (the default for a model run, unlike the kernel "
                                         "commands) | cuda | all (the CPU, plus the GPU where present: a table "
                                         "each). auto, the old spelling of all here, still works this release.")] = "cpu",
@@ -36,8 +39,11 @@ def command(
     from precisionlab.report import kvcache
     from precisionlab.report.output import Output
 
+    from precisionlab.io import inputs
+
+    inputs.check_given(text, "--text")
     check_model(model)  # the steps and the prompt: the run's start-up (experiments/startup.py)
     out = Output(kvcache, json_out)
     cfg = exp.KVCacheConfig(dtypes=dtypes, scales=scales, activation_scale=activation_scale, steps=steps,
-                            prompt=prompt, device=device, seed=seed, model=model)
+                            prompt=prompt, device=device, seed=seed, model=model, text=text)
     out.run("kvcache", lambda advance: exp.run(cfg, advance))

@@ -88,9 +88,13 @@ def check(spec: str, to: str, out: str, force: bool = False) -> tuple[str, str |
     if kind == "onnx" and importlib.util.find_spec("torch.onnx") is None:
         raise UsageError("--to onnx: this torch has no torch.onnx")
     prefix, arg = parse(spec)
-    if prefix not in ("embedded", "hf"):
-        raise UsageError(f"export {spec!r}: exports the embedded model or a Hugging Face folder (hf:DIR)")
+    if prefix not in ("embedded", "hf", "llamacpp"):
+        raise UsageError(f"export {spec!r}: exports the embedded model, a Hugging Face folder (hf:DIR) or a "
+                         "GGUF file to a folder (llamacpp:FILE --to hf)")
     src = None
+    if prefix == "llamacpp":
+        _check_gguf_source(arg, kind)
+        src = arg
     if prefix == "hf":
         from precisionlab.engines.hf import HFEngine
 
@@ -98,9 +102,9 @@ def check(spec: str, to: str, out: str, force: bool = False) -> tuple[str, str |
         if not Path(arg).is_dir():
             raise UsageError(f"export hf:{arg}: give a local folder")
         src = arg
-        if kind == "onnx":
-            raise UsageError("--to onnx: exports the embedded model only (transformers' mask code does not trace "
-                             "with torch.onnx's TorchScript exporter)")
+        if kind == "onnx" and importlib.util.find_spec("onnxscript") is None:
+            raise UsageError("--to onnx of a Hugging Face folder: needs the onnxscript package (torch's dynamo "
+                             "exporter): pip install 'precisionlab[onnx]'")
     p = Path(out)
     if not out or (p.exists() and not (p.is_dir() if FORMATS[kind][2] else p.is_file())):
         raise UsageError(f"--out {out!r}: {'a folder' if FORMATS[kind][2] else 'a file'} is written there")
@@ -108,7 +112,7 @@ def check(spec: str, to: str, out: str, force: bool = False) -> tuple[str, str |
         raise UsageError(f"--out {out!r}: not the current or the root folder")
     from precisionlab.io import outputs
 
-    read = [("MODEL", src)] if src is not None else []  # never over the folder it reads, nor in it, nor around it
+    read = [("MODEL", src)] if src is not None and prefix != "llamacpp" else []  # never over the folder it reads, nor in it, nor around it
     if FORMATS[kind][2]:
         outputs.check_output_dir(out, (), "--out", read)
         outputs.check_folder_to_fill(out, "--out", force)
@@ -122,6 +126,18 @@ def check(spec: str, to: str, out: str, force: bool = False) -> tuple[str, str |
     return kind, variant, src
 
 
+def _check_gguf_source(arg: str, kind: str) -> None:
+    """llamacpp:FILE is exported to a Hugging Face folder only (the exact-weights reference)."""
+    if kind != "hf":
+        raise UsageError(f"export llamacpp:{arg}: a GGUF file is exported --to hf (its dequantised weights); "
+                         "export that folder to other formats")
+    if not arg or not Path(arg).is_file() or not arg.endswith(".gguf"):
+        raise UsageError(f"export llamacpp:{arg!r}: give a .gguf file")
+    if importlib.util.find_spec("accelerate") is None or importlib.util.find_spec("gguf") is None:
+        raise UsageError("export llamacpp:FILE --to hf: needs the accelerate and gguf packages (transformers' "
+                         "GGUF loader): pip install 'precisionlab[engines]'")
+
+
 def run(spec: str, to: str, out: str, force: bool = False) -> ExportResult:
     from precisionlab.engines.exporters import hf
     from precisionlab.io import outputs
@@ -130,14 +146,19 @@ def run(spec: str, to: str, out: str, force: bool = False) -> ExportResult:
     t0 = time.perf_counter()
     changes: list[str] = []
     written: list[str] = []  # the members a folder target received
-    source = "embedded" if src is None else f"hf:{Path(src).resolve()}"
+    from precisionlab.engines.registry import parse
+
+    gguf_source = parse(spec)[0] == "llamacpp"
+    source = "embedded" if src is None else f"{'llamacpp' if gguf_source else 'hf'}:{Path(src).resolve()}"
     from precisionlab.engines.model_folders import quiet_library
 
     with quiet_library(), tempfile.TemporaryDirectory(prefix="precisionlab-export-") as work:
         if src is None and kind != "onnx":
             changes += hf.write_embedded(work)
             src = work
-        if kind == "hf":
+        if kind == "hf" and gguf_source:
+            written += outputs.atomic_dir(out, lambda tmp: changes.extend(hf.from_gguf(src, tmp)), force)
+        elif kind == "hf":
             if src == work:
                 written += outputs.atomic_dir(out, lambda tmp: _copy(work, tmp), force)
             else:
@@ -157,7 +178,10 @@ def run(spec: str, to: str, out: str, force: bool = False) -> ExportResult:
         else:
             from precisionlab.engines.exporters import onnx
 
-            outputs.atomic_write(out, lambda tmp: changes.extend(onnx.write_embedded(tmp, variant)))
+            if src is None:
+                outputs.atomic_write(out, lambda tmp: changes.extend(onnx.write_embedded(tmp, variant)))
+            else:
+                outputs.atomic_write(out, lambda tmp: changes.extend(onnx.write_hf(src, tmp, variant)))
             outputs.atomic_write(out + SOURCE_SUFFIX, _source_json(source).encode())
     if kind != "hf":
         changes.append(f"source recorded ({'GGUF key ' + _gguf_key() if kind == 'gguf' else 'beside it'}): "

@@ -140,6 +140,11 @@ class HFEngine(Engine):
             raise UsageError(f"--model {arg!r} is a file; give the model's directory")
         if p.is_dir():
             refuse_foreign_code(p)
+            ggufs = sorted(f.name for f in p.glob("*.gguf"))
+            if ggufs and not (p / "config.json").is_file():  # transformers would fail inside with a ValueError
+                raise UsageError(f"hf:{arg!r} holds a GGUF file ({ggufs[0]!r}) and no config.json: give it as "
+                                 f"llamacpp:FILE, or make a Hugging Face folder of it with "
+                                 f"`precisionlab export llamacpp:FILE --to hf --out DIR`")
 
     @classmethod
     def shape(cls, arg, steps, prompt):

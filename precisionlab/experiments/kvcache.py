@@ -74,6 +74,7 @@ class KVCacheConfig:
     device: str = "cpu"
     seed: int = 0
     model: str | None = DEFAULT_SPEC  # an engine spec (engines/registry.py); None: the embedded model
+    text: str | None = None  # --text: the calibration text file; None: the shipped Shakespeare's start
 
 
 @dataclass
@@ -155,7 +156,18 @@ class Stores(dict):
         return sum(s.saturated for s in self.values())
 
 
-def calibration_text() -> str:
+def calibration_text(path: str | None = None) -> str:
+    """The first CALIBRATION_CHARS characters of the user's --text (a real model is calibrated on text
+    like its own use, not on the character model's Shakespeare), else of the shipped Shakespeare."""
+    if path is not None:
+        p = inputs.check_regular_file(path, "--text")
+        try:
+            with p.open(encoding="utf-8") as f:  # only what is used: a large file is not read whole
+                return f.read(CALIBRATION_CHARS)
+        except UnicodeDecodeError as e:
+            raise UsageError(f"--text {path!r}: not UTF-8 text (byte {e.start})") from None
+        except OSError as e:
+            raise UsageError(f"--text {path!r}: cannot read ({e.strerror})") from None
     from precisionlab.engines import charlm
 
     return charlm.DEFAULT_WEIGHTS.with_name("shakespeare.txt").read_text("utf-8")[:CALIBRATION_CHARS]
@@ -180,7 +192,8 @@ def run(cfg: KVCacheConfig, advance=lambda k=1: None) -> KVCacheResult:
         if not plan.cpu:
             raise NoDeviceError("--device cuda: torch sees no CUDA device")
     names = [d for d in plan.names if d == "cpu" or torch.cuda.is_available()]
-    if not charlm.DEFAULT_WEIGHTS.with_name("shakespeare.txt").is_file():
+    text = calibration_text(cfg.text) if cfg.text is not None else None  # a bad file: refused before loading
+    if text is None and not charlm.DEFAULT_WEIGHTS.with_name("shakespeare.txt").is_file():
         raise RunError(f"the calibration text is missing ({charlm.DEFAULT_WEIGHTS.with_name('shakespeare.txt')})")
 
     rows: list[dict] = []
@@ -193,7 +206,9 @@ def run(cfg: KVCacheConfig, advance=lambda k=1: None) -> KVCacheResult:
                                          f"kvcache --model {cfg.model or DEFAULT_SPEC} --steps {cfg.steps}")
             try:
                 prompt = engine.prompt_ids(cfg.prompt, cfg.steps)
-                calibration = engine.encode(calibration_text(), "the calibration text")[:int(engine.max_len)]
+                source = f"--text {cfg.text!r}" if cfg.text is not None else "the calibration text"
+                calibration = engine.encode(text if text is not None else calibration_text(),
+                                            source)[:int(engine.max_len)]
                 if not calibration:
                     raise RunError("the calibration text encodes to no tokens with this model's tokenizer")
                 device_rows, info = _device_rows(engine, prompt, calibration, cfg, kv_dtypes, modes, device,
@@ -206,7 +221,7 @@ def run(cfg: KVCacheConfig, advance=lambda k=1: None) -> KVCacheResult:
         params={"model": cfg.model or DEFAULT_SPEC, "dtypes": kv_dtypes, "scales": modes,
                 "activation_scale": cfg.activation_scale, "steps": cfg.steps, "prompt": cfg.prompt,
                 "device": cfg.device, "calibration_chars": CALIBRATION_CHARS,
-                "calibration_tokens": calibration_tokens, "seed": cfg.seed},
+                "calibration_tokens": calibration_tokens, "text": cfg.text, "seed": cfg.seed},
         rows=rows, model_info=info, takeaways=takeaways(rows))
 
 

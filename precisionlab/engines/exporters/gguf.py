@@ -6,10 +6,12 @@ Tensor names are llama.cpp's (blk.N.attn_q, ...). 1-D tensors (the norm
 gains) stay F32 whatever the type, as llama.cpp's converter keeps them; every
 2-D tensor takes the requested type. A tied head is written once, as
 token_embd (llama.cpp reuses it for the output when no output.weight exists).
-The tokenizer is written as GPT-2 style byte-level BPE with no merges: each
-byte is then one token, which is exactly a character tokenizer over ASCII
-text; a vocabulary with tokens longer than one byte (a real BPE) is refused,
-as this writer does not translate merges.
+The tokenizer is translated by gguf_vocab.py (byte-level BPE with its merges
+and llama.cpp's pre-tokenizer name, or a character vocabulary), read from
+tokenizer.json and checked before any weight is loaded. Llama folders have
+their q and k rows permuted from transformers' rotate-half order to the
+interleaved pairs llama.cpp's LLAMA rope type rotates (qwen3 is NEOX style in
+llama.cpp, the same rotate-half order as transformers: kept as it is).
 
 q4_k_m is llama.cpp's own quantizer (llama-cpp-python's llama_model_quantize)
 run on an F32 file written here: the gguf package can only dequantize
@@ -26,6 +28,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from precisionlab.engines.exporters import gguf_vocab
 from precisionlab.errors import UsageError
 
 VARIANTS = ("f32", "f16", "bf16", "q8_0", "q4_0", "q4_k_m")
@@ -55,26 +58,14 @@ def gguf_name(name: str) -> str | None:
     return None
 
 
-def _byte_unicode() -> dict[int, str]:
-    """GPT-2's byte -> printable character table (what byte-level BPE vocabularies are written in)."""
-    keep = list(range(ord("!"), ord("~") + 1)) + list(range(0xA1, 0xAD)) + list(range(0xAE, 0x100))
-    table, extra = {}, 0
-    for b in range(256):
-        if b in keep:
-            table[b] = chr(b)
-        else:
-            table[b] = chr(256 + extra)
-            extra += 1
-    return table
-
-
 def write(src: str, out: str, variant: str, source: str | None = None) -> list[str]:
     """The GGUF of the Hugging Face folder src at out; source: the spec recorded as SOURCE_KEY."""
     if variant in _LLAMA_QUANTIZED:
         return _quantized(src, out, variant, source)
     import gguf
 
-    cfg, arch, model, tokens = _read_folder(src)
+    cfg, arch, vocab = _read_config(src)
+    model = _load(src)
     qtype = {"f32": gguf.GGMLQuantizationType.F32, "f16": gguf.GGMLQuantizationType.F16,
              "bf16": gguf.GGMLQuantizationType.BF16, "q8_0": gguf.GGMLQuantizationType.Q8_0,
              "q4_0": gguf.GGMLQuantizationType.Q4_0}[variant]
@@ -82,7 +73,8 @@ def write(src: str, out: str, variant: str, source: str | None = None) -> list[s
              "bf16": gguf.LlamaFileType.MOSTLY_BF16, "q8_0": gguf.LlamaFileType.MOSTLY_Q8_0,
              "q4_0": gguf.LlamaFileType.MOSTLY_Q4_0}[variant]
     w = gguf.GGUFWriter(out, arch)
-    changes = _write_metadata(w, cfg, arch, tokens, ftype, source)
+    changes = _write_metadata(w, cfg, arch, ftype, source)
+    changes += gguf_vocab.write(w, src, vocab)
     changes += _write_tensors(w, model, cfg, arch, variant, qtype)
     w.write_header_to_file()
     w.write_kv_data_to_file()
@@ -91,35 +83,42 @@ def write(src: str, out: str, variant: str, source: str | None = None) -> list[s
     return changes
 
 
-def _read_folder(src: str):
-    """(config, llama.cpp architecture, the fp32 model, the GGUF token strings) of
-    the folder, refused where this writer cannot translate it."""
-    import torch
-    import transformers
-
-    cfg = json.loads((Path(src) / "config.json").read_text())
+def _read_config(src: str):
+    """(config, llama.cpp architecture, vocabulary) of the folder, from its json files alone: refused
+    where this writer cannot translate it, before a weight is read."""
+    try:
+        cfg = json.loads((Path(src) / "config.json").read_text())
+    except (OSError, ValueError) as e:
+        raise UsageError(f"--to gguf: {src}/config.json unreadable ({type(e).__name__})") from None
     arch = _ARCH.get(cfg.get("model_type"))
     if arch is None:
         raise UsageError(f"--to gguf: model_type {cfg.get('model_type')!r} is not written by this exporter "
                          f"(it writes {', '.join(_ARCH)})")
-    model = transformers.AutoModelForCausalLM.from_pretrained(src, trust_remote_code=False, local_files_only=True,
-                                                              dtype=torch.float32)
-    tok = transformers.AutoTokenizer.from_pretrained(src, trust_remote_code=False, local_files_only=True)
-    vocab = sorted(tok.get_vocab().items(), key=lambda kv: kv[1])
-    if [i for _, i in vocab] != list(range(len(vocab))) or any(len(t.encode()) != 1 for t, _ in vocab):
-        raise UsageError("--to gguf: only a character (single-byte token) vocabulary is translated by this writer")
-    bu = _byte_unicode()
-    tokens = [bu[t.encode()[0]] for t, _ in vocab]
-    n_vocab = int(cfg["vocab_size"])
-    if n_vocab != len(tokens):
-        raise UsageError(f"--to gguf: the tokenizer has {len(tokens)} tokens, the model {n_vocab} rows")
-    return cfg, arch, model, tokens
+    rope = cfg.get("rope_parameters") or cfg.get("rope_scaling") or {}
+    if rope.get("rope_type", rope.get("type", "default")) != "default":
+        raise UsageError(f"--to gguf: rope_type {rope.get('rope_type', rope.get('type'))!r} is not written by "
+                         "this exporter (plain RoPE only)")
+    vocab = gguf_vocab.read(src, int(cfg["vocab_size"]))
+    return cfg, arch, vocab
 
 
-def _write_metadata(w, cfg: dict, arch: str, tokens: list[str], ftype, source: str | None) -> list[str]:
-    """The model's sizes, RoPE and tokenizer as llama.cpp reads them; what was changed on the way."""
-    import gguf
+def _load(src: str):
+    import torch
+    import transformers
 
+    return transformers.AutoModelForCausalLM.from_pretrained(src, trust_remote_code=False, local_files_only=True,
+                                                             dtype=torch.float32)
+
+
+def _permute(w, n_head: int):
+    """transformers' rotate-half rows (per head: the first halves, then the second halves) as llama.cpp's
+    interleaved pairs (per head: row i of the first half, then row i of the second)."""
+    rows = w.shape[0]
+    return w.reshape(n_head, 2, rows // n_head // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+
+
+def _write_metadata(w, cfg: dict, arch: str, ftype, source: str | None) -> list[str]:
+    """The model's sizes and RoPE as llama.cpp reads them; what was changed on the way."""
     head_dim = int(cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"])
     theta = float((cfg.get("rope_parameters") or {}).get("rope_theta", cfg.get("rope_theta", 10000.0)))
     w.add_name("precisionlab export")
@@ -137,17 +136,11 @@ def _write_metadata(w, cfg: dict, arch: str, tokens: list[str], ftype, source: s
     w.add_rope_freq_base(theta)
     w.add_layer_norm_rms_eps(float(cfg["rms_norm_eps"]))
     w.add_file_type(ftype)
-    w.add_tokenizer_model("gpt2")
-    w.add_tokenizer_pre("default")
-    w.add_token_list(tokens)
-    w.add_token_types([gguf.TokenType.NORMAL] * len(tokens))
-    w.add_token_merges(["\u0100 \u0100"])  # never applies: a merge llama.cpp requires the list to exist
-    w.add_add_bos_token(False)
-    w.add_add_eos_token(False)
-    return [f"tokenizer: {len(tokens)} characters as byte-level BPE tokens with no merges "
-            "(one byte, one token), no BOS/EOS added",
-            f"rope: NEOX (rotate-half) style, freq_base {theta:g}, {head_dim} dimensions (llama.cpp's "
-            f"{arch} layout)"]
+    w.add_vocab_size(int(cfg["vocab_size"]))
+    style = ("NEOX (rotate-half) style, as transformers" if arch == "qwen3" else
+             "NORM (interleaved pairs) style: q/k rows permuted from transformers' rotate-half order")
+    return [f"context length: {int(cfg['max_position_embeddings'])} (max_position_embeddings)",
+            f"rope: {style}, freq_base {theta:g}, {head_dim} dimensions (llama.cpp's {arch} layout)"]
 
 
 def _write_tensors(w, model, cfg: dict, arch: str, variant: str, qtype) -> list[str]:
@@ -160,9 +153,8 @@ def _write_tensors(w, model, cfg: dict, arch: str, variant: str, qtype) -> list[
     if tied:
         changes.append("head: tied; written once as token_embd (llama.cpp reuses it for the output)")
     state = model.state_dict()
-    if arch == "llama":
-        raise UsageError("--to gguf: llama folders need q/k rows permuted for llama.cpp's rope layout; "
-                         "only qwen3 is written")
+    heads = {"q_proj": int(cfg["num_attention_heads"]),
+             "k_proj": int(cfg.get("num_key_value_heads") or cfg["num_attention_heads"])}
     for name, t in state.items():
         if name == "lm_head.weight" and tied:
             continue
@@ -170,6 +162,9 @@ def _write_tensors(w, model, cfg: dict, arch: str, variant: str, qtype) -> list[
         if g is None:
             raise UsageError(f"--to gguf: no llama.cpp name for tensor {name!r}")
         data = t.detach().float().numpy()
+        proj = name.split(".")[-2]
+        if arch == "llama" and proj in heads and name.endswith(".weight"):
+            data = _permute(data, heads[proj])
         if data.ndim == 1 or variant == "f32":
             w.add_tensor(g, np.ascontiguousarray(data, dtype=np.float32))
         elif variant == "f16":
@@ -226,10 +221,15 @@ def tensor_types(path: str) -> str:
 
 def read_source(path: str) -> str | None:
     """The SOURCE_KEY string a GGUF records (None: none, or not a GGUF the gguf package reads)."""
+    return read_string(path, SOURCE_KEY)
+
+
+def read_string(path: str, key: str) -> str | None:
+    """A string metadata value of a GGUF (None: absent, or not a GGUF the gguf package reads)."""
     try:
         import gguf
 
-        field = gguf.GGUFReader(path).fields.get(SOURCE_KEY)
+        field = gguf.GGUFReader(path).fields.get(key)
         if field is None:
             return None
         return bytes(field.parts[field.data[0]]).decode("utf-8", "replace")

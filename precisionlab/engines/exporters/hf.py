@@ -88,3 +88,58 @@ def resave(src: str, folder: str) -> list[str]:
     model.float().save_pretrained(folder)
     tok.save_pretrained(folder)
     return ["weights: saved in float32 by transformers' save_pretrained"]
+
+
+def from_gguf(path: str, folder: str) -> list[str]:
+    """A llama.cpp GGUF file as a Hugging Face folder: its weights dequantised
+    to float32 and its tokenizer, read by transformers' own GGUF loader
+    (it needs accelerate). transformers refuses to save a GGUF-loaded model,
+    so the state dict is written as it is (one copy of the weights, the tied
+    head once), with the config and the tokenizer beside it."""
+    import torch
+    import transformers
+    from safetensors.torch import save_file
+
+    src = Path(path).resolve()
+    kw = {"gguf_file": src.name, "trust_remote_code": False, "local_files_only": True}
+    tok = transformers.AutoTokenizer.from_pretrained(str(src.parent), **kw)
+    model = transformers.AutoModelForCausalLM.from_pretrained(str(src.parent), dtype=torch.float32, **kw)
+    cfg = model.config
+    tied = bool(getattr(cfg, "tie_word_embeddings", False))
+    state = {k: v.detach().to(torch.float32).contiguous() for k, v in model.state_dict().items()
+             if not (tied and k == "lm_head.weight")}
+    save_file(state, str(Path(folder) / "model.safetensors"), metadata={"format": "pt"})
+    del model, state
+    for key in ("quantization_config", "_name_or_path"):
+        if hasattr(cfg, key):
+            delattr(cfg, key)
+    cfg.dtype = "float32"
+    cfg.save_pretrained(folder)
+    tok.save_pretrained(folder)
+    pre_note = _pre_tokenizer_of(src, Path(folder) / "tokenizer.json")
+    from precisionlab.engines.exporters import gguf as gguf_writer
+
+    return [f"weights: {src.name}'s tensors ({gguf_writer.tensor_types(str(src))}) dequantised to float32 by "
+            f"transformers {transformers.__version__}'s GGUF loader (the file's values, rows in transformers' order)",
+            "head: tied; written once as the embedding" if tied else "head: its own tensor",
+            f"tokenizer: rebuilt by transformers from the file's vocabulary and merges ({len(tok)} tokens"
+            f"{', with its chat template' if tok.chat_template else ''})", pre_note]
+
+
+def _pre_tokenizer_of(gguf_path: Path, tokenizer_json: Path) -> str:
+    """transformers' GGUF loader rebuilds every byte-level BPE with GPT-2's pre-tokenizer, whatever
+    rule the file names (SmolLM's splits digits one by one; GPT-2's does not): the rule the file's
+    tokenizer.ggml.pre names is put back, so the folder splits a text as llama.cpp does on the file."""
+    from precisionlab.engines.exporters import gguf as gguf_writer
+    from precisionlab.engines.exporters import gguf_vocab
+
+    name = gguf_writer.read_string(str(gguf_path), "tokenizer.ggml.pre")
+    doc = json.loads(tokenizer_json.read_text(encoding="utf-8"))
+    if name not in gguf_vocab.PRE_TOKENIZERS:
+        return (f"pre-tokenizer: the file names {name!r}, which this exporter does not know: transformers' "
+                f"{gguf_vocab.pre_name(doc.get('pre_tokenizer'))!r} kept (texts may split differently)")
+    if gguf_vocab.pre_name(doc.get("pre_tokenizer")) == name:
+        return f"pre-tokenizer: {name!r}, as the file names it"
+    doc["pre_tokenizer"] = gguf_vocab.PRE_TOKENIZERS[name]
+    tokenizer_json.write_text(json.dumps(doc, ensure_ascii=False, indent=2), encoding="utf-8")
+    return f"pre-tokenizer: set to the file's {name!r} rule (transformers' GGUF loader writes GPT-2's for every BPE)"
