@@ -257,7 +257,8 @@ def apply_rules(rows: list[dict], views: list[str]) -> tuple[list[dict], dict]:
             against = "REF" if view == "fp32" else "REF_LOW"
             found = divergence.judge_tensor(v["error"], v["yardstick"], ratio=v["ratio"],
                                             scale=(v["scale_fit"], v["bias_z"]), overflow=tuple(v["overflow"]),
-                                            against=against, ref="REF" if view == "fp32" else "REF_LOW")
+                                            against=against, ref="REF" if view == "fp32" else "REF_LOW",
+                                            rounding=divergence.rounding(view))
             judged.append(divergence.Judged(r["module"], v["error"], v["ratio"], found,
                                             rounding=divergence.rounding(view)))
         div = divergence.first_divergence(judged)
