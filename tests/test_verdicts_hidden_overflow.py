@@ -9,6 +9,8 @@ import json
 
 import numpy as np
 
+import pytest
+
 from helpers import cli, strict_json
 from precisionlab.numerics import divergence as dv
 
@@ -65,7 +67,7 @@ def test_an_fp16_overflowing_rmsnorm_is_named_at_the_norm_as_overflow(tmp_path):
     reason = doc["first_divergence_reason"]
     assert "4 of 8 rows of YOURS are 0" in reason and "rsqrt(inf) = 0" in reason
     assert "compare op rmsnorm --dtypes fp16 --impl" in reason
-    assert "at the tensor before: REF_FP32's row sum of squares reaches" in reason and "65504" in reason
+    assert "upstream at layers.0.resid: REF_FP32's row sum of squares reaches" in reason and "65504" in reason
     rows = {row["name"]: row for row in doc["rows"]}
     assert rows["layers.0.norm"]["hidden_overflow_rows"] == 4 and rows["layers.0.norm"]["overflow"] == 0
     assert not rows["layers.0.resid"]["flagged"]  # the norm's input is YOURS' exactly
@@ -87,3 +89,60 @@ def test_range_excess_names_values_then_squares():
     assert "row sum of squares reaches 1.6e+05" in dv.range_excess(np.full((2, 4), 200.0), "fp16")
     assert dv.range_excess(np.full((2, 4), 200.0), "bf16") is None
     assert dv.range_excess(np.full((2, 4), 200.0), None) is None
+
+
+# --- compare layers --reference: YOURS' norm sums its squares in the input dtype ---------------------
+
+
+def _norm_sums_squares_in_input_dtype(model):
+    """Layer 1's post-attention RMSNorm with its sum of squares in x's dtype: exact enough in fp32, and in
+    fp16 the sum of a row whose squares pass 65504 rounds to inf, so x * rsqrt(inf) = 0 (a finite row)."""
+    import types
+
+    import torch
+
+    def forward(self, x):
+        ss = (x * x).sum(-1, keepdim=True)  # x's dtype: inf in fp16 past 65504
+        return self.weight * (x * torch.rsqrt(ss / x.shape[-1] + self.variance_epsilon))
+
+    norm = model.model.layers[1].post_attention_layernorm
+    norm.forward = types.MethodType(forward, norm)  # a bound method: the fp16 copy binds its own module
+
+
+def test_an_fp16_overflowing_rmsnorm_in_compare_layers_is_named_at_the_norm(run, tmp_path):
+    pytest.importorskip("transformers")
+    import torch
+
+    from helpers import save_tiny_qwen
+    from precisionlab.engines import registry
+    from precisionlab.engines.hf import HFEngine
+
+    def big_embeddings(model):  # a residual stream of |x| ~ 60 at width 32: row sums of squares ~ 1e5
+        with torch.no_grad():
+            model.model.embed_tokens.weight.mul_(3000.0)
+
+    base = save_tiny_qwen(tmp_path / "big", hidden=32, layers=3, edit=big_embeddings)
+
+    class Buggy(HFEngine):
+        def __init__(self, arg, device):
+            super().__init__(arg, device)
+            _norm_sums_squares_in_input_dtype(self.base)
+
+    registry.register("planted", Buggy)
+    try:
+        r = run("compare", "layers", "--model", f"planted:{base}", "--reference", f"hf:{base}", "--dtypes", "fp16",
+                "--prompt", "the cat sat", "--steps", "12", "--json")
+    finally:
+        registry.unregister("planted")
+    assert r.code == 1, r.err
+    doc = strict_json(r.out)
+    norm = "model.layers.1.post_attention_layernorm"
+    assert doc["first_divergence_by_view"]["fp16"] == norm  # at the norm, not the MLP after it
+    f = next(f for f in doc["flags"] if f["view"] == "fp16")
+    assert f["module"] == norm and f["rule"] == "overflow" and "rsqrt(inf) = 0" in f["text"]
+    assert "compare op rmsnorm --dtypes fp16 --impl" in f["text"]
+    assert "upstream at model.layers." in f["text"] and "REF fp32's row sum of squares reaches" in f["text"]
+    row = next(x for x in doc["rows"] if x["module"] == norm)
+    assert row["views"]["fp16"]["overflow"] == [0, 0]  # no inf anywhere: only the flat rows tell
+    assert row["views"]["fp16"]["hidden_overflow_rows"][0] > 0
+    assert doc["first_divergence_by_view"]["fp32"] is None  # in fp32 the same kernel is rounding only

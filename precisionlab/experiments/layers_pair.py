@@ -241,7 +241,10 @@ def _row(i, name, kind, r32, r64, y32, lows: dict) -> dict:
         views[d] = {"error": y3, "yardstick": y2, "ratio": compare.three_way_ratio(y3, fin), "scale_fit": s,
                     "bias_z": z, "yours_vs_fp32": compare.rel_l2(YL, R32),
                     "overflow": list(divergence.overflow_split(RL, YL)),
-                    "nonfinite_reference_low": divergence.overflow_count(R32, RL)}
+                    "nonfinite_reference_low": divergence.overflow_count(R32, RL),
+                    # an overflow that hides as finite rows (rsqrt(inf) = 0): YOURS' rows flat where REF's vary
+                    "hidden_overflow_rows": list(divergence.constant_rows(R32, YL)),
+                    "range_excess": divergence.range_excess(R32, d, "REF fp32")}
     row["views"] = views
     return row
 
@@ -252,13 +255,19 @@ def apply_rules(rows: list[dict], views: list[str]) -> tuple[list[dict], dict]:
     flags, first = [], {}
     for view in views:
         seq = [(r, r["views"][view]) for r in rows if view in r.get("views", {})]
-        judged = []
+        judged, upstream = [], None
         for r, v in seq:
             against = "REF" if view == "fp32" else "REF_LOW"
             found = divergence.judge_tensor(v["error"], v["yardstick"], ratio=v["ratio"],
                                             scale=(v["scale_fit"], v["bias_z"]), overflow=tuple(v["overflow"]),
                                             against=against, ref="REF" if view == "fp32" else "REF_LOW",
                                             rounding=divergence.rounding(view))
+            if "hidden_overflow_rows" in v:  # at this module, with its own or its input's range excess
+                cause = v["range_excess"] or upstream
+                hidden = divergence.hidden_overflow_flag(tuple(v["hidden_overflow_rows"]), view, cause, ref="REF fp32")
+                found = ([hidden] if hidden else []) + found
+                if v["range_excess"]:  # the latest module upstream whose values or squares leave the range
+                    upstream = f"upstream at {r['module']}: {v['range_excess']}"
             judged.append(divergence.Judged(r["module"], v["error"], v["ratio"], found,
                                             rounding=divergence.rounding(view)))
         div = divergence.first_divergence(judged)

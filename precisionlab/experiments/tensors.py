@@ -332,19 +332,18 @@ def _hidden_overflow(row: dict, vals: list, flags: list, upstream: str | None) -
     """The overflow that hides as finite values (issue 40, 4): rows of YOURS
     all zero or constant where REF_FP32's vary (an RMSNorm whose sum of squares
     overflowed: x * rsqrt(inf) = 0), flagged as an overflow AT this tensor with
-    what explains it, this tensor's or the tensor before's values or squares
-    past the low format's range. Returns this tensor's range excess, or the
-    one before it, for the next tensor."""
+    what explains it: this tensor's values or squares past the low format's
+    range, or the latest such tensor upstream. Returns that upstream phrase
+    for the next tensor."""
     low = row["tolerance_format"]
     here = divergence.range_excess(vals[0], low)
     rows = divergence.constant_rows(vals[0], vals[2])
     row["hidden_overflow_rows"] = rows[0] + rows[1]
     row["range_excess"] = here
-    cause = here or (f"at the tensor before: {upstream}" if upstream else None)
-    flag = divergence.hidden_overflow_flag(rows, low, cause, ref="REF_FP32")
+    flag = divergence.hidden_overflow_flag(rows, low, here or upstream, ref="REF_FP32")
     if flag is not None:
         flags.insert(0, flag)
-    return here
+    return f"upstream at {row['name']}: {here}" if here else upstream
 
 
 def _compare_all(cfg, files, maps, declared, plan, progress) -> tuple[list[dict], int | None]:

@@ -171,7 +171,7 @@ def constant_rows(ref: np.ndarray, side: np.ndarray) -> tuple[int, int, int]:
     return int(zero.sum()), int((hit & ~zero).sum()), int(r.shape[0])
 
 
-def range_excess(ref32: np.ndarray, fmt_name: str | None) -> str | None:
+def range_excess(ref32: np.ndarray, fmt_name: str | None, ref: str = "REF_FP32") -> str | None:
     """Where REF_FP32's values, or its rows' sums of squares (what an RMSNorm
     accumulates), leave the low format's finite range: one phrase, or None.
     Values past it overflow in any kernel; squares past it only in one that
@@ -185,10 +185,10 @@ def range_excess(ref32: np.ndarray, fmt_name: str | None) -> str | None:
         return None
     amax = float(np.abs(r).max())
     if amax > fmax:
-        return f"REF_FP32 reaches {amax:.3g}, past {fmt_name}'s max {fmax:.5g}"
+        return f"{ref} reaches {amax:.3g}, past {fmt_name}'s max {fmax:.5g}"
     sumsq = float((r * r).sum(axis=1).max())
     if sumsq > fmax:
-        return f"REF_FP32's row sum of squares reaches {sumsq:.3g}, past {fmt_name}'s max {fmax:.5g}"
+        return f"{ref}'s row sum of squares reaches {sumsq:.3g}, past {fmt_name}'s max {fmax:.5g}"
     return None
 
 
