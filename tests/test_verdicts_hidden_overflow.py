@@ -146,3 +146,4 @@ def test_an_fp16_overflowing_rmsnorm_in_compare_layers_is_named_at_the_norm(run,
     assert row["views"]["fp16"]["overflow"] == [0, 0]  # no inf anywhere: only the flat rows tell
     assert row["views"]["fp16"]["hidden_overflow_rows"][0] > 0
     assert doc["first_divergence_by_view"]["fp32"] is None  # in fp32 the same kernel is rounding only
+
