@@ -71,3 +71,18 @@ def test_a_one_percent_scale_on_top_of_q8_0_is_named_at_its_module(run, q8):
     assert abs(row["views"]["q8_0"]["scale_fit"] - 1.01) < 3e-3
     assert all(f["order"] >= row["order"] for f in doc["flags"])  # nothing upstream of it
     assert any("GGUF tensors are not REF's weights" in n and PLANTED in n for n in doc["notes"])
+
+
+def test_the_view_is_made_for_block_quantised_ggufs_only(q8, tmp_path):
+    """F16/BF16 weights make llama.cpp round the activations to that type as well, which REF with rounded
+    weights does not model: those engines keep the fp32 and low-dtype views (quant_yardstick.FLOAT_TYPES)."""
+    from precisionlab.engines.exporters import gguf
+    from precisionlab.experiments import quant_yardstick
+
+    ref, clean, _ = q8
+    assert quant_yardstick.plan(f"llamacpp:{clean},kv=f32").view == "q8_0"
+    gguf.write(str(ref), str(tmp_path / "b.gguf"), "bf16")
+    gguf.write(str(ref), str(tmp_path / "f.gguf"), "f32")
+    assert quant_yardstick.plan(f"llamacpp:{tmp_path / 'b.gguf'}") is None
+    assert quant_yardstick.plan(f"llamacpp:{tmp_path / 'f.gguf'},kv=f32") is None
+    assert quant_yardstick.plan(f"hf:{ref}") is None

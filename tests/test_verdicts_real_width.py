@@ -49,6 +49,7 @@ def test_an_exact_f32_gguf_at_width_576_flags_nothing(run, wide):
     r, doc = _layers(run, clean, ref)
     assert r.code == 0, (r.err, doc and doc["flags"][:3])
     assert doc["first_divergence"] is None and doc["flags"] == []
+    assert doc["params"]["quant_view"] is None  # f32 weights: judged by fp32's rounding
     rows = [row for row in doc["rows"] if "fp32" in row["views"]]
     assert len(rows) >= 2 * 5 + 2
     # the fits are there and z is large somewhere (the old false alarm): only the effect gate keeps it silent

@@ -26,13 +26,22 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from precisionlab.catalog import formats
+
 UNQUANTISED = ("F32", "F64")  # GGUF types that hold REF's fp32 values as they are
+# Plain float types are no quantisation this yardstick models: llama.cpp then
+# converts the activations to the weights' type too, which REF with rounded
+# weights does not (the embedded model's bf16-exact weights in a BF16 GGUF
+# would have a yardstick of 0 and every module "inf x"). Only block types
+# (Q8_0, Q4_1, ...) get the view, whose activations llama.cpp quantises to
+# Q8 blocks at about the weights' own cost.
+FLOAT_TYPES = ("F32", "F64", "F16", "BF16")
 
 
 @dataclass
 class Plan:
     path: str
-    view: str                                   # the view's name: the most common quantised type, "q8_0"
+    view: str                                   # the most common quantised type: "q8_0" ("bf16-weights")
     types: dict[str, object]                    # GGUF tensor name -> gguf.GGMLQuantizationType
     tensors: dict[str, object] = field(repr=False, default_factory=dict)  # GGUF name -> the reader's tensor
 
@@ -56,10 +65,13 @@ def plan(spec: str | None) -> Plan | None:
     reader = gguf.GGUFReader(path)
     tensors = {t.name: t for t in reader.tensors}
     types = {n: t.tensor_type for n, t in tensors.items()}
-    quantised = Counter(t.name for n, t in types.items() if t.name not in UNQUANTISED and len(tensors[n].shape) > 1)
+    quantised = Counter(t.name for n, t in types.items() if t.name not in FLOAT_TYPES and len(tensors[n].shape) > 1)
     if not quantised:
         return None
-    return Plan(path, quantised.most_common(1)[0][0].lower(), types, tensors)
+    view = quantised.most_common(1)[0][0].lower()
+    if formats.find(view) is not None:  # never the same key as a --dtypes view
+        view += "-weights"
+    return Plan(path, view, types, tensors)
 
 
 def _roundtrip(data: np.ndarray, qtype) -> np.ndarray:
