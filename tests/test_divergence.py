@@ -80,11 +80,43 @@ def test_scale_rule_fires_with_s_and_z():
     assert dv.judge_tensor(0.012, 0.01, scale=(1.0057, 88.4), against="clean")[0].text.endswith("x clean, z = 88")
 
 
-def test_scale_rule_stays_silent_under_z_or_under_a_tenth_of_the_rounding():
+def test_scale_rule_stays_silent_under_z_or_under_the_effect_gate():
     assert dv.judge_tensor(0.012, 0.01, scale=(1.0057, dv.BIAS_Z)) == []       # z not beyond BIAS_Z
-    # z huge (millions of elements) but |s - 1| = 5e-4 under a tenth of the rounding 0.01
-    assert dv.judge_tensor(0.012, 0.01, scale=(1.0005, 500.0)) == []
-    assert dv.judge_tensor(0.012, 0.01, scale=(1.0011, 500.0))[0].rule == "scale_fit"
+    # z huge (millions of elements) but |s - 1| = 4e-3 under half the measured rounding error 0.01
+    assert dv.judge_tensor(0.012, 0.01, scale=(1.004, 500.0)) == []
+    assert dv.judge_tensor(0.012, 0.01, scale=(1.006, 500.0))[0].rule == "scale_fit"
+    assert dv.judge_tensor(0.012, 0.01, scale=(0.994, 500.0))[0].rule == "scale_fit"  # either direction
+
+
+def test_a_scale_under_one_rounding_of_the_format_is_no_effect():
+    """issue 40, 0: a clean f32 GGUF of a 576-wide model under llama.cpp fits s - 1 = 1.6e-8 at z = 54 at its
+    first norm, against an fp32 yardstick of 5.8e-8. One fp32 rounding is 2^-24 = 6.0e-8: a constant rounded
+    apart on the way gives that much, so no flag; the same z with s - 1 = 1e-6 (17 roundings) is one."""
+    u32 = dv.rounding("fp32")
+    assert u32 == 2.0 ** -24
+    assert dv.judge_tensor(6.0e-8, 5.8e-8, scale=(1 + 1.6e-8, 54.0), rounding=u32) == []
+    assert dv.judge_tensor(6.0e-8, 5.8e-8, scale=(1 + 1e-6, 54.0), rounding=u32)[0].rule == "scale_fit"
+    # the floor is the larger of the two: a bf16 yardstick far under bf16's rounding still needs one rounding
+    ubf = dv.rounding("bf16")
+    assert dv.scale_effect(1e-4, ubf) == ubf == 2.0 ** -8
+    assert dv.judge_tensor(3e-4, 1e-4, scale=(1.003, 500.0), rounding=ubf) == []
+    assert dv.judge_tensor(3e-4, 1e-4, scale=(1.005, 500.0), rounding=ubf)[0].rule == "scale_fit"
+
+
+def test_the_effect_gate_does_not_move_with_the_element_count():
+    """z grows as sqrt(n) for a fixed systematic scale; the effect gate must not: the same s and yardstick
+    are judged the same at 128 and at 20736 elements, flagged or not by |s - 1| alone once z is past."""
+    rng = np.random.default_rng(0)
+    for n in (4096, 20736, 200_000):
+        t = rng.standard_normal(n)
+        noise = 1e-7 * rng.standard_normal(n) * np.abs(t)
+        y_small, y_big = t * (1 + 2e-8) + noise, t * (1 + 3e-6) + noise
+        yard = float(np.linalg.norm(noise) / np.linalg.norm(t))
+        for y, want in ((y_small, []), (y_big, ["scale_fit"])):
+            s, z = dv.scale_fit(y, t, yard)
+            got = [f.rule for f in dv.judge_tensor(yard, yard, scale=(s, max(z, 2 * dv.BIAS_Z)),
+                                                   rounding=dv.rounding("fp32"))]
+            assert got == want, (n, s, z)
 
 
 def test_flags_come_in_rule_order():

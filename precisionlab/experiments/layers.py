@@ -290,7 +290,7 @@ def _site_row(engine, site, i, low, tdt, ref_cap, cap, trusted, yours, touched) 
     scale, bias_z = divergence.scale_fit(ry, rt, yard)
     over = divergence.overflow_split(r32, rl)  # the low run non-finite where fp32 is finite
     flags = divergence.judge_tensor(diff, yard, ratio=ratio, scale=(scale, bias_z), overflow=over, against="clean",
-                                    ref="fp32")
+                                    ref="fp32", rounding=divergence.rounding(low))
     flagged = bool(flags)
     return {"dtype": low, "order": i, "module": site.name, "kind": site.kind, "shape": list(out32.shape),
             "accumulated": rel_l2(rl, r32), "local": rel_l2(ry, r32), "yardstick": yard, "yours_vs_trusted": diff,

@@ -152,6 +152,7 @@ def _run(cfg, lows, yours_spec, run_spec, ref_spec, ref_note, external, device, 
             y_sites = yours.sites(yours.base)
             y32 = _outputs(single.captured_run(yours, yours.base, y_sites, x))
         advance()
+        quant, rq = _quantised_reference(ref, ref_sites, x, yours_spec, notes) if external else (None, None)
         ref_low, yours_low = {}, {}
         for low in lows:
             ref_low[low] = _outputs(single.captured_run(ref, single.low_copy(ref, low), ref_sites, x))
@@ -169,21 +170,59 @@ def _run(cfg, lows, yours_spec, run_spec, ref_spec, ref_note, external, device, 
     for i, name in enumerate(common):
         rows.append(_row(i, name, kinds.get(name, "module"), r32[name], r64[name], y32[name],
                          {d: (ref_low[d][name], yours_low[d][name]) for d in lows}))
+        if quant:
+            _quant_view(rows[-1], quant.view, r32[name], rq[name], y32[name])
     t_run = time.perf_counter() - t1
-    views = ["fp32", *lows]
+    # a quantised engine: fp32's and the low dtypes' views are what quantisation costs, shown, not judged
+    views = [quant.view] if quant else ["fp32", *lows]
     flags, first_by = apply_rules(rows, views)
     first = min((r for r in rows if any(first_by.get(v) == r["module"] for v in views)),
                 key=lambda r: r["order"], default=None)
     first_name = first["module"] if first else None
     params = {"model": yours_spec, "reference": ref_spec, "reference_from": ref_note, "engine": cfg.engine,
               "steps": cfg.steps, "prompt": cfg.prompt, "dtypes": lows, "device": device, "seed": cfg.seed,
-              "tokens": len(ids), "ratio_threshold": compare.RATIO_THRESHOLD, "compared": len(common)}
+              "tokens": len(ids), "ratio_threshold": compare.RATIO_THRESHOLD, "compared": len(common),
+              "quant_view": quant.view if quant else None}
     takeaways = _takeaways(first_name, first_by, flags, missing)
+    if quant:
+        takeaways.insert(0, f"YOURS holds {quant.view} weights: its departure from REF fp32 (and from each low "
+                            f"dtype) is what quantisation costs, shown, not judged; the {quant.view} view judges "
+                            f"YOURS against REF with its weights quantised as the GGUF holds them.")
     if len(common) * 2 < len(order):
         takeaways.append(f"only {len(common)} of REF's {len(order)} modules have a counterpart in YOURS: the two "
                          "name their modules differently (a different architecture or engine naming?)")
     return PairResult(params, rows, first_name, first_by, flags, missing, yours.info(), ref.info(),
                       takeaways, {"load_s": t_load, "run_s": t_run}, notes)
+
+
+def _quantised_reference(ref, sites, x, yours_spec, notes):
+    """(the plan, REF's captured outputs with its weights quantised as YOURS' GGUF holds them), or (None,
+    None) for an engine whose weights are not quantised (experiments/quant_yardstick)."""
+    from precisionlab.experiments import quant_yardstick
+
+    quant = quant_yardstick.plan(yours_spec)
+    if quant is None:
+        return None, None
+    model, kept, differ = quant_yardstick.reference_copy(ref.base, quant)
+    notes.append(f"{quant.view} yardstick: REF fp32 with its weights quantised as {quant.path} holds them"
+                 + (f"; {len(kept)} weights kept in fp32 (no quantised counterpart)" if kept else ""))
+    if differ:
+        notes.append(f"{len(differ)} GGUF tensors are not REF's weights quantised the same way (a change on top "
+                     "of the quantisation): " + ", ".join(differ[:6]) + ("..." if len(differ) > 6 else ""))
+    return quant, _outputs(single.captured_run(ref, model, sites, x))
+
+
+def _quant_view(row: dict, view: str, r32, rq, y32) -> None:
+    """The quantisation view of one row: (2) REF quantised vs REF fp32, (3) YOURS vs REF quantised."""
+    if not row.get("views"):
+        return
+    R32, RQ = single.as_float64(r32), single.as_float64(rq)
+    Y = _as(y32, R32)
+    yard, err = compare.rel_l2(RQ, R32), compare.rel_l2(Y, RQ)
+    s, z = divergence.scale_fit(Y, RQ, yard)
+    row["views"][view] = {"error": err, "yardstick": yard, "ratio": compare.ratio(err, yard), "scale_fit": s,
+                          "bias_z": z, "yours_vs_fp32": compare.rel_l2(Y, R32),
+                          "overflow": list(divergence.overflow_split(RQ, Y))}
 
 
 def _estimate(shapes, lows, external) -> int:
@@ -241,9 +280,19 @@ def _row(i, name, kind, r32, r64, y32, lows: dict) -> dict:
         views[d] = {"error": y3, "yardstick": y2, "ratio": compare.three_way_ratio(y3, fin), "scale_fit": s,
                     "bias_z": z, "yours_vs_fp32": compare.rel_l2(YL, R32),
                     "overflow": list(divergence.overflow_split(RL, YL)),
-                    "nonfinite_reference_low": divergence.overflow_count(R32, RL)}
+                    "nonfinite_reference_low": divergence.overflow_count(R32, RL),
+                    # an overflow that hides as finite rows (rsqrt(inf) = 0): YOURS' rows flat where REF's vary
+                    "hidden_overflow_rows": list(divergence.constant_rows(R32, YL)),
+                    "range_excess": divergence.range_excess(R32, d, "REF fp32")}
     row["views"] = views
     return row
+
+
+def _rounding(view: str) -> float | None:
+    """One rounding of a view's format; None for a GGUF quantisation view (no unit roundoff: blocks)."""
+    from precisionlab.catalog import formats as catalog
+
+    return divergence.rounding(view) if catalog.find(view) in catalog.FORMATS else None
 
 
 def apply_rules(rows: list[dict], views: list[str]) -> tuple[list[dict], dict]:
@@ -252,14 +301,21 @@ def apply_rules(rows: list[dict], views: list[str]) -> tuple[list[dict], dict]:
     flags, first = [], {}
     for view in views:
         seq = [(r, r["views"][view]) for r in rows if view in r.get("views", {})]
-        judged = []
+        judged, upstream = [], None
         for r, v in seq:
-            against = "REF" if view == "fp32" else "REF_LOW"
+            against = "REF" if view == "fp32" else "REF_LOW" if _rounding(view) else f"REF {view}"
             found = divergence.judge_tensor(v["error"], v["yardstick"], ratio=v["ratio"],
                                             scale=(v["scale_fit"], v["bias_z"]), overflow=tuple(v["overflow"]),
-                                            against=against, ref="REF" if view == "fp32" else "REF_LOW")
+                                            against=against, ref=against,
+                                            rounding=_rounding(view))
+            if "hidden_overflow_rows" in v:  # at this module, with its own or its input's range excess
+                cause = v["range_excess"] or upstream
+                hidden = divergence.hidden_overflow_flag(tuple(v["hidden_overflow_rows"]), view, cause, ref="REF fp32")
+                found = ([hidden] if hidden else []) + found
+                if v["range_excess"]:  # the latest module upstream whose values or squares leave the range
+                    upstream = f"upstream at {r['module']}: {v['range_excess']}"
             judged.append(divergence.Judged(r["module"], v["error"], v["ratio"], found,
-                                            rounding=divergence.rounding(view)))
+                                            rounding=_rounding(view)))
         div = divergence.first_divergence(judged)
         for (r, v), j in zip(seq, judged, strict=True):
             v.update(divergence.row_fields(j.flags))

@@ -328,10 +328,29 @@ def compare(cfg: CompareTensorsConfig, progress_factory=None) -> TensorsResult:
     )
 
 
+def _hidden_overflow(row: dict, vals: list, flags: list, upstream: str | None) -> str | None:
+    """The overflow that hides as finite values (issue 40, 4): rows of YOURS
+    all zero or constant where REF_FP32's vary (an RMSNorm whose sum of squares
+    overflowed: x * rsqrt(inf) = 0), flagged as an overflow AT this tensor with
+    what explains it: this tensor's values or squares past the low format's
+    range, or the latest such tensor upstream. Returns that upstream phrase
+    for the next tensor."""
+    low = row["tolerance_format"]
+    here = divergence.range_excess(vals[0], low)
+    rows = divergence.constant_rows(vals[0], vals[2])
+    row["hidden_overflow_rows"] = rows[0] + rows[1]
+    row["range_excess"] = here
+    flag = divergence.hidden_overflow_flag(rows, low, here or upstream, ref="REF_FP32")
+    if flag is not None:
+        flags.insert(0, flag)
+    return f"upstream at {row['name']}: {here}" if here else upstream
+
+
 def _compare_all(cfg, files, maps, declared, plan, progress) -> tuple[list[dict], int | None]:
     n_files, lab = len(files), labels(len(files))
     rows: list[dict] = []
     stopped = None
+    upstream = None  # the last compared tensor's range excess: a norm's input explains its zero rows
     for idx, (name, where, shapes) in enumerate(plan):
         row = {"name": name, "stored_names": [maps[i].get(name) for i in range(n_files)], "shapes":
                [None if s is None else list(s) for s in shapes],
@@ -375,7 +394,9 @@ def _compare_all(cfg, files, maps, declared, plan, progress) -> tuple[list[dict]
                 ov = divergence.overflow_split(vals[0], vals[2])
                 row.update(scale_fit=scale, bias_z=z, overflow=ov[0] + ov[1])
                 flags = divergence.judge_tensor(y3, fin["yardstick_finite"], ratio=ratio, scale=(scale, z),
-                                                overflow=ov, ref="REF_FP32")
+                                                overflow=ov, ref="REF_FP32",
+                                                rounding=divergence.rounding(row["tolerance_format"]))
+                upstream = _hidden_overflow(row, vals, flags, upstream)
                 row["_judged"] = divergence.Judged(name, y3, ratio, flags,
                                                    rounding=divergence.rounding(row["tolerance_format"]))
             row["formats"] = fmts
@@ -509,6 +530,12 @@ def _takeaways(rows, n_files, div, stopped, total, skipped, missing, suggested, 
     if over:
         out.append(f"{len(over)} tensors overflow (non-finite where {lab[0] if n_files == 3 else 'the reference'} "
                    f"is finite; first: {over[0]['name']}, {over[0]['overflow']} elements): an overflow, not rounding.")
+    hidden = [r for r in compared if r.get("hidden_overflow_rows")]
+    if hidden:
+        out.append(f"{len(hidden)} tensors have rows of YOURS all zero or constant where REF_FP32's vary (first: "
+                   f"{hidden[0]['name']}, {hidden[0]['hidden_overflow_rows']} rows): an overflow that hides as "
+                   "finite values (rsqrt(inf) = 0), not rounding; "
+                   + divergence.NORM_HINT.format(fmt=hidden[0]["tolerance_format"]) + ".")
     if n_files == 3:
         overflowed = [r for r in compared if r.get("nonfinite_elements") and not math.isfinite(r["yardstick"])]
         if overflowed:

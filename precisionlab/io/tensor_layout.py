@@ -495,6 +495,11 @@ def _map_rule(yours: str, ref: str) -> str:
     return f"^{re.escape(yours)}$={ref}"
 
 
+# How far back a pairing may reach for a reference tensor it skipped: two
+# neighbours computed in the other order.
+SWAP_WINDOW = 2
+
+
 def suggest_maps(ref: list[tuple[str, tuple]], yours: list[tuple[str, tuple]],
                  limit: int = 8) -> tuple[list[str], list[str]]:
     """--map rules (and --transpose globs) for two dumps with no name in
@@ -505,17 +510,27 @@ def suggest_maps(ref: list[tuple[str, tuple]], yours: list[tuple[str, tuple]],
     pair becomes a rule (_map_rule), a swapped one also a --transpose glob on
     the reference's name (its numbers as '*', as --transpose matches the
     renamed tensor). Rules the pairs repeat (every layer's) are given once, in
-    the order first met; at most `limit` rules."""
+    the order first met; at most `limit` rules.
+
+    Two neighbours computed in the other order (an engine that builds its
+    RoPE phases before the embedding lookup) are a local swap: a reference
+    tensor skipped over by the last pairing, up to SWAP_WINDOW back, is tried
+    before the ones ahead, so the swap pairs both and shifts nothing after."""
     out: list[str] = []
     swaps: list[str] = []
     j = 0
+    used: set[int] = set()
+
+    def find(want):
+        back = [i for i in range(max(0, j - SWAP_WINDOW), j) if i not in used]
+        return next((i for i in (*back, *range(j, len(ref))) if _bare(ref[i][1]) == want), None)
+
     for name, shape in yours:
         bare = _bare(shape)
-        k = next((i for i in range(j, len(ref)) if _bare(ref[i][1]) == bare), None)
+        k = find(bare)
         swapped = False
         if k is None and len(bare) >= 2 and bare[-1] != bare[-2]:
-            flipped = bare[:-2] + (bare[-1], bare[-2])
-            k = next((i for i in range(j, len(ref)) if _bare(ref[i][1]) == flipped), None)
+            k = find(bare[:-2] + (bare[-1], bare[-2]))
             swapped = k is not None
         if k is None:
             continue
@@ -526,7 +541,8 @@ def suggest_maps(ref: list[tuple[str, tuple]], yours: list[tuple[str, tuple]],
             glob = _DIGITS.sub("*", ref[k][0])  # --transpose matches the renamed tensor, every layer's
             if glob not in swaps:
                 swaps.append(glob)
-        j = k + 1
+        used.add(k)
+        j = max(j, k + 1)
         if len(out) >= limit:
             break
     return out, swaps

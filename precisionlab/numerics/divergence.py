@@ -16,8 +16,9 @@ Per tensor, `judge_tensor(diff, yardstick, ...)`:
               the yardstick (what the precision costs there): "beyond 4x: 6.3x".
   scale_fit   YOURS = s x REF_LOW by least squares (`scale_fit`), with z =
               |s - 1| over the spread rounding alone gives s; flagged past
-              BIAS_Z when |s - 1| is also more than a tenth of the rounding:
-              "YOURS = 1.0057 x REF_LOW, z = 88".
+              BIAS_Z when |s - 1| is also an effect: beyond one rounding of
+              the format and beyond SCALE_MIN_SHARE of the yardstick
+              (`scale_effect`): "YOURS = 1.0057 x REF_LOW, z = 88".
 
 Over the compared tensors in execution order, `first_divergence(rows)` adds
 the two rules that need the tensors before, then names the first flagged one:
@@ -68,11 +69,24 @@ from precisionlab.numerics.compare import RATIO_THRESHOLD, judge
 # 1.97x); clean modules at z < 12. In a three-way dump comparison the
 # yardstick is the low run's accumulated error, so z is smaller: the same
 # 0.5 % in the tiny Qwen3 of scripts/engine_bugs.py gives s = 1.0057, z = 18
-# (ratio 0.58x), and first_differs names it there. Flagged past BIAS_Z, and
-# only when the scale is off by more than a tenth of the rounding itself (a z
-# from millions of elements alone is no bug).
+# (ratio 0.58x), and first_differs names it there. Flagged past BIAS_Z.
+#
+# z alone is no verdict: it grows as sqrt(n), so at real width (36 tokens x
+# 576 = 20736 elements) any tiny systematic difference passes it. A clean f32
+# GGUF of a 576-wide Qwen3 under llama.cpp gives s - 1 = 1.6e-8 at z = 54 at
+# its first norm: a quarter of one fp32 rounding, which one scalar constant
+# rounded apart (an eps, 1/sqrt(d), a norm weight) produces. So the scale
+# must also be an EFFECT, |s - 1| beyond both
+#   - one rounding of the format (its unit roundoff u): a single constant
+#     rounded differently on the way shifts s by up to u, honestly; and
+#   - SCALE_MIN_SHARE of the rounding error measured at that tensor (the
+#     yardstick, rel-L2): a scale |s - 1| adds (s - 1)^2 to the squared
+#     error, so at half the yardstick it is a fifth of the error energy, and
+#     under it the scale changes the error by less than rounding's own spread
+#     from tensor to tensor (the clean ratio moves 1.0-1.6x).
+# Both are independent of n: the same gate at 128 and 20736 elements.
 BIAS_Z = 20.0
-SCALE_MIN_SHARE = 0.1
+SCALE_MIN_SHARE = 0.5
 # The first jump: diff rising by more than this factor from the tensor before.
 JUMP = 10.0
 # The order rules' gate: the tensor's diff at least this many times its yardstick.
@@ -129,6 +143,71 @@ def overflow_text(n_inf: int, n_nan: int, ref: str = "REF") -> str:
     return f"overflow: {', '.join(parts)} where {ref} is finite"
 
 
+# --- overflow that hides as finite values -----------------------------------------------------
+
+# What checks a norm kernel: `compare op` runs the user's RMSNorm against the
+# exact one on rows whose squares leave the low format's range.
+NORM_HINT = "check the kernel: precisionlab compare op rmsnorm --dtypes {fmt} --impl MODULE:FUNCTION"
+
+
+def _rows(a: np.ndarray) -> np.ndarray:
+    a = np.asarray(a, dtype=np.float64)
+    return a.reshape(-1, a.shape[-1]) if a.ndim >= 1 and a.size else a.reshape(0, 0)
+
+
+def constant_rows(ref: np.ndarray, side: np.ndarray) -> tuple[int, int, int]:
+    """(zero, constant, rows): the rows (along the last axis, at least two
+    elements each) where `side` is all 0, or all one other value, while
+    `ref`'s row is not constant. An RMSNorm whose sum of squares overflowed
+    gives x * rsqrt(inf) = 0: a finite row that no inf rule sees."""
+    r, y = _rows(ref), _rows(side)
+    if r.shape != y.shape or r.ndim != 2 or r.shape[1] < 2 or not r.shape[0]:
+        return 0, 0, 0
+    with np.errstate(invalid="ignore"):  # a row with inf - inf or NaN is no constant row here
+        flat_y = np.isfinite(y).all(axis=1) & (y.max(axis=1) == y.min(axis=1))
+        varied_r = np.isfinite(r).all(axis=1) & (r.max(axis=1) != r.min(axis=1))
+    hit = flat_y & varied_r
+    zero = hit & (y[:, 0] == 0)
+    return int(zero.sum()), int((hit & ~zero).sum()), int(r.shape[0])
+
+
+def range_excess(ref32: np.ndarray, fmt_name: str | None, ref: str = "REF_FP32") -> str | None:
+    """Where REF_FP32's values, or its rows' sums of squares (what an RMSNorm
+    accumulates), leave the low format's finite range: one phrase, or None.
+    Values past it overflow in any kernel; squares past it only in one that
+    accumulates them in the low format."""
+    if fmt_name is None:
+        return None
+    fmax = formats.get(fmt_name).max
+    r = _rows(ref32)
+    r = np.where(np.isfinite(r), r, 0.0)
+    if not r.size or not fmax:
+        return None
+    amax = float(np.abs(r).max())
+    if amax > fmax:
+        return f"{ref} reaches {amax:.3g}, past {fmt_name}'s max {fmax:.5g}"
+    sumsq = float((r * r).sum(axis=1).max())
+    if sumsq > fmax:
+        return f"{ref}'s row sum of squares reaches {sumsq:.3g}, past {fmt_name}'s max {fmax:.5g}"
+    return None
+
+
+def hidden_overflow_flag(rows: tuple[int, int, int], fmt_name: str | None, cause: str | None = None,
+                         ref: str = "REF") -> Flag | None:
+    """The overflow rule for a row that overflow turned finite: YOURS' rows
+    all zero (or constant) where `ref`'s vary, with the range excess that
+    explains it (`cause`, at this tensor or its input) and the `compare op`
+    run that checks the kernel. None where no such row is found."""
+    zero, const, n = rows
+    if not (zero or const):
+        return None
+    what = (f"{zero} of {n} rows of YOURS are 0" if zero else f"{const} of {n} rows of YOURS are constant")
+    text = (f"overflow hidden: {what} where {ref}'s are not; a row of zeros: an overflow upstream made "
+            f"rsqrt(inf) = 0?" + (f" ({cause})" if cause else "") + "; "
+            + NORM_HINT.format(fmt=fmt_name or "fp16"))
+    return Flag("overflow", text, float(zero + const))
+
+
 def _x(v: float) -> str:
     return "inf" if math.isinf(v) else f"{v:.3g}"
 
@@ -138,7 +217,7 @@ def _x(v: float) -> str:
 
 def judge_tensor(diff: float, yardstick: float, *, ratio: float | None = None,
                  scale: tuple[float, float] | None = None, overflow: tuple[int, int] = (0, 0),
-                 against: str = "REF_LOW", ref: str = "REF") -> list[Flag]:
+                 against: str = "REF_LOW", ref: str = "REF", rounding: float | None = None) -> list[Flag]:
     """The per-tensor rules that fire on one compared tensor, in the order
     overflow, ratio, scale_fit (the first is the one a table shows).
 
@@ -150,7 +229,9 @@ def judge_tensor(diff: float, yardstick: float, *, ratio: float | None = None,
     scale      (s, z) from scale_fit, or None where no fit was made;
     overflow   (inf, NaN) from overflow_split: YOURS non-finite where `ref` is
                finite;
-    against    the name of the side s scales (REF_LOW, or "clean" in --layers).
+    against    the name of the side s scales (REF_LOW, or "clean" in --layers);
+    rounding   one rounding of the compared format (`rounding(fmt)`), the
+               scale's floor; None where no format is known.
     """
     flags = []
     if overflow[0] or overflow[1]:
@@ -160,9 +241,18 @@ def judge_tensor(diff: float, yardstick: float, *, ratio: float | None = None,
         flags.append(Flag("ratio", f"beyond {RATIO_THRESHOLD:g}x: {_x(r)}x", r))
     if scale is not None:
         s, z = scale
-        if z > BIAS_Z and abs(s - 1) > SCALE_MIN_SHARE * yardstick:
+        if z > BIAS_Z and abs(s - 1) > scale_effect(yardstick, rounding):
             flags.append(Flag("scale_fit", f"YOURS = {s:.4f} x {against}, z = {z:.0f}", z))
     return flags
+
+
+def scale_effect(yardstick: float, rounding: float | None = None) -> float:
+    """The smallest |s - 1| the scale fit calls a bug: beyond one rounding of
+    the format and beyond SCALE_MIN_SHARE of the tensor's measured rounding
+    error (see SCALE_MIN_SHARE's comment). A yardstick that is not finite
+    counts as none (the ratio and overflow rules speak there)."""
+    share = SCALE_MIN_SHARE * yardstick if math.isfinite(yardstick) else 0.0
+    return max(share, rounding or 0.0)
 
 
 def rounding(fmt_name: str | None) -> float | None:

@@ -22,7 +22,8 @@ def _scale(v: dict) -> str:
 def table(res, wide: bool = False) -> None:
     """The compact table; wide: each view's scale fit (s, z) beside its ratio."""
     p = res.params
-    views = ["fp32", *p["dtypes"]]
+    q = p.get("quant_view")
+    views = ["fp32", *p["dtypes"], *([q] if q else [])]
     t = Table(title=f"compare layers: YOURS {safe_text(p['model'] or 'embedded')} vs REF "
                     f"{safe_text(p['reference'])} on {p['tokens']} teacher-forced tokens",
               title_justify="left", highlight=False)
@@ -39,6 +40,10 @@ def table(res, wide: bool = False) -> None:
         t.add_column("ratio", justify="right")
         if wide:
             t.add_column(f"{d} scale (z)", justify="right")
+    if q:  # what the quantisation costs REF, and YOURS against REF quantised the same way
+        t.add_column(f"{q} (2) REF", justify="right")
+        t.add_column(f"{q} (3) YOURS", justify="right")
+        t.add_column("ratio", justify="right")
     t.add_column("verdict", overflow="fold")
     for r in res.rows:
         v = r.get("views", {})
@@ -53,17 +58,22 @@ def table(res, wide: bool = False) -> None:
             cells += [sci(v[d]["yardstick"]), sci(v[d]["error"]), times(v[d]["ratio"])]
             if wide:
                 cells.append(_scale(v[d]))
+        if q:
+            cells += [sci(v[q]["yardstick"]), sci(v[q]["error"]), times(v[q]["ratio"])]
         rules = [f"{view}: {_rule_text(r, view)}" for view in views if _rule_text(r, view)]
         first = any(res.first_divergence_by_view.get(view) == r["module"] for view in views)
+        calm = f"as close as {q} allows" if q else "rounding"
         verdict = ("[bold red]first divergence[/bold red] " if first else "[red]flagged[/red] " if rules else
-                   "rounding") + safe_text("; ".join(rules))
+                   calm) + safe_text("; ".join(rules))
         t.add_row(str(r["order"]), safe_text(r["module"]), *cells, verdict)
     stdout.print(t)
     stdout.print("fp32: YOURS fp32 vs REF fp32 (rel L2), against REF fp32 vs REF fp64 (what fp32 rounding costs "
                  "there). (2): REF in the low dtype vs REF fp32; (3): YOURS low vs REF low; ratio (3)/(2), "
                  f"flagged beyond {p['ratio_threshold']:g}x. Rules (numerics/divergence): overflow, ratio, scale_fit "
                  "(YOURS = s x REF, z), first_differs (after bit-identical modules), first_jump (>10x the module "
-                 "before).",
+                 "before)." + (f" {q}: (2) REF with its weights quantised as YOURS' GGUF holds them vs REF fp32 "
+                               f"(what {q} costs there); (3) YOURS vs that; fp32's and the low dtypes' columns are "
+                               f"what quantisation costs, not judged." if q else ""),
                  style="dim", highlight=False)
     for n in res.notes:
         stdout.print(safe_text(n), style="dim", highlight=False)

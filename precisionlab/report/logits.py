@@ -9,6 +9,7 @@ from rich.table import Table
 
 from precisionlab.report.console import error_line, footer, hint, num, safe_text, sci, stdout
 from precisionlab.report.jsondoc import emit_json
+from precisionlab.numerics.small_n import CONFIDENCE as _CONFIDENCE, MIN_TAIL as _MIN_TAIL
 
 # Rows of the main table: (label, key, formatter), one line per statistic.
 _PCT = lambda x: "-" if x is None else f"{x:.2f} %"  # noqa: E731
@@ -67,8 +68,12 @@ def say_departure(w: dict) -> str:
     """One yardstick row in words: the statistic, both values, the ratio, the paired difference."""
     fmt = (lambda v: f"{v:.2f} %") if w["statistic"].endswith("_pct") else sci
     text = f"{w['statistic']} {fmt(w['yours'])} against REF_LOW's {fmt(w['ref_low'])}, {w['ratio']:.3g}x"
+    if w.get("ratio_lo") is not None:
+        text += f" ({w['ratio_lo']:.3g}x to {w['ratio_hi']:.3g}x at {_CONFIDENCE:.0%})"
     if w["z"] is not None:
         text += f", a difference of {sci(w['diff'])} ± {sci(w['diff_se'])} (z = {w['z']:.3g})"
+    if w.get("not_judged"):
+        text += f"; not judged: {w['not_judged']}"
     return text
 
 
@@ -108,15 +113,19 @@ def table_files(res) -> None:
         if ratios:
             y = ratios.get(key)
             cells.append("" if y is None else "-" if y["ratio"] == 0 and y["yours"] == y["ref_low"] else
-                         f"{y['ratio']:.3g}x" + (" !" if y["flagged"] else ""))
+                         f"{y['ratio']:.3g}x" + (" !" if y["flagged"] else "" if y.get("judged", True) else " (n)"))
         t.add_row(label, *cells)
     stdout.print(t)
+    unjudged = [y for y in res.yardstick if not y.get("judged", True)]
+    if unjudged:
+        stdout.print("(n): shown, not judged at this n: " + "; ".join(
+            f"{y['statistic']}: {y['not_judged']}" for y in unjudged), highlight=False)
     stdout.print(f"REF perplexity {num(res.rows[0]['ppl_ref'], 6)} over {res.rows[0]['positions']} positions",
                  highlight=False)
     if res.worst:
         stdout.print(f"departs most from the yardstick: {say_departure(res.worst)}; " + (
             "beyond what REF_LOW's rounding costs" if res.worst["flagged"] else
-            "within 4x of the yardstick or 3 standard errors of it"), highlight=False)
+            "within 4x of the yardstick, or its interval reaches back to 1x"), highlight=False)
     if res.llamacpp:
         lt = Table(title="as llama-perplexity --kl-divergence reports it (KL over base log-probs above -16, "
                          "interpolated percentiles)", title_justify="left")
@@ -130,7 +139,9 @@ def table_files(res) -> None:
     stdout.print("KLD: KL(P_REF || P_side) per position in nats; percentiles are nearest-rank; ± is the standard "
                  "error of the mean (of the per-position differences for ln PPL). Δp: the side's probability of "
                  "the text's next token minus REF's. YOURS / REF_LOW: the ratio of their departures from REF "
-                 "(for agreement, of the disagreement); ! beyond 4x and 3 paired standard errors.",
+                 f"(for agreement, of the disagreement); ! beyond 4x, its {_CONFIDENCE:.0%} paired block-bootstrap "
+                 f"interval wholly past 1x; (n): too few positions for that percentile (a verdict needs {_MIN_TAIL} "
+                 "beyond it).",
                  style="dim", highlight=False)
     footer(None, res.takeaways)
 

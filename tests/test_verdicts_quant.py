@@ -1,0 +1,88 @@
+"""A quantisation yardstick (issue 40, 5): `compare layers --engine
+llamacpp:FILE` on a q8_0 GGUF is judged against REF with its weights quantised
+as the GGUF holds them (experiments/quant_yardstick), not against fp32's
+rounding (which flags every module by 1e5x: q8_0 doing what it should). A
+clean q8_0 export of the embedded model is "as close as q8_0 allows" (exit 0);
+a 1 % scale planted on one MLP's weights before the q8_0 export is named at
+that MLP, and the GGUF tensor that is not REF's weight quantised is listed."""
+
+import pytest
+
+from helpers import strict_json
+
+PLANTED = "model.layers.1.mlp.down_proj.weight"
+
+
+@pytest.fixture(scope="module")
+def q8(tmp_path_factory):
+    pytest.importorskip("transformers")
+    pytest.importorskip("llama_cpp", reason="llama.cpp's engine needs llama-cpp-python (precisionlab[engines])")
+    pytest.importorskip("gguf", reason="the GGUF export needs the gguf package (precisionlab[engines])")
+    from safetensors.torch import load_file, save_file
+
+    from precisionlab.engines.exporters import gguf, hf
+
+    root = tmp_path_factory.mktemp("q8")
+    ref, bug = root / "hf", root / "hf-bug"
+    ref.mkdir()
+    hf.write_embedded(str(ref))
+    bug.mkdir()
+    for f in ref.iterdir():
+        (bug / f.name).write_bytes(f.read_bytes())
+    tensors = load_file(bug / "model.safetensors")
+    tensors[PLANTED] = tensors[PLANTED] * 1.01
+    save_file(tensors, bug / "model.safetensors", metadata={"format": "pt"})
+    gguf.write(str(ref), str(root / "clean.gguf"), "q8_0")
+    gguf.write(str(bug), str(root / "bug.gguf"), "q8_0")
+    return ref, root / "clean.gguf", root / "bug.gguf"
+
+
+def _layers(run, path, ref):
+    r = run("compare", "layers", "--engine", f"llamacpp:{path},kv=f32", "--reference", f"hf:{ref}",
+            "--dtypes", "bf16", "--prompt", "ROMEO:\n", "--steps", "24", "--json")
+    return r, strict_json(r.out) if r.out.strip() else None
+
+
+def test_a_clean_q8_0_gguf_is_as_close_as_q8_0_allows(run, q8):
+    ref, clean, _ = q8
+    r, doc = _layers(run, clean, ref)
+    assert r.code == 0, (r.err, doc and doc["flags"][:3])
+    assert doc["params"]["quant_view"] == "q8_0"
+    assert doc["first_divergence"] is None and doc["flags"] == []
+    rows = [x for x in doc["rows"] if x.get("views")]
+    assert len(rows) >= 5 * 5 + 2
+    # by fp32's rounding every module would be far beyond 4x: that is what q8_0 costs, shown, not judged
+    assert min(x["views"]["fp32"]["ratio"] for x in rows[1:]) > 1e3
+    assert all("rule" not in x["views"]["fp32"] for x in rows)
+    # against REF quantised the same way, each module within 4x (q8_0's activations add about as much again)
+    assert max(x["views"]["q8_0"]["ratio"] for x in rows) < 4
+    assert any("what quantisation costs" in t for t in doc["takeaways"])
+    assert not any("GGUF tensors are not REF's weights" in n for n in doc["notes"])
+
+
+def test_a_one_percent_scale_on_top_of_q8_0_is_named_at_its_module(run, q8):
+    ref, _, bug = q8
+    r, doc = _layers(run, bug, ref)
+    assert r.code == 1, r.err
+    assert doc["first_divergence"] == "model.layers.1.mlp"
+    f = next(f for f in doc["flags"] if f["view"] == "q8_0")
+    assert f["module"] == "model.layers.1.mlp" and f["rule"] in ("ratio", "scale_fit")
+    row = next(x for x in doc["rows"] if x["module"] == "model.layers.1.mlp")
+    assert abs(row["views"]["q8_0"]["scale_fit"] - 1.01) < 3e-3
+    assert all(f["order"] >= row["order"] for f in doc["flags"])  # nothing upstream of it
+    assert any("GGUF tensors are not REF's weights" in n and PLANTED in n for n in doc["notes"])
+
+
+def test_the_view_is_made_for_block_quantised_ggufs_only(q8, tmp_path):
+    """F16/BF16 weights make llama.cpp round the activations to that type as well, which REF with rounded
+    weights does not model: those engines keep the fp32 and low-dtype views (quant_yardstick.FLOAT_TYPES)."""
+    from precisionlab.engines.exporters import gguf
+    from precisionlab.experiments import quant_yardstick
+
+    ref, clean, _ = q8
+    assert quant_yardstick.plan(f"llamacpp:{clean},kv=f32").view == "q8_0"
+    gguf.write(str(ref), str(tmp_path / "b.gguf"), "bf16")
+    gguf.write(str(ref), str(tmp_path / "f.gguf"), "f32")
+    assert quant_yardstick.plan(f"llamacpp:{tmp_path / 'b.gguf'}") is None
+    assert quant_yardstick.plan(f"llamacpp:{tmp_path / 'f.gguf'},kv=f32") is None
+    assert quant_yardstick.plan(f"hf:{ref}") is None
