@@ -31,9 +31,12 @@ def not_an_engine(device):
     return object()
 
 def lacking(device):
-    e = engine({folder!r}, None, device)
-    type(e).forks = False  # a class of its own below: declares no fork
-    return e
+    from qwen3_user_engine import PlainQwen3Engine
+
+    class NoFork(PlainQwen3Engine):
+        forks = False  # declares no fork: the prefix-cache contract cannot run
+
+    return NoFork({folder!r}, None, device)
 """
 
 
