@@ -132,3 +132,19 @@ def test_what_the_users_code_raises_is_one_line(tmp_path_factory, folder):
     assert isinstance(eng, PythonEngine) and eng.batches and eng.forks and not eng.captures_layers
     with pytest.raises(RunError, match=r"forward\(\) raised"):
         eng.forward(eng.model("fp32"), "not token ids")
+
+
+# --- docs/your-engine.md's template, as it stands -----------------------------------------------------
+
+
+def test_the_docs_template_is_the_tested_file_and_runs_every_contract_it_declares():
+    page = (ROOT / "docs" / "your-engine.md").read_text()
+    code = (ROOT / "docs" / "data" / "your_engine.py").read_text()
+    assert f"```python\n{code}```" in page  # the page shows the file the test runs
+    assert len(code.splitlines()) <= 60
+    res = exp.run(exp.ContractsConfig(model=f"python:{ROOT / 'docs' / 'data' / 'your_engine.py'}:factory",
+                                      prompt="ROMEO:\n", dtypes="fp32", steps=6, batches=(2,), chunks=(7,)))
+    v = {r["label"]: r["verdict"] for r in res.rows}
+    assert v["8 pads, batch of 1"] == v["prefix from a saved cache"] == "not supported"  # declared neither
+    assert v["prefix under two continuations"] == "holds" and v["batch of 2"] == "holds"
+    assert set(v.values()) <= {"holds", "rounding", "not supported"}, v

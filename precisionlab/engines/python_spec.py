@@ -122,7 +122,12 @@ class PythonEngine(Engine):
         self._call("bind()", self.inner.bind, decode_one, vocab)
 
     def sites(self, model) -> list:
-        return self._call("sites()", self.inner.sites, model)
+        try:
+            return self._call("sites()", self.inner.sites, model)
+        except RunError as e:  # the default finds a Hugging Face-style decoder's modules; say what else works
+            raise RunError(f"{e}; --layers watches a Hugging Face-style decoder's modules: name yours so, or "
+                           "declare captures_layers and return {module name: output} from capture_layers(ids) "
+                           "(docs/your-engine.md)") from None
 
     def close(self) -> None:
         self._call("close()", self.inner.close)
