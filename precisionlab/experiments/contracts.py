@@ -36,6 +36,7 @@ from precisionlab.engines.registry import DEFAULT_PROMPT, DEFAULT_SPEC
 from precisionlab.experiments import startup
 from precisionlab.errors import UsageError
 from precisionlab.experiments import spec_verify
+from precisionlab.numerics.compare import rounding_ratio
 from precisionlab.runtime import memory, threads, torch_flags
 
 CHUNKS = (1, 7, 64)
@@ -271,14 +272,6 @@ def measure(ref, got, dtype: str, start: int) -> dict:
             "max_abs_diff": dmax, "max_abs_diff_ulps": dmax / spacing if math.isfinite(dmax) else dmax,
             "first_diff_position": None if first is None else start + first, "margin_at_first_diff": margin,
             "greedy_flips": int(flips.sum()), "greedy_changes": bool(flips.any())}
-
-
-def rounding_ratio(dtype: str, exact: str) -> float:
-    """The Δ ratio (exact / run) below which a break is rounding: the
-    geometric middle of what rounding predicts (u_exact / u_dtype: the same
-    computation, rounded finer) and what an algorithmic difference gives
-    (about 1: it does not depend on the precision)."""
-    return math.sqrt(formats.get(exact).unit_roundoff / formats.get(dtype).unit_roundoff)
 
 
 def verdict(run: dict, exact: dict, dtype: str, exact_dtype: str) -> dict:
