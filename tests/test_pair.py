@@ -98,7 +98,8 @@ def test_chunk_breaks_begin_at_chunk_starts(files):
 def test_cli_exit_codes_json_and_refusals(files):
     a, b = files["chunk_mask", "chunked", "fp32"]
     r = cli("compare", "pair", a, b, "--chunk", str(CHUNK), "--json")
-    assert r.code == 1, r.err
+    assert r.code == 0, r.err  # a verdict, as compare contracts gives one; --fail-on-break makes it a gate
+    assert cli("compare", "pair", a, b, "--fail-on-break").code == 1
     doc = strict_json(r.out)
     assert doc["command"] == "compare pair" and doc["row"]["verdict"] == "algorithmic"
     assert json_glossary_problems(doc) == []

@@ -24,12 +24,14 @@ def command(
     chunk: Annotated[Optional[int], typer.Option("--chunk", help="B was fed in chunks of N positions: say "
                                                  "whether the breaks begin at chunk starts.",
                                                  show_default=False)] = None,
+    fail_on_break: Annotated[bool, typer.Option("--fail-on-break", help="Exit 1 when the pair breaks beyond "
+                                                "rounding (algorithmic): a CI gate.")] = False,
     json_out: JsonOpt = False,
 ):
     """Two runs of one engine and precision judged as a contract: rounding, or algorithmic (with --exact: persists
     in fp64), the first position that differs and, with --chunk, whether the breaks sit at chunk starts.
 
-    Exit 1 when the pair breaks beyond rounding (algorithmic)."""
+    With --fail-on-break, exit 1 when the pair breaks beyond rounding (algorithmic)."""
     if len(files) != 2:
         raise UsageError(f"compare pair takes A B (got {len(files)} files)")
     if exact is not None and len(exact) != 2:
@@ -42,6 +44,6 @@ def command(
                          exact_b=exact[1] if exact else None, dtype=dtype, chunk=chunk)
     with progress("compare pair", enabled=not json_out) as advance:
         result = exp.run(cfg, advance)
-    pair_report.show(result, json_out)
-    if result.failures:
+    pair_report.show(result, json_out, fail_on_break)
+    if fail_on_break and result.failures:
         raise typer.Exit(1)

@@ -8,9 +8,9 @@ from precisionlab.report.console import footer, hint, num, safe_text, sci, stdou
 from precisionlab.report.jsondoc import emit_json
 
 
-def show(res, json_out: bool) -> None:
+def show(res, json_out: bool, gate: bool = False) -> None:
     (as_json if json_out else table)(res)
-    for f in res.failures:
+    for f in res.failures if gate else ():
         hint(f"FAIL {f}")
 
 
