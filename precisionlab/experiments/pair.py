@@ -23,7 +23,7 @@ import numpy as np
 from precisionlab.catalog import formats
 from precisionlab.errors import UsageError
 from precisionlab.io import logits_file
-from precisionlab.numerics.compare import ROUNDING_DEPTH, rounding_bound, rounding_ratio
+from precisionlab.numerics.compare import ROUNDING_DEPTH, logprob_diff_rows, rounding_bound, rounding_ratio
 
 STORED = {"F64": "fp64", "F32": "fp32", "F16": "fp16", "BF16": "bf16"}
 DTYPES = (*formats.COMPUTE, "fp64")
@@ -74,21 +74,10 @@ def per_position(fa, fb) -> dict[str, np.ndarray]:
         hi = min(lo + SLICE, fa.positions)
         x, y = fa.rows(lo, hi), fb.rows(lo, hi)
         same.append(np.all(x == y, axis=1))  # NaN == NaN is False: two NaNs never agree
-        with np.errstate(invalid="ignore", over="ignore"):
-            lx, ly = _log_softmax(x), _log_softmax(y)
-            d = np.abs(lx - ly)
-        both_ninf = np.isneginf(lx) & np.isneginf(ly)  # a token masked in both: no difference
-        d = np.where(both_ninf, 0.0, np.where(np.isnan(d), np.inf, d))
-        diff.append(d.max(axis=1))
-        scale.append(np.max(np.where(np.isfinite(x), np.abs(x), 0.0), axis=1))
+        d, sc = logprob_diff_rows(x, y)
+        diff.append(d)
+        scale.append(sc)
     return {"same": np.concatenate(same), "diff": np.concatenate(diff), "scale": np.concatenate(scale)}
-
-
-def _log_softmax(x: np.ndarray) -> np.ndarray:
-    top = np.max(np.where(np.isfinite(x), x, -np.inf), axis=1, keepdims=True)
-    top = np.where(np.isfinite(top), top, 0.0)
-    z = x - top
-    return z - np.log(np.sum(np.exp(z), axis=1, keepdims=True))
 
 
 def chunk_starts(beyond: np.ndarray, chunk: int) -> dict:

@@ -208,3 +208,21 @@ def rounding_bound(dtype: str, largest_abs_logit: np.ndarray) -> np.ndarray:
     is at most twice the largest |Δ logit|; the depth covers the factor). At
     least 1: the log-sum-exp a log-prob subtracts is O(1) whatever the logits."""
     return ROUNDING_DEPTH * formats.get(dtype).unit_roundoff * np.maximum(largest_abs_logit, 1.0)
+
+
+def _log_softmax_rows(x: np.ndarray) -> np.ndarray:
+    top = np.max(np.where(np.isfinite(x), x, -np.inf), axis=1, keepdims=True)
+    z = x - np.where(np.isfinite(top), top, 0.0)
+    return z - np.log(np.sum(np.exp(z), axis=1, keepdims=True))
+
+
+def logprob_diff_rows(x: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Two runs' logit rows (positions x vocab, float64) -> per position the
+    largest |Δ log-prob| over the vocabulary (inf where one side is
+    non-finite and the other not, or a NaN; 0 for a token -inf in both) and
+    x's largest finite |logit| (the scale rounding_bound takes)."""
+    with np.errstate(invalid="ignore", over="ignore", divide="ignore"):
+        lx, ly = _log_softmax_rows(x), _log_softmax_rows(y)
+        d = np.abs(lx - ly)
+    d = np.where(np.isneginf(lx) & np.isneginf(ly), 0.0, np.where(np.isnan(d), np.inf, d))
+    return d.max(axis=1), np.max(np.where(np.isfinite(x), np.abs(x), 0.0), axis=1)
