@@ -101,7 +101,7 @@ def test_cli_exit_codes_json_and_refusals(files):
     assert r.code == 0, r.err  # a verdict, as compare contracts gives one; --fail-on-break makes it a gate
     assert cli("compare", "pair", a, b, "--fail-on-break").code == 1
     doc = strict_json(r.out)
-    assert doc["command"] == "compare pair" and doc["row"]["verdict"] == "algorithmic"
+    assert doc["command"] == "compare pair" and doc["rows"][0]["verdict"] == "algorithmic"
     assert json_glossary_problems(doc) == []
     a, b = files[None, "decode", "fp32"]
     r = cli("compare", "pair", a, b)

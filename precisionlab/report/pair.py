@@ -37,5 +37,5 @@ def table(res) -> None:
 
 
 def as_json(res) -> None:
-    emit_json("compare pair", {"params": res.params, "row": res.row, "failures": res.failures,
+    emit_json("compare pair", {"params": res.params, "rows": [res.row], "failures": res.failures,
                                "timing": res.timing, "takeaways": res.takeaways})
