@@ -148,3 +148,13 @@ def test_the_docs_template_is_the_tested_file_and_runs_every_contract_it_declare
     assert v["8 pads, batch of 1"] == v["prefix from a saved cache"] == "not supported"  # declared neither
     assert v["prefix under two continuations"] == "holds" and v["batch of 2"] == "holds"
     assert set(v.values()) <= {"holds", "rounding", "not supported"}, v
+
+
+def test_the_template_runs_in_the_other_model_verbs():
+    spec = f"python:{ROOT / 'docs' / 'data' / 'your_engine.py'}:factory"
+    for args in (["metrics", "--model", spec, "--tokens", "64", "--dtypes", "bf16"],
+                 ["rollout", "--trainer", spec, "--rollout", spec, "--samples", "2", "--tokens", "6"],
+                 ["model", "--model", spec, "--steps", "3", "--dtypes", "bf16"]):
+        r = cli("compare", *args, "--json")
+        assert r.code == 0, (args, r.err)
+        assert strict_json(r.out)["command"] == f"compare {args[0]}"
