@@ -34,6 +34,7 @@ COMMANDS = [
                                  "--tokens", "8", "--top-p", "0.9"]),
     ("compare engine", ["compare", "engine", "--engine", "embedded", "--tokens", "16", "--steps", "2"]),
     ("compare logits", ["compare", "logits", "{tmp}/fp32.safetensors", "{tmp}/bf16.safetensors"]),
+    ("compare pair", ["compare", "pair", "{tmp}/fp32.safetensors", "{tmp}/fp32.safetensors", "--chunk", "7"]),
     ("compare logprobs", ["compare", "logprobs", "docs/data/logprobs/trainer.safetensors",
                           "docs/data/logprobs/rollout-top-p.jsonl"]),
     ("compare tensors", ["compare", "tensors", "{tmp}/dump/fp32.safetensors", "{tmp}/dump/bf16.safetensors",

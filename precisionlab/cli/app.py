@@ -129,6 +129,7 @@ COMMANDS = (
     (None, 'info', 'info'),
     ('compare', 'op', 'compare_op'),
     ('compare', 'logits', 'compare_logits'),
+    ('compare', 'pair', 'compare_pair'),
     ('compare', 'builds', 'compare_builds'),
     ('compare', 'scores', 'compare_scores'),
     ('compare', 'moved', 'compare_moved'),

@@ -17,7 +17,8 @@ def command(
     steps: StepsOpt = DEFAULT_STEPS,
     prompt: PromptOpt = DEFAULT_PROMPT,
     dtypes: Annotated[Optional[str], typer.Option("--dtypes", help="Precisions the contracts run in: "
-                                                  f"{format_names(formats.COMPUTE)} (default fp32,{formats.LOW_COMPUTE[0]}).",
+                                                  f"{format_names(formats.COMPUTE)} (default fp32,{formats.LOW_COMPUTE[0]}, "
+                                                  "those the engine computes in).",
                                                   show_default=False)] = None,
     chunks: Annotated[Optional[list[int]], typer.Option("--chunks", help="Chunk sizes beyond 1, 7, 64; "
                                                         "repeatable.")] = None,
@@ -26,6 +27,9 @@ def command(
     draft_widths: Annotated[Optional[list[int]], typer.Option("--draft-widths", help="spec_verify's draft widths k "
                                                               "(a verify chunk of k + 1 rows against decoding), "
                                                               "replacing 1, 2, 4, 8; repeatable.")] = None,
+    token_ids: Annotated[Optional[str], typer.Option("--token-ids", help="Your token ids in place of --prompt's: "
+                                                     "a text file of integers, a .npy, or a dump (its "
+                                                     "precisionlab.token_ids).", show_default=False)] = None,
     device: ModelDeviceOpt = "cpu",
     seed: SeedOpt = 0,
     json_out: JsonOpt = False,
@@ -37,11 +41,14 @@ def command(
     from precisionlab.report import contracts as contracts_report
     from precisionlab.report.output import Output
 
+    from precisionlab.io import token_ids as token_files
+
     early_checks(model=model, threads=threads)
+    ids = None if token_ids is None else token_files.read(token_ids)
     cfg = cexp.ContractsConfig(model=model, steps=steps, prompt=prompt,
                                **({} if dtypes is None else {"dtypes": dtypes}),
                                chunks=cexp.sizes(chunks or [], cexp.CHUNKS, "--chunks"),
                                batches=cexp.sizes(batches or [], cexp.BATCHES, "--batches"),
                                **({} if not draft_widths else {"draft_widths": tuple(draft_widths)}),
-                               device=device, seed=seed, threads=threads)
+                               token_ids=ids, device=device, seed=seed, threads=threads)
     Output(contracts_report, json_out).run("compare contracts", lambda advance: cexp.run(cfg, advance))

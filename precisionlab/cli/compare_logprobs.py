@@ -8,6 +8,12 @@ import typer
 
 from precisionlab.cli.options import JsonOpt
 
+# The diagnoses as --fail-on names them (experiments/logprobs.py's DIAGNOSES; written here so --help imports no
+# experiment; tests/test_logprobs_gates.py checks the two lists are the same).
+DIAGNOSES_HELP = ("temperature (Δ grows with the log-prob: different temperatures), renormalised (a truncated "
+                  "top-p/top-k support renormalised), offset (a one-sided bias), shifted (one position apart), "
+                  "nonfinite (NaN or inf log-probs)")
+
 
 def command(
     a: Annotated[str, typer.Argument(help="A: the trainer's log-probs (.jsonl, OpenAI-style .json, .safetensors or "
@@ -24,14 +30,25 @@ def command(
     worst: Annotated[int, typer.Option("--worst", help="How many worst sequences and positions to list.")] = 10,
     plot: Annotated[Optional[str], typer.Option("--plot", help="Write Δ per position and the ratios' histogram to "
                                                 "this .png/.pdf/.svg.")] = None,
+    fail_on: Annotated[Optional[str], typer.Option("--fail-on", help="Exit 1 when any of these diagnoses is made "
+                                                   "(comma list, or any): " + DIAGNOSES_HELP + ".",
+                                                   show_default=False)] = None,
     json_out: JsonOpt = False,
 ):
     """Two per-token log-prob streams of the same tokens (trainer and rollout): Δ, importance ratios, ESS, KL
-    estimators, and what made them disagree (a renormalised top-p/top-k rollout, a one-position shift, NaN/-inf)."""
+    estimators, and what made them disagree: a temperature mismatch, a renormalised top-p/top-k rollout, a one-sided
+    offset, a one-position shift, NaN/-inf (--fail-on turns any of them into exit 1)."""
     from precisionlab.experiments import logprobs as exp
     from precisionlab.report import logprobs as report
     from precisionlab.report.output import Output
 
     out = Output(report, json_out, plot, [("A", a), ("B", b), ("--tokenizer", tokenizer)])  # --plot is none of them
-    cfg = exp.LogprobsConfig(a=a, b=b, clip=clip, cap=cap, tokenizer=tokenizer, worst=worst)
-    out.run("compare logprobs", lambda advance: exp.run(cfg, advance))
+    cfg = exp.LogprobsConfig(a=a, b=b, clip=clip, cap=cap, tokenizer=tokenizer, worst=worst, fail_on=fail_on)
+    exp.parse_fail_on(fail_on)  # before any file is read: a bad list is exit 2 at once
+    res = out.run("compare logprobs", lambda advance: exp.run(cfg, advance))
+    if res.failures:
+        from precisionlab.report.console import hint
+
+        for f in res.failures:
+            hint(f"FAIL {f}")
+        raise typer.Exit(1)

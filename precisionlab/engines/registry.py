@@ -25,6 +25,7 @@ ENGINES: dict[str, object] = {
     "ct2": "precisionlab.engines.ct2:CT2Engine",
     "onnx": "precisionlab.engines.onnx:OnnxEngine",
     "openai": "precisionlab.engines.openai:OpenAIEngine",
+    "python": "precisionlab.engines.python_spec:PythonEngine",
 }
 DEFAULT_SPEC = "embedded"
 DEFAULT_PROMPT = "ROMEO:\n"  # the embedded model's own text (Shakespeare) begins its speeches so

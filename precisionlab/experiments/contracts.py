@@ -36,12 +36,14 @@ from precisionlab.engines.registry import DEFAULT_PROMPT, DEFAULT_SPEC
 from precisionlab.experiments import startup
 from precisionlab.errors import UsageError
 from precisionlab.experiments import spec_verify
+from precisionlab.numerics.compare import rounding_ratio
 from precisionlab.runtime import memory, threads, torch_flags
 
 CHUNKS = (1, 7, 64)
 BATCHES = (2, 4, 16, 64)
 PADS = 8  # left-padding tokens in the padding contract
 DTYPES = formats.COMPUTE
+DEFAULT_DTYPES = ("fp32", formats.LOW_COMPUTE[0])  # fp32 and bf16
 
 
 @dataclass
@@ -49,7 +51,8 @@ class ContractsConfig:
     model: str | None = DEFAULT_SPEC
     steps: int = 50
     prompt: str = DEFAULT_PROMPT
-    dtypes: str = ",".join(("fp32", formats.LOW_COMPUTE[0]))  # fp32 and bf16
+    dtypes: str | None = None  # None: fp32 and bf16, those of them the engine computes in (DEFAULT_DTYPES)
+    token_ids: list[int] | None = None  # the user's ids (--token-ids), in place of --prompt's encoding
     chunks: tuple[int, ...] = CHUNKS    # the chunked contract's chunk sizes (the CLI adds --chunks to CHUNKS)
     batches: tuple[int, ...] = BATCHES  # the batch contract's sizes (the CLI adds --batches to BATCHES)
     draft_widths: tuple[int, ...] = spec_verify.DRAFT_WIDTHS  # spec_verify's k (--draft-widths)
@@ -82,7 +85,7 @@ def sizes(extra, base: tuple, option: str) -> tuple[int, ...]:
 
 def _run(cfg: ContractsConfig, advance) -> ContractsResult:
     startup.check_run(cfg.steps, cfg.prompt, "the contracts need a prefix of at least one token")
-    dtypes = startup.parse_dtypes(cfg.dtypes, DTYPES)
+    dtypes = startup.parse_dtypes(cfg.dtypes or ",".join(DEFAULT_DTYPES), DTYPES)
     chunks = list(sizes(cfg.chunks, (), "--chunks"))
     batches = list(sizes(cfg.batches, (), "--batches"))
     device = startup.device(cfg.device)
@@ -94,7 +97,9 @@ def _run(cfg: ContractsConfig, advance) -> ContractsResult:
     engine = startup.open_engine(cfg.model, device, cfg.steps + PADS, cfg.prompt,
                                  lambda s: memory.compare_contracts(*s[:7], batch=max([2, *batches])),
                                  f"compare contracts --model {cfg.model or DEFAULT_SPEC} --steps {cfg.steps}")
-    prompt = engine.prompt_ids(cfg.prompt, cfg.steps + PADS)
+    prompt = _prompt(engine, cfg)
+    if cfg.dtypes is None:  # the default pair, less what this engine cannot compute in (llama.cpp: fp32 only)
+        dtypes = [d for d in dtypes if d in engine.compute_dtypes] or [engine.compute_dtypes[0]]
     t_load = time.perf_counter() - t0
     t1 = time.perf_counter()
     rows: list[dict] = []
@@ -146,10 +151,24 @@ def _run(cfg: ContractsConfig, advance) -> ContractsResult:
     engine.close()
     return ContractsResult(
         params={"model": cfg.model or DEFAULT_SPEC, "steps": cfg.steps, "prompt": cfg.prompt, "dtypes": dtypes,
+                "prompt_from": "--prompt" if cfg.token_ids is None else "--token-ids",
                 "chunks": chunks, "batches": batches, "pads": PADS, "device": device, "seed": cfg.seed,
                 "prompt_tokens": len(prompt), "positions": len(seq), "exact_dtype": engine.exact_dtype},
         rows=rows, model_info=info, flags=flags, takeaways=takeaways(rows, info) + spec_verify.takeaways(rows),
         timing={"load_s": t_load, "run_s": t_run, "torch_threads": n_threads})
+
+
+def _prompt(engine, cfg: ContractsConfig) -> list[int]:
+    """--prompt's ids, or the user's own (--token-ids), checked against the vocabulary and the positions."""
+    if cfg.token_ids is None:
+        return engine.prompt_ids(cfg.prompt, cfg.steps + PADS)
+    ids, vocab = list(cfg.token_ids), int(engine.info()["vocab"])
+    if max(ids) >= vocab:
+        raise UsageError(f"--token-ids: id {max(ids)} is outside the model's vocabulary of {vocab}")
+    if len(ids) + cfg.steps + PADS > engine.max_len:
+        raise UsageError(f"--token-ids ({len(ids)} tokens) + --steps {cfg.steps} + {PADS} pads exceeds the "
+                         f"model's {engine.max_len} positions")
+    return ids
 
 
 # --- the contracts: each returns (reference rows, rows to compare, first position) ------------------
@@ -253,14 +272,6 @@ def measure(ref, got, dtype: str, start: int) -> dict:
             "max_abs_diff": dmax, "max_abs_diff_ulps": dmax / spacing if math.isfinite(dmax) else dmax,
             "first_diff_position": None if first is None else start + first, "margin_at_first_diff": margin,
             "greedy_flips": int(flips.sum()), "greedy_changes": bool(flips.any())}
-
-
-def rounding_ratio(dtype: str, exact: str) -> float:
-    """The Δ ratio (exact / run) below which a break is rounding: the
-    geometric middle of what rounding predicts (u_exact / u_dtype: the same
-    computation, rounded finer) and what an algorithmic difference gives
-    (about 1: it does not depend on the precision)."""
-    return math.sqrt(formats.get(exact).unit_roundoff / formats.get(dtype).unit_roundoff)
 
 
 def verdict(run: dict, exact: dict, dtype: str, exact_dtype: str) -> dict:

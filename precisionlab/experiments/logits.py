@@ -21,7 +21,7 @@ import numpy as np
 from precisionlab.catalog import formats
 from precisionlab.engines.registry import DEFAULT_SPEC, spec_path
 from precisionlab.experiments import startup
-from precisionlab.numerics import distribution, divergence
+from precisionlab.numerics import compare as comparison, distribution, divergence
 from precisionlab.numerics.metrics import exact_mean
 from precisionlab.io import inputs, logits_file, outputs
 from precisionlab.runtime import memory
@@ -422,6 +422,43 @@ def _overflow(ref: np.ndarray, side: np.ndarray) -> np.ndarray:
     return divergence.overflow_count(ref, side, axis=1)
 
 
+def _overflow_in_file(ref: np.ndarray, side: np.ndarray) -> np.ndarray:
+    """Per row, the entries a file has +inf or NaN where REF is finite: an
+    overflow (docs/compare-model.md's rule). A -inf there is a token the
+    engine masked, its probability removed (_removed_fields), not an overflow."""
+    return np.count_nonzero(np.isfinite(ref) & (np.isnan(side) | np.isposinf(side)), axis=1)
+
+
+def _removed_fields(removed: np.ndarray) -> dict:
+    """A side's -inf logits where REF is finite: probability mass removed (a masked token)."""
+    where = np.flatnonzero(removed)
+    return {"mass_removed_positions": int(where.size), "mass_removed_entries": int(removed.sum()),
+            "first_mass_removed_positions": [int(i) for i in where[:_SHOWN_POSITIONS]]}
+
+
+def two_way_verdict(ref_dtype: str | None, yours_dtype: str | None, diff: np.ndarray, scale: np.ndarray) -> dict:
+    """compare logits REF YOURS (no REF_LOW): a verdict where one can be made
+    from the two files alone, else one line saying why not. Two runs in one
+    precision (both files' metadata `dtype`) are judged as compare pair
+    judges a contract: beyond that precision's rounding (numerics.compare's
+    rounding_bound) is not rounding. The three-way rules (with REF_LOW) are
+    the yardstick's, elsewhere."""
+    if ref_dtype is None or yours_dtype is None or ref_dtype != yours_dtype or ref_dtype not in formats.COMPUTE:
+        said = f"REF {ref_dtype or 'unknown'}, YOURS {yours_dtype or 'unknown'}"
+        return {"verdict": None, "verdict_note": f"No verdict from two files of different or unknown precisions "
+                f"({said}, from their metadata dtype): give REF_LOW (the reference run in YOURS' precision) as "
+                "the yardstick."}
+    ratio = diff / comparison.rounding_bound(ref_dtype, scale)
+    worst = float(np.max(ratio)) if ratio.size else 0.0
+    if worst > 1.0:
+        first = int(np.argmax(ratio > 1.0))
+        return {"verdict": "beyond rounding", "verdict_note": f"Verdict: REF and YOURS are both {ref_dtype} and differ "
+                f"beyond {ref_dtype} rounding ({worst:.3g}x its bound at worst, first at position {first}): not "
+                "rounding, an algorithmic difference (compare pair judges such a pair, with its fp64 pair too)."}
+    return {"verdict": "rounding", "verdict_note": f"Verdict: REF and YOURS are both {ref_dtype} and differ within "
+            f"{ref_dtype} rounding ({worst:.2g}x its bound at worst)."}
+
+
 def _overflow_fields(overflow: np.ndarray) -> dict:
     """A row's overflow fields from the per-position counts (_overflow)."""
     where = np.flatnonzero(overflow)
@@ -485,6 +522,8 @@ def compare_files(cfg: LogitsConfig, advance=lambda k=1: None) -> LogitsResult:
     t0 = time.perf_counter()
     parts = {s: [] for s, _, _ in sides}
     over = {s: [] for s, _, _ in sides}
+    removed = {s: [] for s, _, _ in sides}
+    pair = {s: [] for s, _, _ in sides}
     llama = {s: [] for s, _, _ in sides}
     for a in range(0, n if sides else 0, step):
         e = min(n, a + step)
@@ -493,12 +532,15 @@ def compare_files(cfg: LogitsConfig, advance=lambda k=1: None) -> LogitsResult:
         for s, _, f in sides:
             y = f.rows(a, e)
             parts[s].append(distribution.position_stats(r, y, ref.tokens[a:e]))
-            over[s].append(_overflow(r, y))
+            over[s].append(_overflow_in_file(r, y))
+            removed[s].append(np.count_nonzero(np.isfinite(r) & np.isneginf(y), axis=1))
+            pair[s].append(comparison.logprob_diff_rows(r, y))
             if base:
                 llama[s].append(llamacpp_stats.position_values(raw, y, ref.tokens[a:e]))
         advance()
     stats = {s: distribution.PositionStats.concat(parts[s]) for s in parts}
-    rows = [_side_row(s, p, f, stats[s], np.concatenate(over[s])) for s, p, f in sides]
+    rows = [_side_row(s, p, f, stats[s], np.concatenate(over[s])) | _removed_fields(np.concatenate(removed[s]))
+            for s, p, f in sides]
     by = {r["side"]: r for r in rows}
     rows.sort(key=lambda r: r["side"] != "YOURS")  # YOURS first, its yardstick beside it
     params = {"ref": cfg.ref, "ref_low": cfg.ref_low, "yours": cfg.yours, "tokens": n, "vocab": vocab,
@@ -516,8 +558,12 @@ def compare_files(cfg: LogitsConfig, advance=lambda k=1: None) -> LogitsResult:
     worst = _worst(ys)
     if worst and worst["flagged"]:
         failures.append(f"YOURS departs from the yardstick REF_LOW: {say_departure(worst)}")
+    if y and "REF_LOW" not in by:
+        d, scale = (np.concatenate(v) for v in zip(*pair["YOURS"], strict=True))
+        y |= two_way_verdict(ref.metadata.get("dtype"), sides[-1][2].metadata.get("dtype"), d, scale)
     return LogitsResult("compare logits", params, info, rows, {r["side"]: stats[r["side"]].kl for r in rows},
-                        failures, _file_takeaways(rows, written) + takeaways(rows),
+                        failures, _file_takeaways(rows, written) + takeaways(rows)
+                        + ([y["verdict_note"]] if y and y.get("verdict_note") else []),
                         {"run_s": time.perf_counter() - t0}, ys, worst,
                         {r["side"]: llamacpp_stats.report(llamacpp_stats.concat(llama[r["side"]]))
                          for r in rows if llama[r["side"]]})
@@ -555,6 +601,11 @@ def _file_takeaways(rows: list[dict], written: dict | None) -> list[str]:
         if r["nonfinite_positions"]:
             lines.append(f"{r['side']}: non-finite where REF is finite at {r['nonfinite_positions']} positions "
                          f"({r['nonfinite_entries']} logits), first at {_positions(r)}: an overflow.")
+        if r.get("mass_removed_positions"):
+            shown = ", ".join(str(i) for i in r["first_mass_removed_positions"])
+            lines.append(f"{r['side']}: -inf where REF is finite at {r['mass_removed_positions']} positions "
+                         f"({r['mass_removed_entries']} logits; first at {shown}): probability mass removed (tokens "
+                         "masked), not an overflow; KL is inf there.")
     return lines
 
 

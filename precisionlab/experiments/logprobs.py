@@ -38,6 +38,7 @@ class LogprobsConfig:
     cap: float = lpstats.DEFAULT_CAP
     tokenizer: str | None = None
     worst: int = 10
+    fail_on: str | None = None  # --fail-on: the diagnoses that exit 1
 
 
 @dataclass
@@ -52,8 +53,38 @@ class LogprobsResult:
     worst_positions: list[dict]
     takeaways: list[str]
     timing: dict
+    failures: list[str] = field(default_factory=list)       # the --fail-on diagnoses made
     diff: np.ndarray = field(repr=False, default=None)      # Delta per token (NaN where left out), for --plot
     position: np.ndarray = field(repr=False, default=None)  # each token's position in its sequence
+
+
+# Every diagnosis compare logprobs can make, as --fail-on names it (and its --help lists it).
+DIAGNOSES = {
+    "temperature": "Δ grows with the log-prob inside a position: the sides sample at different temperatures",
+    "renormalised": "one side renormalised over a truncated support (top-p / top-k): its log-probs sit higher",
+    "offset": "a one-sided bias that is not one offset per position",
+    "shifted": "the streams are one position apart",
+    "nonfinite": "NaN or -inf/+inf log-probs on a side",
+}
+
+
+def parse_fail_on(text: str | None) -> tuple[str, ...]:
+    """--fail-on: a comma list of DIAGNOSES' names, or "any" for all of them."""
+    if text is None:
+        return ()
+    names = [t.strip() for t in text.split(",") if t.strip()]
+    if names == ["any"]:
+        return tuple(DIAGNOSES)
+    bad = [n for n in names if n not in DIAGNOSES]
+    if bad or not names:
+        raise UsageError(f"--fail-on {text!r}: a comma list of {', '.join(DIAGNOSES)}, or any")
+    return tuple(dict.fromkeys(names))
+
+
+def gate_failures(diagnoses: list[dict], fail_on: tuple[str, ...]) -> list[str]:
+    """The diagnoses --fail-on names, each a failure line (exit 1)."""
+    return [f"diagnosis {d['kind']}{' (side ' + d['side'] + ')' if d.get('side') else ''}: {DIAGNOSES[d['kind']]}"
+            for d in diagnoses if d["kind"] in fail_on]
 
 
 def parse_clips(text: str | None) -> tuple[float, ...]:
@@ -116,6 +147,7 @@ def load_decoder(folder: str) -> Callable[[int], str]:
 
 def run(cfg: LogprobsConfig, advance=lambda k=1: None) -> LogprobsResult:
     clips = parse_clips(cfg.clip)
+    fail_on = parse_fail_on(cfg.fail_on)
     check_cap(cfg.cap)
     if cfg.worst < 0:
         raise UsageError(f"--worst must be >= 0, got {cfg.worst}")
@@ -125,13 +157,13 @@ def run(cfg: LogprobsConfig, advance=lambda k=1: None) -> LogprobsResult:
     advance()
     b = logprob_streams.read(cfg.b, "B")
     advance()
-    params = {"a": cfg.a, "b": cfg.b, "tokenizer": cfg.tokenizer}
-    return compare_streams(a, b, clips, cfg.cap, cfg.worst, decode, params)
+    params = {"a": cfg.a, "b": cfg.b, "tokenizer": cfg.tokenizer, "fail_on": list(fail_on)}
+    return compare_streams(a, b, clips, cfg.cap, cfg.worst, decode, params, fail_on)
 
 
 def compare_streams(a: Stream, b: Stream, clips=lpstats.DEFAULT_CLIPS, cap: float = lpstats.DEFAULT_CAP,
                     worst: int = 10, decode: Callable[[int], str] | None = None,
-                    params: dict | None = None) -> LogprobsResult:
+                    params: dict | None = None, fail_on: tuple[str, ...] = ()) -> LogprobsResult:
     """The whole comparison of two streams in memory: a the trainer's, b the rollout's."""
     t0 = time.perf_counter()
     by = logprob_streams.check_pair(a, b)
@@ -175,9 +207,8 @@ def compare_streams(a: Stream, b: Stream, clips=lpstats.DEFAULT_CLIPS, cap: floa
                    "top_k": st.top_k} for side, st in (("a", a), ("b", b))}
     return LogprobsResult("compare logprobs", params, info, [row], c.nonfinite, c.diagnoses, sequences, positions,
                           _unscored_line(unscored) + takeaways(row, c.diagnoses, c.nonfinite, cap),
-                          {"run_s": time.perf_counter() - t0},
+                          {"run_s": time.perf_counter() - t0}, gate_failures(c.diagnoses, fail_on),
                           c.diff, c.position + shift[c.sequence] if unscored else c.position)
-
 
 
 def _unscored_line(n: int) -> list[str]:

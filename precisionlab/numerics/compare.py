@@ -182,3 +182,47 @@ def three_way_ratio(y3: float, fin: dict) -> float:
     if not math.isfinite(y3):
         return math.inf
     return ratio(fin["rel_l2_finite"], fin["yardstick_finite"])
+
+
+# --- a contract: two computations of one thing that should agree up to rounding ---------------------
+# (compare contracts re-runs a broken one in fp64; compare pair judges two files of one precision)
+
+# How many roundings deep two orderings of one forward pass may differ, in units of the precision's u at
+# the largest |logit| of a position, before the difference is beyond rounding. The clean engines' breaks
+# measure a few u (tests/test_pair.py; the embedded model's fp32 contracts stay below 1e-3 nats at logits of
+# O(10)); a planted bug measures thousands. 64 u: a few dozen roundings, fixed before the bugs were measured.
+ROUNDING_DEPTH = 64
+
+
+def rounding_ratio(dtype: str, exact: str) -> float:
+    """The Δ ratio (exact / run) below which a break is rounding: the
+    geometric middle of what rounding predicts (u_exact / u_dtype: the same
+    computation, rounded finer) and what an algorithmic difference gives
+    (about 1: it does not depend on the precision)."""
+    return math.sqrt(formats.get(exact).unit_roundoff / formats.get(dtype).unit_roundoff)
+
+
+def rounding_bound(dtype: str, largest_abs_logit: np.ndarray) -> np.ndarray:
+    """Per position, the largest |Δ log-prob| rounding in `dtype` explains:
+    ROUNDING_DEPTH roundings of the position's largest |logit| (|Δ log-prob|
+    is at most twice the largest |Δ logit|; the depth covers the factor). At
+    least 1: the log-sum-exp a log-prob subtracts is O(1) whatever the logits."""
+    return ROUNDING_DEPTH * formats.get(dtype).unit_roundoff * np.maximum(largest_abs_logit, 1.0)
+
+
+def _log_softmax_rows(x: np.ndarray) -> np.ndarray:
+    top = np.max(np.where(np.isfinite(x), x, -np.inf), axis=1, keepdims=True)
+    z = x - np.where(np.isfinite(top), top, 0.0)
+    return z - np.log(np.sum(np.exp(z), axis=1, keepdims=True))
+
+
+def logprob_diff_rows(x: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Two runs' logit rows (positions x vocab, float64) -> per position the
+    largest |Δ log-prob| over the vocabulary (inf where one side is
+    non-finite and the other not, or a NaN; 0 for a token -inf in both) and
+    x's largest finite |logit| (the scale rounding_bound takes)."""
+    with np.errstate(invalid="ignore", over="ignore", divide="ignore"):
+        lx, ly = _log_softmax_rows(x), _log_softmax_rows(y)
+        d = np.abs(lx - ly)
+    d = np.where(np.isneginf(lx) & np.isneginf(ly), 0.0, np.where(np.isnan(d), np.inf, d))
+    return d.max(axis=1), np.max(np.where(np.isfinite(x), np.abs(x), 0.0), axis=1)

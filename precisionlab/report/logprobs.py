@@ -95,7 +95,7 @@ def as_json(res) -> None:
     emit_json(res.command, {"params": res.params, "inputs": res.inputs, "timing": res.timing, "rows": res.rows,
                             "nonfinite": res.nonfinite, "diagnoses": res.diagnoses,
                             "worst_sequences": res.worst_sequences, "worst_positions": res.worst_positions,
-                            "takeaways": res.takeaways})
+                            "failures": res.failures, "takeaways": res.takeaways})
 
 
 def plot(res, path: str) -> None:
