@@ -6,7 +6,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from precisionlab.cli.options import JsonOpt
+from precisionlab.cli.options import plot_option, JsonOpt
 
 
 def command(
@@ -22,8 +22,7 @@ def command(
                                                      "the worst tokens (offline, trust_remote_code=False); without "
                                                      "it, the files' token strings.")] = None,
     worst: Annotated[int, typer.Option("--worst", help="How many worst sequences and positions to list.")] = 10,
-    plot: Annotated[Optional[str], typer.Option("--plot", help="Write Δ per position and the ratios' histogram to "
-                                                "this .png/.pdf/.svg.")] = None,
+    plot: plot_option("Δ per position and the ratios' histogram") = None,
     json_out: JsonOpt = False,
 ):
     """Two per-token log-prob streams of the same tokens (trainer and rollout): Δ, importance ratios, ESS, KL
