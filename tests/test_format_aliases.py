@@ -112,9 +112,9 @@ def options(dumps) -> list[Opt]:
         Opt(("softmax", "--values", "1,2", "--device", "cpu"), "--dtypes", softmax.DTYPES),
         Opt(OP, "--dtypes", compare.LOW_DTYPES),
         Opt(OP, "--out-dtype", compare.OUT_DTYPES, single=True),
-        Opt(three, "--a-dtype", tensors.LOW_DTYPES, single=True),
-        Opt(three, "--b-dtype", tensors.LOW_DTYPES, every_spelling_by_cli=False, single=True),
-        Opt(three, "--c-dtype", tensors.LOW_DTYPES, every_spelling_by_cli=False, single=True),
+        Opt(three, "--dtypes", tensors.LOW_DTYPES, single=True, form="{},-,-"),  # one file's format, '-' as stored
+        Opt(three, "--dtypes", tensors.LOW_DTYPES, every_spelling_by_cli=False, single=True, form="-,{},-"),
+        Opt(three, "--dtypes", tensors.LOW_DTYPES, every_spelling_by_cli=False, single=True, form="-,-,{}"),
         Opt(MODEL, "--dtypes", model.LOW_DTYPES, every_spelling_by_cli=False),
         Opt(LAYERS, "--dtypes", model.LOW_DTYPES, every_spelling_by_cli=False),
         Opt(LAYERS, "--inject", inject.ROPE_DTYPES, every_spelling_by_cli=False, form="rope:rope={}"),

@@ -3,6 +3,7 @@ and the help texts that list what the library's catalog declares."""
 
 from __future__ import annotations
 
+import math
 from typing import Annotated, Optional
 
 import typer
@@ -74,8 +75,9 @@ TolOpt = Annotated[Optional[str], typer.Option("--tol", metavar="RTOL,ATOL", hel
 
 
 def parse_tol(text: str | None) -> tuple[float | None, float | None]:
-    """--tol RTOL,ATOL -> (rtol, atol), (None, None) when not given; the
-    numbers' own checks (finite, >= 0) are numerics.compare.check_override's."""
+    """--tol RTOL,ATOL -> (rtol, atol), (None, None) when not given: each
+    finite and >= 0 (NaN would pass every comparison), as
+    numerics.compare.check_override asks of a pair given by other means."""
     if text is None:
         return None, None
     parts = text.split(",")
@@ -85,6 +87,9 @@ def parse_tol(text: str | None) -> tuple[float | None, float | None]:
         rtol, atol = (float(p) for p in parts)
     except ValueError:
         raise UsageError(f"--tol takes RTOL,ATOL, two numbers (got {text!r})") from None
+    for name, v in (("RTOL", rtol), ("ATOL", atol)):
+        if not (math.isfinite(v) and v >= 0):
+            raise UsageError(f"--tol: {name} must be a finite number >= 0 (got {v})")
     return rtol, atol
 # The model commands (compare model, its --metrics and --layers, kvcache): an
 # engine spec, checked by engines/registry.py before anything slow starts.
