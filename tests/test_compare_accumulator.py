@@ -232,7 +232,7 @@ def test_every_matmul_path_takes_the_one_model_type(monkeypatch):
     """tf32, formats, compare op matmul and the attention emulator parse the
     same spelling into numerics.accumulators.Accumulator, the CLI's options are
     cli/options.py's, and attention's P.V runs Accumulator.accumulate itself."""
-    from precisionlab.cli import compare_op as cli_compare, formats as cli_formats, options, tf32 as cli_tf32
+    from precisionlab.cli import compare_op as cli_compare, formats as cli_formats, tf32 as cli_tf32
     from precisionlab.experiments import formats as exp_formats, op_accumulator, tf32 as exp_tf32
     from precisionlab.numerics import flash_attention as fa
 

@@ -7,7 +7,7 @@ import numpy as np
 from rich.markup import escape
 from rich.table import Table
 
-from precisionlab.report.console import error_line, footer, hint, num, safe_text, sci, stdout
+from precisionlab.report.console import note, error_line, footer, hint, num, safe_text, sci, stdout
 from precisionlab.report.jsondoc import emit_json
 
 # Rows of the main table: (label, key, formatter), one line per statistic.
@@ -127,11 +127,10 @@ def table_files(res) -> None:
             lt.add_row(label, *[_fixed(fmt, rep[key], rep[se] if se else None) for rep in res.llamacpp.values()])
         stdout.print(lt)
     _flips(res, "REF")
-    stdout.print("KLD: KL(P_REF || P_side) per position in nats; percentiles are nearest-rank; ± is the standard "
-                 "error of the mean (of the per-position differences for ln PPL). Δp: the side's probability of "
-                 "the text's next token minus REF's. YOURS / REF_LOW: the ratio of their departures from REF "
-                 "(for agreement, of the disagreement); ! beyond 4x and 3 paired standard errors.",
-                 style="dim", highlight=False)
+    note("KLD: KL(P_REF || P_side) per position in nats; percentiles are nearest-rank; ± is the standard "
+         "error of the mean (of the per-position differences for ln PPL). Δp: the side's probability of "
+         "the text's next token minus REF's. YOURS / REF_LOW: the ratio of their departures from REF "
+         "(for agreement, of the disagreement); ! beyond 4x and 3 paired standard errors.")
     footer(None, res.takeaways)
 
 
