@@ -149,7 +149,7 @@ def test_every_alias_of_every_option_runs_as_its_canonical_name(dumps):
     canonical_runs = {}
     checked = set()
     for opt, name, spelling in _cli_cases(dumps):
-        key = (str(opt), opt.argv, name)
+        key = (str(opt), opt.argv, opt.form, name)  # compare tensors --dtypes: one Opt per file, by form
         if key not in canonical_runs:
             canonical_runs[key] = opt.run(name)
             assert canonical_runs[key][0] in (0, 1), (str(opt), name)  # 1: a run that flags or fails
