@@ -243,3 +243,17 @@ def registered_commands(option: str | None = None) -> list[str]:
         if option is None or any(option in p.opts for p in cmd.params):
             out.append(f"{group} {name}" if group else name)
     return out
+
+
+def registered(names: dict):
+    """A fixture's body (`yield from registered({...})`): the test's engines
+    under their registry names for one test, unregistered after it."""
+    from precisionlab.engines import registry
+
+    for k, v in names.items():
+        registry.register(k, v)
+    try:
+        yield
+    finally:
+        for k in names:
+            registry.unregister(k)

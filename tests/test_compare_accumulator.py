@@ -154,7 +154,7 @@ def test_json_rows_carry_every_parameter(run):
     from helpers import json_glossary_problems, strict_json
 
     r = run("compare", "op", "matmul", "--shape", SHAPE, "--dtypes", "bf16", "--cases", "random", "--device", "cpu",
-            "--accumulator", "promote:16,exact", "--acc-bits", "12", "--acc-rounding", "rne", "--json")
+            "--accumulator", "promote:16:bits=12:rounding=rne,exact", "--json")
     d = strict_json(r.out)
     # exit 1 exactly when a row is flagged (fp32 against exact, one rounding, flags any fp32 kernel not
     # correctly rounded: the project's is 5.9x here)
@@ -183,6 +183,7 @@ def test_json_rows_carry_every_parameter(run):
     (["formats", "--accumulator", "fp32", "--acc-rounding", "rne"], "--acc-rounding set the limited"),
 ])
 def test_accumulator_option_errors_on_every_command(run, args, said):
+    # --acc-bits/--acc-rounding are old spellings folded into the models (cli/aliases.py): the same refusals
     r = run(*args)
     assert r.code == 2 and said in r.err and len(r.err.strip().splitlines()) == 1, (args, r.code, r.err)
 
@@ -192,9 +193,9 @@ def test_acc_bits_reach_the_tf32_and_formats_rows(run):
 
     from precisionlab.catalog import formats
 
-    r = run("tf32", "--accumulator", "hopper-fp8,promote:32,fp32", "--acc-bits", "10", "--acc-rounding", "rne",
+    r = run("tf32", "--accumulator", "hopper-fp8:bits=10:rounding=rne,promote:32:bits=10:rounding=rne,fp32",
             "--k", "100", "--json")
-    assert r.code == 0, r.err
+    assert r.code == 0 and r.err == "", r.err
     rows = {x["accumulator"]: x for x in strict_json(r.out)["rows"]}
     assert set(rows) == {"hopper-fp8:bits=10:rounding=rne", "promote:32:bits=10:rounding=rne", "fp32"}
     fmt = formats.get("fp8_e4m3")
@@ -206,9 +207,9 @@ def test_acc_bits_reach_the_tf32_and_formats_rows(run):
         c = acc.parse(name).matmul(a, b).astype(np.float64)
         assert x["max_rel_error"] == float(np.max(np.abs(c - ref)) / np.max(np.abs(ref)))
     r = run("formats", "--formats", "mxfp8_e4m3", "--rules", "floor", "--blocks", "32", "--dists", "normal",
-            "--no-baselines", "--n", "1024", "--shape", "8x64x8", "--accumulator", "hopper-fp8", "--acc-bits", "8",
+            "--no-baselines", "--n", "1024", "--shape", "8x64x8", "--accumulator", "hopper-fp8:bits=8",
             "--json")
-    assert r.code == 0, r.err
+    assert r.code == 0 and r.err == "", r.err
     (row,) = strict_json(r.out)["rows"]
     assert (row["accumulator"], row["acc_bits"], row["acc_rounding"]) == ("hopper-fp8:bits=8", 8, "trunc")
 
@@ -231,7 +232,7 @@ def test_every_matmul_path_takes_the_one_model_type(monkeypatch):
     """tf32, formats, compare op matmul and the attention emulator parse the
     same spelling into numerics.accumulators.Accumulator, the CLI's options are
     cli/options.py's, and attention's P.V runs Accumulator.accumulate itself."""
-    from precisionlab.cli import compare_op as cli_compare, formats as cli_formats, options, tf32 as cli_tf32
+    from precisionlab.cli import compare_op as cli_compare, formats as cli_formats, tf32 as cli_tf32
     from precisionlab.experiments import formats as exp_formats, op_accumulator, tf32 as exp_tf32
     from precisionlab.numerics import flash_attention as fa
 
@@ -244,8 +245,7 @@ def test_every_matmul_path_takes_the_one_model_type(monkeypatch):
     for cmd in (cli_tf32, cli_formats, cli_compare):
         hints = typing.get_type_hints(cmd.command, include_extras=True)
         assert acc.spellings_help() in hints["accumulator"].__metadata__[0].help
-        assert hints["acc_bits"] == options.AccBitsOpt and hints["acc_rounding"] == options.AccRoundingOpt
-        assert hints["acc_bits"].__metadata__[0] is options.AccBitsOpt.__metadata__[0]  # the one option object
+        assert not {"acc_bits", "acc_rounding"} & set(hints)  # spelled on the model: MODEL:bits=B:rounding=R
     calls = []
     real = acc.Accumulator.accumulate
     monkeypatch.setattr(acc.Accumulator, "accumulate",

@@ -10,7 +10,7 @@ import math
 import numpy as np
 import pytest
 import torch
-from helpers import cli, json_glossary_problems, save_tiny_qwen, strict_json
+from helpers import cli, registered, json_glossary_problems, save_tiny_qwen, strict_json
 
 from test_engines import FakeEngine  # an adapter with the protocol's abstract calls alone
 from precisionlab.engines import registry
@@ -87,7 +87,9 @@ def test_the_rounding_line_sits_between_the_two_kinds():
 # --- planted bugs: throwaway engines over the embedded model ---------------------------------------
 
 
-class _Planted(EmbeddedEngine):
+class PlantedEngine(EmbeddedEngine):
+    """The embedded model under a registry name of its own: a planted bug overrides one step (test_spec_verify too)."""
+
     @classmethod
     def check(cls, arg):
         pass
@@ -96,14 +98,14 @@ class _Planted(EmbeddedEngine):
         super().__init__(None, device)
 
 
-class PadsUpdateState(_Planted):
+class PadsUpdateState(PlantedEngine):
     """The attention mask dropped: every query attends to the pads before it."""
 
     def forward_batch(self, model, ids, attention_mask=None, position_ids=None):
         return super().forward_batch(model, ids, None, position_ids)
 
 
-class BatchOrder(_Planted):
+class BatchOrder(PlantedEngine):
     """The LM head reduces over d_model in as many chunks as the batch has rows:
     the sum's order depends on the batch size, the arithmetic does not."""
 
@@ -134,14 +136,7 @@ class NoBatchNoCache(FakeEngine):
 
 @pytest.fixture
 def planted():
-    names = {"padstate": PadsUpdateState, "batchorder": BatchOrder, "bare": NoBatchNoCache}
-    for k, v in names.items():
-        registry.register(k, v)
-    try:
-        yield
-    finally:
-        for k in names:
-            registry.unregister(k)
+    yield from registered({"padstate": PadsUpdateState, "batchorder": BatchOrder, "bare": NoBatchNoCache})
 
 
 def test_pads_that_update_state_are_algorithmic(planted):

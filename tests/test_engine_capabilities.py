@@ -11,7 +11,7 @@ import subprocess
 import sys
 
 import pytest
-from helpers import ROOT, loaded_timeout, strict_json
+from helpers import ROOT, loaded_timeout, strict_json, registered
 from shift_engine import ShiftEngine
 
 from precisionlab.engines import registry
@@ -106,11 +106,7 @@ def test_require_names_what_is_missing():
 
 @pytest.fixture
 def shift_engine():
-    registry.register("shift", ShiftEngine)
-    try:
-        yield
-    finally:
-        registry.unregister("shift")
+    yield from registered({"shift": ShiftEngine})
 
 
 # The whole CLI (main(), as a user runs it) in a child with the engine registered: one line.

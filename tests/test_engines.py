@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from helpers import cli, save_tiny_qwen, strict_json
+from helpers import cli, save_tiny_qwen, strict_json, registered
 
 from precisionlab.engines import registry
 from precisionlab.engines.protocol import Engine
@@ -133,11 +133,7 @@ class FakeEngine(Engine):
 
 @pytest.fixture
 def fake_engine():
-    registry.register("fake", FakeEngine)
-    try:
-        yield
-    finally:
-        registry.unregister("fake")
+    yield from registered({"fake": FakeEngine})
 
 
 def _invoke(*args):

@@ -112,9 +112,9 @@ def options(dumps) -> list[Opt]:
         Opt(("softmax", "--values", "1,2", "--device", "cpu"), "--dtypes", softmax.DTYPES),
         Opt(OP, "--dtypes", compare.LOW_DTYPES),
         Opt(OP, "--out-dtype", compare.OUT_DTYPES, single=True),
-        Opt(three, "--a-dtype", tensors.LOW_DTYPES, single=True),
-        Opt(three, "--b-dtype", tensors.LOW_DTYPES, every_spelling_by_cli=False, single=True),
-        Opt(three, "--c-dtype", tensors.LOW_DTYPES, every_spelling_by_cli=False, single=True),
+        Opt(three, "--dtypes", tensors.LOW_DTYPES, single=True, form="{},-,-"),  # one file's format, '-' as stored
+        Opt(three, "--dtypes", tensors.LOW_DTYPES, every_spelling_by_cli=False, single=True, form="-,{},-"),
+        Opt(three, "--dtypes", tensors.LOW_DTYPES, every_spelling_by_cli=False, single=True, form="-,-,{}"),
         Opt(MODEL, "--dtypes", model.LOW_DTYPES, every_spelling_by_cli=False),
         Opt(LAYERS, "--dtypes", model.LOW_DTYPES, every_spelling_by_cli=False),
         Opt(LAYERS, "--inject", inject.ROPE_DTYPES, every_spelling_by_cli=False, form="rope:rope={}"),
@@ -149,7 +149,7 @@ def test_every_alias_of_every_option_runs_as_its_canonical_name(dumps):
     canonical_runs = {}
     checked = set()
     for opt, name, spelling in _cli_cases(dumps):
-        key = (str(opt), opt.argv, name)
+        key = (str(opt), opt.argv, opt.form, name)  # compare tensors --dtypes: one Opt per file, by form
         if key not in canonical_runs:
             canonical_runs[key] = opt.run(name)
             assert canonical_runs[key][0] in (0, 1), (str(opt), name)  # 1: a run that flags or fails

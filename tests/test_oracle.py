@@ -377,7 +377,7 @@ def test_kvcache_saturation_count_at_the_rounding_midpoint():
 @pytest.mark.parametrize("container", ["npy", "npz"])
 def test_compare_tensors_reads_fp8_e5m2_npy(tmp_path, container):
     # np.save writes ml_dtypes' float8_e5m2 with the descriptor '<f1', which
-    # numpy cannot read back: the file was refused even with --a-dtype fp8_e5m2.
+    # numpy cannot read back: the file was refused even with --dtypes fp8_e5m2,-.
     import ml_dtypes
     import numpy as np
 
@@ -390,7 +390,7 @@ def test_compare_tensors_reads_fp8_e5m2_npy(tmp_path, container):
         np.savez(tmp_path / "a.npz", t=a)
         np.savez(tmp_path / "b.npz", t=b)
     r = cli("compare", "tensors", str(tmp_path / f"a.{container}"), str(tmp_path / f"b.{container}"),
-            "--a-dtype", "fp8_e5m2", "--json")
+            "--dtypes", "fp8_e5m2,-", "--json")
     assert r.code in (0, 1), r.err
     row = r.json()["rows"][0]
     vals = []

@@ -8,7 +8,8 @@ import pytest
 import torch
 
 from precisionlab.engines import registry
-from precisionlab.engines.embedded import EmbeddedEngine
+from helpers import registered
+from test_contracts import PlantedEngine  # the embedded model under a name of its own
 from precisionlab.experiments import contracts as exp
 from precisionlab.experiments import spec_verify
 
@@ -21,14 +22,7 @@ def _verify_rows(res, dtype):
     return [r for r in res.rows if r["contract"] == "spec_verify" and r["dtype"] == dtype]
 
 
-class _Planted(EmbeddedEngine):
-    @classmethod
-    def check(cls, arg):
-        pass
-
-    def __init__(self, arg, device):
-        super().__init__(None, device)
-
+class _Planted(PlantedEngine):
     def _feed(self, model, state):
         plain = super()._feed(model, state)
 
@@ -75,14 +69,7 @@ class VerifyPositionOff(_Planted):
 
 @pytest.fixture
 def planted():
-    names = {"verifyorder": VerifyOrder, "verifypos": VerifyPositionOff}
-    for k, v in names.items():
-        registry.register(k, v)
-    try:
-        yield
-    finally:
-        for k in names:
-            registry.unregister(k)
+    yield from registered({"verifyorder": VerifyOrder, "verifypos": VerifyPositionOff})
 
 
 def test_plan_keeps_the_widths_that_fit():

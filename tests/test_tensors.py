@@ -64,7 +64,7 @@ def test_declared_dtype_sets_tolerances(tmp_path):
     np.save(tmp_path / "y.npy", y)
     np.save(tmp_path / "x.npy", x.astype(np.float32))
     assert cli("compare", "tensors", str(tmp_path / "y.npy"), str(tmp_path / "x.npy")).code == 1  # fp32 tolerances
-    r = cli("compare", "tensors", str(tmp_path / "y.npy"), str(tmp_path / "x.npy"), "--a-dtype", "bf16", "--json")
+    r = cli("compare", "tensors", str(tmp_path / "y.npy"), str(tmp_path / "x.npy"), "--dtypes", "bf16,-", "--json")
     assert r.code == 0 and strict_json(r.out)["rows"][0]["rtol"] == comparison.tolerances("bf16")[0]
 
 
@@ -217,10 +217,10 @@ def test_three_way_names_first_flagged(tmp_path):
 @pytest.mark.parametrize("tol", ["nan", "inf", "-1e-3"])
 def test_bad_tolerances_exit_2(dumps, tol):
     a, tmp = dumps
-    r = cli("compare", "tensors", str(tmp / "many.npz"), str(tmp / "many.npz"), "--atol", tol)
-    assert r.code == 2 and len(r.err.strip().splitlines()) == 1
-    r = cli("compare", "tensors", str(tmp / "many.npz"), str(tmp / "many.npz"), "--rtol", tol)
-    assert r.code == 2
+    r = cli("compare", "tensors", str(tmp / "many.npz"), str(tmp / "many.npz"), "--tol", f"0,{tol}")
+    assert r.code == 2 and len(r.err.strip().splitlines()) == 1 and "ATOL" in r.err
+    r = cli("compare", "tensors", str(tmp / "many.npz"), str(tmp / "many.npz"), "--tol", f"{tol},0")
+    assert r.code == 2 and "RTOL" in r.err
 
 
 def test_fifo_refused_at_once(tmp_path, dumps):

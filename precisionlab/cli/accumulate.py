@@ -7,7 +7,7 @@ from typing import Annotated, Optional
 import typer
 
 from precisionlab.catalog import formats
-from precisionlab.cli.options import DeviceOpt, SeedOpt, JsonOpt, variant_names, catalog_help, format_names
+from precisionlab.cli.options import plot_option, DeviceOpt, SeedOpt, JsonOpt, variant_names, catalog_help, format_names
 
 
 def command(
@@ -24,7 +24,7 @@ def command(
     accumulators: Annotated[Optional[str], typer.Option("--acc-dtypes", help="Accumulator formats, comma list. "
                                                         f"Default: {format_names(formats.DEFAULT_ACCUMULATORS, ',')} "
                                                         f"(GPU: {format_names(formats.GPU_ACCUMULATORS)}).")] = None,
-    plot: Annotated[Optional[str], typer.Option("--plot", help="Write the running sum against the step to this file (.png, .svg, .pdf, ...).")] = None,
+    plot: plot_option("the running sum against the step") = None,
     device: DeviceOpt = "all",
     seed: SeedOpt = 0,
     json_out: JsonOpt = False,

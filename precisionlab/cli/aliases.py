@@ -17,10 +17,12 @@ class Alias:
     command: tuple[str, ...]   # the command the old spelling belongs to (argv's first words)
     old: str                   # the old option, as the notice quotes it
     new: str                   # what it is now, as the notice quotes it
-    kind: str                  # "verb": the option picks a verb; "option": an option renamed; "value": a value
+    kind: str                  # "verb": the option picks a verb; "option": an option renamed; "value": a value;
+    #                            "fold": old options folded into one new one (_FOLDS says how)
     verb: tuple[str, ...] = ()  # kind "verb": the new command's words
     drop: bool = False         # kind "verb": the option only chose the mode and goes
-    renamed: str = ""          # kind "option": the new option; kind "value": the option whose value it is
+    renamed: str = ""          # kind "option": the new option; kind "value": the option whose value it is;
+    #                            kind "fold": the old options it folds, comma-separated
     value: tuple[str, str] = ("", "")  # kind "value": (old value, new value)
     example: tuple[str, ...] = ()      # arguments after the command for the test run (cheap)
 
@@ -48,6 +50,23 @@ ALIASES: tuple[Alias, ...] = (
           example=("softmax", "--dtype", "bf16", "--shape", "4x64", "--cases", "random", "--device", "cpu")),
     Alias(("accumulate",), "accumulate --accumulators", "accumulate --acc-dtypes", "option", renamed="--acc-dtypes",
           example=("--accumulators", "fp32", "--n", "100", "--device", "cpu")),
+    Alias(("compare", "op"), "compare op --rtol/--atol", "compare op --tol RTOL,ATOL", "fold",
+          renamed="--rtol,--atol",
+          example=("softmax", "--rtol", "0.01", "--atol", "0.001", "--shape", "4x64", "--cases", "random",
+                   "--dtypes", "bf16", "--device", "cpu")),
+    Alias(("compare", "tensors"), "compare tensors --rtol/--atol", "compare tensors --tol RTOL,ATOL", "fold",
+          renamed="--rtol,--atol", example=("{tmp}/a.npz", "{tmp}/b.npz", "--rtol", "0.01", "--atol", "0")),
+    Alias(("compare", "tensors"), "compare tensors --a-dtype/--b-dtype/--c-dtype", "compare tensors --dtypes A,B[,C]",
+          "fold", renamed="--a-dtype,--b-dtype,--c-dtype",
+          example=("{tmp}/a.npz", "{tmp}/b.npz", "--b-dtype", "bf16")),
+    *(Alias(command, f"{' '.join(command)} --acc-bits/--acc-rounding",
+            f"{' '.join(command)} --accumulator MODEL:bits=B:rounding=R", "fold", renamed="--acc-bits,--acc-rounding",
+            example=example) for command, example in (
+        (("tf32",), ("--accumulator", "hopper-fp8", "--acc-bits", "10", "--k", "64")),
+        (("formats",), ("--accumulator", "hopper-fp8", "--acc-rounding", "rne", "--shape", "8x64x8", "--device",
+                        "cpu", "--no-baselines")),
+        (("compare", "op"), ("matmul", "--accumulator", "hopper-fp8", "--acc-bits", "12", "--shape", "4x64x4",
+                             "--cases", "random", "--device", "cpu")))),
 )
 # The mode flags of the old compare model: flags (no value) in the old spelling.
 _OLD_FLAGS = {"--metrics", "--layers", "--contracts"}
@@ -105,8 +124,8 @@ def rewrite(argv: list[str], flags: set[str], kernel_commands: set[tuple[str, ..
     if verbs:
         args = _verb(args, verbs, flags, notices)
     for alias in ALIASES:
-        if alias.kind == "option" and tuple(args[:len(alias.command)]) == alias.command:
-            args = _option(args, alias, flags, notices)
+        if alias.kind in ("option", "fold") and tuple(args[:len(alias.command)]) == alias.command:
+            args = (_option if alias.kind == "option" else _fold)(args, alias, flags, notices)
     command = next((c for c in kernel_commands | ALL_DEVICES_TOO if tuple(args[:len(c)]) == c), None)
     if command is not None:
         args = _value(args, len(command), DEVICE_AUTO, flags, notices)
@@ -157,6 +176,62 @@ def _option(args: list[str], alias: Alias, flags: set[str], notices: list[str]) 
     if hits:
         notices.append(_notice(alias.old, alias.new))
     return [*args[:n], *rest]
+
+
+def _fold(args: list[str], alias: Alias, flags: set[str], notices: list[str]) -> list[str]:
+    """The old options of a "fold" alias taken out (the last of each wins, as
+    typer's would) and spelled as the new one by _FOLDS[their names]."""
+    n = len(alias.command)
+    rest = args[n:]
+    olds = tuple(alias.renamed.split(","))
+    found: dict[str, str] = {}
+    for i, name, v in reversed(_options(rest, flags)):
+        if name in olds:
+            found.setdefault(name, rest[i].partition("=")[2] if "=" in rest[i] else (rest[v] if v >= 0 else ""))
+            del rest[i:(v + 1 if v >= 0 and "=" not in rest[i] else i + 1)]
+    if not found:
+        return args
+    notices.append(_notice(alias.old, alias.new))
+    return [*args[:n], *_FOLDS[olds](found, rest, flags)]
+
+
+def _fold_tol(found: dict[str, str], rest: list[str], flags: set[str]) -> list[str]:
+    """--rtol R --atol A -> --tol R,A; one alone keeps its refusal (half a pair would mix in a default)."""
+    if len(found) == 1:
+        raise UsageError(f"Both --rtol and --atol must be either specified or omitted (got only {next(iter(found))})")
+    return [*rest, "--tol", f"{found['--rtol']},{found['--atol']}"]
+
+
+def _fold_dtypes(found: dict[str, str], rest: list[str], flags: set[str]) -> list[str]:
+    """--a-dtype A --b-dtype B [--c-dtype C] -> --dtypes A,B[,C], '-' for a side as stored."""
+    sides = [found.get(f"--{s}-dtype") or "-" for s in "abc"]
+    return [*rest, "--dtypes", ",".join(sides if "--c-dtype" in found else sides[:2])]
+
+
+def _fold_acc(found: dict[str, str], rest: list[str], flags: set[str]) -> list[str]:
+    """--accumulator M --acc-bits B --acc-rounding R -> --accumulator M:bits=B:rounding=R
+    for each limited model of M that does not spell its own (numerics.accumulators.fold_fields)."""
+    from precisionlab.numerics import accumulators
+
+    bits = found.get("--acc-bits")
+    try:
+        bits = None if bits is None else int(bits)
+    except ValueError:
+        raise UsageError(f"--acc-bits {bits!r}: a whole number") from None
+    spots = [(i, v) for i, name, v in _options(rest, flags) if name == "--accumulator"]
+    if not spots:
+        raise UsageError("--acc-bits and --acc-rounding go with --accumulator")
+    i, v = spots[-1]
+    if "=" in rest[i]:
+        rest[i] = "--accumulator=" + accumulators.fold_fields(rest[i].partition("=")[2], bits,
+                                                              found.get("--acc-rounding"))
+    elif v >= 0:
+        rest[v] = accumulators.fold_fields(rest[v], bits, found.get("--acc-rounding"))
+    return rest
+
+
+_FOLDS = {("--rtol", "--atol"): _fold_tol, ("--a-dtype", "--b-dtype", "--c-dtype"): _fold_dtypes,
+          ("--acc-bits", "--acc-rounding"): _fold_acc}
 
 
 def _value(args: list[str], n: int, alias: Alias, flags: set[str], notices: list[str]) -> list[str]:

@@ -7,7 +7,7 @@ from typing import Annotated, Optional
 import typer
 
 from precisionlab.catalog import formats
-from precisionlab.cli.options import JsonOpt, SeedOpt, format_names
+from precisionlab.cli.options import plot_option, JsonOpt, SeedOpt, format_names
 
 
 def command(
@@ -30,7 +30,7 @@ def command(
     causal: Annotated[bool, typer.Option("--causal", help="Causal mask, bottom-right aligned.")] = False,
     arithmetic: Annotated[str, typer.Option("--arithmetic", help="fp32 (the kernel's) | fp64 (the exact model).")] = "fp32",
     out_dtype: Annotated[str, typer.Option("--out-dtype", help=f"The output's format: {format_names(formats.COMPUTE)}.")] = "fp32",
-    plot: Annotated[Optional[str], typer.Option("--plot", help="Write the running error against position to this file.")] = None,
+    plot: plot_option("the running error against position") = None,
     seed: SeedOpt = 0,
     json_out: JsonOpt = False,
 ):

@@ -12,7 +12,7 @@ from typing import Annotated, Optional
 import typer
 
 from precisionlab.catalog import formats
-from precisionlab.cli.options import JsonOpt, format_names
+from precisionlab.cli.options import plot_option, JsonOpt, format_names
 
 
 def command(
@@ -29,8 +29,7 @@ def command(
                                           "up to this many keys.")] = 1 << 20,
     bound: Annotated[float, typer.Option("--bound", help="The relative error the takeaways name a row length and a "
                                          "RoPE position by.")] = 0.01,
-    plot: Annotated[Optional[str], typer.Option("--plot", help="Write the denominator case's error against the row "
-                                                "length to this file (.png, .svg, .pdf, ...).")] = None,
+    plot: plot_option("the denominator case's error against the row length") = None,
     json_out: JsonOpt = False,
 ):
     """The attention edge cases 2026's kernels got wrong (sinks, empty and masked split-KV partitions, soft-capping,

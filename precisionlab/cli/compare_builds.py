@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 
-from precisionlab.cli.options import JsonOpt
+from precisionlab.cli.options import plot_option, JsonOpt
 from precisionlab.errors import UsageError
 
 
@@ -19,7 +19,7 @@ def command(
     resamples: Annotated[int, typer.Option("--resamples", help="Bootstrap resamples.")] = 2000,
     fail_on_worse: Annotated[bool, typer.Option("--fail-on-worse", help="Exit 1 when B is worse than A on KLD "
                                                 "(its interval for B - A lies above 0).")] = False,
-    plot: Annotated[Optional[str], typer.Option("--plot", help="Write the per-position KLD difference to this PNG.")] = None,
+    plot: plot_option("the per-position KLD difference") = None,
     json_out: JsonOpt = False,
 ):
     """Regression or noise? B against A, both against REF: per position the paired difference of KLD, top-1

@@ -12,7 +12,7 @@ import typer
 from precisionlab.catalog import formats
 from precisionlab.cli.model_options import (DEFAULT_PROMPT, DEFAULT_SPEC, DEFAULT_STEPS, LowDtypesOpt, ModelDeviceOpt,
                                             PromptOpt, StepsOpt, early_checks, spec_paths)
-from precisionlab.cli.options import JsonOpt, ModelOpt, SeedOpt, WideOpt, format_names
+from precisionlab.cli.options import plot_option, JsonOpt, ModelOpt, SeedOpt, WideOpt, format_names
 from precisionlab.errors import UsageError
 
 DEFAULT_DTYPES = format_names(formats.LOW_COMPUTE, ",")
@@ -38,8 +38,7 @@ def command(
                                                 "DIR/fp32.safetensors, DIR/bf16.safetensors, ... (execution order "
                                                 "and token ids in the metadata), for compare tensors. One model "
                                                 "only.")] = None,
-    plot: Annotated[Optional[str], typer.Option("--plot", help="Draw the error along the model to this file (.png, "
-                                                ".svg, .pdf, ...).")] = None,
+    plot: plot_option("the error along the model") = None,
     device: ModelDeviceOpt = "cpu",
     seed: SeedOpt = 0,
     json_out: JsonOpt = False,

@@ -6,7 +6,8 @@ from typing import Annotated, Optional
 
 import typer
 
-from precisionlab.cli.options import JsonOpt
+from precisionlab.cli.model_options import MaxKldOpt, MinTop1Opt
+from precisionlab.cli.options import plot_option, JsonOpt
 from precisionlab.errors import UsageError
 
 
@@ -16,9 +17,9 @@ def command(
              "or REF alone with --write-kld-base. Each a logits file (safetensors: 'logits' positions x vocab, "
              "'tokens' positions, e.g. from compare model --metrics --save-logits) or, for REF, llama.cpp's "
              "--kl-divergence-base file.", show_default=False)],
-    plot: Annotated[Optional[str], typer.Option("--plot", help="Write KLD per position and flips by margin to this PNG.")] = None,
-    max_kld: Annotated[Optional[float], typer.Option("--max-kld", help="Exit 1 when YOURS' mean KLD is above this.")] = None,
-    min_top1: Annotated[Optional[float], typer.Option("--min-top1", help="Exit 1 when YOURS' top-1 agreement (%) is below this.")] = None,
+    plot: plot_option("KLD per position and flips by margin") = None,
+    max_kld: MaxKldOpt = None,
+    min_top1: MinTop1Opt = None,
     write_kld_base: Annotated[Optional[str], typer.Option("--write-kld-base", help="Write REF as llama.cpp's "
                                                           "--kl-divergence-base file (uint16 log-probs).")] = None,
     kld_ctx: Annotated[Optional[int], typer.Option("--kld-ctx", help="Its chunk length n_ctx (default: the window "

@@ -6,7 +6,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from precisionlab.cli.options import JsonOpt
+from precisionlab.cli.options import plot_option, JsonOpt
 
 # The diagnoses as --fail-on names them (experiments/logprobs.py's DIAGNOSES; written here so --help imports no
 # experiment; tests/test_logprobs_gates.py checks the two lists are the same).
@@ -28,8 +28,7 @@ def command(
                                                      "the worst tokens (offline, trust_remote_code=False); without "
                                                      "it, the files' token strings.")] = None,
     worst: Annotated[int, typer.Option("--worst", help="How many worst sequences and positions to list.")] = 10,
-    plot: Annotated[Optional[str], typer.Option("--plot", help="Write Δ per position and the ratios' histogram to "
-                                                "this .png/.pdf/.svg.")] = None,
+    plot: plot_option("Δ per position and the ratios' histogram") = None,
     fail_on: Annotated[Optional[str], typer.Option("--fail-on", help="Exit 1 when any of these diagnoses is made "
                                                    "(comma list, or any): " + DIAGNOSES_HELP + ".",
                                                    show_default=False)] = None,

@@ -9,7 +9,7 @@ import typer
 from precisionlab.catalog import formats
 from precisionlab.cli.model_options import (DEFAULT_SPEC, MaxKldOpt, MinTop1Opt, ModelDeviceOpt,
                                             TextOpt, early_checks, spec_paths)
-from precisionlab.cli.options import JsonOpt, ModelOpt, SeedOpt, format_names
+from precisionlab.cli.options import plot_option, JsonOpt, ModelOpt, SeedOpt, format_names
 
 DEFAULT_DTYPES = format_names(formats.LOW_COMPUTE, ",")
 
@@ -27,8 +27,7 @@ def command(
     min_top1: MinTop1Opt = None,
     inject: Annotated[Optional[list[str]], typer.Option("--inject", help="logits:noise=SIGMA adds seeded Gaussian "
                                                         "noise to the compared runs' logits; repeatable.")] = None,
-    plot: Annotated[Optional[str], typer.Option("--plot", help="Draw KLD and flips to this file (.png, .svg, .pdf, "
-                                                "...).")] = None,
+    plot: plot_option("KLD and flips") = None,
     device: ModelDeviceOpt = "cpu",
     seed: SeedOpt = 0,
     json_out: JsonOpt = False,

@@ -6,14 +6,12 @@ rollout, engine), each with only the options it reads."""
 
 from __future__ import annotations
 
-from typing import Annotated, Optional
 
-import typer
 
 from precisionlab.catalog import formats
 from precisionlab.cli.model_options import (DEFAULT_PROMPT, DEFAULT_SPEC, DEFAULT_STEPS, LowDtypesOpt, ModelDeviceOpt,
                                             PromptOpt, StepsOpt, early_checks, spec_paths)
-from precisionlab.cli.options import JsonOpt, ModelOpt, SeedOpt, ThreadsOpt, format_names
+from precisionlab.cli.options import plot_option, JsonOpt, ModelOpt, SeedOpt, ThreadsOpt, format_names
 
 DEFAULT_DTYPES = format_names(formats.LOW_COMPUTE, ",")
 
@@ -23,8 +21,7 @@ def command(
     steps: StepsOpt = DEFAULT_STEPS,
     prompt: PromptOpt = DEFAULT_PROMPT,
     dtypes: LowDtypesOpt = DEFAULT_DTYPES,
-    plot: Annotated[Optional[str], typer.Option("--plot", help="Write rel-L2 per step, divergence marked, to this "
-                                                "file (.png, .svg, .pdf, ...).")] = None,
+    plot: plot_option("rel-L2 per step, the divergence marked") = None,
     device: ModelDeviceOpt = "cpu",
     seed: SeedOpt = 0,
     json_out: JsonOpt = False,

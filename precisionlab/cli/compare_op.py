@@ -8,8 +8,8 @@ import typer
 
 from precisionlab.errors import RunError
 from precisionlab.catalog import formats
-from precisionlab.cli.options import (AccBitsOpt, AccRoundingOpt, AtolOpt, DeviceOpt, JsonOpt, RtolOpt, SeedOpt,
-                                      ThreadsOpt, accumulator_option, format_names)
+from precisionlab.cli.options import (DeviceOpt, JsonOpt, SeedOpt, ThreadsOpt, TolOpt, accumulator_option,
+                                      format_names, parse_tol)
 
 
 MatmulAccumulatorOpt = accumulator_option("matmul: also each model's result on the same inputs (the tf32 and "
@@ -45,10 +45,7 @@ def command(
                                                      "arguments (x, weight, bias, a, b, positions, q, k, v, kv_start, "
                                                      "gate, up).")] = None,
     accumulator: MatmulAccumulatorOpt = None,
-    acc_bits: AccBitsOpt = None,
-    acc_rounding: AccRoundingOpt = None,
-    atol: AtolOpt = None,
-    rtol: RtolOpt = None,
+    tol: TolOpt = None,
     device: DeviceOpt = "all",
     seed: SeedOpt = 0,
     json_out: JsonOpt = False,
@@ -64,10 +61,11 @@ def command(
 
     for value, what in ((impl, "--impl"), (out_dtype, "--out-dtype"), (from_file, "--from")):
         inputs.check_given(value, what)
+    rtol, atol = parse_tol(tol)
     cfg = exp.CompareOpConfig(op=name, shape=shape, dtypes=dtype, impl=impl, device=device, seed=seed, atol=atol,
                               rtol=rtol, cases=cases, masked=masked, scale=scale, out_dtype=out_dtype,
                               from_file=from_file, threads=threads,
-                              accumulators=accumulator, acc_bits=acc_bits, acc_rounding=acc_rounding)
+                              accumulators=accumulator)
     from precisionlab.report import compare_op as compare_op_report
     from precisionlab.report.output import Output
 

@@ -8,7 +8,7 @@ import typer
 
 from precisionlab.catalog import formats
 from precisionlab.cli.model_options import DEFAULT_PROMPT, ModelDeviceOpt, early_checks, spec_paths
-from precisionlab.cli.options import JsonOpt, SeedOpt, ThreadsOpt, format_names
+from precisionlab.cli.options import plot_option, JsonOpt, SeedOpt, ThreadsOpt, format_names
 from precisionlab.errors import UsageError
 
 
@@ -28,8 +28,7 @@ def command(
                                                          "both sides score logits / T.")] = None,
     top_p: Annotated[Optional[float], typer.Option("--top-p", help="Nucleus sampling's kept mass, in (0, 1] "
                                                    "(default 1: the whole distribution).")] = None,
-    plot: Annotated[Optional[str], typer.Option("--plot", help="Write the run's plot to this file (.png, .svg, "
-                                                ".pdf, ...).")] = None,
+    plot: plot_option("the run's plot") = None,
     device: ModelDeviceOpt = "cpu",
     seed: SeedOpt = 0,
     json_out: JsonOpt = False,

@@ -6,7 +6,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from precisionlab.cli.options import JsonOpt, AtolOpt, RtolOpt, WideOpt
+from precisionlab.cli.options import JsonOpt, TolOpt, WideOpt, parse_tol
 from precisionlab.errors import UsageError
 
 
@@ -34,15 +34,14 @@ def command(
                                   "into NAME along DIM: 'GLOB:DIM'.") = None,
     only: Annotated[Optional[list[str]], typer.Option("--only", help="Compare only names matching this glob "
                                                       "(repeatable).")] = None,
-    a_dtype: Annotated[Optional[str], typer.Option("--a-dtype", help="The first file's values were this format "
-                                                   "before dumping (bf16, fp16, ...): its tolerances apply.")] = None,
-    b_dtype: Annotated[Optional[str], typer.Option("--b-dtype", help="The same for the second file.")] = None,
-    c_dtype: Annotated[Optional[str], typer.Option("--c-dtype", help="The same for the third file (YOURS).")] = None,
+    dtypes: Annotated[Optional[str], typer.Option("--dtypes", metavar="A,B[,C]", help="The formats each file's "
+                                                  "values had before dumping (bf16, fp16, ...), in the files' order: "
+                                                  "their tolerances apply; '-' for a file as stored (e.g. -,bf16).")]
+    = None,
     sort: Annotated[str, typer.Option("--sort", help="order (execution order, else natural) | error.")] = "order",
     fail_fast: Annotated[bool, typer.Option("--fail-fast", help="Stop at the first failing (flagged) tensor.")] = False,
     equal_nan: Annotated[bool, typer.Option("--equal-nan", help="NaN agrees with NaN at the same place.")] = False,
-    atol: AtolOpt = None,
-    rtol: RtolOpt = None,
+    tol: TolOpt = None,
     json_out: JsonOpt = False,
     wide: WideOpt = False,
 ):
@@ -55,10 +54,8 @@ def command(
     from precisionlab.report import tensors as rep
     from precisionlab.experiments import tensors as exp
 
-    if c_dtype is not None and len(files) != 3:  # the third file's format, with no third file: never ignored
-        raise UsageError("--c-dtype declares the third file (YOURS) of a three-way comparison; with two files "
-                         "use --a-dtype/--b-dtype")
-    cfg = exp.CompareTensorsConfig(files=files, maps=maps or [], only=only or [], dtypes=[a_dtype, b_dtype, c_dtype],
+    rtol, atol = parse_tol(tol)
+    cfg = exp.CompareTensorsConfig(files=files, maps=maps or [], only=only or [], dtypes=_dtypes(dtypes, len(files)),
                                    atol=atol, rtol=rtol, equal_nan=equal_nan, sort=sort, fail_fast=fail_fast,
                                    layouts=layouts or [], transposes=transposes or [], reshapes=reshapes or [],
                                    unshards=unshards or [])
@@ -69,3 +66,15 @@ def command(
         rep.table(result, wide=wide)
     if result.any_failed:
         raise typer.Exit(1)
+
+
+def _dtypes(text: str | None, n_files: int) -> list[str | None]:
+    """--dtypes A,B[,C] -> one format or None (as stored, '-') per file, three
+    entries; a format for a file not given is refused, never ignored."""
+    sides = [None if t.strip() in ("-", "") else t.strip() for t in text.split(",")] if text is not None else []
+    if text is not None and not 2 <= len(sides) <= 3:
+        raise UsageError(f"--dtypes takes A,B or A,B,C, one format (or '-') per file (got {text!r})")
+    if len(sides) == 3 and n_files != 3:  # the third file's format, with no third file
+        raise UsageError("--dtypes' third format declares the third file (YOURS) of a three-way comparison; with "
+                         "two files give A,B")
+    return (sides + [None, None, None])[:3]

@@ -6,7 +6,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from precisionlab.cli.options import (AccBitsOpt, AccRoundingOpt, DeviceOpt, JsonOpt, SeedOpt, accumulator_option,
+from precisionlab.cli.options import (plot_option, DeviceOpt, JsonOpt, SeedOpt, accumulator_option,
                                       block_format_names)
 
 
@@ -29,10 +29,7 @@ def command(
     baselines: Annotated[bool, typer.Option("--baselines/--no-baselines", help="Also bf16 and per-tensor-scaled fp8 "
                                             "(e4m3, e5m2).")] = True,
     accumulator: FormatsAccumulatorOpt = None,
-    acc_bits: AccBitsOpt = None,
-    acc_rounding: AccRoundingOpt = None,
-    plot: Annotated[Optional[str], typer.Option("--plot", help="Write relative RMSE per configuration to this "
-                                                ".png/.pdf/.svg (checked before the run, written atomically).")] = None,
+    plot: plot_option("relative RMSE per configuration") = None,
     device: DeviceOpt = "all",
     seed: SeedOpt = 0,
     json_out: JsonOpt = False,
@@ -44,6 +41,5 @@ def command(
 
     out = Output(formats_report, json_out, plot)
     cfg = exp.FormatsConfig(formats=formats, rules=rules, blocks=blocks, dists=dists, n=n, shape=shape,
-                            baselines=baselines, device=device, seed=seed, accumulators=accumulator,
-                            acc_bits=acc_bits, acc_rounding=acc_rounding)
+                            baselines=baselines, device=device, seed=seed, accumulators=accumulator)
     out.run("formats", lambda advance: exp.run(cfg, advance))

@@ -10,7 +10,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from precisionlab.cli.options import DeviceOpt, SeedOpt, JsonOpt
+from precisionlab.cli.options import plot_option, DeviceOpt, SeedOpt, JsonOpt
 from precisionlab.errors import UsageError
 
 
@@ -19,7 +19,7 @@ def command(
     runs: Annotated[int, typer.Option("--runs", help="Repetitions of each computation (at least 2).")] = 100,
     n: Annotated[int, typer.Option("--n", help="Values in the summed array.")] = 1 << 24,
     sections: Annotated[Optional[str], typer.Option("--sections", help="Comma list: atomics, splitk, batch, torch_ops, threads, tp.")] = None,
-    plot: Annotated[Optional[str], typer.Option("--plot", help="Histogram of the atomic results, in ulps around fsum, to this file (.png, .svg, .pdf, ...).")] = None,
+    plot: plot_option("a histogram of the atomic results (ulps around fsum)") = None,
     device: DeviceOpt = "all",
     seed: SeedOpt = 0,
     json_out: JsonOpt = False,

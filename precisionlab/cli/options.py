@@ -3,12 +3,13 @@ and the help texts that list what the library's catalog declares."""
 
 from __future__ import annotations
 
+import math
 from typing import Annotated, Optional
 
 import typer
 
 from precisionlab.engines import registry as _registry
-from precisionlab.errors import PrecisionLabError
+from precisionlab.errors import PrecisionLabError, UsageError
 
 
 def variant_names(op: str, device: str | None = None, kinds: tuple[str, ...] = ("algorithm", "kernel", "bug"),
@@ -68,8 +69,28 @@ JsonOpt = Annotated[bool, typer.Option("--json", help="One strict JSON document 
 WideOpt = Annotated[bool, typer.Option("--wide", help="Every column of each row (default: a compact table of "
                                        "name, status, errors, ratio, scale and the rule that fired; --json has "
                                        "every field).")]
-AtolOpt = Annotated[Optional[float], typer.Option("--atol", help="Absolute tolerance (default: torch.testing's for the dtype).")]
-RtolOpt = Annotated[Optional[float], typer.Option("--rtol", help="Relative tolerance (default: torch.testing's for the dtype).")]
+# One option for the pair torch.testing takes both-or-neither (the old --rtol/--atol fold into it, cli/aliases.py).
+TolOpt = Annotated[Optional[str], typer.Option("--tol", metavar="RTOL,ATOL", help="Relative and absolute tolerance, "
+                                               "both (default: torch.testing's for the dtype).")]
+
+
+def parse_tol(text: str | None) -> tuple[float | None, float | None]:
+    """--tol RTOL,ATOL -> (rtol, atol), (None, None) when not given: each
+    finite and >= 0 (NaN would pass every comparison), as
+    numerics.compare.check_override asks of a pair given by other means."""
+    if text is None:
+        return None, None
+    parts = text.split(",")
+    try:
+        if len(parts) != 2:
+            raise ValueError
+        rtol, atol = (float(p) for p in parts)
+    except ValueError:
+        raise UsageError(f"--tol takes RTOL,ATOL, two numbers (got {text!r})") from None
+    for name, v in (("RTOL", rtol), ("ATOL", atol)):
+        if not (math.isfinite(v) and v >= 0):
+            raise UsageError(f"--tol: {name} must be a finite number >= 0 (got {v})")
+    return rtol, atol
 # The model commands (compare model, its --metrics and --layers, kvcache): an
 # engine spec, checked by engines/registry.py before anything slow starts.
 ModelOpt = Annotated[str, typer.Option("--model", help=_registry.spec_help())]
@@ -90,8 +111,9 @@ ThreadsOpt = Annotated[Optional[int], typer.Option("--threads", help="CPU thread
 
 # The accumulator models (numerics/accumulators.py), one option for every
 # matmul path: tf32, formats' block-scaled matmul, compare op matmul. Each
-# command says what the models do there (`role`); the spellings, --acc-bits and
-# --acc-rounding are the same everywhere, parsed by accumulators.parse_list.
+# command says what the models do there (`role`); the spellings are the same
+# everywhere, parsed by accumulators.parse_list (the old --acc-bits and
+# --acc-rounding fold into them, cli/aliases.py).
 def accumulator_option(role: str):
     """--accumulator MODEL[,MODEL...] with the command's `role` in its help; the
     spellings are the library's published kinds (numerics.accumulators.spellings_help)."""
@@ -101,10 +123,7 @@ def accumulator_option(role: str):
                                                  f"{accumulators.spellings_help()}. {role}")]
 
 
-AccBitsOpt = Annotated[Optional[int], typer.Option("--acc-bits", help="With --accumulator: B, the bits hopper-fp8 and "
-                                                   "promote:N keep of each group's aligned terms (default 14), for "
-                                                   "every such model that does not spell its own :bits=.")]
-AccRoundingOpt = Annotated[Optional[str], typer.Option("--acc-rounding", help="With --accumulator: how hopper-fp8 "
-                                                       "and promote:N cut the aligned terms: trunc (default: toward "
-                                                       "zero) | rne | floor (toward -inf), for every such model that "
-                                                       "does not spell its own.")]
+def plot_option(what: str):
+    """--plot FILE, declared once: `what` the command draws; the file's
+    suffix picks the image format, checked before the run, written atomically."""
+    return Annotated[Optional[str], typer.Option("--plot", help=f"Draw {what} to this file (.png, .svg, .pdf, ...).")]

@@ -11,7 +11,7 @@ from typing import Annotated, Optional
 import typer
 
 from precisionlab.catalog import formats
-from precisionlab.cli.options import SeedOpt, JsonOpt, format_names
+from precisionlab.cli.options import plot_option, SeedOpt, JsonOpt, format_names
 
 
 def command(
@@ -57,8 +57,7 @@ def command(
                                                 "cases against the emulated fp64 router.")] = None,
     threshold: Annotated[Optional[int], typer.Option("--threshold", help="With --impl: your kernel's fused/"
                                                      "unfused token count; cases run either side of it.")] = None,
-    plot: Annotated[Optional[str], typer.Option("--plot", help="Write flips by margin bucket to this image.")]
-    = None,
+    plot: plot_option("flips by margin bucket") = None,
     seed: SeedOpt = 0,
     json_out: JsonOpt = False,
 ):

@@ -7,7 +7,7 @@ from typing import Annotated, Optional
 import typer
 
 from precisionlab.io import inputs
-from precisionlab.cli.options import (AccBitsOpt, AccRoundingOpt, DeviceOpt, JsonOpt, SeedOpt, ThreadsOpt,
+from precisionlab.cli.options import (plot_option, DeviceOpt, JsonOpt, SeedOpt, ThreadsOpt,
                                       accumulator_option)
 
 
@@ -22,14 +22,12 @@ def command(
                                             "a list K[,K...] to sweep (default 256,1024,4096,16384).")] = None,
     sweep_mn: Annotated[int, typer.Option("--sweep-mn", help="m = n for the error-against-K sweep.")] = 256,
     no_sweep: Annotated[bool, typer.Option("--no-sweep", help="Skip the K sweep (256 ... 16384).")] = False,
-    plot: Annotated[Optional[str], typer.Option("--plot", help="Write error against K to this file (.png, .svg, .pdf, ...).")] = None,
+    plot: plot_option("error against K") = None,
     device: DeviceOpt = "all",
     seed: SeedOpt = 0,
     json_out: JsonOpt = False,
     threads: ThreadsOpt = None,
     accumulator: Tf32AccumulatorOpt = None,
-    acc_bits: AccBitsOpt = None,
-    acc_rounding: AccRoundingOpt = None,
     dtypes: Annotated[str, typer.Option("--dtypes", help="With --accumulator: the input formats.")] = "fp8_e4m3",
 ):
     """TF32, bf16 and fp16 matmuls against float64: error, speed, integer exactness, error against K."""
@@ -48,11 +46,8 @@ def command(
         raise UsageError("--k takes one value unless --accumulator is given")
     cfg = exp.Tf32Config(m=m, n=n, k=ks[0], sweep_mn=sweep_mn, sweep=not no_sweep, device=device, seed=seed,
                          threads=threads)
-    if accumulator is None and (acc_bits is not None or acc_rounding is not None):
-        raise UsageError("--acc-bits and --acc-rounding go with --accumulator")
     if accumulator is not None:
         cfg.accumulators = [accumulator]
-        cfg.acc_bits, cfg.acc_rounding = acc_bits, acc_rounding
         cfg.acc_dtypes = tuple(s.strip() for s in dtypes.split(",") if s.strip())
         cfg.acc_k = exp.ACC_K if k is None else tuple(ks)
     out.run("tf32", lambda advance: exp.run(cfg, advance))

@@ -2,7 +2,7 @@
 the user's own engine, written in Python, in every model check.
 
 Only the module the user names is imported (their code, run deliberately, as
-compare op's --impl runs theirs: runtime/users_code.py loads both). The
+compare op's --impl runs theirs: runtime/user_code.py loads both). The
 factory, called with the device ("cpu" | "cuda"), returns an Engine
 (engines/protocol.py) that implements the calls it can - forward, session
 (decode with a KV cache), forward_batch, fork, capture_layers, model(dtype) -
@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from precisionlab.engines.protocol import CAPABILITIES, Engine, KVStores, NotSupported
 from precisionlab.errors import NoDeviceError, RunError, UsageError
-from precisionlab.runtime.users_code import load_callable, users_code
+from precisionlab.runtime.user_code import load_callable, users_code
 
 OPTION = "--model python:"
 SPEC = "python:package.module:factory or python:path/file.py:factory"

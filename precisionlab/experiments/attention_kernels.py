@@ -111,12 +111,12 @@ BUILTIN = (Kernel("emulator", emulator), Kernel("native", native_op))
 
 def user(spec: str) -> Kernel:
     """The user's function, loaded as compare op --impl loads it (its prints to stderr)."""
-    from precisionlab.experiments.compare import load_impl, _users_code
+    from precisionlab.runtime.user_code import load_impl, users_code
 
     fn = load_impl(spec)
 
     def call(q, k, v, **kwargs):
-        with _users_code():
+        with users_code():
             try:
                 return fn(q, k, v, **kwargs)
             except NotImplementedError as e:

@@ -8,12 +8,9 @@ from dataclasses import dataclass
 
 from precisionlab.errors import RunError, UsageError
 from precisionlab.experiments import op_harness
-from precisionlab.runtime.users_code import load_callable, users_code  # noqa: F401 (users_code: op_impl's callers)
+from precisionlab.runtime.user_code import load_impl, users_code
 
-
-def load_impl(spec: str):
-    """'package.module:function' (or 'path/file.py:function') -> the callable; the current directory is importable."""
-    return load_callable(spec, "--impl", "function")
+__all__ = ["Raised", "call", "call_case", "load_impl", "users_code"]
 
 
 @dataclass(frozen=True)

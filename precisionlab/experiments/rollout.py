@@ -5,7 +5,7 @@ keeping the log-probs its sampler saw: raw (the log-softmax of logits / T)
 and renormalised over the top-p support. Then both sides score the same
 tokens teacher-forced, one forward per sequence (Engine.forward), and every
 pair of streams goes through compare logprobs' statistics
-(experiments.logprobs.compare_streams).
+(experiments.logprob_compare.compare_streams).
 
 The comparisons, each trainer (A) against a rollout stream (B):
 - sampler: the rollout's raw log-probs from its decoding steps;
@@ -37,7 +37,7 @@ from precisionlab.engines import registry
 from precisionlab.engines.protocol import check_finite
 from precisionlab.errors import UsageError
 from precisionlab.experiments import startup
-from precisionlab.experiments.logprobs import compare_streams
+from precisionlab.experiments.logprob_compare import compare_streams
 from precisionlab.io import inputs, logprob_streams
 from precisionlab.numerics import logprobs as lpstats
 from precisionlab.numerics.metrics import exact_sum

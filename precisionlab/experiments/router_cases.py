@@ -96,7 +96,7 @@ CASES = [
 
 def run(cfg, advance=lambda k=1: None):
     from precisionlab.experiments import router as exp
-    from precisionlab.experiments.compare import load_impl
+    from precisionlab.runtime.user_code import load_impl
 
     exp._check_sizes(cfg)
     if cfg.threshold is not None and not 2 <= cfg.threshold <= MAX_THRESHOLD:
@@ -133,12 +133,12 @@ def _call(fn, logits, bias, alg, dtype):
     """Your kernel on torch tensors of `dtype`: (weights, ids) as numpy, or the reason it failed."""
     import torch
 
-    from precisionlab.experiments.compare import _users_code
+    from precisionlab.runtime.user_code import users_code
 
     lt = torch.from_numpy(np.ascontiguousarray(logits)).to(dtype)
     bt = None if bias is None else torch.from_numpy(np.ascontiguousarray(bias)).to(dtype)
     try:
-        with _users_code():
+        with users_code():
             out = fn(lt, bt, top_k=alg.top_k, n_group=alg.n_group, topk_group=alg.topk_group, scoring=alg.scoring,
                      normalize=alg.normalize)
         w, ids = out

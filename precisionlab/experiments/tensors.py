@@ -44,7 +44,7 @@ from precisionlab.numerics import compare as comparison, divergence, metrics
 from precisionlab.errors import UsageError
 from precisionlab.io.tensorfiles import DTYPE_TO_FORMAT, TensorFile, natural_key, open_tensor_file
 
-LOW_DTYPES = formats.DUMPED  # what --a-dtype/--b-dtype/--c-dtype can declare: numerics.compare's table covers each
+LOW_DTYPES = formats.DUMPED  # what --dtypes A,B[,C] can declare: numerics.compare's table covers each
 SORTS = ("order", "error")
 
 
@@ -260,11 +260,11 @@ def _fmt(dtype_name: str, declared: str | None) -> str | None:
     return DTYPE_TO_FORMAT.get(dtype_name)
 
 
-DTYPE_OPTIONS = ("--a-dtype", "--b-dtype", "--c-dtype")
+DTYPE_OPTIONS = ("--dtypes (A)", "--dtypes (B)", "--dtypes (C)")  # as a refusal names each file's format
 
 
 def parse_declared(dtypes: list[str | None], n_files: int) -> list[str | None]:
-    """Each file's declared format (--a-dtype, ...), canonical, None where not given."""
+    """Each file's declared format (--dtypes A,B[,C]), canonical, None where not given."""
     declared = list(dtypes) + [None] * (n_files - len(dtypes))
     # as many as were given or as there are files: the options beyond either are not used
     return [None if d is None else formats.parse_one(d, LOW_DTYPES, opt)
@@ -281,7 +281,7 @@ def compare(cfg: CompareTensorsConfig, progress_factory=None) -> TensorsResult:
     declared = parse_declared(cfg.dtypes, n_files)
     layout, renames = tensor_layout.parse(cfg.maps, cfg.layouts, cfg.transposes, cfg.reshapes, cfg.unshards)
     rules = parse_maps(renames)
-    files = [open_tensor_file(p, d) for p, d in zip(cfg.files, declared, strict=False)]  # --c-dtype unused with 2
+    files = [open_tensor_file(p, d) for p, d in zip(cfg.files, declared, strict=False)]  # a third format unused with 2
     maps, mapped_side = _apply_maps(files, rules)
     files, maps, layout_notes = tensor_layout.arrange(files, maps, layout, labels(n_files))
     names = _ordered(files, maps)

@@ -364,6 +364,16 @@ def parse_option(text: str, bits: int | None = None, rounding: str | None = None
         raise UsageError(f"--accumulator: {e}") from None
 
 
+def fold_fields(text: str, bits: int | None = None, rounding: str | None = None) -> str:
+    """--accumulator's text with the old --acc-bits/--acc-rounding spelled
+    into each limited model that does not spell its own (`hopper-fp8` ->
+    `hopper-fp8:bits=B:rounding=R`): what the alias layer rewrites the old
+    options into; the same refusals (exit 2) as parse_option gives them."""
+    parse_option(text, bits, rounding)
+    extra = {key: value for key, value in (("bits", bits), ("rounding", rounding)) if value is not None}
+    return ",".join(_with_defaults(n, extra) for n in (t.strip() for t in text.split(",")) if n)
+
+
 def _with_defaults(name: str, extra: dict) -> str:
     """A limited model's spelling with the fields it leaves out added (its own win)."""
     parts = [p.strip() for p in name.strip().split(":")]

@@ -7,7 +7,7 @@ import numpy as np
 from rich.markup import escape
 from rich.table import Table
 
-from precisionlab.report.console import footer, hint, safe_text, stdout
+from precisionlab.report.console import show_with_failures, footer, hint, safe_text, stdout
 from precisionlab.report.jsondoc import emit_json
 
 LABELS = {"kld": "KLD", "top1_agree_pct": "top-1 agreement (%)", "abs_dp": "|Δp|", "nll": "NLL"}
@@ -20,9 +20,7 @@ def _g(x) -> str:
 def show(res, json_out: bool) -> None:
     if res.params.get("plot"):
         draw(res, res.params["plot"])
-    (as_json if json_out else table)(res)
-    for f in res.failures:
-        hint(f"FAIL {f}")
+    show_with_failures(res, json_out, table, as_json)
 
 
 def table(res) -> None:

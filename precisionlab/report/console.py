@@ -187,6 +187,24 @@ def hint(text: str) -> None:
     stderr.print(safe_text(text), style="dim", highlight=False)
 
 
+def or_dash(x, spec: str, suffix: str = "") -> str:
+    """x formatted by `spec` (and `suffix`), or "-" where there is no value."""
+    return "-" if x is None else f"{x:{spec}}{suffix}"
+
+
+def show_with_failures(res, json_out: bool, table, as_json) -> None:
+    """The table or the JSON, then one FAIL line on stderr per failure
+    (compare builds, scores and moved: res.failures)."""
+    (as_json if json_out else table)(res)
+    for f in res.failures:
+        hint(f"FAIL {f}")
+
+
+def note(text: str) -> None:
+    """A table's explanatory note, dim, under it."""
+    stdout.print(text, style="dim", highlight=False)
+
+
 def error_line(text: str) -> None:
     """One line on stderr, no markup interpretation."""
     sys.stderr.write(f"precisionlab: {printable(' '.join(str(text).split()))}\n")

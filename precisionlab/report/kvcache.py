@@ -5,12 +5,8 @@ from __future__ import annotations
 
 from rich.table import Table
 
-from precisionlab.report.console import footer, safe_text, sci, stdout
+from precisionlab.report.console import or_dash, footer, safe_text, sci, stdout
 from precisionlab.report.jsondoc import emit_rows
-
-
-def _x(v) -> str:
-    return "-" if v is None else f"{v:.3g}x"
 
 
 def table(res) -> None:
@@ -23,7 +19,7 @@ def table(res) -> None:
         t.add_column(col, justify="right")
     for r in res.rows:
         t.add_row(r["device"], r["cache"], r["scale"] or "-", sci(r["mean_rel_l2"]), sci(r["max_rel_l2"]),
-                  _x(r["vs_bf16"]), f"{r['saturated']} / {r['entries']}",
+                  or_dash(r["vs_bf16"], ".3g", "x"), f"{r['saturated']} / {r['entries']}",
                   "-" if r["first_divergence"] is None else f"step {r['first_divergence']}", r["flag"] or "-")
     stdout.print(t)
     d = Table(title="next-token distributions, teacher-forced, against the fp32 cache (as compare metrics)",
@@ -36,7 +32,7 @@ def table(res) -> None:
     for r in res.rows:
         s, b = r["distribution"], r["distribution_vs_bf16_cache"]
         d.add_row(r["device"], r["cache"], r["scale"] or "-", sci(s["kld_mean"]), sci(s["kld_p90"]),
-                  sci(s["kld_max"]), _x(r["kld_vs_bf16"]), f"{s['top1_agree']}/{s['positions']}",
+                  sci(s["kld_max"]), or_dash(r["kld_vs_bf16"], ".3g", "x"), f"{s['top1_agree']}/{s['positions']}",
                   f"{s['fp32_top1_in_top5_pct']:.1f} %", sci(s["dp_rms"]), sci(b["kld_mean"]))
     stdout.print(d)
     footer(None, res.takeaways, note=_note(p))

@@ -7,7 +7,7 @@ import numpy as np
 from rich.markup import escape
 from rich.table import Table
 
-from precisionlab.report.console import error_line, footer, hint, num, safe_text, sci, stdout
+from precisionlab.report.console import note, error_line, footer, hint, num, safe_text, sci, stdout
 from precisionlab.report.jsondoc import emit_json
 from precisionlab.numerics.small_n import CONFIDENCE as _CONFIDENCE, MIN_TAIL as _MIN_TAIL
 
@@ -136,13 +136,12 @@ def table_files(res) -> None:
             lt.add_row(label, *[_fixed(fmt, rep[key], rep[se] if se else None) for rep in res.llamacpp.values()])
         stdout.print(lt)
     _flips(res, "REF")
-    stdout.print("KLD: KL(P_REF || P_side) per position in nats; percentiles are nearest-rank; ± is the standard "
-                 "error of the mean (of the per-position differences for ln PPL). Δp: the side's probability of "
-                 "the text's next token minus REF's. YOURS / REF_LOW: the ratio of their departures from REF "
-                 f"(for agreement, of the disagreement); ! beyond 4x, its {_CONFIDENCE:.0%} paired block-bootstrap "
-                 f"interval wholly past 1x; (n): too few positions for that percentile (a verdict needs {_MIN_TAIL} "
-                 "beyond it).",
-                 style="dim", highlight=False)
+    note("KLD: KL(P_REF || P_side) per position in nats; percentiles are nearest-rank; ± is the standard "
+         "error of the mean (of the per-position differences for ln PPL). Δp: the side's probability of "
+         "the text's next token minus REF's. YOURS / REF_LOW: the ratio of their departures from REF "
+         f"(for agreement, of the disagreement); ! beyond 4x, its {_CONFIDENCE:.0%} paired block-bootstrap "
+         f"interval wholly past 1x; (n): too few positions for that percentile (a verdict needs {_MIN_TAIL} "
+         "beyond it).")
     footer(None, res.takeaways)
 
 

@@ -4,16 +4,12 @@ from __future__ import annotations
 
 from rich.table import Table
 
-from precisionlab.report.console import stdout, footer, safe_text
+from precisionlab.report.console import footer, or_dash, safe_text, stdout
 from precisionlab.report.jsondoc import emit_rows
 
 
 def _pct(x) -> str:
     return "-" if x is None else f"{100 * x:.1f} %"
-
-
-def _num(x) -> str:
-    return "-" if x is None else f"{x:.4g}"
 
 
 def table(res) -> None:
@@ -24,7 +20,7 @@ def table(res) -> None:
     for col in ("tokens", "share", "mean |Δ|", "|Δ| share", "KL k3 share", "excess |Δ| share"):
         t.add_column(col, justify="right")
     for r in res.rows:
-        t.add_row(r["group"], str(r["tokens"]), _pct(r["token_share"]), _num(r["mean_abs_diff"]),
+        t.add_row(r["group"], str(r["tokens"]), _pct(r["token_share"]), or_dash(r["mean_abs_diff"], ".4g"),
                   _pct(r["abs_diff_share"]), _pct(r["kl_k3_share"]), _pct(r.get("excess_abs_diff_share")))
     stdout.print(t)
     lt = Table(title="routing flips by layer", title_justify="left")

@@ -6,14 +6,12 @@ from __future__ import annotations
 from rich.markup import escape
 from rich.table import Table
 
-from precisionlab.report.console import footer, hint, safe_text, stdout
+from precisionlab.report.console import show_with_failures, footer, safe_text, stdout
 from precisionlab.report.jsondoc import emit_json
 
 
 def show(res, json_out: bool) -> None:
-    (as_json if json_out else table)(res)
-    for f in res.failures:
-        hint(f"FAIL {f}")
+    show_with_failures(res, json_out, table, as_json)
 
 
 def table(res) -> None:

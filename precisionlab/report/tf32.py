@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from rich.table import Table
 
-from precisionlab.report.console import stdout, num, sci, footer, safe_text
+from precisionlab.report.console import note, stdout, num, sci, footer, safe_text
 from precisionlab.report.jsondoc import emit_rows
 from precisionlab.report.plots import figure
 
@@ -23,11 +23,10 @@ def _accumulator_table(res) -> None:
             by_k = {r["k"]: r[field] for r in rows if r["dtype"] == dtype and r["accumulator"] == acc}
             t.add_row(dtype, safe_text(acc), *(sci(by_k.get(k)) for k in ks))
         stdout.print(t)
-    stdout.print("Emulated on the CPU, bit for bit as numerics/accumulators.py defines each model (hopper-fp8: "
-                 "MMA-Sim's Hopper fused dot-add: each group of products aligned to the largest exponent, the "
-                 "accumulator included, cut to 14 bits and the sum again to 14 unless the model names its own, "
-                 "toward zero unless it names rne or floor; promote:N: fp32 addition of N-element chunks).",
-                 style="dim", highlight=False)
+    note("Emulated on the CPU, bit for bit as numerics/accumulators.py defines each model (hopper-fp8: "
+         "MMA-Sim's Hopper fused dot-add: each group of products aligned to the largest exponent, the "
+         "accumulator included, cut to 14 bits and the sum again to 14 unless the model names its own, "
+         "toward zero unless it names rne or floor; promote:N: fp32 addition of N-element chunks).")
     footer(None, res.takeaways)
 
 

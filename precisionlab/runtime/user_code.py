@@ -101,3 +101,9 @@ def load_callable(spec: str, option: str = "--impl", what: str = "function"):
     if not callable(fn):
         raise UsageError(f"{option}: {mod_name} has no callable {fn_name}")
     return fn
+
+
+def load_impl(spec: str):
+    """--impl 'package.module:function' (or 'path/file.py:function') -> the callable (compare op,
+    attention-cases, router); the current directory is importable."""
+    return load_callable(spec, "--impl", "function")
