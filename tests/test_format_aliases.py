@@ -27,8 +27,8 @@ from precisionlab.cli.app import app
 from precisionlab.engines import inject
 from precisionlab.errors import RunError, UsageError
 from precisionlab.io import logits_file
-from precisionlab.experiments import (accumulate, attention_cases, compare, contracts, kvcache, logits, model, rollout,
-                                      router, softmax, tensors, tf32)
+from precisionlab.experiments import (accumulate, attention_cases, compare, contracts, kvcache, logits, model, pair,
+                                      rollout, router, softmax, tensors, tf32)
 from precisionlab.numerics import flash_attention as fa
 
 
@@ -108,6 +108,8 @@ def options(dumps) -> list[Opt]:
     three = ("compare", "tensors", *dumps)
     return [
         Opt(ACC, "--dtype", accumulate.STORAGE_DTYPES, single=True),
+        Opt(("compare", "pair", "docs/data/pairs/clean-whole-fp32.safetensors",
+             "docs/data/pairs/clean-chunked-fp32.safetensors"), "--dtype", pair.DTYPES, single=True),
         Opt(ACC, "--acc-dtypes", accumulate.ACCUMULATORS),
         Opt(("softmax", "--values", "1,2", "--device", "cpu"), "--dtypes", softmax.DTYPES),
         Opt(OP, "--dtypes", compare.LOW_DTYPES),

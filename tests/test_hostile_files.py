@@ -222,6 +222,13 @@ PLOT_ARGS = {
     "compare logprobs": ["docs/data/logprobs/trainer.safetensors", "docs/data/logprobs/rollout-top-p.jsonl"],
     "formats": ["--n", "4096", "--shape", "16x256x16", "--dists", "normal", "--device", "cpu"],
     "attention": ["--seq", "512", "--rows", "8", "--std", "1"],
+    "compare metrics": ["--tokens", "16"],
+    "compare layers": ["--steps", "2"],
+    "compare rollout": ["--trainer", "embedded", "--rollout", "embedded", "--samples", "1", "--tokens", "4"],
+    "compare builds": ["docs/data/builds/ref.safetensors", "docs/data/builds/f16.safetensors",
+                       "docs/data/builds/q8_0.safetensors"],
+    "attention-cases": ["--cases", "sink", "--dtypes", "fp32", "--max-keys", "4096"],
+    "router": ["--tokens", "64", "--layers", "1", "--experts", "16", "--hidden", "16", "--top-k", "2"],
 }
 
 

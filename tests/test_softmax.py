@@ -257,7 +257,7 @@ def test_from_file(tmp_path):
     ["--cols", "0"],
     ["--rows", "0", "--cols", "4"],
     ["--rows", "100000000", "--cols", "100000000"],  # too big for memory
-    ["--dtype", "fp64"],
+    ["--dtypes", "fp64"],
     ["--methods", "magic"],
     ["--masked", "maybe"],
     ["--dist", "cauchy", "--rows", "2", "--cols", "2"],

@@ -224,6 +224,7 @@ IEEE_ARITHMETIC = Subset(("fp32", "fp64"), "an IEEE arithmetic")
 TIMED_ACCUMULATORS = Subset(("fp32", "bf16"), "an accumulator bench times")
 TP_DTYPES = Subset(("fp32", "bf16"), "a format the tensor-parallel ranks compute in")
 # attention-cases' default --dtypes: a kernel's reference format and the one most kernels ship in.
+PAIR_DTYPES = Subset(("fp64", *COMPUTE), "a precision compare pair judges two runs in")
 ATTENTION_CASES_DEFAULT = Subset(("fp32", "bf16"), "a format attention-cases runs by default")
 # What a tensor dump's values can be declared to have been before dumping: any
 # format (fp6/fp4 values come dumped in a wider dtype); it decides the tolerances.

@@ -26,7 +26,7 @@ from precisionlab.io import logits_file
 from precisionlab.numerics.compare import ROUNDING_DEPTH, logprob_diff_rows, rounding_bound, rounding_ratio
 
 STORED = {"F64": "fp64", "F32": "fp32", "F16": "fp16", "BF16": "bf16"}
-DTYPES = (*formats.COMPUTE, "fp64")
+DTYPES = formats.PAIR_DTYPES
 SLICE = 256  # positions read at a time: a large vocabulary never sits whole in float64
 
 
@@ -51,9 +51,7 @@ class PairResult:
 
 def _dtype(cfg: PairConfig, fa) -> str:
     if cfg.dtype is not None:
-        if cfg.dtype not in DTYPES:
-            raise UsageError(f"--dtype {cfg.dtype!r}: one of {', '.join(DTYPES)}")
-        return cfg.dtype
+        return formats.parse_one(cfg.dtype, DTYPES, "--dtype")
     said = fa.metadata.get("dtype")
     return said if said in DTYPES else STORED[fa.dtype]
 
