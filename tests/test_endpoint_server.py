@@ -86,7 +86,7 @@ def test_the_openai_adapter_gets_log_probs_from_it(server):
     agree = {}
     for lag in (0, 1):
         res = engines.run(engines.EnginesConfig(engines=[f"openai:{server},timeout=60,lag={lag}"], tokens=32,
-                                                steps=2))
+                                                steps=0))  # llama-cpp-python's server refuses a prompt of token ids: no greedy run
         row = res.rows[0]
         assert row["engine"]["prompt_as"].startswith("text") and row["positions"] == 32
         agree[lag] = row["top1_agree_pct"]

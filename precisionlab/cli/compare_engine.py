@@ -15,7 +15,7 @@ from precisionlab.errors import UsageError
 def command(
     engine: Annotated[Optional[list[str]], typer.Option("--engine", help="A real engine, teacher-forced over --text "
                                                         "and greedy from --prompt: llamacpp:FILE.gguf with optional "
-                                                        ",kv=f32 ,flash=1 ,threads=N, ct2:DIR[,compute=int8], "
+                                                        ",kv=f32 ,flash=1 ,threads=N, ct2:DIR with optional ,compute=int8, "
                                                         "onnx:FILE, or any --model spec; repeatable.",
                                                         show_default=False)] = None,
     reference: Annotated[Optional[str], typer.Option("--reference", help="The reference model's spec, run in fp32 "
@@ -30,10 +30,9 @@ def command(
     device: ModelDeviceOpt = "cpu",
     seed: Annotated[int, typer.Option("--seed", callback=seed_in_range, help="Accepted as by every command; this run draws nothing "
                                       "random.")] = 0,
-    reference_cache: Annotated[bool, typer.Option("--reference-cache/--no-reference-cache",
-                                                  help="Read the reference's logits from, and keep them in, "
-                                                  "~/.cache/precisionlab/reference/ (keyed by the model's files, "
-                                                  "the text, tokens, prompt, steps and settings).")] = True,
+    no_ref_cache: Annotated[bool, typer.Option("--no-ref-cache", help="Compute the reference afresh rather than "
+                                               "read its logits from ~/.cache/precisionlab/reference/ (keyed by the "
+                                               "model's files, the text, tokens, prompt, steps and settings).")] = False,
     json_out: JsonOpt = False,
 ):
     """A real engine (llama.cpp, CTranslate2, ONNX Runtime, a server, any --model spec) against a reference
@@ -49,7 +48,7 @@ def command(
     cfg = eexp.EnginesConfig(engines=engine, reference=reference, text=text,
                              tokens=eexp.DEFAULT_TOKENS if tokens is None else tokens, steps=steps, prompt=prompt,
                              device=device, max_kld=max_kld, min_top1=min_top1,
-                             reference_cache=reference_cache)
+                             reference_cache=not no_ref_cache)
     res = Output(engines_report, json_out).run("compare engine", lambda advance: eexp.run(cfg, advance))
     if res.failures:
         raise typer.Exit(1)

@@ -217,7 +217,14 @@ class OpenAIEngine(ExternalEngine):
         if self.settings["served_model"]:
             body["model"] = self.settings["served_model"]
         timeout = min(MAX_TIMEOUT_S, self.settings["timeout_s"] * max(1, steps // 16 + 1))  # scales with steps
-        doc = Client(self.url, self.settings["timeout_s"]).post("/completions", body, timeout=timeout)
+        try:
+            doc = Client(self.url, self.settings["timeout_s"]).post("/completions", body, timeout=timeout)
+        except RunError as e:
+            if "HTTP 4" not in str(e) and "HTTP 500" not in str(e):
+                raise
+            # llama-cpp-python's own server takes a text prompt only: a prompt of token ids is refused
+            raise RunError(f"{self.name}: the server refused a prompt of token ids for greedy decoding "
+                           f"({str(e).splitlines()[0][:160]}); --steps 0 runs the metrics alone") from None
         try:
             lp = doc["choices"][0]["logprobs"]
             if isinstance(lp, dict) and isinstance(lp.get("content"), list):  # llama-server gives each token's id
