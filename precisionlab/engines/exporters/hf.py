@@ -101,9 +101,11 @@ def from_gguf(path: str, folder: str) -> list[str]:
     from safetensors.torch import save_file
 
     src = Path(path).resolve()
-    kw = {"gguf_file": src.name, "trust_remote_code": False, "local_files_only": True}
-    tok = transformers.AutoTokenizer.from_pretrained(str(src.parent), **kw)
-    model = transformers.AutoModelForCausalLM.from_pretrained(str(src.parent), dtype=torch.float32, **kw)
+    kw = {"gguf_file": src.name, "local_files_only": True}
+    # a model folder never runs its own code
+    tok = transformers.AutoTokenizer.from_pretrained(str(src.parent), trust_remote_code=False, **kw)
+    model = transformers.AutoModelForCausalLM.from_pretrained(str(src.parent), trust_remote_code=False,
+                                                              dtype=torch.float32, **kw)
     cfg = model.config
     tied = bool(getattr(cfg, "tie_word_embeddings", False))
     state = {k: v.detach().to(torch.float32).contiguous() for k, v in model.state_dict().items()

@@ -64,8 +64,9 @@ def write_hf(src: str, out: str, variant: str) -> list[str]:
     import transformers
 
     dtype = torch.float16 if variant == "fp16" else torch.float32
-    model = transformers.AutoModelForCausalLM.from_pretrained(
-        src, trust_remote_code=False, local_files_only=True, dtype=dtype, attn_implementation="eager").eval()
+    model = transformers.AutoModelForCausalLM.from_pretrained(src, trust_remote_code=False,  # no folder's own code
+                                                              local_files_only=True, dtype=dtype,
+                                                              attn_implementation="eager").eval()
 
     class Logits(torch.nn.Module):
         def __init__(self, m):
