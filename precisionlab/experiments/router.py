@@ -15,80 +15,16 @@ from __future__ import annotations
 
 import itertools
 import math
-from dataclasses import dataclass, field
 
 import numpy as np
 
 from precisionlab.catalog import formats
 from precisionlab.errors import UsageError
 from precisionlab.io import inputs
+from precisionlab.experiments.router_setup import (  # noqa: F401 (re-exported: the command's names)
+    BIAS_PRESETS, DTYPES, MAX_PATHS, SYNTHETIC, RouterConfig, RouterResult, _check_sizes, algorithm, bias_vector,
+    input_kind, verdict)
 from precisionlab.numerics import routing
-
-DTYPES = formats.COMPUTE  # the gate's operands, the logits and the bias are held in these
-SYNTHETIC = ("gate", "logits")
-
-
-def input_kind(text: str) -> str:
-    """--inputs: "gate" or "logits" (synthetic), "dump" (a .npy of router logits) or "model" (an engine spec)."""
-    if text in SYNTHETIC:
-        return text
-    if not text.strip():
-        raise UsageError("--inputs: empty; gate | logits | FILE.npy | hf:DIR")
-    return "dump" if text.lower().endswith(".npy") else "model"
-BIAS_PRESETS = {"glm": (6.817, 7.063)}  # GLM-5.2's e_score_correction_bias range (SGLang PR #37133)
-MAX_PATHS = 64
-
-
-@dataclass
-class RouterConfig:
-    gate_dtypes: str = "fp32,bf16"
-    accumulator: str = "fp32"
-    logit_dtypes: str = "fp32,bf16"
-    bias_dtypes: str | None = None  # None: fp32
-    scoring: str = "softmax"
-    top_k: int = 8
-    experts: int = 128
-    groups: str = "1:1"
-    normalize: bool = True
-    ties: str = "lowest"
-    tokens: int = 4096
-    hidden: int = 512
-    layers: int = 4
-    scales: str = "1,1"
-    inputs: str = "gate"  # gate | logits (synthetic) | FILE.npy (a logit dump) | an engine spec (hf:DIR)
-    bias: str | None = None
-    impl: str | None = None
-    threshold: int | None = None
-    seed: int = 0
-
-
-@dataclass
-class RouterResult:
-    params: dict
-    rows: list[dict]
-    buckets: list[dict] = field(default_factory=list)
-    cases: list[dict] = field(default_factory=list)
-    takeaways: list[str] = field(default_factory=list)
-
-
-def algorithm(cfg: RouterConfig, experts: int) -> routing.Algorithm:
-    if cfg.scoring not in routing.SCORINGS:
-        raise UsageError(f"--scoring must be one of {', '.join(routing.SCORINGS)} (got {cfg.scoring!r})")
-    if cfg.ties not in routing.TIES:
-        raise UsageError(f"--ties must be one of {', '.join(routing.TIES)} (got {cfg.ties!r})")
-    try:
-        n_group, topk_group = inputs.integers(cfg.groups, ":", "--groups")
-    except ValueError:
-        n_group = topk_group = 0
-    if n_group < 1 or not 1 <= topk_group <= n_group or experts % n_group:
-        raise UsageError(f"--groups N:M: N groups dividing the {experts} experts, 1 <= M <= N (got {cfg.groups!r})")
-    kept = experts // n_group * topk_group
-    if kept < 2:
-        raise UsageError(f"the kept groups hold {kept} expert: a top-k margin needs one left out (--experts, --groups)")
-    if not 1 <= cfg.top_k <= kept - 1:
-        raise UsageError(f"--top-k must be in 1 ... {kept - 1} (the kept groups hold {kept} experts; "
-                         f"one must be left out for a margin), got {cfg.top_k}")
-    return routing.Algorithm(cfg.top_k, cfg.scoring, n_group, topk_group, cfg.normalize, cfg.ties)
 
 
 def paths(cfg: RouterConfig, synthetic_gemm: bool) -> list[routing.Precision]:
@@ -105,22 +41,6 @@ def paths(cfg: RouterConfig, synthetic_gemm: bool) -> list[routing.Precision]:
     if len(out) > MAX_PATHS:
         raise UsageError(f"{len(out)} precision paths; at most {MAX_PATHS} in one run")
     return out
-
-
-def bias_vector(cfg: RouterConfig, experts: int) -> np.ndarray | None:
-    if cfg.bias is None or cfg.bias == "none":
-        return None
-    text = cfg.bias
-    if text in BIAS_PRESETS:
-        lo, hi = BIAS_PRESETS[text]
-    else:
-        try:
-            lo, hi = (float(v) for v in text.split(":"))
-        except ValueError:
-            raise UsageError(f"--bias is none, {', '.join(BIAS_PRESETS)} or LO:HI (got {text!r})") from None
-        if not (math.isfinite(lo) and math.isfinite(hi) and lo <= hi):
-            raise UsageError(f"--bias LO:HI must be finite with LO <= HI (got {text!r})")
-    return routing.spread_bias(experts, lo, hi, 1 + cfg.seed)
 
 
 def estimate_bytes(tokens: int, hidden: int, experts: int, layers: int, n_paths: int, peak_acc: int) -> int:
@@ -151,13 +71,6 @@ def _scales(text: str) -> tuple[float, float]:
     if len(vals) not in (1, 2) or not all(math.isfinite(v) and v > 0 for v in vals):
         raise UsageError(f"--scales is HIDDEN,GATE (or one scale for --inputs logits), positive (got {text!r})")
     return (vals[0], vals[-1])
-
-
-def _check_sizes(cfg: RouterConfig) -> None:
-    for name, v in (("--tokens", cfg.tokens), ("--hidden", cfg.hidden), ("--experts", cfg.experts),
-                    ("--layers", cfg.layers)):
-        if v <= 0:
-            raise UsageError(f"{name} must be > 0 (got {v})")
 
 
 def run(cfg: RouterConfig, advance=lambda k=1: None) -> RouterResult:
@@ -247,14 +160,6 @@ def measure(p: routing.Precision, layer, ref: routing.Routed, got: routing.Route
            "margin_dtype": p.narrowest,
            "verdict": verdict(int(flipped.sum()), int(persists.sum()))}
     return row, flipped, m_ulps
-
-
-def verdict(flips: int, persisting: int) -> str:
-    if flips == 0:
-        return "no flips"
-    if persisting:
-        return "persists in fp64: algorithmic"
-    return "vanishes in fp64: rounding"
 
 
 def finish(cfg, alg, ps, rows, flips, ulps_of, bias, gemm, info=None) -> RouterResult:

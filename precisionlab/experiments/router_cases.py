@@ -95,7 +95,7 @@ CASES = [
 
 
 def run(cfg, advance=lambda k=1: None):
-    from precisionlab.experiments import router as exp
+    from precisionlab.experiments import router_setup as exp
     from precisionlab.runtime.user_code import load_impl
 
     exp._check_sizes(cfg)
