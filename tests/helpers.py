@@ -257,3 +257,45 @@ def registered(names: dict):
     finally:
         for k in names:
             registry.unregister(k)
+
+
+def temperature_streams(n: int, sequences: int, seed: int = 13, vocab: int = 40, k: int = 8):
+    """Two log-prob streams (io/logprob_streams) of one text, B sampled at temperature 0.7 where A is at 1,
+    with each side's top-k: the temperature diagnosis's planted case."""
+    import numpy as np
+
+    from precisionlab.io import logprob_streams as ls
+
+    rng = np.random.default_rng(seed)
+    logits = rng.standard_normal((n, vocab)) * 2.5
+
+    def logsm(x):
+        m = x.max(axis=1, keepdims=True)
+        return x - m - np.log(np.exp(x - m).sum(axis=1, keepdims=True))
+
+    la, lb = logsm(logits), logsm(logits / 0.7)
+    chosen = np.array([rng.choice(vocab, p=np.exp(lb[i])) for i in range(n)])
+    rows, offsets = np.arange(n), np.linspace(0, n, sequences + 1).astype(np.int64)
+    ta, tb = np.argsort(-la, 1)[:, :k], np.argsort(-lb, 1)[:, :k]
+    a = ls.from_arrays(chosen, la[rows, chosen], offsets, ta, np.take_along_axis(la, ta, 1))
+    b = ls.from_arrays(chosen, lb[rows, chosen], offsets, tb, np.take_along_axis(lb, tb, 1))
+    return a, b
+
+
+def planted_gguf_pair(root, ref, planted: str, scale: float, quant: str):
+    """A copy of the HF folder `ref` with the tensor `planted` scaled by `scale`, and both exported to GGUF
+    in `quant`: (root/clean.gguf, root/bug.gguf)."""
+    from safetensors.torch import load_file, save_file
+
+    from precisionlab.engines.exporters import gguf
+
+    bug = root / "hf-bug"
+    bug.mkdir()
+    for f in ref.iterdir():
+        (bug / f.name).write_bytes(f.read_bytes())
+    tensors = load_file(bug / "model.safetensors")
+    tensors[planted] = tensors[planted] * scale
+    save_file(tensors, bug / "model.safetensors", metadata={"format": "pt"})
+    gguf.write(str(ref), str(root / "clean.gguf"), quant)
+    gguf.write(str(bug), str(root / "bug.gguf"), quant)
+    return root / "clean.gguf", root / "bug.gguf"

@@ -13,7 +13,7 @@ from fractions import Fraction
 import mpmath
 import numpy as np
 import pytest
-from helpers import ROOT, cli, json_glossary_problems, one_line, strict_json
+from helpers import ROOT, cli, json_glossary_problems, one_line, strict_json, temperature_streams
 
 from precisionlab.errors import UsageError
 from precisionlab.experiments import logprobs as exp
@@ -229,20 +229,7 @@ def test_renormalisation_under_precision_noise_and_the_residual():
 
 
 def test_a_temperature_is_not_taken_for_a_renormalisation():
-    rng = np.random.default_rng(13)
-    n, vocab, k = 3000, 40, 8
-    logits = rng.standard_normal((n, vocab)) * 2.5
-
-    def logsm(x):
-        m = x.max(axis=1, keepdims=True)
-        return x - m - np.log(np.exp(x - m).sum(axis=1, keepdims=True))
-
-    la, lb = logsm(logits), logsm(logits / 0.7)
-    chosen = np.array([rng.choice(vocab, p=np.exp(lb[i])) for i in range(n)])
-    rows, offsets = np.arange(n), np.linspace(0, n, 31).astype(np.int64)
-    ta, tb = np.argsort(-la, 1)[:, :k], np.argsort(-lb, 1)[:, :k]
-    A = ls.from_arrays(chosen, la[rows, chosen], offsets, ta, np.take_along_axis(la, ta, 1))
-    B = ls.from_arrays(chosen, lb[rows, chosen], offsets, tb, np.take_along_axis(lb, tb, 1))
+    A, B = temperature_streams(3000, 30)
     diagnoses = exp.compare_streams(A, B).diagnoses
     assert "renormalised" not in [d["kind"] for d in diagnoses]
     # logp_B = logp_A / 0.7 + c exactly at each position: the slope names the temperature ratio

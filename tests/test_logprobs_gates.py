@@ -2,12 +2,10 @@
 listed in --help and can be a gate; a diagnosis named is exit 1 with a FAIL
 line, one not named (or not made) leaves exit 0; a bad list is exit 2."""
 
-import numpy as np
-from helpers import ROOT, cli, strict_json
+from helpers import ROOT, cli, temperature_streams, strict_json
 
 from precisionlab.cli import compare_logprobs as cli_mod
 from precisionlab.experiments import logprobs as exp
-from precisionlab.io import logprob_streams as ls
 
 DATA = ROOT / "docs" / "data" / "logprobs"
 TRAINER, TOP_P = str(DATA / "trainer.safetensors"), str(DATA / "rollout-top-p.jsonl")
@@ -33,20 +31,7 @@ def test_a_named_diagnosis_exits_1_and_others_do_not():
 
 
 def test_a_temperature_mismatch_can_fail_the_run():
-    rng = np.random.default_rng(13)
-    n, vocab, k = 600, 40, 8
-    logits = rng.standard_normal((n, vocab)) * 2.5
-
-    def logsm(x):
-        m = x.max(axis=1, keepdims=True)
-        return x - m - np.log(np.exp(x - m).sum(axis=1, keepdims=True))
-
-    la, lb = logsm(logits), logsm(logits / 0.7)
-    chosen = np.array([rng.choice(vocab, p=np.exp(lb[i])) for i in range(n)])
-    rows, offsets = np.arange(n), np.linspace(0, n, 11).astype(np.int64)
-    ta, tb = np.argsort(-la, 1)[:, :k], np.argsort(-lb, 1)[:, :k]
-    A = ls.from_arrays(chosen, la[rows, chosen], offsets, ta, np.take_along_axis(la, ta, 1))
-    B = ls.from_arrays(chosen, lb[rows, chosen], offsets, tb, np.take_along_axis(lb, tb, 1))
+    A, B = temperature_streams(600, 10)
     res = exp.compare_streams(A, B, fail_on=exp.parse_fail_on("temperature"))
     assert res.failures and res.failures[0].startswith("diagnosis temperature")
     assert not exp.compare_streams(A, B, fail_on=exp.parse_fail_on("renormalised")).failures

@@ -8,7 +8,7 @@ that MLP, and the GGUF tensor that is not REF's weight quantised is listed."""
 
 import pytest
 
-from helpers import strict_json
+from helpers import planted_gguf_pair, strict_json
 
 PLANTED = "model.layers.1.mlp.down_proj.weight"
 
@@ -18,23 +18,15 @@ def q8(tmp_path_factory):
     pytest.importorskip("transformers")
     pytest.importorskip("llama_cpp", reason="llama.cpp's engine needs llama-cpp-python (precisionlab[engines])")
     pytest.importorskip("gguf", reason="the GGUF export needs the gguf package (precisionlab[engines])")
-    from safetensors.torch import load_file, save_file
 
-    from precisionlab.engines.exporters import gguf, hf
+    from precisionlab.engines.exporters import hf
 
     root = tmp_path_factory.mktemp("q8")
-    ref, bug = root / "hf", root / "hf-bug"
+    ref = root / "hf"
     ref.mkdir()
     hf.write_embedded(str(ref))
-    bug.mkdir()
-    for f in ref.iterdir():
-        (bug / f.name).write_bytes(f.read_bytes())
-    tensors = load_file(bug / "model.safetensors")
-    tensors[PLANTED] = tensors[PLANTED] * 1.01
-    save_file(tensors, bug / "model.safetensors", metadata={"format": "pt"})
-    gguf.write(str(ref), str(root / "clean.gguf"), "q8_0")
-    gguf.write(str(bug), str(root / "bug.gguf"), "q8_0")
-    return ref, root / "clean.gguf", root / "bug.gguf"
+    clean, bug = planted_gguf_pair(root, ref, PLANTED, 1.01, "q8_0")
+    return ref, clean, bug
 
 
 def _layers(run, path, ref):

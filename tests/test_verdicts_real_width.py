@@ -8,7 +8,7 @@ MLP's down projection is named there."""
 
 import pytest
 
-from helpers import save_char_qwen, strict_json
+from helpers import planted_gguf_pair, save_char_qwen, strict_json
 
 pytest.importorskip("transformers")
 
@@ -20,22 +20,12 @@ PLANTED = "model.layers.1.mlp.down_proj.weight"
 def wide(tmp_path_factory):
     pytest.importorskip("llama_cpp", reason="llama.cpp's engine needs llama-cpp-python (precisionlab[engines])")
     pytest.importorskip("gguf", reason="the GGUF export needs the gguf package (precisionlab[engines])")
-    from safetensors.torch import load_file, save_file
 
-    from precisionlab.engines.exporters import gguf
 
     root = tmp_path_factory.mktemp("w576")
     ref = save_char_qwen(root / "hf", hidden=576, positions=128, seed=0)
-    bug = root / "hf-bug"
-    bug.mkdir()
-    for f in ref.iterdir():
-        (bug / f.name).write_bytes(f.read_bytes())
-    tensors = load_file(bug / "model.safetensors")
-    tensors[PLANTED] = tensors[PLANTED] * 1.01
-    save_file(tensors, bug / "model.safetensors", metadata={"format": "pt"})
-    gguf.write(str(ref), str(root / "clean.gguf"), "f32")
-    gguf.write(str(bug), str(root / "bug.gguf"), "f32")
-    return ref, root / "clean.gguf", root / "bug.gguf"
+    clean, bug = planted_gguf_pair(root, ref, PLANTED, 1.01, "f32")
+    return ref, clean, bug
 
 
 def _layers(run, gguf_path, ref):
