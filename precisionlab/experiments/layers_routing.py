@@ -1,0 +1,152 @@
+"""compare layers' routing section: where the model has routers (an MoE
+model; the engine names them, Engine.routers), two runs' routing of the same
+tokens, MoE layer by MoE layer.
+
+Each router's input and logits are captured by a forward hook during the
+run the module rows already make (no extra forward pass). Both runs are
+routed from their captured logits by numerics/routing.route, with the
+algorithm the model's config declares (experiments/router_model.algorithm)
+in fp32 arithmetic, as transformers' routers compute their softmax or
+sigmoid, and the correction bias as each run holds it (a bf16 copy rounds
+it). Per MoE layer (numerics/routing.flip_fields, the router command's
+names): the tokens whose top-k set changed, the routed weight moved (L1),
+the sets that only changed slot order; each flip's margin (the first run's
+k-th minus (k+1)-th value) in ulps of the second run's dtype; and the fp64
+call: both runs' router inputs routed again in float64 with each side's
+fp32 weights. A flip that persists there came with the router's input (the
+modules above moved it past the margin); one that vanishes is the router's
+own rounding (its GEMM, the logits' dtype, the bias's dtype).
+"""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+import numpy as np
+
+from precisionlab.engines.protocol import NotSupported
+from precisionlab.errors import UsageError
+from precisionlab.numerics import routing
+
+
+@dataclass
+class Captured:
+    """One run's one router, as float64 numpy."""
+    hidden: np.ndarray       # (T, H) its input
+    logits: np.ndarray       # (T, E) its logits, as the run held them
+    weight: np.ndarray       # (E, H) its weight, as the run held it
+    bias: np.ndarray | None  # (E,) its correction bias, as the run held it
+
+
+@dataclass
+class Routers:
+    """What a model's routers are: their names and the algorithm (alg None: no routing section; note says why
+    where the model has routers but they cannot be compared)."""
+    names: list[str]
+    alg: routing.Algorithm | None
+    note: str | None = None
+
+    def info(self) -> dict | None:
+        a = self.alg
+        return None if a is None else {"moe_layers": len(self.names), "top_k": a.top_k, "scoring": a.scoring,
+                                       "n_group": a.n_group, "topk_group": a.topk_group, "normalize": a.normalize,
+                                       "ties": a.tie}
+
+
+def find(engine, model, who: str = "") -> Routers:
+    """The engine's routers in `model` and the algorithm its config declares; none for a dense model."""
+    from precisionlab.experiments import router_model
+
+    try:
+        gates = engine.routers(model)
+    except NotSupported as e:
+        return Routers([], None, f"{who or engine.name} does not expose its routing ({e}): no routing compared")
+    if not gates:
+        return Routers([], None)
+    try:
+        alg = router_model.algorithm(model.config)
+    except UsageError as e:
+        return Routers([n for n, _ in gates], None, f"routing not compared: {str(e).removeprefix('--inputs: ')}")
+    return Routers([n for n, _ in gates], alg)
+
+
+def _as64(t) -> np.ndarray:
+    return t.detach().double().cpu().numpy()
+
+
+@contextmanager
+def watch(engine, model, routers: Routers, out: dict):
+    """While the block runs, out[router name] = Captured for each of model's routers (their last call)."""
+    from precisionlab.engines import hooks
+
+    handles = []
+    if routers.alg is not None:
+        for name, mod in engine.routers(model):
+            def hook(m, args, output, name=name):
+                logits = hooks.output_tensor(output, "module")  # transformers' routers return (logits, ...)
+                bias = hooks.router_bias(m)
+                out[name] = Captured(_as64(args[0].reshape(-1, args[0].shape[-1])),
+                                     _as64(logits.reshape(-1, logits.shape[-1])), _as64(m.weight),
+                                     None if bias is None else _as64(bias))
+            handles.append(mod.register_forward_hook(hook))
+    try:
+        yield out
+    finally:
+        for h in handles:
+            h.remove()
+
+
+def _route(c: Captured, alg) -> routing.Routed:
+    return routing.route(c.logits, c.bias, alg, routing.Precision(bias_dtype=None))  # the bias as the run held it
+
+
+def _route64(hidden: np.ndarray, fp32: Captured, alg) -> routing.Routed:
+    """The router in float64 on `hidden`, with the fp32 run's weight and bias."""
+    return routing.route(routing.gate_logits(hidden, fp32.weight, routing.FP64), fp32.bias, alg, routing.FP64)
+
+
+def compare(routers: Routers, a: dict, b: dict, margin_dtype: str, a32: dict, b32: dict, extra: dict) -> list[dict]:
+    """Per MoE layer, run A (the reference: fp32, or REF) vs run B: its row. a32 / b32: each side's fp32 run, whose
+    weights the fp64 re-runs use; extra: the fields that name the comparison (dtype, view)."""
+    rows = []
+    alg = routers.alg
+    for i, name in enumerate(routers.names):
+        if name not in a or name not in b:
+            continue
+        ra, rb = _route(a[name], alg), _route(b[name], alg)
+        experts = a[name].logits.shape[1]
+        persists = ~routing.same_set(_route64(a[name].hidden, a32[name], alg).ids,
+                                     _route64(b[name].hidden, b32[name], alg).ids)
+        m, kth = routing.margins(ra, alg.top_k, routing.margin_scale(alg, a[name].bias))
+        stats = routing.flip_fields(ra, rb, persists, routing.margin_ulps(m, kth, margin_dtype), experts)
+        same = routing.same_set(ra.ids, rb.ids)
+        rows.append({**extra, "layer": i, "module": name, **stats,
+                     "order_only_share": float((same & np.any(ra.ids != rb.ids, axis=1)).mean()),
+                     "margin_dtype": margin_dtype, "verdict": verdict(stats["flips"], stats["flips_persisting_fp64"])})
+    return rows
+
+
+def verdict(flips: int, persisting: int) -> str:
+    if flips == 0:
+        return "no flips"
+    if persisting:
+        return "persists in fp64: the router's input moved"
+    return "vanishes in fp64: the router's rounding"
+
+
+def takeaways(rows: list[dict], label) -> list[str]:
+    """One line per comparison (label(row) names it) with flips: the worst MoE layer and the fp64 call."""
+    out = []
+    for key in dict.fromkeys(label(r) for r in rows):
+        mine = [r for r in rows if label(r) == key]
+        worst = max(mine, key=lambda r: r["flip_share"])
+        if not worst["flips"]:
+            out.append(f"routing, {key}: every MoE layer chooses the same top-k set for every token.")
+            continue
+        persisting = sum(r["flips_persisting_fp64"] for r in mine)
+        flips = sum(r["flips"] for r in mine)
+        out.append(f"routing, {key}: {100 * worst['flip_share']:.2f} % of tokens change their top-k set at "
+                   f"{worst['module']} (the most of {len(mine)} MoE layers); {persisting} of {flips} flips persist "
+                   "when both routers run in fp64 (the router's input moved), the rest are the router's rounding.")
+    return out
