@@ -149,7 +149,7 @@ def run(cfg: LayersConfig, advance=lambda k=1: None) -> LayersResult:
             for inj, target in zip(injections, targets, strict=True):
                 hooks.apply(yours, inj, target, by_name)
             cap = captured_run(engine, yours, site_list, x, routers)
-            routed += layers_routing.compare(routers, ref_cap.routes, cap.routes, low, *[ref_cap.routes] * 2, {"dtype": low})
+            routed += layers_routing.compare((routers,) * 2, ref_cap.routes, cap.routes, low, *[ref_cap.routes] * 2, {"dtype": low})
             if dump_dir is not None:
                 dumped.append(_dump(dump_dir, low, cap, order, ids, engine, injections))
             touched = _touched(targets, order)

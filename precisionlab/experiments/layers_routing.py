@@ -106,18 +106,20 @@ def _route64(hidden: np.ndarray, fp32: Captured, alg) -> routing.Routed:
     return routing.route(routing.gate_logits(hidden, fp32.weight, routing.FP64), fp32.bias, alg, routing.FP64)
 
 
-def compare(routers: Routers, a: dict, b: dict, margin_dtype: str, a32: dict, b32: dict, extra: dict) -> list[dict]:
-    """Per MoE layer, run A (the reference: fp32, or REF) vs run B: its row. a32 / b32: each side's fp32 run, whose
-    weights the fp64 re-runs use; extra: the fields that name the comparison (dtype, view)."""
+def compare(routers: tuple[Routers, Routers], a: dict, b: dict, margin_dtype: str, a32: dict, b32: dict,
+            extra: dict) -> list[dict]:
+    """Per MoE layer, run A (the reference: fp32, or REF) vs run B, each routed by its own model's algorithm
+    (routers: A's and B's): its row. a32 / b32: each side's fp32 run, whose weights the fp64 re-runs use;
+    extra: the fields that name the comparison (dtype, view)."""
     rows = []
-    alg = routers.alg
-    for i, name in enumerate(routers.names):
+    alg, alg_b = routers[0].alg, routers[1].alg
+    for i, name in enumerate(routers[0].names):
         if name not in a or name not in b:
             continue
-        ra, rb = _route(a[name], alg), _route(b[name], alg)
-        experts = a[name].logits.shape[1]
+        ra, rb = _route(a[name], alg), _route(b[name], alg_b)
+        experts = max(a[name].logits.shape[1], b[name].logits.shape[1])
         persists = ~routing.same_set(_route64(a[name].hidden, a32[name], alg).ids,
-                                     _route64(b[name].hidden, b32[name], alg).ids)
+                                     _route64(b[name].hidden, b32[name], alg_b).ids)
         m, kth = routing.margins(ra, alg.top_k, routing.margin_scale(alg, a[name].bias))
         stats = routing.flip_fields(ra, rb, persists, routing.margin_ulps(m, kth, margin_dtype), experts)
         same = routing.same_set(ra.ids, rb.ids)

@@ -66,7 +66,7 @@ def table(res, wide: bool = False) -> None:
 
 
 def _footer(res) -> None:
-    section(res.routing, "dtype", lambda d: f"routing: {d} vs fp32 at each MoE router, same tokens")
+    section(res.routing, lambda r: f"{r['dtype']} vs fp32")
     stdout.print(f"load {res.timing['load_s']:.2f} s, run {res.timing['run_s']:.2f} s (after the torch import)",
                  style="dim", highlight=False)
     for path in res.dumped:

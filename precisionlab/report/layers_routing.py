@@ -17,14 +17,14 @@ NOTE = ("routing: each run's MoE routers, from the logits it computed (fp32 soft
         "of the second's dtype, median over the flips that vanish.")
 
 
-def section(rows: list[dict], key: str, title) -> None:
-    """One table per value of row[key] (a dtype or a view), titled title(value); nothing without rows."""
-    for value in dict.fromkeys(r[key] for r in rows):
-        t = Table(title=title(value), title_justify="left", highlight=False)
+def section(rows: list[dict], group) -> None:
+    """One table per comparison (group(row) names it: "bf16 vs fp32", ...); nothing without rows."""
+    for value in dict.fromkeys(group(r) for r in rows):
+        t = Table(title=f"routing: {value} at each MoE router, same tokens", title_justify="left", highlight=False)
         for col in ("#", "router", "flips", "order only", "mass moved", "p99", "fp64 persists", "margin ulps",
                     "verdict"):
             t.add_column(col, justify="left" if col in ("router", "verdict") else "right", overflow="fold")
-        for r in (r for r in rows if r[key] == value):
+        for r in (r for r in rows if group(r) == value):
             t.add_row(str(r["layer"]), safe_text(r["module"]), f"{r['flips']} ({pct(r['flip_share'])})",
                       pct(r["order_only_share"]), sci(r["weight_l1_mean"]), sci(r["weight_l1_p99"]),
                       str(r["flips_persisting_fp64"]), ulps(r["median_flip_margin_ulps"]), r["verdict"])
