@@ -124,7 +124,7 @@ def compare(routers: tuple[Routers, Routers], a: dict, b: dict, margin_dtype: st
         stats = routing.flip_fields(ra, rb, persists, routing.margin_ulps(m, kth, margin_dtype), experts)
         same = routing.same_set(ra.ids, rb.ids)
         rows.append({**extra, "layer": i, "module": name, **stats,
-                     "order_only_share": float((same & np.any(ra.ids != rb.ids, axis=1)).mean()),
+                     "order_only_rate": float((same & np.any(ra.ids != rb.ids, axis=1)).mean()),  # compare routing's name
                      "margin_dtype": margin_dtype, "verdict": verdict(stats["flips"], stats["flips_persisting_fp64"])})
     return rows
 

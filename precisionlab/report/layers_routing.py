@@ -26,7 +26,7 @@ def section(rows: list[dict], group) -> None:
             t.add_column(col, justify="left" if col in ("router", "verdict") else "right", overflow="fold")
         for r in (r for r in rows if group(r) == value):
             t.add_row(str(r["layer"]), safe_text(r["module"]), f"{r['flips']} ({pct(r['flip_share'])})",
-                      pct(r["order_only_share"]), sci(r["weight_l1_mean"]), sci(r["weight_l1_p99"]),
+                      pct(r["order_only_rate"]), sci(r["weight_l1_mean"]), sci(r["weight_l1_p99"]),
                       str(r["flips_persisting_fp64"]), ulps(r["median_flip_margin_ulps"]), r["verdict"])
         stdout.print(t)
     if rows:
