@@ -60,6 +60,7 @@ def test_bf16_flip_rates_equal_an_independent_recomputation(moe):
         w = ref.model.layers[layer].mlp.gate.weight.detach().numpy()  # the fp32 weights, exactly, in float64
         persists = flipped & np.any(_topk_sets(h32 @ w.T) != _topk_sets(h16 @ w.T), axis=1)
         assert row["flips_persisting_fp64"] == int(persists.sum())
+        assert row["flips_router_differs"] == 0  # one model: the same router on both sides
     assert sum(r["flips"] for r in rows) > 0  # the check above compared something
     assert res.params["routing"]["moe_layers"] == LAYERS and res.params["routing"]["top_k"] == TOP_K
 
@@ -93,7 +94,9 @@ def test_a_planted_gate_in_yours_is_found_at_its_layer_and_persists_in_fp64(moe,
     fp32 = {row["layer"]: row for row in doc["routing"] if row["view"] == "fp32"}
     assert fp32[0]["flips"] == 0  # upstream of the planted gate both models route alike
     assert fp32[1]["flips"] > 0 and fp32[1]["flips_persisting_fp64"] == fp32[1]["flips"]
-    assert fp32[1]["verdict"].startswith("persists in fp64")
+    assert fp32[1]["flips_router_differs"] == fp32[1]["flips"]  # its input is REF's: the router itself differs
+    assert fp32[1]["verdict"] == "persists in fp64: the routers differ"
+    assert all(row["flips_router_differs"] == 0 for row in doc["routing"] if row["layer"] != 1)
     yard = [row for row in doc["routing"] if row["view"] == "yardstick"]
     assert [row["layer"] for row in yard] == list(range(LAYERS)) and {row["dtype"] for row in yard} == {"bf16"}
 

@@ -13,9 +13,11 @@ names): the tokens whose top-k set changed, the routed weight moved (L1),
 the sets that only changed slot order; each flip's margin (the first run's
 k-th minus (k+1)-th value) in ulps of the second run's dtype; and the fp64
 call: both runs' router inputs routed again in float64 with each side's
-fp32 weights. A flip that persists there came with the router's input (the
-modules above moved it past the margin); one that vanishes is the router's
-own rounding (its GEMM, the logits' dtype, the bias's dtype).
+fp32 weights. A flip that vanishes there is the routers' rounding (the GEMM,
+the logits' dtype, the bias's dtype). One that persists is algorithmic: the
+routers themselves differ (A's router in fp64 on B's input still chooses
+otherwise than B's: its weights, bias or algorithm), or else the router's
+input moved past the margin (the modules above).
 """
 
 from __future__ import annotations
@@ -118,20 +120,32 @@ def compare(routers: tuple[Routers, Routers], a: dict, b: dict, margin_dtype: st
             continue
         ra, rb = _route(a[name], alg), _route(b[name], alg_b)
         experts = max(a[name].logits.shape[1], b[name].logits.shape[1])
-        persists = ~routing.same_set(_route64(a[name].hidden, a32[name], alg).ids,
-                                     _route64(b[name].hidden, b32[name], alg_b).ids)
+        b64 = _route64(b[name].hidden, b32[name], alg_b)
+        persists = ~routing.same_set(_route64(a[name].hidden, a32[name], alg).ids, b64.ids)
         m, kth = routing.margins(ra, alg.top_k, routing.margin_scale(alg, a[name].bias))
         stats = routing.flip_fields(ra, rb, persists, routing.margin_ulps(m, kth, margin_dtype), experts)
         same = routing.same_set(ra.ids, rb.ids)
-        rows.append({**extra, "layer": i, "module": name, **stats,
+        differs = ~same & persists & _routers_differ(b[name].hidden, a32[name], alg, b64)
+        rows.append({**extra, "layer": i, "module": name, **stats, "flips_router_differs": int(differs.sum()),
                      "order_only_rate": float((same & np.any(ra.ids != rb.ids, axis=1)).mean()),  # compare routing's name
-                     "margin_dtype": margin_dtype, "verdict": verdict(stats["flips"], stats["flips_persisting_fp64"])})
+                     "margin_dtype": margin_dtype,
+                     "verdict": verdict(stats["flips"], stats["flips_persisting_fp64"], int(differs.sum()))})
     return rows
 
 
-def verdict(flips: int, persisting: int) -> str:
+def _routers_differ(hidden: np.ndarray, a32: Captured, alg, b64: routing.Routed) -> np.ndarray:
+    """(T,) where A's router (its fp32 weights, its algorithm) in fp64 on B's input chooses otherwise than B's own
+    router did there: the two routers themselves differ (weights, bias, algorithm), whatever their inputs."""
+    if hidden.shape[1] != a32.weight.shape[1]:
+        return np.ones(hidden.shape[0], bool)
+    return ~routing.same_set(_route64(hidden, a32, alg).ids, b64.ids)
+
+
+def verdict(flips: int, persisting: int, router_differs: int) -> str:
     if flips == 0:
         return "no flips"
+    if router_differs:
+        return "persists in fp64: the routers differ"
     if persisting:
         return "persists in fp64: the router's input moved"
     return "vanishes in fp64: the router's rounding"
@@ -146,9 +160,12 @@ def takeaways(rows: list[dict], label) -> list[str]:
         if not worst["flips"]:
             out.append(f"routing, {key}: every MoE layer chooses the same top-k set for every token.")
             continue
-        persisting = sum(r["flips_persisting_fp64"] for r in mine)
+        persisting, differ = (sum(r[k] for r in mine) for k in ("flips_persisting_fp64", "flips_router_differs"))
         flips = sum(r["flips"] for r in mine)
+        first = next((r["module"] for r in mine if r["flips_router_differs"]), None)
         out.append(f"routing, {key}: {100 * worst['flip_share']:.2f} % of tokens change their top-k set at "
-                   f"{worst['module']} (the most of {len(mine)} MoE layers); {persisting} of {flips} flips persist "
-                   "when both routers run in fp64 (the router's input moved), the rest are the router's rounding.")
+                   f"{worst['module']} (the most of {len(mine)} MoE layers); of {flips} flips, {differ} persist in "
+                   f"fp64 because the routers themselves differ (weights, bias or algorithm"
+                   + (f"; first at {first}" if first else "") + f"), {persisting - differ} because the router's "
+                   f"input moved, {flips - persisting} vanish (the router's rounding).")
     return out
