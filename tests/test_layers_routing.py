@@ -108,3 +108,12 @@ def test_a_dense_model_shows_no_routing_section():
     r = cli("compare", "layers", "--steps", "4", "--dtypes", "bf16", "--json")
     doc = strict_json(r.out)
     assert doc["routing"] == [] and doc["params"]["routing"] is None
+
+
+def test_routing_is_exposed_where_the_modules_are():
+    """A torch model's routers can be hooked; an engine's graph (llama.cpp, ONNX, CTranslate2, an endpoint)
+    exposes no routing, so compare layers notes it instead of comparing."""
+    from precisionlab.engines import registry
+
+    declared = {"embedded": True, "hf": True, "llamacpp": False, "ct2": False, "onnx": False, "openai": False}
+    assert {p: registry.engine_class(p).exposes_routing for p in declared} == declared
