@@ -34,11 +34,17 @@ from precisionlab.numerics import routing
 
 @dataclass
 class Captured:
-    """One run's one router, as float64 numpy."""
-    hidden: np.ndarray       # (T, H) its input
-    logits: np.ndarray       # (T, E) its logits, as the run held them
-    weight: np.ndarray       # (E, H) its weight, as the run held it
-    bias: np.ndarray | None  # (E,) its correction bias, as the run held it
+    """One run's one router: the tensors themselves, not copies (its input is
+    its MLP's, which the module capture holds anyway; its weight the model's),
+    turned into float64 numpy one layer at a time where compared (as64), so a
+    large MoE costs no float64 copy of every router."""
+    hidden: object        # (T, H) its input
+    logits: object        # (T, E) its logits, as the run computed them
+    weight: object        # (E, H) its weight, as the run held it
+    bias: object | None   # (E,) its correction bias, as the run held it
+
+    def as64(self) -> Captured:
+        return Captured(*(None if t is None else _as64(t) for t in (self.hidden, self.logits, self.weight, self.bias)))
 
 
 @dataclass
@@ -88,9 +94,9 @@ def watch(engine, model, routers: Routers, out: dict):
             def hook(m, args, output, name=name):
                 logits = hooks.output_tensor(output, "module")  # transformers' routers return (logits, ...)
                 bias = hooks.router_bias(m)
-                out[name] = Captured(_as64(args[0].reshape(-1, args[0].shape[-1])),
-                                     _as64(logits.reshape(-1, logits.shape[-1])), _as64(m.weight),
-                                     None if bias is None else _as64(bias))
+                out[name] = Captured(args[0].detach().reshape(-1, args[0].shape[-1]),
+                                     logits.detach().reshape(-1, logits.shape[-1]), m.weight.detach(),
+                                     None if bias is None else bias.detach())
             handles.append(mod.register_forward_hook(hook))
     try:
         yield out
@@ -118,14 +124,15 @@ def compare(routers: tuple[Routers, Routers], a: dict, b: dict, margin_dtype: st
     for i, name in enumerate(routers[0].names):
         if name not in a or name not in b:
             continue
-        ra, rb = _route(a[name], alg), _route(b[name], alg_b)
-        experts = max(a[name].logits.shape[1], b[name].logits.shape[1])
-        b64 = _route64(b[name].hidden, b32[name], alg_b)
-        persists = ~routing.same_set(_route64(a[name].hidden, a32[name], alg).ids, b64.ids)
-        m, kth = routing.margins(ra, alg.top_k, routing.margin_scale(alg, a[name].bias))
+        ca, cb, ca32, cb32 = (d[name].as64() for d in (a, b, a32, b32))
+        ra, rb = _route(ca, alg), _route(cb, alg_b)
+        experts = max(ca.logits.shape[1], cb.logits.shape[1])
+        b64 = _route64(cb.hidden, cb32, alg_b)
+        persists = ~routing.same_set(_route64(ca.hidden, ca32, alg).ids, b64.ids)
+        m, kth = routing.margins(ra, alg.top_k, routing.margin_scale(alg, ca.bias))
         stats = routing.flip_fields(ra, rb, persists, routing.margin_ulps(m, kth, margin_dtype), experts)
         same = routing.same_set(ra.ids, rb.ids)
-        differs = ~same & persists & _routers_differ(b[name].hidden, a32[name], alg, b64)
+        differs = ~same & persists & _routers_differ(cb.hidden, ca32, alg, b64)
         rows.append({**extra, "layer": i, "module": name, **stats, "flips_router_differs": int(differs.sum()),
                      "order_only_rate": float((same & np.any(ra.ids != rb.ids, axis=1)).mean()),  # compare routing's name
                      "margin_dtype": margin_dtype,
