@@ -117,3 +117,46 @@ def test_routing_is_exposed_where_the_modules_are():
 
     declared = {"embedded": True, "hf": True, "llamacpp": False, "ct2": False, "onnx": False, "openai": False}
     assert {p: registry.engine_class(p).exposes_routing for p in declared} == declared
+
+
+def test_deepseek_bias_rounded_in_bf16_flips_routes_and_vanishes_in_fp64(tmp_path):
+    """A DeepSeek-V3-style router (sigmoid, 4 groups keep 2, a correction bias in GLM's range [6.817, 7.063],
+    where bf16's spacing is 1/32): the bf16 copy holds the bias rounded, so tokens change their top-k; those
+    flips are the router's rounding (they vanish in fp64), and compare layers' flips are those transformers'
+    own routers make, to within one token a layer (fp32 sigmoid's last bit at a near-tie; fixed beforehand)."""
+    import transformers as tf
+    from torch.nn.modules.module import register_module_forward_hook
+
+    from precisionlab.experiments import layers as lexp
+
+    folder = save_tiny_qwen3_moe(tmp_path / "tok", 1)  # for its tokenizer files
+    torch.manual_seed(0)
+    model = tf.DeepseekV3ForCausalLM(tf.DeepseekV3Config(
+        vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+        max_position_embeddings=128, num_experts_per_tok=4, num_key_value_heads=4, moe_intermediate_size=16,
+        n_routed_experts=16, n_group=4, topk_group=2, first_k_dense_replace=0, q_lora_rank=None, kv_lora_rank=16,
+        qk_rope_head_dim=8, qk_nope_head_dim=8, v_head_dim=8, n_shared_experts=1))
+    with torch.no_grad():
+        for layer in model.model.layers:
+            layer.mlp.gate.e_score_correction_bias.copy_(torch.linspace(6.817, 7.063, 16)[torch.randperm(16)])
+    model.save_pretrained(folder)
+    seen = []
+
+    def hook(m, args, out):
+        if type(m).__name__ == "DeepseekV3TopkRouter":
+            seen.append((m.weight.dtype, out[-1].numpy().copy()))
+
+    handle = register_module_forward_hook(hook)
+    try:
+        res = lexp.run(lexp.LayersConfig(model=f"hf:{folder}", steps=STEPS, prompt=PROMPT, dtypes="bf16"))
+    finally:
+        handle.remove()
+    t = res.params["tokens"]
+    first = {d: [ids for dt, ids in seen if dt == d and ids.shape[0] == t][:2] for d in (torch.float32, torch.bfloat16)}
+    assert res.params["routing"]["n_group"] == 4 and res.params["routing"]["scoring"] == "sigmoid"
+    for layer, row in enumerate(res.routing):
+        a, b = (np.sort(first[d][layer], axis=1) for d in (torch.float32, torch.bfloat16))
+        theirs = int(np.any(a != b, axis=1).sum())
+        assert abs(row["flips"] - theirs) <= 1, (layer, row["flips"], theirs)
+    row0 = res.routing[0]
+    assert row0["flips"] > 0 and row0["flips_persisting_fp64"] < row0["flips"]
