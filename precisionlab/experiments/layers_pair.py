@@ -190,7 +190,7 @@ def _run(cfg, lows, yours_spec, run_spec, ref_spec, ref_note, external, device, 
     routed = _routing(routers, routes, lows)
     takeaways = _takeaways(first_name, first_by, flags, missing) + layers_routing.takeaways(
         [r for r in routed if r["view"] != "yardstick"], lambda r: f"YOURS vs REF in {r['view']}")
-    notes += [r.note for r in routers if r.note]
+    notes += [r.note for r in routers if r.note and routers[0].names]  # said only where REF has routers
     if quant:
         takeaways.insert(0, f"YOURS holds {quant.view} weights: its departure from REF fp32 (and from each low "
                             f"dtype) is what quantisation costs, shown, not judged; the {quant.view} view judges "
