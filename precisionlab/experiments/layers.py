@@ -23,6 +23,9 @@ and number; the first flagged module in execution order is the first
 divergence. The classic pitfalls are named by module beside it: RoPE phases not built in fp32, a final
 norm + LM head in the low dtype costing most of the logit error, fp16 values
 past 65504.
+
+Where the model has routers (an MoE model), each run's routing of the same
+tokens is compared too, MoE layer by MoE layer (experiments/layers_routing).
 """
 
 from __future__ import annotations
