@@ -55,6 +55,11 @@ def algorithm(config, top_k_override: int | None = None) -> routing.Algorithm:
                      "Mixtral and DeepSeek-V3-style configs)")
 
 
+def model_algorithm(model) -> routing.Algorithm:
+    """algorithm() of a model's own config (UsageError where it has none this knows: a model without one)."""
+    return algorithm(getattr(model, "config", None))
+
+
 def capture(spec: str, tokens: int, seed: int, n_paths: int, advance=lambda k=1: None):
     """(alg, info, layers): each MoE layer's (name, hidden states (T, H) float64, gate weight (E, H) float64,
     correction bias (E,) or None), from one fp32 forward of `tokens` seeded token ids."""
