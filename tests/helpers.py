@@ -167,6 +167,34 @@ def save_tiny_qwen(folder: Path, hidden: int = 32, layers: int = 2, words=TINY_W
     return Path(folder)
 
 
+MOE_WORDS = ["[UNK]"] + [f"w{i}" for i in range(63)]
+
+
+def save_tiny_qwen3_moe(folder: Path, layers: int = 3, experts: int = 16, top_k: int = 4, hidden: int = 32,
+                        edit=None) -> Path:
+    """A random Qwen3-MoE (seed 0; `experts` routed experts of width 16, top_k
+    a token, the top-k weights normalised; 128 positions) with a word-level
+    tokenizer over w0 ... w62, saved as a local folder. edit(model), when
+    given, changes the model before it is saved."""
+    import torch
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast, Qwen3MoeConfig, Qwen3MoeForCausalLM
+
+    tok = Tokenizer(models.WordLevel(vocab={w: i for i, w in enumerate(MOE_WORDS)}, unk_token="[UNK]"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    torch.manual_seed(0)
+    cfg = Qwen3MoeConfig(vocab_size=len(MOE_WORDS), hidden_size=hidden, intermediate_size=64, moe_intermediate_size=16,
+                         num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=2, head_dim=hidden // 4,
+                         num_experts=experts, num_experts_per_tok=top_k, norm_topk_prob=True,
+                         max_position_embeddings=128)
+    model = Qwen3MoeForCausalLM(cfg)
+    if edit is not None:
+        edit(model)
+    model.save_pretrained(folder)
+    PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="[UNK]").save_pretrained(folder)
+    return Path(folder)
+
+
 def save_char_qwen(folder: Path, hidden: int, positions: int, seed: int) -> Path:
     """A random Qwen3 (2 layers, MLP 2 x hidden, 4 query heads and 2 key/value
     heads of hidden / 4, tied head, initializer range 0.1) with the embedded

@@ -8,7 +8,7 @@ import math
 import ml_dtypes
 import numpy as np
 import pytest
-from helpers import cli, strict_json
+from helpers import cli, save_tiny_qwen3_moe, strict_json
 
 pytest.importorskip("transformers")
 torch = pytest.importorskip("torch")
@@ -18,22 +18,10 @@ TOKENS, SEQ, LAYERS, EXPERTS, TOP_K, HIDDEN = 2048, 64, 3, 16, 4, 32
 
 @pytest.fixture(scope="module")
 def tiny_moe(tmp_path_factory):
-    from tokenizers import Tokenizer, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast, Qwen3MoeConfig, Qwen3MoeForCausalLM
+    from transformers import Qwen3MoeForCausalLM
 
-    folder = tmp_path_factory.mktemp("tiny-qwen3-moe")
-    words = ["[UNK]"] + [f"w{i}" for i in range(63)]
-    tok = Tokenizer(models.WordLevel(vocab={w: i for i, w in enumerate(words)}, unk_token="[UNK]"))
-    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    torch.manual_seed(0)
-    cfg = Qwen3MoeConfig(vocab_size=len(words), hidden_size=HIDDEN, intermediate_size=64, moe_intermediate_size=16,
-                         num_hidden_layers=LAYERS, num_attention_heads=4, num_key_value_heads=2, head_dim=8,
-                         num_experts=EXPERTS, num_experts_per_tok=TOP_K, norm_topk_prob=True,
-                         max_position_embeddings=128)
-    model = Qwen3MoeForCausalLM(cfg)
-    model.save_pretrained(folder)
-    PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="[UNK]").save_pretrained(folder)
-    return folder, model.float().eval()
+    folder = save_tiny_qwen3_moe(tmp_path_factory.mktemp("tiny-qwen3-moe"), LAYERS, EXPERTS, TOP_K, HIDDEN)
+    return folder, Qwen3MoeForCausalLM.from_pretrained(folder).float().eval()
 
 
 def _router_inputs(model, seed):

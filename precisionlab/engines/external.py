@@ -108,6 +108,7 @@ def need_package(module: str, extra: str, prefix: str) -> None:
 class ExternalEngine(Engine):
     window = 1024
     has_modules = False        # the engine's graph, not torch modules: no hooks, no dtype copies
+    exposes_routing = False    # nor its routers' logits
     compute_dtypes = ("fp32",)  # "fp32": the engine as opened (its own settings decide its types)
     vocab: int              # the logical vocabulary: columns beyond it (engine padding) are trimmed
     padded_from: int | None = None  # the engine's own width where it padded the vocabulary

@@ -238,6 +238,9 @@ class HFEngine(Engine):
         m = super().model(dtype)
         if dtype == "fp64":
             _fp64_norms(m)
+            # an MoE's experts run through torch's grouped_mm by default, which has no float64 kernel
+            if getattr(m.config, "_experts_implementation", None) not in (None, "eager"):
+                m.set_experts_implementation("eager")
         return m
 
     def session(self, model, stores: KVStores | None = None):

@@ -85,6 +85,28 @@ def sites(model) -> list[Site]:
     return out
 
 
+# Where an MoE model's routers live (Qwen3-MoE / Qwen2-MoE / DeepSeek-V3: .mlp.gate; Mixtral:
+# .block_sparse_moe.gate); router --inputs hf:DIR and compare layers' routing both find them here.
+ROUTER_SUFFIXES = (".mlp.gate", ".block_sparse_moe.gate")
+
+
+def routers(model) -> list[tuple[str, nn.Module]]:
+    """An MoE model's router modules (name, module), in definition order: a
+    module under ROUTER_SUFFIXES with a 2-D weight (experts x hidden), in a
+    model whose config routes each token to num_experts_per_tok experts. A
+    dense model has none, even one whose SwiGLU projection is called
+    `mlp.gate` (the embedded model's: no config of experts)."""
+    if not getattr(getattr(model, "config", None), "num_experts_per_tok", None):
+        return []
+    return [(n, m) for n, m in model.named_modules() if n.endswith(ROUTER_SUFFIXES)
+            and isinstance(getattr(m, "weight", None), torch.Tensor) and m.weight.dim() == 2]
+
+
+def router_bias(module) -> torch.Tensor | None:
+    """A router's correction bias (DeepSeek-V3's e_score_correction_bias: it steers the choice), or None."""
+    return getattr(module, "e_score_correction_bias", None)
+
+
 def module_names(model) -> list[str]:
     return [n for n, _ in model.named_modules() if n]
 

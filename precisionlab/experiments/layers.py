@@ -23,6 +23,9 @@ and number; the first flagged module in execution order is the first
 divergence. The classic pitfalls are named by module beside it: RoPE phases not built in fp32, a final
 norm + LM head in the low dtype costing most of the logit error, fp16 values
 past 65504.
+
+Where the model has routers (an MoE model), each run's routing of the same
+tokens is compared too, MoE layer by MoE layer (experiments/layers_routing).
 """
 
 from __future__ import annotations
@@ -40,7 +43,7 @@ from precisionlab.catalog import formats
 from precisionlab.engines import inject as inject_mod
 from precisionlab.engines.protocol import greedy
 from precisionlab.engines.registry import DEFAULT_SPEC, ModelRun, spec_path
-from precisionlab.experiments import startup
+from precisionlab.experiments import layers_routing, startup
 from precisionlab.io import outputs
 from precisionlab.numerics import divergence
 from precisionlab.numerics.compare import RATIO_THRESHOLD, judge, rel_l2
@@ -72,6 +75,7 @@ class LayersResult:
     timing: dict
     dumped: list[str]
     divergence_by_dtype: dict = field(default_factory=dict)  # dtype -> the first divergence's name, rule, text
+    routing: list[dict] = field(default_factory=list)  # per dtype and MoE layer (experiments/layers_routing)
 
 
 def check_dump_dir(path: str, labels: list[str], model: str | None) -> Path:
@@ -127,15 +131,16 @@ def run(cfg: LayersConfig, advance=lambda k=1: None) -> LayersResult:
             by_name[t] = hooks.Site(t, "module")
             site_list.append(by_name[t])
     t_load = time.perf_counter() - t0
+    routers = layers_routing.find(engine, engine.base)
 
     t1 = time.perf_counter()
-    rows, pitfalls, dumped, first_by, div_by = [], [], [], {}, {}
+    rows, pitfalls, dumped, first_by, div_by, routed = [], [], [], {}, {}, []
     with startup.numerics(), torch.no_grad(), threads_for(engine.base):  # fp32 means IEEE fp32 here
         ref = engine.base
         ref_tokens, _ = greedy(engine, ref, prompt, cfg.steps)
         ids = (prompt + ref_tokens)[:-1]
         x = torch.tensor([ids], device=device)
-        ref_cap = captured_run(engine, ref, site_list, x)
+        ref_cap = captured_run(engine, ref, site_list, x, routers)
         order = ref_cap.order
         if dump_dir is not None:
             dumped.append(_dump(dump_dir, "fp32", ref_cap, order, ids, engine, []))
@@ -146,7 +151,8 @@ def run(cfg: LayersConfig, advance=lambda k=1: None) -> LayersResult:
             yours = low_copy(engine, low)
             for inj, target in zip(injections, targets, strict=True):
                 hooks.apply(yours, inj, target, by_name)
-            cap = captured_run(engine, yours, site_list, x)
+            cap = captured_run(engine, yours, site_list, x, routers)
+            routed += layers_routing.compare((routers,) * 2, ref_cap.routes, cap.routes, low, *[ref_cap.routes] * 2, {"dtype": low})
             if dump_dir is not None:
                 dumped.append(_dump(dump_dir, low, cap, order, ids, engine, injections))
             touched = _touched(targets, order)
@@ -171,10 +177,11 @@ def run(cfg: LayersConfig, advance=lambda k=1: None) -> LayersResult:
     return LayersResult(
         params={"model": cfg.model or DEFAULT_SPEC, "steps": cfg.steps, "prompt": cfg.prompt, "dtypes": lows,
                 "device": device, "seed": cfg.seed, "tokens": len(ids), "inject": [str(i) for i in injections],
-                "inject_targets": targets, "ratio_threshold": RATIO_THRESHOLD, "dump": cfg.dump},
+                "inject_targets": targets, "ratio_threshold": RATIO_THRESHOLD, "dump": cfg.dump,
+                "routing": routers.info()},
         rows=rows, first_divergence=first, first_divergence_by_dtype=first_by, pitfalls=pitfalls,
-        model_info=info, takeaways=_takeaways(first, div_by, pitfalls, injections, targets),
-        timing={"load_s": t_load, "run_s": t_run}, dumped=dumped, divergence_by_dtype=div_by)
+        model_info=info, takeaways=_takeaways(first, div_by, pitfalls, injections, targets, routed, routers.note),
+        timing={"load_s": t_load, "run_s": t_run}, dumped=dumped, divergence_by_dtype=div_by, routing=routed)
 
 
 def judge_rows(rows: list[dict]):
@@ -217,16 +224,20 @@ def low_copy(engine, low: str):
 
 
 class _Run:
-    def __init__(self, order, outputs, records, t):
+    def __init__(self, order, outputs, records, t, routes=None):
         self.order, self.outputs, self.records, self.t = order, outputs, records, t
+        self.routes = routes or {}  # router name -> layers_routing.Captured
 
 
-def captured_run(engine, model, site_list, x) -> _Run:
+def captured_run(engine, model, site_list, x, routers=None) -> _Run:
+    """One forward of x with every site captured (and, given `routers`, every router's input and logits)."""
     from precisionlab.engines import hooks
 
     cap = hooks.Capture(model, site_list)
+    routes: dict = {}
     try:
-        engine.forward(model, x)  # no KV cache: a module re-run for its local error must not append to one
+        with layers_routing.watch(engine, model, routers or layers_routing.Routers([], None), routes):
+            engine.forward(model, x)  # no KV cache: a module re-run for its local error must not append to one
     finally:
         cap.close()
     outputs = {n: rec[2] for n, rec in cap.records.items()}
@@ -234,7 +245,7 @@ def captured_run(engine, model, site_list, x) -> _Run:
     if any(s.pseudo and s.kind == "rope" for s in site_list):  # tables sliced before the embedding runs
         outputs["rope"] = hooks.charlm_rope(model, x.shape[1], model.dtype)
         order.insert(0, "rope")
-    return _Run(order, outputs, cap.records, x.shape[1])
+    return _Run(order, outputs, cap.records, x.shape[1], routes)
 
 
 def _touched(targets, order) -> set:
@@ -365,7 +376,7 @@ def _dump(dir_: Path, label: str, cap: _Run, order, ids, engine, injections) -> 
     return str(outputs.atomic_write(dir_ / f"{label}.safetensors", lambda tmp: save_file(tensors, tmp, metadata=meta)))
 
 
-def _takeaways(first, div_by, pitfalls, injections, targets) -> list[str]:
+def _takeaways(first, div_by, pitfalls, injections, targets, routed, routing_note) -> list[str]:
     out = []
     if first is None:
         out.append("no module is flagged by any rule (overflow, beyond "
@@ -379,4 +390,4 @@ def _takeaways(first, div_by, pitfalls, injections, targets) -> list[str]:
         out.append(f"{p['dtype']} pitfall at {p['module']}: {p['detail']}.")
     if injections:
         out.append("injected: " + "; ".join(f"{i} (as {t})" for i, t in zip(injections, targets, strict=True)))
-    return out
+    return out + layers_routing.takeaways(routed, lambda r: f"{r['dtype']} vs fp32") + ([routing_note] * bool(routing_note))

@@ -34,7 +34,7 @@ from precisionlab.engines.protocol import greedy
 from precisionlab.engines.registry import ModelRun, resolve
 from precisionlab.errors import RunError, UsageError
 from precisionlab.experiments import layers as single
-from precisionlab.experiments import startup
+from precisionlab.experiments import layers_routing, startup
 from precisionlab.numerics import compare, divergence
 
 
@@ -57,6 +57,7 @@ class PairResult:
     takeaways: list[str]
     timing: dict
     notes: list[str] = field(default_factory=list)
+    routing: list[dict] = field(default_factory=list)  # per view and MoE layer (experiments/layers_routing)
 
 
 def _module_engine(spec: str | None, role: str):
@@ -142,22 +143,25 @@ def _run(cfg, lows, yours_spec, run_spec, ref_spec, ref_note, external, device, 
         notes.append("tokens: " + startup.token_check(ids, _encoded(yours, ref, ids), str(yours_spec)))
         x = torch.tensor([ids], device=device)
         ref_sites = ref.sites(ref.base)
-        cap32 = single.captured_run(ref, ref.base, ref_sites, x)
-        r32, order = _outputs(cap32), list(cap32.order)
+        routers = (layers_routing.find(ref, ref.base, "REF"), layers_routing.find(yours, yours.base, "YOURS"))
+        routes = ({}, {})  # REF's and YOURS' captured routers, by dtype
+        cap32 = single.captured_run(ref, ref.base, ref_sites, x, routers[0])
+        r32, order, routes[0]["fp32"] = _outputs(cap32), list(cap32.order), cap32.routes
         r64 = _outputs(single.captured_run(ref, ref.model("fp64"), ref_sites, x))
         advance()
         if external:
             y32 = {k: torch.from_numpy(v) for k, v in yours.capture_layers(ids).items()}
         else:
             y_sites = yours.sites(yours.base)
-            y32 = _outputs(single.captured_run(yours, yours.base, y_sites, x))
+            y32 = _outputs(_routed(single.captured_run(yours, yours.base, y_sites, x, routers[1]), routes[1], "fp32"))
         advance()
         quant, rq = _quantised_reference(ref, ref_sites, x, yours_spec, notes) if external else (None, None)
         ref_low, yours_low = {}, {}
         for low in lows:
-            ref_low[low] = _outputs(single.captured_run(ref, single.low_copy(ref, low), ref_sites, x))
-            yours_low[low] = y32 if external else \
-                _outputs(single.captured_run(yours, single.low_copy(yours, low), y_sites, x))
+            ref_low[low] = _outputs(_routed(single.captured_run(ref, single.low_copy(ref, low), ref_sites, x,
+                                                                routers[0]), routes[0], low))
+            yours_low[low] = y32 if external else _outputs(_routed(
+                single.captured_run(yours, single.low_copy(yours, low), y_sites, x, routers[1]), routes[1], low))
             advance()
     kinds = {s.name: s.kind for s in ref_sites}
     common = [n for n in order if n in y32]
@@ -182,8 +186,11 @@ def _run(cfg, lows, yours_spec, run_spec, ref_spec, ref_note, external, device, 
     params = {"model": yours_spec, "reference": ref_spec, "reference_from": ref_note, "engine": cfg.engine,
               "steps": cfg.steps, "prompt": cfg.prompt, "dtypes": lows, "device": device, "seed": cfg.seed,
               "tokens": len(ids), "ratio_threshold": compare.RATIO_THRESHOLD, "compared": len(common),
-              "quant_view": quant.view if quant else None}
-    takeaways = _takeaways(first_name, first_by, flags, missing)
+              "quant_view": quant.view if quant else None, "routing": routers[0].info()}
+    routed = _routing(routers, routes, lows)
+    takeaways = _takeaways(first_name, first_by, flags, missing) + layers_routing.takeaways(
+        [r for r in routed if r["view"] != "yardstick"], lambda r: f"YOURS vs REF in {r['view']}")
+    notes += [r.note for r in routers if r.note and routers[0].names]  # said only where REF has routers
     if quant:
         takeaways.insert(0, f"YOURS holds {quant.view} weights: its departure from REF fp32 (and from each low "
                             f"dtype) is what quantisation costs, shown, not judged; the {quant.view} view judges "
@@ -192,7 +199,30 @@ def _run(cfg, lows, yours_spec, run_spec, ref_spec, ref_note, external, device, 
         takeaways.append(f"only {len(common)} of REF's {len(order)} modules have a counterpart in YOURS: the two "
                          "name their modules differently (a different architecture or engine naming?)")
     return PairResult(params, rows, first_name, first_by, flags, missing, yours.info(), ref.info(),
-                      takeaways, {"load_s": t_load, "run_s": t_run}, notes)
+                      takeaways, {"load_s": t_load, "run_s": t_run}, notes, routed)
+
+
+def _routed(run, into: dict, dtype: str):
+    """A captured run, its routers' captures kept in into[dtype]."""
+    into[dtype] = run.routes
+    return run
+
+
+def _routing(routers, routes, lows) -> list[dict]:
+    """Per MoE layer: YOURS vs REF in fp32 and in each low dtype (view), and REF low vs REF fp32 (view
+    "yardstick", with `dtype`): what rounding alone moves there. None where either side exposes no routing."""
+    ref_r, yours_r = routers
+    if ref_r.alg is None or yours_r.alg is None:
+        return []
+    (ref, yours), out = routes, []
+    for view in ("fp32", *lows):
+        if view in yours:
+            out += layers_routing.compare(routers, ref[view], yours[view], view, ref["fp32"], yours["fp32"],
+                                          {"view": view})
+    for low in lows:
+        out += layers_routing.compare((ref_r, ref_r), ref["fp32"], ref[low], low, ref["fp32"], ref["fp32"],
+                                      {"view": "yardstick", "dtype": low})
+    return out
 
 
 def _quantised_reference(ref, sites, x, yours_spec, notes):

@@ -145,20 +145,11 @@ def measure(p: routing.Precision, layer, ref: routing.Routed, got: routing.Route
     """One path at one layer against the reference: its row, the flipped mask, the margins in ulps.
     rerun64: the same path run in float64 (for the emulated paths, the reference itself)."""
     flipped = ~routing.same_set(got.ids, ref.ids)
-    persists = flipped & ~routing.same_set(rerun64.ids, ref.ids)
     m_ulps = routing.margin_ulps(margin, kth, p.narrowest)
-    l1 = routing.weight_l1(got, ref, experts)
-    n = flipped.size
-    vanish = flipped & ~persists
+    stats = routing.flip_fields(ref, got, ~routing.same_set(rerun64.ids, ref.ids), m_ulps, experts)
     row = {"path": p.label(), "gate_dtype": p.gate_dtype, "accumulator": p.accumulator,
-           "logit_dtype": p.logit_dtype, "bias_dtype": p.bias_dtype, "layer": layer, "tokens": n,
-           "flips": int(flipped.sum()), "flip_share": float(flipped.mean()),
-           "weight_l1_mean": float(l1.mean()), "weight_l1_p99": float(np.quantile(l1, 0.99)),
-           "weight_l1_max": float(l1.max()),
-           "flips_persisting_fp64": int(persists.sum()),
-           "median_flip_margin_ulps": float(np.median(m_ulps[vanish])) if vanish.any() else None,
-           "margin_dtype": p.narrowest,
-           "verdict": verdict(int(flipped.sum()), int(persists.sum()))}
+           "logit_dtype": p.logit_dtype, "bias_dtype": p.bias_dtype, "layer": layer, **stats,
+           "margin_dtype": p.narrowest, "verdict": verdict(stats["flips"], stats["flips_persisting_fp64"])}
     return row, flipped, m_ulps
 
 

@@ -22,7 +22,6 @@ from precisionlab.numerics import routing
 
 SEQ_LEN = 64       # positions a sequence; the tokens are split into sequences of this length
 BATCH = 16         # sequences a forward
-ROUTER_SUFFIXES = (".mlp.gate", ".block_sparse_moe.gate")
 MODEL_FIXED = 160 * 2**20  # torch's and transformers' own state once a model is loaded (runtime/memory.MODEL_FIXED)
 
 
@@ -56,12 +55,18 @@ def algorithm(config, top_k_override: int | None = None) -> routing.Algorithm:
                      "Mixtral and DeepSeek-V3-style configs)")
 
 
+def model_algorithm(model) -> routing.Algorithm:
+    """algorithm() of a model's own config (UsageError where it has none this knows: a model without one)."""
+    return algorithm(getattr(model, "config", None))
+
+
 def capture(spec: str, tokens: int, seed: int, n_paths: int, advance=lambda k=1: None):
     """(alg, info, layers): each MoE layer's (name, hidden states (T, H) float64, gate weight (E, H) float64,
     correction bias (E,) or None), from one fp32 forward of `tokens` seeded token ids."""
     import torch
 
     from precisionlab.engines import registry
+    from precisionlab.engines.hooks import ROUTER_SUFFIXES, router_bias
 
     engine = registry.open_engine(spec, "cpu", estimate=estimate(tokens, n_paths), steps=tokens,
                                   command="router --inputs")
@@ -70,8 +75,7 @@ def capture(spec: str, tokens: int, seed: int, n_paths: int, advance=lambda k=1:
     if config is None:
         raise UsageError(f"--inputs {spec}: not a Hugging Face MoE model; no routers to measure")
     alg = algorithm(config)
-    gates = [(n, m) for n, m in model.named_modules() if n.endswith(ROUTER_SUFFIXES)
-             and getattr(m, "weight", None) is not None and m.weight.dim() == 2]
+    gates = engine.routers(model)
     if not gates:
         raise UsageError(f"--inputs {spec}: no router modules ({', '.join('*' + s for s in ROUTER_SUFFIXES)}) found")
     seen: dict[str, list] = {n: [] for n, _ in gates}
@@ -93,7 +97,7 @@ def capture(spec: str, tokens: int, seed: int, n_paths: int, advance=lambda k=1:
     layers = []
     for n, m in gates:
         hidden = torch.cat(seen[n])[:tokens].numpy()
-        bias = getattr(m, "e_score_correction_bias", None)
+        bias = router_bias(m)
         layers.append((n, hidden, m.weight.detach().to(torch.float64).cpu().numpy(),
                        None if bias is None else bias.detach().to(torch.float64).cpu().numpy()))
     info = {"model": spec, "architecture": type(model).__name__, "model_type": getattr(config, "model_type", None),

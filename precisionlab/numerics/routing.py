@@ -249,6 +249,22 @@ def spread_bias(experts: int, lo: float, hi: float, seed: int) -> np.ndarray:
     return np.random.default_rng(seed).permutation(v)
 
 
+def flip_fields(ref: Routed, got: Routed, persists: np.ndarray, m_ulps: np.ndarray, experts: int) -> dict:
+    """One layer's flips between two routings of the same tokens (the router's
+    and compare layers' rows): tokens, flips (top-k set changed), flip_share,
+    the routed weight moved (weight_l1_mean / _p99 / _max), the flips that
+    persist in fp64 (`persists`: where the fp64 re-runs still disagree) and
+    the median margin in ulps (m_ulps) of those that vanish there."""
+    flipped = ~same_set(got.ids, ref.ids)
+    persists = flipped & persists
+    vanish = flipped & ~persists
+    l1 = weight_l1(got, ref, experts)
+    return {"tokens": int(flipped.size), "flips": int(flipped.sum()), "flip_share": float(flipped.mean()),
+            "weight_l1_mean": float(l1.mean()), "weight_l1_p99": float(np.quantile(l1, 0.99)),
+            "weight_l1_max": float(l1.max()), "flips_persisting_fp64": int(persists.sum()),
+            "median_flip_margin_ulps": float(np.median(m_ulps[vanish])) if vanish.any() else None}
+
+
 def agreement(a_ids: np.ndarray, a_weights: np.ndarray, b_ids: np.ndarray, b_weights: np.ndarray,
               experts: int) -> dict:
     """Two runs' routing of the same tokens at one MoE layer ((T, k) ids and

@@ -256,6 +256,11 @@ def ulps(x) -> str:
 
 
 
+def pct(x) -> str:
+    """A share as a percentage with two decimals; "-" where there is none."""
+    return "-" if x is None else f"{100 * x:.2f} %"
+
+
 def times(x) -> str:
     """A ratio to its yardstick (numerics.compare.ratio): 1.23x; inf as inf."""
     if x is None:

@@ -7,6 +7,7 @@ from rich.table import Table
 
 from precisionlab.report.console import footer, hint, safe_text, sci, stdout, times
 from precisionlab.report.jsondoc import emit_json
+from precisionlab.report.layers_routing import section
 from precisionlab.report.tensors import compact, rule_cell, scale_cell
 
 
@@ -65,6 +66,7 @@ def table(res, wide: bool = False) -> None:
 
 
 def _footer(res) -> None:
+    section(res.routing, lambda r: f"{r['dtype']} vs fp32")
     stdout.print(f"load {res.timing['load_s']:.2f} s, run {res.timing['run_s']:.2f} s (after the torch import)",
                  style="dim", highlight=False)
     for path in res.dumped:
@@ -81,7 +83,8 @@ def as_json(res) -> None:
         "params": res.params, "model": res.model_info, "first_divergence": res.first_divergence,
         "first_divergence_by_dtype": res.first_divergence_by_dtype, "divergence_by_dtype": res.divergence_by_dtype,
         "pitfalls": res.pitfalls,
-        "dumped": res.dumped, "timing": res.timing, "rows": res.rows, "takeaways": res.takeaways})
+        "dumped": res.dumped, "timing": res.timing, "rows": res.rows, "routing": res.routing,
+        "takeaways": res.takeaways})
 
 
 def plot(res, path: str) -> None:

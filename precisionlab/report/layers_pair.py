@@ -8,6 +8,7 @@ from rich.table import Table
 
 from precisionlab.report.console import footer, hint, safe_text, sci, stdout, times
 from precisionlab.report.jsondoc import emit_json
+from precisionlab.report.layers_routing import section
 
 
 def _rule_text(r: dict, view: str) -> str:
@@ -75,6 +76,8 @@ def table(res, wide: bool = False) -> None:
                                f"(what {q} costs there); (3) YOURS vs that; fp32's and the low dtypes' columns are "
                                f"what quantisation costs, not judged." if q else ""),
                  style="dim", highlight=False)
+    section(res.routing, lambda r: f"REF {r['dtype']} vs REF fp32 (what rounding alone moves)"
+            if r["view"] == "yardstick" else f"YOURS vs REF in {r['view']}")
     for n in res.notes:
         stdout.print(safe_text(n), style="dim", highlight=False)
     stdout.print(f"load {res.timing['load_s']:.2f} s, run {res.timing['run_s']:.2f} s (after the torch import)",
@@ -91,7 +94,7 @@ def as_json(res) -> None:
         "params": res.params, "model": res.model_info, "reference": res.reference_info,
         "first_divergence": res.first_divergence, "first_divergence_by_view": res.first_divergence_by_view,
         "flags": res.flags, "missing": res.missing, "notes": res.notes, "timing": res.timing, "rows": res.rows,
-        "takeaways": res.takeaways})
+        "routing": res.routing, "takeaways": res.takeaways})
 
 
 def plot(res, path: str) -> None:

@@ -4,12 +4,8 @@ from __future__ import annotations
 
 from rich.table import Table
 
-from precisionlab.report.console import stdout, num, sci, ulps, footer, safe_text
+from precisionlab.report.console import stdout, num, sci, ulps, footer, safe_text, pct as _pct
 from precisionlab.report.jsondoc import emit_rows
-
-
-def _pct(x) -> str:
-    return "-" if x is None else f"{100 * x:.2f} %"
 
 
 def table(res) -> None:
