@@ -142,6 +142,54 @@ def test_an_out_that_is_a_link_to_a_folder_is_refused_before_the_run(run, tmp_pa
 
 
 # ---------------------------------------------------------------------------
+# (1)'s sibling: a folder's members the user never named (compare layers --dump DIR)
+
+
+@pytest.mark.parametrize("member", ["fp32.safetensors", "bf16.safetensors"])
+def test_dump_refuses_a_file_of_its_own_name_without_force(run, tmp_path, monkeypatch, member):
+    """DIR/<dtype>.safetensors that exists was replaced without a word: DIR is named, its members are not."""
+    fail_if_a_model_runs(monkeypatch)
+    d = tmp_path / "dump"
+    d.mkdir()
+    (d / member).write_bytes(b"my own dump")
+    (d / "my_notes.txt").write_text("notes")
+    before = _contents(d)
+    one_line(run("compare", "layers", "--dtypes", "bf16", "--steps", "1", "--dump", str(d)), 2,
+             member, "--force")
+    assert _contents(d) == before
+
+
+def test_dump_with_force_replaces_only_its_own_files(run, tmp_path):
+    d = tmp_path / "dump"
+    d.mkdir()
+    (d / "bf16.safetensors").write_bytes(b"my own dump")
+    (d / "my_notes.txt").write_text("notes")
+    r = run("compare", "layers", "--dtypes", "bf16", "--steps", "1", "--dump", str(d), "--force", "--json")
+    assert r.code in (0, 1), r.err  # 1: a module diverged, still a finished run
+    assert sorted(p.name for p in d.iterdir()) == ["bf16.safetensors", "fp32.safetensors", "my_notes.txt"]
+    assert (d / "my_notes.txt").read_text() == "notes"
+    assert (d / "bf16.safetensors").read_bytes() != b"my own dump"
+
+
+def test_force_without_dump_is_refused(run, monkeypatch):
+    """A flag that does nothing is not accepted silently (as --prompt without --endpoint was not)."""
+    fail_if_a_model_runs(monkeypatch)
+    one_line(run("compare", "layers", "--dtypes", "bf16", "--steps", "1", "--force"), 2, "--force", "--dump")
+
+
+def test_a_folder_writer_checks_every_member_for_a_file_there(tmp_path):
+    """The mechanism itself (io/outputs.check_output_dir): a member that exists is refused unless force."""
+    from precisionlab.errors import UsageError
+    from precisionlab.io import outputs
+
+    (tmp_path / "b.bin").write_bytes(b"x")
+    with pytest.raises(UsageError, match="b.bin.*--force"):
+        outputs.check_output_dir(str(tmp_path), ["a.bin", "b.bin"], "--dump")
+    assert outputs.check_output_dir(str(tmp_path), ["a.bin", "b.bin"], "--dump", force=True) == tmp_path
+    assert outputs.check_output_dir(str(tmp_path), ["a.bin"], "--dump") == tmp_path
+
+
+# ---------------------------------------------------------------------------
 # (3) values from servers are validated; (4) a deadline for the whole request
 
 
