@@ -113,6 +113,9 @@ GLOSSARY_FORBIDDEN = {
     # one word for a way of computing an op: the catalog's variant
     "method": "variant", "methods": "variants", "kernel": "variant",
     "plan_method": "plan_variant", "plan_version": "plan_kernel",
+    # the reference by its role, whatever its format (fp32 in compare metrics, REF in compare logits)
+    "ppl_fp32": "ppl_ref", "fp32_top1_in_top5_pct": "ref_top1_in_top5_pct",
+    "top1_in_fp32_top5_pct": "top1_in_ref_top5_pct",
 }
 _TIME_UNIT = re.compile(r"(^|_)(ms|us|ns|sec|secs|seconds|millis)$")
 _ABS = re.compile(r"max_abs(?!_error|_diff)|(^|_)(mean|median|p\d+)_abs$")

@@ -466,16 +466,22 @@ def test_compare_logits_nan_fail_line_has_the_prefix(run, tmp_path):
     assert fails and all(line.startswith("precisionlab: FAIL") for line in fails), r.err
 
 
-def test_the_references_perplexity_has_one_name():
-    """ppl_fp32 in compare model --metrics, ppl_ref in compare logits: docs/json.md's role name wins."""
+def test_the_references_perplexity_and_top5_shares_have_one_name():
+    """ppl_fp32, fp32_top1_in_top5_pct, top1_in_fp32_top5_pct in compare metrics (and kvcache), the ref_*
+    names in compare logits: docs/json.md's role name wins, in the one place the row is made."""
     import numpy as np
 
+    from helpers import GLOSSARY_FORBIDDEN
     from precisionlab.numerics import distribution
 
     x = np.random.default_rng(0).standard_normal((8, 5))
     st = distribution.position_stats(x, x, np.zeros(8, dtype=np.int64))
     row = distribution.summarize(st)
-    assert "ppl_ref" in row and "ppl_fp32" not in row
+    for old, new in (("ppl_fp32", "ppl_ref"), ("fp32_top1_in_top5_pct", "ref_top1_in_top5_pct"),
+                     ("top1_in_fp32_top5_pct", "top1_in_ref_top5_pct")):
+        assert new in row and old not in row
+        assert GLOSSARY_FORBIDDEN[old] == new  # every document the glossary tests run is checked for the old name
+    assert row["ref_top1_in_top5_pct"] == row["top1_in_ref_top5_pct"] == 100.0  # the same logits: every top-1
 
 
 # ---------------------------------------------------------------------------
