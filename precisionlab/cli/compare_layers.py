@@ -12,7 +12,7 @@ import typer
 from precisionlab.catalog import formats
 from precisionlab.cli.model_options import (DEFAULT_PROMPT, DEFAULT_SPEC, DEFAULT_STEPS, LowDtypesOpt, ModelDeviceOpt,
                                             PromptOpt, StepsOpt, early_checks, spec_paths)
-from precisionlab.cli.options import plot_option, JsonOpt, ModelOpt, SeedOpt, WideOpt, format_names
+from precisionlab.cli.options import force_option, plot_option, JsonOpt, ModelOpt, SeedOpt, WideOpt, format_names
 from precisionlab.errors import UsageError
 
 DEFAULT_DTYPES = format_names(formats.LOW_COMPUTE, ",")
@@ -38,8 +38,7 @@ def command(
                                                 "DIR/fp32.safetensors, DIR/bf16.safetensors, ... (execution order "
                                                 "and token ids in the metadata), for compare tensors. One model "
                                                 "only.")] = None,
-    force: Annotated[bool, typer.Option("--force", help="With --dump: replace DIR's files of the same names "
-                                        "(DIR/bf16.safetensors, ...); DIR's other files are kept.")] = False,
+    force: force_option("--dump's files that exist (DIR/bf16.safetensors, ...); DIR's other files are kept") = False,
     plot: plot_option("the error along the model") = None,
     device: ModelDeviceOpt = "cpu",
     seed: SeedOpt = 0,
