@@ -113,6 +113,9 @@ GLOSSARY_FORBIDDEN = {
     # one word for a way of computing an op: the catalog's variant
     "method": "variant", "methods": "variants", "kernel": "variant",
     "plan_method": "plan_variant", "plan_version": "plan_kernel",
+    # the reference by its role, whatever its format (fp32 in compare metrics, REF in compare logits)
+    "ppl_fp32": "ppl_ref", "fp32_top1_in_top5_pct": "ref_top1_in_top5_pct",
+    "top1_in_fp32_top5_pct": "top1_in_ref_top5_pct",
 }
 _TIME_UNIT = re.compile(r"(^|_)(ms|us|ns|sec|secs|seconds|millis)$")
 _ABS = re.compile(r"max_abs(?!_error|_diff)|(^|_)(mean|median|p\d+)_abs$")
@@ -310,6 +313,27 @@ def temperature_streams(n: int, sequences: int, seed: int = 13, vocab: int = 40,
     return a, b
 
 
+def write_logits_file(path, logits, tokens, **meta) -> str:
+    """A logits file as `compare metrics --save-logits` writes one (io/logits_file): 'logits' (positions x
+    vocab, float32), 'tokens' (int64) and `meta` as string metadata. Returns the path as a string."""
+    import numpy as np
+    from safetensors.numpy import save_file
+
+    save_file({"logits": np.asarray(logits, np.float32), "tokens": np.asarray(tokens, np.int64)}, str(path),
+              metadata={k: str(v) for k, v in meta.items()} or None)
+    return str(path)
+
+
+def reference_logits(seed: int, n: int, vocab: int):
+    """(rng, ref, tokens): a reference run for compare logits: n positions of standard normal logits times
+    2.5 in float32 (peaked, far from one-hot) and n random tokens; rng goes on to draw the test's noise."""
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    ref = (rng.standard_normal((n, vocab)) * 2.5).astype(np.float32)
+    return rng, ref, rng.integers(0, vocab, n)
+
+
 def planted_gguf_pair(root, ref, planted: str, scale: float, quant: str):
     """A copy of the HF folder `ref` with the tensor `planted` scaled by `scale`, and both exported to GGUF
     in `quant`: (root/clean.gguf, root/bug.gguf)."""
@@ -327,3 +351,35 @@ def planted_gguf_pair(root, ref, planted: str, scale: float, quant: str):
     gguf.write(str(ref), str(root / "clean.gguf"), quant)
     gguf.write(str(bug), str(root / "bug.gguf"), quant)
     return root / "clean.gguf", root / "bug.gguf"
+
+
+def need_gguf_engine() -> None:
+    """Skip where llama.cpp's engine or the GGUF export cannot run (precisionlab[engines])."""
+    import pytest
+
+    pytest.importorskip("llama_cpp", reason="llama.cpp's engine needs llama-cpp-python (precisionlab[engines])")
+    pytest.importorskip("gguf", reason="the GGUF export needs the gguf package (precisionlab[engines])")
+
+
+def embedded_planted_ggufs(root, planted: str, scale: float, quant: str):
+    """The embedded model as a Hugging Face folder (root/hf) and two GGUFs of it in `quant`: clean, and with
+    `planted` scaled by `scale` in the GGUF only (planted_gguf_pair). Returns (hf folder, clean, bug)."""
+    need_gguf_engine()
+    from precisionlab.engines.exporters import hf
+
+    ref = root / "hf"
+    ref.mkdir()
+    hf.write_embedded(str(ref))
+    return (ref, *planted_gguf_pair(root, ref, planted, scale, quant))
+
+
+def gguf_layers(run, gguf_path, ref, code: int, prompt=("--prompt", "ROMEO:\n", "--steps", "24")) -> dict:
+    """`compare layers --json` of a GGUF under llama.cpp (its KV cache in f32) against the HF folder `ref`
+    (None: the source its export recorded), bf16 the low dtype: its document, once the run exited `code`
+    (else the error and the first flags are shown)."""
+    refs = ["--reference", f"hf:{ref}"] if ref else []
+    r = run("compare", "layers", "--engine", f"llamacpp:{gguf_path},kv=f32", *refs, "--dtypes", "bf16", *prompt,
+            "--json")
+    doc = strict_json(r.out) if r.out.strip() else None
+    assert r.code == code, (r.code, r.err, doc and doc["flags"][:3])
+    return doc

@@ -7,9 +7,8 @@ and the seed were fixed before the test was first run."""
 
 import numpy as np
 import pytest
-from safetensors.numpy import save_file
 
-from helpers import cli, strict_json
+from helpers import cli, strict_json, write_logits_file
 from precisionlab.numerics import paired
 
 REPLICATES, N, PHI, RESAMPLES, TRUTH = 1000, 2000, 0.5, 500, 0.3
@@ -55,11 +54,6 @@ def test_same_seed_same_interval_other_seed_other_draws():
 NP, V = 1500, 48
 
 
-def _write(path, logits, tokens):
-    save_file({"logits": np.asarray(logits, np.float32), "tokens": np.asarray(tokens, np.int64)}, str(path))
-    return str(path)
-
-
 @pytest.fixture(scope="module")
 def builds(tmp_path_factory):
     d = tmp_path_factory.mktemp("builds")
@@ -71,20 +65,21 @@ def builds(tmp_path_factory):
     ref = 2.0 * h
     tok = rng.integers(0, V, NP)
     noise = lambda s, seed: ref + s * np.random.default_rng(seed).standard_normal(ref.shape)  # noqa: E731
-    f = {"ref": _write(d / "ref.safetensors", ref, tok),
-         "a": _write(d / "a.safetensors", noise(0.05, 1), tok),
-         "a2": _write(d / "a2.safetensors", noise(0.05, 2), tok),      # the same build run again
-         "b": _write(d / "b.safetensors", noise(0.065, 3), tok)}       # planted: 30 % more logit noise
+    f = {"ref": write_logits_file(d / "ref.safetensors", ref, tok),
+         "a": write_logits_file(d / "a.safetensors", noise(0.05, 1), tok),
+         "a2": write_logits_file(d / "a2.safetensors", noise(0.05, 2), tok),      # the same build run again
+         "b": write_logits_file(d / "b.safetensors", noise(0.065, 3), tok)}       # planted: 30 % more logit noise
     nan = noise(0.05, 4)
     nan[700, 3] = np.nan
-    f["nan"] = _write(d / "nan.safetensors", nan, tok)
+    f["nan"] = write_logits_file(d / "nan.safetensors", nan, tok)
     other = tok.copy()
     other[321] = (other[321] + 1) % V
-    f["tokens"] = _write(d / "tokens.safetensors", noise(0.05, 5), other)
-    f["vocab"] = _write(d / "vocab.safetensors", np.pad(noise(0.05, 6), ((0, 0), (0, 1))), tok)  # one more logit
+    f["tokens"] = write_logits_file(d / "tokens.safetensors", noise(0.05, 5), other)
+    # one more logit
+    f["vocab"] = write_logits_file(d / "vocab.safetensors", np.pad(noise(0.05, 6), ((0, 0), (0, 1))), tok)
     (d / "empty.safetensors").write_bytes(b"")
     f["empty"] = str(d / "empty.safetensors")
-    f["norows"] = _write(d / "norows.safetensors", np.zeros((0, V)), np.zeros(0))
+    f["norows"] = write_logits_file(d / "norows.safetensors", np.zeros((0, V)), np.zeros(0))
     return f
 
 
@@ -194,7 +189,7 @@ def test_an_infinite_kld_gives_no_interval_and_says_why(builds, tmp_path):
     logits = d["logits"].copy()
     logits[5, :] = -np.inf  # B gives all its mass to token 0 at position 5: KL from REF is inf there
     logits[5, 0] = 0.0
-    r, doc = _run(builds["ref"], builds["a"], _write(tmp_path / "inf.safetensors", logits, d["tokens"]))
+    r, doc = _run(builds["ref"], builds["a"], write_logits_file(tmp_path / "inf.safetensors", logits, d["tokens"]))
     kld = next(x for x in doc["rows"] if x["statistic"] == "kld")
     assert r.code == 0 and kld["verdict"] == "undefined" and kld["ci_lo"] == "nan" and doc["verdict"] == "undefined"
     assert any(t.startswith("kld: not finite") for t in doc["takeaways"])

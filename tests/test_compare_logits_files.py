@@ -10,17 +10,10 @@ import struct
 
 import numpy as np
 import pytest
-from safetensors.numpy import save_file
 
-from helpers import cli, strict_json
+from helpers import cli, reference_logits, strict_json, write_logits_file
 
 N, V = 600, 41  # an odd vocabulary: llama.cpp pads each row to an even count
-
-
-def _write(path, logits, tokens, **meta):
-    save_file({"logits": np.asarray(logits, np.float32), "tokens": np.asarray(tokens, np.int64)}, str(path),
-              metadata={k: str(v) for k, v in meta.items()})
-    return str(path)
 
 
 def _log_softmax(x):
@@ -32,16 +25,14 @@ def _log_softmax(x):
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     d = tmp_path_factory.mktemp("runs")
-    rng = np.random.default_rng(11)
-    ref = (rng.standard_normal((N, V)) * 2.5).astype(np.float32)
-    tok = rng.integers(0, V, N)
+    rng, ref, tok = reference_logits(11, N, V)
     low = ref + np.float32(0.02) * rng.standard_normal(ref.shape).astype(np.float32)     # the rounding's cost
     clean = ref + np.float32(0.02) * rng.standard_normal(ref.shape).astype(np.float32)   # another correct engine
     bug = ref.copy()                                                                    # the text's token 2 % less likely
     bug[np.arange(N), tok] -= np.float32(0.02)
     over = clean.copy()
     over[[3, 9, 40], 5] = np.inf
-    files = {name: _write(d / f"{name}.safetensors", x, tok, window=100)
+    files = {name: write_logits_file(d / f"{name}.safetensors", x, tok, window=100)
              for name, x in (("ref", ref), ("low", low), ("clean", clean), ("bug", bug), ("over", over))}
     return d, files, {"ref": ref, "low": low, "clean": clean, "bug": bug, "tok": tok}
 

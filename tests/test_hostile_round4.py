@@ -142,6 +142,54 @@ def test_an_out_that_is_a_link_to_a_folder_is_refused_before_the_run(run, tmp_pa
 
 
 # ---------------------------------------------------------------------------
+# (1)'s sibling: a folder's members the user never named (compare layers --dump DIR)
+
+
+@pytest.mark.parametrize("member", ["fp32.safetensors", "bf16.safetensors"])
+def test_dump_refuses_a_file_of_its_own_name_without_force(run, tmp_path, monkeypatch, member):
+    """DIR/<dtype>.safetensors that exists was replaced without a word: DIR is named, its members are not."""
+    fail_if_a_model_runs(monkeypatch)
+    d = tmp_path / "dump"
+    d.mkdir()
+    (d / member).write_bytes(b"my own dump")
+    (d / "my_notes.txt").write_text("notes")
+    before = _contents(d)
+    one_line(run("compare", "layers", "--dtypes", "bf16", "--steps", "1", "--dump", str(d)), 2,
+             member, "--force")
+    assert _contents(d) == before
+
+
+def test_dump_with_force_replaces_only_its_own_files(run, tmp_path):
+    d = tmp_path / "dump"
+    d.mkdir()
+    (d / "bf16.safetensors").write_bytes(b"my own dump")
+    (d / "my_notes.txt").write_text("notes")
+    r = run("compare", "layers", "--dtypes", "bf16", "--steps", "1", "--dump", str(d), "--force", "--json")
+    assert r.code in (0, 1), r.err  # 1: a module diverged, still a finished run
+    assert sorted(p.name for p in d.iterdir()) == ["bf16.safetensors", "fp32.safetensors", "my_notes.txt"]
+    assert (d / "my_notes.txt").read_text() == "notes"
+    assert (d / "bf16.safetensors").read_bytes() != b"my own dump"
+
+
+def test_force_without_dump_is_refused(run, monkeypatch):
+    """A flag that does nothing is not accepted silently (as --prompt without --endpoint was not)."""
+    fail_if_a_model_runs(monkeypatch)
+    one_line(run("compare", "layers", "--dtypes", "bf16", "--steps", "1", "--force"), 2, "--force", "--dump")
+
+
+def test_a_folder_writer_checks_every_member_for_a_file_there(tmp_path):
+    """The mechanism itself (io/outputs.check_output_dir): a member that exists is refused unless force."""
+    from precisionlab.errors import UsageError
+    from precisionlab.io import outputs
+
+    (tmp_path / "b.bin").write_bytes(b"x")
+    with pytest.raises(UsageError, match="b.bin.*--force"):
+        outputs.check_output_dir(str(tmp_path), ["a.bin", "b.bin"], "--dump")
+    assert outputs.check_output_dir(str(tmp_path), ["a.bin", "b.bin"], "--dump", force=True) == tmp_path
+    assert outputs.check_output_dir(str(tmp_path), ["a.bin"], "--dump") == tmp_path
+
+
+# ---------------------------------------------------------------------------
 # (3) values from servers are validated; (4) a deadline for the whole request
 
 
@@ -418,16 +466,22 @@ def test_compare_logits_nan_fail_line_has_the_prefix(run, tmp_path):
     assert fails and all(line.startswith("precisionlab: FAIL") for line in fails), r.err
 
 
-def test_the_references_perplexity_has_one_name():
-    """ppl_fp32 in compare model --metrics, ppl_ref in compare logits: docs/json.md's role name wins."""
+def test_the_references_perplexity_and_top5_shares_have_one_name():
+    """ppl_fp32, fp32_top1_in_top5_pct, top1_in_fp32_top5_pct in compare metrics (and kvcache), the ref_*
+    names in compare logits: docs/json.md's role name wins, in the one place the row is made."""
     import numpy as np
 
+    from helpers import GLOSSARY_FORBIDDEN
     from precisionlab.numerics import distribution
 
     x = np.random.default_rng(0).standard_normal((8, 5))
     st = distribution.position_stats(x, x, np.zeros(8, dtype=np.int64))
     row = distribution.summarize(st)
-    assert "ppl_ref" in row and "ppl_fp32" not in row
+    for old, new in (("ppl_fp32", "ppl_ref"), ("fp32_top1_in_top5_pct", "ref_top1_in_top5_pct"),
+                     ("top1_in_fp32_top5_pct", "top1_in_ref_top5_pct")):
+        assert new in row and old not in row
+        assert GLOSSARY_FORBIDDEN[old] == new  # every document the glossary tests run is checked for the old name
+    assert row["ref_top1_in_top5_pct"] == row["top1_in_ref_top5_pct"] == 100.0  # the same logits: every top-1
 
 
 # ---------------------------------------------------------------------------

@@ -69,14 +69,15 @@ def test_clean_run_flags_nothing_and_injections_are_found(model, tmp_path):
     assert kinds[-1] == "lm_head" and all(r["yardstick"] > 0 for r in clean.rows if r["kind"] in ("mlp", "attn"))
     # accumulated error grows past the local one somewhere downstream: the columns measure different things
     assert any(r["accumulated"] > 2 * r["local"] for r in clean.rows)
-    for spec, module in model[3].items():
-        res = _run(model, inject=[spec], dump=str(tmp_path / "bug"))
+    for i, (spec, module) in enumerate(model[3].items()):
+        bug = tmp_path / f"bug{i}"  # a folder each: --dump refuses to replace a dump without --force
+        res = _run(model, inject=[spec], dump=str(bug))
         assert res.first_divergence == module, (spec, [(r["module"], r["ratio"]) for r in res.rows if r["flagged"]])
         row = next(r for r in res.rows if r["module"] == module)
         assert row["flagged"] and row["ratio"] > lexp.RATIO_THRESHOLD
         before = [r for r in res.rows if r["order"] < row["order"]]
         assert not any(r["flagged"] for r in before)
-        _renamed(str(tmp_path / "bug" / "bf16.safetensors"), str(tmp_path / "engine.safetensors"))
+        _renamed(str(bug / "bf16.safetensors"), str(tmp_path / "engine.safetensors"))
         three = texp.compare(texp.CompareTensorsConfig(
             files=[str(tmp_path / "clean" / "fp32.safetensors"), str(tmp_path / "clean" / "bf16.safetensors"),
                    str(tmp_path / "engine.safetensors")], maps=[r"^engine\.="]))

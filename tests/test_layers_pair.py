@@ -10,7 +10,7 @@ import shutil
 
 import pytest
 
-from helpers import ROOT, save_tiny_qwen, strict_json
+from helpers import ROOT, embedded_planted_ggufs, gguf_layers, save_tiny_qwen, strict_json
 
 pytest.importorskip("transformers")
 
@@ -200,31 +200,13 @@ def test_inject_with_a_reference_is_refused(run, base):
 def embedded_hf(tmp_path_factory):
     """The embedded model as a Hugging Face folder and two f32 GGUFs of it: clean, and with
     layer 2's attention norm weight scaled by 1.01 in the GGUF only (the HF folder stays clean)."""
-    pytest.importorskip("llama_cpp", reason="llama.cpp's engine needs llama-cpp-python (precisionlab[engines])")
-    pytest.importorskip("gguf", reason="the GGUF export needs the gguf package (precisionlab[engines])")
-    from precisionlab.engines.exporters import gguf, hf
-
-    root = tmp_path_factory.mktemp("emb")
-    ref = root / "hf"
-    ref.mkdir()
-    hf.write_embedded(str(ref))
-    bug = _copy(ref, root, "hf-bug", weights={"model.layers.2.input_layernorm.weight": 1.01})
-    gguf.write(str(ref), str(root / "clean.gguf"), "f32")
-    gguf.write(str(bug), str(root / "bug.gguf"), "f32")
-    return ref, root / "clean.gguf", root / "bug.gguf"
-
-
-def _engine_layers(run, gguf_path, ref, *extra):
-    args = ["--reference", f"hf:{ref}"] if ref else []
-    r = run("compare", "layers", "--engine", f"llamacpp:{gguf_path},kv=f32", *args, "--dtypes", "bf16",
-            "--prompt", "ROMEO:\n", "--steps", "24", *extra, "--json")
-    return r, strict_json(r.out) if r.out.strip() else None
+    return embedded_planted_ggufs(tmp_path_factory.mktemp("emb"), "model.layers.2.input_layernorm.weight", 1.01,
+                                  "f32")
 
 
 def test_llamacpp_clean_f32_gguf_flags_nothing(run, embedded_hf):
     ref, clean, _ = embedded_hf
-    r, doc = _engine_layers(run, clean, ref)
-    assert r.code == 0, (r.err, doc and doc["flags"][:3])
+    doc = gguf_layers(run, clean, ref, 0)
     names = {row["module"] for row in doc["rows"]}
     for layer in range(5):  # every block's norms, q/k norms, MLP and output, by their HF names
         for site in ("", ".input_layernorm", ".self_attn.q_norm", ".post_attention_layernorm", ".mlp"):
@@ -237,8 +219,7 @@ def test_llamacpp_clean_f32_gguf_flags_nothing(run, embedded_hf):
 
 def test_llamacpp_planted_norm_scale_is_named_at_its_layer(run, embedded_hf):
     ref, _, bug = embedded_hf
-    r, doc = _engine_layers(run, bug, ref)
-    assert r.code == 1, r.err
+    doc = gguf_layers(run, bug, ref, 1)
     assert doc["first_divergence"] == "model.layers.2.input_layernorm"
     f = _first_flag(doc, "fp32")
     assert f["module"] == "model.layers.2.input_layernorm" and f["rule"] == "ratio" and f["value"] > 100
@@ -252,8 +233,7 @@ def test_llamacpp_reference_defaults_to_the_exports_source(run, embedded_hf, tmp
     ref, _, _ = embedded_hf
     out = tmp_path / "m.gguf"
     assert cli("export", f"hf:{ref}", "--to", "gguf:f32", "--out", str(out)).code == 0
-    r, doc = _engine_layers(run, out, None)
-    assert r.code == 0, r.err
+    doc = gguf_layers(run, out, None, 0)
     assert doc["params"]["reference"] == f"hf:{ref.resolve()}"
     assert doc["params"]["reference_from"] == "recorded in the export"
 
@@ -264,8 +244,7 @@ def test_llamacpp_export_of_the_embedded_model_meets_it_by_name(run, embedded_hf
 
     out = tmp_path / "e.gguf"
     assert cli("export", "embedded", "--to", "gguf:f32", "--out", str(out)).code == 0
-    r, doc = _engine_layers(run, out, None)
-    assert r.code == 0, (r.err, doc and doc["flags"][:3])
+    doc = gguf_layers(run, out, None, 0)
     assert doc["params"]["reference"] == "embedded" and doc["params"]["reference_from"].startswith("recorded")
     assert doc["params"]["compared"] >= 5 * 5 + 2  # the norms, q/k norms, MLPs, blocks, final norm and head
 

@@ -8,7 +8,7 @@ that MLP, and the GGUF tensor that is not REF's weight quantised is listed."""
 
 import pytest
 
-from helpers import planted_gguf_pair, strict_json
+from helpers import embedded_planted_ggufs, gguf_layers
 
 PLANTED = "model.layers.1.mlp.down_proj.weight"
 
@@ -16,29 +16,12 @@ PLANTED = "model.layers.1.mlp.down_proj.weight"
 @pytest.fixture(scope="module")
 def q8(tmp_path_factory):
     pytest.importorskip("transformers")
-    pytest.importorskip("llama_cpp", reason="llama.cpp's engine needs llama-cpp-python (precisionlab[engines])")
-    pytest.importorskip("gguf", reason="the GGUF export needs the gguf package (precisionlab[engines])")
-
-    from precisionlab.engines.exporters import hf
-
-    root = tmp_path_factory.mktemp("q8")
-    ref = root / "hf"
-    ref.mkdir()
-    hf.write_embedded(str(ref))
-    clean, bug = planted_gguf_pair(root, ref, PLANTED, 1.01, "q8_0")
-    return ref, clean, bug
-
-
-def _layers(run, path, ref):
-    r = run("compare", "layers", "--engine", f"llamacpp:{path},kv=f32", "--reference", f"hf:{ref}",
-            "--dtypes", "bf16", "--prompt", "ROMEO:\n", "--steps", "24", "--json")
-    return r, strict_json(r.out) if r.out.strip() else None
+    return embedded_planted_ggufs(tmp_path_factory.mktemp("q8"), PLANTED, 1.01, "q8_0")
 
 
 def test_a_clean_q8_0_gguf_is_as_close_as_q8_0_allows(run, q8):
     ref, clean, _ = q8
-    r, doc = _layers(run, clean, ref)
-    assert r.code == 0, (r.err, doc and doc["flags"][:3])
+    doc = gguf_layers(run, clean, ref, 0)
     assert doc["params"]["quant_view"] == "q8_0"
     assert doc["first_divergence"] is None and doc["flags"] == []
     rows = [x for x in doc["rows"] if x.get("views")]
@@ -54,8 +37,7 @@ def test_a_clean_q8_0_gguf_is_as_close_as_q8_0_allows(run, q8):
 
 def test_a_one_percent_scale_on_top_of_q8_0_is_named_at_its_module(run, q8):
     ref, _, bug = q8
-    r, doc = _layers(run, bug, ref)
-    assert r.code == 1, r.err
+    doc = gguf_layers(run, bug, ref, 1)
     assert doc["first_divergence"] == "model.layers.1.mlp"
     f = next(f for f in doc["flags"] if f["view"] == "q8_0")
     assert f["module"] == "model.layers.1.mlp" and f["rule"] in ("ratio", "scale_fit")

@@ -8,7 +8,7 @@ MLP's down projection is named there."""
 
 import pytest
 
-from helpers import planted_gguf_pair, save_char_qwen, strict_json
+from helpers import gguf_layers, need_gguf_engine, planted_gguf_pair, save_char_qwen
 
 pytest.importorskip("transformers")
 
@@ -18,26 +18,16 @@ PLANTED = "model.layers.1.mlp.down_proj.weight"
 
 @pytest.fixture(scope="module")
 def wide(tmp_path_factory):
-    pytest.importorskip("llama_cpp", reason="llama.cpp's engine needs llama-cpp-python (precisionlab[engines])")
-    pytest.importorskip("gguf", reason="the GGUF export needs the gguf package (precisionlab[engines])")
-
-
+    need_gguf_engine()
     root = tmp_path_factory.mktemp("w576")
     ref = save_char_qwen(root / "hf", hidden=576, positions=128, seed=0)
     clean, bug = planted_gguf_pair(root, ref, PLANTED, 1.01, "f32")
     return ref, clean, bug
 
 
-def _layers(run, gguf_path, ref):
-    r = run("compare", "layers", "--engine", f"llamacpp:{gguf_path},kv=f32", "--reference", f"hf:{ref}",
-            "--dtypes", "bf16", *PROMPT, "--json")
-    return r, strict_json(r.out) if r.out.strip() else None
-
-
 def test_an_exact_f32_gguf_at_width_576_flags_nothing(run, wide):
     ref, clean, _ = wide
-    r, doc = _layers(run, clean, ref)
-    assert r.code == 0, (r.err, doc and doc["flags"][:3])
+    doc = gguf_layers(run, clean, ref, 0, prompt=PROMPT)
     assert doc["first_divergence"] is None and doc["flags"] == []
     assert doc["params"]["quant_view"] is None  # f32 weights: judged by fp32's rounding
     rows = [row for row in doc["rows"] if "fp32" in row["views"]]
@@ -49,8 +39,7 @@ def test_an_exact_f32_gguf_at_width_576_flags_nothing(run, wide):
 
 def test_a_one_percent_scale_at_width_576_is_named_at_its_module(run, wide):
     ref, _, bug = wide
-    r, doc = _layers(run, bug, ref)
-    assert r.code == 1, r.err
+    doc = gguf_layers(run, bug, ref, 1, prompt=PROMPT)
     assert doc["first_divergence"] == "model.layers.1.mlp"
     row = next(x for x in doc["rows"] if x["module"] == "model.layers.1.mlp")
     assert abs(row["views"]["fp32"]["scale_fit"] - 1.01) < 1e-3

@@ -9,26 +9,17 @@ import math
 
 import numpy as np
 import pytest
-from safetensors.numpy import save_file
 
-from helpers import cli, strict_json
+from helpers import cli, reference_logits, strict_json, write_logits_file
 from precisionlab.numerics import small_n
 
 N, V = 256, 41
 
 
-def _write(path, logits, tokens):
-    save_file({"logits": np.asarray(logits, np.float32), "tokens": np.asarray(tokens, np.int64)}, str(path),
-              metadata={"window": "64"})
-    return str(path)
-
-
 @pytest.fixture(scope="module")
 def files(tmp_path_factory):
     d = tmp_path_factory.mktemp("small_n")
-    rng = np.random.default_rng(40)
-    ref = (rng.standard_normal((N, V)) * 2.5).astype(np.float32)
-    tok = rng.integers(0, V, N)
+    rng, ref, tok = reference_logits(40, N, V)
 
     def noisy(scale_per_position):
         return ref + (np.asarray(scale_per_position)[:, None] * rng.standard_normal(ref.shape)).astype(np.float32)
@@ -39,7 +30,7 @@ def files(tmp_path_factory):
     heavy = noisy(0.02 * 2.2 * np.exp(1.5 * rng.standard_normal(N)))
     one = clean.copy()                                 # a correct engine, and one token far off
     one[17] += (3.0 * rng.standard_normal(V)).astype(np.float32)
-    return {name: _write(d / f"{name}.safetensors", x, tok)
+    return {name: write_logits_file(d / f"{name}.safetensors", x, tok, window=64)
             for name, x in (("ref", ref), ("low", low), ("clean", clean), ("heavy", heavy), ("one", one))}
 
 

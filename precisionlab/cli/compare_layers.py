@@ -12,7 +12,7 @@ import typer
 from precisionlab.catalog import formats
 from precisionlab.cli.model_options import (DEFAULT_PROMPT, DEFAULT_SPEC, DEFAULT_STEPS, LowDtypesOpt, ModelDeviceOpt,
                                             PromptOpt, StepsOpt, early_checks, spec_paths)
-from precisionlab.cli.options import plot_option, JsonOpt, ModelOpt, SeedOpt, WideOpt, format_names
+from precisionlab.cli.options import force_option, plot_option, JsonOpt, ModelOpt, SeedOpt, WideOpt, format_names
 from precisionlab.errors import UsageError
 
 DEFAULT_DTYPES = format_names(formats.LOW_COMPUTE, ",")
@@ -38,6 +38,7 @@ def command(
                                                 "DIR/fp32.safetensors, DIR/bf16.safetensors, ... (execution order "
                                                 "and token ids in the metadata), for compare tensors. One model "
                                                 "only.")] = None,
+    force: force_option("--dump's files that exist (DIR/bf16.safetensors, ...); DIR's other files are kept") = False,
     plot: plot_option("the error along the model") = None,
     device: ModelDeviceOpt = "cpu",
     seed: SeedOpt = 0,
@@ -50,6 +51,8 @@ def command(
     Exit 1 when a module diverges."""
     from precisionlab.report.output import Output
 
+    if force and dump is None:
+        raise UsageError("--force goes with --dump: it lets the run replace DIR/<dtype>.safetensors files that exist")
     if engine or reference is not None:
         return _pair(ctx, model, engine, reference, inject, dump, steps, prompt, dtypes, device, seed, plot,
                      json_out, wide)
@@ -60,7 +63,7 @@ def command(
     early_checks(model=model)
     plot = check_plot_path(plot, spec_paths(("--model", model)))
     cfg = lexp.LayersConfig(model=model, steps=steps, prompt=prompt, dtypes=dtypes, device=device, seed=seed,
-                            inject=inject or [], dump=dump)
+                            inject=inject or [], dump=dump, force=force)
     res = Output(layers_report, json_out, plot, table_kw={"wide": wide}).run(
         "compare layers", lambda advance: lexp.run(cfg, advance))
     if res.first_divergence is not None:

@@ -6,7 +6,7 @@ from typing import Annotated
 
 import typer
 
-from precisionlab.cli.options import JsonOpt
+from precisionlab.cli.options import JsonOpt, force_option
 from precisionlab.engines.export import format_help
 
 
@@ -15,9 +15,8 @@ def command(
     to: Annotated[str, typer.Option("--to", help=f"The format: {format_help()}.")],
     out: Annotated[str, typer.Option("--out", help="The file (gguf, onnx) or folder (hf, ct2) to write; "
                                      "written atomically.")],
-    force: Annotated[bool, typer.Option("--force", help="Write into a non-empty folder (its other files are "
-                                        "kept) or over an existing side file (m.onnx.precisionlab-source.json).")]
-    = False,
+    force: force_option("files of the same names in a non-empty folder (its other files are kept) or an "
+                        "existing side file (m.onnx.precisionlab-source.json)") = False,
     json_out: JsonOpt = False,
 ):
     """A model in another engine's format (Hugging Face, GGUF, CTranslate2, ONNX), with what the conversion changed."""

@@ -123,6 +123,12 @@ def accumulator_option(role: str):
                                                  f"{accumulators.spellings_help()}. {role}")]
 
 
+def force_option(what: str):
+    """--force, declared once: `what` it lets the run replace (files the run names itself, a non-empty
+    folder); without it those are refused (io/outputs)."""
+    return Annotated[bool, typer.Option("--force", help=f"Replace {what}.")]
+
+
 def plot_option(what: str):
     """--plot FILE, declared once: `what` the command draws; the file's
     suffix picks the image format, checked before the run, written atomically."""

@@ -10,8 +10,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from precisionlab.engines.external import (MAX_BATCH, ExternalEngine, batch_of, threads_opt,
-                                           int_opt, need_package, split_spec)
+from precisionlab.engines.external import ExternalEngine, batch_of, batched_knobs, need_package, split_spec
 from precisionlab.errors import UsageError
 
 KEYS = {"compute": "compute_type (default: the stored type)", "threads": "intra_threads (default: torch's thread count)",
@@ -25,8 +24,7 @@ class CT2Engine(ExternalEngine):
         need_package("ctranslate2", "ct2", "ct2")
         if not (Path(path) / "model.bin").is_file():
             raise UsageError(f"engine ct2:{path}: not a CTranslate2 model folder (no model.bin)")
-        threads_opt(opts, "ct2", checking=True)
-        int_opt(opts, "batch", 1, "ct2", least=1, most=MAX_BATCH, bound="copies of the prompt in one batch")
+        batched_knobs(opts, "ct2", checking=True)
 
     def __init__(self, arg, device: str):
         self.check(arg)
@@ -34,8 +32,7 @@ class CT2Engine(ExternalEngine):
 
         path, opts = split_spec(arg, "ct2", KEYS)
         asked = opts.get("compute", "default")
-        threads = threads_opt(opts, "ct2")
-        self.batch = int_opt(opts, "batch", 1, "ct2")
+        threads, self.batch = batched_knobs(opts, "ct2")
         try:
             self.gen = ctranslate2.Generator(path, device=device, compute_type=asked, intra_threads=threads)
         except (ValueError, RuntimeError) as e:

@@ -90,6 +90,13 @@ MAX_BATCH = 4096
 MAX_CTX = 1 << 20
 
 
+def batched_knobs(opts: dict, prefix: str, checking: bool = False) -> tuple[int, int]:
+    """(threads, batch) of an engine that runs batch_of's copies of the prompt in one call (ct2, onnx):
+    threads=N as threads_opt (`checking` as there), batch=N from 1 to MAX_BATCH."""
+    return (threads_opt(opts, prefix, checking=checking),
+            int_opt(opts, "batch", 1, prefix, least=1, most=MAX_BATCH, bound="copies of the prompt in one batch"))
+
+
 def batch_of(ids: list[int], n: int) -> list[list[int]]:
     """A batch of n prompts whose first is ids and the others its rotations (by
     i * len / n): n sequences of one length, other tokens, so an engine's batched

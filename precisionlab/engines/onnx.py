@@ -12,8 +12,7 @@ from __future__ import annotations
 
 import json
 
-from precisionlab.engines.external import (MAX_BATCH, ExternalEngine, batch_of, threads_opt,
-                                           file_spec, int_opt, split_spec)
+from precisionlab.engines.external import ExternalEngine, batch_of, batched_knobs, file_spec, split_spec
 from precisionlab.errors import UsageError
 
 KEYS = {"threads": "intra_op_num_threads (default: torch's thread count)", "provider": "execution provider (default CPUExecutionProvider)",
@@ -28,17 +27,15 @@ class OnnxEngine(ExternalEngine):
         path, opts = file_spec(arg, "onnx", KEYS, "onnxruntime")
         if opts.get("opt", "all") not in _OPT:
             raise UsageError(f"engine onnx: opt is one of {', '.join(_OPT)}")
-        threads_opt(opts, "onnx", checking=True)
-        int_opt(opts, "batch", 1, "onnx", least=1, most=MAX_BATCH, bound="copies of the prompt in one batch")
+        batched_knobs(opts, "onnx", checking=True)
 
     def __init__(self, arg, device: str):
         self.check(arg)
         import onnxruntime as ort
 
         path, opts = split_spec(arg, "onnx", KEYS)
-        self.batch = int_opt(opts, "batch", 1, "onnx")
         so = ort.SessionOptions()
-        so.intra_op_num_threads = threads_opt(opts, "onnx")
+        so.intra_op_num_threads, self.batch = batched_knobs(opts, "onnx")
         so.inter_op_num_threads = 1
         so.graph_optimization_level = getattr(ort.GraphOptimizationLevel, _OPT[opts.get("opt", "all")])
         provider = opts.get("provider", "CPUExecutionProvider")

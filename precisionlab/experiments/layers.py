@@ -61,6 +61,7 @@ SMALL_MODEL = 20_000_000  # parameters; see threads_for
 class LayersConfig(ModelRun):
     inject: list[str] = field(default_factory=list)
     dump: str | None = None
+    force: bool = False  # --force: --dump may replace DIR/<dtype>.safetensors files that exist
 
 
 @dataclass
@@ -78,10 +79,12 @@ class LayersResult:
     routing: list[dict] = field(default_factory=list)  # per dtype and MoE layer (experiments/layers_routing)
 
 
-def check_dump_dir(path: str, labels: list[str], model: str | None) -> Path:
+def check_dump_dir(path: str, labels: list[str], model: str | None, force: bool = False) -> Path:
     """--dump DIR, checked before the run: writable, not the model's folder,
-    and every file it will hold (DIR/<dtype>.safetensors) writable as a file."""
-    return outputs.check_output_dir(path, [f"{d}.safetensors" for d in labels], "--dump", [("--model", spec_path(model))])
+    and every file it will hold (DIR/<dtype>.safetensors) writable as a file
+    and, unless --force, not there yet (the user named DIR, not those files)."""
+    return outputs.check_output_dir(path, [f"{d}.safetensors" for d in labels], "--dump", [("--model", spec_path(model))],
+                                    force)
 
 
 def _check_targets_before_load(model: str | None, injections) -> None:
@@ -107,7 +110,7 @@ def run(cfg: LayersConfig, advance=lambda k=1: None) -> LayersResult:
     startup.check_run(cfg.steps, cfg.prompt)
     lows = startup.parse_dtypes(cfg.dtypes, formats.LOW_COMPUTE)  # no repeated rows
     injections = inject_mod.parse_all(cfg.inject, INJECT_KEYS)
-    dump_dir = check_dump_dir(cfg.dump, ["fp32", *lows], cfg.model) if cfg.dump is not None else None
+    dump_dir = check_dump_dir(cfg.dump, ["fp32", *lows], cfg.model, cfg.force) if cfg.dump is not None else None
     device = startup.device(cfg.device)
     import torch
 

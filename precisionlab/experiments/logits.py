@@ -317,9 +317,6 @@ class LogitsConfig:
     kld_ctx: int | None = None
 
 
-# Row keys of distribution.summarize that say "fp32" for the reference: in
-# compare logits the reference is REF, whatever its format.
-_REF_NAMES = {"fp32_top1_in_top5_pct": "ref_top1_in_top5_pct", "top1_in_fp32_top5_pct": "top1_in_ref_top5_pct"}
 _SHOWN_POSITIONS = 5  # non-finite positions named in a message
 _SHARES = ("top1_agree_pct", "ref_top1_in_top5_pct", "top1_in_ref_top5_pct")  # percentages where 100 is REF itself
 
@@ -475,8 +472,7 @@ def overflow_failure(side: str, r: dict, ref: str = "REF") -> str:
 def _side_row(side: str, path: str, f, stats, overflow: np.ndarray) -> dict:
     label = f.metadata.get("dtype")
     row = {"side": side, "file": path, "dtype": label if label in DTYPES else None}
-    for k, v in distribution.summarize(stats).items():
-        row[_REF_NAMES.get(k, k)] = v
+    row.update(distribution.summarize(stats))
     row.update(_overflow_fields(overflow))
     return row
 

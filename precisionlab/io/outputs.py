@@ -63,12 +63,14 @@ def check_output_path(path: str | None, kinds: tuple[str, ...] | list[str] | Non
     return p
 
 
-def check_output_dir(path: str | None, members: Iterable[str], what: str, inputs: Inputs = ()) -> Path:
+def check_output_dir(path: str | None, members: Iterable[str], what: str, inputs: Inputs = (),
+                     force: bool = False) -> Path:
     """A directory a run writes `members` into (an existing one, or a new one in
     an existing folder), checked before the run: the directory is not an input,
     does not hold one and is not inside one, and each member's path passes
     check_output_path (a member that is a directory or a link is refused now,
-    not after the run)."""
+    not after the run). The user named the folder, not its members: one that
+    exists is refused unless `force` (check_side_file)."""
     if path is None or not str(path).strip():
         raise UsageError(f"{what}: empty path; name a directory")
     p = Path(path)
@@ -90,6 +92,7 @@ def check_output_dir(path: str | None, members: Iterable[str], what: str, inputs
     if p.exists():
         for m in members:
             check_output_path(str(p / m), None, f"{what} {str(path)!r}: member", inputs)
+            check_side_file(str(p / m), f"{what} {str(path)!r}", force)
     return p
 
 
@@ -104,13 +107,14 @@ def check_extension(path: str, kinds: tuple[str, ...], what: str, label: str) ->
 
 
 def check_side_file(path: str, what: str, force: bool) -> None:
-    """A file a run writes beside the one the user named (a name the user never gave): refused where
-    something is already there, unless `force` (and never over a folder, link or device)."""
+    """A file a run writes under a name the user never gave (a side file beside the one named, a member
+    of the folder named): refused where something is already there, unless `force` (and never over a
+    folder, link or device)."""
     if not os.path.lexists(path):
         return
     if not force:
-        raise UsageError(f"{what}: {path!r} exists, and the run would replace it (a side file the run "
-                         "writes beside the one named); move it, or give --force")
+        raise UsageError(f"{what}: {path!r} exists, and the run would replace it (a file the run names "
+                         "itself, not one you named); move it, or give --force")
     check_output_path(path, None, f"{what}: side file")
 
 

@@ -274,8 +274,9 @@ def summarize(s: PositionStats) -> dict:
         "top1_agree": top1,
         "top1_agree_pct": _pct(top1, n),
         "top1_agree_pct_se": share_standard_error(top1, n),
-        "fp32_top1_in_top5_pct": _pct(int(s.ref_in_top5.sum()), n),
-        "top1_in_fp32_top5_pct": _pct(int(s.low_in_top5.sum()), n),
+        # the reference by its role, fp32 or REF, as ppl_ref (issue 45: one name per quantity)
+        "ref_top1_in_top5_pct": _pct(int(s.ref_in_top5.sum()), n),
+        "top1_in_ref_top5_pct": _pct(int(s.low_in_top5.sum()), n),
         "dp_mean": exact_mean(s.dp),
         "dp_mean_se": standard_error(s.dp),
         "dp_rms": dp_rms,

@@ -33,7 +33,7 @@ def table(res) -> None:
         s, b = r["distribution"], r["distribution_vs_bf16_cache"]
         d.add_row(r["device"], r["cache"], r["scale"] or "-", sci(s["kld_mean"]), sci(s["kld_p90"]),
                   sci(s["kld_max"]), or_dash(r["kld_vs_bf16"], ".3g", "x"), f"{s['top1_agree']}/{s['positions']}",
-                  f"{s['fp32_top1_in_top5_pct']:.1f} %", sci(s["dp_rms"]), sci(b["kld_mean"]))
+                  f"{s['ref_top1_in_top5_pct']:.1f} %", sci(s["dp_rms"]), sci(b["kld_mean"]))
     stdout.print(d)
     footer(None, res.takeaways, note=_note(p))
 

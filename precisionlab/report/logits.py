@@ -17,8 +17,8 @@ STATS = (
     ("KLD mean", "kld_mean", sci), ("KLD median", "kld_median", sci), ("KLD p90", "kld_p90", sci),
     ("KLD p99", "kld_p99", sci), ("KLD p99.9", "kld_p99_9", sci), ("KLD max", "kld_max", sci),
     ("top-1 agreement", "top1_agree", None),
-    ("fp32 top-1 in its top 5", "fp32_top1_in_top5_pct", _PCT),
-    ("its top-1 in fp32 top 5", "top1_in_fp32_top5_pct", _PCT),
+    ("fp32 top-1 in its top 5", "ref_top1_in_top5_pct", _PCT),
+    ("its top-1 in fp32 top 5", "top1_in_ref_top5_pct", _PCT),
     ("Δp mean", "dp_mean", sci), ("Δp RMS", "dp_rms", sci),
     ("perplexity", "ppl", lambda x: num(x, 6)), ("ln(PPL / PPL fp32)", "ln_ppl_ratio", sci),
 )
