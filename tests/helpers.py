@@ -116,6 +116,8 @@ GLOSSARY_FORBIDDEN = {
     # the reference by its role, whatever its format (fp32 in compare metrics, REF in compare logits)
     "ppl_fp32": "ppl_ref", "fp32_top1_in_top5_pct": "ref_top1_in_top5_pct",
     "top1_in_fp32_top5_pct": "top1_in_ref_top5_pct",
+    # the share of tokens whose choice flipped (router, compare routing, flips_by_margin)
+    "flip_rate": "flip_share",
 }
 _TIME_UNIT = re.compile(r"(^|_)(ms|us|ns|sec|secs|seconds|millis)$")
 _ABS = re.compile(r"max_abs(?!_error|_diff)|(^|_)(mean|median|p\d+)_abs$")

@@ -95,7 +95,7 @@ def test_top5_membership_ties_and_margin_buckets():
     assert list(s.margin) == [1.0, 0.0, 5.0]
     buckets = {b["margin_lo"]: b for b in dist.flips_by_margin(s)}
     assert buckets[0.0]["positions"] == 1 and buckets[0.0]["flips"] == 0
-    assert buckets[1.0]["flips"] == 1 and buckets[3.0]["flips"] == 1 and buckets[3.0]["flip_rate"] == 1.0
+    assert buckets[1.0]["flips"] == 1 and buckets[3.0]["flips"] == 1 and buckets[3.0]["flip_share"] == 1.0
     assert sum(b["positions"] for b in buckets.values()) == 3
 
 

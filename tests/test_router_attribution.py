@@ -64,7 +64,7 @@ def test_half_routing_half_noise_is_split_within_10_percent(built):
     # a flip is in one layer, chosen uniformly: each layer's rate near f / LAYERS (4 binomial standard errors)
     for row in doc["layers"]:
         p = FLIP_SHARE / LAYERS
-        assert abs(row["flip_rate"] - p) <= 4 * np.sqrt(p * (1 - p) / T)
+        assert abs(row["flip_share"] - p) <= 4 * np.sqrt(p * (1 - p) / T)
 
 
 def test_sglang_base64_traces_read_as_the_npy(built):
@@ -115,5 +115,5 @@ def test_vllm_nested_lists_read_as_the_npy_and_minus_one_is_no_expert(built):
     assert npy.code == 0 and nested.code == 0, (npy.err, nested.err)
     a, b = strict_json(npy.out), strict_json(nested.out)
     assert a["rows"] == b["rows"] and a["layers"] == b["layers"]
-    assert a["layers"][-1]["flip_rate"] == 0.0  # the placeholder layer agrees on both sides
+    assert a["layers"][-1]["flip_share"] == 0.0  # the placeholder layer agrees on both sides
     assert a["rows"][0]["tokens"] < int(flipped.sum())  # the flips planted in the last layer are gone

@@ -104,7 +104,7 @@ def attribute(lp_a: np.ndarray, lp_b: np.ndarray, ta: np.ndarray, tb: np.ndarray
         if m is flipped:
             row["excess_abs_diff_share"] = max(0.0, s_abs - base * mk.sum()) / total_abs if total_abs else None
         rows.append(row)
-    layers = [{"layer": int(layer), "flip_rate": float(1 - same_set[:, layer].mean()),
+    layers = [{"layer": int(layer), "flip_share": float(1 - same_set[:, layer].mean()),
                "order_only_rate": float((same_set[:, layer] & ~same_order[:, layer]).mean())}
               for layer in range(ta.shape[1])]
     return rows, layers, flipped
@@ -118,8 +118,8 @@ def takeaways(rows, layers) -> list[str]:
     if f.get("excess_abs_diff_share") is not None:
         out.append(f"Beyond the unflipped tokens' mean |Δ|, routing explains {_pct(f['excess_abs_diff_share'])} "
                    f"of the total |Δ|.")
-    worst = max(layers, key=lambda r: r["flip_rate"])
-    out.append(f"Most flips at layer {worst['layer']}: {100 * worst['flip_rate']:.2f} % of tokens.")
+    worst = max(layers, key=lambda r: r["flip_share"])
+    out.append(f"Most flips at layer {worst['layer']}: {100 * worst['flip_share']:.2f} % of tokens.")
     order = [r for r in layers if r["order_only_rate"] > 0]
     if order:
         out.append(f"In {len(order)} layer{'s' if len(order) > 1 else ''} the same experts come in another slot "

@@ -301,7 +301,7 @@ def flips_by_margin(s: PositionStats) -> list[dict]:
         n = int(inside.sum())
         flips = int((inside & ~s.top1).sum())
         out.append({"margin_lo": lo, "margin_hi": hi, "positions": n, "flips": flips,
-                    "flip_rate": flips / n if n else None})
+                    "flip_share": flips / n if n else None})
     return out
 
 

@@ -156,7 +156,7 @@ def _flips(res, name: str) -> None:
         cells = []
         for r in res.rows:
             c = r["flips_by_margin"][i]
-            cells.append("-" if c["flip_rate"] is None else f"{c['flips']} ({100 * c['flip_rate']:.3g} %)")
+            cells.append("-" if c["flip_share"] is None else f"{c['flips']} ({100 * c['flip_share']:.3g} %)")
         m.add_row(f"[{b['margin_lo']:g}, {b['margin_hi']:g})", str(b["positions"]), *cells)
     stdout.print(m)
 
@@ -221,7 +221,7 @@ def draw(res, path: str) -> None:
         buckets = [c for c in r["flips_by_margin"] if c["positions"]]
         mids = [np.sqrt(max(c["margin_lo"], 1e-3) * (c["margin_hi"] if np.isfinite(c["margin_hi"]) else 30.0))
                 for c in buckets]
-        b.plot(mids, [c["flip_rate"] for c in buckets], marker="o", label=name)
+        b.plot(mids, [c["flip_share"] for c in buckets], marker="o", label=name)
     a.set_yscale("log")
     a.set_xlabel("position")
     a.set_ylabel("KL(P_fp32 || P_run), nats")

@@ -27,7 +27,7 @@ def table(res) -> None:
     for col in ("layer", "flip rate", "same experts, other order"):
         lt.add_column(col, justify="right")
     for r in res.layers:
-        lt.add_row(str(r["layer"]), f"{100 * r['flip_rate']:.2f} %", f"{100 * r['order_only_rate']:.2f} %")
+        lt.add_row(str(r["layer"]), f"{100 * r['flip_share']:.2f} %", f"{100 * r['order_only_rate']:.2f} %")
     stdout.print(lt)
     footer(None, res.takeaways, note="Δ = B - A per token (nats); a flip: the two traces choose different expert "
            "sets in a layer; KL k3: r - 1 - log r, r = p_A / p_B, at B's tokens; excess: the flipped tokens' |Δ| "
