@@ -67,6 +67,19 @@ def device(choice: str) -> str:
     return registry.model_device(choice)
 
 
+def resolve(spec: str | None, option: str):
+    """registry.resolve (the engine class and its argument, checked: exit 2)
+    under the option's own name: the engines' messages say --model."""
+    if spec is not None:
+        inputs.check_given(spec, option)
+    try:
+        return registry.resolve(spec)
+    except UsageError as e:
+        msg = str(e)
+        raise UsageError(msg.replace("--model", option, 1) if msg.startswith("--model") else f"{option}: {msg}") \
+            from None
+
+
 @dataclass(frozen=True)
 class Load:
     """One engine a run opens: its spec, the device, and the steps after the
