@@ -156,9 +156,9 @@ def takeaways(rows: list[dict], draft_from: str) -> list[str]:
         mine = [r for r in rows if r["contract"] == CONTRACT and r["dtype"] == dtype and r["supported"]]
         if not mine:
             continue
-        parts = [f"k={r['draft']}: {r['accepted_verify']} of {r['drafts']} drafts accepted by the verify chunk, "
-                 f"{r['accepted_decode']} by decoding ({r['acceptance_lost']} lost to numerics at "
-                 f"{r['acceptance_flips']} flips, {r['acceptance_flips_near_tie']} of them near ties; "
-                 f"{r['draft_rejected']} rejected by decoding: the draft's own)" for r in mine]
+        parts = [f"k={r['draft']}: decoding accepts {r['accepted_decode']} of {r['drafts']} drafts "
+                 f"({r['draft_rejected']} rejected: the draft's own), the verify chunk {r['accepted_verify']}: "
+                 f"{r['acceptance_lost']} lost to numerics at {r['acceptance_flips']} flips, "
+                 f"{r['acceptance_flips_near_tie']} of them near ties" for r in mine]
         out.append(f"{dtype} spec_verify, {draft_from} as the draft: " + "; ".join(parts) + ".")
     return out
