@@ -7,11 +7,12 @@ order in bf16 (rounding) losing acceptance at near ties, equal to the flips
 that changed it where the construction forces it; hostile drafts refused in
 one line."""
 
+import importlib.util
 import json
 
 import pytest
 import torch
-from helpers import cli, one_line, registered, save_char_qwen, save_tiny_qwen, strict_json
+from helpers import cli, fail_if_a_model_runs, one_line, registered, save_char_qwen, save_tiny_qwen, strict_json
 
 from test_contracts import NoBatchNoCache
 from test_spec_verify import VerifyOrder, _Planted
@@ -19,7 +20,9 @@ from precisionlab.engines import registry
 from precisionlab.engines.embedded import EmbeddedEngine
 from precisionlab.errors import UsageError
 from precisionlab.experiments import contracts as exp
-from precisionlab.experiments import spec_draft
+from precisionlab.experiments import spec_draft, startup
+from precisionlab.io import inputs
+from precisionlab.runtime import memory
 
 SMALL = dict(steps=12, batches=(2,), chunks=(7,))
 OFFSET = 64.0  # every logit shifted by this inside the LM head's sum: bf16's ulp there is 0.5
@@ -130,6 +133,66 @@ def test_a_tiny_second_model_as_the_draft(tiny_draft):
         assert r["acceptance_rate_decode"] == r["accepted_decode"] / r["drafts"]
         assert abs(r["acceptance_lost"]) <= r["draft"] * r["acceptance_flips"] <= r["draft"] * r["greedy_flips"], r
     assert any(t.startswith(f"fp32 spec_verify, --draft hf:{tiny_draft} as the draft: k=1: ") for t in res.takeaways)
+
+
+@pytest.fixture(scope="module")
+def q4_draft(tmp_path_factory):
+    """The embedded model's Q4_0 GGUF export (llama.cpp reads it): the same model, quantised."""
+    pytest.importorskip("llama_cpp", reason="llama.cpp's engine needs llama-cpp-python")
+    pytest.importorskip("gguf", reason="the GGUF export needs the gguf package")
+    path = tmp_path_factory.mktemp("draft-gguf") / "m-q4_0.gguf"
+    r = cli("export", "embedded", "--to", "gguf:q4_0", "--out", str(path))
+    assert r.code == 0, r.err
+    return str(path)
+
+
+def _check_rows(rows):
+    assert [r["draft"] for r in rows] == [1, 2, 4, 8] and all(r["supported"] for r in rows)
+    for r in rows:
+        assert 0 <= r["accepted_decode"] <= r["drafts"] and 0 <= r["accepted_verify"] <= r["drafts"], r
+        assert abs(r["acceptance_lost"]) <= r["draft"] * r["acceptance_flips"] <= r["draft"] * r["greedy_flips"], r
+
+
+def test_a_quantised_export_as_the_draft(q4_draft):
+    res = exp.run(exp.ContractsConfig(dtypes="fp32", draft=spec_draft.DraftOptions(f"llamacpp:{q4_draft}"), **SMALL))
+    assert res.params["draft_token_check"] == "identical"
+    _check_rows(_verify_rows(res, "fp32"))
+
+
+def test_llamacpp_as_the_target_with_a_draft(q4_draft):
+    res = exp.run(exp.ContractsConfig(model=f"llamacpp:{q4_draft}", dtypes="fp32",
+                                      draft=spec_draft.DraftOptions("embedded"), **SMALL))
+    rows = _verify_rows(res, "fp32")
+    _check_rows(rows)
+    assert all(r["verdict"] in ("holds", "unresolved") for r in rows), rows  # no fp64 in llama.cpp
+
+
+def test_one_estimate_for_both_models_before_either_loads(monkeypatch, tiny_draft):
+    seen = []
+
+    def stop(need, what):
+        seen.append((need, what))
+        raise UsageError("stopped at the estimate")
+
+    monkeypatch.setattr(inputs, "check_memory", stop)
+    fail_if_a_model_runs(monkeypatch)  # neither model may load before the estimate
+    for spec in (None, f"hf:{tiny_draft}"):
+        with pytest.raises(UsageError, match="stopped at the estimate"):
+            exp.run(exp.ContractsConfig(dtypes="fp32", draft=spec_draft.DraftOptions(spec), **SMALL))
+    (alone, _), (both, what) = seen
+    loads = [startup.Load(f"hf:{tiny_draft}", "cpu", SMALL["steps"] + exp.PADS, exp.ContractsConfig().prompt)]
+    (shape,) = startup.shapes(loads)
+    assert both - alone == memory.contracts_draft(*shape[:5], "hf", weights=True, fixed=True) > 0
+    assert f"--draft hf:{tiny_draft}" in what
+
+
+def test_a_draft_that_fails_to_load_is_one_line(tmp_path):
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "empty.gguf").write_bytes(b"")
+    one_line(cli("compare", "contracts", "--steps", "12", "--draft", f"hf:{tmp_path / 'empty'}"), 2, "--draft")
+    if importlib.util.find_spec("llama_cpp") is not None:
+        one_line(cli("compare", "contracts", "--steps", "12", "--draft", f"llamacpp:{tmp_path / 'empty.gguf'}"), 2,
+                 "empty.gguf")
 
 
 def test_a_bit_identical_verify_loses_nothing(planted, tiny_draft):

@@ -70,7 +70,7 @@ def check(opts: DraftOptions, target: str | None, widths: list, steps: int) -> N
 
 def load(opts: DraftOptions, device: str, steps: int, prompt: str) -> list[startup.Load]:
     """The draft model's Load beside the target's (none without --draft)."""
-    return [] if opts.spec is None else [startup.Load(opts.spec, device, steps, prompt)]
+    return [] if opts.spec is None else [startup.Load(opts.spec, device, steps, prompt, "--draft")]
 
 
 def estimate(shapes: list, same_engine: bool) -> int:

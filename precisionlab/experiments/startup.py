@@ -75,9 +75,15 @@ def resolve(spec: str | None, option: str):
     try:
         return registry.resolve(spec)
     except UsageError as e:
-        msg = str(e)
-        raise UsageError(msg.replace("--model", option, 1) if msg.startswith("--model") else f"{option}: {msg}") \
-            from None
+        raise _named(e, option) from None
+
+
+def _named(e: UsageError, option: str) -> UsageError:
+    """An engine's refusal (which says --model) under the option that gave the spec."""
+    if option == "--model":
+        return e
+    msg = str(e)
+    return UsageError(msg.replace("--model", option, 1) if msg.startswith("--model") else f"{option}: {msg}")
 
 
 @dataclass(frozen=True)
@@ -88,6 +94,7 @@ class Load:
     device: str
     steps: int = 0
     prompt: str = ""
+    option: str = "--model"  # the option that gave the spec, named where the engine refuses it
 
 
 def shapes(loads: Sequence[Load]) -> list:
@@ -113,7 +120,10 @@ def open_engines(loads: Sequence[Load], estimate: Callable[[list], int], what: s
     for x in loads:
         key = (x.spec, x.device)
         if key not in opened:
-            opened[key] = registry.open_engine(x.spec, x.device)
+            try:
+                opened[key] = registry.open_engine(x.spec, x.device)
+            except UsageError as e:
+                raise _named(e, x.option) from None
         out.append(opened[key])
     return out
 
