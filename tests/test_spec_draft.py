@@ -293,3 +293,10 @@ def test_a_target_that_cannot_fork_is_refused(planted):
         exp.run(exp.ContractsConfig(model="bare:x", dtypes="fp32", draft=spec_draft.DraftOptions("embedded"),
                                     **SMALL))
     assert "\n" not in str(e.value) and "--draft" in str(e.value) and "copying a KV cache" in str(e.value)
+
+
+def test_a_draft_shorter_than_the_sequence_is_refused(tiny_draft):
+    with pytest.raises(UsageError, match="takes 128 positions; the prompt and --steps need 137") as e:
+        exp.run(exp.ContractsConfig(dtypes="fp32", steps=130, batches=(2,), chunks=(7,),
+                                    draft=spec_draft.DraftOptions(f"hf:{tiny_draft}")))
+    assert "\n" not in str(e.value)

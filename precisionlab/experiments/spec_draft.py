@@ -94,6 +94,9 @@ def proposer(opts: DraftOptions, engine, draft, seq: list[int], start: int, wind
     if draft is None:
         return None, None
     check_note = _same_tokens(opts.spec, engine, draft, seq)
+    if len(seq) > draft.max_len:  # its proposals reach the sequence's last position
+        raise UsageError(f"--draft {opts.spec}: takes {draft.max_len} positions; the prompt and --steps need "
+                         f"{len(seq)}")
     model = draft.model("fp32")
     found = {}
     for pos in windows:  # each window's k tokens, greedy from the sequence up to its start (fp32, the draft's own)
