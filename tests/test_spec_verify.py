@@ -78,12 +78,17 @@ def test_plan_keeps_the_widths_that_fit():
 
 
 def test_first_flip_by_hand():
-    ref = torch.tensor([[3.0, 1.0, 0.0], [2.0, 1.999, 0.0], [0.0, 5.0, 1.0]])
-    got = torch.tensor([[3.0, 1.0, 0.0], [1.998, 2.0, 0.0], [0.0, 5.0, 1.0]])
-    f = spec_verify.first_flip(ref, got, 10)
+    u = 2.0 ** -22  # fp32's ulp in [2, 4)
+    ref = torch.tensor([[3.0, 1.0, 0.0], [2.0, 1.999, 0.0], [0.0, 5.0, 1.0], [2.0, 2.0 - 3 * u, 0.0]],
+                       dtype=torch.float64)
+    got = torch.tensor([[3.0, 1.0, 0.0], [1.998, 2.0, 0.0], [0.0, 5.0, 1.0], [2.0, 2.0 + u, 0.0]],
+                       dtype=torch.float64)
+    f = spec_verify.first_flip(ref, got, 10, "fp32")
     assert f["first_flip_position"] == 11
-    assert f["margin_at_first_flip"] == pytest.approx(0.001, abs=1e-6)
-    assert f["near_tie_flips"] == 1  # margin 0.001 <= 1e-3 x the logits' scale 5
+    assert f["margin_at_first_flip"] == pytest.approx(0.001, abs=1e-9)
+    assert f["margin_ulps_at_first_flip"] == pytest.approx(0.001 / u, rel=1e-6)  # ulps at the top-1 logit, 2.0
+    # the first flip's margin is thousands of ulps, the second's 3: one near tie
+    assert f["near_tie_flips"] == 1
 
 
 def test_embedded_verify_is_decode_or_rounding():
@@ -95,6 +100,7 @@ def test_embedded_verify_is_decode_or_rounding():
     assert [r["draft"] for r in rows] == [1, 2, 4, 8]
     for r in rows:  # the sequence is the fp32 greedy stream: decoding accepts every draft, and no flip loses one
         assert r["accepted_decode"] == r["drafts"] and (r["greedy_flips"] > 0 or r["acceptance_lost"] == 0), r
+        assert r["draft_rejected"] == 0 and res.params["draft_from"] == "the sequence"
     assert any(t.startswith("fp32 spec_verify, the greedy stream as the draft: k=1: ") for t in res.takeaways)
     for r in rows:
         if r["verdict"] != "holds":  # torch's CPU matmul blocks M rows and one row differently: rounding
@@ -110,7 +116,8 @@ def test_a_width_dependent_order_in_bf16_is_rounding(planted):
     assert all(r["exact_max_abs_diff"] < FP64_BOUND for r in rows)
     for r in rows:  # a reordered sum moves only near ties; acceptance changes only where a greedy token flips
         assert r["near_tie_flips"] == r["greedy_flips"], r
-        assert abs(r["acceptance_lost"]) <= r["greedy_flips"] * r["draft"], r
+        assert r["acceptance_flips_near_tie"] <= r["acceptance_flips"] <= r["greedy_flips"], r
+        assert abs(r["acceptance_lost"]) <= r["acceptance_flips"] * r["draft"], r
         assert r["accepted_verify"] <= r["drafts"] and r["accepted_decode"] <= r["drafts"]
 
 
@@ -128,8 +135,11 @@ def test_acceptance_by_hand():
     one_hot = lambda tops: torch.nn.functional.one_hot(torch.tensor(tops), 3).double()
     ref = one_hot([2, 0, 0, 1, 2, 0])  # window 1: accepts seq[5] = 2 and seq[6] = 0; window 2: 1 then 2: both
     got = one_hot([2, 1, 0, 2, 2, 0])  # window 1: accepts 2, then 1 != 0; window 2: 2 != 1 at once
-    acc = spec_verify.acceptance(ref, got, seq, 4, 2)
-    assert acc == {"drafts": 4, "accepted_decode": 4, "accepted_verify": 1, "acceptance_lost": 3}
+    drafts = [seq[5:7], seq[8:10]]
+    acc = spec_verify.acceptance(ref, got, drafts, "fp32")
+    assert acc == {"drafts": 4, "accepted_decode": 4, "accepted_verify": 1, "acceptance_lost": 3,
+                   "acceptance_flips": 2, "acceptance_flips_near_tie": 0, "draft_rejected": 0,
+                   "acceptance_rate_decode": 1.0, "acceptance_rate_verify": 0.25}
 
 
 # --- llama.cpp: its own KV cache, session and fork ----------------------------------------------------

@@ -27,6 +27,14 @@ def command(
     draft_widths: Annotated[Optional[list[int]], typer.Option("--draft-widths", help="spec_verify's draft widths k "
                                                               "(a verify chunk of k + 1 rows against decoding), "
                                                               "replacing 1, 2, 4, 8; repeatable.")] = None,
+    draft: Annotated[Optional[str], typer.Option("--draft", help="A draft model (a spec, as --model's: a smaller or "
+                                                 "quantised export with the same tokenizer) whose greedy k tokens "
+                                                 "spec_verify verifies, in place of the sequence's own.",
+                                                 show_default=False)] = None,
+    draft_tokens: Annotated[Optional[str], typer.Option("--draft-tokens", help="The draft as a token stream, in "
+                                                        "--token-ids' formats: id i is the draft's token at "
+                                                        "position prompt + i (at least --steps ids).",
+                                                        show_default=False)] = None,
     token_ids: Annotated[Optional[str], typer.Option("--token-ids", help="Your token ids in place of --prompt's: "
                                                      "a text file of integers, a .npy, or a dump (its "
                                                      "precisionlab.token_ids).", show_default=False)] = None,
@@ -38,6 +46,7 @@ def command(
     """Invariance contracts of the serving path (prefill vs decode, chunked prefill, shared prefix, padding, batch
     mates) on the prompt + --steps fp32 greedy tokens; each break re-run in fp64: rounding or algorithmic."""
     from precisionlab.experiments import contracts as cexp
+    from precisionlab.experiments import spec_draft
     from precisionlab.report import contracts as contracts_report
     from precisionlab.report.output import Output
 
@@ -45,10 +54,12 @@ def command(
 
     early_checks(model=model, threads=threads)
     ids = None if token_ids is None else token_files.read(token_ids)
+    stream = None if draft_tokens is None else token_files.read(draft_tokens, "--draft-tokens")
     cfg = cexp.ContractsConfig(model=model, steps=steps, prompt=prompt,
                                **({} if dtypes is None else {"dtypes": dtypes}),
                                chunks=cexp.sizes(chunks or [], cexp.CHUNKS, "--chunks"),
                                batches=cexp.sizes(batches or [], cexp.BATCHES, "--batches"),
                                **({} if not draft_widths else {"draft_widths": tuple(draft_widths)}),
+                               draft=spec_draft.DraftOptions(draft, stream, draft_tokens),
                                token_ids=ids, device=device, seed=seed, threads=threads)
     Output(contracts_report, json_out).run("compare contracts", lambda advance: cexp.run(cfg, advance))

@@ -26,7 +26,8 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Callable
 
 import numpy as np
 
@@ -35,7 +36,7 @@ from precisionlab.engines.protocol import NotSupported, greedy
 from precisionlab.engines.registry import DEFAULT_PROMPT, DEFAULT_SPEC
 from precisionlab.experiments import startup
 from precisionlab.errors import UsageError
-from precisionlab.experiments import spec_verify
+from precisionlab.experiments import spec_draft, spec_verify
 from precisionlab.numerics.compare import rounding_ratio
 from precisionlab.runtime import memory, threads, torch_flags
 
@@ -56,6 +57,7 @@ class ContractsConfig:
     chunks: tuple[int, ...] = CHUNKS    # the chunked contract's chunk sizes (the CLI adds --chunks to CHUNKS)
     batches: tuple[int, ...] = BATCHES  # the batch contract's sizes (the CLI adds --batches to BATCHES)
     draft_widths: tuple[int, ...] = spec_verify.DRAFT_WIDTHS  # spec_verify's k (--draft-widths)
+    draft: spec_draft.DraftOptions = field(default_factory=spec_draft.DraftOptions)  # --draft / --draft-tokens
     device: str = "cpu"
     seed: int = 0
     threads: int | None = None
@@ -88,15 +90,14 @@ def _run(cfg: ContractsConfig, advance) -> ContractsResult:
     dtypes = startup.parse_dtypes(cfg.dtypes or ",".join(DEFAULT_DTYPES), DTYPES)
     chunks = list(sizes(cfg.chunks, (), "--chunks"))
     batches = list(sizes(cfg.batches, (), "--batches"))
+    widths = spec_verify.plan(sizes(cfg.draft_widths, (), "--draft-widths"), cfg.steps)
+    spec_draft.check(cfg.draft, cfg.model, widths, cfg.steps)
     device = startup.device(cfg.device)
     import torch
 
     torch.manual_seed(cfg.seed)
     t0 = time.perf_counter()
-    # The memory of the largest batch, from the engine's shape, before a weight is read.
-    engine = startup.open_engine(cfg.model, device, cfg.steps + PADS, cfg.prompt,
-                                 lambda s: memory.compare_contracts(*s[:7], batch=max([2, *batches])),
-                                 f"compare contracts --model {cfg.model or DEFAULT_SPEC} --steps {cfg.steps}")
+    engine, draft = _open(cfg, device, max([2, *batches]))
     prompt = _prompt(engine, cfg)
     if cfg.dtypes is None:  # the default pair, less what this engine cannot compute in (llama.cpp: fp32 only)
         dtypes = [d for d in dtypes if d in engine.compute_dtypes] or [engine.compute_dtypes[0]]
@@ -115,14 +116,10 @@ def _run(cfg: ContractsConfig, advance) -> ContractsResult:
         # partner): seeded random tokens; what they hold must not matter to the sequence compared.
         others = rng.integers(0, vocab, size=(max([2, *batches]), len(seq) + PADS)).tolist()
         ctx = Context(engine, torch, device, seq, len(prompt), others)
-        plan = [("prefill_vs_decode", "decode 1 token a step", {})]
-        plan += [("chunked", f"chunks of {c}", {"chunk": c}) for c in chunks]
-        plan += [("shared_prefix", "prefix under two continuations", {}),
-                 ("prefix_cache", "prefix from a saved cache", {}),
-                 ("padding", f"{PADS} pads, batch of 1", {"batch": 1, "pads": PADS}),
-                 ("padding", f"{PADS} pads, batch of 2", {"batch": 2, "pads": PADS})]
-        plan += [("batch", f"batch of {b}", {"batch": b}) for b in batches]
-        plan += spec_verify.plan(sizes(cfg.draft_widths, (), "--draft-widths"), cfg.steps)
+        starts = sorted({p for _, _, kw in widths for p in spec_verify.windows(len(prompt), len(seq), kw["draft"] + 1)})
+        ctx.draft, draft_check = spec_draft.proposer(cfg.draft, engine, draft, seq, len(prompt), starts,
+                                                     max((kw["draft"] for _, _, kw in widths), default=0))
+        plan = _plan(chunks, batches) + widths
         exact_model = None
         for dtype in dtypes:
             model = engine.model(dtype)
@@ -135,7 +132,7 @@ def _run(cfg: ContractsConfig, advance) -> ContractsResult:
                     rows.append(row | _unsupported(str(e)))
                     continue
                 m = measure(ref, got, dtype, start)
-                row |= m | spec_verify.extra(ctx, contract, ref, got, start, kw)
+                row |= m | spec_verify.extra(ctx, contract, ref, got, start, kw, dtype)
                 if m["bit_identical_share"] < 1.0:
                     if exact_model is None:
                         exact_model = engine.model(engine.exact_dtype)
@@ -148,14 +145,57 @@ def _run(cfg: ContractsConfig, advance) -> ContractsResult:
             advance()
     t_run = time.perf_counter() - t1
     info = engine.info()
-    engine.close()
+    for e in {id(e): e for e in (engine, draft) if e is not None}.values():
+        e.close()
     return ContractsResult(
         params={"model": cfg.model or DEFAULT_SPEC, "steps": cfg.steps, "prompt": cfg.prompt, "dtypes": dtypes,
                 "prompt_from": "--prompt" if cfg.token_ids is None else "--token-ids",
                 "chunks": chunks, "batches": batches, "pads": PADS, "device": device, "seed": cfg.seed,
-                "prompt_tokens": len(prompt), "positions": len(seq), "exact_dtype": engine.exact_dtype},
-        rows=rows, model_info=info, flags=flags, takeaways=takeaways(rows, info) + spec_verify.takeaways(rows),
+                "prompt_tokens": len(prompt), "positions": len(seq), "exact_dtype": engine.exact_dtype,
+                **_draft_params(cfg.draft, draft_check)},
+        rows=rows, model_info=info, flags=flags,
+        takeaways=takeaways(rows, info) + spec_verify.takeaways(rows, _draft_label(cfg.draft)),
         timing={"load_s": t_load, "run_s": t_run, "torch_threads": n_threads})
+
+
+def _open(cfg: ContractsConfig, device: str, batch: int) -> tuple:
+    """(the target engine, the draft's or None), opened under one estimate
+    from their shapes before a weight is read: the target's largest batch
+    and the draft's greedy proposals."""
+    loads = [startup.Load(cfg.model, device, cfg.steps + PADS, cfg.prompt)]
+    loads += spec_draft.load(cfg.draft, device, cfg.steps + PADS, cfg.prompt)
+    same = len(loads) == 2 and loads[0].spec == loads[1].spec
+
+    def estimate(shapes):
+        own = 0 if shapes[0] is None else memory.compare_contracts(*shapes[0][:7], batch=batch)
+        return own + (spec_draft.estimate(shapes, same) if len(shapes) == 2 else 0)
+
+    what = f"compare contracts --model {cfg.model or DEFAULT_SPEC} --steps {cfg.steps}"
+    engines = startup.open_engines(loads, estimate, what + (f" --draft {cfg.draft.spec}" if cfg.draft.spec else ""))
+    return engines[0], (engines[1] if len(engines) == 2 else None)
+
+
+def _plan(chunks: list[int], batches: list[int]) -> list[tuple[str, str, dict]]:
+    """Every contract's rows but spec_verify's: (contract, label, its arguments)."""
+    plan = [("prefill_vs_decode", "decode 1 token a step", {})]
+    plan += [("chunked", f"chunks of {c}", {"chunk": c}) for c in chunks]
+    plan += [("shared_prefix", "prefix under two continuations", {}),
+             ("prefix_cache", "prefix from a saved cache", {}),
+             ("padding", f"{PADS} pads, batch of 1", {"batch": 1, "pads": PADS}),
+             ("padding", f"{PADS} pads, batch of 2", {"batch": 2, "pads": PADS})]
+    return plan + [("batch", f"batch of {b}", {"batch": b}) for b in batches]
+
+
+def _draft_params(opts: spec_draft.DraftOptions, check: str | None) -> dict:
+    return {"draft_from": opts.given or spec_draft.SEQUENCE,
+            "draft_spec": opts.spec if opts.spec is not None else opts.tokens_file,
+            "draft_token_check": check}
+
+
+def _draft_label(opts: spec_draft.DraftOptions) -> str:
+    if opts.given is None:
+        return "the greedy stream"
+    return f"{opts.given} {opts.spec if opts.spec is not None else opts.tokens_file}"
 
 
 def _prompt(engine, cfg: ContractsConfig) -> list[int]:
@@ -182,6 +222,11 @@ class Context:
     seq: list[int]
     prefix: int          # the prompt's tokens: the shared prefix
     others: list[list[int]]
+    draft: Callable[[int, int], list[int]] | None = None  # spec_draft.proposer's; None: the sequence is the draft
+
+    def proposals(self, pos: int, k: int) -> list[int]:
+        """The draft's k tokens for the positions after pos (spec_verify's window starting at pos)."""
+        return self.seq[pos + 1:pos + 1 + k] if self.draft is None else self.draft(pos, k)
 
     def ids(self, rows):
         return self.torch.tensor(rows, device=self.device)

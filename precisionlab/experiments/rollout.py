@@ -38,7 +38,7 @@ from precisionlab.engines.protocol import check_finite
 from precisionlab.errors import UsageError
 from precisionlab.experiments import startup
 from precisionlab.experiments.logprob_compare import compare_streams
-from precisionlab.io import inputs, logprob_streams
+from precisionlab.io import logprob_streams
 from precisionlab.numerics import logprobs as lpstats
 from precisionlab.numerics.metrics import exact_sum
 from precisionlab.runtime import memory, threads
@@ -83,17 +83,6 @@ class RolloutResult:
     position: np.ndarray = field(repr=False, default=None)
 
 
-def _resolve(spec: str, option: str):
-    """registry.resolve under the option's own name (the engines' messages say --model)."""
-    inputs.check_given(spec, option)
-    try:
-        return registry.resolve(spec)
-    except UsageError as e:
-        msg = str(e)
-        raise UsageError(msg.replace("--model", option, 1) if msg.startswith("--model") else f"{option}: {msg}") \
-            from None
-
-
 def check(cfg: RolloutConfig) -> tuple[str, str]:
     """Every option refused before anything loads (exit 2); the two dtypes, canonical."""
     tdt = formats.parse_one(cfg.trainer_dtype, DTYPES, "--trainer-dtype")
@@ -115,7 +104,7 @@ def estimate(cfg: RolloutConfig, tdt: str, rdt: str) -> int:
     """The run's peak (runtime/memory.rollout), from the engines' shapes, before any weight is read."""
     sides = {}  # spec -> (engine class, arg, dtypes it computes in)
     for spec, dt, option in ((cfg.trainer, tdt, "--trainer"), (cfg.rollout, rdt, "--rollout")):
-        cls, arg = _resolve(spec, option)
+        cls, arg = startup.resolve(spec, option)
         sides.setdefault(spec, (cls, arg, set()))[2].add(dt)
     sides[cfg.rollout][2].add("fp32")  # the rollout_fp32 change runs on the fp32 model
     total, kinds = 0, set()

@@ -67,6 +67,25 @@ def device(choice: str) -> str:
     return registry.model_device(choice)
 
 
+def resolve(spec: str | None, option: str):
+    """registry.resolve (the engine class and its argument, checked: exit 2)
+    under the option's own name: the engines' messages say --model."""
+    if spec is not None:
+        inputs.check_given(spec, option)
+    try:
+        return registry.resolve(spec)
+    except UsageError as e:
+        raise _named(e, option) from None
+
+
+def _named(e: UsageError, option: str) -> UsageError:
+    """An engine's refusal (which says --model) under the option that gave the spec."""
+    if option == "--model":
+        return e
+    msg = str(e)
+    return UsageError(msg.replace("--model", option, 1) if msg.startswith("--model") else f"{option}: {msg}")
+
+
 @dataclass(frozen=True)
 class Load:
     """One engine a run opens: its spec, the device, and the steps after the
@@ -75,6 +94,7 @@ class Load:
     device: str
     steps: int = 0
     prompt: str = ""
+    option: str = "--model"  # the option that gave the spec, named where the engine refuses it
 
 
 def shapes(loads: Sequence[Load]) -> list:
@@ -100,7 +120,10 @@ def open_engines(loads: Sequence[Load], estimate: Callable[[list], int], what: s
     for x in loads:
         key = (x.spec, x.device)
         if key not in opened:
-            opened[key] = registry.open_engine(x.spec, x.device)
+            try:
+                opened[key] = registry.open_engine(x.spec, x.device)
+            except UsageError as e:
+                raise _named(e, x.option) from None
         out.append(opened[key])
     return out
 

@@ -213,6 +213,19 @@ def compare_contracts(params: int, seq: int, vocab: int, hidden: int, layers: in
             + 32 * seq * vocab + MODEL_FIXED[kind])
 
 
+def contracts_draft(params: int, seq: int, vocab: int, hidden: int, layers: int, kind: str, *,
+                    weights: bool, fixed: bool) -> int:
+    """compare contracts --draft (experiments/spec_draft.py): the draft model
+    in fp32 and the fp32 copy it proposes with (4 + 4 per parameter; the copy
+    alone where it is the target's own engine, `weights` False), and one greedy session at a time
+    over at most seq positions: the prefill's fp32 logits with a float64 row
+    (about 12 bytes a logit) and the KV cache and hidden states of every layer
+    (4 fp32 arrays of seq x hidden). Its first-use state (`fixed`) where its
+    kind is not the target's."""
+    return ((8 if weights else 4) * params + 12 * seq * vocab + 16 * seq * hidden * max(1, layers)
+            + (MODEL_FIXED[kind] if fixed else 0))
+
+
 # compare metrics' and compare engine's first-use state, measured with the embedded model: less than
 # compare model's (no generate(), no low-precision decoding kernels); transformers' as compare model's.
 METRICS_FIXED = {"hf": MODEL_FIXED["hf"], "embedded": 24 * MiB}
