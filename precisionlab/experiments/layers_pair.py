@@ -34,7 +34,7 @@ from precisionlab.engines.protocol import greedy
 from precisionlab.engines.registry import ModelRun, resolve
 from precisionlab.errors import RunError, UsageError
 from precisionlab.experiments import layers as single
-from precisionlab.experiments import startup
+from precisionlab.experiments import layers_heads, startup
 from precisionlab.numerics import compare, divergence
 
 
@@ -42,6 +42,7 @@ from precisionlab.numerics import compare, divergence
 class PairConfig(ModelRun):
     reference: str | None = None  # REF's spec; None: what the engine's export recorded, else the embedded model
     engine: str | None = None     # YOURS as an --engine spec (instead of --model)
+    heads: bool = False           # inside attention too: per-head outputs and probabilities (experiments/layers_heads)
 
 
 @dataclass
@@ -134,6 +135,8 @@ def _run(cfg, lows, yours_spec, run_spec, ref_spec, ref_note, external, device, 
         f"compare layers --reference {ref_spec} --model {yours_spec} --steps {cfg.steps}")
     prompt = ref.prompt_ids(cfg.prompt, cfg.steps)
     notes = [f"reference {ref_spec} ({ref_note})"]
+    # a python: engine's class may have modules; the instance declares whether it captures itself instead
+    external = external or not yours.has_modules
     t_load = time.perf_counter() - t0
     t1 = time.perf_counter()
     with startup.numerics(), torch.no_grad(), single.threads_for(ref.base):
@@ -141,7 +144,7 @@ def _run(cfg, lows, yours_spec, run_spec, ref_spec, ref_note, external, device, 
         ids = (prompt + ref_tokens)[:-1]
         notes.append("tokens: " + startup.token_check(ids, _encoded(yours, ref, ids), str(yours_spec)))
         x = torch.tensor([ids], device=device)
-        ref_sites = ref.sites(ref.base)
+        ref_sites = _with_heads(ref, ref.sites(ref.base), cfg.heads)
         cap32 = single.captured_run(ref, ref.base, ref_sites, x)
         r32, order = _outputs(cap32), list(cap32.order)
         r64 = _outputs(single.captured_run(ref, ref.model("fp64"), ref_sites, x))
@@ -149,7 +152,7 @@ def _run(cfg, lows, yours_spec, run_spec, ref_spec, ref_note, external, device, 
         if external:
             y32 = {k: torch.from_numpy(v) for k, v in yours.capture_layers(ids).items()}
         else:
-            y_sites = yours.sites(yours.base)
+            y_sites = _with_heads(yours, yours.sites(yours.base), cfg.heads)
             y32 = _outputs(single.captured_run(yours, yours.base, y_sites, x))
         advance()
         quant, rq = _quantised_reference(ref, ref_sites, x, yours_spec, notes) if external else (None, None)
@@ -160,6 +163,7 @@ def _run(cfg, lows, yours_spec, run_spec, ref_spec, ref_note, external, device, 
                 _outputs(single.captured_run(yours, single.low_copy(yours, low), y_sites, x))
             advance()
     kinds = {s.name: s.kind for s in ref_sites}
+    order = _probs_first(order)
     common = [n for n in order if n in y32]
     missing = {"only_reference": [n for n in order if n not in y32],
                "only_yours": sorted(n for n in y32 if n not in r32)}
@@ -172,18 +176,25 @@ def _run(cfg, lows, yours_spec, run_spec, ref_spec, ref_note, external, device, 
                          {d: (ref_low[d][name], yours_low[d][name]) for d in lows}))
         if quant:
             _quant_view(rows[-1], quant.view, r32[name], rq[name], y32[name])
+        if rows[-1]["kind"] in layers_heads.KINDS and rows[-1].get("views"):
+            _head_views(rows[-1], r32[name], r64[name], y32[name], {d: ref_low[d][name] for d in lows},
+                        {d: yours_low[d][name] for d in lows})
     t_run = time.perf_counter() - t1
     # a quantised engine: fp32's and the low dtypes' views are what quantisation costs, shown, not judged
     views = [quant.view] if quant else ["fp32", *lows]
     flags, first_by = apply_rules(rows, views)
+    head_takeaways = layers_heads.read(rows, views, layers_heads.kv_heads_of(ref.base)) if cfg.heads else []
     first = min((r for r in rows if any(first_by.get(v) == r["module"] for v in views)),
                 key=lambda r: r["order"], default=None)
     first_name = first["module"] if first else None
     params = {"model": yours_spec, "reference": ref_spec, "reference_from": ref_note, "engine": cfg.engine,
               "steps": cfg.steps, "prompt": cfg.prompt, "dtypes": lows, "device": device, "seed": cfg.seed,
               "tokens": len(ids), "ratio_threshold": compare.RATIO_THRESHOLD, "compared": len(common),
-              "quant_view": quant.view if quant else None}
-    takeaways = _takeaways(first_name, first_by, flags, missing)
+              "quant_view": quant.view if quant else None, "heads": cfg.heads}
+    takeaways = _takeaways(first_name, first_by, flags, missing) + head_takeaways
+    if cfg.heads and not any(r["kind"] in layers_heads.KINDS for r in rows):
+        takeaways.append("--heads: no per-head tensor in common (YOURS gives none named <attn>.heads or "
+                         "<attn>.probs; see docs/dumps-from-your-engine.md)")
     if quant:
         takeaways.insert(0, f"YOURS holds {quant.view} weights: its departure from REF fp32 (and from each low "
                             f"dtype) is what quantisation costs, shown, not judged; the {quant.view} view judges "
@@ -193,6 +204,42 @@ def _run(cfg, lows, yours_spec, run_spec, ref_spec, ref_note, external, device, 
                          "name their modules differently (a different architecture or engine naming?)")
     return PairResult(params, rows, first_name, first_by, flags, missing, yours.info(), ref.info(),
                       takeaways, {"load_s": t_load, "run_s": t_run}, notes)
+
+
+def _with_heads(engine, sites, heads: bool):
+    """The sites, and with --heads each attention's per-head pseudo-sites (engines/hooks.py), the model
+    switched to an attention that returns its probabilities where it can."""
+    from precisionlab.engines import hooks
+
+    if not heads:
+        return sites
+    hooks.eager_attention(engine.base)
+    return sites + hooks.head_sites(engine.base, sites)
+
+
+def _probs_first(order: list[str]) -> list[str]:
+    """An attention's probabilities before its per-head outputs (they are computed first; the hooks fire
+    on the attention's return, after the output projection's)."""
+    from precisionlab.engines.hooks import HEAD_SUFFIX, PROBS_SUFFIX
+
+    out = list(order)
+    for name in order:
+        if name.endswith(PROBS_SUFFIX):
+            heads = name[:-len(PROBS_SUFFIX)] + HEAD_SUFFIX
+            if heads in out and out.index(heads) < out.index(name):
+                out.remove(name)
+                out.insert(out.index(heads), name)
+    return out
+
+
+def _head_views(row, r32, r64, y32, ref_low: dict, yours_low: dict) -> None:
+    """Per head, each view as its row's (experiments/layers_heads): fp32 against REF fp64, a low dtype's YOURS
+    against REF low with REF low vs REF fp32 as that head's yardstick."""
+    R32 = single.as_float64(r32)
+    pairs = {"fp32": (_as(y32, R32), R32, single.as_float64(r64))}
+    for d in ref_low:
+        pairs[d] = (_as(yours_low[d], R32), single.as_float64(ref_low[d]), R32)
+    row["per_head"] = layers_heads.per_head(row["kind"], pairs, _rounding)
 
 
 def _quantised_reference(ref, sites, x, yours_spec, notes):
