@@ -23,6 +23,7 @@ one side has are listed apart, never a first divergence.
 
 from __future__ import annotations
 
+import math
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -265,7 +266,10 @@ def _quant_view(row: dict, view: str, r32, rq, y32) -> None:
         return
     R32, RQ = single.as_float64(r32), single.as_float64(rq)
     Y = _as(y32, R32)
-    yard, err = compare.rel_l2(RQ, R32), compare.rel_l2(Y, RQ)
+    # what the quantisation costs, and fp32's own rounding beside it (independent: in quadrature), so a module
+    # before any quantised matmul (0 for the first) is judged by fp32's rounding rather than by nothing
+    yard = math.hypot(compare.rel_l2(RQ, R32), row["views"]["fp32"]["yardstick"])
+    err = compare.rel_l2(Y, RQ)
     s, z = divergence.scale_fit(Y, RQ, yard)
     row["views"][view] = {"error": err, "yardstick": yard, "ratio": compare.ratio(err, yard), "scale_fit": s,
                           "bias_z": z, "yours_vs_fp32": compare.rel_l2(Y, R32),
@@ -315,10 +319,13 @@ def _row(i, name, kind, r32, r64, y32, lows: dict) -> dict:
         row["views"] = {}
         return row
     yard = compare.rel_l2(R32, R64)
+    # the ratio's yardstick: the whole tensor's rounding, or the typical row's where a few elements carry the
+    # norm and the whole tensor's is one lucky draw (compare.typical_row_rel_l2)
+    rows = compare.typical_row_rel_l2(R32, R64)
     err = compare.rel_l2(Y32, R32)
     s, z = divergence.scale_fit(Y32, R32, yard)
-    views = {"fp32": {"error": err, "yardstick": yard, "ratio": compare.ratio(err, yard), "scale_fit": s,
-                      "bias_z": z, "overflow": list(divergence.overflow_split(R32, Y32))}}
+    views = {"fp32": {"error": err, "yardstick": yard, "yardstick_rows": rows, "ratio": compare.ratio(err, max(yard, rows)),
+                      "scale_fit": s, "bias_z": z, "overflow": list(divergence.overflow_split(R32, Y32))}}
     for d, (rl, yl) in lows.items():
         RL, YL = single.as_float64(rl), _as(yl, R32)
         y2, y3 = compare.rel_l2(RL, R32), compare.rel_l2(YL, RL)

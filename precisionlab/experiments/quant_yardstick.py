@@ -16,6 +16,14 @@ A bug planted on top of the quantised weights then departs from (2) at its
 module, and shows in the tensor check as a GGUF tensor that is not REF's
 weight quantised. The fp32 and low-dtype views of such an engine are what
 quantisation costs, shown and never judged.
+
+llama.cpp also rounds each quantised matmul's input: to its weights' "vec
+dot" type, 8-bit blocks (Q8_0 or Q8_1 of 32 values with a half-precision
+scale, Q8_K of 256 with a float one). REF quantised does the same (a pre-hook
+on each such Linear), so the yardstick holds where the weights cost nothing:
+a reference folder made from the GGUF itself (`export llamacpp:FILE --to hf`
+holds its dequantised values, which quantise back exactly) still measures
+the activations' rounding, which is what the engine's departure is.
 """
 
 from __future__ import annotations
@@ -36,6 +44,11 @@ UNQUANTISED = ("F32", "F64")  # GGUF types that hold REF's fp32 values as they a
 # (Q8_0, Q4_1, ...) get the view, whose activations llama.cpp quantises to
 # Q8 blocks at about the weights' own cost.
 FLOAT_TYPES = ("F32", "F64", "F16", "BF16")
+# The weights' type -> the 8-bit blocks llama.cpp's CPU matmul rounds the activations to (ggml-cpu's
+# type traits' vec_dot_type): (block length, the scale's dtype). Q8_0 and Q8_1 hold the same values.
+Q8_32, Q8_K = (32, "float16"), (256, "float32")
+ACTIVATIONS = {"Q4_0": Q8_32, "Q4_1": Q8_32, "Q5_0": Q8_32, "Q5_1": Q8_32, "Q8_0": Q8_32, "Q8_1": Q8_32,
+               "Q2_K": Q8_K, "Q3_K": Q8_K, "Q4_K": Q8_K, "Q5_K": Q8_K, "Q6_K": Q8_K}
 
 
 @dataclass
@@ -44,6 +57,7 @@ class Plan:
     view: str                                   # the most common quantised type: "q8_0" ("bf16-weights")
     types: dict[str, object]                    # GGUF tensor name -> gguf.GGMLQuantizationType
     tensors: dict[str, object] = field(repr=False, default_factory=dict)  # GGUF name -> the reader's tensor
+    permuted: dict[str, int] = field(default_factory=dict)  # q_proj/k_proj -> heads: llama's rows permuted
 
 
 def gguf_path(spec: str | None) -> str | None:
@@ -71,7 +85,24 @@ def plan(spec: str | None) -> Plan | None:
     view = quantised.most_common(1)[0][0].lower()
     if formats.find(view) is not None:  # never the same key as a --dtypes view
         view += "-weights"
-    return Plan(path, view, types, tensors)
+    return Plan(path, view, types, tensors, _permuted(reader))
+
+
+def _field(reader, key: str):
+    f = reader.fields.get(key)
+    return None if f is None else f.parts[f.data[0]]
+
+
+def _permuted(reader) -> dict[str, int]:
+    """A llama GGUF holds q/k rows in interleaved-pair order (its converters permute transformers' rows;
+    transformers' loader undoes it): the head counts that permutation used, for the tensor check."""
+    arch = _field(reader, "general.architecture")
+    if arch is None or bytes(arch).decode() != "llama":
+        return {}
+    q, kv = _field(reader, "llama.attention.head_count"), _field(reader, "llama.attention.head_count_kv")
+    if q is None:
+        return {}
+    return {"q_proj": int(q[0]), "k_proj": int(kv[0] if kv is not None else q[0])}
 
 
 def _roundtrip(data: np.ndarray, qtype) -> np.ndarray:
@@ -108,9 +139,56 @@ def reference_copy(model, p: Plan) -> tuple[object, list[str], list[str]]:
                 kept.append(name)
                 continue
             param.copy_(torch.from_numpy(np.ascontiguousarray(q, dtype=np.float32)))
-            t = p.tensors[g]
-            own = gguf.quants.dequantize(t.data, t.tensor_type) if t.tensor_type.name not in UNQUANTISED \
-                else np.asarray(t.data, dtype=np.float32)
-            if own.size != q.size or not np.array_equal(own.reshape(q.shape), q):
+            if not _same(p, name, g, q):
                 differ.append(name)
+    _round_activations(m, p)
     return m, kept, differ
+
+
+def _same(p: Plan, name: str, g: str, q: np.ndarray) -> bool:
+    """Whether the GGUF's tensor holds REF's weight quantised as `q` (in its own row order)."""
+    import gguf
+
+    from precisionlab.engines.exporters.gguf import _permute
+
+    t = p.tensors[g]
+    own = gguf.quants.dequantize(t.data, t.tensor_type) if t.tensor_type.name not in UNQUANTISED \
+        else np.asarray(t.data, dtype=np.float32)
+    if own.size != q.size:
+        return False
+    proj = name.split(".")[-2]
+    if proj in p.permuted and name.endswith(".weight"):
+        q = _permute(q, p.permuted[proj])
+    return bool(np.array_equal(own.reshape(q.shape), q))
+
+
+def _round_activations(model, p: Plan) -> None:
+    """Each Linear whose GGUF weight is block-quantised gets its input rounded as llama.cpp rounds it."""
+    from torch import nn
+
+    from precisionlab.engines.exporters.gguf import gguf_name
+
+    for name, mod in model.named_modules():
+        if not isinstance(mod, nn.Linear):
+            continue
+        g = gguf_name(f"{name}.weight")
+        if g not in p.types and name == "lm_head":
+            g = "token_embd.weight"
+        act = ACTIVATIONS.get(p.types[g].name) if g in p.types else None
+        if act is not None:
+            mod.register_forward_pre_hook(lambda _m, args, act=act: (q8_blocks(args[0], *act), *args[1:]))
+
+
+def q8_blocks(x, block: int, scale_dtype: str):
+    """x rounded to llama.cpp's 8-bit activation blocks along its last axis: d = max|x| / 127 per block,
+    q = round(x / d), x' = q * d with d stored in `scale_dtype` (ggml's quantize_row_q8_0/q8_1/q8_K)."""
+    import torch
+
+    shape = x.shape
+    if shape[-1] % block:
+        return x
+    b = x.float().reshape(*shape[:-1], shape[-1] // block, block)
+    d = b.abs().amax(-1, keepdim=True) / 127
+    inv = torch.where(d > 0, 1 / d, torch.zeros_like(d))
+    q = torch.round(b * inv)
+    return (q * d.to(getattr(torch, scale_dtype)).float()).reshape(shape).to(x.dtype)
