@@ -100,7 +100,7 @@ class CapturingQwen3Engine(PlainQwen3Engine):
         T = x.shape[1]
         self.base.run(x, torch.arange(T)[None], torch.tril(torch.ones(T, T, dtype=torch.bool))[None],
                       bug=self.bug, record=record)
-        return {k: v[0].numpy() for k, v in record.items()}
+        return {k: v[0].float().numpy() for k, v in record.items()}  # numpy has no bf16: exact in fp32
 
 
 def capturing(folder: str, bug: str | None = None, device: str = "cpu") -> CapturingQwen3Engine:

@@ -77,3 +77,42 @@ def test_gqa_heads_tiled_instead_of_interleaved_depart_only_where_the_kv_head_di
 def test_heads_needs_two_models():
     r = cli("compare", "layers", "--heads")
     assert r.code == 2 and "--heads" in r.err and "Traceback" not in r.err
+
+
+def test_per_head_tensors_in_dumps_are_judged_head_by_head(tmp_path, folder):
+    """The dump route (docs/dumps-from-your-engine.md): REF_FP32 and REF_LOW written by scripts/dump_hooks.py
+    with heads=True from transformers' eager attention, YOURS the plain engine in bf16 with its GQA heads
+    tiled, under the same names in its own layout (no batch axis). compare tensors judges
+    <attn>.heads head by head and names the mapping from the heads alone (no KV head count in a dump)."""
+    import sys
+
+    import torch
+    from safetensors.torch import save_file
+    from transformers import Qwen3ForCausalLM
+
+    sys.path.insert(0, str(ROOT / "scripts"))
+    from dump_hooks import DumpHooks
+    from qwen3_user_engine import capturing
+
+    ids = [1, 2, 3, 4, 5, 6, 7, 8, 1, 2, 3, 9, 10, 11]
+    for dtype, label in ((torch.float32, "fp32"), (torch.bfloat16, "bf16")):
+        model = Qwen3ForCausalLM.from_pretrained(folder, dtype=dtype).eval()
+        model.set_attn_implementation("eager")
+        with torch.no_grad(), DumpHooks(model, ["model.layers.0.self_attn"], heads=True) as dump:
+            model(torch.tensor([ids]))
+        dump.save(tmp_path / f"{label}.safetensors")
+    assert set(dump.tensors) == {f"{ATTN0}.heads", f"{ATTN0}.probs", ATTN0}
+    engine = capturing(folder, "gqa_tiled")
+    engine.base = engine.base.to(torch.bfloat16)
+    got = engine.capture_layers(ids)
+    save_file({k: torch.from_numpy(got[k]).to(torch.bfloat16).contiguous() for k in (f"{ATTN0}.heads", f"{ATTN0}.probs")},
+              str(tmp_path / "yours.safetensors"))
+    r = cli("compare", "tensors", str(tmp_path / "fp32.safetensors"), str(tmp_path / "bf16.safetensors"),
+            str(tmp_path / "yours.safetensors"), "--json")
+    doc = strict_json(r.out)
+    assert r.code == 1, r.err
+    rows = {x["name"]: x for x in doc["rows"]}
+    for name in (f"{ATTN0}.heads", f"{ATTN0}.probs"):
+        assert rows[name]["heads_departing"] == [1, 2], rows[name]["per_head"]
+        assert len(rows[name]["per_head"]) == 4
+    assert any("GQA heads tiled instead of interleaved" in t for t in doc["takeaways"])

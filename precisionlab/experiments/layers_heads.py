@@ -24,7 +24,14 @@ import numpy as np
 from precisionlab.numerics import compare, divergence
 
 KINDS = ("heads", "probs")
-HEAD_AXIS = {"heads": -2, "probs": 1}  # (batch, tokens, heads, head_dim) and (batch, heads, query, key)
+# ([batch,] tokens, heads, head_dim) and ([batch,] heads, query, key): counted from the end, a batch axis or none
+HEAD_AXIS = {"heads": -2, "probs": -3}
+SUFFIXES = {".heads": "heads", ".probs": "probs"}
+
+
+def kind_of(name: str) -> str | None:
+    """A tensor's per-head kind from its name (engines/hooks.py's <attn>.heads, <attn>.probs), else None."""
+    return next((k for suffix, k in SUFFIXES.items() if name.endswith(suffix)), None)
 
 
 def split(a: np.ndarray, kind: str) -> np.ndarray:
@@ -74,6 +81,8 @@ def pattern(heads: list[dict], kv_heads: int | None) -> dict:
         return {"departing": gone, "pattern": "all",
                 "reading": f"all {n} heads depart ({span}): a cause every head shares (the softmax scale, the "
                            "attention's input), not a head mapping"}
+    if kv_heads is None:  # a dump does not say: any KV head count whose tiled mapping moves exactly these heads
+        kv_heads = next((kv for kv in range(2, n) if n % kv == 0 and tiled_heads(n, kv) == gone), None)
     tiled = tiled_heads(n, kv_heads)
     reading = f"heads {_list(gone)} of {n} depart ({span}), the others agree to rounding: a per-head cause"
     if tiled and gone == tiled:

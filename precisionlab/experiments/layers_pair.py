@@ -171,15 +171,8 @@ def _run(cfg, lows, yours_spec, run_spec, ref_spec, ref_note, external, device, 
     if not common:
         raise RunError(f"no module in common between {ref_spec} and {yours_spec}: nothing compared "
                        f"({len(order)} reference modules, {len(y32)} of yours)")
-    rows = []
-    for i, name in enumerate(common):
-        rows.append(_row(i, name, kinds.get(name, "module"), r32[name], r64[name], y32[name],
-                         {d: (ref_low[d][name], yours_low[d][name]) for d in lows}))
-        if quant:
-            _quant_view(rows[-1], quant.view, r32[name], rq[name], y32[name])
-        if rows[-1]["kind"] in layers_heads.KINDS and rows[-1].get("views"):
-            _head_views(rows[-1], r32[name], r64[name], y32[name], {d: ref_low[d][name] for d in lows},
-                        {d: yours_low[d][name] for d in lows})
+    rows = [_full_row(i, name, kinds.get(name, "module"), r32, r64, y32, ref_low, yours_low, quant, rq)
+            for i, name in enumerate(common)]
     t_run = time.perf_counter() - t1
     # a quantised engine: fp32's and the low dtypes' views are what quantisation costs, shown, not judged
     views = [quant.view] if quant else ["fp32", *lows]
@@ -191,15 +184,15 @@ def _run(cfg, lows, yours_spec, run_spec, ref_spec, ref_note, external, device, 
     params = {"model": yours_spec, "reference": ref_spec, "reference_from": ref_note, "engine": cfg.engine,
               "steps": cfg.steps, "prompt": cfg.prompt, "dtypes": lows, "device": device, "seed": cfg.seed,
               "tokens": len(ids), "ratio_threshold": compare.RATIO_THRESHOLD, "compared": len(common),
-              "quant_view": quant.view if quant else None, "heads": cfg.heads}
+              "quant_view": quant.view if quant else None, "quant_departs_at": None,
+              "heads": cfg.heads}
     takeaways = _takeaways(first_name, first_by, flags, missing) + head_takeaways
     if cfg.heads and not any(r["kind"] in layers_heads.KINDS for r in rows):
         takeaways.append("--heads: no per-head tensor in common (YOURS gives none named <attn>.heads or "
                          "<attn>.probs; see docs/dumps-from-your-engine.md)")
     if quant:
-        takeaways.insert(0, f"YOURS holds {quant.view} weights: its departure from REF fp32 (and from each low "
-                            f"dtype) is what quantisation costs, shown, not judged; the {quant.view} view judges "
-                            f"YOURS against REF with its weights quantised as the GGUF holds them.")
+        params["quant_departs_at"] = _quant_departure(rows, quant.view)
+        takeaways.insert(0, _quant_takeaway(quant.view, params["quant_departs_at"]))
     if len(common) * 2 < len(order):
         takeaways.append(f"only {len(common)} of REF's {len(order)} modules have a counterpart in YOURS: the two "
                          "name their modules differently (a different architecture or engine naming?)")
@@ -241,6 +234,37 @@ def _head_views(row, r32, r64, y32, ref_low: dict, yours_low: dict) -> None:
     for d in ref_low:
         pairs[d] = (_as(yours_low[d], R32), single.as_float64(ref_low[d]), R32)
     row["per_head"] = layers_heads.per_head(row["kind"], pairs, _rounding)
+
+
+def _full_row(i, name, kind, r32, r64, y32, ref_low, yours_low, quant, rq) -> dict:
+    """One module's row: its fp32 and low-dtype views, the quantisation view, per head (--heads)."""
+    row = _row(i, name, kind, r32[name], r64[name], y32[name],
+               {d: (ref_low[d][name], yours_low[d][name]) for d in ref_low})
+    if quant:
+        _quant_view(row, quant.view, r32[name], rq[name], y32[name])
+    if kind in layers_heads.KINDS and row.get("views"):
+        _head_views(row, r32[name], r64[name], y32[name], {d: ref_low[d][name] for d in ref_low},
+                    {d: yours_low[d][name] for d in ref_low})
+    return row
+
+
+def _quant_takeaway(view: str, departs: dict | None) -> str:
+    return (f"YOURS holds {view} weights: its departure from REF fp32 (and from each low dtype) is what "
+            f"quantisation costs, shown, not judged; the {view} view judges YOURS against REF with its weights "
+            f"quantised as the GGUF holds them."
+            + (f" It leaves REF fp32 first at {departs['module']} ({departs['fp32_ratio']:.3g}x fp32's rounding: "
+               f"where the first quantised matmul is), at {departs['quant_ratio']:.2g}x what {view} costs there."
+               if departs else ""))
+
+
+def _quant_departure(rows: list[dict], view: str) -> dict | None:
+    """Where a quantised engine first leaves REF fp32 beyond the ratio line (what the quantisation costs
+    starts there: the first module holding a quantised matmul), with that module's ratio in its own view."""
+    for r in rows:
+        v = r.get("views", {})
+        if "fp32" in v and view in v and v["fp32"]["ratio"] > compare.RATIO_THRESHOLD:
+            return {"module": r["module"], "fp32_ratio": v["fp32"]["ratio"], "quant_ratio": v[view]["ratio"]}
+    return None
 
 
 def _quantised_reference(ref, sites, x, yours_spec, notes):
