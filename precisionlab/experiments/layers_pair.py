@@ -176,7 +176,7 @@ def _run(cfg, lows, yours_spec, run_spec, ref_spec, ref_note, external, device, 
     t_run = time.perf_counter() - t1
     # a quantised engine: fp32's and the low dtypes' views are what quantisation costs, shown, not judged
     views = [quant.view] if quant else ["fp32", *lows]
-    flags, first_by = apply_rules(rows, views)
+    flags, first_by = apply_rules(rows, views, _weight_flags(rows, quant) if quant else {})
     head_takeaways = layers_heads.read(rows, views, layers_heads.kv_heads_of(ref.base)) if cfg.heads else []
     first = min((r for r in rows if any(first_by.get(v) == r["module"] for v in views)),
                 key=lambda r: r["order"], default=None)
@@ -276,11 +276,12 @@ def _quantised_reference(ref, sites, x, yours_spec, notes):
     if quant is None:
         return None, None
     model, kept, differ = quant_yardstick.reference_copy(ref.base, quant)
+    quant.differ = differ
     notes.append(f"{quant.view} yardstick: REF fp32 with its weights quantised as {quant.path} holds them"
                  + (f"; {len(kept)} weights kept in fp32 (no quantised counterpart)" if kept else ""))
     if differ:
         notes.append(f"{len(differ)} GGUF tensors are not REF's weights quantised the same way (a change on top "
-                     "of the quantisation): " + ", ".join(differ[:6]) + ("..." if len(differ) > 6 else ""))
+                     "of the quantisation): " + ", ".join(list(differ)[:6]) + ("..." if len(differ) > 6 else ""))
     return quant, _outputs(single.captured_run(ref, model, sites, x))
 
 
@@ -373,9 +374,31 @@ def _rounding(view: str) -> float | None:
     return divergence.rounding(view) if catalog.find(view) in catalog.FORMATS else None
 
 
-def apply_rules(rows: list[dict], views: list[str]) -> tuple[list[dict], dict]:
+def _weight_flags(rows: list[dict], quant) -> dict:
+    """(module, view) -> flags: each GGUF weight that is not REF's weight quantised the same way, judged by the
+    rules (its rel-L2 against what the quantisation costs REF's weight, its fitted scale), at the compared
+    module that holds it. Activations cannot show a 1 % scale under a Q4 engine's own 4 % per module; the
+    weight, compared exactly, can."""
+    names = [r["module"] for r in rows if r.get("views")]
+    out: dict = {}
+    for weight, m in quant.differ.items():
+        owner = max((n for n in names if weight.startswith(n + ".")), key=len, default=None)
+        if owner is None or m["error"] is None:
+            continue
+        found = divergence.judge_tensor(m["error"], m["yardstick"], scale=(m["scale_fit"], m["bias_z"]),
+                                        against=f"REF {quant.view}")
+        if found:
+            rule = "scale_fit" if any(f.rule == "scale_fit" for f in found) else found[0].rule
+            text = (f"its weight {weight} is not REF's quantised: YOURS = {m['scale_fit']:.4f} x REF "
+                    f"{quant.view}, rel-L2 {m['error']:.2g} where {quant.view} costs it {m['yardstick']:.2g}")
+            out.setdefault((owner, quant.view), []).append(divergence.Flag(rule, text, m["bias_z"]))
+    return out
+
+
+def apply_rules(rows: list[dict], views: list[str], extra: dict | None = None) -> tuple[list[dict], dict]:
     """numerics/divergence's rules on each view's modules in execution order:
-    the flags (module, view, rule, text, value) and each view's first divergence."""
+    the flags (module, view, rule, text, value) and each view's first divergence. `extra`: flags measured
+    elsewhere, by (module, view), added to that module's own (a quantised engine's weights)."""
     flags, first = [], {}
     for view in views:
         seq = [(r, r["views"][view]) for r in rows if view in r.get("views", {})]
@@ -392,6 +415,7 @@ def apply_rules(rows: list[dict], views: list[str]) -> tuple[list[dict], dict]:
                 found = ([hidden] if hidden else []) + found
                 if v["range_excess"]:  # the latest module upstream whose values or squares leave the range
                     upstream = f"upstream at {r['module']}: {v['range_excess']}"
+            found += (extra or {}).get((r["module"], view), [])
             judged.append(divergence.Judged(r["module"], v["error"], v["ratio"], found,
                                             rounding=_rounding(view)))
         div = divergence.first_divergence(judged)

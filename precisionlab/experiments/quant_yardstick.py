@@ -58,6 +58,7 @@ class Plan:
     types: dict[str, object]                    # GGUF tensor name -> gguf.GGMLQuantizationType
     tensors: dict[str, object] = field(repr=False, default_factory=dict)  # GGUF name -> the reader's tensor
     permuted: dict[str, int] = field(default_factory=dict)  # q_proj/k_proj -> heads: llama's rows permuted
+    differ: dict[str, dict] = field(default_factory=dict)  # REF weight -> weight_check: the GGUF's is not it quantised
 
 
 def gguf_path(spec: str | None) -> str | None:
@@ -113,17 +114,18 @@ def _roundtrip(data: np.ndarray, qtype) -> np.ndarray:
     return gguf.quants.dequantize(gguf.quants.quantize(data, qtype), qtype).reshape(data.shape)
 
 
-def reference_copy(model, p: Plan) -> tuple[object, list[str], list[str]]:
+def reference_copy(model, p: Plan) -> tuple[object, list[str], dict[str, dict]]:
     """(REF's fp32 model with every weight quantised as the GGUF holds it,
     the weights that could not be (no GGUF counterpart or no quantiser),
-    the GGUF tensors that are not REF's weight quantised the same way)."""
+    the GGUF tensors that are not REF's weight quantised the same way: name ->
+    weight_check's measures)."""
     import gguf
     import torch
 
     from precisionlab.engines.exporters.gguf import gguf_name
 
     m = copy.deepcopy(model).float()
-    kept, differ = [], []
+    kept, differ = [], {}
     with torch.no_grad():
         for name, param in m.named_parameters():
             g = gguf_name(name)
@@ -139,27 +141,44 @@ def reference_copy(model, p: Plan) -> tuple[object, list[str], list[str]]:
                 kept.append(name)
                 continue
             param.copy_(torch.from_numpy(np.ascontiguousarray(q, dtype=np.float32)))
-            if not _same(p, name, g, q):
-                differ.append(name)
+            own = _own(p, name, g, q.shape)
+            if own is None or not np.array_equal(own, q):
+                differ[name] = weight_check(own, q, data)
     _round_activations(m, p)
     return m, kept, differ
 
 
-def _same(p: Plan, name: str, g: str, q: np.ndarray) -> bool:
-    """Whether the GGUF's tensor holds REF's weight quantised as `q` (in its own row order)."""
+def _own(p: Plan, name: str, g: str, shape) -> np.ndarray | None:
+    """The GGUF's tensor dequantised, in REF's row order (a llama GGUF's q/k rows un-permuted); None where
+    its size is not REF's."""
     import gguf
-
-    from precisionlab.engines.exporters.gguf import _permute
 
     t = p.tensors[g]
     own = gguf.quants.dequantize(t.data, t.tensor_type) if t.tensor_type.name not in UNQUANTISED \
         else np.asarray(t.data, dtype=np.float32)
-    if own.size != q.size:
-        return False
+    if own.size != int(np.prod(shape)):
+        return None
+    own = own.reshape(shape)
     proj = name.split(".")[-2]
     if proj in p.permuted and name.endswith(".weight"):
-        q = _permute(q, p.permuted[proj])
-    return bool(np.array_equal(own.reshape(q.shape), q))
+        # the inverse of exporters/gguf._permute: interleaved pairs back to rotate-half halves, per head
+        rows, heads = shape[0], p.permuted[proj]
+        own = own.reshape(heads, rows // heads // 2, 2, *shape[1:]).swapaxes(1, 2).reshape(shape)
+    return own
+
+
+def weight_check(own: np.ndarray | None, q: np.ndarray, ref: np.ndarray) -> dict:
+    """A GGUF weight that is not REF's quantised: its rel-L2 from REF's quantised weight (`error`), what the
+    quantisation costs REF's weight (`yardstick`: REF quantised vs REF), and the fit own = s x REF quantised
+    with its z over the weight's elements (spread: the larger of the two rel-L2s, so a weight that quantises
+    back exactly still has one)."""
+    from precisionlab.numerics import compare, divergence
+
+    if own is None:
+        return {"error": None, "yardstick": None, "scale_fit": None, "bias_z": None}
+    err, cost = compare.rel_l2(own, q), compare.rel_l2(q, ref)
+    s, z = divergence.scale_fit(own.reshape(-1), q.reshape(-1), max(err, cost))
+    return {"error": err, "yardstick": cost, "scale_fit": s, "bias_z": z}
 
 
 def _round_activations(model, p: Plan) -> None:
