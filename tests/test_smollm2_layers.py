@@ -1,6 +1,6 @@
 """`compare layers --engine llamacpp:` on SmolLM2-135M-Instruct (make smollm2; skipped where it is not
 cached), a real trained model (issue 40): (a) an F32 GGUF exported from the fp32 folder, run with an f32 KV
-cache, flags nothing (exit 0); (b) the original Q4_1 file against that folder leaves REF fp32 at the first
+cache, flags nothing (exit 0), head by head included (--heads); (b) the original Q4_1 file against that folder leaves REF fp32 at the first
 quantised matmul (the first attention), which the quantisation yardstick calls what Q4_1 costs (exit 0);
 (c) a 1 % scale planted on top of one quantised tensor (its blocks' scales and minimums, edited in a copy
 of the file through the gguf package) is still named at its module. Short runs: 8 tokens."""
@@ -28,8 +28,8 @@ def _engines():
     pytest.importorskip("gguf", reason="the GGUF export needs the gguf package (precisionlab[engines])")
 
 
-def _layers(run, spec):
-    r = run("compare", "layers", "--engine", spec, *RUN)
+def _layers(run, spec, *more):
+    r = run("compare", "layers", "--engine", spec, *RUN, *more)
     return r, strict_json(r.out) if r.out.strip() else None
 
 
@@ -51,12 +51,16 @@ def plant_q4_1_scale(src: Path, dst: Path, tensor: str, scale: float) -> None:
 def test_an_f32_gguf_with_an_f32_cache_flags_nothing(run, tmp_path):
     f32 = tmp_path / "smol-f32.gguf"
     assert run("export", f"hf:{SMOL_HF}", "--to", "gguf:f32", "--out", str(f32)).code == 0
-    r, doc = _layers(run, f"llamacpp:{f32},kv=f32")
+    r, doc = _layers(run, f"llamacpp:{f32},kv=f32", "--heads")
     assert r.code == 0, (r.err, doc and doc["flags"][:3])
     assert doc["flags"] == [] and doc["first_divergence"] is None
     rows = [x for x in doc["rows"] if x.get("views")]
-    assert len(rows) == 30 * 5 + 2  # every block's norms, attention, MLP and output; the final norm, the head
+    # every block's norms, attention (and inside it, llama.cpp's kqv_out per head), MLP and output; the final
+    # norm, the head
+    assert len(rows) == 30 * 6 + 2
     assert max(x["views"]["fp32"]["ratio"] for x in rows) < 4
+    heads = [h for x in rows if x["kind"] == "heads" for h in x["per_head"]["fp32"]]
+    assert len(heads) == 30 * 9 and not any(h["departs"] for h in heads)
 
 
 @needs_smol

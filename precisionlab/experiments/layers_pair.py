@@ -150,8 +150,9 @@ def _run(cfg, lows, yours_spec, run_spec, ref_spec, ref_note, external, device, 
         r32, order = _outputs(cap32), list(cap32.order)
         r64 = _outputs(single.captured_run(ref, ref.model("fp64"), ref_sites, x))
         advance()
-        if external:
-            y32 = {k: torch.from_numpy(v) for k, v in yours.capture_layers(ids).items()}
+        if external:  # per-head tensors only for --heads (an engine may give them anyway)
+            y32 = {k: torch.from_numpy(v) for k, v in yours.capture_layers(ids).items()
+                   if cfg.heads or layers_heads.kind_of(k) is None}
         else:
             y_sites = _with_heads(yours, yours.sites(yours.base), cfg.heads)
             y32 = _outputs(single.captured_run(yours, yours.base, y_sites, x))
@@ -176,7 +177,7 @@ def _run(cfg, lows, yours_spec, run_spec, ref_spec, ref_note, external, device, 
     t_run = time.perf_counter() - t1
     # a quantised engine: fp32's and the low dtypes' views are what quantisation costs, shown, not judged
     views = [quant.view] if quant else ["fp32", *lows]
-    flags, first_by = apply_rules(rows, views, _weight_flags(rows, quant) if quant else {})
+    flags, first_by = apply_rules(rows, views, _weight_flags(rows, quant) if quant else layers_heads.flags(rows))
     head_takeaways = layers_heads.read(rows, views, layers_heads.kv_heads_of(ref.base)) if cfg.heads else []
     first = min((r for r in rows if any(first_by.get(v) == r["module"] for v in views)),
                 key=lambda r: r["order"], default=None)
@@ -186,7 +187,7 @@ def _run(cfg, lows, yours_spec, run_spec, ref_spec, ref_note, external, device, 
               "tokens": len(ids), "ratio_threshold": compare.RATIO_THRESHOLD, "compared": len(common),
               "quant_view": quant.view if quant else None, "quant_departs_at": None,
               "heads": cfg.heads}
-    takeaways = _takeaways(first_name, first_by, flags, missing) + head_takeaways
+    takeaways = _takeaways(first_name, first_by, flags, missing, quant.view if quant else "rounding") + head_takeaways
     if cfg.heads and not any(r["kind"] in layers_heads.KINDS for r in rows):
         takeaways.append("--heads: no per-head tensor in common (YOURS gives none named <attn>.heads or "
                          "<attn>.probs; see docs/dumps-from-your-engine.md)")
@@ -426,10 +427,10 @@ def apply_rules(rows: list[dict], views: list[str], extra: dict | None = None) -
     return flags, first
 
 
-def _takeaways(first, first_by, flags, missing) -> list[str]:
+def _takeaways(first, first_by, flags, missing, costs: str = "rounding") -> list[str]:
     out = []
     if first is None:
-        out.append("no module of YOURS departs from REF beyond what rounding costs there, in any view.")
+        out.append(f"no module of YOURS departs from REF beyond what {costs} costs there, in any view.")
     for view, m in first_by.items():
         if m:
             why = next((f for f in flags if f["view"] == view and f["module"] == m), None)

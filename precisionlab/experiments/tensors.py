@@ -328,19 +328,21 @@ def compare(cfg: CompareTensorsConfig, progress_factory=None) -> TensorsResult:
     )
 
 
-def _per_head(row: dict, name: str, vals: list) -> None:
+def _per_head(row: dict, name: str, vals: list) -> list:
     """A per-head tensor (<attn>.heads, <attn>.probs: docs/dumps-from-your-engine.md), three-way, head by
-    head against that head's own yardstick (experiments/layers_heads): which heads depart, and the reading."""
+    head against that head's own yardstick (experiments/layers_heads): which heads depart, the reading, and
+    the flag a departing head adds (the rules apply per head)."""
     from precisionlab.experiments import layers_heads
 
     kind = layers_heads.kind_of(name)
     if kind is None or vals[0].ndim < -layers_heads.HEAD_AXIS[kind]:
-        return
+        return []
     fmt = row["tolerance_format"]
     heads = layers_heads.per_head(kind, {"three-way": (vals[2], vals[1], vals[0])},
                                   lambda _view: divergence.rounding(fmt))["three-way"]
     p = layers_heads.pattern(heads, None)
     row.update(per_head=heads, heads_departing=p["departing"], heads_pattern=p["pattern"], heads_reading=p["reading"])
+    return layers_heads.flags([{"module": name, "per_head": {"three-way": heads}}]).get((name, "three-way"), [])
 
 
 def _hidden_overflow(row: dict, vals: list, flags: list, upstream: str | None) -> str | None:
@@ -412,7 +414,7 @@ def _compare_all(cfg, files, maps, declared, plan, progress) -> tuple[list[dict]
                                                 overflow=ov, ref="REF_FP32",
                                                 rounding=divergence.rounding(row["tolerance_format"]))
                 upstream = _hidden_overflow(row, vals, flags, upstream)
-                _per_head(row, name, vals)
+                flags += _per_head(row, name, vals)
                 row["_judged"] = divergence.Judged(name, y3, ratio, flags,
                                                    rounding=divergence.rounding(row["tolerance_format"]))
             row["formats"] = fmts
