@@ -136,7 +136,8 @@ def read(rows: list[dict], views: list[str], kv_heads: int | None) -> list[str]:
             if first is None and p["departing"]:
                 first = (r["module"], p["reading"])
         if first:
-            takeaways.append(f"inside attention ({view}): at {first[0]}, {first[1]}.")
+            end = "" if first[1].endswith("?") else "."
+            takeaways.append(f"inside attention ({view}): at {first[0]}, {first[1]}{end}")
     return takeaways
 
 

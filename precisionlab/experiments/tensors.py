@@ -546,7 +546,8 @@ def _takeaways(rows, n_files, div, stopped, total, skipped, missing, suggested, 
                        "as REF_LOW.")
     headed = [r for r in compared if r.get("heads_departing")]
     if headed:
-        out.append(f"inside attention: at {headed[0]['name']}, {headed[0]['heads_reading']}.")
+        reading = headed[0]["heads_reading"]
+        out.append(f"inside attention: at {headed[0]['name']}, {reading}{'' if reading.endswith('?') else '.'}")
     over = [r for r in compared if r.get("overflow")]
     if over:
         out.append(f"{len(over)} tensors overflow (non-finite where {lab[0] if n_files == 3 else 'the reference'} "

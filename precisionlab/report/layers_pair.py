@@ -20,7 +20,7 @@ def _heads_text(r: dict, views: list[str]) -> list[str]:
     out = []
     for view in views:
         v = r.get("views", {}).get(view, {})
-        if v.get("heads_departing"):
+        if v.get("heads_departing") and not str(v.get("reason") or "").startswith("heads "):  # not said twice
             n = len(r["per_head"][view])
             out.append(f"{view}: heads {','.join(map(str, v['heads_departing']))} of {n} depart")
     return out
