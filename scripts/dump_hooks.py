@@ -18,6 +18,13 @@ in generation, are ignored): its output when that is a tensor; else the
 rotary embedding's (cos, sin), stacked as `compare model --dump` does. The
 model itself (the name "") is recorded as `root_name` when it is included.
 
+heads=True adds, for each included attention module (one with a `head_dim`
+and an output projection `o_proj`, `wo` or `out_proj`), the per-head tensors
+of docs/dumps-from-your-engine.md: `<attn>.heads`, the projection's input as
+(batch, tokens, heads, head_dim), and `<attn>.probs`, the softmax
+probabilities, where the module returns them (transformers' eager attention:
+model.set_attn_implementation("eager") first).
+
     python scripts/dump_hooks.py --demo OUT_DIR   # the files of docs/dumps-from-your-engine.md
 """
 
@@ -50,7 +57,7 @@ class DumpHooks:
     """Forward hooks on every module whose name matches one of `include`
     (fnmatch globs; all by default); `save` writes what one pass recorded."""
 
-    def __init__(self, model: torch.nn.Module, include=("*",), root_name: str = "lm_head"):
+    def __init__(self, model: torch.nn.Module, include=("*",), root_name: str = "lm_head", heads: bool = False):
         self.tensors: dict[str, torch.Tensor] = {}
         self.order: list[str] = []
         self._handles = []
@@ -58,15 +65,34 @@ class DumpHooks:
             shown = name or root_name
             if any(fnmatch.fnmatchcase(shown, g) for g in include):
                 rotary = type(mod).__name__.endswith("RotaryEmbedding")
+                if heads:
+                    self._heads(shown, mod)
                 self._handles.append(mod.register_forward_hook(self._hook(shown, rotary)))
 
+    def _keep(self, name: str, t) -> None:
+        if isinstance(t, torch.Tensor) and name not in self.tensors:
+            self.tensors[name] = t.detach().to("cpu", copy=True).contiguous()
+            self.order.append(name)
+
     def _hook(self, name: str, rotary: bool):
-        def hook(_mod, _args, out):
-            t = module_output(out, rotary)
-            if t is not None and name not in self.tensors:
-                self.tensors[name] = t.detach().to("cpu", copy=True).contiguous()
-                self.order.append(name)
-        return hook
+        return lambda _mod, _args, out: self._keep(name, module_output(out, rotary))
+
+    def _heads(self, name: str, mod) -> None:
+        """An attention module's <name>.heads (its output projection's input, split into heads) and
+        <name>.probs (the second thing it returns, where that is a tensor)."""
+        proj = next((getattr(mod, p) for p in ("o_proj", "wo", "out_proj") if hasattr(mod, p)), None)
+        d = getattr(mod, "head_dim", None)
+        if proj is None or not isinstance(d, int):
+            return
+
+        def split(_m, args):
+            x = args[0]
+            self._keep(f"{name}.heads", x.reshape(*x.shape[:-1], x.shape[-1] // d, d))
+
+        def probs(_m, _args, out):
+            if isinstance(out, (tuple, list)) and len(out) > 1:
+                self._keep(f"{name}.probs", out[1])
+        self._handles += [proj.register_forward_pre_hook(split), mod.register_forward_hook(probs)]
 
     def __enter__(self):
         return self

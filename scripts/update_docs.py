@@ -3,7 +3,7 @@
 and paths.
 
 An example is a fenced block whose first line is `$ precisionlab ARGS`,
-optionally piped through `| head -N`; it runs as `python -m precisionlab ARGS`
+optionally piped through `| head -N` or `| tail -N`; it runs as `python -m precisionlab ARGS`
 from the repository root with COLUMNS=160, and its body is what the command
 printed on stdout. An HTML comment on the line before the fence marks it:
 
@@ -138,17 +138,17 @@ def this_cpu() -> str:
 
 
 def run(cmd: str) -> tuple[str, int]:
-    head = None
-    m = re.search(r"\s*\|\s*head -(\d+)\s*$", cmd)
+    cut = None
+    m = re.search(r"\s*\|\s*(head|tail) -(\d+)\s*$", cmd)
     if m:
-        head, cmd = int(m.group(1)), cmd[: m.start()]
+        cut, cmd = (m.group(1), int(m.group(2))), cmd[: m.start()]
     env = {k: v for k, v in os.environ.items() if k != "PRECISIONLAB_DEBUG"}
     env.update({"PYTHONPATH": str(ROOT), "COLUMNS": "160"})
     p = subprocess.run([sys.executable, "-m", "precisionlab", *shlex.split(cmd)], capture_output=True, text=True,
                        cwd=ROOT, env=env, timeout=900)
     lines = [line.rstrip() for line in p.stdout.splitlines()]
-    if head is not None:
-        lines = lines[:head]
+    if cut is not None:  # a summary at the end of a long table: tail
+        lines = lines[:cut[1]] if cut[0] == "head" else lines[-cut[1]:]
     return "\n".join(lines) + "\n", p.returncode
 
 

@@ -17,6 +17,9 @@ import torch
 from torch import nn
 
 BUGS = ("kv_bf16_decode", "chunk_mask", "unmasked_padding", "decode_position", "batch_order")
+# Inside attention (compare layers --heads): a softmax scale 5 % off (every head), and GQA's query heads
+# mapped to KV heads tiled (h % kv) instead of interleaved (h // group): only the heads whose KV head differs.
+ATTENTION_BUGS = ("attn_scale", "gqa_tiled")
 
 
 def _rms(x, weight, eps):
@@ -66,9 +69,11 @@ class PlainQwen3(nn.Module):
         ang = torch.cat((ang, ang), dim=-1)[:, None]
         return ang.cos().to(dt), ang.sin().to(dt)
 
-    def run(self, ids, positions, mask, cache=None, bug=None, decoding=False):
+    def run(self, ids, positions, mask, cache=None, bug=None, decoding=False, record=None):
         """ids (B, T); positions (B, T); mask (B, T_total, ) keys allowed per query as (B, T, T_total) bool;
-        cache: list of [k, v] per layer (extended in place). -> logits (B, T, vocab)."""
+        cache: list of [k, v] per layer (extended in place); record: a dict that receives the per-layer
+        tensors under transformers' module names (and <attn>.probs, <attn>.heads). -> logits (B, T, vocab)."""
+        rec = record if record is not None else {}
         x = self.embed(ids)
         cos, sin = self.rope(positions)
         rep = self.nh // self.nkv
@@ -87,14 +92,24 @@ class PlainQwen3(nn.Module):
                 else:
                     cache[i] = [torch.cat((cache[i][0], k), 2), torch.cat((cache[i][1], v), 2)]
                 k, v = cache[i]
-            k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
-            s = (q @ k.transpose(-1, -2)) * self.hd ** -0.5
+            if bug == "gqa_tiled":
+                k, v = k.repeat(1, rep, 1, 1), v.repeat(1, rep, 1, 1)
+            else:
+                k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
+            s = (q @ k.transpose(-1, -2)) * (self.hd ** -0.5 * (1.05 if bug == "attn_scale" else 1.0))
             s = s.masked_fill(~mask[:, None], float("-inf"))
-            att = torch.softmax(s, dim=-1) @ v
-            x = x + b.o(att.transpose(1, 2).reshape(B, T, self.nh * self.hd))
+            probs = torch.softmax(s, dim=-1)
+            heads = (probs @ v).transpose(1, 2)
+            o = b.o(heads.reshape(B, T, self.nh * self.hd))
+            x = x + o
             m = _rms(x, b.ln2, self.eps)
-            x = x + b.down(nn.functional.silu(b.gate(m)) * b.up(m))
+            mlp = b.down(nn.functional.silu(b.gate(m)) * b.up(m))
+            x = x + mlp
+            p = f"model.layers.{i}"
+            rec.update({f"{p}.input_layernorm": a, f"{p}.self_attn.probs": probs, f"{p}.self_attn.heads": heads,
+                        f"{p}.self_attn": o, f"{p}.post_attention_layernorm": m, f"{p}.mlp": mlp, p: x})
         h = _rms(x, self.norm, self.eps)
+        rec["model.norm"] = h
         if bug == "batch_order" and h.shape[0] > 1:  # the head reduces in two halves once batched
             half = h.shape[-1] // 2
             w = self.head.weight

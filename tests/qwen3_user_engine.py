@@ -9,7 +9,7 @@ from __future__ import annotations
 import copy
 
 import torch
-from qwen3_plain import BUGS, load
+from qwen3_plain import ATTENTION_BUGS, BUGS, load
 
 from precisionlab.engines.protocol import Engine
 
@@ -21,7 +21,7 @@ class PlainQwen3Engine(Engine):
     def __init__(self, folder: str, bug: str | None = None, device: str = "cpu"):
         from tokenizers import Tokenizer
 
-        assert bug is None or bug in BUGS, bug
+        assert bug is None or bug in BUGS + ATTENTION_BUGS, bug
         self.base, self.bug, self.device = load(folder), bug, device
         self.tok = Tokenizer.from_file(f"{folder}/tokenizer.json")
         self.name = f"plain-qwen3{'' if bug is None else '+' + bug}"
@@ -84,3 +84,24 @@ class PlainQwen3Engine(Engine):
 
 def engine(folder: str, bug: str | None = None, device: str = "cpu") -> PlainQwen3Engine:
     return PlainQwen3Engine(folder, bug, device)
+
+
+class CapturingQwen3Engine(PlainQwen3Engine):
+    """The same engine giving its per-layer tensors itself (compare layers --engine, --heads): transformers'
+    module names, and inside attention <attn>.probs (heads, query, key) and <attn>.heads (tokens, heads,
+    head_dim), as docs/dumps-from-your-engine.md names them."""
+    has_modules = False      # not transformers' module tree: hooks cannot watch it
+    captures_layers = True
+
+    @torch.no_grad()
+    def capture_layers(self, ids):
+        record = {}
+        x = torch.tensor([list(ids)])
+        T = x.shape[1]
+        self.base.run(x, torch.arange(T)[None], torch.tril(torch.ones(T, T, dtype=torch.bool))[None],
+                      bug=self.bug, record=record)
+        return {k: v[0].float().numpy() for k, v in record.items()}  # numpy has no bf16: exact in fp32
+
+
+def capturing(folder: str, bug: str | None = None, device: str = "cpu") -> CapturingQwen3Engine:
+    return CapturingQwen3Engine(folder, bug, device)

@@ -242,3 +242,20 @@ def test_masked_zero_policy_and_case_selection():
     assert flagged_cases(res) == {"masked_rows"}
     with pytest.raises(compare.UsageError, match="unknown case"):
         compare.op_harness.select("softmax", "nope")
+
+
+def test_the_typical_row_is_the_yardstick_where_one_element_carries_the_norm():
+    """A massive activation (1.4e4 among O(1) values) makes a tensor's rel-L2 one draw of that element's
+    rounding; the median row's rel-L2 is what rounding costs the rest."""
+    from precisionlab.numerics.compare import rel_l2, typical_row_rel_l2
+
+    rng = np.random.default_rng(0)
+    ref = rng.standard_normal((8, 64))
+    ref[0, 3] = 1.4e4
+    rel = np.full_like(ref, 1e-6)
+    rel[0, 3] = 1e-8                     # the massive element happened to round well
+    x = ref * (1 + rel)
+    assert rel_l2(x, ref) == pytest.approx(1e-8, rel=0.05)
+    assert typical_row_rel_l2(x, ref) == pytest.approx(1e-6, rel=1e-6)
+    assert typical_row_rel_l2(x[0], ref[0]) == 0.0          # one row: no rows to say
+    assert typical_row_rel_l2(np.zeros((2, 3)), np.zeros((2, 3))) == 0.0

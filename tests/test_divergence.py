@@ -174,3 +174,22 @@ def test_per_tensor_flags_come_before_order_flags_and_name_the_first():
     assert d.name == "t1" and d.flag.rule == "scale_fit"
     assert [f.rule for f in rows[1].flags] == ["scale_fit", "first_differs"]
     assert d.as_dict()["text"] == "YOURS = 1.0050 x REF_LOW, z = 60"
+
+
+def test_the_fit_spreads_over_rows_where_rounding_is_one_factor_per_row():
+    """A norm rounds one factor per row; with one row carrying most of the norm (a trained model's first
+    token) the fit's spread is a few rows', not n elements': per-row factors of a few fp32 roundings give no
+    verdict, where the element spread alone gives z in the hundreds. The same scale on every row keeps z large."""
+    rng = np.random.default_rng(1)
+    t = rng.standard_normal((8, 576))
+    t[0] *= 30.0                                  # the massive first row: about 93 % of the norm
+    u = 2.0 ** -24
+    factors = 1 + 4 * u * rng.standard_normal((8, 1))
+    y = t * factors
+    yard = float(np.linalg.norm(y - t) / np.linalg.norm(t))
+    s, z = dv.scale_fit(y, t, yard)
+    assert abs(s - 1) / (yard / math.sqrt(t.size)) > dv.BIAS_Z  # what the element spread alone would call it
+    assert z < 3
+    s, z = dv.scale_fit(t * 1.01 * factors, t, yard)
+    assert s == pytest.approx(1.01, rel=1e-6) and z > 1e3
+    assert dv.row_spread(y[0], t[0], s) == 0.0     # one row: the element spread stands alone

@@ -458,7 +458,7 @@ def test_llamacpp_capture_maps_ggml_names_to_hf_modules(hf_dir, reference, tmp_p
     model = transformers.AutoModelForCausalLM.from_pretrained(hf_dir, trust_remote_code=False).eval()
     seen = {}
     mods = dict(model.named_modules())
-    for name in got:
+    for name in (n for n in got if n in mods):  # <attn>.heads (kqv_out) is no module: --heads hooks o_proj
         mods[name].register_forward_hook(
             lambda m, i, o, name=name: seen.__setitem__(name, (o[0] if isinstance(o, tuple) else o)[0].numpy()))
     with torch.no_grad():

@@ -114,3 +114,13 @@ def test_pages_named_on_the_command_line_are_the_only_ones_run(monkeypatch):
     for wrong in (["docs/nonexistent.md"], ["DEVELOPERS.md"], ["docs/data"]):
         with pytest.raises(ValueError, match="not README.md or docs"):
             update_docs.files(wrong)
+
+
+def test_an_example_may_keep_the_head_or_the_tail_of_its_output(monkeypatch):
+    """`| head -N` keeps the first N lines, `| tail -N` the last N (a long table's summary)."""
+    import subprocess
+
+    out = "\n".join(f"line {i}" for i in range(10)) + "\n"
+    monkeypatch.setattr(subprocess, "run", lambda *a, **k: subprocess.CompletedProcess(a, 0, out, ""))
+    assert update_docs.run("info | head -2") == ("line 0\nline 1\n", 0)
+    assert update_docs.run("info | tail -2") == ("line 8\nline 9\n", 0)

@@ -39,6 +39,10 @@ def command(
                                                 "and token ids in the metadata), for compare tensors. One model "
                                                 "only.")] = None,
     force: force_option("--dump's files that exist (DIR/bf16.safetensors, ...); DIR's other files are kept") = False,
+    heads: Annotated[bool, typer.Option("--heads", help="Inside attention too: each attention's softmax "
+                                        "probabilities and per-head outputs (the output projection's input), "
+                                        "judged head by head against that head's rounding. Two models only.")]
+    = False,
     plot: plot_option("the error along the model") = None,
     device: ModelDeviceOpt = "cpu",
     seed: SeedOpt = 0,
@@ -55,7 +59,9 @@ def command(
         raise UsageError("--force goes with --dump: it lets the run replace DIR/<dtype>.safetensors files that exist")
     if engine or reference is not None:
         return _pair(ctx, model, engine, reference, inject, dump, steps, prompt, dtypes, device, seed, plot,
-                     json_out, wide)
+                     json_out, wide, heads)
+    if heads:
+        raise UsageError("--heads compares two models' attention heads: give --reference SPEC (or --engine SPEC)")
     from precisionlab.experiments import layers as lexp
     from precisionlab.report import layers as layers_report
     from precisionlab.report.plots import check_plot_path
@@ -70,7 +76,8 @@ def command(
         raise typer.Exit(1)
 
 
-def _pair(ctx, model, engine, reference, inject, dump, steps, prompt, dtypes, device, seed, plot, json_out, wide):
+def _pair(ctx, model, engine, reference, inject, dump, steps, prompt, dtypes, device, seed, plot, json_out, wide,
+          heads):
     """Two models, module by module (experiments/layers_pair)."""
     from precisionlab.engines import registry
     from precisionlab.experiments import layers_pair as pexp
@@ -92,7 +99,7 @@ def _pair(ctx, model, engine, reference, inject, dump, steps, prompt, dtypes, de
     pexp.check_specs(yours, reference, engine is not None)
     paths = [(o, registry.spec_path(s)) for o, s in (("--model", yours), ("--reference", reference)) if s]
     cfg = pexp.PairConfig(model=None if engine is not None else model, engine=engine, reference=reference,
-                          steps=steps, prompt=prompt, dtypes=dtypes, device=device, seed=seed)
+                          steps=steps, prompt=prompt, dtypes=dtypes, device=device, seed=seed, heads=heads)
     res = Output(report, json_out, plot, paths, table_kw={"wide": wide}).run(
         "compare layers", lambda advance: pexp.run(cfg, advance))
     if res.first_divergence is not None:

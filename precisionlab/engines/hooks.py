@@ -23,7 +23,14 @@ from torch import nn
 from precisionlab.catalog import formats
 from precisionlab.errors import UsageError
 
-KINDS = ("embed", "rope", "norm", "attn", "mlp", "block", "final_norm", "lm_head", "module")
+KINDS = ("embed", "rope", "norm", "attn", "mlp", "block", "final_norm", "lm_head", "module", "heads", "probs")
+# Inside attention (compare layers --heads), two pseudo-sites per attention module, named after it:
+#   <attn>.heads  the output projection's input split into query heads: (batch, tokens, heads, head_dim),
+#                 head h = query head h in the model's own order;
+#   <attn>.probs  the softmax probabilities: (batch, heads, query, key), where the attention returns them
+#                 (transformers' eager attention; the reference is switched to it for --heads).
+HEAD_SUFFIX, PROBS_SUFFIX = ".heads", ".probs"
+OUT_PROJ = ("o_proj", "wo", "out_proj", "dense")  # the output projection's name in the attention modules we know
 
 
 @dataclass(frozen=True)
@@ -107,6 +114,47 @@ def router_bias(module) -> torch.Tensor | None:
     return getattr(module, "e_score_correction_bias", None)
 
 
+def head_sites(model, site_list: list[Site]) -> list[Site]:
+    """The per-head pseudo-sites of every attention site that has a known output projection and a head_dim."""
+    out = []
+    for s in site_list:
+        if s.kind != "attn":
+            continue
+        attn = model.get_submodule(s.name)
+        proj = next((n for n in OUT_PROJ if isinstance(getattr(attn, n, None), nn.Module)), None)
+        if proj is None or not _head_dim(attn):
+            continue
+        out += [Site(s.name + HEAD_SUFFIX, "heads", True, hook_on=f"{s.name}.{proj}"),
+                Site(s.name + PROBS_SUFFIX, "probs", True, hook_on=s.name)]
+    return out
+
+
+def _head_dim(attn) -> int | None:
+    d = getattr(attn, "head_dim", None)
+    return int(d) if isinstance(d, int) and d > 0 else None
+
+
+def eager_attention(model) -> bool:
+    """transformers' eager attention, the one that returns its probabilities (--heads); False where the
+    model cannot switch (its attention never returns them: no .probs rows)."""
+    if hasattr(model, "set_attn_implementation"):
+        try:
+            model.set_attn_implementation("eager")
+            return True
+        except (ValueError, ImportError):
+            return False
+    return False
+
+
+def _head_tensor(site: Site, args, out, head_dim: int | None):
+    """A per-head site's tensor, or None where the module gave none (probabilities from sdpa)."""
+    if site.kind == "heads":
+        x = args[0]
+        return x.reshape(*x.shape[:-1], x.shape[-1] // head_dim, head_dim)
+    probs = out[1] if isinstance(out, (tuple, list)) and len(out) > 1 else None
+    return probs if isinstance(probs, torch.Tensor) else None
+
+
 def module_names(model) -> list[str]:
     return [n for n, _ in model.named_modules() if n]
 
@@ -159,9 +207,18 @@ class Capture:
             self._handles.append(mod.register_forward_hook(self._hook(s), with_kwargs=True))
 
     def _hook(self, site: Site):
+        head_dim = _head_dim(self.model.get_submodule(site.name[:-len(HEAD_SUFFIX)])) if site.kind == "heads" \
+            else None
+
         def hook(_mod, args, kwargs, out):
             if self.enabled and site.name not in self.records:
-                self.records[site.name] = (args, kwargs, output_tensor(out[0] if site.pseudo else out, site.kind))
+                if site.kind in ("heads", "probs"):
+                    t = _head_tensor(site, args, out, head_dim)
+                    if t is None:
+                        return
+                else:
+                    t = output_tensor(out[0] if site.pseudo else out, site.kind)
+                self.records[site.name] = (args, kwargs, t)
                 self.order.append(site.name)
         return hook
 

@@ -217,14 +217,16 @@ class LlamaCppEngine(ExternalEngine):
 
 
 # llama.cpp's graph names (the cb() names its model builders give, with "-N"
-# for layer N) -> the Hugging Face module names --layers reports. Left out:
-# kqv_out-N (attention before o_proj: no HF module returns it), ffn_inp-N (the
-# residual sum inside a block), and inp_embd (a table lookup, exact on both
+# for layer N) -> the Hugging Face module names --layers reports. kqv_out-N,
+# the attention before its output projection (tokens x heads * head_dim, head
+# by head), is --heads' <attn>.heads (engines/hooks.py). Left out: ffn_inp-N
+# (the residual sum inside a block), and inp_embd (a table lookup, exact on both
 # sides: comparing it would only make every later module "the first to differ").
 GGML_TO_HF = {"attn_norm": "model.layers.{}.input_layernorm", "attn_out": "model.layers.{}.self_attn",
               "Qcur_normed": "model.layers.{}.self_attn.q_norm", "Kcur_normed": "model.layers.{}.self_attn.k_norm",
               "ffn_norm": "model.layers.{}.post_attention_layernorm", "ffn_out": "model.layers.{}.mlp",
-              "l_out": "model.layers.{}", "result_norm": "model.norm", "result_output": "lm_head"}
+              "l_out": "model.layers.{}", "result_norm": "model.norm", "result_output": "lm_head",
+              "kqv_out": "model.layers.{}.self_attn.heads"}
 # the dotted GGUF weight names (blk.N.attn_norm) name the same modules
 _BLK = {"attn_norm": "attn_norm", "ffn_norm": "ffn_norm", "attn_q_norm": "Qcur_normed",
         "attn_k_norm": "Kcur_normed", "output_norm": "result_norm", "output": "result_output"}

@@ -23,6 +23,7 @@ one side has are listed apart, never a first divergence.
 
 from __future__ import annotations
 
+import math
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -34,7 +35,7 @@ from precisionlab.engines.protocol import greedy
 from precisionlab.engines.registry import ModelRun, resolve
 from precisionlab.errors import RunError, UsageError
 from precisionlab.experiments import layers as single
-from precisionlab.experiments import layers_routing, startup
+from precisionlab.experiments import layers_heads, layers_routing, startup
 from precisionlab.numerics import compare, divergence
 
 
@@ -42,6 +43,7 @@ from precisionlab.numerics import compare, divergence
 class PairConfig(ModelRun):
     reference: str | None = None  # REF's spec; None: what the engine's export recorded, else the embedded model
     engine: str | None = None     # YOURS as an --engine spec (instead of --model)
+    heads: bool = False           # inside attention too: per-head outputs and probabilities (experiments/layers_heads)
 
 
 @dataclass
@@ -135,6 +137,8 @@ def _run(cfg, lows, yours_spec, run_spec, ref_spec, ref_note, external, device, 
         f"compare layers --reference {ref_spec} --model {yours_spec} --steps {cfg.steps}")
     prompt = ref.prompt_ids(cfg.prompt, cfg.steps)
     notes = [f"reference {ref_spec} ({ref_note})"]
+    # a python: engine's class may have modules; the instance declares whether it captures itself instead
+    external = external or not yours.has_modules
     t_load = time.perf_counter() - t0
     t1 = time.perf_counter()
     with startup.numerics(), torch.no_grad(), single.threads_for(ref.base):
@@ -142,17 +146,18 @@ def _run(cfg, lows, yours_spec, run_spec, ref_spec, ref_note, external, device, 
         ids = (prompt + ref_tokens)[:-1]
         notes.append("tokens: " + startup.token_check(ids, _encoded(yours, ref, ids), str(yours_spec)))
         x = torch.tensor([ids], device=device)
-        ref_sites = ref.sites(ref.base)
+        ref_sites = _with_heads(ref, ref.sites(ref.base), cfg.heads)
         routers = (layers_routing.find(ref, ref.base, "REF"), layers_routing.find(yours, yours.base, "YOURS"))
         routes = ({}, {})  # REF's and YOURS' captured routers, by dtype
         cap32 = single.captured_run(ref, ref.base, ref_sites, x, routers[0])
         r32, order, routes[0]["fp32"] = _outputs(cap32), list(cap32.order), cap32.routes
         r64 = _outputs(single.captured_run(ref, ref.model("fp64"), ref_sites, x))
         advance()
-        if external:
-            y32 = {k: torch.from_numpy(v) for k, v in yours.capture_layers(ids).items()}
+        if external:  # per-head tensors only for --heads (an engine may give them anyway)
+            y32 = {k: torch.from_numpy(v) for k, v in yours.capture_layers(ids).items()
+                   if cfg.heads or layers_heads.kind_of(k) is None}
         else:
-            y_sites = yours.sites(yours.base)
+            y_sites = _with_heads(yours, yours.sites(yours.base), cfg.heads)
             y32 = _outputs(_routed(single.captured_run(yours, yours.base, y_sites, x, routers[1]), routes[1], "fp32"))
         advance()
         quant, rq = _quantised_reference(ref, ref_sites, x, yours_spec, notes) if external else (None, None)
@@ -164,37 +169,39 @@ def _run(cfg, lows, yours_spec, run_spec, ref_spec, ref_note, external, device, 
                 single.captured_run(yours, single.low_copy(yours, low), y_sites, x, routers[1]), routes[1], low))
             advance()
     kinds = {s.name: s.kind for s in ref_sites}
+    order = _probs_first(order)
     common = [n for n in order if n in y32]
     missing = {"only_reference": [n for n in order if n not in y32],
                "only_yours": sorted(n for n in y32 if n not in r32)}
     if not common:
         raise RunError(f"no module in common between {ref_spec} and {yours_spec}: nothing compared "
                        f"({len(order)} reference modules, {len(y32)} of yours)")
-    rows = []
-    for i, name in enumerate(common):
-        rows.append(_row(i, name, kinds.get(name, "module"), r32[name], r64[name], y32[name],
-                         {d: (ref_low[d][name], yours_low[d][name]) for d in lows}))
-        if quant:
-            _quant_view(rows[-1], quant.view, r32[name], rq[name], y32[name])
+    rows = [_full_row(i, name, kinds.get(name, "module"), r32, r64, y32, ref_low, yours_low, quant, rq)
+            for i, name in enumerate(common)]
     t_run = time.perf_counter() - t1
     # a quantised engine: fp32's and the low dtypes' views are what quantisation costs, shown, not judged
     views = [quant.view] if quant else ["fp32", *lows]
-    flags, first_by = apply_rules(rows, views)
+    flags, first_by = apply_rules(rows, views, _weight_flags(rows, quant) if quant else layers_heads.flags(rows))
+    head_takeaways = layers_heads.read(rows, views, layers_heads.kv_heads_of(ref.base)) if cfg.heads else []
     first = min((r for r in rows if any(first_by.get(v) == r["module"] for v in views)),
                 key=lambda r: r["order"], default=None)
     first_name = first["module"] if first else None
     params = {"model": yours_spec, "reference": ref_spec, "reference_from": ref_note, "engine": cfg.engine,
               "steps": cfg.steps, "prompt": cfg.prompt, "dtypes": lows, "device": device, "seed": cfg.seed,
               "tokens": len(ids), "ratio_threshold": compare.RATIO_THRESHOLD, "compared": len(common),
-              "quant_view": quant.view if quant else None, "routing": routers[0].info()}
+              "quant_view": quant.view if quant else None, "quant_departs_at": None,
+              "heads": cfg.heads, "routing": routers[0].info()}
     routed = _routing(routers, routes, lows)
-    takeaways = _takeaways(first_name, first_by, flags, missing) + layers_routing.takeaways(
-        [r for r in routed if r["view"] != "yardstick"], lambda r: f"YOURS vs REF in {r['view']}")
+    takeaways = (_takeaways(first_name, first_by, flags, missing, quant.view if quant else "rounding")
+                 + head_takeaways + layers_routing.takeaways(
+                     [r for r in routed if r["view"] != "yardstick"], lambda r: f"YOURS vs REF in {r['view']}"))
+    if cfg.heads and not any(r["kind"] in layers_heads.KINDS for r in rows):
+        takeaways.append("--heads: no per-head tensor in common (YOURS gives none named <attn>.heads or "
+                         "<attn>.probs; see docs/dumps-from-your-engine.md)")
     notes += [r.note for r in routers if r.note and routers[0].names]  # said only where REF has routers
     if quant:
-        takeaways.insert(0, f"YOURS holds {quant.view} weights: its departure from REF fp32 (and from each low "
-                            f"dtype) is what quantisation costs, shown, not judged; the {quant.view} view judges "
-                            f"YOURS against REF with its weights quantised as the GGUF holds them.")
+        params["quant_departs_at"] = _quant_departure(rows, quant.view)
+        takeaways.insert(0, _quant_takeaway(quant.view, params["quant_departs_at"]))
     if len(common) * 2 < len(order):
         takeaways.append(f"only {len(common)} of REF's {len(order)} modules have a counterpart in YOURS: the two "
                          "name their modules differently (a different architecture or engine naming?)")
@@ -225,6 +232,73 @@ def _routing(routers, routes, lows) -> list[dict]:
     return out
 
 
+def _with_heads(engine, sites, heads: bool):
+    """The sites, and with --heads each attention's per-head pseudo-sites (engines/hooks.py), the model
+    switched to an attention that returns its probabilities where it can."""
+    from precisionlab.engines import hooks
+
+    if not heads:
+        return sites
+    hooks.eager_attention(engine.base)
+    return sites + hooks.head_sites(engine.base, sites)
+
+
+def _probs_first(order: list[str]) -> list[str]:
+    """An attention's probabilities before its per-head outputs (they are computed first; the hooks fire
+    on the attention's return, after the output projection's)."""
+    from precisionlab.engines.hooks import HEAD_SUFFIX, PROBS_SUFFIX
+
+    out = list(order)
+    for name in order:
+        if name.endswith(PROBS_SUFFIX):
+            heads = name[:-len(PROBS_SUFFIX)] + HEAD_SUFFIX
+            if heads in out and out.index(heads) < out.index(name):
+                out.remove(name)
+                out.insert(out.index(heads), name)
+    return out
+
+
+def _head_views(row, r32, r64, y32, ref_low: dict, yours_low: dict) -> None:
+    """Per head, each view as its row's (experiments/layers_heads): fp32 against REF fp64, a low dtype's YOURS
+    against REF low with REF low vs REF fp32 as that head's yardstick."""
+    R32 = single.as_float64(r32)
+    pairs = {"fp32": (_as(y32, R32), R32, single.as_float64(r64))}
+    for d in ref_low:
+        pairs[d] = (_as(yours_low[d], R32), single.as_float64(ref_low[d]), R32)
+    row["per_head"] = layers_heads.per_head(row["kind"], pairs, _rounding)
+
+
+def _full_row(i, name, kind, r32, r64, y32, ref_low, yours_low, quant, rq) -> dict:
+    """One module's row: its fp32 and low-dtype views, the quantisation view, per head (--heads)."""
+    row = _row(i, name, kind, r32[name], r64[name], y32[name],
+               {d: (ref_low[d][name], yours_low[d][name]) for d in ref_low})
+    if quant:
+        _quant_view(row, quant.view, r32[name], rq[name], y32[name])
+    if kind in layers_heads.KINDS and row.get("views"):
+        _head_views(row, r32[name], r64[name], y32[name], {d: ref_low[d][name] for d in ref_low},
+                    {d: yours_low[d][name] for d in ref_low})
+    return row
+
+
+def _quant_takeaway(view: str, departs: dict | None) -> str:
+    return (f"YOURS holds {view} weights: its departure from REF fp32 (and from each low dtype) is what "
+            f"quantisation costs, shown, not judged; the {view} view judges YOURS against REF with its weights "
+            f"quantised as the GGUF holds them."
+            + (f" It leaves REF fp32 first at {departs['module']} ({departs['fp32_ratio']:.3g}x fp32's rounding: "
+               f"where the first quantised matmul is), at {departs['quant_ratio']:.2g}x what {view} costs there."
+               if departs else ""))
+
+
+def _quant_departure(rows: list[dict], view: str) -> dict | None:
+    """Where a quantised engine first leaves REF fp32 beyond the ratio line (what the quantisation costs
+    starts there: the first module holding a quantised matmul), with that module's ratio in its own view."""
+    for r in rows:
+        v = r.get("views", {})
+        if "fp32" in v and view in v and v["fp32"]["ratio"] > compare.RATIO_THRESHOLD:
+            return {"module": r["module"], "fp32_ratio": v["fp32"]["ratio"], "quant_ratio": v[view]["ratio"]}
+    return None
+
+
 def _quantised_reference(ref, sites, x, yours_spec, notes):
     """(the plan, REF's captured outputs with its weights quantised as YOURS' GGUF holds them), or (None,
     None) for an engine whose weights are not quantised (experiments/quant_yardstick)."""
@@ -234,11 +308,12 @@ def _quantised_reference(ref, sites, x, yours_spec, notes):
     if quant is None:
         return None, None
     model, kept, differ = quant_yardstick.reference_copy(ref.base, quant)
+    quant.differ = differ
     notes.append(f"{quant.view} yardstick: REF fp32 with its weights quantised as {quant.path} holds them"
                  + (f"; {len(kept)} weights kept in fp32 (no quantised counterpart)" if kept else ""))
     if differ:
         notes.append(f"{len(differ)} GGUF tensors are not REF's weights quantised the same way (a change on top "
-                     "of the quantisation): " + ", ".join(differ[:6]) + ("..." if len(differ) > 6 else ""))
+                     "of the quantisation): " + ", ".join(list(differ)[:6]) + ("..." if len(differ) > 6 else ""))
     return quant, _outputs(single.captured_run(ref, model, sites, x))
 
 
@@ -248,7 +323,10 @@ def _quant_view(row: dict, view: str, r32, rq, y32) -> None:
         return
     R32, RQ = single.as_float64(r32), single.as_float64(rq)
     Y = _as(y32, R32)
-    yard, err = compare.rel_l2(RQ, R32), compare.rel_l2(Y, RQ)
+    # what the quantisation costs, and fp32's own rounding beside it (independent: in quadrature), so a module
+    # before any quantised matmul (0 for the first) is judged by fp32's rounding rather than by nothing
+    yard = math.hypot(compare.rel_l2(RQ, R32), row["views"]["fp32"]["yardstick"])
+    err = compare.rel_l2(Y, RQ)
     s, z = divergence.scale_fit(Y, RQ, yard)
     row["views"][view] = {"error": err, "yardstick": yard, "ratio": compare.ratio(err, yard), "scale_fit": s,
                           "bias_z": z, "yours_vs_fp32": compare.rel_l2(Y, R32),
@@ -298,10 +376,13 @@ def _row(i, name, kind, r32, r64, y32, lows: dict) -> dict:
         row["views"] = {}
         return row
     yard = compare.rel_l2(R32, R64)
+    # the ratio's yardstick: the whole tensor's rounding, or the typical row's where a few elements carry the
+    # norm and the whole tensor's is one lucky draw (compare.typical_row_rel_l2)
+    rows = compare.typical_row_rel_l2(R32, R64)
     err = compare.rel_l2(Y32, R32)
     s, z = divergence.scale_fit(Y32, R32, yard)
-    views = {"fp32": {"error": err, "yardstick": yard, "ratio": compare.ratio(err, yard), "scale_fit": s,
-                      "bias_z": z, "overflow": list(divergence.overflow_split(R32, Y32))}}
+    views = {"fp32": {"error": err, "yardstick": yard, "yardstick_rows": rows, "ratio": compare.ratio(err, max(yard, rows)),
+                      "scale_fit": s, "bias_z": z, "overflow": list(divergence.overflow_split(R32, Y32))}}
     for d, (rl, yl) in lows.items():
         RL, YL = single.as_float64(rl), _as(yl, R32)
         y2, y3 = compare.rel_l2(RL, R32), compare.rel_l2(YL, RL)
@@ -325,9 +406,31 @@ def _rounding(view: str) -> float | None:
     return divergence.rounding(view) if catalog.find(view) in catalog.FORMATS else None
 
 
-def apply_rules(rows: list[dict], views: list[str]) -> tuple[list[dict], dict]:
+def _weight_flags(rows: list[dict], quant) -> dict:
+    """(module, view) -> flags: each GGUF weight that is not REF's weight quantised the same way, judged by the
+    rules (its rel-L2 against what the quantisation costs REF's weight, its fitted scale), at the compared
+    module that holds it. Activations cannot show a 1 % scale under a Q4 engine's own 4 % per module; the
+    weight, compared exactly, can."""
+    names = [r["module"] for r in rows if r.get("views")]
+    out: dict = {}
+    for weight, m in quant.differ.items():
+        owner = max((n for n in names if weight.startswith(n + ".")), key=len, default=None)
+        if owner is None or m["error"] is None:
+            continue
+        found = divergence.judge_tensor(m["error"], m["yardstick"], scale=(m["scale_fit"], m["bias_z"]),
+                                        against=f"REF {quant.view}")
+        if found:
+            rule = "scale_fit" if any(f.rule == "scale_fit" for f in found) else found[0].rule
+            text = (f"its weight {weight} is not REF's quantised: YOURS = {m['scale_fit']:.4f} x REF "
+                    f"{quant.view}, rel-L2 {m['error']:.2g} where {quant.view} costs it {m['yardstick']:.2g}")
+            out.setdefault((owner, quant.view), []).append(divergence.Flag(rule, text, m["bias_z"]))
+    return out
+
+
+def apply_rules(rows: list[dict], views: list[str], extra: dict | None = None) -> tuple[list[dict], dict]:
     """numerics/divergence's rules on each view's modules in execution order:
-    the flags (module, view, rule, text, value) and each view's first divergence."""
+    the flags (module, view, rule, text, value) and each view's first divergence. `extra`: flags measured
+    elsewhere, by (module, view), added to that module's own (a quantised engine's weights)."""
     flags, first = [], {}
     for view in views:
         seq = [(r, r["views"][view]) for r in rows if view in r.get("views", {})]
@@ -344,6 +447,7 @@ def apply_rules(rows: list[dict], views: list[str]) -> tuple[list[dict], dict]:
                 found = ([hidden] if hidden else []) + found
                 if v["range_excess"]:  # the latest module upstream whose values or squares leave the range
                     upstream = f"upstream at {r['module']}: {v['range_excess']}"
+            found += (extra or {}).get((r["module"], view), [])
             judged.append(divergence.Judged(r["module"], v["error"], v["ratio"], found,
                                             rounding=_rounding(view)))
         div = divergence.first_divergence(judged)
@@ -354,10 +458,10 @@ def apply_rules(rows: list[dict], views: list[str]) -> tuple[list[dict], dict]:
     return flags, first
 
 
-def _takeaways(first, first_by, flags, missing) -> list[str]:
+def _takeaways(first, first_by, flags, missing, costs: str = "rounding") -> list[str]:
     out = []
     if first is None:
-        out.append("no module of YOURS departs from REF beyond what rounding costs there, in any view.")
+        out.append(f"no module of YOURS departs from REF beyond what {costs} costs there, in any view.")
     for view, m in first_by.items():
         if m:
             why = next((f for f in flags if f["view"] == view and f["module"] == m), None)

@@ -328,6 +328,23 @@ def compare(cfg: CompareTensorsConfig, progress_factory=None) -> TensorsResult:
     )
 
 
+def _per_head(row: dict, name: str, vals: list) -> list:
+    """A per-head tensor (<attn>.heads, <attn>.probs: docs/dumps-from-your-engine.md), three-way, head by
+    head against that head's own yardstick (experiments/layers_heads): which heads depart, the reading, and
+    the flag a departing head adds (the rules apply per head)."""
+    from precisionlab.experiments import layers_heads
+
+    kind = layers_heads.kind_of(name)
+    if kind is None or vals[0].ndim < -layers_heads.HEAD_AXIS[kind]:
+        return []
+    fmt = row["tolerance_format"]
+    heads = layers_heads.per_head(kind, {"three-way": (vals[2], vals[1], vals[0])},
+                                  lambda _view: divergence.rounding(fmt))["three-way"]
+    p = layers_heads.pattern(heads, None)
+    row.update(per_head=heads, heads_departing=p["departing"], heads_pattern=p["pattern"], heads_reading=p["reading"])
+    return layers_heads.flags([{"module": name, "per_head": {"three-way": heads}}]).get((name, "three-way"), [])
+
+
 def _hidden_overflow(row: dict, vals: list, flags: list, upstream: str | None) -> str | None:
     """The overflow that hides as finite values (issue 40, 4): rows of YOURS
     all zero or constant where REF_FP32's vary (an RMSNorm whose sum of squares
@@ -397,6 +414,7 @@ def _compare_all(cfg, files, maps, declared, plan, progress) -> tuple[list[dict]
                                                 overflow=ov, ref="REF_FP32",
                                                 rounding=divergence.rounding(row["tolerance_format"]))
                 upstream = _hidden_overflow(row, vals, flags, upstream)
+                flags += _per_head(row, name, vals)
                 row["_judged"] = divergence.Judged(name, y3, ratio, flags,
                                                    rounding=divergence.rounding(row["tolerance_format"]))
             row["formats"] = fmts
@@ -526,6 +544,10 @@ def _takeaways(rows, n_files, div, stopped, total, skipped, missing, suggested, 
             out.append(f"0 of {len(compared)} compared tensors flagged by any rule (overflow, beyond "
                        f"{comparison.RATIO_THRESHOLD:g}x, scale fit, first to differ, first jump): YOURS is as close "
                        "as REF_LOW.")
+    headed = [r for r in compared if r.get("heads_departing")]
+    if headed:
+        reading = headed[0]["heads_reading"]
+        out.append(f"inside attention: at {headed[0]['name']}, {reading}{'' if reading.endswith('?') else '.'}")
     over = [r for r in compared if r.get("overflow")]
     if over:
         out.append(f"{len(over)} tensors overflow (non-finite where {lab[0] if n_files == 3 else 'the reference'} "

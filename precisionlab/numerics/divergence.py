@@ -85,6 +85,17 @@ from precisionlab.numerics.compare import RATIO_THRESHOLD, judge
 #     under it the scale changes the error by less than rounding's own spread
 #     from tensor to tensor (the clean ratio moves 1.0-1.6x).
 # Both are independent of n: the same gate at 128 and 20736 elements.
+#
+# Nor are rounding errors independent element by element: a norm's factor, a
+# softmax's denominator, are one rounding per row, and in a trained model one
+# row (the first token's massive activations) can carry most of a tensor's
+# norm. The fit's spread is then that of a few rows, not of n elements: on
+# SmolLM2-135M an exact f32 GGUF under llama.cpp fitted s - 1 = 3.3e-7 at an
+# MLP (1.5x its yardstick, 5.5 fp32 roundings) at "z = 103" over 4608
+# elements. So z divides by the larger of the element spread and the rows'
+# own: the spread of the per-row fits s_r about s, weighted as the fit
+# weighs them (row_spread). A scale a bug puts on every row moves every s_r
+# alike and keeps z large; rounding's per-row factors scatter them.
 BIAS_Z = 20.0
 SCALE_MIN_SHARE = 0.5
 # The first jump: diff rising by more than this factor from the tensor before.
@@ -121,7 +132,32 @@ def scale_fit(y: np.ndarray, t: np.ndarray, yard: float) -> tuple[float, float]:
     if tt == 0 or not math.isfinite(yard) or yard == 0 or yv.size < 2:
         return 1.0, 0.0
     s = float(np.dot(yv, tv)) / tt
-    return s, abs(s - 1) / (yard / math.sqrt(yv.size))
+    spread = max(yard / math.sqrt(yv.size), row_spread(y, t, s))
+    return s, abs(s - 1) / spread
+
+
+def row_spread(y: np.ndarray, t: np.ndarray, s: float) -> float:
+    """The spread of the fitted s from the rows (the last axis): s is the
+    norm-weighted mean of the per-row fits s_r (weights w_r = |t_r|^2 / |t|^2),
+    so its variance is sigma^2 sum w_r^2 with sigma^2 the weighted (reliability)
+    variance of the s_r. 0 where rows cannot say (one row, a 1-D tensor):
+    the element spread stands alone."""
+    a, b = np.asarray(y, dtype=np.float64), np.asarray(t, dtype=np.float64)
+    if a.ndim < 2 or a.shape != b.shape:
+        return 0.0
+    both = np.isfinite(a) & np.isfinite(b)
+    a, b = np.where(both, a, 0.0).reshape(-1, a.shape[-1]), np.where(both, b, 0.0).reshape(-1, b.shape[-1])
+    tt = np.einsum("ij,ij->i", b, b)
+    keep = tt > 0
+    if np.count_nonzero(keep) < 2:
+        return 0.0
+    s_r = np.einsum("ij,ij->i", a[keep], b[keep]) / tt[keep]
+    w = tt[keep] / tt[keep].sum()
+    w2 = float(np.dot(w, w))
+    if 1 - w2 <= 1e-12:
+        return 0.0
+    sigma2 = float(np.dot(w, (s_r - s) ** 2)) / (1 - w2)
+    return math.sqrt(sigma2 * w2)
 
 
 def overflow_count(ref: np.ndarray, side: np.ndarray, axis=None):

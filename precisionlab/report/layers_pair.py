@@ -16,6 +16,17 @@ def _rule_text(r: dict, view: str) -> str:
     return f"{v['rule']}: {v['reason']}" if v.get("rule") else ""
 
 
+def _heads_text(r: dict, views: list[str]) -> list[str]:
+    """--heads: which heads depart, per view (experiments/layers_heads)."""
+    out = []
+    for view in views:
+        v = r.get("views", {}).get(view, {})
+        if v.get("heads_departing") and not str(v.get("reason") or "").startswith("heads "):  # not said twice
+            n = len(r["per_head"][view])
+            out.append(f"{view}: heads {','.join(map(str, v['heads_departing']))} of {n} depart")
+    return out
+
+
 def _scale(v: dict) -> str:
     return f"{v['scale_fit']:.5f} ({v['bias_z']:.3g})"
 
@@ -61,7 +72,7 @@ def table(res, wide: bool = False) -> None:
                 cells.append(_scale(v[d]))
         if q:
             cells += [sci(v[q]["yardstick"]), sci(v[q]["error"]), times(v[q]["ratio"])]
-        rules = [f"{view}: {_rule_text(r, view)}" for view in views if _rule_text(r, view)]
+        rules = [f"{view}: {_rule_text(r, view)}" for view in views if _rule_text(r, view)] + _heads_text(r, views)
         first = any(res.first_divergence_by_view.get(view) == r["module"] for view in views)
         calm = f"as close as {q} allows" if q else "rounding"
         verdict = ("[bold red]first divergence[/bold red] " if first else "[red]flagged[/red] " if rules else
@@ -74,7 +85,10 @@ def table(res, wide: bool = False) -> None:
                  "(YOURS = s x REF, z), first_differs (after bit-identical modules), first_jump (>10x the module "
                  "before)." + (f" {q}: (2) REF with its weights quantised as YOURS' GGUF holds them vs REF fp32 "
                                f"(what {q} costs there); (3) YOURS vs that; fp32's and the low dtypes' columns are "
-                               f"what quantisation costs, not judged." if q else ""),
+                               f"what quantisation costs, not judged." if q else "")
+                 + (" --heads: <attn>.probs (softmax probabilities) and <attn>.heads (the output projection's input, "
+                    "per query head) are judged head by head against that head's own rounding; 'heads i,j of N "
+                    "depart' names them." if p.get("heads") else ""),
                  style="dim", highlight=False)
     section(res.routing, lambda r: f"REF {r['dtype']} vs REF fp32 (what rounding alone moves)"
             if r["view"] == "yardstick" else f"YOURS vs REF in {r['view']}")
