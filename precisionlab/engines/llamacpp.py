@@ -89,6 +89,7 @@ def _used_sizes(llama_cpp, llm, settings: dict) -> None:
 class LlamaCppEngine(ExternalEngine):
     captures_layers = True  # its eval callback hands over every GGML tensor (capture below)
     forks = True  # fork(): feeds that share one context, each rebuilding past the prefix it holds in common
+    chats = True  # the GGUF's tokenizer.chat_template, rendered as transformers does (engines/chat.py)
     @classmethod
     def check(cls, arg):
         path, opts = file_spec(arg, "llamacpp", KEYS, "llama_cpp", " (a .gguf)")
@@ -162,6 +163,26 @@ class LlamaCppEngine(ExternalEngine):
 
     def decode(self, ids) -> str:
         return self.llm.detokenize([int(i) for i in ids]).decode("utf-8", "replace")
+
+    @classmethod
+    def has_chat_template(cls, arg):
+        from precisionlab.engines import chat
+
+        return chat.gguf_has_template(split_spec(arg, "llamacpp", KEYS)[0])
+
+    def chat_ids(self, prompt: str) -> list[int]:
+        """The GGUF's template rendered with its BOS/EOS strings, then llama.cpp's own tokenizer over it: special
+        tokens parsed, no BOS added (the template writes the one the model wants)."""
+        from precisionlab.engines import chat
+
+        template = self.llm.metadata.get(chat.TEMPLATE_KEY)
+        if not template:
+            raise chat.no_chat_template(self.name, f"no {chat.TEMPLATE_KEY} in the GGUF's metadata")
+        special = {name: self.llm.detokenize([tok], special=True).decode("utf-8", "replace")
+                   for name, tok in (("bos_token", self.llm.token_bos()), ("eos_token", self.llm.token_eos()))
+                   if tok >= 0}
+        text = chat.render(template, prompt, self.name, **special)
+        return list(self.llm.tokenize(text.encode("utf-8"), add_bos=False, special=True))
 
     exact_dtype = "fp32"  # llama.cpp computes in the file's types: no fp64 re-run exists
 

@@ -42,6 +42,7 @@ class ModelRun:
     dtypes: str = ",".join(formats.LOW_COMPUTE)  # as --dtypes spells it
     device: str = "cpu"
     seed: int = 0
+    chat: bool = False  # --chat: --prompt under the model's chat template (engines/chat.py)
 
 # What a spec prefix looks like: a lowercase word of two letters or more before the colon
 # (one letter would be a Windows drive).

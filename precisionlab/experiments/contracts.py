@@ -59,6 +59,7 @@ class ContractsConfig:
     device: str = "cpu"
     seed: int = 0
     threads: int | None = None
+    chat: bool = False  # --chat: --prompt under the model's chat template
 
 
 @dataclass
@@ -85,6 +86,9 @@ def sizes(extra, base: tuple, option: str) -> tuple[int, ...]:
 
 def _run(cfg: ContractsConfig, advance) -> ContractsResult:
     startup.check_run(cfg.steps, cfg.prompt, "the contracts need a prefix of at least one token")
+    if cfg.chat and cfg.token_ids is not None:
+        raise UsageError("--chat applies the chat template to --prompt; --token-ids are given as read")
+    startup.check_chat(cfg.model, cfg.chat)
     dtypes = startup.parse_dtypes(cfg.dtypes or ",".join(DEFAULT_DTYPES), DTYPES)
     chunks = list(sizes(cfg.chunks, (), "--chunks"))
     batches = list(sizes(cfg.batches, (), "--batches"))
@@ -150,7 +154,7 @@ def _run(cfg: ContractsConfig, advance) -> ContractsResult:
     info = engine.info()
     engine.close()
     return ContractsResult(
-        params={"model": cfg.model or DEFAULT_SPEC, "steps": cfg.steps, "prompt": cfg.prompt, "dtypes": dtypes,
+        params={"model": cfg.model or DEFAULT_SPEC, "steps": cfg.steps, "prompt": cfg.prompt, "chat": cfg.chat, "dtypes": dtypes,
                 "prompt_from": "--prompt" if cfg.token_ids is None else "--token-ids",
                 "chunks": chunks, "batches": batches, "pads": PADS, "device": device, "seed": cfg.seed,
                 "prompt_tokens": len(prompt), "positions": len(seq), "exact_dtype": engine.exact_dtype},
@@ -161,7 +165,7 @@ def _run(cfg: ContractsConfig, advance) -> ContractsResult:
 def _prompt(engine, cfg: ContractsConfig) -> list[int]:
     """--prompt's ids, or the user's own (--token-ids), checked against the vocabulary and the positions."""
     if cfg.token_ids is None:
-        return engine.prompt_ids(cfg.prompt, cfg.steps + PADS)
+        return engine.prompt_ids(cfg.prompt, cfg.steps + PADS, cfg.chat)
     ids, vocab = list(cfg.token_ids), int(engine.info()["vocab"])
     if max(ids) >= vocab:
         raise UsageError(f"--token-ids: id {max(ids)} is outside the model's vocabulary of {vocab}")

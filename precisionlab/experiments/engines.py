@@ -51,6 +51,7 @@ class EnginesConfig:
     max_kld: float | None = None
     min_top1: float | None = None
     reference_cache: bool = True  # the reference's logits read from / written to io/reference_cache
+    chat: bool = False  # --chat: --prompt under the reference's chat template (the ids every engine reads)
 
 
 @dataclass
@@ -162,6 +163,20 @@ def _tokens(ref_ids: list[int], eng_ids: list[int] | None, spec: str, eng) -> tu
             + token_agreement.describe(found)), found
 
 
+def _prompt_note(eng, cfg: EnginesConfig, prompt_ids: list[int], spec: str) -> str:
+    """The `prompt_tokens` note: the engine's own ids for the prompt (under its own chat template with --chat)
+    against the reference's, which it read."""
+    if not cfg.chat:
+        return _tokens(prompt_ids, _encode(eng, cfg.prompt, len(prompt_ids), "--prompt"), spec, eng)[0]
+    if not eng.chats:
+        return f"the reference's chat-templated ids (--chat; the engine has no {protocol.CAPABILITIES['chats']})"
+    try:
+        own = eng.chat_ids(cfg.prompt)
+    except UsageError as e:  # this file has no template of its own: the reference's ids stand
+        return f"the reference's chat-templated ids ({e})"
+    return _tokens(prompt_ids, own, spec, eng)[0]
+
+
 class Reference:
     """The reference's side of compare engine: its ids, greedy path and
     teacher-forced logits, from io/reference_cache where an entry matches, else
@@ -175,7 +190,8 @@ class Reference:
         self._eng = self._model = None
         self.hits, self.misses, self.compute_s = 0, 0, 0.0
         self.settings = {"text_sha256": reference_cache.text_digest(text), "tokens": cfg.tokens,
-                         "prompt": cfg.prompt, "steps": cfg.steps, "dtype": "fp32", "device": device,
+                         "prompt": cfg.prompt, "chat": cfg.chat, "steps": cfg.steps, "dtype": "fp32",
+                         "device": device,
                          "torch": torch.__version__, "torch_threads": torch.get_num_threads()}
         self.identity = reference_cache.model_identity(spec, _own_files(spec)) if use_cache else {}
 
@@ -205,7 +221,7 @@ class Reference:
         def compute():
             ref, model = self.engine()
             ids = lexp.token_ids(ref, self.text, self.cfg.tokens + 1, self.source)
-            prompt_ids = ref.prompt_ids(self.cfg.prompt, self.cfg.steps)
+            prompt_ids = ref.prompt_ids(self.cfg.prompt, self.cfg.steps, self.cfg.chat)
             tokens, rows = _greedy(ref, model, prompt_ids, self.cfg.steps)
             top = np.sort(rows, axis=1)[:, -2:] if len(tokens) else np.zeros((0, 2))
             margins = top[:, 1] - top[:, 0] if top.shape[1] == 2 else np.zeros(len(tokens))
@@ -260,6 +276,7 @@ def run(cfg: EnginesConfig, advance=lambda k=1: None) -> EnginesResult:
     device = startup.device(cfg.device)
     t0 = time.perf_counter()
     ref_spec, ref_from = default_reference(cfg.reference, cfg.engines)
+    startup.check_chat(ref_spec, cfg.chat, "--reference")
     # every engine's memory, the reference's and the largest engine's, before any of them loads: they are
     # then opened one after another
     startup.check_memory([startup.Load(s, device, cfg.steps, cfg.prompt) for s in (ref_spec, *cfg.engines)],
@@ -279,7 +296,7 @@ def run(cfg: EnginesConfig, advance=lambda k=1: None) -> EnginesResult:
     failures = lexp.gate_failures(full, cfg.max_kld, cfg.min_top1)
     params = {"engines": cfg.engines, "reference": ref_spec, "reference_from": ref_from, "text": cfg.text or
               "held-out Shakespeare (last 5 %)", "tokens": cfg.tokens, "steps": cfg.steps, "prompt": cfg.prompt,
-              "device": device}
+              "chat": cfg.chat, "device": device}
     bound_lines = [f"{r['engine_spec']}: KLD >= {r['kld_lower_bound_mean']:.3g} nats on average (a lower bound from "
                    f"the top {r['top_k']} log-probabilities and a tail bucket), top-1 agreement "
                    f"{r['top1_agree_pct']:.2f} %." for r in rows if "kld_mean" not in r]
@@ -305,7 +322,7 @@ def _engine_row(spec, cfg, ref, ref_window, ids, prompt_ids, ref_tokens, ref_mar
     R = ref.rows(ids, window, advance)  # before the engine's clock: a miss is the reference's time
     t1 = time.perf_counter()
     tokens_note, disagreement = _tokens(ids, _encode(eng, text, cfg.tokens + 1, source), spec, eng)
-    prompt_note, _ = _tokens(prompt_ids, _encode(eng, cfg.prompt, len(prompt_ids), "--prompt"), spec, eng)
+    prompt_note = _prompt_note(eng, cfg, prompt_ids, spec)
     n = cfg.tokens
     eng_parts, forward_s = [], 0.0
     for start in range(0, n, window):

@@ -101,6 +101,7 @@ def _check_targets_before_load(model: str | None, injections) -> None:
 
 def run(cfg: LayersConfig, advance=lambda k=1: None) -> LayersResult:
     startup.check_run(cfg.steps, cfg.prompt)
+    startup.check_chat(cfg.model, cfg.chat)
     lows = startup.parse_dtypes(cfg.dtypes, formats.LOW_COMPUTE)  # no repeated rows
     injections = inject_mod.parse_all(cfg.inject, INJECT_KEYS)
     dump_dir = check_dump_dir(cfg.dump, ["fp32", *lows], cfg.model) if cfg.dump is not None else None
@@ -117,7 +118,7 @@ def run(cfg: LayersConfig, advance=lambda k=1: None) -> LayersResult:
     _check_targets_before_load(cfg.model, injections)
     engine = startup.open_engine(cfg.model, device, cfg.steps, cfg.prompt, estimate,
                                  f"compare layers --model {cfg.model or DEFAULT_SPEC} --steps {cfg.steps}")
-    prompt = engine.prompt_ids(cfg.prompt, cfg.steps)
+    prompt = engine.prompt_ids(cfg.prompt, cfg.steps, cfg.chat)
     site_list = engine.sites(engine.base)
     pseudo = [s.name for s in site_list if s.pseudo]
     targets = [hooks.resolve(engine.base, inj.target, pseudo) for inj in injections]
@@ -169,7 +170,7 @@ def run(cfg: LayersConfig, advance=lambda k=1: None) -> LayersResult:
         first = min(flagged, key=lambda r: r["order"])["module"]
     info = engine.info()
     return LayersResult(
-        params={"model": cfg.model or DEFAULT_SPEC, "steps": cfg.steps, "prompt": cfg.prompt, "dtypes": lows,
+        params={"model": cfg.model or DEFAULT_SPEC, "steps": cfg.steps, "prompt": cfg.prompt, "chat": cfg.chat, "dtypes": lows,
                 "device": device, "seed": cfg.seed, "tokens": len(ids), "inject": [str(i) for i in injections],
                 "inject_targets": targets, "ratio_threshold": RATIO_THRESHOLD, "dump": cfg.dump},
         rows=rows, first_divergence=first, first_divergence_by_dtype=first_by, pitfalls=pitfalls,

@@ -93,6 +93,7 @@ def run(cfg: PairConfig, advance=lambda k=1: None) -> PairResult:
     ycls = check_specs(yours_spec, cfg.reference, bool(cfg.engine))
     ref_spec, ref_note = startup.default_reference(cfg.reference, [cfg.engine] if cfg.engine else [])
     _module_engine(ref_spec, "--reference")
+    startup.check_chat(ref_spec, cfg.chat, "--reference")  # REF's template makes the ids both sides read
     external = not ycls.has_modules  # captured by the engine itself, as it was opened
     device = startup.device(cfg.device)
     with _hf_named(ref_spec, external) as (run_spec, how):
@@ -132,14 +133,14 @@ def _run(cfg, lows, yours_spec, run_spec, ref_spec, ref_note, external, device, 
          startup.Load(yours_spec, "cpu" if external else device, cfg.steps, cfg.prompt)],
         lambda shapes: _estimate(shapes, lows, external),
         f"compare layers --reference {ref_spec} --model {yours_spec} --steps {cfg.steps}")
-    prompt = ref.prompt_ids(cfg.prompt, cfg.steps)
+    prompt = ref.prompt_ids(cfg.prompt, cfg.steps, cfg.chat)
     notes = [f"reference {ref_spec} ({ref_note})"]
     t_load = time.perf_counter() - t0
     t1 = time.perf_counter()
     with startup.numerics(), torch.no_grad(), single.threads_for(ref.base):
         ref_tokens, _ = greedy(ref, ref.base, prompt, cfg.steps)
         ids = (prompt + ref_tokens)[:-1]
-        notes.append("tokens: " + startup.token_check(ids, _encoded(yours, ref, ids), str(yours_spec)))
+        notes.append("tokens: " + startup.token_check(ids, _encoded(yours, ref, ids, len(prompt), cfg), str(yours_spec)))
         x = torch.tensor([ids], device=device)
         ref_sites = ref.sites(ref.base)
         cap32 = single.captured_run(ref, ref.base, ref_sites, x)
@@ -180,7 +181,7 @@ def _run(cfg, lows, yours_spec, run_spec, ref_spec, ref_note, external, device, 
                 key=lambda r: r["order"], default=None)
     first_name = first["module"] if first else None
     params = {"model": yours_spec, "reference": ref_spec, "reference_from": ref_note, "engine": cfg.engine,
-              "steps": cfg.steps, "prompt": cfg.prompt, "dtypes": lows, "device": device, "seed": cfg.seed,
+              "steps": cfg.steps, "prompt": cfg.prompt, "chat": cfg.chat, "dtypes": lows, "device": device, "seed": cfg.seed,
               "tokens": len(ids), "ratio_threshold": compare.RATIO_THRESHOLD, "compared": len(common),
               "quant_view": quant.view if quant else None}
     takeaways = _takeaways(first_name, first_by, flags, missing)
@@ -237,9 +238,12 @@ def _estimate(shapes, lows, external) -> int:
     return memory.compare_layers_pair(ref_shape, yours_shape, len(lows))
 
 
-def _encoded(yours, ref, ids):
-    """YOURS' own token ids for the text REF's ids decode to (None: it has no tokenizer)."""
+def _encoded(yours, ref, ids, n_prompt: int, cfg):
+    """YOURS' own token ids for the text REF's ids decode to (None: it has no tokenizer); with --chat, the
+    prompt under YOURS' own chat template, then the continuation's text."""
     try:
+        if cfg.chat and yours.chats:
+            return yours.chat_ids(cfg.prompt) + yours.encode(ref.decode(ids[n_prompt:]), "--prompt")
         return yours.encode(ref.decode(ids), "--prompt")
     except (UsageError, NotImplementedError):
         return None

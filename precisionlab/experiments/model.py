@@ -47,6 +47,7 @@ class ModelResult:
 
 def run(cfg: ModelConfig, advance=lambda k=1: None) -> ModelResult:
     startup.check_run(cfg.steps, cfg.prompt)
+    startup.check_chat(cfg.model, cfg.chat)
     threads.check(cfg.threads)
     lows = startup.parse_dtypes(cfg.dtypes, LOW_DTYPES)  # no repeated rows
     device = startup.device(cfg.device)
@@ -56,7 +57,7 @@ def run(cfg: ModelConfig, advance=lambda k=1: None) -> ModelResult:
     t0 = time.perf_counter()
     engine = startup.open_engine(cfg.model, device, cfg.steps, cfg.prompt, lambda s: memory.compare_model(*s[:7]),
                                  f"compare model --model {cfg.model or DEFAULT_SPEC} --steps {cfg.steps}")
-    prompt = engine.prompt_ids(cfg.prompt, cfg.steps)
+    prompt = engine.prompt_ids(cfg.prompt, cfg.steps, cfg.chat)
     t_load = time.perf_counter() - t0
     # One decoding step is ~2 flops per parameter: the work each torch call does.
     with startup.numerics(cfg.threads, 2.0 * engine.info()["parameters"], device) as n_threads:
@@ -113,8 +114,8 @@ def _run(cfg: ModelConfig, engine, prompt, lows, device, t_load, n_threads, adva
     t_run = time.perf_counter() - t1
     info = engine.info() | {"mean_top1_probability_fp32": top1, "uniform_probability": 1.0 / ref_tf.shape[1]}
     return ModelResult(
-        params={"model": cfg.model or DEFAULT_SPEC, "steps": cfg.steps, "prompt": cfg.prompt, "dtypes": lows,
-                "device": device, "seed": cfg.seed, "prompt_tokens": len(prompt)},
+        params={"model": cfg.model or DEFAULT_SPEC, "steps": cfg.steps, "prompt": cfg.prompt, "chat": cfg.chat,
+                "dtypes": lows, "device": device, "seed": cfg.seed, "prompt_tokens": len(prompt)},
         rows=rows, summary=summary, texts=texts, model_info=info, takeaways=takeaways(summary, info),
         timing={"load_s": t_load, "run_s": t_run, "torch_threads": n_threads},
     )
