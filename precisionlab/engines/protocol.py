@@ -274,11 +274,15 @@ def greedy(engine: Engine, model, prompt: list[int], steps: int, dtype: str = "f
     """Greedy decoding from a fresh session: (tokens, the float64 logit rows
     each was chosen from). A non-finite row ends the path there: the run fails
     (strict: exit 1, naming dtype, step and `where`), or the path is shorter."""
+    from precisionlab.runtime import progress
+
     feed = engine.session(model, stores)
     tokens: list[int] = []
     rows: list[np.ndarray] = []
+    progress.stage(f"{dtype} greedy", 0, steps)
     logits = feed(prompt)[-1]
     for step in range(steps):
+        progress.stage(f"{dtype} greedy", step, steps)
         last = logits.double().cpu().numpy()
         if not np.isfinite(last).all():
             if strict:

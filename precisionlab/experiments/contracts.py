@@ -37,7 +37,7 @@ from precisionlab.experiments import startup
 from precisionlab.errors import UsageError
 from precisionlab.experiments import spec_verify
 from precisionlab.numerics.compare import rounding_ratio
-from precisionlab.runtime import memory, threads, torch_flags
+from precisionlab.runtime import memory, progress, threads, torch_flags
 
 CHUNKS = (1, 7, 64)
 BATCHES = (2, 4, 16, 64)
@@ -130,7 +130,8 @@ def _run(cfg: ContractsConfig, advance) -> ContractsResult:
         exact_model = None
         for dtype in dtypes:
             model = engine.model(dtype)
-            for contract, label, kw in plan:
+            for i, (contract, label, kw) in enumerate(plan):
+                progress.stage(f"{dtype} contracts ({label})", i, len(plan))
                 row = {"dtype": dtype, "contract": contract, "label": label, "batch": kw.get("batch"),
                        "chunk": kw.get("chunk"), "pads": kw.get("pads")}
                 try:

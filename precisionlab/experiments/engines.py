@@ -34,7 +34,7 @@ from precisionlab.experiments import startup, token_agreement
 from precisionlab.experiments.startup import default_reference, token_check  # noqa: F401 (their home before)
 from precisionlab.numerics import distribution
 from precisionlab.numerics.metrics import exact_mean
-from precisionlab.runtime import memory
+from precisionlab.runtime import memory, progress
 
 DEFAULT_TOKENS = 512  # one window of teacher forcing; seconds on a tiny model
 
@@ -241,6 +241,7 @@ class Reference:
             ref, model = self.engine()
             parts = []
             for start in range(0, self.cfg.tokens, window):
+                progress.stage("reference windows", start // window, -(-self.cfg.tokens // window))
                 x = torch.tensor([ids[start:min(self.cfg.tokens, start + window)]], device=self.device)
                 parts.append(reference_cache.compact(lexp.to_numpy(ref.forward(model, x)[0])))
                 advance()
@@ -326,6 +327,7 @@ def _engine_row(spec, cfg, ref, ref_window, ids, prompt_ids, ref_tokens, ref_mar
     n = cfg.tokens
     eng_parts, forward_s = [], 0.0
     for start in range(0, n, window):
+        progress.stage(f"{spec} windows", start // window, -(-n // window))
         x = torch.tensor([ids[start:min(n, start + window)]], device=device)
         t2 = time.perf_counter()
         eng_parts.append(lexp.to_numpy(eng.forward(eng_model, x)[0]))

@@ -52,7 +52,7 @@ import numpy as np
 from precisionlab.engines.protocol import check_finite, greedy
 from precisionlab.engines.registry import DEFAULT_PROMPT, DEFAULT_SPEC
 from precisionlab.experiments import startup
-from precisionlab.runtime import devices, memory
+from precisionlab.runtime import devices, memory, progress
 from precisionlab.numerics import compare as comparison, distribution
 from precisionlab.catalog import formats
 from precisionlab.io import inputs
@@ -254,7 +254,8 @@ def _device_rows(engine, prompt: list[int], calibration: list[int], cfg: KVCache
     order = [("bf16", None), ("fp32", None)] + [(d, mode) for d in kv_dtypes for mode in modes]
     bf16 = None
     rows = []
-    for fmt, mode in order:
+    for i, (fmt, mode) in enumerate(order):
+        progress.stage(f"{device} {fmt} cache, {mode} scale", i, len(order))
         tokens, _ = greedy(engine, m, prompt, cfg.steps, stores=Stores(store_for(fmt, mode)), strict=False)
         stores = Stores(store_for(fmt, mode))
         logits = _forced(engine, stores, path, len(prompt))  # the teacher-forced pass alone is counted

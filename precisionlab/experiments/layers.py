@@ -42,6 +42,7 @@ from precisionlab.engines.protocol import greedy
 from precisionlab.engines.registry import DEFAULT_SPEC, ModelRun, spec_path
 from precisionlab.experiments import startup
 from precisionlab.io import outputs
+from precisionlab.runtime import progress
 from precisionlab.numerics import divergence
 from precisionlab.numerics.compare import RATIO_THRESHOLD, judge, rel_l2
 from precisionlab.io.tensorfiles import ORDER_KEY, TOKENS_KEY
@@ -136,12 +137,14 @@ def run(cfg: LayersConfig, advance=lambda k=1: None) -> LayersResult:
         ref_tokens, _ = greedy(engine, ref, prompt, cfg.steps)
         ids = (prompt + ref_tokens)[:-1]
         x = torch.tensor([ids], device=device)
+        progress.stage("fp32 layers")
         ref_cap = captured_run(engine, ref, site_list, x)
         order = ref_cap.order
         if dump_dir is not None:
             dumped.append(_dump(dump_dir, "fp32", ref_cap, order, ids, engine, []))
         advance()
         for low in lows:
+            progress.stage(f"{low} layers")
             tdt = formats.get(low).torch_dtype
             trusted = low_copy(engine, low)
             yours = low_copy(engine, low)

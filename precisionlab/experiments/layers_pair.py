@@ -36,6 +36,7 @@ from precisionlab.errors import RunError, UsageError
 from precisionlab.experiments import layers as single
 from precisionlab.experiments import startup
 from precisionlab.numerics import compare, divergence
+from precisionlab.runtime import progress
 
 
 @dataclass
@@ -143,10 +144,12 @@ def _run(cfg, lows, yours_spec, run_spec, ref_spec, ref_note, external, device, 
         notes.append("tokens: " + startup.token_check(ids, _encoded(yours, ref, ids, len(prompt), cfg), str(yours_spec)))
         x = torch.tensor([ids], device=device)
         ref_sites = ref.sites(ref.base)
+        progress.stage("reference layers (fp32, fp64)")
         cap32 = single.captured_run(ref, ref.base, ref_sites, x)
         r32, order = _outputs(cap32), list(cap32.order)
         r64 = _outputs(single.captured_run(ref, ref.model("fp64"), ref_sites, x))
         advance()
+        progress.stage("yours layers (fp32)")
         if external:
             y32 = {k: torch.from_numpy(v) for k, v in yours.capture_layers(ids).items()}
         else:
@@ -156,6 +159,7 @@ def _run(cfg, lows, yours_spec, run_spec, ref_spec, ref_note, external, device, 
         quant, rq = _quantised_reference(ref, ref_sites, x, yours_spec, notes) if external else (None, None)
         ref_low, yours_low = {}, {}
         for low in lows:
+            progress.stage(f"{low} layers, both models")
             ref_low[low] = _outputs(single.captured_run(ref, single.low_copy(ref, low), ref_sites, x))
             yours_low[low] = y32 if external else \
                 _outputs(single.captured_run(yours, single.low_copy(yours, low), y_sites, x))

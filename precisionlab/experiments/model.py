@@ -22,7 +22,7 @@ import numpy as np
 from precisionlab.engines.protocol import check_finite, greedy
 from precisionlab.engines.registry import DEFAULT_SPEC, ModelRun
 from precisionlab.experiments import startup
-from precisionlab.runtime import memory, threads
+from precisionlab.runtime import memory, progress, threads
 from precisionlab.catalog import formats
 from precisionlab.numerics import metrics
 
@@ -72,6 +72,7 @@ def _run(cfg: ModelConfig, engine, prompt, lows, device, t_load, n_threads, adva
     ref_tokens, ref_step_logits = greedy(engine, ref_model, prompt, cfg.steps, "fp32")
     path = prompt + ref_tokens
     x = torch.tensor([path[:-1]], device=device)  # teacher-forced: every dtype reads fp32's tokens
+    progress.stage("fp32 teacher-forced")
     ref_tf = engine.forward(ref_model, x)[0].double().cpu().numpy()[len(prompt) - 1:]
     for i, row in enumerate(ref_tf):
         check_finite(row, "fp32", i, "teacher-forced")
@@ -81,6 +82,7 @@ def _run(cfg: ModelConfig, engine, prompt, lows, device, t_load, n_threads, adva
     for low in lows:
         m = engine.model(low)
         tokens, _ = greedy(engine, m, prompt, cfg.steps, low)
+        progress.stage(f"{low} teacher-forced")
         tf = engine.forward(m, x)[0].double().cpu().numpy()[len(prompt) - 1:]
         for i, row in enumerate(tf):
             check_finite(row, low, i, "teacher-forced, reading fp32's tokens")
