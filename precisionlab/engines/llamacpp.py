@@ -209,10 +209,7 @@ class LlamaCppEngine(ExternalEngine):
             mine = feed.tokens
             if len(mine) + len(ids) > self.max_len:
                 raise UsageError(f"{self.name}: {len(mine) + len(ids)} tokens exceed n_ctx {self.max_len}")
-            held = self.llm.input_ids[:self.llm.n_tokens]
-            common = 0
-            while common < min(len(held), len(mine)) and held[common] == mine[common]:
-                common += 1
+            common = _common_prefix(self.llm.input_ids[:self.llm.n_tokens], mine)
             self.llm.n_tokens = common
             if common < len(mine):
                 self.llm.eval(mine[common:])
@@ -235,6 +232,17 @@ class LlamaCppEngine(ExternalEngine):
         self.llm.reset()
         self.llm.eval(ids)
         return np.array(self.llm.scores[:len(ids)], dtype=np.float32)
+
+
+def _common_prefix(held, mine: list[int]) -> int:
+    """How many leading ids the context holds (`held`, llama.cpp's input_ids) in common with a feed's own, in
+    one numpy comparison: a Python loop over them cost every greedy step time in proportion to its position
+    (0.18 s over 400 steps at 460 tokens), a decode that grew faster than its steps."""
+    import numpy as np
+
+    n = min(len(held), len(mine))
+    differ = np.flatnonzero(np.asarray(held[:n]) != np.asarray(mine[:n], dtype=np.int64))
+    return int(differ[0]) if differ.size else n
 
 
 # llama.cpp's graph names (the cb() names its model builders give, with "-N"
