@@ -169,7 +169,7 @@ def _prompt_note(eng, cfg: EnginesConfig, prompt_ids: list[int], spec: str) -> s
     if not cfg.chat:
         return _tokens(prompt_ids, _encode(eng, cfg.prompt, len(prompt_ids), "--prompt"), spec, eng)[0]
     if not eng.chats:
-        return f"the reference's chat-templated ids (--chat; the engine has no {protocol.CAPABILITIES['chats']})"
+        return "the reference's chat-templated ids (--chat; the engine applies no chat template of its own)"
     try:
         own = eng.chat_ids(cfg.prompt)
     except UsageError as e:  # this file has no template of its own: the reference's ids stand

@@ -67,7 +67,8 @@ def check_chat(spec: str | None, chat: bool, option: str = "--model") -> None:
     cls, arg = registry.resolve(spec)
     name = spec or registry.DEFAULT_SPEC
     if not cls.chats:
-        raise protocol.no_chat_template(f"{option} {name}", f"the engine has no {protocol.CAPABILITIES['chats']}")
+        raise protocol.no_chat_template(f"{option} {name}", "its engine reads none: the chats capability, "
+                                        "a Hugging Face folder's or a GGUF's template")
     if cls.has_chat_template(arg) is False:
         raise protocol.no_chat_template(f"{option} {name}", "none in its files")
 
