@@ -73,6 +73,32 @@ def test_compare_model_chat_runs_on_the_templated_ids(tiny_chat):
 
 
 @pytest.mark.parametrize("argv", [
+    ("compare", "layers", "--steps", "2"),
+    ("compare", "contracts", "--steps", "2", "--dtypes", "fp32", "--batches", "2"),
+    ("kvcache", "--steps", "2", "--dtypes", "fp8_e4m3", "--scales", "unit"),
+])
+def test_every_model_command_records_chat(tiny_chat, argv):
+    r = cli(*argv, "--model", f"hf:{tiny_chat}", "--chat", "--prompt", PROMPT, "--json")
+    assert r.code in (0, 1), r.err  # compare layers exits 1 where a module diverges: the run itself is what counts
+    params = r.json()["params"]
+    assert params["chat"] is True and params["prompt"] == PROMPT
+    if "prompt_tokens" in params:
+        assert params["prompt_tokens"] == 5  # <|user|> the cat sat <|assistant|>
+
+
+def test_compare_engine_feeds_the_references_templated_ids(tiny_chat, tmp_path):
+    spec = f"hf:{tiny_chat}"
+    text = tmp_path / "text.txt"
+    text.write_text("the cat sat on a mat and the dog ran to it " * 3, encoding="utf-8")
+    r = cli("compare", "engine", "--engine", spec, "--reference", spec, "--chat", "--prompt", PROMPT, "--tokens", "8",
+            "--steps", "2", "--text", str(text), "--no-ref-cache", "--json")
+    assert r.code == 0, r.err
+    doc = r.json()
+    assert doc["params"]["chat"] is True
+    assert doc["rows"][0]["prompt_tokens"] == "identical"  # the engine's own template gave the reference's ids
+
+
+@pytest.mark.parametrize("argv", [
     ("compare", "model", "--chat"),  # the embedded model: a character LM, no template
     ("compare", "contracts", "--chat"),
     ("kvcache", "--chat"),
