@@ -64,19 +64,35 @@ class EnginesResult:
     timing: dict = field(default_factory=dict)
 
 
+def _widened(ref: np.ndarray, low: np.ndarray):
+    """(ref, low) a block of rows at a time, each widened to float64 (exactly): as the statistics read them
+    (distribution.BLOCK_ENTRIES), never two float64 copies of the whole matrices (400 MB at 512 x 49,152,
+    written and read back through memory)."""
+    k = max(1, distribution.BLOCK_ENTRIES // max(1, ref.shape[1]))
+    for i in range(0, ref.shape[0], k):
+        yield (np.ascontiguousarray(ref[i:i + k], dtype=np.float64),
+               np.ascontiguousarray(low[i:i + k], dtype=np.float64))
+
+
 def shifted_max_abs(ref: np.ndarray, low: np.ndarray) -> float:
     """max over rows of min_c max_j |low - ref - c|: (max - min) / 2 of each row's differences."""
-    d = low.astype(np.float64) - ref.astype(np.float64)
-    return float(np.max((d.max(axis=1) - d.min(axis=1)) / 2)) if d.size else 0.0
+    if not low.size:
+        return 0.0
+    return float(np.max([np.max((d.max(axis=1) - d.min(axis=1)) / 2) for d in (b - a for a, b in _widened(ref, low))]))
+
+
+def max_abs_diff(ref: np.ndarray, low: np.ndarray) -> float:
+    """max |low - ref| over every logit, in float64 (NaN where either side has one)."""
+    return float(np.max([np.max(np.abs(b - a)) for a, b in _widened(ref, low)])) if low.size else 0.0
 
 
 def bit_identical(ref: np.ndarray, low: np.ndarray) -> bool:
     """Every logit the same bits (float32 widened to float64 exactly, so -0 and
     +0 differ); a NaN on either side is never identical (two NaNs never agree)."""
-    if ref.shape != low.shape or np.isnan(ref).any() or np.isnan(low).any():
+    if ref.shape != low.shape:
         return False
-    return bool(np.array_equal(np.ascontiguousarray(ref, dtype=np.float64).view(np.uint64),
-                               np.ascontiguousarray(low, dtype=np.float64).view(np.uint64)))
+    return all(not (np.isnan(a).any() or np.isnan(b).any()) and np.array_equal(a.view(np.uint64), b.view(np.uint64))
+               for a, b in _widened(ref, low))
 
 
 def _encode(engine, text: str, need: int, source: str):
@@ -336,17 +352,14 @@ def _engine_row(spec, cfg, ref, ref_window, ids, prompt_ids, ref_tokens, ref_mar
     E = np.concatenate(eng_parts)
     if R.shape != E.shape:
         raise RunError(f"{spec}: {E.shape[1]} logits per position against the reference's {R.shape[1]}")
-    R64, E64 = R.astype(np.float64), E.astype(np.float64)
-    del R, E  # the float64 pair is what the statistics read
-    stats = distribution.position_stats(R64, E64, np.asarray(ids[1:n + 1], dtype=np.int64))
+    stats = distribution.position_stats(R, E, np.asarray(ids[1:n + 1], dtype=np.int64))  # widened block by block
     t3 = time.perf_counter()
     eng_tokens, _ = _greedy(eng, eng_model, prompt_ids, cfg.steps)
     greedy_s = time.perf_counter() - t3
     div, margin = _divergence(ref_tokens, eng_tokens, ref_margins)
     row = {"engine_spec": spec, "engine": eng.info(), "tokens": tokens_note, "prompt_tokens": prompt_note,
-           **distribution.summarize(stats), "max_abs_diff_shifted": shifted_max_abs(R64, E64),
-           "max_abs_diff": float(np.max(np.abs(E64 - R64))) if R64.size else 0.0,
-           "bit_identical": bit_identical(R64, E64), "forward_s": forward_s, "greedy_s": greedy_s,
+           **distribution.summarize(stats), "max_abs_diff_shifted": shifted_max_abs(R, E),
+           "max_abs_diff": max_abs_diff(R, E), "bit_identical": bit_identical(R, E), "forward_s": forward_s, "greedy_s": greedy_s,
            "greedy_steps": cfg.steps, "greedy_diverged_at": div,
            "reference_margin_at_divergence": margin,
            "engine_s": time.perf_counter() - t1}

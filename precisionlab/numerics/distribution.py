@@ -191,9 +191,7 @@ def position_stats(ref: np.ndarray, low: np.ndarray, targets: np.ndarray) -> Pos
     """Every per-position statistic between two (positions x vocab) logit
     matrices; targets[i] is the token that followed position i. Computed a
     block of rows at a time (BLOCK_ENTRIES)."""
-    ref = np.asarray(ref, dtype=np.float64)
-    low = np.asarray(low, dtype=np.float64)
-    targets = np.asarray(targets)
+    ref, low, targets = np.asarray(ref), np.asarray(low), np.asarray(targets)  # widened block by block
     k = max(1, BLOCK_ENTRIES // max(1, ref.shape[1]))
     if ref.shape[0] <= k:
         return _block_stats(ref, low, targets)
