@@ -205,10 +205,11 @@ class Reference:
         self.use_cache = use_cache
         self._eng = self._model = None
         self.hits, self.misses, self.compute_s = 0, 0, 0.0
-        self.settings = {"text_sha256": reference_cache.text_digest(text), "tokens": cfg.tokens,
-                         "prompt": cfg.prompt, "chat": cfg.chat, "steps": cfg.steps, "dtype": "fp32",
-                         "device": device,
-                         "torch": torch.__version__, "torch_threads": torch.get_num_threads()}
+        self.settings = {"text_sha256": reference_cache.text_digest(text), "tokens": cfg.tokens, "dtype": "fp32",
+                         "device": device, "torch": torch.__version__, "torch_threads": torch.get_num_threads()}
+        # the greedy part's own settings: the teacher-forced logits do not depend on them, so a run with other
+        # --steps or another --prompt reads the text's logits from the cache and computes only its greedy path
+        self.greedy = {"prompt": cfg.prompt, "chat": cfg.chat, "steps": cfg.steps}
         self.identity = reference_cache.model_identity(spec, _own_files(spec)) if use_cache else {}
 
     def engine(self):
@@ -245,7 +246,7 @@ class Reference:
                     {"ids": np.asarray(ids, np.int64), "prompt_ids": np.asarray(prompt_ids, np.int64),
                      "greedy": np.asarray(tokens, np.int64), "margins": np.asarray(margins, np.float64)})
 
-        meta, a = self._entry("start", compute)
+        meta, a = self._entry("start", compute, **self.greedy)
         return (meta["info"], int(meta["window"]), a["ids"].tolist(), a["prompt_ids"].tolist(), a["greedy"].tolist(),
                 a["margins"])
 
