@@ -22,6 +22,11 @@ if not os.environ.get("PRECISIONLAB_REFERENCE_CACHE"):
 
     os.environ["PRECISIONLAB_REFERENCE_CACHE"] = tempfile.mkdtemp(prefix="precisionlab-reference-")
 
+# Progress lines (runtime/progress) come once a run has lasted seconds, so on a loaded machine they would
+# make a run's stderr depend on the load: the suite's runs are quiet unless a test asks for them
+# (tests/test_progress.py sets the quiet period itself).
+os.environ.setdefault("PRECISIONLAB_PROGRESS_AFTER", "off")
+
 
 def _gpu_skip_reason() -> str | None:
     from precisionlab import native

@@ -150,6 +150,15 @@ def test_second_run_reads_the_reference_from_the_cache_and_agrees(tmp_path, cach
     assert off.timing["reference_cache"] == "off" and off.rows[0]["kld_mean"] == first.rows[0]["kld_mean"]
 
 
+def test_other_steps_read_the_texts_logits_from_the_cache(cache):
+    cfg = eexp.EnginesConfig(engines=["embedded"], reference="embedded", tokens=40, steps=4, prompt="ROMEO:")
+    first = eexp.run(cfg)
+    again = eexp.run(eexp.EnginesConfig(**{**cfg.__dict__, "steps": 6, "prompt": "JULIET:"}))
+    # the greedy path is computed anew, the teacher-forced logits (which read the text alone) are not
+    assert again.timing["reference_cache"] == "partly" and len(list(cache.glob("*.npz"))) == 3
+    assert again.rows[0]["kld_mean"] == first.rows[0]["kld_mean"] and again.rows[0]["greedy_steps"] == 6
+
+
 # ---------------------------------------------------------------------------
 # llama.cpp: a session through its own KV cache
 

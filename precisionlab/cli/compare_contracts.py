@@ -7,8 +7,8 @@ from typing import Annotated, Optional
 import typer
 
 from precisionlab.catalog import formats
-from precisionlab.cli.model_options import (DEFAULT_PROMPT, DEFAULT_SPEC, DEFAULT_STEPS, ModelDeviceOpt, PromptOpt,
-                                            StepsOpt, early_checks)
+from precisionlab.cli.model_options import (DEFAULT_PROMPT, DEFAULT_SPEC, DEFAULT_STEPS, ChatOpt, ModelDeviceOpt,
+                                            PromptOpt, StepsOpt, early_checks)
 from precisionlab.cli.options import JsonOpt, ModelOpt, SeedOpt, ThreadsOpt, format_names
 
 
@@ -16,6 +16,7 @@ def command(
     model: ModelOpt = DEFAULT_SPEC,
     steps: StepsOpt = DEFAULT_STEPS,
     prompt: PromptOpt = DEFAULT_PROMPT,
+    chat: ChatOpt = False,
     dtypes: Annotated[Optional[str], typer.Option("--dtypes", help="Precisions the contracts run in: "
                                                   f"{format_names(formats.COMPUTE)} (default fp32,{formats.LOW_COMPUTE[0]}, "
                                                   "those the engine computes in).",
@@ -61,5 +62,5 @@ def command(
                                batches=cexp.sizes(batches or [], cexp.BATCHES, "--batches"),
                                **({} if not draft_widths else {"draft_widths": tuple(draft_widths)}),
                                draft=spec_draft.DraftOptions(draft, stream, draft_tokens),
-                               token_ids=ids, device=device, seed=seed, threads=threads)
+                               token_ids=ids, device=device, seed=seed, threads=threads, chat=chat)
     Output(contracts_report, json_out).run("compare contracts", lambda advance: cexp.run(cfg, advance))

@@ -6,8 +6,8 @@ from typing import Annotated, Optional
 
 import typer
 
-from precisionlab.cli.model_options import (DEFAULT_PROMPT, DEFAULT_STEPS, MaxKldOpt, MinTop1Opt, ModelDeviceOpt,
-                                            PromptOpt, StepsOpt, TextOpt)
+from precisionlab.cli.model_options import (DEFAULT_PROMPT, DEFAULT_STEPS, ChatOpt, MaxKldOpt, MinTop1Opt,
+                                            ModelDeviceOpt, PromptOpt, StepsOpt, TextOpt)
 from precisionlab.cli.options import JsonOpt, seed_in_range
 from precisionlab.errors import UsageError
 
@@ -25,6 +25,7 @@ def command(
     tokens: Annotated[Optional[int], typer.Option("--tokens", help="Positions scored (default 512).")] = None,
     steps: StepsOpt = DEFAULT_STEPS,
     prompt: PromptOpt = DEFAULT_PROMPT,
+    chat: ChatOpt = False,
     max_kld: MaxKldOpt = None,
     min_top1: MinTop1Opt = None,
     device: ModelDeviceOpt = "cpu",
@@ -48,7 +49,7 @@ def command(
     cfg = eexp.EnginesConfig(engines=engine, reference=reference, text=text,
                              tokens=eexp.DEFAULT_TOKENS if tokens is None else tokens, steps=steps, prompt=prompt,
                              device=device, max_kld=max_kld, min_top1=min_top1,
-                             reference_cache=not no_ref_cache)
+                             reference_cache=not no_ref_cache, chat=chat)
     res = Output(engines_report, json_out).run("compare engine", lambda advance: eexp.run(cfg, advance))
     if res.failures:
         raise typer.Exit(1)

@@ -10,8 +10,8 @@ from typing import Annotated, Optional
 import typer
 
 from precisionlab.catalog import formats
-from precisionlab.cli.model_options import (DEFAULT_PROMPT, DEFAULT_SPEC, DEFAULT_STEPS, LowDtypesOpt, ModelDeviceOpt,
-                                            PromptOpt, StepsOpt, early_checks, spec_paths)
+from precisionlab.cli.model_options import (DEFAULT_PROMPT, DEFAULT_SPEC, DEFAULT_STEPS, ChatOpt, LowDtypesOpt,
+                                            ModelDeviceOpt, PromptOpt, StepsOpt, early_checks, spec_paths)
 from precisionlab.cli.options import force_option, plot_option, JsonOpt, ModelOpt, SeedOpt, WideOpt, format_names
 from precisionlab.errors import UsageError
 
@@ -23,6 +23,7 @@ def command(
     model: ModelOpt = DEFAULT_SPEC,
     steps: StepsOpt = DEFAULT_STEPS,
     prompt: PromptOpt = DEFAULT_PROMPT,
+    chat: ChatOpt = False,
     dtypes: LowDtypesOpt = DEFAULT_DTYPES,
     reference: Annotated[Optional[str], typer.Option("--reference", help="A second model's spec, the reference: "
                                                      "both models on the same tokens, every module of both, fp32 "
@@ -59,7 +60,7 @@ def command(
         raise UsageError("--force goes with --dump: it lets the run replace DIR/<dtype>.safetensors files that exist")
     if engine or reference is not None:
         return _pair(ctx, model, engine, reference, inject, dump, steps, prompt, dtypes, device, seed, plot,
-                     json_out, wide, heads)
+                     json_out, wide, heads, chat)
     if heads:
         raise UsageError("--heads compares two models' attention heads: give --reference SPEC (or --engine SPEC)")
     from precisionlab.experiments import layers as lexp
@@ -69,7 +70,7 @@ def command(
     early_checks(model=model)
     plot = check_plot_path(plot, spec_paths(("--model", model)))
     cfg = lexp.LayersConfig(model=model, steps=steps, prompt=prompt, dtypes=dtypes, device=device, seed=seed,
-                            inject=inject or [], dump=dump, force=force)
+                            inject=inject or [], dump=dump, force=force, chat=chat)
     res = Output(layers_report, json_out, plot, table_kw={"wide": wide}).run(
         "compare layers", lambda advance: lexp.run(cfg, advance))
     if res.first_divergence is not None:
@@ -77,7 +78,7 @@ def command(
 
 
 def _pair(ctx, model, engine, reference, inject, dump, steps, prompt, dtypes, device, seed, plot, json_out, wide,
-          heads):
+          heads, chat):
     """Two models, module by module (experiments/layers_pair)."""
     from precisionlab.engines import registry
     from precisionlab.experiments import layers_pair as pexp
@@ -99,7 +100,8 @@ def _pair(ctx, model, engine, reference, inject, dump, steps, prompt, dtypes, de
     pexp.check_specs(yours, reference, engine is not None)
     paths = [(o, registry.spec_path(s)) for o, s in (("--model", yours), ("--reference", reference)) if s]
     cfg = pexp.PairConfig(model=None if engine is not None else model, engine=engine, reference=reference,
-                          steps=steps, prompt=prompt, dtypes=dtypes, device=device, seed=seed, heads=heads)
+                          steps=steps, prompt=prompt, dtypes=dtypes, device=device, seed=seed, heads=heads,
+                          chat=chat)
     res = Output(report, json_out, plot, paths, table_kw={"wide": wide}).run(
         "compare layers", lambda advance: pexp.run(cfg, advance))
     if res.first_divergence is not None:

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 
 from precisionlab.catalog import formats
-from precisionlab.cli.model_options import (DEFAULT_PROMPT, DEFAULT_SPEC, DEFAULT_STEPS, LowDtypesOpt, ModelDeviceOpt,
-                                            PromptOpt, StepsOpt, early_checks, spec_paths)
+from precisionlab.cli.model_options import (DEFAULT_PROMPT, DEFAULT_SPEC, DEFAULT_STEPS, ChatOpt, LowDtypesOpt,
+                                            ModelDeviceOpt, PromptOpt, StepsOpt, early_checks, spec_paths)
 from precisionlab.cli.options import plot_option, JsonOpt, ModelOpt, SeedOpt, ThreadsOpt, format_names
 
 DEFAULT_DTYPES = format_names(formats.LOW_COMPUTE, ",")
@@ -20,6 +20,7 @@ def command(
     model: ModelOpt = DEFAULT_SPEC,
     steps: StepsOpt = DEFAULT_STEPS,
     prompt: PromptOpt = DEFAULT_PROMPT,
+    chat: ChatOpt = False,
     dtypes: LowDtypesOpt = DEFAULT_DTYPES,
     plot: plot_option("rel-L2 per step, the divergence marked") = None,
     device: ModelDeviceOpt = "cpu",
@@ -36,5 +37,5 @@ def command(
     early_checks(model=model, threads=threads)
     plot = check_plot_path(plot, spec_paths(("--model", model)))
     cfg = exp.ModelConfig(model=model, steps=steps, prompt=prompt, dtypes=dtypes, device=device, seed=seed,
-                          threads=threads)
+                          threads=threads, chat=chat)
     Output(model_report, json_out, plot).run("compare model", lambda advance: exp.run(cfg, advance))

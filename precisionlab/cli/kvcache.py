@@ -7,6 +7,7 @@ from typing import Annotated, Optional
 import typer
 
 from precisionlab.catalog import formats
+from precisionlab.cli.model_options import ChatOpt
 from precisionlab.cli.options import ModelOpt, SeedOpt, JsonOpt, check_model, format_names
 from precisionlab.engines.registry import DEFAULT_PROMPT, DEFAULT_SPEC
 
@@ -23,6 +24,7 @@ def command(
                                                     "activations (try 1000).")] = 1.0,
     steps: Annotated[int, typer.Option("--steps", help="Greedy steps.")] = 50,
     prompt: Annotated[str, typer.Option("--prompt", help="Prompt text.")] = DEFAULT_PROMPT,
+    chat: ChatOpt = False,
     model: ModelOpt = DEFAULT_SPEC,
     text: Annotated[Optional[str], typer.Option("--text", help="A UTF-8 text file whose first 512 characters "
                                                 "calibrate the scales (default: the shipped Shakespeare's).")]
@@ -45,5 +47,5 @@ def command(
     check_model(model)  # the steps and the prompt: the run's start-up (experiments/startup.py)
     out = Output(kvcache, json_out)
     cfg = exp.KVCacheConfig(dtypes=dtypes, scales=scales, activation_scale=activation_scale, steps=steps,
-                            prompt=prompt, device=device, seed=seed, model=model, text=text)
+                            prompt=prompt, device=device, seed=seed, model=model, text=text, chat=chat)
     out.run("kvcache", lambda advance: exp.run(cfg, advance))

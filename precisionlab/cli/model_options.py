@@ -19,6 +19,9 @@ DEFAULT_STEPS = 50
 
 StepsOpt = Annotated[int, typer.Option("--steps", help="Greedy decoding steps.")]
 PromptOpt = Annotated[str, typer.Option("--prompt", help="The text to continue.")]
+ChatOpt = Annotated[bool, typer.Option("--chat", help="Apply the model's chat template to --prompt first (one user "
+                                       "turn, the assistant's turn opened, as transformers' apply_chat_template); "
+                                       "a model without one is refused.")]
 LowDtypesOpt = Annotated[str, typer.Option("--dtypes", help="Low precisions against fp32: "
                                            f"{format_names(formats.LOW_COMPUTE)}.")]
 ModelDeviceOpt = Annotated[str, typer.Option("--device", help="cpu (the default for a model run, unlike the kernel "

@@ -125,6 +125,7 @@ def _head_in(model, dtype: str | None):
 class HFEngine(Engine):
     batches = True  # transformers takes attention_mask and position_ids
     forks = True    # its DynamicCache deep-copies
+    chats = True    # its tokenizer's apply_chat_template (engines/chat.py)
     @classmethod
     def check(cls, arg):
         import importlib.util
@@ -220,6 +221,17 @@ class HFEngine(Engine):
 
     def decode(self, ids) -> str:
         return self.tok.decode(ids)
+
+    @classmethod
+    def has_chat_template(cls, arg):
+        from precisionlab.engines import chat
+
+        return chat.folder_has_template(arg)
+
+    def chat_ids(self, prompt: str) -> list[int]:
+        from precisionlab.engines import chat
+
+        return chat.hf_ids(self.tok, prompt, f"hf:{self.name}")
 
     def forward(self, model, ids, head_dtype: str | None = None):
         import torch

@@ -42,6 +42,7 @@ class ModelRun:
     dtypes: str = ",".join(formats.LOW_COMPUTE)  # as --dtypes spells it
     device: str = "cpu"
     seed: int = 0
+    chat: bool = False  # --chat: --prompt under the model's chat template (engines/chat.py)
 
 # What a spec prefix looks like: a lowercase word of two letters or more before the colon
 # (one letter would be a Windows drive).
@@ -126,7 +127,10 @@ def open_engine(spec: str | None, device: str, *, estimate=None, steps: int = 0,
         shape = spec_shape(spec, steps, prompt)
         inputs.check_memory(0 if shape is None else estimate(shape),
                             f"{command} --model {spec or DEFAULT_SPEC} --steps {steps}")
+    from precisionlab.runtime import progress
+
     cls, arg = resolve(spec)
+    progress.stage(f"loading {spec or DEFAULT_SPEC}")  # the weights' read: minutes for a big model
     return cls(arg, device)
 
 

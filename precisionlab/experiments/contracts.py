@@ -38,7 +38,7 @@ from precisionlab.experiments import startup
 from precisionlab.errors import UsageError
 from precisionlab.experiments import spec_draft, spec_verify
 from precisionlab.numerics.compare import rounding_ratio
-from precisionlab.runtime import memory, threads, torch_flags
+from precisionlab.runtime import memory, progress, threads, torch_flags
 
 CHUNKS = (1, 7, 64)
 BATCHES = (2, 4, 16, 64)
@@ -61,6 +61,7 @@ class ContractsConfig:
     device: str = "cpu"
     seed: int = 0
     threads: int | None = None
+    chat: bool = False  # --chat: --prompt under the model's chat template
 
 
 @dataclass
@@ -87,6 +88,9 @@ def sizes(extra, base: tuple, option: str) -> tuple[int, ...]:
 
 def _run(cfg: ContractsConfig, advance) -> ContractsResult:
     startup.check_run(cfg.steps, cfg.prompt, "the contracts need a prefix of at least one token")
+    if cfg.chat and cfg.token_ids is not None:
+        raise UsageError("--chat applies the chat template to --prompt; --token-ids are given as read")
+    startup.check_chat(cfg.model, cfg.chat)
     dtypes = startup.parse_dtypes(cfg.dtypes or ",".join(DEFAULT_DTYPES), DTYPES)
     chunks = list(sizes(cfg.chunks, (), "--chunks"))
     batches = list(sizes(cfg.batches, (), "--batches"))
@@ -123,7 +127,8 @@ def _run(cfg: ContractsConfig, advance) -> ContractsResult:
         exact_model = None
         for dtype in dtypes:
             model = engine.model(dtype)
-            for contract, label, kw in plan:
+            for i, (contract, label, kw) in enumerate(plan):
+                progress.stage(f"{dtype} contracts ({label})", i, len(plan))
                 row = {"dtype": dtype, "contract": contract, "label": label, "batch": kw.get("batch"),
                        "chunk": kw.get("chunk"), "pads": kw.get("pads")}
                 try:
@@ -148,7 +153,7 @@ def _run(cfg: ContractsConfig, advance) -> ContractsResult:
     for e in {id(e): e for e in (engine, draft) if e is not None}.values():
         e.close()
     return ContractsResult(
-        params={"model": cfg.model or DEFAULT_SPEC, "steps": cfg.steps, "prompt": cfg.prompt, "dtypes": dtypes,
+        params={"model": cfg.model or DEFAULT_SPEC, "steps": cfg.steps, "prompt": cfg.prompt, "chat": cfg.chat, "dtypes": dtypes,
                 "prompt_from": "--prompt" if cfg.token_ids is None else "--token-ids",
                 "chunks": chunks, "batches": batches, "pads": PADS, "device": device, "seed": cfg.seed,
                 "prompt_tokens": len(prompt), "positions": len(seq), "exact_dtype": engine.exact_dtype,
@@ -201,7 +206,7 @@ def _draft_label(opts: spec_draft.DraftOptions) -> str:
 def _prompt(engine, cfg: ContractsConfig) -> list[int]:
     """--prompt's ids, or the user's own (--token-ids), checked against the vocabulary and the positions."""
     if cfg.token_ids is None:
-        return engine.prompt_ids(cfg.prompt, cfg.steps + PADS)
+        return engine.prompt_ids(cfg.prompt, cfg.steps + PADS, cfg.chat)
     ids, vocab = list(cfg.token_ids), int(engine.info()["vocab"])
     if max(ids) >= vocab:
         raise UsageError(f"--token-ids: id {max(ids)} is outside the model's vocabulary of {vocab}")

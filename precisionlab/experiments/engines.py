@@ -34,7 +34,7 @@ from precisionlab.experiments import startup, token_agreement
 from precisionlab.experiments.startup import default_reference, token_check  # noqa: F401 (their home before)
 from precisionlab.numerics import distribution
 from precisionlab.numerics.metrics import exact_mean
-from precisionlab.runtime import memory
+from precisionlab.runtime import memory, progress
 
 DEFAULT_TOKENS = 512  # one window of teacher forcing; seconds on a tiny model
 
@@ -51,6 +51,7 @@ class EnginesConfig:
     max_kld: float | None = None
     min_top1: float | None = None
     reference_cache: bool = True  # the reference's logits read from / written to io/reference_cache
+    chat: bool = False  # --chat: --prompt under the reference's chat template (the ids every engine reads)
 
 
 @dataclass
@@ -63,19 +64,35 @@ class EnginesResult:
     timing: dict = field(default_factory=dict)
 
 
+def _widened(ref: np.ndarray, low: np.ndarray):
+    """(ref, low) a block of rows at a time, each widened to float64 (exactly): as the statistics read them
+    (distribution.BLOCK_ENTRIES), never two float64 copies of the whole matrices (400 MB at 512 x 49,152,
+    written and read back through memory)."""
+    k = max(1, distribution.BLOCK_ENTRIES // max(1, ref.shape[1]))
+    for i in range(0, ref.shape[0], k):
+        yield (np.ascontiguousarray(ref[i:i + k], dtype=np.float64),
+               np.ascontiguousarray(low[i:i + k], dtype=np.float64))
+
+
 def shifted_max_abs(ref: np.ndarray, low: np.ndarray) -> float:
     """max over rows of min_c max_j |low - ref - c|: (max - min) / 2 of each row's differences."""
-    d = low.astype(np.float64) - ref.astype(np.float64)
-    return float(np.max((d.max(axis=1) - d.min(axis=1)) / 2)) if d.size else 0.0
+    if not low.size:
+        return 0.0
+    return float(np.max([np.max((d.max(axis=1) - d.min(axis=1)) / 2) for d in (b - a for a, b in _widened(ref, low))]))
+
+
+def max_abs_diff(ref: np.ndarray, low: np.ndarray) -> float:
+    """max |low - ref| over every logit, in float64 (NaN where either side has one)."""
+    return float(np.max([np.max(np.abs(b - a)) for a, b in _widened(ref, low)])) if low.size else 0.0
 
 
 def bit_identical(ref: np.ndarray, low: np.ndarray) -> bool:
     """Every logit the same bits (float32 widened to float64 exactly, so -0 and
     +0 differ); a NaN on either side is never identical (two NaNs never agree)."""
-    if ref.shape != low.shape or np.isnan(ref).any() or np.isnan(low).any():
+    if ref.shape != low.shape:
         return False
-    return bool(np.array_equal(np.ascontiguousarray(ref, dtype=np.float64).view(np.uint64),
-                               np.ascontiguousarray(low, dtype=np.float64).view(np.uint64)))
+    return all(not (np.isnan(a).any() or np.isnan(b).any()) and np.array_equal(a.view(np.uint64), b.view(np.uint64))
+               for a, b in _widened(ref, low))
 
 
 def _encode(engine, text: str, need: int, source: str):
@@ -162,6 +179,20 @@ def _tokens(ref_ids: list[int], eng_ids: list[int] | None, spec: str, eng) -> tu
             + token_agreement.describe(found)), found
 
 
+def _prompt_note(eng, cfg: EnginesConfig, prompt_ids: list[int], spec: str) -> str:
+    """The `prompt_tokens` note: the engine's own ids for the prompt (under its own chat template with --chat)
+    against the reference's, which it read."""
+    if not cfg.chat:
+        return _tokens(prompt_ids, _encode(eng, cfg.prompt, len(prompt_ids), "--prompt"), spec, eng)[0]
+    if not eng.chats:
+        return "the reference's chat-templated ids (--chat; the engine applies no chat template of its own)"
+    try:
+        own = eng.chat_ids(cfg.prompt)
+    except UsageError as e:  # this file has no template of its own: the reference's ids stand
+        return f"the reference's chat-templated ids ({e})"
+    return _tokens(prompt_ids, own, spec, eng)[0]
+
+
 class Reference:
     """The reference's side of compare engine: its ids, greedy path and
     teacher-forced logits, from io/reference_cache where an entry matches, else
@@ -174,9 +205,11 @@ class Reference:
         self.use_cache = use_cache
         self._eng = self._model = None
         self.hits, self.misses, self.compute_s = 0, 0, 0.0
-        self.settings = {"text_sha256": reference_cache.text_digest(text), "tokens": cfg.tokens,
-                         "prompt": cfg.prompt, "steps": cfg.steps, "dtype": "fp32", "device": device,
-                         "torch": torch.__version__, "torch_threads": torch.get_num_threads()}
+        self.settings = {"text_sha256": reference_cache.text_digest(text), "tokens": cfg.tokens, "dtype": "fp32",
+                         "device": device, "torch": torch.__version__, "torch_threads": torch.get_num_threads()}
+        # the greedy part's own settings: the teacher-forced logits do not depend on them, so a run with other
+        # --steps or another --prompt reads the text's logits from the cache and computes only its greedy path
+        self.greedy = {"prompt": cfg.prompt, "chat": cfg.chat, "steps": cfg.steps}
         self.identity = reference_cache.model_identity(spec, _own_files(spec)) if use_cache else {}
 
     def engine(self):
@@ -205,7 +238,7 @@ class Reference:
         def compute():
             ref, model = self.engine()
             ids = lexp.token_ids(ref, self.text, self.cfg.tokens + 1, self.source)
-            prompt_ids = ref.prompt_ids(self.cfg.prompt, self.cfg.steps)
+            prompt_ids = ref.prompt_ids(self.cfg.prompt, self.cfg.steps, self.cfg.chat)
             tokens, rows = _greedy(ref, model, prompt_ids, self.cfg.steps)
             top = np.sort(rows, axis=1)[:, -2:] if len(tokens) else np.zeros((0, 2))
             margins = top[:, 1] - top[:, 0] if top.shape[1] == 2 else np.zeros(len(tokens))
@@ -213,7 +246,7 @@ class Reference:
                     {"ids": np.asarray(ids, np.int64), "prompt_ids": np.asarray(prompt_ids, np.int64),
                      "greedy": np.asarray(tokens, np.int64), "margins": np.asarray(margins, np.float64)})
 
-        meta, a = self._entry("start", compute)
+        meta, a = self._entry("start", compute, **self.greedy)
         return (meta["info"], int(meta["window"]), a["ids"].tolist(), a["prompt_ids"].tolist(), a["greedy"].tolist(),
                 a["margins"])
 
@@ -225,6 +258,7 @@ class Reference:
             ref, model = self.engine()
             parts = []
             for start in range(0, self.cfg.tokens, window):
+                progress.stage("reference windows", start // window, -(-self.cfg.tokens // window))
                 x = torch.tensor([ids[start:min(self.cfg.tokens, start + window)]], device=self.device)
                 parts.append(reference_cache.compact(lexp.to_numpy(ref.forward(model, x)[0])))
                 advance()
@@ -260,6 +294,7 @@ def run(cfg: EnginesConfig, advance=lambda k=1: None) -> EnginesResult:
     device = startup.device(cfg.device)
     t0 = time.perf_counter()
     ref_spec, ref_from = default_reference(cfg.reference, cfg.engines)
+    startup.check_chat(ref_spec, cfg.chat, "--reference")
     # every engine's memory, the reference's and the largest engine's, before any of them loads: they are
     # then opened one after another
     startup.check_memory([startup.Load(s, device, cfg.steps, cfg.prompt) for s in (ref_spec, *cfg.engines)],
@@ -279,7 +314,7 @@ def run(cfg: EnginesConfig, advance=lambda k=1: None) -> EnginesResult:
     failures = lexp.gate_failures(full, cfg.max_kld, cfg.min_top1)
     params = {"engines": cfg.engines, "reference": ref_spec, "reference_from": ref_from, "text": cfg.text or
               "held-out Shakespeare (last 5 %)", "tokens": cfg.tokens, "steps": cfg.steps, "prompt": cfg.prompt,
-              "device": device}
+              "chat": cfg.chat, "device": device}
     bound_lines = [f"{r['engine_spec']}: KLD >= {r['kld_lower_bound_mean']:.3g} nats on average (a lower bound from "
                    f"the top {r['top_k']} log-probabilities and a tail bucket), top-1 agreement "
                    f"{r['top1_agree_pct']:.2f} %." for r in rows if "kld_mean" not in r]
@@ -305,10 +340,11 @@ def _engine_row(spec, cfg, ref, ref_window, ids, prompt_ids, ref_tokens, ref_mar
     R = ref.rows(ids, window, advance)  # before the engine's clock: a miss is the reference's time
     t1 = time.perf_counter()
     tokens_note, disagreement = _tokens(ids, _encode(eng, text, cfg.tokens + 1, source), spec, eng)
-    prompt_note, _ = _tokens(prompt_ids, _encode(eng, cfg.prompt, len(prompt_ids), "--prompt"), spec, eng)
+    prompt_note = _prompt_note(eng, cfg, prompt_ids, spec)
     n = cfg.tokens
     eng_parts, forward_s = [], 0.0
     for start in range(0, n, window):
+        progress.stage(f"{spec} windows", start // window, -(-n // window))
         x = torch.tensor([ids[start:min(n, start + window)]], device=device)
         t2 = time.perf_counter()
         eng_parts.append(lexp.to_numpy(eng.forward(eng_model, x)[0]))
@@ -317,17 +353,14 @@ def _engine_row(spec, cfg, ref, ref_window, ids, prompt_ids, ref_tokens, ref_mar
     E = np.concatenate(eng_parts)
     if R.shape != E.shape:
         raise RunError(f"{spec}: {E.shape[1]} logits per position against the reference's {R.shape[1]}")
-    R64, E64 = R.astype(np.float64), E.astype(np.float64)
-    del R, E  # the float64 pair is what the statistics read
-    stats = distribution.position_stats(R64, E64, np.asarray(ids[1:n + 1], dtype=np.int64))
+    stats = distribution.position_stats(R, E, np.asarray(ids[1:n + 1], dtype=np.int64))  # widened block by block
     t3 = time.perf_counter()
     eng_tokens, _ = _greedy(eng, eng_model, prompt_ids, cfg.steps)
     greedy_s = time.perf_counter() - t3
     div, margin = _divergence(ref_tokens, eng_tokens, ref_margins)
     row = {"engine_spec": spec, "engine": eng.info(), "tokens": tokens_note, "prompt_tokens": prompt_note,
-           **distribution.summarize(stats), "max_abs_diff_shifted": shifted_max_abs(R64, E64),
-           "max_abs_diff": float(np.max(np.abs(E64 - R64))) if R64.size else 0.0,
-           "bit_identical": bit_identical(R64, E64), "forward_s": forward_s, "greedy_s": greedy_s,
+           **distribution.summarize(stats), "max_abs_diff_shifted": shifted_max_abs(R, E),
+           "max_abs_diff": max_abs_diff(R, E), "bit_identical": bit_identical(R, E), "forward_s": forward_s, "greedy_s": greedy_s,
            "greedy_steps": cfg.steps, "greedy_diverged_at": div,
            "reference_margin_at_divergence": margin,
            "engine_s": time.perf_counter() - t1}

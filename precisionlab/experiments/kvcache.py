@@ -52,7 +52,7 @@ import numpy as np
 from precisionlab.engines.protocol import check_finite, greedy
 from precisionlab.engines.registry import DEFAULT_PROMPT, DEFAULT_SPEC
 from precisionlab.experiments import startup
-from precisionlab.runtime import devices, memory
+from precisionlab.runtime import devices, memory, progress
 from precisionlab.numerics import compare as comparison, distribution
 from precisionlab.catalog import formats
 from precisionlab.io import inputs
@@ -75,6 +75,7 @@ class KVCacheConfig:
     seed: int = 0
     model: str | None = DEFAULT_SPEC  # an engine spec (engines/registry.py); None: the embedded model
     text: str | None = None  # --text: the calibration text file; None: the shipped Shakespeare's start
+    chat: bool = False  # --chat: --prompt under the model's chat template
 
 
 @dataclass
@@ -184,6 +185,7 @@ def run(cfg: KVCacheConfig, advance=lambda k=1: None) -> KVCacheResult:
     if not (math.isfinite(cfg.activation_scale) and cfg.activation_scale > 0):
         raise UsageError(f"--activation-scale must be a positive finite number (got {cfg.activation_scale})")
     startup.check_run(cfg.steps, cfg.prompt)
+    startup.check_chat(cfg.model, cfg.chat)
     plan = devices.resolve(cfg.device)
     torch = import_torch()
     from precisionlab.engines import charlm
@@ -205,7 +207,7 @@ def run(cfg: KVCacheConfig, advance=lambda k=1: None) -> KVCacheResult:
                                          lambda s: memory.kvcache(s, CALIBRATION_CHARS),
                                          f"kvcache --model {cfg.model or DEFAULT_SPEC} --steps {cfg.steps}")
             try:
-                prompt = engine.prompt_ids(cfg.prompt, cfg.steps)
+                prompt = engine.prompt_ids(cfg.prompt, cfg.steps, cfg.chat)
                 source = f"--text {cfg.text!r}" if cfg.text is not None else "the calibration text"
                 calibration = engine.encode(text if text is not None else calibration_text(),
                                             source)[:int(engine.max_len)]
@@ -219,7 +221,7 @@ def run(cfg: KVCacheConfig, advance=lambda k=1: None) -> KVCacheResult:
             calibration_tokens = len(calibration)
     return KVCacheResult(
         params={"model": cfg.model or DEFAULT_SPEC, "dtypes": kv_dtypes, "scales": modes,
-                "activation_scale": cfg.activation_scale, "steps": cfg.steps, "prompt": cfg.prompt,
+                "activation_scale": cfg.activation_scale, "steps": cfg.steps, "prompt": cfg.prompt, "chat": cfg.chat,
                 "device": cfg.device, "calibration_chars": CALIBRATION_CHARS,
                 "calibration_tokens": calibration_tokens, "text": cfg.text, "seed": cfg.seed},
         rows=rows, model_info=info, takeaways=takeaways(rows))
@@ -252,7 +254,8 @@ def _device_rows(engine, prompt: list[int], calibration: list[int], cfg: KVCache
     order = [("bf16", None), ("fp32", None)] + [(d, mode) for d in kv_dtypes for mode in modes]
     bf16 = None
     rows = []
-    for fmt, mode in order:
+    for i, (fmt, mode) in enumerate(order):
+        progress.stage(f"{device} {fmt} cache, {mode} scale", i, len(order))
         tokens, _ = greedy(engine, m, prompt, cfg.steps, stores=Stores(store_for(fmt, mode)), strict=False)
         stores = Stores(store_for(fmt, mode))
         logits = _forced(engine, stores, path, len(prompt))  # the teacher-forced pass alone is counted

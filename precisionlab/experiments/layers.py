@@ -45,6 +45,7 @@ from precisionlab.engines.protocol import greedy
 from precisionlab.engines.registry import DEFAULT_SPEC, ModelRun, spec_path
 from precisionlab.experiments import layers_routing, startup
 from precisionlab.io import outputs
+from precisionlab.runtime import progress
 from precisionlab.numerics import divergence
 from precisionlab.numerics.compare import RATIO_THRESHOLD, judge, rel_l2
 from precisionlab.io.tensorfiles import ORDER_KEY, TOKENS_KEY
@@ -108,6 +109,7 @@ def _check_targets_before_load(model: str | None, injections) -> None:
 
 def run(cfg: LayersConfig, advance=lambda k=1: None) -> LayersResult:
     startup.check_run(cfg.steps, cfg.prompt)
+    startup.check_chat(cfg.model, cfg.chat)
     lows = startup.parse_dtypes(cfg.dtypes, formats.LOW_COMPUTE)  # no repeated rows
     injections = inject_mod.parse_all(cfg.inject, INJECT_KEYS)
     dump_dir = check_dump_dir(cfg.dump, ["fp32", *lows], cfg.model, cfg.force) if cfg.dump is not None else None
@@ -124,7 +126,7 @@ def run(cfg: LayersConfig, advance=lambda k=1: None) -> LayersResult:
     _check_targets_before_load(cfg.model, injections)
     engine = startup.open_engine(cfg.model, device, cfg.steps, cfg.prompt, estimate,
                                  f"compare layers --model {cfg.model or DEFAULT_SPEC} --steps {cfg.steps}")
-    prompt = engine.prompt_ids(cfg.prompt, cfg.steps)
+    prompt = engine.prompt_ids(cfg.prompt, cfg.steps, cfg.chat)
     site_list = engine.sites(engine.base)
     pseudo = [s.name for s in site_list if s.pseudo]
     targets = [hooks.resolve(engine.base, inj.target, pseudo) for inj in injections]
@@ -143,12 +145,14 @@ def run(cfg: LayersConfig, advance=lambda k=1: None) -> LayersResult:
         ref_tokens, _ = greedy(engine, ref, prompt, cfg.steps)
         ids = (prompt + ref_tokens)[:-1]
         x = torch.tensor([ids], device=device)
+        progress.stage("fp32 layers")
         ref_cap = captured_run(engine, ref, site_list, x, routers)
         order = ref_cap.order
         if dump_dir is not None:
             dumped.append(_dump(dump_dir, "fp32", ref_cap, order, ids, engine, []))
         advance()
         for low in lows:
+            progress.stage(f"{low} layers")
             tdt = formats.get(low).torch_dtype
             trusted = low_copy(engine, low)
             yours = low_copy(engine, low)
@@ -178,7 +182,7 @@ def run(cfg: LayersConfig, advance=lambda k=1: None) -> LayersResult:
         first = min(flagged, key=lambda r: r["order"])["module"]
     info = engine.info()
     return LayersResult(
-        params={"model": cfg.model or DEFAULT_SPEC, "steps": cfg.steps, "prompt": cfg.prompt, "dtypes": lows,
+        params={"model": cfg.model or DEFAULT_SPEC, "steps": cfg.steps, "prompt": cfg.prompt, "chat": cfg.chat, "dtypes": lows,
                 "device": device, "seed": cfg.seed, "tokens": len(ids), "inject": [str(i) for i in injections],
                 "inject_targets": targets, "ratio_threshold": RATIO_THRESHOLD, "dump": cfg.dump,
                 "routing": routers.info()},

@@ -37,6 +37,7 @@ from precisionlab.errors import RunError, UsageError
 from precisionlab.experiments import layers as single
 from precisionlab.experiments import layers_heads, layers_routing, startup
 from precisionlab.numerics import compare, divergence
+from precisionlab.runtime import progress
 
 
 @dataclass
@@ -96,6 +97,7 @@ def run(cfg: PairConfig, advance=lambda k=1: None) -> PairResult:
     ycls = check_specs(yours_spec, cfg.reference, bool(cfg.engine))
     ref_spec, ref_note = startup.default_reference(cfg.reference, [cfg.engine] if cfg.engine else [])
     _module_engine(ref_spec, "--reference")
+    startup.check_chat(ref_spec, cfg.chat, "--reference")  # REF's template makes the ids both sides read
     external = not ycls.has_modules  # captured by the engine itself, as it was opened
     device = startup.device(cfg.device)
     with _hf_named(ref_spec, external) as (run_spec, how):
@@ -135,7 +137,7 @@ def _run(cfg, lows, yours_spec, run_spec, ref_spec, ref_note, external, device, 
          startup.Load(yours_spec, "cpu" if external else device, cfg.steps, cfg.prompt)],
         lambda shapes: _estimate(shapes, lows, external),
         f"compare layers --reference {ref_spec} --model {yours_spec} --steps {cfg.steps}")
-    prompt = ref.prompt_ids(cfg.prompt, cfg.steps)
+    prompt = ref.prompt_ids(cfg.prompt, cfg.steps, cfg.chat)
     notes = [f"reference {ref_spec} ({ref_note})"]
     # a python: engine's class may have modules; the instance declares whether it captures itself instead
     external = external or not yours.has_modules
@@ -144,15 +146,17 @@ def _run(cfg, lows, yours_spec, run_spec, ref_spec, ref_note, external, device, 
     with startup.numerics(), torch.no_grad(), single.threads_for(ref.base):
         ref_tokens, _ = greedy(ref, ref.base, prompt, cfg.steps)
         ids = (prompt + ref_tokens)[:-1]
-        notes.append("tokens: " + startup.token_check(ids, _encoded(yours, ref, ids), str(yours_spec)))
+        notes.append("tokens: " + startup.token_check(ids, _encoded(yours, ref, ids, len(prompt), cfg), str(yours_spec)))
         x = torch.tensor([ids], device=device)
         ref_sites = _with_heads(ref, ref.sites(ref.base), cfg.heads)
         routers = (layers_routing.find(ref, ref.base, "REF"), layers_routing.find(yours, yours.base, "YOURS"))
         routes = ({}, {})  # REF's and YOURS' captured routers, by dtype
+        progress.stage("reference layers (fp32, fp64)")
         cap32 = single.captured_run(ref, ref.base, ref_sites, x, routers[0])
         r32, order, routes[0]["fp32"] = _outputs(cap32), list(cap32.order), cap32.routes
         r64 = _outputs(single.captured_run(ref, ref.model("fp64"), ref_sites, x))
         advance()
+        progress.stage("yours layers (fp32)")
         if external:  # per-head tensors only for --heads (an engine may give them anyway)
             y32 = {k: torch.from_numpy(v) for k, v in yours.capture_layers(ids).items()
                    if cfg.heads or layers_heads.kind_of(k) is None}
@@ -163,6 +167,7 @@ def _run(cfg, lows, yours_spec, run_spec, ref_spec, ref_note, external, device, 
         quant, rq = _quantised_reference(ref, ref_sites, x, yours_spec, notes) if external else (None, None)
         ref_low, yours_low = {}, {}
         for low in lows:
+            progress.stage(f"{low} layers, both models")
             ref_low[low] = _outputs(_routed(single.captured_run(ref, single.low_copy(ref, low), ref_sites, x,
                                                                 routers[0]), routes[0], low))
             yours_low[low] = y32 if external else _outputs(_routed(
@@ -187,7 +192,7 @@ def _run(cfg, lows, yours_spec, run_spec, ref_spec, ref_note, external, device, 
                 key=lambda r: r["order"], default=None)
     first_name = first["module"] if first else None
     params = {"model": yours_spec, "reference": ref_spec, "reference_from": ref_note, "engine": cfg.engine,
-              "steps": cfg.steps, "prompt": cfg.prompt, "dtypes": lows, "device": device, "seed": cfg.seed,
+              "steps": cfg.steps, "prompt": cfg.prompt, "chat": cfg.chat, "dtypes": lows, "device": device, "seed": cfg.seed,
               "tokens": len(ids), "ratio_threshold": compare.RATIO_THRESHOLD, "compared": len(common),
               "quant_view": quant.view if quant else None, "quant_departs_at": None,
               "heads": cfg.heads, "routing": routers[0].info()}
@@ -345,9 +350,12 @@ def _estimate(shapes, lows, external) -> int:
     return memory.compare_layers_pair(ref_shape, yours_shape, len(lows))
 
 
-def _encoded(yours, ref, ids):
-    """YOURS' own token ids for the text REF's ids decode to (None: it has no tokenizer)."""
+def _encoded(yours, ref, ids, n_prompt: int, cfg):
+    """YOURS' own token ids for the text REF's ids decode to (None: it has no tokenizer); with --chat, the
+    prompt under YOURS' own chat template, then the continuation's text."""
     try:
+        if cfg.chat and yours.chats:
+            return yours.chat_ids(cfg.prompt) + yours.encode(ref.decode(ids[n_prompt:]), "--prompt")
         return yours.encode(ref.decode(ids), "--prompt")
     except (UsageError, NotImplementedError):
         return None

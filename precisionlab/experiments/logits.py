@@ -24,7 +24,7 @@ from precisionlab.experiments import startup
 from precisionlab.numerics import compare as comparison, distribution, divergence
 from precisionlab.numerics.metrics import exact_mean
 from precisionlab.io import inputs, logits_file, outputs
-from precisionlab.runtime import memory
+from precisionlab.runtime import memory, progress
 from precisionlab.errors import UsageError
 
 DTYPES = formats.COMPUTE  # fp32 may be compared too; the index seeds each run's noise
@@ -256,7 +256,9 @@ def run_model(cfg: MetricsConfig, advance=lambda k=1: None) -> LogitsResult:
     # fp32 means IEEE fp32 here
     with _torch_threads(torch, engine.score_threads), startup.numerics(), torch.no_grad():
         used_threads = torch.get_num_threads()
-        for start, k, length in _batches(n, window, per_batch):
+        batches = list(_batches(n, window, per_batch))
+        for i, (start, k, length) in enumerate(batches):
+            progress.stage(f"{','.join(models)} windows", i, len(batches))
             x = torch.tensor(ids[start:start + k * length], device=device).view(k, length)
             targets = targets_all[start:start + k * length]
             outs = {d: to_numpy(engine.forward(m, x).reshape(k * length, -1)) for d, m in models.items()}

@@ -22,7 +22,7 @@ import numpy as np
 from precisionlab.engines.protocol import check_finite, greedy
 from precisionlab.engines.registry import DEFAULT_SPEC, ModelRun
 from precisionlab.experiments import startup
-from precisionlab.runtime import memory, threads
+from precisionlab.runtime import memory, progress, threads
 from precisionlab.catalog import formats
 from precisionlab.numerics import metrics
 
@@ -47,6 +47,7 @@ class ModelResult:
 
 def run(cfg: ModelConfig, advance=lambda k=1: None) -> ModelResult:
     startup.check_run(cfg.steps, cfg.prompt)
+    startup.check_chat(cfg.model, cfg.chat)
     threads.check(cfg.threads)
     lows = startup.parse_dtypes(cfg.dtypes, LOW_DTYPES)  # no repeated rows
     device = startup.device(cfg.device)
@@ -56,7 +57,7 @@ def run(cfg: ModelConfig, advance=lambda k=1: None) -> ModelResult:
     t0 = time.perf_counter()
     engine = startup.open_engine(cfg.model, device, cfg.steps, cfg.prompt, lambda s: memory.compare_model(*s[:7]),
                                  f"compare model --model {cfg.model or DEFAULT_SPEC} --steps {cfg.steps}")
-    prompt = engine.prompt_ids(cfg.prompt, cfg.steps)
+    prompt = engine.prompt_ids(cfg.prompt, cfg.steps, cfg.chat)
     t_load = time.perf_counter() - t0
     # One decoding step is ~2 flops per parameter: the work each torch call does.
     with startup.numerics(cfg.threads, 2.0 * engine.info()["parameters"], device) as n_threads:
@@ -71,6 +72,7 @@ def _run(cfg: ModelConfig, engine, prompt, lows, device, t_load, n_threads, adva
     ref_tokens, ref_step_logits = greedy(engine, ref_model, prompt, cfg.steps, "fp32")
     path = prompt + ref_tokens
     x = torch.tensor([path[:-1]], device=device)  # teacher-forced: every dtype reads fp32's tokens
+    progress.stage("fp32 teacher-forced")
     ref_tf = engine.forward(ref_model, x)[0].double().cpu().numpy()[len(prompt) - 1:]
     for i, row in enumerate(ref_tf):
         check_finite(row, "fp32", i, "teacher-forced")
@@ -80,6 +82,7 @@ def _run(cfg: ModelConfig, engine, prompt, lows, device, t_load, n_threads, adva
     for low in lows:
         m = engine.model(low)
         tokens, _ = greedy(engine, m, prompt, cfg.steps, low)
+        progress.stage(f"{low} teacher-forced")
         tf = engine.forward(m, x)[0].double().cpu().numpy()[len(prompt) - 1:]
         for i, row in enumerate(tf):
             check_finite(row, low, i, "teacher-forced, reading fp32's tokens")
@@ -113,8 +116,8 @@ def _run(cfg: ModelConfig, engine, prompt, lows, device, t_load, n_threads, adva
     t_run = time.perf_counter() - t1
     info = engine.info() | {"mean_top1_probability_fp32": top1, "uniform_probability": 1.0 / ref_tf.shape[1]}
     return ModelResult(
-        params={"model": cfg.model or DEFAULT_SPEC, "steps": cfg.steps, "prompt": cfg.prompt, "dtypes": lows,
-                "device": device, "seed": cfg.seed, "prompt_tokens": len(prompt)},
+        params={"model": cfg.model or DEFAULT_SPEC, "steps": cfg.steps, "prompt": cfg.prompt, "chat": cfg.chat,
+                "dtypes": lows, "device": device, "seed": cfg.seed, "prompt_tokens": len(prompt)},
         rows=rows, summary=summary, texts=texts, model_info=info, takeaways=takeaways(summary, info),
         timing={"load_s": t_load, "run_s": t_run, "torch_threads": n_threads},
     )

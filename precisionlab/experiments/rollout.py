@@ -41,7 +41,7 @@ from precisionlab.experiments.logprob_compare import compare_streams
 from precisionlab.io import logprob_streams
 from precisionlab.numerics import logprobs as lpstats
 from precisionlab.numerics.metrics import exact_sum
-from precisionlab.runtime import memory, threads
+from precisionlab.runtime import memory, progress, threads
 
 DTYPES = formats.COMPUTE
 DEFAULT_SAMPLES = 8
@@ -150,6 +150,7 @@ def _run(cfg: RolloutConfig, tdt: str, rdt: str, device: str, rollout, trainer, 
         sampled = sample(rollout, model(rollout, rdt), prompt, cfg, rdt, advance)
         t_sample = time.perf_counter() - t1
         t2 = time.perf_counter()
+        progress.stage("scoring")
         seqs = sampled["sequences"]
         a = score(trainer, model(trainer, tdt), prompt, seqs, cfg.temperature, tdt)
         advance()
@@ -281,6 +282,7 @@ def sample(engine, model, prompt: list[int], cfg: RolloutConfig, dtype: str, adv
     rng = np.random.default_rng(cfg.seed)
     seqs, raw, ren, raw_top, ren_top = [], [], [], [], []
     for s in range(cfg.samples):
+        progress.stage(f"{dtype} sampling", s, cfg.samples)
         feed = engine.session(model)
         logits = feed(prompt)[-1]
         tokens = []

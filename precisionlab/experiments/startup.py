@@ -56,6 +56,23 @@ def check_run(steps: int | None = None, prompt: str | None = None, purpose: str 
         check_prompt(prompt, purpose)
 
 
+def check_chat(spec: str | None, chat: bool, option: str = "--model") -> None:
+    """--chat, before anything loads: the model's engine applies chat
+    templates (the `chats` capability) and its files hold one (read without
+    a weight; a cached repo id is checked once its tokenizer loads)."""
+    if not chat:
+        return
+    from precisionlab.engines import protocol
+
+    cls, arg = registry.resolve(spec)
+    name = spec or registry.DEFAULT_SPEC
+    if not cls.chats:
+        raise protocol.no_chat_template(f"{option} {name}", "its engine reads none: the chats capability, "
+                                        "a Hugging Face folder's or a GGUF's template")
+    if cls.has_chat_template(arg) is False:
+        raise protocol.no_chat_template(f"{option} {name}", "none in its files")
+
+
 def parse_dtypes(text: str | None, subset: formats.Subset, option: str = "--dtypes",
                  default: formats.Subset | None = None) -> list[str]:
     """An option's formats, canonical and without repeats, against their catalog subset."""

@@ -6,8 +6,9 @@ An entry lives in $PRECISIONLAB_REFERENCE_CACHE, else under $PRECISIONLAB_CACHE
 decides the numbers before the reference is loaded: the model's identity
 (its spec and, for every file the spec names, path, size and modification
 time: the tokenizer and the weights are files of the folder), the text's
-sha256 and the positions asked, the prompt and the steps, the dtype, the
-device, torch's version and threads. The token ids are not in the key
+sha256 and the positions asked, the prompt, --chat and the steps (for the
+greedy part's entry only: the teacher-forced logits do not read them), the
+dtype, the device, torch's version and threads. The token ids are not in the key
 because computing them needs the reference's tokenizer, which a hit is meant
 not to load; they are in the entry, and follow from text and model files.
 Entries are numpy archives read with allow_pickle=False (never code), written

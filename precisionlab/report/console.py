@@ -167,19 +167,36 @@ stderr = _Console(stderr=True, emoji=False)
 
 @contextmanager
 def progress(description: str, enabled: bool):
-    """A Rich progress indicator on stderr: steps done and time elapsed, or a
-    no-op when disabled (under --json, or when stderr is not a terminal).
-    Yields advance(). Experiments do not know their step count in advance
-    (it depends on the devices present), so the bar pulses rather than guess."""
-    if not enabled or not stderr.is_terminal:
+    """Progress on stderr while the run inside works (runtime/progress owns it:
+    the stages the work reports and the steps advance() counts): a live line on
+    a terminal where `enabled` (no --json), gone when the run ends; otherwise
+    plain lines, only once the run has lasted some seconds. Yields advance().
+    Experiments do not know their step count in advance (it depends on the
+    devices present), so the bar pulses rather than guess."""
+    from precisionlab.runtime import progress as owner
+
+    if not math.isfinite(owner.quiet_period()):
         yield lambda k=1: None
+        return
+    if not (enabled and stderr.is_terminal):
+        reporter = owner.Reporter(description, _progress_line)
+        with owner.run(reporter):
+            yield reporter.advance
         return
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
-    with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed} steps"),
-                  TimeElapsedColumn(), console=stderr, transient=True) as p:
-        task = p.add_task(description, total=None)
-        yield lambda k=1: p.advance(task, k)
+    with Progress(TextColumn("{task.description}"), BarColumn(), TimeElapsedColumn(), console=stderr,
+                  transient=True) as p:
+        task = p.add_task(safe_text(description), total=None)
+        reporter = owner.Reporter(description, lambda text: p.update(task, description=safe_text(text)), live=True)
+        with owner.run(reporter):
+            yield reporter.advance
+
+
+def _progress_line(text: str) -> None:
+    """One plain progress line on stderr (stdout and the JSON never see one)."""
+    sys.stderr.write(f"precisionlab: {printable(text)}\n")
+    sys.stderr.flush()
 
 
 def hint(text: str) -> None:
