@@ -12,15 +12,22 @@ _DTYPE_BYTES = {"F64": 8, "I64": 8, "U64": 8, "F32": 4, "I32": 4, "U32": 4, "F16
                 "U16": 2, "F8_E4M3": 1, "F8_E5M2": 1, "I8": 1, "U8": 1, "BOOL": 1}
 
 
-def safetensors_sizes(paths) -> tuple[int, int]:
-    """(parameters, bytes) declared in safetensors headers, without reading
-    the tensors: the bytes are the weights as stored, which is how the Hugging
-    Face engine keeps them (its compute copies are counted apart)."""
+# The catalog's names of the dtypes a model's weights may be held in.
+_CATALOG = {"F64": "fp64", "F32": "fp32", "BF16": "bf16", "F16": "fp16"}
+
+
+def safetensors_sizes(paths) -> tuple[int, int, str]:
+    """(parameters, bytes, the dtype most of them are in: a catalog name, ""
+    for another) declared in safetensors headers, without reading the
+    tensors: the weights as stored, which is how the Hugging Face engine
+    holds them (its compute copies are counted apart)."""
     import math
+    from collections import Counter
 
     from safetensors import safe_open
 
     count = size = 0
+    by_dtype: Counter = Counter()
     for path in paths:
         with safe_open(str(path), framework="pt") as f:
             for k in f.keys():
@@ -28,7 +35,9 @@ def safetensors_sizes(paths) -> tuple[int, int]:
                 n = math.prod(s.get_shape())
                 count += n
                 size += n * _DTYPE_BYTES.get(s.get_dtype(), 4)
-    return count, size
+                by_dtype[s.get_dtype()] += n
+    most = by_dtype.most_common(1)[0][0] if by_dtype else ""
+    return count, size, _CATALOG.get(most, "")
 
 
 def safetensors_parameters(paths) -> int:
@@ -46,6 +55,7 @@ class ModelShape(NamedTuple):
     kind: str       # "hf" | "embedded"
     positions: int  # the model's longest sequence (0: not declared)
     stored: int = 0  # bytes of the weights as the engine holds them between runs (0: 4 per parameter)
+    dtype: str = "fp32"  # the dtype they are held in (a catalog name; "": another): a copy in it is shared
 
     @property
     def weight_bytes(self) -> int:
@@ -86,17 +96,17 @@ def model_shape(model: str | None, steps: int, prompt: str) -> ModelShape | None
     cfg = cfg if isinstance(cfg, dict) else {}
     cfg = cfg["text_config"] if isinstance(cfg.get("text_config"), dict) else cfg  # multimodal configs nest it
     try:
-        params, stored = safetensors_sizes(sorted(folder.glob("*.safetensors")))
+        params, stored, dtype = safetensors_sizes(sorted(folder.glob("*.safetensors")))
     except Exception:  # a header safetensors cannot read: the loader will refuse the folder
         params = stored = 0
     if params == 0:  # pickled checkpoints (.bin): their bytes, as if 2 per parameter
         stored = sum(p.stat().st_size for p in folder.glob("*.bin"))
-        params = stored // 2
+        params, dtype = stored // 2, ""
 
     def num(key: str) -> int:
         v = cfg.get(key)
         return int(v) if isinstance(v, (int, float)) and v > 0 else 0
 
     return ModelShape(params, seq, num("vocab_size"), num("hidden_size"), num("num_hidden_layers"),
-                      num("num_attention_heads"), "hf", num("max_position_embeddings"), stored)
+                      num("num_attention_heads"), "hf", num("max_position_embeddings"), stored, dtype)
 

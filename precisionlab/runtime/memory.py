@@ -196,8 +196,7 @@ def copy_bytes(shape, dtype: str) -> int:
     (shape.weight_bytes: the Hugging Face engine's as stored, the embedded
     one's in fp32): a copy cast tensor by tensor (protocol.cast_copy), none
     where the copy shares the held weights (their own dtype)."""
-    size = COPY_BYTES[dtype] * shape.params
-    return 0 if size == shape.weight_bytes else size
+    return 0 if dtype == shape.dtype else COPY_BYTES[dtype] * shape.params
 
 
 def weights(shape, *together) -> int:
