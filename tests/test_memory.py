@@ -130,7 +130,7 @@ def _contracts_embedded():
     # their worst, and the embedded model's runs measured about half of it (61, 46, 50 MiB against 126,
     # 78, 112 at steps 8, 16, 32 on a 2-core machine); a run must still never pass 1.5x of it.
     return [(["compare", "contracts", "--steps", str(s), "--dtypes", "fp32", "--json"],
-             memory.compare_contracts(*engine_shape.model_shape(None, s + PADS, "ROMEO:\n")[:7], batch=max(BATCHES)),
+             memory.compare_contracts(engine_shape.model_shape(None, s + PADS, "ROMEO:\n"), max(BATCHES), ["fp32"]),
              UPPER_ONLY) for s in (8, 16, 32)]
 
 
