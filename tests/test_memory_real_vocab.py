@@ -74,6 +74,7 @@ def test_estimates_count_the_weights_once_plus_the_copies():
     p = QWEN06.params
     # compare model: one compute copy at a time, the largest fp32's
     assert memory.weights(QWEN06, ["fp32", "bf16", "fp16"]) == w + 4 * p
+    assert memory.weights(QWEN06) == 2 * w  # the load: the file mapped beside the tensors read from it
     # compare metrics: fp32 and fp16 beside the stored bf16
     assert memory.weights(QWEN06, "fp32", "bf16", "fp16") == w + 6 * p
 

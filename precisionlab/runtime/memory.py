@@ -201,12 +201,15 @@ def copy_bytes(shape, dtype: str) -> int:
 
 def weights(shape, *together) -> int:
     """The held weights plus the compute copies alive together (dtype names;
-    a list among them: the largest of its copies, made one after another)."""
+    a list among them: the largest of its copies, made one after another);
+    at least twice the held weights, the load's own peak (the checkpoint's
+    pages mapped beside the tensors read out of them, measured: a model
+    stored in fp32 whose runs make no fp32 copy peaks there)."""
     total = shape.weight_bytes
     for d in together:
         total += max((copy_bytes(shape, x) for x in d), default=0) if isinstance(d, (list, tuple)) \
             else copy_bytes(shape, d)
-    return total
+    return max(total, 2 * shape.weight_bytes)
 
 
 def compare_model(shape, lows=("bf16", "fp16")) -> int:
@@ -258,10 +261,12 @@ ENGINE_FIXED = {"hf": MODEL_FIXED["hf"], "embedded": 32 * MiB}
 
 # compare metrics: the logits of one batch of windows held per logit (fp32's kept as the reference,
 # one other dtype's output and its numpy copy: 4 + 4 + 4 at most, the fp32 side compared too), and
-# per logit of a chunk of positions scored together: both rows in float64 (16) and
-# distribution.position_stats' temporaries (about ten float64 more: 80), measured.
+# per logit of a chunk of positions scored together: both rows in float64 (16), the noise and
+# distribution.position_stats' temporaries (log-softmaxes, probabilities, their products, the sort
+# for the top-5 sets): measured 270 bytes a logit in all on the embedded model (one chunk of 8192
+# positions, fp32 and bf16: tests/test_memory.py).
 METRICS_BATCH_PER_LOGIT = 12
-METRICS_CHUNK_PER_LOGIT = 96
+METRICS_CHUNK_PER_LOGIT = 256
 # The batch of windows is sized as it was when every dtype's float64 windows were held (80 bytes a
 # logit): a window's logits can depend on how many windows share its forward pass, so the recorded
 # numbers stay those of the same batches.
@@ -290,9 +295,9 @@ def compare_metrics(shape, tokens: int, lows: list, window: int, working_bytes: 
     and low dtype, the statistics kept and concatenated (nine float64, twice:
     144 bytes); --save-logits' arrays (`save_bytes`, given: the dtypes saved)."""
     vocab = max(shape.vocab, 1)
-    length = min(tokens, window)
-    batch = metrics_per_batch(tokens, window, vocab, working_bytes) * length * vocab * METRICS_BATCH_PER_LOGIT
-    chunk = min(metrics_chunk(vocab, working_bytes), length) * vocab * METRICS_CHUNK_PER_LOGIT
+    rows = metrics_per_batch(tokens, window, vocab, working_bytes) * min(tokens, window)  # one batch's positions
+    batch = rows * vocab * METRICS_BATCH_PER_LOGIT
+    chunk = min(metrics_chunk(vocab, working_bytes), rows) * vocab * METRICS_CHUNK_PER_LOGIT
     return (weights(shape, *dict.fromkeys(("fp32", *lows))) + batch + chunk + 144 * tokens * max(len(lows), 1) + save_bytes
             + METRICS_FIXED[shape.kind])
 
