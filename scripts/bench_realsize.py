@@ -125,8 +125,8 @@ def _tokenizer(folder: Path) -> None:
     transformers.PreTrainedTokenizerFast(tokenizer_object=tok).save_pretrained(folder)
 
 
-def estimate(name: str, model: str) -> int:
-    """The command's own estimate, as it makes it before loading."""
+def estimate(name: str, model: str, batches: list[int] | None = None) -> int:
+    """The command's own estimate, as it makes it before loading (contracts: for the batches it ran)."""
     from precisionlab.engines.shape import model_shape
     from precisionlab.engines.registry import DEFAULT_PROMPT
     from precisionlab.experiments import contracts, logits
@@ -136,9 +136,7 @@ def estimate(name: str, model: str) -> int:
         return logits.estimate(model_shape(model, 0, ""), 2048, LOWS, {}, 0.0)
     if name == "contracts":
         shape = model_shape(model, 50 + contracts.PADS, DEFAULT_PROMPT)
-        cfg = contracts.ContractsConfig(model=model)
-        kept, _ = contracts.fitting_batches(cfg, list(contracts.BATCHES), CONTRACT_DTYPES)
-        return memory.compare_contracts(shape, max([2, *kept]), CONTRACT_DTYPES)
+        return memory.compare_contracts(shape, max([2, *(batches or [])]), CONTRACT_DTYPES)
     shape = model_shape(model, 50, DEFAULT_PROMPT)
     return memory.compare_model(shape, LOWS) if name == "steps50" else memory.compare_layers(shape, LOWS)
 
@@ -168,7 +166,7 @@ def run_one(name: str, model: str, work: Path) -> dict:
         m["batches"] = json.loads(m["stdout"])["params"]["batches"]
         m["batches_left_out"] = json.loads(m["stdout"])["params"]["batches_left_out"]
     largest = max(memory.COPY_BYTES[d] * shape.params for d in dtypes)
-    return {"run": " ".join(argv), **m, "estimate": estimate(name, model),
+    return {"run": " ".join(argv), **m, "estimate": estimate(name, model, m.get("batches")),
             "weights_and_copy": shape.weight_bytes + largest}
 
 
