@@ -150,10 +150,13 @@ def json_glossary_problems(doc, where: str = "") -> list[str]:
 TINY_WORDS = ["[UNK]", "the", "cat", "sat", "on", "a", "mat", "and", "dog", "ran", "to", "it"]
 
 
-def save_tiny_qwen(folder: Path, hidden: int = 32, layers: int = 2, words=TINY_WORDS, edit=None) -> Path:
+def save_tiny_qwen(folder: Path, hidden: int = 32, layers: int = 2, words=TINY_WORDS, edit=None,
+                   vocab: int | None = None) -> Path:
     """A random Qwen3 (seed 0; GQA: 4 query heads, 2 key/value heads of hidden / 4;
     MLP 2 x hidden) with a word-level tokenizer over `words`, saved as a local
-    folder. edit(model), when given, changes the model before it is saved."""
+    folder. edit(model), when given, changes the model before it is saved.
+    vocab: the model's vocabulary where wider than the tokenizer's (a real
+    model's 151,936 logits a position at a tiny hidden size)."""
     import torch
     from tokenizers import Tokenizer, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast, Qwen3Config, Qwen3ForCausalLM
@@ -161,7 +164,7 @@ def save_tiny_qwen(folder: Path, hidden: int = 32, layers: int = 2, words=TINY_W
     tok = Tokenizer(models.WordLevel(vocab={w: i for i, w in enumerate(words)}, unk_token="[UNK]"))
     tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
     torch.manual_seed(0)
-    cfg = Qwen3Config(vocab_size=len(words), hidden_size=hidden, intermediate_size=2 * hidden,
+    cfg = Qwen3Config(vocab_size=max(len(words), vocab or 0), hidden_size=hidden, intermediate_size=2 * hidden,
                       num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=2, head_dim=hidden // 4,
                       max_position_embeddings=64)
     model = Qwen3ForCausalLM(cfg)

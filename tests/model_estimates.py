@@ -10,13 +10,13 @@ from precisionlab.runtime import memory
 def compare_model_for(model: str | None, steps: int, prompt: str) -> int:
     """memory.compare_model for the model; 0 where none is found."""
     shape = model_shape(model, steps, prompt)
-    return 0 if shape is None else memory.compare_model(*shape[:7])
+    return 0 if shape is None else memory.compare_model(shape)
 
 
 def compare_layers_for(model: str | None, steps: int, prompt: str, dump: bool = False) -> int:
     """memory.compare_layers for the model; 0 where none is found."""
     shape = model_shape(model, steps, prompt)
-    return 0 if shape is None else memory.compare_layers(*shape[:7], dump=dump)
+    return 0 if shape is None else memory.compare_layers(shape, dump=dump)
 
 
 def kvcache_for(model: str | None, steps: int, prompt: str, calibration: int) -> int:

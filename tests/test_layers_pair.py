@@ -284,7 +284,7 @@ def test_wide_adds_each_views_scale_fit(run, base):
 
 def test_memory_is_estimated_from_both_models_before_either_loads():
     """runtime/memory.compare_layers_pair, checked before open_engine: under a 50 MiB limit the embedded pair at
-    100 steps (estimate 83 MiB; measured peaks 68 MiB at 100 steps, 74-75 at 300, 154-236 at 600 in two runs of
+    100 steps (estimate 76 MiB; measured peaks 68 MiB at 100 steps, 74-75 at 300, 154-236 at 600 in two runs of
     one child after another: too unsteady for tests/test_memory.py's 1.5x band, so not held there) is one line,
     exit 2, and no engine was opened."""
     import subprocess
@@ -299,7 +299,7 @@ def test_memory_is_estimated_from_both_models_before_either_loads():
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=ROOT)
     err = r.stderr.strip()
     assert r.returncode == 2 and len(err.splitlines()) == 1 and not r.stdout, (r.returncode, r.stderr)
-    assert "compare layers --reference embedded" in err and "needs about 83 MiB of memory, 50 MiB" in err, err
+    assert "compare layers --reference embedded" in err and "needs about 76 MiB of memory, 50 MiB" in err, err
 
 
 def test_the_pair_estimate_counts_yours_weights_and_each_low_dtype():
@@ -308,7 +308,9 @@ def test_the_pair_estimate_counts_yours_weights_and_each_low_dtype():
 
     shape = model_shape(None, 100, "ROMEO:\n")
     both, ext = memory.compare_layers_pair(shape, shape, 2), memory.compare_layers_pair(shape, None, 2)
-    assert both - ext == 10 * shape.params  # YOURS' fp32 model and one low copy from an fp32 deep copy
+    # YOURS' weights (held in fp32: its fp32 run's model) and one low copy cast from them, or the load's peak
+    # (the file beside the tensors read from it) where that is more: 8 bytes a parameter
+    assert both - ext == max(6, 8) * shape.params
     elements = shape.seq * (7 * shape.hidden * shape.layers + shape.vocab)
     per_low = memory.compare_layers_pair(shape, shape, 3) - both
     assert per_low == 4 * elements + 16 * shape.seq * max(shape.hidden, shape.vocab)

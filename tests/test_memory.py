@@ -130,13 +130,13 @@ def _contracts_embedded():
     # their worst, and the embedded model's runs measured about half of it (61, 46, 50 MiB against 126,
     # 78, 112 at steps 8, 16, 32 on a 2-core machine); a run must still never pass 1.5x of it.
     cases = [(["compare", "contracts", "--steps", str(s), "--dtypes", "fp32", "--json"],
-              memory.compare_contracts(*engine_shape.model_shape(None, s + PADS, "ROMEO:\n")[:7], batch=max(BATCHES)),
+              memory.compare_contracts(engine_shape.model_shape(None, s + PADS, "ROMEO:\n"), max(BATCHES), ["fp32"]),
               UPPER_ONLY) for s in (8, 16, 32)]
     # --draft embedded: the target's own engine proposes, from an fp32 copy of its own (memory.contracts_draft)
     shape = engine_shape.model_shape(None, 32 + PADS, "ROMEO:\n")
     return cases + [(["compare", "contracts", "--steps", "32", "--dtypes", "fp32", "--draft", "embedded", "--json"],
-                     memory.compare_contracts(*shape[:7], batch=max(BATCHES))
-                     + memory.contracts_draft(*shape[:5], "embedded", weights=False, fixed=False), UPPER_ONLY)]
+                     memory.compare_contracts(shape, max(BATCHES), ["fp32"])
+                     + memory.contracts_draft(shape, weights=False, fixed=False), UPPER_ONLY)]
 
 
 def _rollout_embedded():

@@ -182,7 +182,7 @@ def test_one_estimate_for_both_models_before_either_loads(monkeypatch, tiny_draf
     (alone, _), (both, what) = seen
     loads = [startup.Load(f"hf:{tiny_draft}", "cpu", SMALL["steps"] + exp.PADS, exp.ContractsConfig().prompt)]
     (shape,) = startup.shapes(loads)
-    assert both - alone == memory.contracts_draft(*shape[:5], "hf", weights=True, fixed=True) > 0
+    assert both - alone == memory.contracts_draft(shape, weights=True, fixed=True) > 0
     assert f"--draft hf:{tiny_draft}" in what
 
 

@@ -14,7 +14,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from precisionlab.engines.model_folders import quiet_library, refuse_foreign_code
-from precisionlab.engines.protocol import Engine, KVStores
+from precisionlab.engines.protocol import Engine, KVStores, cast_copy
 from precisionlab.errors import RunError, UsageError
 
 # Positions scored together by --metrics, at most (and at most the model's own).
@@ -24,6 +24,15 @@ def _transformers_version() -> str:
     import transformers
 
     return getattr(transformers, "__version__", "?")
+
+
+def _stored_dtype() -> dict:
+    """from_pretrained's keyword for loading the weights in the dtype they are
+    stored in: `dtype` from transformers 4.56 (the default in 5.x),
+    `torch_dtype` before (whose default was fp32)."""
+    from packaging.version import Version
+
+    return {"dtype" if Version(_transformers_version()) >= Version("4.56") else "torch_dtype": "auto"}
 
 
 def cache_keyword(module, command: str) -> str:
@@ -192,26 +201,37 @@ class HFEngine(Engine):
                 # trust_remote_code=False on every loader: a model folder never runs its own code
                 self.tok = transformers.AutoTokenizer.from_pretrained(arg, trust_remote_code=False,
                                                                       local_files_only=True)
-                self.base = transformers.AutoModelForCausalLM.from_pretrained(arg, trust_remote_code=False,
-                                                                              config=config, local_files_only=True)
+                self.stored = transformers.AutoModelForCausalLM.from_pretrained(
+                    arg, trust_remote_code=False, config=config, local_files_only=True, **_stored_dtype())
         except UsageError:
             raise
         except Exception as e:  # OSError, ValueError, KeyError... from an unusable directory or cache entry
             msg = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
             raise UsageError(f"--model {arg!r}: not a loadable causal LM offline ({msg})") from None
-        self.base = self.base.float().to(device).eval()
+        # The weights as stored (transformers loads a checkpoint in its own dtype): held once, each
+        # compute dtype cast from them when a run asks (model); fp32 is made on first use (base)
+        self.stored = self.stored.to(device).eval()
+        self._fp32 = self.stored if _dtype_name(self.stored) == "fp32" else None
         self.device = device
         self.name = arg
-        self.max_len = getattr(self.base.config, "max_position_embeddings", 1 << 20)
+        self.max_len = getattr(self.stored.config, "max_position_embeddings", 1 << 20)
         self.window = max(1, min(WINDOW, int(self.max_len)))
 
+    @property
+    def base(self):
+        """The model in fp32, made from the stored weights on first use and kept
+        (a run that reads `base` holds fp32 for its length: --layers, kvcache)."""
+        if self._fp32 is None:
+            self._fp32 = cast_copy(self.stored, "fp32")
+        return self._fp32
+
     def info(self) -> dict:
-        n = sum(p.numel() for p in self.base.parameters())
-        return {"name": self.name, "parameters": n, "vocab": int(self.base.config.vocab_size),
-                "max_seq_len": self.max_len, "architecture": type(self.base).__name__}
+        n = sum(p.numel() for p in self.stored.parameters())
+        return {"name": self.name, "parameters": n, "vocab": int(self.stored.config.vocab_size),
+                "max_seq_len": self.max_len, "architecture": type(self.stored).__name__}
 
     def cache_info(self) -> dict:
-        cfg = self.base.config
+        cfg = self.stored.config
         return self.info() | {"layers": int(getattr(cfg, "num_hidden_layers", 0) or 0),
                               "heads": int(getattr(cfg, "num_attention_heads", 0) or 0),
                               "transformers": _transformers_version()}
@@ -247,7 +267,13 @@ class HFEngine(Engine):
                          use_cache=False).logits
 
     def model(self, dtype: str):
-        m = super().model(dtype)
+        """Cast from the stored weights (cast_copy: a dtype they are stored in
+        shares them); fp32 is `base` where a run has made it, else a copy of
+        the run's own, freed when the run drops it."""
+        self.check_dtype(dtype)
+        if dtype == "fp32" and self._fp32 is not None:
+            return self._fp32
+        m = cast_copy(self.stored, dtype)
         if dtype == "fp64":
             _fp64_norms(m)
             # an MoE's experts run through torch's grouped_mm by default, which has no float64 kernel
@@ -303,6 +329,19 @@ class HFEngine(Engine):
             raise RunError(f"{type(module).__name__} (transformers {_transformers_version()}) never called its KV "
                            "cache's update(): kvcache --model cannot see what this model caches")
         return out
+
+
+def _dtype_name(model) -> str:
+    """The catalog name of the dtype most of the model's weights are in ("" for one the catalog lacks)."""
+    from collections import Counter
+
+    from precisionlab.catalog import formats
+
+    counts = Counter()
+    for p in model.parameters():
+        counts[p.dtype] += p.numel()
+    dtype = counts.most_common(1)[0][0] if counts else None
+    return next((f for f in ("fp64", *formats.COMPUTE) if formats.get(f).torch_dtype == dtype), "")
 
 
 def _fp64_norms(model) -> None:

@@ -3,9 +3,11 @@
 all decode with.
 
 An engine is opened by a spec string through engines/registry.py. It holds
-its model once, in fp32 (`base`); every run works on `model(dtype)` copies or
-on `base` itself, through these calls only, so an experiment never asks which
-engine it has. Torch is imported by the adapters, never here: the CLI checks a
+its weights once (`base` in fp32; the Hugging Face engine holds them as
+stored and makes `base` on first use); every run works on `model(dtype)`
+copies, made tensor by tensor from those weights (cast_copy) and dropped by
+the run when it ends, or on `base` itself, through these calls only, so an
+experiment never asks which engine it has. Torch is imported by the adapters, never here: the CLI checks a
 spec (`check`) before anything slow is loaded.
 
 What an engine can do is declared on its class (the capabilities below, with
@@ -181,10 +183,15 @@ class Engine(ABC):
     # --- computing --------------------------------------------------------------------------
 
     def model(self, dtype: str):
-        """A copy of the model computing in `dtype` (a catalog name: fp32, bf16, fp16)."""
+        """The model computing in `dtype` (a catalog name: fp32, bf16, fp16):
+        `base` itself for fp32, else a copy cast from it (cast_copy). The
+        caller drops it when its run ends; nothing here keeps it."""
+        self.check_dtype(dtype)
+        return self.base if dtype == "fp32" else cast_copy(self.base, dtype)
+
+    def check_dtype(self, dtype: str) -> None:
         if dtype not in self.compute_dtypes:
             raise UsageError(f"{self.name}: computes in {', '.join(self.compute_dtypes)}, not {dtype}")
-        return copy.deepcopy(self.base).to(formats.get(dtype).torch_dtype)
 
     @abstractmethod
     def forward(self, model, ids, head_dtype: str | None = None):
@@ -268,6 +275,28 @@ def no_chat_template(who: str, where: str) -> UsageError:
     """The one refusal of --chat for a model without a template (exit 2)."""
     return UsageError(f"--chat: {who} has no chat template ({where}); give --prompt as the model should read it, "
                       "without --chat")
+
+
+def cast_copy(module, dtype: str):
+    """A copy of the torch module `module` computing in `dtype`, made tensor by
+    tensor from its own: each floating parameter and buffer cast straight
+    into the new copy (no deep copy at the source's size first, which held
+    the weights twice more while a low copy was made), the rest of the
+    module deep-copied. A tensor already in `dtype` is shared, not copied: a
+    copy in the weights' own dtype costs no weight memory, and no run writes
+    to its weights (a run that edits them deep-copies first, as
+    quant_yardstick does). The buffers are cast as module.to(dtype) casts
+    them, so the numbers are those of a deep copy then .to(dtype)."""
+    import torch
+
+    want = formats.get(dtype).torch_dtype
+    memo: dict[int, object] = {}
+    for t in (*module.parameters(), *module.buffers()):
+        if id(t) in memo or not t.is_floating_point():
+            continue
+        new = t.detach().to(want)
+        memo[id(t)] = torch.nn.Parameter(new, requires_grad=t.requires_grad) if isinstance(t, torch.nn.Parameter) else new
+    return copy.deepcopy(module, memo)
 
 
 def check_finite(logits: np.ndarray, dtype: str, step: int, where: str) -> None:

@@ -7,17 +7,42 @@ from __future__ import annotations
 from typing import NamedTuple
 
 
-def safetensors_parameters(paths) -> int:
-    """Parameters declared in safetensors headers, without reading the tensors."""
+# Bytes per element of the dtypes safetensors headers name (get_dtype()'s spelling).
+_DTYPE_BYTES = {"F64": 8, "I64": 8, "U64": 8, "F32": 4, "I32": 4, "U32": 4, "F16": 2, "BF16": 2, "I16": 2,
+                "U16": 2, "F8_E4M3": 1, "F8_E5M2": 1, "I8": 1, "U8": 1, "BOOL": 1}
+
+
+# The catalog's names of the dtypes a model's weights may be held in.
+_CATALOG = {"F64": "fp64", "F32": "fp32", "BF16": "bf16", "F16": "fp16"}
+
+
+def safetensors_sizes(paths) -> tuple[int, int, str]:
+    """(parameters, bytes, the dtype most of them are in: a catalog name, ""
+    for another) declared in safetensors headers, without reading the
+    tensors: the weights as stored, which is how the Hugging Face engine
+    holds them (its compute copies are counted apart)."""
     import math
+    from collections import Counter
 
     from safetensors import safe_open
 
-    total = 0
+    count = size = 0
+    by_dtype: Counter = Counter()
     for path in paths:
         with safe_open(str(path), framework="pt") as f:
-            total += sum(math.prod(f.get_slice(k).get_shape()) for k in f.keys())
-    return total
+            for k in f.keys():
+                s = f.get_slice(k)
+                n = math.prod(s.get_shape())
+                count += n
+                size += n * _DTYPE_BYTES.get(s.get_dtype(), 4)
+                by_dtype[s.get_dtype()] += n
+    most = by_dtype.most_common(1)[0][0] if by_dtype else ""
+    return count, size, _CATALOG.get(most, "")
+
+
+def safetensors_parameters(paths) -> int:
+    """Parameters declared in safetensors headers, without reading the tensors."""
+    return safetensors_sizes(paths)[0]
 
 
 class ModelShape(NamedTuple):
@@ -29,6 +54,12 @@ class ModelShape(NamedTuple):
     heads: int
     kind: str       # "hf" | "embedded"
     positions: int  # the model's longest sequence (0: not declared)
+    stored: int = 0  # bytes of the weights as the engine holds them between runs (0: 4 per parameter)
+    dtype: str = "fp32"  # the dtype they are held in (a catalog name; "": another): a copy in it is shared
+
+    @property
+    def weight_bytes(self) -> int:
+        return self.stored or 4 * self.params
 
 
 def model_shape(model: str | None, steps: int, prompt: str) -> ModelShape | None:
@@ -47,6 +78,7 @@ def model_shape(model: str | None, steps: int, prompt: str) -> ModelShape | None
 
         with safe_open(str(charlm.DEFAULT_WEIGHTS), framework="pt") as f:
             cfg = json.loads(f.metadata()["config"])
+        # stored in bf16, held in fp32 (the engine's base): 4 per parameter
         return ModelShape(safetensors_parameters([charlm.DEFAULT_WEIGHTS]), seq, cfg["vocab_size"], cfg["d_model"],
                           cfg["n_layers"], cfg["n_heads"], "embedded", int(cfg.get("max_seq_len", 1024)))
     folder = Path(model)
@@ -64,16 +96,17 @@ def model_shape(model: str | None, steps: int, prompt: str) -> ModelShape | None
     cfg = cfg if isinstance(cfg, dict) else {}
     cfg = cfg["text_config"] if isinstance(cfg.get("text_config"), dict) else cfg  # multimodal configs nest it
     try:
-        params = safetensors_parameters(sorted(folder.glob("*.safetensors")))
+        params, stored, dtype = safetensors_sizes(sorted(folder.glob("*.safetensors")))
     except Exception:  # a header safetensors cannot read: the loader will refuse the folder
-        params = 0
+        params = stored = 0
     if params == 0:  # pickled checkpoints (.bin): their bytes, as if 2 per parameter
-        params = sum(p.stat().st_size for p in folder.glob("*.bin")) // 2
+        stored = sum(p.stat().st_size for p in folder.glob("*.bin"))
+        params, dtype = stored // 2, ""
 
     def num(key: str) -> int:
         v = cfg.get(key)
         return int(v) if isinstance(v, (int, float)) and v > 0 else 0
 
     return ModelShape(params, seq, num("vocab_size"), num("hidden_size"), num("num_hidden_layers"),
-                      num("num_attention_heads"), "hf", num("max_position_embeddings"))
+                      num("num_attention_heads"), "hf", num("max_position_embeddings"), stored, dtype)
 

@@ -101,7 +101,10 @@ def _run(cfg: ContractsConfig, advance) -> ContractsResult:
 
     torch.manual_seed(cfg.seed)
     t0 = time.perf_counter()
-    engine, draft = _open(cfg, device, max([2, *batches]))
+    # The batches that fit, from the engine's shape, before a weight is read; the padding contract's
+    # batch of 2 must fit, or the run is refused.
+    batches, left_out = fitting_batches(cfg, batches, dtypes)
+    engine, draft = _open(cfg, device, max([2, *batches]), dtypes)
     prompt = _prompt(engine, cfg)
     if cfg.dtypes is None:  # the default pair, less what this engine cannot compute in (llama.cpp: fp32 only)
         dtypes = [d for d in dtypes if d in engine.compute_dtypes] or [engine.compute_dtypes[0]]
@@ -112,7 +115,7 @@ def _run(cfg: ContractsConfig, advance) -> ContractsResult:
     # that does not count them, llama.cpp, sizes torch's threads for nothing)
     with startup.numerics(cfg.threads, 2.0 * (engine.info()["parameters"] or 0), device) as n_threads:
         flags = torch_flags.torch_flags()
-        tokens, _ = greedy(engine, engine.model("fp32"), prompt, cfg.steps, "fp32")
+        tokens, _ = greedy(engine, engine.model("fp32"), prompt, cfg.steps, "fp32")  # the copy dropped after
         seq = prompt + tokens
         rng = np.random.default_rng(cfg.seed)
         vocab = int(engine.info()["vocab"])
@@ -126,7 +129,7 @@ def _run(cfg: ContractsConfig, advance) -> ContractsResult:
         plan = _plan(chunks, batches) + widths
         exact_model = None
         for dtype in dtypes:
-            model = engine.model(dtype)
+            model = engine.model(dtype)  # cast from the held weights, dropped at the end of its dtype
             for i, (contract, label, kw) in enumerate(plan):
                 progress.stage(f"{dtype} contracts ({label})", i, len(plan))
                 row = {"dtype": dtype, "contract": contract, "label": label, "batch": kw.get("batch"),
@@ -147,6 +150,7 @@ def _run(cfg: ContractsConfig, advance) -> ContractsResult:
                     row |= {"verdict": "holds", "exact_dtype": None, "exact_max_abs_diff": None,
                             "exact_bit_identical_share": None, "note": "bit-identical"}
                 rows.append(row)
+            del model
             advance()
     t_run = time.perf_counter() - t1
     info = engine.info()
@@ -155,15 +159,16 @@ def _run(cfg: ContractsConfig, advance) -> ContractsResult:
     return ContractsResult(
         params={"model": cfg.model or DEFAULT_SPEC, "steps": cfg.steps, "prompt": cfg.prompt, "chat": cfg.chat, "dtypes": dtypes,
                 "prompt_from": "--prompt" if cfg.token_ids is None else "--token-ids",
-                "chunks": chunks, "batches": batches, "pads": PADS, "device": device, "seed": cfg.seed,
+                "chunks": chunks, "batches": batches, "batches_left_out": left_out, "pads": PADS, "device": device, "seed": cfg.seed,
                 "prompt_tokens": len(prompt), "positions": len(seq), "exact_dtype": engine.exact_dtype,
                 **_draft_params(cfg.draft, draft_check)},
         rows=rows, model_info=info, flags=flags,
-        takeaways=takeaways(rows, info) + spec_verify.takeaways(rows, _draft_label(cfg.draft)),
+        takeaways=takeaways(rows, info) + spec_verify.takeaways(rows, _draft_label(cfg.draft))
+                  + [b["reason"] for b in left_out],
         timing={"load_s": t_load, "run_s": t_run, "torch_threads": n_threads})
 
 
-def _open(cfg: ContractsConfig, device: str, batch: int) -> tuple:
+def _open(cfg: ContractsConfig, device: str, batch: int, dtypes: list[str]) -> tuple:
     """(the target engine, the draft's or None), opened under one estimate
     from their shapes before a weight is read: the target's largest batch
     and the draft's greedy proposals."""
@@ -172,7 +177,7 @@ def _open(cfg: ContractsConfig, device: str, batch: int) -> tuple:
     same = len(loads) == 2 and loads[0].spec == loads[1].spec
 
     def estimate(shapes):
-        own = 0 if shapes[0] is None else memory.compare_contracts(*shapes[0][:7], batch=batch)
+        own = 0 if shapes[0] is None else memory.compare_contracts(shapes[0], batch, dtypes)
         return own + (spec_draft.estimate(shapes, same) if len(shapes) == 2 else 0)
 
     what = f"compare contracts --model {cfg.model or DEFAULT_SPEC} --steps {cfg.steps}"
@@ -201,6 +206,29 @@ def _draft_label(opts: spec_draft.DraftOptions) -> str:
     if opts.given is None:
         return "the greedy stream"
     return f"{opts.given} {opts.spec if opts.spec is not None else opts.tokens_file}"
+
+
+def fitting_batches(cfg: ContractsConfig, batches: list[int], dtypes: list[str]) -> tuple[list[int], list[dict]]:
+    """(the batch contract's sizes that fit in memory with the model, those
+    left out: {batch, reason}), from the engine's shape before a weight is
+    read (runtime/memory.compare_contracts; an engine that cannot tell its
+    shape keeps them all). A batch left out is the batch contract's alone:
+    the other contracts still run."""
+    from precisionlab.io import inputs
+
+    shape = startup.shapes([startup.Load(cfg.model, "cpu", cfg.steps + PADS, cfg.prompt)])[0]
+    if shape is None:
+        return batches, []
+    have = inputs.memory_limit()
+    kept, left_out = [], []
+    for b in batches:
+        need = memory.compare_contracts(shape, max(2, b), dtypes)
+        if need <= have:
+            kept.append(b)
+        else:
+            left_out.append({"batch": b, "reason": f"batch of {b} not run: with the model it needs about "
+                                                   f"{inputs.gib(need)} of memory, {inputs.gib(have)} is available"})
+    return kept, left_out
 
 
 def _prompt(engine, cfg: ContractsConfig) -> list[int]:

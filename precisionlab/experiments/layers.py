@@ -122,7 +122,7 @@ def run(cfg: LayersConfig, advance=lambda k=1: None) -> LayersResult:
     t0 = time.perf_counter()
     from precisionlab.runtime import memory
 
-    estimate = lambda s: memory.compare_layers(*s[:7], dump=dump_dir is not None)  # noqa: E731
+    estimate = lambda s: memory.compare_layers(s, lows, dump=dump_dir is not None)  # noqa: E731
     _check_targets_before_load(cfg.model, injections)
     engine = startup.open_engine(cfg.model, device, cfg.steps, cfg.prompt, estimate,
                                  f"compare layers --model {cfg.model or DEFAULT_SPEC} --steps {cfg.steps}")

@@ -197,7 +197,42 @@ def estimate(shape, tokens: int, lows: list[str], saves: dict, sigma: float) -> 
 
     window = embedded.WINDOW if shape.kind == "embedded" else max(1, min(hf.WINDOW, shape.positions or hf.WINDOW))
     save_bytes = sum(tokens * shape.vocab * (8 if (d != "fp32" and sigma) else 4) for d in saves)
-    return memory.compare_metrics(shape, tokens, len(lows), window, WORKING_BYTES, save_bytes)
+    return memory.compare_metrics(shape, tokens, lows, window, WORKING_BYTES, save_bytes)
+
+
+class Scoring:
+    """One batch of windows scored against its fp32 logits (ref32), a chunk of
+    positions at a time (runtime/memory.metrics_chunk): only a chunk's rows
+    are ever in float64, whatever the vocabulary. Rows are independent, and
+    each dtype's noise is drawn from its own generator in row order, so the
+    chunks give the numbers one pass over the batch gave."""
+
+    def __init__(self, start, targets, ref32, sigma, saves, saved, n):
+        self.start, self.targets, self.ref32, self.sigma = start, targets, ref32, sigma
+        self.saves, self.saved, self.n = saves, saved, n
+        self.chunk = memory.metrics_chunk(ref32.shape[1], WORKING_BYTES)
+
+    def spans(self):
+        return ((a, min(a + self.chunk, len(self.ref32))) for a in range(0, len(self.ref32), self.chunk))
+
+    def expected(self) -> list:
+        return [distribution.expected_kl_gaussian_noise(self.ref32[a:b].astype(np.float64), self.sigma)
+                for a, b in self.spans()]
+
+    def side(self, d: str, out, rng, parts: list, over: list) -> None:
+        for a, b in self.spans():
+            ref, low = self.ref32[a:b].astype(np.float64), out[a:b].astype(np.float64)
+            over.append(_overflow(ref, low))
+            if self.sigma:
+                low = low + self.sigma * rng.standard_normal(low.shape)
+            parts.append(distribution.position_stats(ref, low, self.targets[a:b]))
+            if d in self.saves and d != "fp32":
+                self.save(d, low if self.sigma else out[a:b], a)  # what was compared is what is saved
+
+    def save(self, d: str, rows, at: int = 0) -> None:
+        if self.saved[d] is None:
+            self.saved[d] = np.empty((self.n, rows.shape[1]), dtype=rows.dtype)
+        self.saved[d][self.start + at:self.start + at + len(rows)] = rows
 
 
 def _check_options(cfg: MetricsConfig) -> tuple[list[str], float, dict]:
@@ -242,7 +277,9 @@ def run_model(cfg: MetricsConfig, advance=lambda k=1: None) -> LogitsResult:
     window = engine.window
     ids = token_ids(engine, text, cfg.tokens + 1, source)
     vocab = engine.info()["vocab"]
-    per_batch = max(1, min(n // window or 1, WORKING_BYTES // (10 * 8 * window * max(vocab, 1))))
+    per_batch = memory.metrics_per_batch(n, window, vocab, WORKING_BYTES)
+    # Every dtype's copy held together: each window's fp32 logits are the reference its rows are scored
+    # against, so scoring the dtypes one after another would hold fp32's logits for every position instead
     models = {d: engine.model(d) for d in dict.fromkeys(["fp32", *lows])}
     t_load = time.perf_counter() - t0
 
@@ -260,24 +297,16 @@ def run_model(cfg: MetricsConfig, advance=lambda k=1: None) -> LogitsResult:
         for i, (start, k, length) in enumerate(batches):
             progress.stage(f"{','.join(models)} windows", i, len(batches))
             x = torch.tensor(ids[start:start + k * length], device=device).view(k, length)
-            targets = targets_all[start:start + k * length]
-            outs = {d: to_numpy(engine.forward(m, x).reshape(k * length, -1)) for d, m in models.items()}
-            ref = outs["fp32"].astype(np.float64)
+            ref32 = to_numpy(engine.forward(models["fp32"], x).reshape(k * length, -1))
+            score = Scoring(start, targets_all[start:start + k * length], ref32, sigma, saves, saved, n)
             if sigma:
-                expected.append(distribution.expected_kl_gaussian_noise(ref, sigma))
-            keep = {"fp32": outs["fp32"]}  # --save-logits fp32 is always the clean reference
-            for d in lows:
-                low = outs[d].astype(np.float64)
-                over[d].append(_overflow(ref, low))
-                if sigma:
-                    low = low + sigma * rngs[d].standard_normal(low.shape)
-                parts[d].append(distribution.position_stats(ref, low, targets))
-                if d != "fp32":
-                    keep[d] = low if sigma else outs[d]  # what was compared is what is saved
-            for d in saves:
-                if saved[d] is None:
-                    saved[d] = np.empty((n, keep[d].shape[1]), dtype=keep[d].dtype)
-                saved[d][start:start + k * length] = keep[d]
+                expected += score.expected()
+            for d in lows:  # one dtype's logits beside fp32's at a time, scored a chunk of positions at a time
+                out = ref32 if d == "fp32" else to_numpy(engine.forward(models[d], x).reshape(k * length, -1))
+                score.side(d, out, rngs.get(d), parts[d], over[d])
+                del out
+            if "fp32" in saves:  # --save-logits fp32 is always the clean reference
+                score.save("fp32", ref32)
             advance()
     # CPU seconds beside wall seconds: on a shared machine the wall clock
     # measures the neighbours as much as this run.

@@ -55,7 +55,7 @@ def run(cfg: ModelConfig, advance=lambda k=1: None) -> ModelResult:
 
     torch.manual_seed(cfg.seed)
     t0 = time.perf_counter()
-    engine = startup.open_engine(cfg.model, device, cfg.steps, cfg.prompt, lambda s: memory.compare_model(*s[:7]),
+    engine = startup.open_engine(cfg.model, device, cfg.steps, cfg.prompt, lambda s: memory.compare_model(s, lows),
                                  f"compare model --model {cfg.model or DEFAULT_SPEC} --steps {cfg.steps}")
     prompt = engine.prompt_ids(cfg.prompt, cfg.steps, cfg.chat)
     t_load = time.perf_counter() - t0
@@ -76,6 +76,7 @@ def _run(cfg: ModelConfig, engine, prompt, lows, device, t_load, n_threads, adva
     ref_tf = engine.forward(ref_model, x)[0].double().cpu().numpy()[len(prompt) - 1:]
     for i, row in enumerate(ref_tf):
         check_finite(row, "fp32", i, "teacher-forced")
+    del ref_model  # one compute copy at a time (runtime/memory.compare_model): each dropped when its run ends
     advance()
     texts = {"fp32": engine.decode(ref_tokens)}
     summary, rows = [], []
@@ -84,6 +85,7 @@ def _run(cfg: ModelConfig, engine, prompt, lows, device, t_load, n_threads, adva
         tokens, _ = greedy(engine, m, prompt, cfg.steps, low)
         progress.stage(f"{low} teacher-forced")
         tf = engine.forward(m, x)[0].double().cpu().numpy()[len(prompt) - 1:]
+        del m
         for i, row in enumerate(tf):
             check_finite(row, low, i, "teacher-forced, reading fp32's tokens")
         texts[low] = engine.decode(tokens)

@@ -112,7 +112,7 @@ def estimate(cfg: RolloutConfig, tdt: str, rdt: str) -> int:
         shape = cls.shape(arg, cfg.tokens, cfg.prompt)
         if shape is None:
             continue
-        total += memory.rollout(shape, sum(d != "fp32" for d in dts), cfg.samples, cfg.tokens, TOP_K,
+        total += memory.rollout(shape, sorted(d for d in dts if d != "fp32"), cfg.samples, cfg.tokens, TOP_K,
                                 fixed=shape.kind not in kinds)
         kinds.add(shape.kind)
     return total

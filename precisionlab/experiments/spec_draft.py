@@ -79,7 +79,7 @@ def estimate(shapes: list, same_engine: bool) -> int:
     target, draft = shapes[0], shapes[1]
     if draft is None:
         return 0
-    return memory.contracts_draft(*draft[:5], draft.kind, weights=not same_engine,
+    return memory.contracts_draft(draft, weights=not same_engine,
                                   fixed=target is None or target.kind != draft.kind)
 
 

@@ -225,8 +225,12 @@ def check_n(n: int, bytes_per_element: int, what: str = "--n") -> None:
     check_memory(n * bytes_per_element, f"{what} {n}")
 
 
-def _gib(b: float) -> str:
+def gib(b: float) -> str:
+    """Bytes as the memory messages show them: GiB to one decimal, or MiB."""
     return f"{b / 2**30:.1f} GiB" if b >= 2**30 else f"{b / 2**20:.0f} MiB"
+
+
+_gib = gib
 
 
 def is_constant(x: np.ndarray) -> bool:

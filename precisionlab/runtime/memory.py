@@ -187,43 +187,84 @@ def _compare_op_one(op: str, shape: tuple) -> int:
 # (about 28 MiB), its model classes and tokenizer; or the embedded model's.
 MODEL_FIXED = {"hf": 160 * MiB, "embedded": 64 * MiB}
 
-
-def compare_model(params: int, seq: int, vocab: int, hidden: int, layers: int, heads: int, kind: str) -> int:
-    """Weights: the loaded model in fp32 (4 per parameter), the fp32 reference
-    copy (4), and each low-precision copy made as an fp32 deep copy then cast
-    (4 + 2): 14 per parameter. Activations over seq positions: the logits of
-    every step and of the teacher-forced pass in float64 and their fp32
-    originals (about 6 float64 arrays of seq x vocab), the attention scores of
-    one layer (seq^2 per head, fp32) and the hidden states and KV cache of
-    every layer (about 4 fp32 arrays of seq x hidden each)."""
-    return (14 * params + 48 * seq * vocab + 4 * seq * seq * heads + 16 * seq * hidden * layers
-            + MODEL_FIXED[kind])
+# Bytes per parameter of a compute copy in each dtype engine.model() makes.
+COPY_BYTES = {"fp64": 8, "fp32": 4, "bf16": 2, "fp16": 2}
 
 
-def compare_contracts(params: int, seq: int, vocab: int, hidden: int, layers: int, heads: int, kind: str,
-                      batch: int) -> int:
-    """compare model --contracts (experiments/contracts.py), for its largest
-    batch. Weights: the fp32 model (4 per parameter) and one run's copy, an
-    fp32 deep copy then cast, fp64 at most (4 + 8). Activations: the batch's
-    logits in fp64 at most (8 a value) with their float64 copy, one layer's
-    attention scores (heads x seq^2, 8 a value) and a few hidden-state
-    tensors per layer of the batch; the log-probs of the sequence compared
-    (4 float64 arrays of seq x vocab)."""
-    return (16 * params + batch * seq * (16 * vocab + 8 * heads * seq + 48 * hidden * max(1, layers))
-            + 32 * seq * vocab + MODEL_FIXED[kind])
+def copy_bytes(shape, dtype: str) -> int:
+    """What engine.model(dtype) adds beside the weights the engine holds
+    (shape.weight_bytes: the Hugging Face engine's as stored, the embedded
+    one's in fp32): a copy cast tensor by tensor (protocol.cast_copy), none
+    where the copy shares the held weights (their own dtype)."""
+    return 0 if dtype == shape.dtype else COPY_BYTES[dtype] * shape.params
 
 
-def contracts_draft(params: int, seq: int, vocab: int, hidden: int, layers: int, kind: str, *,
-                    weights: bool, fixed: bool) -> int:
-    """compare contracts --draft (experiments/spec_draft.py): the draft model
-    in fp32 and the fp32 copy it proposes with (4 + 4 per parameter; the copy
-    alone where it is the target's own engine, `weights` False), and one greedy session at a time
-    over at most seq positions: the prefill's fp32 logits with a float64 row
-    (about 12 bytes a logit) and the KV cache and hidden states of every layer
-    (4 fp32 arrays of seq x hidden). Its first-use state (`fixed`) where its
-    kind is not the target's."""
-    return ((8 if weights else 4) * params + 12 * seq * vocab + 16 * seq * hidden * max(1, layers)
-            + (MODEL_FIXED[kind] if fixed else 0))
+def weights(shape, *together) -> int:
+    """The held weights plus the compute copies alive together (dtype names;
+    a list among them: the largest of its copies, made one after another);
+    at least twice the held weights, the load's own peak (the checkpoint's
+    pages mapped beside the tensors read out of them, measured: a model
+    stored in fp32 whose runs make no fp32 copy peaks there)."""
+    total = shape.weight_bytes
+    for d in together:
+        total += max((copy_bytes(shape, x) for x in d), default=0) if isinstance(d, (list, tuple)) \
+            else copy_bytes(shape, d)
+    return max(total, 2 * shape.weight_bytes)
+
+
+def compare_model(shape, lows=("bf16", "fp16")) -> int:
+    """experiments/model.py. Weights: the held ones and one compute copy at a
+    time (fp32's, then each low dtype's, each dropped when its run ends).
+    Activations over seq positions: the logits of every step and of the
+    teacher-forced pass in float64 and their originals (about 6 float64
+    arrays of seq x vocab), the attention scores of one layer (seq^2 per
+    head, fp32) and the hidden states and KV cache of every layer (about 4
+    fp32 arrays of seq x hidden each)."""
+    seq, vocab = shape.seq, shape.vocab
+    return (weights(shape, ["fp32", *lows]) + 48 * seq * vocab + 4 * seq * seq * shape.heads
+            + 16 * seq * shape.hidden * shape.layers + MODEL_FIXED[shape.kind])
+
+
+# What one sequence's forward pass holds per position besides its logits, at
+# most: a dozen hidden-state sized tensors (the residual, the norm, q, k, v,
+# the attention output) and the MLP's (about 3 x hidden each for gate, up and
+# their product), in the widest dtype a contract runs (fp64): no_grad keeps no
+# layer's activations past the next.
+CONTRACT_HIDDEN = 8 * 24
+
+
+def contract_batch(shape, batch: int, exact: str = "fp64") -> int:
+    """The batch contract's own memory for a batch of `batch` sequences of
+    shape.seq positions: its logits in the widest dtype it runs (the exact
+    re-run's), every position and row, the hidden states of one layer
+    (CONTRACT_HIDDEN) and one layer's attention scores (8 per head and pair of
+    positions)."""
+    seq = shape.seq
+    return batch * seq * (COPY_BYTES[exact] * shape.vocab + CONTRACT_HIDDEN * shape.hidden + 8 * shape.heads * seq)
+
+
+def compare_contracts(shape, batch: int, dtypes=("fp32", "bf16"), exact: str = "fp64") -> int:
+    """experiments/contracts.py, for its largest batch. Weights: the held ones,
+    one run's copy at a time, and the exact dtype's copy (made for the first
+    contract that breaks, kept for the rest). Activations: the batch's
+    (contract_batch), and the rows compared (the sequence alone and the rows
+    under test, their float64 log-softmax, the difference and its mask:
+    about 8 float64 arrays of seq x vocab)."""
+    return (weights(shape, ["fp32", *dtypes], exact) + contract_batch(shape, batch, exact)
+            + 64 * shape.seq * shape.vocab + MODEL_FIXED[shape.kind])
+
+
+def contracts_draft(shape, *, weights: bool, fixed: bool) -> int:
+    """compare contracts --draft (experiments/spec_draft.py): the draft model's
+    held weights and the fp32 copy it proposes with (the copy alone where it
+    is the target's own engine, `weights` False), and one greedy session at a
+    time over at most seq positions: the prefill's fp32 logits with a float64
+    row (about 12 bytes a logit) and the KV cache and hidden states of every
+    layer (4 fp32 arrays of seq x hidden). Its first-use state (`fixed`) where
+    its kind is not the target's."""
+    held = (shape.weight_bytes if weights else 0) + copy_bytes(shape, "fp32")
+    return (held + 12 * shape.seq * shape.vocab + 16 * shape.seq * shape.hidden * max(1, shape.layers)
+            + (MODEL_FIXED[shape.kind] if fixed else 0))
 
 
 # compare metrics' and compare engine's first-use state, measured with the embedded model: less than
@@ -231,36 +272,60 @@ def contracts_draft(params: int, seq: int, vocab: int, hidden: int, layers: int,
 METRICS_FIXED = {"hf": MODEL_FIXED["hf"], "embedded": 24 * MiB}
 ENGINE_FIXED = {"hf": MODEL_FIXED["hf"], "embedded": 32 * MiB}
 
+# compare metrics: the logits of one batch of windows held per logit (fp32's kept as the reference,
+# one other dtype's output and its numpy copy: 4 + 4 + 4 at most, the fp32 side compared too), and
+# per logit of a chunk of positions scored together: both rows in float64 (16), the noise and
+# distribution.position_stats' temporaries (log-softmaxes, probabilities, their products, the sort
+# for the top-5 sets): measured 270 bytes a logit in all on the embedded model (one chunk of 8192
+# positions, fp32 and bf16: tests/test_memory.py).
+METRICS_BATCH_PER_LOGIT = 12
+METRICS_CHUNK_PER_LOGIT = 256
+# The batch of windows is sized as it was when every dtype's float64 windows were held (80 bytes a
+# logit): a window's logits can depend on how many windows share its forward pass, so the recorded
+# numbers stay those of the same batches.
+METRICS_BATCH_SIZING = 80
 
-def compare_metrics(shape, tokens: int, lows: int, window: int, working_bytes: int, save_bytes: int) -> int:
-    """compare metrics (experiments/logits.run_model). Weights: the model in
-    fp32 (4 per parameter), the fp32 run's model (4) and each low copy kept
-    (2), made from an fp32 deep copy (4, one at a time): 12 + 2 per low dtype.
-    The teacher-forced windows run per_batch at a time, as the run sizes
-    them to `working_bytes` (logits.WORKING_BYTES, at 80 bytes a logit and
-    dtype); per logit of a batch and dtype (fp32 and each low one) its
-    output, float64 copy, position_stats' temporaries and what the batch
-    keeps: 128 bytes, measured (tests/test_memory.py). Per position scored and
-    low dtype, the statistics kept and concatenated (nine float64, twice: 144
-    bytes); --save-logits' arrays (`save_bytes`, given: the dtypes saved)."""
+
+def metrics_chunk(vocab: int, working_bytes: int) -> int:
+    """Positions scored together (statistics in float64) so that their
+    working set stays within working_bytes: at least one."""
+    return max(1, working_bytes // (METRICS_CHUNK_PER_LOGIT * max(vocab, 1)))
+
+
+def metrics_per_batch(tokens: int, window: int, vocab: int, working_bytes: int) -> int:
+    """Windows run through the model together: as many as fit working_bytes
+    (at least one, at most those --tokens fills)."""
+    return max(1, min(tokens // window or 1, working_bytes // (METRICS_BATCH_SIZING * window * max(vocab, 1))))
+
+
+def compare_metrics(shape, tokens: int, lows: list, window: int, working_bytes: int, save_bytes: int) -> int:
+    """compare metrics (experiments/logits.run_model). Weights: the held ones
+    and the copies of fp32 and every low dtype together (each window is
+    scored in every dtype while its fp32 logits are held; a copy in the
+    weights' own dtype shares them). Per batch of windows (metrics_per_batch)
+    its logits (METRICS_BATCH_PER_LOGIT a logit); per chunk of positions
+    (metrics_chunk) their float64 statistics' working set; per position scored
+    and low dtype, the statistics kept and concatenated (nine float64, twice:
+    144 bytes); --save-logits' arrays (`save_bytes`, given: the dtypes saved)."""
     vocab = max(shape.vocab, 1)
-    per_batch = max(1, min(tokens // window or 1, working_bytes // (80 * window * vocab)))
-    batch = per_batch * window * vocab * 128 * (1 + lows)
-    return ((12 + 2 * lows) * shape.params + batch + 144 * tokens * max(lows, 1) + save_bytes
+    rows = metrics_per_batch(tokens, window, vocab, working_bytes) * min(tokens, window)  # one batch's positions
+    batch = rows * vocab * METRICS_BATCH_PER_LOGIT
+    chunk = min(metrics_chunk(vocab, working_bytes), rows) * vocab * METRICS_CHUNK_PER_LOGIT
+    return (weights(shape, *dict.fromkeys(("fp32", *lows))) + batch + chunk + 144 * tokens * max(len(lows), 1) + save_bytes
             + METRICS_FIXED[shape.kind])
 
 
 def compare_engine(reference, engines: list, tokens: int) -> int:
     """compare engine (experiments/engines.py), from the reference's shape and
     each engine's (None: an engine that holds its weights in memory of its
-    own, a llama.cpp mapping or a server, not counted). The reference in fp32
-    and its fp32 run's model (4 + 4 per parameter) and the largest engine
-    likewise (8; they are opened one at a time). Per logit of the positions
-    scored: the reference's float64 windows, kept for every engine (8); for the
-    engine being compared both sides' float64 windows and their concatenation
-    (32) and position_stats' temporaries (about ten float64: 80)."""
-    largest = max((8 * s.params for s in engines if s is not None), default=0)
-    return (8 * reference.params + largest + 120 * tokens * max(reference.vocab, 1)
+    own, a llama.cpp mapping or a server, not counted). The reference's held
+    weights and its fp32 copy, and the largest engine's likewise (they are
+    opened one at a time). Per logit of the positions scored: the reference's
+    float64 windows, kept for every engine (8); for the engine being compared
+    both sides' float64 windows and their concatenation (32) and
+    position_stats' temporaries (about ten float64: 80)."""
+    largest = max((weights(s, "fp32") for s in engines if s is not None), default=0)
+    return (weights(reference, "fp32") + largest + 120 * tokens * max(reference.vocab, 1)
             + ENGINE_FIXED[reference.kind])
 
 
@@ -272,11 +337,10 @@ ROLLOUT_STREAMS = 6
 ROLLOUT_STATS_PER_TOKEN = 20 * 8
 
 
-def rollout(shape, low_copies: int, samples: int, tokens: int, top_k: int, fixed: bool = True) -> int:
+def rollout(shape, lows: list, samples: int, tokens: int, top_k: int, fixed: bool = True) -> int:
     """compare model --trainer/--rollout (experiments/rollout.py), one engine's
-    share. Weights: its model in fp32 (4 per parameter) and each low-precision
-    copy, an fp32 deep copy then cast (4 + 2 while made, 2 kept): 4 + 6 per
-    copy, as an upper bound. One teacher-forced pass over seq positions at a
+    share. Weights: the held ones, its fp32 base and each low dtype's copy,
+    all kept for the run. One teacher-forced pass over seq positions at a
     time: its logits in the model's dtype, scaled by 1/T, the fp32
     log-softmax and its float64 copy, the top-k sort's index array (4 + 4 +
     4 + 8 + 8 = 28 per logit), every layer's hidden states (16 per position
@@ -285,7 +349,7 @@ def rollout(shape, low_copies: int, samples: int, tokens: int, top_k: int, fixed
     streams hold per token (samples x tokens of them). `fixed`: the first use
     of this kind of engine (its imports) is counted here."""
     seq, per_token = shape.seq, ROLLOUT_STREAMS * (1 + top_k) * 16 + ROLLOUT_STATS_PER_TOKEN + 2 * top_k * 64
-    return ((4 + 6 * low_copies) * shape.params + 28 * seq * shape.vocab + 16 * seq * shape.hidden * shape.layers
+    return (weights(shape, "fp32", *lows) + 28 * seq * shape.vocab + 16 * seq * shape.hidden * shape.layers
             + 16 * shape.heads * seq * seq + per_token * samples * tokens
             + (MODEL_FIXED[shape.kind] if fixed else 0))
 
@@ -295,47 +359,46 @@ def rollout(shape, low_copies: int, samples: int, tokens: int, top_k: int, fixed
 LAYERS_FIXED = {"hf": MODEL_FIXED["hf"], "embedded": 40 * MiB}
 
 
-def compare_layers(params: int, seq: int, vocab: int, hidden: int, layers: int, heads: int, kind: str,
-                   dump: bool = False) -> int:
-    """compare model --layers (experiments/layers.py). Weights: the fp32
-    model (4 per parameter) and, for the low dtype being compared, its two
-    low copies (trusted and yours, 2 each), the second made while the first
-    lives as an fp32 deep copy cast parameter by parameter (4): 12 per
-    parameter. Activations over seq positions: every watched site's input and
-    output (hooks.sites: seven a layer, each about seq x hidden) captured in
-    fp32 for the reference and in the low dtype for the low run, 2 x 7 x
-    (4 + 2) = 84 per layer, position and hidden unit; the LM head's output in
-    both (4 + 2 per logit), its four float64 copies while its row is computed
-    (32) and the fp32 head rerun of the pitfall check (4): 42 per logit; one
-    layer's attention scores with eager attention's copies (16 per head and
-    pair of positions). --dump writes the captures: one more of each."""
-    caps = 84 * seq * hidden * layers + 6 * seq * vocab
-    return (12 * params + caps + 36 * seq * vocab + 16 * heads * seq * seq + (caps if dump else 0)
-            + LAYERS_FIXED[kind])
+def compare_layers(shape, lows=("bf16", "fp16"), dump: bool = False) -> int:
+    """compare model --layers (experiments/layers.py). Weights: the held ones,
+    the fp32 base (the reference, kept) and, for the low dtype being
+    compared, its two copies (trusted and yours). Activations over seq
+    positions: every watched site's input and output (hooks.sites: seven a
+    layer, each about seq x hidden) captured in fp32 for the reference and in
+    the low dtype for the low run, 2 x 7 x (4 + 2) = 84 per layer, position
+    and hidden unit; the LM head's output in both (4 + 2 per logit), its four
+    float64 copies while its row is computed (32) and the fp32 head rerun of
+    the pitfall check (4): 42 per logit; one layer's attention scores with
+    eager attention's copies (16 per head and pair of positions). --dump
+    writes the captures: one more of each."""
+    seq, vocab = shape.seq, shape.vocab
+    caps = 84 * seq * shape.hidden * shape.layers + 6 * seq * vocab
+    copies = max((2 * copy_bytes(shape, d) for d in lows), default=0)
+    return (weights(shape, "fp32") + copies + caps + 36 * seq * vocab + 16 * shape.heads * seq * seq
+            + (caps if dump else 0) + LAYERS_FIXED[shape.kind])
 
 
-def compare_layers_pair(ref: tuple, yours: tuple | None, lows: int) -> int:
+def compare_layers_pair(ref, yours, lows: int) -> int:
     """compare model --layers --reference / --engine (experiments/layers_pair.py),
-    from REF's and YOURS' (params, seq, vocab, hidden, layers, heads, kind);
-    yours None for an engine that captures in its own process memory
-    (llama.cpp: not counted here). Weights: REF in fp32 and fp64 (4 + 8 per
-    parameter) and one low copy at a time, made from an fp32 deep copy (4 + 2):
-    18 per parameter; YOURS the same less fp64: 10. The module outputs of
-    every run are kept until the rows are computed: per watched element
-    (hooks.sites, seven a layer, each seq x hidden, and the logits, seq x
-    vocab) REF fp32 and fp64 and YOURS fp32 (4 + 8 + 4) and, per low dtype,
-    REF's and YOURS' (2 + 2); the run being captured also holds its inputs
-    (at most 8 an element, fp64's), and eager attention's scores (16 per head
-    and pair of positions). A row's comparison makes float64 copies of one
-    module on each side (3 + 2 per low dtype, 8 bytes each): the logits at
-    most."""
-    params, seq, vocab, hidden, layers, heads, kind = ref[:7]
-    elements = seq * (7 * hidden * layers + vocab)
-    weights = 18 * params + (0 if yours is None else 10 * yours[0])
+    from REF's and YOURS' shapes; yours None for an engine that captures in
+    its own process memory (llama.cpp: not counted here). Weights: REF held,
+    its fp32 base and one more copy at a time (fp64's, then each low one's):
+    the fp64 one at most; YOURS held and its fp32 base, and one low copy at a
+    time. The module outputs of every run are kept until the rows are
+    computed: per watched element (hooks.sites, seven a layer, each seq x
+    hidden, and the logits, seq x vocab) REF fp32 and fp64 and YOURS fp32 (4
+    + 8 + 4) and, per low dtype, REF's and YOURS' (2 + 2); the run being
+    captured also holds its inputs (at most 8 an element, fp64's), and eager
+    attention's scores (16 per head and pair of positions). A row's
+    comparison makes float64 copies of one module on each side (3 + 2 per
+    low dtype, 8 bytes each): the logits at most."""
+    seq = ref.seq
+    elements = seq * (7 * ref.hidden * ref.layers + ref.vocab)
+    held = weights(ref, "fp32", "fp64") + (0 if yours is None else weights(yours, "fp32", ["bf16", "fp16"]))
     kept = (16 + 4 * lows) * elements
-    in_flight = 8 * elements + 16 * heads * seq * seq
-    rows = 8 * (3 + 2 * lows) * seq * max(hidden, vocab)
-    return weights + kept + in_flight + rows + LAYERS_FIXED[kind]
+    in_flight = 8 * elements + 16 * ref.heads * seq * seq
+    rows = 8 * (3 + 2 * lows) * seq * max(ref.hidden, ref.vocab)
+    return held + kept + in_flight + rows + LAYERS_FIXED[ref.kind]
 
 
 # kvcache's first-use state, measured: transformers as compare model's; for the
@@ -344,8 +407,8 @@ KVCACHE_FIXED = {"hf": MODEL_FIXED["hf"], "embedded": 32 * MiB}
 
 
 def kvcache(shape, calibration: int) -> int:
-    """kvcache (experiments/kvcache.py): the model once, in fp32 (4 per
-    parameter; no copies: a cache changes what attention reads, not the
+    """kvcache (experiments/kvcache.py): the held weights and the fp32 base
+    (no other copies: a cache changes what attention reads, not the
     weights). Over the seq positions of the teacher-forced pass, for the cache
     being measured: its fp32 logits and their float64 copy (4 + 8), the fp32
     and bf16 caches' float64 logits kept throughout (8 + 8) and
@@ -358,7 +421,7 @@ def kvcache(shape, calibration: int) -> int:
     (scaled, masked, softmaxed: 16 bytes per head and pair of positions)."""
     calib = min(calibration, shape.positions) if shape.positions else calibration
     longest = max(calib, shape.seq)
-    return (4 * shape.params + 112 * shape.seq * shape.vocab + 16 * shape.heads * longest * longest
+    return (weights(shape, "fp32") + 112 * shape.seq * shape.vocab + 16 * shape.heads * longest * longest
             + 8 * longest * shape.hidden * shape.layers + KVCACHE_FIXED[shape.kind])
 
 
