@@ -200,6 +200,8 @@ def position_stats(ref: np.ndarray, low: np.ndarray, targets: np.ndarray) -> Pos
 
 
 def _block_stats(ref: np.ndarray, low: np.ndarray, targets: np.ndarray) -> PositionStats:
+    # widened here, one block at a time: every statistic below is float64 arithmetic on the stored values
+    ref, low = ref.astype(np.float64, copy=False), low.astype(np.float64, copy=False)
     ok = valid_rows(ref) & valid_rows(low)
     lp, lq = log_softmax(ref), log_softmax(low)
     rows = np.arange(ref.shape[0])

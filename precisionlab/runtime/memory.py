@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import math
 
+from precisionlab.catalog import formats
+
 MiB = 1 << 20
 
 # metrics.error_report at its peak, per compared element: float64 diff, the
@@ -212,7 +214,7 @@ def weights(shape, *together) -> int:
     return max(total, 2 * shape.weight_bytes)
 
 
-def compare_model(shape, lows=("bf16", "fp16")) -> int:
+def compare_model(shape, lows=formats.LOW_COMPUTE) -> int:
     """experiments/model.py. Weights: the held ones and one compute copy at a
     time (fp32's, then each low dtype's, each dropped when its run ends).
     Activations over seq positions: the logits of every step and of the
@@ -243,7 +245,7 @@ def contract_batch(shape, batch: int, exact: str = "fp64") -> int:
     return batch * seq * (COPY_BYTES[exact] * shape.vocab + CONTRACT_HIDDEN * shape.hidden + 8 * shape.heads * seq)
 
 
-def compare_contracts(shape, batch: int, dtypes=("fp32", "bf16"), exact: str = "fp64") -> int:
+def compare_contracts(shape, batch: int, dtypes, exact: str = "fp64") -> int:
     """experiments/contracts.py, for its largest batch. Weights: the held ones,
     one run's copy at a time, and the exact dtype's copy (made for the first
     contract that breaks, kept for the rest). Activations: the batch's
@@ -359,7 +361,7 @@ def rollout(shape, lows: list, samples: int, tokens: int, top_k: int, fixed: boo
 LAYERS_FIXED = {"hf": MODEL_FIXED["hf"], "embedded": 40 * MiB}
 
 
-def compare_layers(shape, lows=("bf16", "fp16"), dump: bool = False) -> int:
+def compare_layers(shape, lows=formats.LOW_COMPUTE, dump: bool = False) -> int:
     """compare model --layers (experiments/layers.py). Weights: the held ones,
     the fp32 base (the reference, kept) and, for the low dtype being
     compared, its two copies (trusted and yours). Activations over seq
@@ -394,7 +396,7 @@ def compare_layers_pair(ref, yours, lows: int) -> int:
     low dtype, 8 bytes each): the logits at most."""
     seq = ref.seq
     elements = seq * (7 * ref.hidden * ref.layers + ref.vocab)
-    held = weights(ref, "fp32", "fp64") + (0 if yours is None else weights(yours, "fp32", ["bf16", "fp16"]))
+    held = weights(ref, "fp32", "fp64") + (0 if yours is None else weights(yours, "fp32", list(formats.LOW_COMPUTE)))
     kept = (16 + 4 * lows) * elements
     in_flight = 8 * elements + 16 * ref.heads * seq * seq
     rows = 8 * (3 + 2 * lows) * seq * max(ref.hidden, ref.vocab)
@@ -421,7 +423,10 @@ def kvcache(shape, calibration: int) -> int:
     (scaled, masked, softmaxed: 16 bytes per head and pair of positions)."""
     calib = min(calibration, shape.positions) if shape.positions else calibration
     longest = max(calib, shape.seq)
-    return (weights(shape, "fp32") + 112 * shape.seq * shape.vocab + 16 * shape.heads * longest * longest
+    # no load-peak floor (weights()): measured, kvcache's runs after the load stay near the held
+    # weights and the fp32 copy (tests/test_memory.py, kvcache --model: 1.8x high with the floor)
+    held = shape.weight_bytes + copy_bytes(shape, "fp32")
+    return (held + 112 * shape.seq * shape.vocab + 16 * shape.heads * longest * longest
             + 8 * longest * shape.hidden * shape.layers + KVCACHE_FIXED[shape.kind])
 
 
