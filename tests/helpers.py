@@ -157,17 +157,24 @@ def save_tiny_qwen(folder: Path, hidden: int = 32, layers: int = 2, words=TINY_W
     folder. edit(model), when given, changes the model before it is saved.
     vocab: the model's vocabulary where wider than the tokenizer's (a real
     model's 151,936 logits a position at a tiny hidden size)."""
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    cfg = Qwen3Config(vocab_size=max(len(words), vocab or 0), hidden_size=hidden, intermediate_size=2 * hidden,
+                      num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=2, head_dim=hidden // 4,
+                      max_position_embeddings=64)
+    return _save_word_model(folder, Qwen3ForCausalLM, cfg, words, edit)
+
+
+def _save_word_model(folder: Path, model_class, cfg, words, edit) -> Path:
+    """model_class(cfg) drawn at seed 0, edited, saved beside a word-level tokenizer over `words`."""
     import torch
     from tokenizers import Tokenizer, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast, Qwen3Config, Qwen3ForCausalLM
+    from transformers import PreTrainedTokenizerFast
 
     tok = Tokenizer(models.WordLevel(vocab={w: i for i, w in enumerate(words)}, unk_token="[UNK]"))
     tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
     torch.manual_seed(0)
-    cfg = Qwen3Config(vocab_size=max(len(words), vocab or 0), hidden_size=hidden, intermediate_size=2 * hidden,
-                      num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=2, head_dim=hidden // 4,
-                      max_position_embeddings=64)
-    model = Qwen3ForCausalLM(cfg)
+    model = model_class(cfg)
     if edit is not None:
         edit(model)
     model.save_pretrained(folder)
@@ -184,23 +191,25 @@ def save_tiny_qwen3_moe(folder: Path, layers: int = 3, experts: int = 16, top_k:
     a token, the top-k weights normalised; 128 positions) with a word-level
     tokenizer over w0 ... w62, saved as a local folder. edit(model), when
     given, changes the model before it is saved."""
-    import torch
-    from tokenizers import Tokenizer, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast, Qwen3MoeConfig, Qwen3MoeForCausalLM
+    from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
 
-    tok = Tokenizer(models.WordLevel(vocab={w: i for i, w in enumerate(MOE_WORDS)}, unk_token="[UNK]"))
-    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    torch.manual_seed(0)
     cfg = Qwen3MoeConfig(vocab_size=len(MOE_WORDS), hidden_size=hidden, intermediate_size=64, moe_intermediate_size=16,
                          num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=2, head_dim=hidden // 4,
                          num_experts=experts, num_experts_per_tok=top_k, norm_topk_prob=True,
                          max_position_embeddings=128)
-    model = Qwen3MoeForCausalLM(cfg)
-    if edit is not None:
-        edit(model)
-    model.save_pretrained(folder)
-    PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="[UNK]").save_pretrained(folder)
-    return Path(folder)
+    return _save_word_model(folder, Qwen3MoeForCausalLM, cfg, MOE_WORDS, edit)
+
+
+def embedded_gguf(tmp_path_factory, name: str, quant: str) -> str:
+    """The embedded model exported to NAME.gguf as gguf:QUANT (skipped without llama-cpp-python and gguf)."""
+    import pytest
+
+    pytest.importorskip("llama_cpp", reason="llama.cpp's engine needs llama-cpp-python")
+    pytest.importorskip("gguf", reason="the GGUF export needs the gguf package")
+    path = tmp_path_factory.mktemp(name) / f"{name}.gguf"
+    r = cli("export", "embedded", "--to", f"gguf:{quant}", "--out", str(path))
+    assert r.code == 0, r.err
+    return str(path)
 
 
 def save_char_qwen(folder: Path, hidden: int, positions: int, seed: int) -> Path:
@@ -383,7 +392,7 @@ def gguf_layers(run, gguf_path, ref, code: int, prompt=("--prompt", "ROMEO:\n", 
     (None: the source its export recorded), bf16 the low dtype: its document, once the run exited `code`
     (else the error and the first flags are shown)."""
     refs = ["--reference", f"hf:{ref}"] if ref else []
-    r = run("compare", "layers", "--engine", f"llamacpp:{gguf_path},kv=f32", *refs, "--dtypes", "bf16", *prompt,
+    r = run("compare", "engine-layers", "--engine", f"llamacpp:{gguf_path},kv=f32", *refs, "--dtypes", "bf16", *prompt,
             "--json")
     doc = strict_json(r.out) if r.out.strip() else None
     assert r.code == code, (r.code, r.err, doc and doc["flags"][:3])

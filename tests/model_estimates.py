@@ -19,6 +19,12 @@ def compare_layers_for(model: str | None, steps: int, prompt: str, dump: bool = 
     return 0 if shape is None else memory.compare_layers(shape, dump=dump)
 
 
+def compare_engine_layers_for(yours: str | None, ref: str | None, steps: int, prompt: str, lows: int = 2) -> int:
+    """memory.compare_layers_pair for the two models (REF's shape at the run's length); 0 where one is not found."""
+    r, y = model_shape(ref, steps, prompt), model_shape(yours, steps, prompt)
+    return 0 if r is None or y is None else memory.compare_layers_pair(r, y, lows)
+
+
 def kvcache_for(model: str | None, steps: int, prompt: str, calibration: int) -> int:
     """memory.kvcache for the model; 0 where none is found."""
     shape = model_shape(model, steps, prompt)

@@ -59,7 +59,16 @@ def test_every_verb_alias_names_a_registered_command():
 @pytest.mark.parametrize("argv, want", [
     (["compare", "model", "--prompt", "--metrics", "--steps", "3"], ["compare", "model", "--prompt", "--metrics",
                                                                     "--steps", "3"]),  # a value, not the mode
-    (["compare", "model", "--layers", "--engine", "x"], ["compare", "layers", "--engine", "x"]),
+    (["compare", "model", "--layers", "--engine", "x"], ["compare", "engine-layers", "--engine", "x"]),  # two steps
+    (["compare", "layers", "--model", "hf:a", "--reference", "hf:b"],
+     ["compare", "engine-layers", "--engine", "hf:a", "--reference", "hf:b"]),
+    (["compare", "layers", "--model=hf:a", "--reference", "hf:b"],
+     ["compare", "engine-layers", "--engine=hf:a", "--reference", "hf:b"]),
+    (["compare", "layers", "--reference", "hf:b", "--steps", "3"],
+     ["compare", "engine-layers", "--reference", "hf:b", "--steps", "3", "--engine", "embedded"]),
+    (["compare", "layers", "--steps", "3"], ["compare", "layers", "--steps", "3"]),  # one model: no alias
+    (["compare", "contracts", "--draft-tokens", "f.txt", "--steps", "3"],
+     ["compare", "contracts", "--steps", "3", "--draft", "tokens:f.txt"]),
     (["compare", "model", "--layers", "--dump", "D"], ["compare", "layers", "--dump", "D"]),
     (["nondeterminism", "--endpoint=http://h:1", "--mix"], ["nondeterminism", "endpoint", "http://h:1", "--mix"]),
     (["softmax", "--values", "1", "--", "--dtype"], ["softmax", "--values", "1", "--", "--dtype"]),
@@ -70,6 +79,16 @@ def test_every_verb_alias_names_a_registered_command():
 ])
 def test_rewrite(argv, want):
     assert aliases.rewrite(argv, *command_facts())[0] == want
+
+
+def test_old_layers_pair_with_both_yours_is_refused(run):
+    r = run("compare", "layers", "--model", "embedded", "--engine", "embedded", "--reference", "embedded")
+    assert r.code == 2 and r.err.count("\n") == 1 and "not both" in r.err
+
+
+def test_old_draft_tokens_with_draft_is_refused(run):
+    r = run("compare", "contracts", "--draft", "embedded", "--draft-tokens", "f.txt")
+    assert r.code == 2 and r.err.count("\n") == 1 and "give one" in r.err
 
 
 def test_two_modes_are_refused(run):

@@ -165,10 +165,11 @@ def test_steps_on_a_top_k_engine_that_cannot_decode_is_refused_not_a_silent_dash
 
 def test_layers_refuses_an_engine_without_modules_or_captures():
     for args in (["--engine", "shift:1"], ["--reference", "shift:1"]):
-        r = _cli("compare", "model", "--layers", *args, "--steps", "2")
+        r = _cli("compare", "engine-layers", *args, *(["--engine", "embedded"] if "--reference" in args else []),
+                 "--steps", "2")
         assert r.returncode == 2 and r.stdout == "", r.stderr
         assert "shift (a test engine) exposes no intermediate tensors" in r.stderr
-        assert len(r.stderr.strip().splitlines()) <= 2, r.stderr  # the refusal (and an old spelling's notice)
+        assert len(r.stderr.strip().splitlines()) == 1, r.stderr
 
 
 def test_engine_instance_refuses_what_it_does_not_declare(shift_engine):

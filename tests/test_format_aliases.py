@@ -85,6 +85,7 @@ ACC = ("accumulate", "--n", "10", "--device", "cpu", "--variants", "sequential")
 OP = ("compare", "op", "softmax", "--shape", "2x8", "--cases", "random", "--device", "cpu")
 MODEL = ("compare", "model", "--steps", "2")
 LAYERS = ("compare", "layers", "--steps", "2")
+PAIR = ("compare", "engine-layers", "--engine", "embedded", "--reference", "embedded", "--steps", "2")
 KV = ("kvcache", "--steps", "2", "--scales", "unit")
 METRICS = ("compare", "metrics", "--tokens", "16")
 CONTRACTS = ("compare", "contracts", "--steps", "2", "--batches", "3")
@@ -119,6 +120,7 @@ def options(dumps) -> list[Opt]:
         Opt(three, "--dtypes", tensors.LOW_DTYPES, every_spelling_by_cli=False, single=True, form="-,-,{}"),
         Opt(MODEL, "--dtypes", model.LOW_DTYPES, every_spelling_by_cli=False),
         Opt(LAYERS, "--dtypes", model.LOW_DTYPES, every_spelling_by_cli=False),
+        Opt(PAIR, "--dtypes", model.LOW_DTYPES, every_spelling_by_cli=False),
         Opt(LAYERS, "--inject", inject.ROPE_DTYPES, every_spelling_by_cli=False, form="rope:rope={}"),
         Opt(METRICS, "--dtypes", logits.DTYPES, every_spelling_by_cli=False),
         Opt(CONTRACTS, "--dtypes", contracts.DTYPES, every_spelling_by_cli=False),

@@ -224,6 +224,7 @@ PLOT_ARGS = {
     "attention": ["--seq", "512", "--rows", "8", "--std", "1"],
     "compare metrics": ["--tokens", "16"],
     "compare layers": ["--steps", "2"],
+    "compare engine-layers": ["--engine", "embedded", "--reference", "embedded", "--steps", "2"],
     "compare rollout": ["--trainer", "embedded", "--rollout", "embedded", "--samples", "1", "--tokens", "4"],
     "compare builds": ["docs/data/builds/ref.safetensors", "docs/data/builds/f16.safetensors",
                        "docs/data/builds/q8_0.safetensors"],

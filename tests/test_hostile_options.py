@@ -397,7 +397,9 @@ def test_an_option_of_another_verb_is_a_usage_error(run, tmp_path, monkeypatch, 
 
 def test_each_verb_keeps_few_options():
     """Issue 38's limits: no leaf command over 22 options, no compare verb over 14
-    (compare model had 31 behind a table of modes); --help is not counted."""
+    (compare model had 31 behind a table of modes; compare layers' one-model and
+    two-model halves are two verbs, compare contracts' draft one option); --help
+    is not counted."""
     import typer
 
     from precisionlab.cli.app import app
@@ -409,16 +411,11 @@ def test_each_verb_keeps_few_options():
         for name, sub in subs.items():
             yield from leaves(sub, (*path, name))
 
-    # compare op (18: its op, shape, impl and matmul-accumulator knobs) and compare tensors (17: three files'
-    # formats and tolerances) are over the compare limit and not split by issue 38's change: held where they
-    # are, so they cannot grow unseen
-    # compare layers (16) grew by --chat, --heads (two models) and --force (one model's --dump), compare
-    # contracts (15) by --chat, --draft and --draft-tokens, in one release: held here until compare layers'
-    # one-model and two-model halves become two verbs and the two draft options one (issue 38, open for it)
-    known = {("compare", "op"): 18, ("compare", "tensors"): 17, ("compare", "layers"): 16,
-             ("compare", "contracts"): 15}
-    found = dict(leaves(typer.main.get_command(app), ()))
+    # options only: compare op's OP and compare tensors' FILES are arguments, what the verb acts on
+    found = {path: [p for p in params if p.param_type_name == "option"]
+             for path, params in leaves(typer.main.get_command(app), ())}
     assert ("compare", "metrics") in found and ("nondeterminism", "endpoint") in found
+    assert ("compare", "engine-layers") in found
     for path, params in found.items():
-        limit = known.get(path, 14 if path[:1] == ("compare",) and len(path) == 2 else 22)
+        limit = 14 if path[:1] == ("compare",) and len(path) == 2 else 22
         assert len(params) <= limit, (path, len(params))

@@ -27,7 +27,7 @@ COMMANDS = [
     ("compare metrics", ["compare", "metrics", "--tokens", "128",
                                  "--save-logits", "{tmp}/fp32.safetensors", "--save-logits", "bf16={tmp}/bf16.safetensors"]),
     ("compare layers", ["compare", "layers", "--steps", "3", "--dtypes", "bf16", "--dump", "{tmp}/dump"]),
-    ("compare layers --reference", ["compare", "layers", "--reference", "embedded", "--steps", "3",
+    ("compare engine-layers", ["compare", "engine-layers", "--engine", "embedded", "--reference", "embedded", "--steps", "3",
                                     "--dtypes", "bf16"]),
     ("compare contracts", ["compare", "contracts", "--steps", "3", "--dtypes", "fp32"]),
     ("compare rollout", ["compare", "rollout", "--trainer", "embedded", "--rollout", "embedded", "--samples", "2",

@@ -1,4 +1,4 @@
-"""Inside attention, `compare layers --engine python:... --reference hf:DIR --heads` (issue 40): the user's
+"""Inside attention, `compare engine-layers --engine python:... --reference hf:DIR --heads` (issue 40): the user's
 independent plain-PyTorch Qwen3 (tests/qwen3_plain.py, 4 query heads over 2 KV heads) gives its softmax
 probabilities and per-head outputs under docs/dumps-from-your-engine.md's names; transformers' are hooked.
 A 5 % softmax scale makes every head depart; GQA heads tiled instead of interleaved make only heads 1 and 2
@@ -29,7 +29,7 @@ def folder(tmp_path_factory):
 def _run(tmp_path_factory, folder, bug):
     f = tmp_path_factory.mktemp("user") / "my_engine.py"
     f.write_text(FACTORY.format(tests=str(ROOT / "tests"), folder=folder, bug=bug))
-    r = cli("compare", "layers", "--engine", f"python:{f}:factory", "--reference", f"hf:{folder}", "--heads",
+    r = cli("compare", "engine-layers", "--engine", f"python:{f}:factory", "--reference", f"hf:{folder}", "--heads",
             "--dtypes", "bf16", "--prompt", "the cat sat on a mat", "--steps", "6", "--json")
     return r, strict_json(r.out) if r.out.strip() else None
 
@@ -75,8 +75,8 @@ def test_gqa_heads_tiled_instead_of_interleaved_depart_only_where_the_kv_head_di
 
 
 def test_heads_needs_two_models():
-    r = cli("compare", "layers", "--heads")
-    assert r.code == 2 and "--heads" in r.err and "Traceback" not in r.err
+    r = cli("compare", "layers", "--heads")  # one model's verb has no --heads: engine-layers' option
+    assert r.code == 2 and "--heads" in r.err and "Traceback" not in r.err and r.err.count("\n") == 1
 
 
 def test_per_head_tensors_in_dumps_are_judged_head_by_head(tmp_path, folder):

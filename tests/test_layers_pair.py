@@ -1,4 +1,4 @@
-"""compare model --layers --reference: two models on the same tokens, module
+"""compare engine-layers: two models on the same tokens, module
 by module. A bug planted in a COPY of a tiny Qwen3 built at test time (a 0.5 %
 scale in one MLP, a wrong RMSNorm eps, RoPE in bf16, a skipped q/k norm) is
 named at its module with the rule that fired and its number; the clean copy
@@ -42,7 +42,7 @@ def _copy(base, tmp_path, name, weights=None, config=None):
 
 
 def _pair(run, yours, base, *extra):
-    r = run("compare", "layers", "--model", f"hf:{yours}", "--reference", f"hf:{base}", "--dtypes",
+    r = run("compare", "engine-layers", "--engine", f"hf:{yours}", "--reference", f"hf:{base}", "--dtypes",
             "bf16", *PROMPT, *extra, "--json")
     return r, strict_json(r.out) if r.out.strip() else None
 
@@ -129,7 +129,7 @@ def test_rope_in_bf16_and_a_skipped_q_norm_are_named(run, base, tmp_path, bug, m
 
     registry.register("planted", _Planted.make(bug))
     try:
-        r = run("compare", "layers", "--model", f"planted:{_copy(base, tmp_path, 'c')}", "--reference",
+        r = run("compare", "engine-layers", "--engine", f"planted:{_copy(base, tmp_path, 'c')}", "--reference",
                 f"hf:{base}", "--dtypes", "bf16", *PROMPT, "--json")
     finally:
         registry.unregister("planted")
@@ -150,7 +150,7 @@ def test_one_models_layers_on_the_bug_copy_runs_as_before(run, base, tmp_path):
 
 def test_the_table_names_the_rule_and_its_number(run, base, tmp_path):
     bug = _copy(base, tmp_path, "scaled", weights={"model.layers.1.mlp.down_proj.weight": 1.005})
-    r = run("compare", "layers", "--model", f"hf:{bug}", "--reference", f"hf:{base}", "--dtypes",
+    r = run("compare", "engine-layers", "--engine", f"hf:{bug}", "--reference", f"hf:{base}", "--dtypes",
             "bf16", *PROMPT)
     assert r.code == 1
     assert "first divergence: model.layers.1.mlp" in r.out
@@ -161,9 +161,9 @@ def test_the_table_names_the_rule_and_its_number(run, base, tmp_path):
 def test_plot_is_written(run, base, tmp_path, reference):
     pytest.importorskip("matplotlib")
     out = tmp_path / "layers.png"
-    extra = ["--reference", f"hf:{base}"] if reference else []
-    r = run("compare", "layers", "--model", f"hf:{base}", *extra, "--dtypes", "bf16", *PROMPT,
-            "--plot", str(out))
+    verb = ["engine-layers", "--engine", f"hf:{base}", "--reference", f"hf:{base}"] if reference else \
+        ["layers", "--model", f"hf:{base}"]
+    r = run("compare", *verb, "--dtypes", "bf16", *PROMPT, "--plot", str(out))
     assert r.code == 0, r.err
     assert out.is_file() and out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
@@ -174,22 +174,22 @@ def test_plot_to_an_unwritable_kind_is_refused_before_the_run(run, base, tmp_pat
     from helpers import fail_if_a_model_runs
 
     fail_if_a_model_runs(monkeypatch)
-    extra = ["--reference", f"hf:{base}"] if reference else []
-    r = run("compare", "layers", "--model", f"hf:{base}", *extra, *PROMPT, "--plot",
-            str(tmp_path / "x.nosuchkind"))
+    verb = ["engine-layers", "--engine", f"hf:{base}", "--reference", f"hf:{base}"] if reference else \
+        ["layers", "--model", f"hf:{base}"]
+    r = run("compare", *verb, *PROMPT, "--plot", str(tmp_path / "x.nosuchkind"))
     assert r.code == 2 and len(r.err.strip().splitlines()) == 1 and "--plot" in r.err
     assert not (tmp_path / "x.nosuchkind").exists()
 
 
 @pytest.mark.parametrize("spec", ["openai:http://127.0.0.1:9/v1", "ct2:/no/such/dir", "onnx:/no/such.onnx"])
 def test_an_engine_without_intermediates_is_one_line(run, base, spec):
-    r = run("compare", "layers", "--engine", spec, "--reference", f"hf:{base}", *PROMPT)
+    r = run("compare", "engine-layers", "--engine", spec, "--reference", f"hf:{base}", *PROMPT)
     assert r.code == 2 and len(r.err.strip().splitlines()) == 1, r.err
     assert "exposes no intermediate tensors" in r.err
 
 
-def test_inject_with_a_reference_is_refused(run, base):
-    r = run("compare", "layers", "--model", f"hf:{base}", "--reference", f"hf:{base}", "--inject",
+def test_inject_is_one_models_option(run, base):
+    r = run("compare", "engine-layers", "--engine", f"hf:{base}", "--reference", f"hf:{base}", "--inject",
             "layers.0.mlp:scale=2", *PROMPT)
     assert r.code == 2 and "--inject" in r.err
 
@@ -252,7 +252,7 @@ def test_llamacpp_export_of_the_embedded_model_meets_it_by_name(run, embedded_hf
 def test_an_fp16_overflow_in_yours_is_flagged_as_overflow(run, base, tmp_path):
     """YOURS' MLP weights past fp16's range: its fp16 run turns inf where REF's fp16 run is finite."""
     bug = _copy(base, tmp_path, "huge", weights={"model.layers.1.mlp.down_proj.weight": 1e7})
-    r = run("compare", "layers", "--model", f"hf:{bug}", "--reference", f"hf:{base}", "--dtypes", "fp16",
+    r = run("compare", "engine-layers", "--engine", f"hf:{bug}", "--reference", f"hf:{base}", "--dtypes", "fp16",
             *PROMPT, "--json")
     assert r.code == 1, r.err
     doc = strict_json(r.out)
@@ -262,21 +262,22 @@ def test_an_fp16_overflow_in_yours_is_flagged_as_overflow(run, base, tmp_path):
 
 
 @pytest.mark.parametrize("args, words", [
-    (["--reference", "/no/such/dir"], ["--reference", "no such directory"]),
-    (["--reference", ""], ["--reference", "empty"]),
-    (["--engine", "openai:http://127.0.0.1:9/v1", "--engine", "ct2:/x"], ["one engine"]),
-    (["--model", "embedded", "--engine", "llamacpp:/no/such.gguf"], ["not both"]),
-    (["--reference", "embedded", "--dump", "D"], ["--dump"]),
+    (["--engine", "embedded", "--reference", "/no/such/dir"], ["--reference", "no such directory"]),
+    (["--engine", "embedded", "--reference", ""], ["--reference", "empty"]),
+    (["--engine", "", "--reference", "embedded"], ["--engine", "empty"]),
+    (["--reference", "embedded"], ["needs --engine"]),
+    (["--engine", "openai:http://127.0.0.1:9/v1", "--engine", "ct2:/x"], ["one --engine"]),
+    (["--engine", "embedded", "--reference", "embedded", "--dump", "D"], ["--dump"]),  # one model's option
 ])
 def test_two_model_usage_errors_are_one_line_before_any_load(run, monkeypatch, args, words):
     from helpers import fail_if_a_model_runs, one_line
 
     fail_if_a_model_runs(monkeypatch)
-    one_line(run("compare", "layers", *args), 2, *words)
+    one_line(run("compare", "engine-layers", *args), 2, *words)
 
 
 def test_wide_adds_each_views_scale_fit(run, base):
-    r = run("compare", "layers", "--model", f"hf:{base}", "--reference", f"hf:{base}", "--dtypes", "bf16",
+    r = run("compare", "engine-layers", "--engine", f"hf:{base}", "--reference", f"hf:{base}", "--dtypes", "bf16",
             *PROMPT, "--wide")
     assert r.code == 0, r.err
     assert "fp32 scale (z)" in r.out and "bf16 scale (z)" in r.out and "1.00000 (0)" in r.out
@@ -284,13 +285,13 @@ def test_wide_adds_each_views_scale_fit(run, base):
 
 def test_memory_is_estimated_from_both_models_before_either_loads():
     """runtime/memory.compare_layers_pair, checked before open_engine: under a 50 MiB limit the embedded pair at
-    100 steps (estimate 76 MiB; measured peaks 68 MiB at 100 steps, 74-75 at 300, 154-236 at 600 in two runs of
+    100 steps (estimate 72 MiB; measured peaks 68 MiB at 100 steps, 74-75 at 300, 154-236 at 600 in two runs of
     one child after another: too unsteady for tests/test_memory.py's 1.5x band, so not held there) is one line,
     exit 2, and no engine was opened."""
     import subprocess
     import sys
 
-    argv = ["precisionlab", "compare", "layers", "--reference", "embedded", "--steps", "100"]
+    argv = ["precisionlab", "compare", "engine-layers", "--engine", "embedded", "--reference", "embedded", "--steps", "100"]
     code = ("import precisionlab.io.inputs as I; I.memory_limit = lambda: 50 * 2**20\n"
             "import precisionlab.engines.registry as R\n"
             "def refuse(*a, **k): raise SystemExit('an engine was opened')\n"
@@ -299,7 +300,7 @@ def test_memory_is_estimated_from_both_models_before_either_loads():
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=ROOT)
     err = r.stderr.strip()
     assert r.returncode == 2 and len(err.splitlines()) == 1 and not r.stdout, (r.returncode, r.stderr)
-    assert "compare layers --reference embedded" in err and "needs about 76 MiB of memory, 50 MiB" in err, err
+    assert "compare engine-layers --engine embedded --reference embedded" in err and "needs about 72 MiB of memory, 50 MiB" in err, err
 
 
 def test_the_pair_estimate_counts_yours_weights_and_each_low_dtype():
@@ -308,9 +309,9 @@ def test_the_pair_estimate_counts_yours_weights_and_each_low_dtype():
 
     shape = model_shape(None, 100, "ROMEO:\n")
     both, ext = memory.compare_layers_pair(shape, shape, 2), memory.compare_layers_pair(shape, None, 2)
-    # YOURS' weights (held in fp32: its fp32 run's model) and one low copy cast from them, or the load's peak
-    # (the file beside the tensors read from it) where that is more: 8 bytes a parameter
-    assert both - ext == max(6, 8) * shape.params
+    # YOURS' weights (held in fp32: its fp32 run's model), 4 bytes a parameter: its low copies are made one at
+    # a time after REF's fp64 copy is dropped, and are smaller than it (memory._pair_weights)
+    assert both - ext == 4 * shape.params
     elements = shape.seq * (7 * shape.hidden * shape.layers + shape.vocab)
     per_low = memory.compare_layers_pair(shape, shape, 3) - both
     assert per_low == 4 * elements + 16 * shape.seq * max(shape.hidden, shape.vocab)

@@ -27,22 +27,30 @@ def _topk_sets(logits):
     return np.sort(np.argsort(-logits, axis=1, kind="stable")[:, :TOP_K], axis=1)
 
 
-def test_bf16_flip_rates_equal_an_independent_recomputation(moe):
+def _layers_watching(folder, router: str, take):
+    """compare layers (bf16) on hf:folder, with a hook of the test's own on every module of class `router`:
+    (the result, take(module, args, out) of each of its calls, in call order)."""
     from torch.nn.modules.module import register_module_forward_hook
 
     from precisionlab.experiments import layers as lexp
 
-    seen = []  # every router call in the run: (dtype, input, logits), in call order
+    seen = []
 
     def hook(m, args, out):
-        if type(m).__name__ == "Qwen3MoeTopKRouter":
-            seen.append((out[0].dtype, args[0].detach().double().numpy(), out[0].detach().double().numpy()))
+        if type(m).__name__ == router:
+            seen.append(take(m, args, out))
 
     handle = register_module_forward_hook(hook)
     try:
-        res = lexp.run(lexp.LayersConfig(model=f"hf:{moe}", steps=STEPS, prompt=PROMPT, dtypes="bf16"))
+        return lexp.run(lexp.LayersConfig(model=f"hf:{folder}", steps=STEPS, prompt=PROMPT, dtypes="bf16")), seen
     finally:
         handle.remove()
+
+
+def test_bf16_flip_rates_equal_an_independent_recomputation(moe):
+    # every router call in the run: (dtype, input, logits), in call order
+    res, seen = _layers_watching(moe, "Qwen3MoeTopKRouter", lambda m, args, out: (
+        out[0].dtype, args[0].detach().double().numpy(), out[0].detach().double().numpy()))
     t = res.params["tokens"]
     # the first full-length call of each router in each dtype is the captured run's (later bf16 ones re-run a
     # module for its local error; the greedy decode's calls are shorter)
@@ -88,7 +96,7 @@ def _swap_experts(layer: int):
 
 def test_a_planted_gate_in_yours_is_found_at_its_layer_and_persists_in_fp64(moe, tmp_path):
     yours = save_tiny_qwen3_moe(tmp_path / "yours", LAYERS, EXPERTS, TOP_K, HIDDEN, edit=_swap_experts(1))
-    r = cli("compare", "layers", "--model", f"hf:{yours}", "--reference", f"hf:{moe}", "--steps", "20",
+    r = cli("compare", "engine-layers", "--engine", f"hf:{yours}", "--reference", f"hf:{moe}", "--steps", "20",
             "--prompt", PROMPT, "--dtypes", "bf16", "--json")
     doc = strict_json(r.out)
     fp32 = {row["layer"]: row for row in doc["routing"] if row["view"] == "fp32"}
@@ -125,9 +133,7 @@ def test_deepseek_bias_rounded_in_bf16_flips_routes_and_vanishes_in_fp64(tmp_pat
     flips are the router's rounding (they vanish in fp64), and compare layers' flips are those transformers'
     own routers make, to within one token a layer (fp32 sigmoid's last bit at a near-tie; fixed beforehand)."""
     import transformers as tf
-    from torch.nn.modules.module import register_module_forward_hook
 
-    from precisionlab.experiments import layers as lexp
 
     folder = save_tiny_qwen3_moe(tmp_path / "tok", 1)  # for its tokenizer files
     torch.manual_seed(0)
@@ -140,17 +146,8 @@ def test_deepseek_bias_rounded_in_bf16_flips_routes_and_vanishes_in_fp64(tmp_pat
         for layer in model.model.layers:
             layer.mlp.gate.e_score_correction_bias.copy_(torch.linspace(6.817, 7.063, 16)[torch.randperm(16)])
     model.save_pretrained(folder)
-    seen = []
-
-    def hook(m, args, out):
-        if type(m).__name__ == "DeepseekV3TopkRouter":
-            seen.append((m.weight.dtype, out[-1].numpy().copy()))
-
-    handle = register_module_forward_hook(hook)
-    try:
-        res = lexp.run(lexp.LayersConfig(model=f"hf:{folder}", steps=STEPS, prompt=PROMPT, dtypes="bf16"))
-    finally:
-        handle.remove()
+    res, seen = _layers_watching(folder, "DeepseekV3TopkRouter", lambda m, args, out: (
+        m.weight.dtype, out[-1].numpy().copy()))
     t = res.params["tokens"]
     first = {d: [ids for dt, ids in seen if dt == d and ids.shape[0] == t][:2] for d in (torch.float32, torch.bfloat16)}
     assert res.params["routing"]["n_group"] == 4 and res.params["routing"]["scoring"] == "sigmoid"

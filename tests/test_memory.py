@@ -98,6 +98,21 @@ def _layers_models(tmp_path: Path):
             for folder in (_tiny_qwen(tmp_path, h) for h in (128, 256, 512))]
 
 
+def _engine_layers_models(tmp_path: Path):
+    """A tiny Qwen3 as REF and its copy in another folder as YOURS (both through their modules, both held)."""
+    import shutil
+
+    pytest.importorskip("transformers")
+    cases = []
+    for h in (128, 256, 512):
+        ref = _tiny_qwen(tmp_path, h)
+        yours = shutil.copytree(ref, tmp_path / f"yours-{h}")
+        cases.append((["compare", "engine-layers", "--engine", f"hf:{yours}", "--reference", f"hf:{ref}", "--steps",
+                       "8", "--prompt", "the cat sat", "--json"],
+                      model_estimates.compare_engine_layers_for(str(yours), ref, 8, "the cat sat")))
+    return cases
+
+
 def _kvcache_models(tmp_path: Path):
     from precisionlab.experiments.kvcache import CALIBRATION_CHARS
 
@@ -200,6 +215,7 @@ def _families(tmp_path: Path):
                        memory.attention(16, n, 128, 128, 256, 0)) for n in (32768, 65536, 131072)],
         "compare model": lambda: _models(tmp_path),
         "compare layers": lambda: _layers_models(tmp_path),
+        "compare engine-layers": lambda: _engine_layers_models(tmp_path),
         "compare model --layers (embedded)": [(["compare", "layers", "--steps", str(s), "--json"],
                                                model_estimates.compare_layers_for(None, s, "ROMEO:\n")) for s in (100, 300, 600)],
         "compare metrics": _metrics_embedded,
@@ -229,7 +245,7 @@ def _tensor_pair(tmp_path: Path, n: int) -> list[str]:
 # its 128 case grew 37, 85 or 98 MiB as the allocator happened to reuse that.
 GROUPS = [["softmax", "softmax --from"], ["softmax long rows", "softmax --from long rows"], ["nondeterminism"],
           ["nondeterminism sections"], ["tf32"], ["tf32 --sweep-mn"], ["bench"],
-          ["compare op matmul", "compare op softmax"], ["compare model"], ["compare layers"],
+          ["compare op matmul", "compare op softmax"], ["compare model"], ["compare layers"], ["compare engine-layers"],
           ["compare model --layers (embedded)"], ["compare tensors"], ["compare metrics"], ["compare contracts"],
           ["compare rollout"], ["compare engine"],
           ["kvcache --model"], ["kvcache"], ["attention"]]
@@ -256,7 +272,7 @@ FIRST_USE = {"softmax": memory.softmax(0, 0), "softmax --from": memory.softmax(0
              "tf32": memory.tf32(0, 0, 0, None), "tf32 --sweep-mn": memory.BLAS_FIXED, "bench": memory.bench_cpu(0),
              "compare op softmax": memory.COMPARE_FIXED, "compare op matmul": memory.COMPARE_FIXED,
              "compare model": memory.MODEL_FIXED["hf"], "compare tensors": 0,
-             "compare layers": memory.LAYERS_FIXED["hf"],
+             "compare layers": memory.LAYERS_FIXED["hf"], "compare engine-layers": memory.LAYERS_FIXED["hf"],
              "compare model --layers (embedded)": memory.LAYERS_FIXED["embedded"],
              "attention": memory.COMPARE_FIXED,
              "compare metrics": memory.METRICS_FIXED["embedded"], "compare contracts": memory.MODEL_FIXED["embedded"],
@@ -268,7 +284,10 @@ FIRST_USE = {"softmax": memory.softmax(0, 0), "softmax --from": memory.softmax(0
 # memory depends on what else runs, so with a second pytest worker beside them the same
 # tf32 case measured 22 MiB in one run and 51 MiB in another (43 and 88 for --sweep-mn 128).
 # make test measures them alone (marker serial), as a user's machine runs one command.
-THREADED = {"tf32", "tf32 --sweep-mn", "nondeterminism", "nondeterminism sections", "compare op matmul"}
+# compare metrics too: its --tokens 8192 case (64 windows through the model in one batch) measured 207 and 218 MiB
+# alone (estimate 172: 0.83, 0.79) and 284 MiB beside a second worker (0.61), on 2026-12-05.
+THREADED = {"tf32", "tf32 --sweep-mn", "nondeterminism", "nondeterminism sections", "compare op matmul",
+            "compare metrics"}
 
 
 @pytest.mark.parametrize("group", [pytest.param(g, marks=pytest.mark.serial) if THREADED & set(g) else g
@@ -359,6 +378,7 @@ MODEL_REFUSALS = {
     ("compare", "model"): ["--steps", "4"],
     ("compare", "metrics"): ["--tokens", "64"],
     ("compare", "layers"): ["--steps", "4"],
+    ("compare", "engine-layers"): ["--engine", "embedded", "--reference", "embedded", "--steps", "4"],
     ("compare", "contracts"): ["--steps", "4"],
     ("compare", "rollout"): ["--trainer", "embedded", "--rollout", "embedded", "--samples", "1", "--tokens", "4"],
     ("compare", "engine"): ["--engine", "embedded", "--tokens", "64", "--steps", "2"],
@@ -385,7 +405,7 @@ def test_the_refusal_cases_are_every_model_command():
 
 
 @pytest.mark.parametrize("args", [[*c, *a] for c, a in MODEL_REFUSALS.items()]
-                         + [["compare", "layers", "--reference", "embedded", "--steps", "4"]], ids=" ".join)
+                         , ids=" ".join)
 def test_every_model_command_refuses_before_loading(args):
     env = {k: v for k, v in os.environ.items() if k != "PRECISIONLAB_DEBUG"}
     env["PYTHONPATH"] = str(ROOT)

@@ -1,4 +1,4 @@
-"""`compare layers --engine llamacpp:` on SmolLM2-135M-Instruct (make smollm2; skipped where it is not
+"""`compare engine-layers --engine llamacpp:` on SmolLM2-135M-Instruct (make smollm2; skipped where it is not
 cached), a real trained model (issue 40): (a) an F32 GGUF exported from the fp32 folder, run with an f32 KV
 cache, flags nothing (exit 0), head by head included (--heads); (b) the original Q4_1 file against that folder leaves REF fp32 at the first
 quantised matmul (the first attention), which the quantisation yardstick calls what Q4_1 costs (exit 0);
@@ -29,7 +29,7 @@ def _engines():
 
 
 def _layers(run, spec, *more):
-    r = run("compare", "layers", "--engine", spec, *RUN, *more)
+    r = run("compare", "engine-layers", "--engine", spec, *RUN, *more)
     return r, strict_json(r.out) if r.out.strip() else None
 
 

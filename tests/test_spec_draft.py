@@ -1,4 +1,4 @@
-"""compare contracts --draft / --draft-tokens (experiments/spec_draft.py):
+"""compare contracts --draft SPEC / --draft tokens:FILE (experiments/spec_draft.py):
 spec_verify's windows verify a draft's tokens under the verify chunk and under
 decoding. A tiny second model (the embedded model's tokenizer, random
 weights) and a token stream file as drafts; a verify chunk that decodes row by
@@ -12,7 +12,8 @@ import json
 
 import pytest
 import torch
-from helpers import cli, fail_if_a_model_runs, one_line, registered, save_char_qwen, save_tiny_qwen, strict_json
+from helpers import (cli, embedded_gguf, fail_if_a_model_runs, one_line, registered, save_char_qwen, save_tiny_qwen,
+                     strict_json)
 
 from test_contracts import NoBatchNoCache
 from test_spec_verify import VerifyOrder, _Planted
@@ -138,12 +139,7 @@ def test_a_tiny_second_model_as_the_draft(tiny_draft):
 @pytest.fixture(scope="module")
 def q4_draft(tmp_path_factory):
     """The embedded model's Q4_0 GGUF export (llama.cpp reads it): the same model, quantised."""
-    pytest.importorskip("llama_cpp", reason="llama.cpp's engine needs llama-cpp-python")
-    pytest.importorskip("gguf", reason="the GGUF export needs the gguf package")
-    path = tmp_path_factory.mktemp("draft-gguf") / "m-q4_0.gguf"
-    r = cli("export", "embedded", "--to", "gguf:q4_0", "--out", str(path))
-    assert r.code == 0, r.err
-    return str(path)
+    return embedded_gguf(tmp_path_factory, "draft-q4_0", "q4_0")
 
 
 def _check_rows(rows):
@@ -245,24 +241,24 @@ def test_a_token_stream_file(tmp_path):
     f = tmp_path / "draft.json"
     f.write_text(json.dumps(stream))
     r = cli("compare", "contracts", "--steps", "12", "--batches", "2", "--chunks", "7", "--dtypes", "fp32",
-            "--draft-tokens", str(f), "--json")
+            "--draft", f"tokens:{f}", "--json")
     assert r.code == 0, r.err
     doc = strict_json(r.out)
-    assert doc["params"]["draft_from"] == "--draft-tokens" and doc["params"]["draft_spec"] == str(f)
+    assert doc["params"]["draft_from"] == "--draft tokens:" and doc["params"]["draft_spec"] == str(f)
     rows = [x for x in doc["rows"] if x["contract"] == "spec_verify"]
     assert len(rows) == 4 and all(x["draft_rejected"] == 0 for x in rows)  # the target's own decoded choices
 
 
 @pytest.mark.parametrize("content, words", [
-    ("", ["--draft-tokens", "holds no token ids"]),
-    (json.dumps([1] * 11 + [99999]), ["--draft-tokens", "99999", "vocabulary"]),
-    ("[1, 2, 3]", ["--draft-tokens", "holds 3 ids", "--steps 12"]),
-    ("[1, -2]", ["--draft-tokens", "negative"]),
+    ("", ["--draft tokens:", "holds no token ids"]),
+    (json.dumps([1] * 11 + [99999]), ["--draft tokens:", "99999", "vocabulary"]),
+    ("[1, 2, 3]", ["--draft tokens:", "holds 3 ids", "--steps 12"]),
+    ("[1, -2]", ["--draft tokens:", "negative"]),
 ])
 def test_a_bad_stream_is_one_line(tmp_path, content, words):
     f = tmp_path / "draft.txt"
     f.write_text(content)
-    one_line(cli("compare", "contracts", "--steps", "12", "--draft-tokens", str(f)), 2, *words)
+    one_line(cli("compare", "contracts", "--steps", "12", "--draft", f"tokens:{f}"), 2, *words)
 
 
 @pytest.mark.parametrize("spec, words", [
@@ -281,10 +277,8 @@ def test_a_draft_with_another_tokenizer_is_one_line(tmp_path):
              "--draft", "tokenizer differs")
 
 
-def test_one_draft_at_most_and_a_window_that_fits(tmp_path):
-    f = tmp_path / "d.txt"
-    f.write_text("1 2 3")
-    one_line(cli("compare", "contracts", "--draft", "embedded", "--draft-tokens", str(f)), 2, "give one")
+def test_a_window_that_fits(tmp_path):
+    one_line(cli("compare", "contracts", "--steps", "1", "--draft", f"tokens:{tmp_path}/none.txt"), 2)
     one_line(cli("compare", "contracts", "--steps", "1", "--draft", "embedded"), 2, "--steps 1", "k + 1")
 
 

@@ -147,14 +147,9 @@ def test_acceptance_by_hand():
 
 @pytest.fixture(scope="module")
 def gguf_model(tmp_path_factory):
-    pytest.importorskip("llama_cpp", reason="llama.cpp's engine needs llama-cpp-python")
-    pytest.importorskip("gguf", reason="the GGUF export needs the gguf package")
-    from helpers import cli
+    from helpers import embedded_gguf
 
-    path = tmp_path_factory.mktemp("spec-verify-gguf") / "m.gguf"
-    r = cli("export", "embedded", "--to", "gguf:f32", "--out", str(path))
-    assert r.code == 0, r.err
-    return str(path)
+    return embedded_gguf(tmp_path_factory, "spec-verify-f32", "f32")
 
 
 def test_llamacpp_fork_leaves_the_session_as_it_was(gguf_model):

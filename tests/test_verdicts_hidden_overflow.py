@@ -130,7 +130,7 @@ def test_an_fp16_overflowing_rmsnorm_in_compare_layers_is_named_at_the_norm(run,
 
     registry.register("planted", Buggy)
     try:
-        r = run("compare", "layers", "--model", f"planted:{base}", "--reference", f"hf:{base}", "--dtypes", "fp16",
+        r = run("compare", "engine-layers", "--engine", f"planted:{base}", "--reference", f"hf:{base}", "--dtypes", "fp16",
                 "--prompt", "the cat sat", "--steps", "12", "--json")
     finally:
         registry.unregister("planted")

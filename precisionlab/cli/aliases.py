@@ -42,6 +42,9 @@ ALIASES: tuple[Alias, ...] = (
           example=("--trainer", "embedded", "--rollout", "embedded", "--samples", "1", "--tokens", "4")),
     Alias(_MODEL, "compare model --engine/--reference", "compare engine", "verb", ("compare", "engine"),
           example=("--engine", "embedded", "--tokens", "16", "--steps", "2")),
+    Alias(("compare", "layers"), "compare layers --reference/--engine",
+          "compare engine-layers --engine YOURS --reference REF", "verb", ("compare", "engine-layers"),
+          example=("--reference", "embedded", "--steps", "2", "--dtypes", "bf16")),
     Alias(("nondeterminism",), "nondeterminism --endpoint URL", "nondeterminism endpoint URL", "verb",
           ("nondeterminism", "endpoint"), drop=True, example=("--endpoint", "http://127.0.0.1:9", "--requests", "0")),
     Alias(("softmax",), "softmax --dtype", "softmax --dtypes", "option", renamed="--dtypes",
@@ -59,6 +62,8 @@ ALIASES: tuple[Alias, ...] = (
     Alias(("compare", "tensors"), "compare tensors --a-dtype/--b-dtype/--c-dtype", "compare tensors --dtypes A,B[,C]",
           "fold", renamed="--a-dtype,--b-dtype,--c-dtype",
           example=("{tmp}/a.npz", "{tmp}/b.npz", "--b-dtype", "bf16")),
+    Alias(("compare", "contracts"), "compare contracts --draft-tokens FILE", "compare contracts --draft tokens:FILE",
+          "fold", renamed="--draft-tokens", example=("--draft-tokens", "{tmp}/none.txt", "--steps", "2")),
     *(Alias(command, f"{' '.join(command)} --acc-bits/--acc-rounding",
             f"{' '.join(command)} --accumulator MODEL:bits=B:rounding=R", "fold", renamed="--acc-bits,--acc-rounding",
             example=example) for command, example in (
@@ -73,7 +78,8 @@ _OLD_FLAGS = {"--metrics", "--layers", "--contracts"}
 # What triggers each verb alias besides its own option (compare model --rollout without --trainer).
 _TRIGGERS = {"compare model --trainer/--rollout": ("--trainer", "--rollout"),
              "compare model --engine/--reference": ("--engine", "--reference"),
-             "compare model --dump": ("--dump",), "nondeterminism --endpoint URL": ("--endpoint",)}
+             "compare model --dump": ("--dump",), "nondeterminism --endpoint URL": ("--endpoint",),
+             "compare layers --reference/--engine": ("--reference", "--engine")}
 # --device auto of the kernel commands (those whose --device defaults to all): now spelled all.
 DEVICE_AUTO = Alias((), "--device auto", "--device all", "value", renamed="--device", value=("auto", "all"),
                     example=("accumulate", "--n", "100", "--device", "auto"))
@@ -120,9 +126,10 @@ def rewrite(argv: list[str], flags: set[str], kernel_commands: set[tuple[str, ..
     flags = flags | _OLD_FLAGS
     notices: list[str] = []
     args = list(argv)
-    verbs = [a for a in ALIASES if a.kind == "verb" and tuple(args[:len(a.command)]) == a.command]
-    if verbs:
-        args = _verb(args, verbs, flags, notices)
+    for _ in range(2):  # an old verb may lead to another (compare model --layers --engine -> compare layers --engine)
+        verbs = [a for a in ALIASES if a.kind == "verb" and tuple(args[:len(a.command)]) == a.command]
+        if verbs:
+            args = _verb(args, verbs, flags, notices)
     for alias in ALIASES:
         if alias.kind in ("option", "fold") and tuple(args[:len(alias.command)]) == alias.command:
             args = (_option if alias.kind == "option" else _fold)(args, alias, flags, notices)
@@ -148,8 +155,26 @@ def _verb(args: list[str], candidates: list[Alias], flags: set[str], notices: li
     alias = chosen[0]
     if alias.drop:
         rest = _drop(rest, _trigger(alias), flags, keep_value=alias.verb == ("nondeterminism", "endpoint"))
+    if alias.verb == ("compare", "engine-layers"):
+        rest = _yours_as_engine(rest, flags)
     notices.append(_notice(alias.old, alias.new))
     return [*alias.verb, *rest]
+
+
+def _yours_as_engine(rest: list[str], flags: set[str]) -> list[str]:
+    """compare layers' YOURS was --model (default: the embedded model) or --engine; compare engine-layers
+    names it --engine alone."""
+    from precisionlab.engines.registry import DEFAULT_SPEC
+
+    found = _options(rest, flags)
+    models = [(i, v) for i, name, v in found if name == "--model"]
+    if models and any(name == "--engine" for _, name, _ in found):
+        raise UsageError("compare layers: give YOURS as --model or as --engine, not both")
+    for i, _ in models:
+        rest[i] = "--engine" + rest[i][len("--model"):]
+    if not models and not any(name == "--engine" for _, name, _ in found):
+        rest = [*rest, "--engine", DEFAULT_SPEC]  # the old --model's default
+    return rest
 
 
 def _drop(rest: list[str], names: tuple[str, ...], flags: set[str], keep_value: bool) -> list[str]:
@@ -230,8 +255,15 @@ def _fold_acc(found: dict[str, str], rest: list[str], flags: set[str]) -> list[s
     return rest
 
 
+def _fold_draft(found: dict[str, str], rest: list[str], flags: set[str]) -> list[str]:
+    """--draft-tokens FILE -> --draft tokens:FILE; with --draft too, the old refusal (each gives the draft)."""
+    if any(name == "--draft" for _, name, _ in _options(rest, flags)):
+        raise UsageError("--draft and --draft-tokens each give the draft: give one of them")
+    return [*rest, "--draft", "tokens:" + found["--draft-tokens"]]
+
+
 _FOLDS = {("--rtol", "--atol"): _fold_tol, ("--a-dtype", "--b-dtype", "--c-dtype"): _fold_dtypes,
-          ("--acc-bits", "--acc-rounding"): _fold_acc}
+          ("--acc-bits", "--acc-rounding"): _fold_acc, ("--draft-tokens",): _fold_draft}
 
 
 def _value(args: list[str], n: int, alias: Alias, flags: set[str], notices: list[str]) -> list[str]:

@@ -120,6 +120,7 @@ COMMANDS = (
     ('compare', 'model', 'compare_model'),
     ('compare', 'metrics', 'compare_metrics'),
     ('compare', 'layers', 'compare_layers'),
+    ('compare', 'engine-layers', 'compare_engine_layers'),
     ('compare', 'contracts', 'compare_contracts'),
     ('compare', 'rollout', 'compare_rollout'),
     ('compare', 'engine', 'compare_engine'),

@@ -28,14 +28,12 @@ def command(
     draft_widths: Annotated[Optional[list[int]], typer.Option("--draft-widths", help="spec_verify's draft widths k "
                                                               "(a verify chunk of k + 1 rows against decoding), "
                                                               "replacing 1, 2, 4, 8; repeatable.")] = None,
-    draft: Annotated[Optional[str], typer.Option("--draft", help="A draft model (a spec, as --model's: a smaller or "
-                                                 "quantised export with the same tokenizer) whose greedy k tokens "
-                                                 "spec_verify verifies, in place of the sequence's own.",
-                                                 show_default=False)] = None,
-    draft_tokens: Annotated[Optional[str], typer.Option("--draft-tokens", help="The draft as a token stream, in "
-                                                        "--token-ids' formats: id i is the draft's token at "
-                                                        "position prompt + i (at least --steps ids).",
-                                                        show_default=False)] = None,
+    draft: Annotated[Optional[str], typer.Option("--draft", help="The draft whose k tokens spec_verify verifies, in "
+                                                 "place of the sequence's own: a model spec (as --model's: a smaller "
+                                                 "or quantised export with the same tokenizer; it proposes greedily "
+                                                 "in fp32), or tokens:FILE, a token stream in --token-ids' formats "
+                                                 "(id i is the draft's token at position prompt + i; at least --steps "
+                                                 "ids).", show_default=False)] = None,
     token_ids: Annotated[Optional[str], typer.Option("--token-ids", help="Your token ids in place of --prompt's: "
                                                      "a text file of integers, a .npy, or a dump (its "
                                                      "precisionlab.token_ids).", show_default=False)] = None,
@@ -55,12 +53,13 @@ def command(
 
     early_checks(model=model, threads=threads)
     ids = None if token_ids is None else token_files.read(token_ids)
-    stream = None if draft_tokens is None else token_files.read(draft_tokens, "--draft-tokens")
+    stream_file = draft[len(spec_draft.TOKENS):] if draft and draft.startswith(spec_draft.TOKENS) else None
+    stream = None if stream_file is None else token_files.read(stream_file, spec_draft.STREAM)
     cfg = cexp.ContractsConfig(model=model, steps=steps, prompt=prompt,
                                **({} if dtypes is None else {"dtypes": dtypes}),
                                chunks=cexp.sizes(chunks or [], cexp.CHUNKS, "--chunks"),
                                batches=cexp.sizes(batches or [], cexp.BATCHES, "--batches"),
                                **({} if not draft_widths else {"draft_widths": tuple(draft_widths)}),
-                               draft=spec_draft.DraftOptions(draft, stream, draft_tokens),
+                               draft=spec_draft.DraftOptions(None if stream_file is not None else draft, stream, stream_file),
                                token_ids=ids, device=device, seed=seed, threads=threads, chat=chat)
     Output(contracts_report, json_out).run("compare contracts", lambda advance: cexp.run(cfg, advance))

@@ -7,7 +7,7 @@ from typing import Annotated, Optional
 import typer
 
 from precisionlab.cli.model_options import (DEFAULT_PROMPT, DEFAULT_STEPS, ChatOpt, MaxKldOpt, MinTop1Opt,
-                                            ModelDeviceOpt, PromptOpt, StepsOpt, TextOpt)
+                                            ModelDeviceOpt, PromptOpt, ReferenceOpt, StepsOpt, TextOpt)
 from precisionlab.cli.options import JsonOpt, seed_in_range
 from precisionlab.errors import UsageError
 
@@ -18,9 +18,7 @@ def command(
                                                         ",kv=f32 ,flash=1 ,threads=N, ct2:DIR with optional ,compute=int8, "
                                                         "onnx:FILE, or any --model spec; repeatable.",
                                                         show_default=False)] = None,
-    reference: Annotated[Optional[str], typer.Option("--reference", help="The reference model's spec, run in fp32 "
-                                                     "(default: the source the export recorded, else the embedded "
-                                                     "model).")] = None,
+    reference: ReferenceOpt = None,
     text: TextOpt = None,
     tokens: Annotated[Optional[int], typer.Option("--tokens", help="Positions scored (default 512).")] = None,
     steps: StepsOpt = DEFAULT_STEPS,

@@ -7,19 +7,16 @@ from typing import Annotated, Optional
 import typer
 
 from precisionlab.catalog import formats
-from precisionlab.cli.model_options import (DEFAULT_SPEC, MaxKldOpt, MinTop1Opt, ModelDeviceOpt,
+from precisionlab.cli.model_options import (DEFAULT_LOWS, DEFAULT_SPEC, MaxKldOpt, MinTop1Opt, ModelDeviceOpt,
                                             TextOpt, early_checks, spec_paths)
 from precisionlab.cli.options import plot_option, JsonOpt, ModelOpt, SeedOpt, format_names
-
-DEFAULT_DTYPES = format_names(formats.LOW_COMPUTE, ",")
-
 
 def command(
     model: ModelOpt = DEFAULT_SPEC,
     text: TextOpt = None,
     tokens: Annotated[Optional[int], typer.Option("--tokens", help="Positions scored (default 8192).")] = None,
     dtypes: Annotated[str, typer.Option("--dtypes", help="Precisions against fp32: "
-                                        f"{format_names(formats.COMPUTE)}.")] = DEFAULT_DTYPES,
+                                        f"{format_names(formats.COMPUTE)}.")] = DEFAULT_LOWS,
     save_logits: Annotated[Optional[list[str]], typer.Option("--save-logits", help="Write a run's logits and token "
                                                              "ids as safetensors: FILE (fp32) or DTYPE=FILE; "
                                                              "repeatable.")] = None,

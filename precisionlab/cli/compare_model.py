@@ -8,12 +8,9 @@ from __future__ import annotations
 
 
 
-from precisionlab.catalog import formats
-from precisionlab.cli.model_options import (DEFAULT_PROMPT, DEFAULT_SPEC, DEFAULT_STEPS, ChatOpt, LowDtypesOpt,
-                                            ModelDeviceOpt, PromptOpt, StepsOpt, early_checks, spec_paths)
-from precisionlab.cli.options import plot_option, JsonOpt, ModelOpt, SeedOpt, ThreadsOpt, format_names
-
-DEFAULT_DTYPES = format_names(formats.LOW_COMPUTE, ",")
+from precisionlab.cli.model_options import (DEFAULT_LOWS, DEFAULT_PROMPT, DEFAULT_SPEC, DEFAULT_STEPS, ChatOpt,
+                                            LowDtypesOpt, ModelDeviceOpt, PromptOpt, StepsOpt, early_checks, spec_paths)
+from precisionlab.cli.options import plot_option, JsonOpt, ModelOpt, SeedOpt, ThreadsOpt
 
 
 def command(
@@ -21,7 +18,7 @@ def command(
     steps: StepsOpt = DEFAULT_STEPS,
     prompt: PromptOpt = DEFAULT_PROMPT,
     chat: ChatOpt = False,
-    dtypes: LowDtypesOpt = DEFAULT_DTYPES,
+    dtypes: LowDtypesOpt = DEFAULT_LOWS,
     plot: plot_option("rel-L2 per step, the divergence marked") = None,
     device: ModelDeviceOpt = "cpu",
     seed: SeedOpt = 0,

@@ -13,9 +13,10 @@ from precisionlab.cli.options import format_names
 from precisionlab.engines.registry import DEFAULT_PROMPT, DEFAULT_SPEC, spec_path
 from precisionlab.errors import UsageError
 
-__all__ = ["DEFAULT_PROMPT", "DEFAULT_SPEC", "DEFAULT_STEPS"]
+__all__ = ["DEFAULT_PROMPT", "DEFAULT_SPEC", "DEFAULT_STEPS", "DEFAULT_LOWS"]
 
 DEFAULT_STEPS = 50
+DEFAULT_LOWS = format_names(formats.LOW_COMPUTE, ",")  # --dtypes of the verbs that compare low dtypes to fp32
 
 StepsOpt = Annotated[int, typer.Option("--steps", help="Greedy decoding steps.")]
 PromptOpt = Annotated[str, typer.Option("--prompt", help="The text to continue.")]
@@ -28,6 +29,9 @@ ModelDeviceOpt = Annotated[str, typer.Option("--device", help="cpu (the default 
                                              "commands) | cuda | auto (the GPU where present, else the CPU).")]
 TextOpt = Annotated[Optional[str], typer.Option("--text", help="A UTF-8 text file, teacher-forced (default: the "
                                                 "held-out part of the shipped Shakespeare text).")]
+ReferenceOpt = Annotated[Optional[str], typer.Option("--reference", help="REF, the reference model's spec, run in "
+                                                   "fp32 (and fp64 where the verb re-runs it; default: the source "
+                                                   "the export recorded, else the embedded model).")]
 MaxKldOpt = Annotated[Optional[float], typer.Option("--max-kld", help="Exit 1 when a mean KLD is above this.")]
 MinTop1Opt = Annotated[Optional[float], typer.Option("--min-top1", help="Exit 1 when a top-1 agreement (%) is "
                                                      "below this.")]

@@ -1,7 +1,7 @@
-"""compare model --layers --reference SPEC (and --layers --engine SPEC): two
-models, module by module, on the same tokens.
+"""compare engine-layers --engine SPEC --reference SPEC: two models, module by
+module, on the same tokens.
 
-REF (--reference) and YOURS (--model, or the one --engine) read the same
+REF (--reference) and YOURS (--engine) read the same
 tokens: the prompt and REF's fp32 greedy continuation, teacher-forced. Every
 watched module of both runs is captured (engines/hooks.py; a llama.cpp engine
 through its eval callback, its GGML names mapped to the Hugging Face ones,
@@ -43,7 +43,7 @@ from precisionlab.runtime import progress
 @dataclass
 class PairConfig(ModelRun):
     reference: str | None = None  # REF's spec; None: what the engine's export recorded, else the embedded model
-    engine: str | None = None     # YOURS as an --engine spec (instead of --model)
+    engine: str | None = None     # YOURS' spec (--engine)
     heads: bool = False           # inside attention too: per-head outputs and probabilities (experiments/layers_heads)
 
 
@@ -71,7 +71,7 @@ def _module_engine(spec: str | None, role: str):
 
     if not cls.has_modules and not cls.captures_layers:
         raise UsageError(f"{role} {spec}: {cls.ENGINE or cls.__name__} exposes no intermediate tensors, so "
-                         "--layers cannot compare it module by module (compare model --engine compares its logits)")
+                         "compare engine-layers cannot compare it module by module (compare engine compares its logits)")
     if role == "--reference" and not (cls.has_modules and "fp64" in cls.compute_dtypes):
         raise UsageError(f"--reference {spec}: the reference runs in fp32 and fp64 through its modules; give an "
                          "hf:DIR or the embedded model")
@@ -82,9 +82,9 @@ def _module_engine(spec: str | None, role: str):
     return cls
 
 
-def check_specs(yours: str | None, reference: str | None, as_engine: bool):
+def check_specs(yours: str, reference: str | None):
     """Both specs checked before anything loads (exit 2): YOURS' class, REF's when given."""
-    cls = _module_engine(yours, "--engine" if as_engine else "--model")
+    cls = _module_engine(yours, "--engine")
     if reference is not None:
         _module_engine(reference, "--reference")
     return cls
@@ -93,9 +93,9 @@ def check_specs(yours: str | None, reference: str | None, as_engine: bool):
 def run(cfg: PairConfig, advance=lambda k=1: None) -> PairResult:
     startup.check_run(cfg.steps, cfg.prompt)
     lows = startup.parse_dtypes(cfg.dtypes, formats.LOW_COMPUTE)
-    yours_spec = cfg.engine or cfg.model
-    ycls = check_specs(yours_spec, cfg.reference, bool(cfg.engine))
-    ref_spec, ref_note = startup.default_reference(cfg.reference, [cfg.engine] if cfg.engine else [])
+    yours_spec = cfg.engine
+    ycls = check_specs(yours_spec, cfg.reference)
+    ref_spec, ref_note = startup.default_reference(cfg.reference, [yours_spec])
     _module_engine(ref_spec, "--reference")
     startup.check_chat(ref_spec, cfg.chat, "--reference")  # REF's template makes the ids both sides read
     external = not ycls.has_modules  # captured by the engine itself, as it was opened
@@ -136,7 +136,7 @@ def _run(cfg, lows, yours_spec, run_spec, ref_spec, ref_note, external, device, 
         [startup.Load(run_spec, device, cfg.steps, cfg.prompt),
          startup.Load(yours_spec, "cpu" if external else device, cfg.steps, cfg.prompt)],
         lambda shapes: _estimate(shapes, lows, external),
-        f"compare layers --reference {ref_spec} --model {yours_spec} --steps {cfg.steps}")
+        f"compare engine-layers --engine {yours_spec} --reference {ref_spec} --steps {cfg.steps}")
     prompt = ref.prompt_ids(cfg.prompt, cfg.steps, cfg.chat)
     notes = [f"reference {ref_spec} ({ref_note})"]
     # a python: engine's class may have modules; the instance declares whether it captures itself instead

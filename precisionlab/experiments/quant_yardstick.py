@@ -1,4 +1,4 @@
-"""The quantisation yardstick for `compare layers --engine llamacpp:FILE`
+"""The quantisation yardstick for `compare engine-layers --engine llamacpp:FILE`
 where FILE's weights are quantised (issue 40, 5).
 
 Judged by fp32's rounding, a q8_0 engine departs at every module by 1e5x:

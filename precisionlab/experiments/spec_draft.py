@@ -1,4 +1,4 @@
-"""compare contracts --draft SPEC / --draft-tokens FILE: the draft whose
+"""compare contracts --draft SPEC / --draft tokens:FILE: the draft whose
 tokens spec_verify's windows verify (experiments/spec_verify.py).
 
 Without either, the draft is the sequence itself (the fp32 greedy stream):
@@ -9,7 +9,7 @@ sequence's token at the window's start followed by the draft's k tokens:
 - --draft SPEC: a second model (a smaller or quantised export) proposes k
   tokens greedily, in fp32, after the target's sequence up to the window's
   start, as a speculative decoder's draft model would;
-- --draft-tokens FILE: a token stream (the formats --token-ids reads) gives
+- --draft tokens:FILE: a token stream (the formats --token-ids reads) gives
   the draft's token for each position after the prompt: id i is the draft's
   token at position prompt + i (the first of them, the token after the
   prompt, is never judged: every window starts from the sequence's token).
@@ -33,27 +33,27 @@ from precisionlab.errors import RunError, UsageError
 from precisionlab.experiments import startup
 from precisionlab.runtime import memory
 
-SEQUENCE = "the sequence"  # draft_from without --draft / --draft-tokens
+SEQUENCE = "the sequence"  # draft_from without --draft
+TOKENS = "tokens:"  # --draft tokens:FILE, a token stream; any other --draft is a model spec
+STREAM = "--draft tokens:"  # draft_from and the messages of a token-stream draft
 
 
 @dataclass(frozen=True)
 class DraftOptions:
-    spec: str | None = None          # --draft: a model spec
-    tokens: list[int] | None = None  # --draft-tokens: the stream's ids, read (io/token_ids)
+    spec: str | None = None          # --draft SPEC: a model spec
+    tokens: list[int] | None = None  # --draft tokens:FILE: the stream's ids, read (io/token_ids)
     tokens_file: str | None = None   # where they came from, for the params
 
     @property
     def given(self) -> str | None:
-        return "--draft" if self.spec is not None else "--draft-tokens" if self.tokens is not None else None
+        return "--draft" if self.spec is not None else STREAM if self.tokens is not None else None
 
 
 def check(opts: DraftOptions, target: str | None, widths: list, steps: int) -> None:
-    """Before anything loads (exit 2): one draft at most; a target that runs a
+    """Before anything loads (exit 2): a target that runs a
     verify chunk after a copied cache; a window that fits in --steps; a draft
     model's engine known, openable and giving every logit (its greedy
     proposals read the argmax of the whole vocabulary)."""
-    if opts.spec is not None and opts.tokens is not None:
-        raise UsageError("--draft and --draft-tokens each give the draft: give one of them")
     if opts.given is None:
         return
     require(startup.resolve(target, "--model")[0], "forks", f"{opts.given} (a verify chunk after a copied cache)",
@@ -112,11 +112,11 @@ def _from_stream(ids: list[int], start: int, steps: int, vocab: int) -> Callable
     """The stream's token for each position after the prompt, checked: one a
     position the windows reach (--steps of them), each in the target's vocabulary."""
     if len(ids) < steps:
-        raise UsageError(f"--draft-tokens holds {len(ids)} ids; the draft needs one for each of the --steps {steps} "
+        raise UsageError(f"{STREAM} holds {len(ids)} ids; the draft needs one for each of the --steps {steps} "
                          "positions after the prompt")
     if max(ids) >= vocab:
         i = max(range(len(ids)), key=ids.__getitem__)
-        raise UsageError(f"--draft-tokens: id {ids[i]} (at {i}) is outside the model's vocabulary of {vocab}")
+        raise UsageError(f"{STREAM} id {ids[i]} (at {i}) is outside the model's vocabulary of {vocab}")
     return lambda pos, k: ids[pos + 1 - start:pos + 1 - start + k]
 
 

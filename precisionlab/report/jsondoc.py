@@ -45,10 +45,11 @@ def jsonable(obj):
 
 # Every --json document's "schema_version": bumped when a field is renamed,
 # removed or changes meaning (adding a field keeps it), so scripts can check.
-SCHEMA_VERSION = 6  # 2: one name per quantity (docs/json.md); 3: "method" / "kernel" became "variant";
+SCHEMA_VERSION = 7  # 2: one name per quantity (docs/json.md); 3: "method" / "kernel" became "variant";
 # 4: compare logits' REF fields by role (ppl_ref, ...); 5: compare model's modes became verbs (issue 38),
 # formats' rel_rmse became rel_l2 (the same quantity), compare metrics' ppl_fp32 became ppl_ref;
 # 6: compare metrics' and kvcache's top-5 shares by role too (ref_top1_in_top5_pct, top1_in_ref_top5_pct)
+# and flip_share; 7: compare layers' two-model form became compare engine-layers, --draft-tokens --draft tokens:
 
 
 def emit_json(command: str, doc: dict) -> None:

@@ -1,4 +1,4 @@
-"""compare layers --reference's table, JSON and plot: per module the
+"""compare engine-layers' table, JSON and plot: per module the
 two-way view (YOURS fp32 vs REF fp32) and the three-way view per low dtype,
 the rule that fired with its number, and the first divergence."""
 
@@ -36,7 +36,7 @@ def table(res, wide: bool = False) -> None:
     p = res.params
     q = p.get("quant_view")
     views = ["fp32", *p["dtypes"], *([q] if q else [])]
-    t = Table(title=f"compare layers: YOURS {safe_text(p['model'] or 'embedded')} vs REF "
+    t = Table(title=f"compare engine-layers: YOURS {safe_text(p['model'] or 'embedded')} vs REF "
                     f"{safe_text(p['reference'])} on {p['tokens']} teacher-forced tokens",
               title_justify="left", highlight=False)
     for col in ("#", "module"):
@@ -104,7 +104,7 @@ def table(res, wide: bool = False) -> None:
 
 
 def as_json(res) -> None:
-    emit_json("compare layers --reference", {
+    emit_json("compare engine-layers", {
         "params": res.params, "model": res.model_info, "reference": res.reference_info,
         "first_divergence": res.first_divergence, "first_divergence_by_view": res.first_divergence_by_view,
         "flags": res.flags, "missing": res.missing, "notes": res.notes, "timing": res.timing, "rows": res.rows,
@@ -124,6 +124,6 @@ def plot(res, path: str) -> None:
         series += [(f"{d} (3) YOURS vs REF", [r["views"][d]["error"] for r in rows], "-"),
                    (f"{d} (2) REF rounding", [r["views"][d]["yardstick"] for r in rows], ":")]
     first = next((r["order"] for r in rows if r["module"] == res.first_divergence), None)
-    plots.along_model(path, "compare layers --reference: per-module rel-L2", xs, series,
+    plots.along_model(path, "compare engine-layers: per-module rel-L2", xs, series,
                       [r["module"] for r in rows], first)
     hint("the plot's x axis is the execution order (#) of the table")

@@ -380,13 +380,26 @@ def compare_layers(shape, lows=formats.LOW_COMPUTE, dump: bool = False) -> int:
             + (caps if dump else 0) + LAYERS_FIXED[shape.kind])
 
 
+def _pair_weights(ref, yours) -> int:
+    """Both models' weights as the pair run holds them: each held as stored with
+    its fp32 base, and one more copy at a time across the two (REF's fp64, then
+    each low dtype's of REF and of YOURS, each dropped when its run ends); at
+    least each load's peak (weights(): twice what is being loaded, beside what
+    is already held). Not weights() per model: their floors and copies are
+    not alive together (measured: 1.6x high on a tiny Qwen3 pair)."""
+    sides = [ref] if yours is None else [ref, yours]
+    based = sum(s.weight_bytes + copy_bytes(s, "fp32") for s in sides)
+    one_copy = max([copy_bytes(ref, "fp64"), *(copy_bytes(s, d) for s in sides for d in formats.LOW_COMPUTE)])
+    loads = [2 * ref.weight_bytes] + ([] if yours is None else
+                                      [ref.weight_bytes + copy_bytes(ref, "fp32") + 2 * yours.weight_bytes])
+    return max(based + one_copy, *loads)
+
+
 def compare_layers_pair(ref, yours, lows: int) -> int:
-    """compare model --layers --reference / --engine (experiments/layers_pair.py),
+    """compare engine-layers (experiments/layers_pair.py),
     from REF's and YOURS' shapes; yours None for an engine that captures in
-    its own process memory (llama.cpp: not counted here). Weights: REF held,
-    its fp32 base and one more copy at a time (fp64's, then each low one's):
-    the fp64 one at most; YOURS held and its fp32 base, and one low copy at a
-    time. The module outputs of every run are kept until the rows are
+    its own process memory (llama.cpp: not counted here). Weights: both held
+    with their fp32 bases and one more copy at a time (_pair_weights). The module outputs of every run are kept until the rows are
     computed: per watched element (hooks.sites, seven a layer, each seq x
     hidden, and the logits, seq x vocab) REF fp32 and fp64 and YOURS fp32 (4
     + 8 + 4) and, per low dtype, REF's and YOURS' (2 + 2); the run being
@@ -396,7 +409,7 @@ def compare_layers_pair(ref, yours, lows: int) -> int:
     low dtype, 8 bytes each): the logits at most."""
     seq = ref.seq
     elements = seq * (7 * ref.hidden * ref.layers + ref.vocab)
-    held = weights(ref, "fp32", "fp64") + (0 if yours is None else weights(yours, "fp32", list(formats.LOW_COMPUTE)))
+    held = _pair_weights(ref, yours)
     kept = (16 + 4 * lows) * elements
     in_flight = 8 * elements + 16 * ref.heads * seq * seq
     rows = 8 * (3 + 2 * lows) * seq * max(ref.hidden, ref.vocab)
