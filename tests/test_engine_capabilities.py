@@ -186,7 +186,7 @@ def test_engine_instance_refuses_what_it_does_not_declare(shift_engine):
 
 def test_no_experiment_probes_an_engine_or_imports_an_adapter():
     """The rule of issue 38: experiments read declared capabilities only."""
-    probe = subprocess.run(["grep", "-rnE", r"getattr\((eng|engine|ref|yours|cls|ycls)\b|hasattr\((eng|engine|cls|ycls)\b"
+    probe = subprocess.run(["grep", "-rnE", r"getattr\((eng|engine|ref|yours|cls|ycls|model)\b|hasattr\((eng|engine|ref|yours|cls|ycls|model)\b"
                             r"|top_k_only|capture_layers\"", "precisionlab/experiments"],
                            capture_output=True, text=True, cwd=ROOT)
     assert probe.stdout == ""

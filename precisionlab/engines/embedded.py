@@ -111,6 +111,9 @@ class EmbeddedEngine(Engine):
         for layer in self.base.layers:
             layer.attn.kv_store = None
 
+    def kv_heads(self, model) -> int | None:
+        return model.cfg.n_heads  # multi-head attention: a KV head per query head
+
     def sites(self, model) -> list:
         """CharLM's watched modules. Its RoPE tables and its tied LM head are
         computed outside any module: two pseudo-sites, `rope` (built by the

@@ -267,6 +267,23 @@ class Engine(ABC):
         require(self, "exposes_routing", "the routing comparison")
         return hooks.routers(model)
 
+    def config(self, model):
+        """`model`'s Hugging Face-style config (what its routers' algorithm and
+        its KV heads are read from), None where it has none: the default reads
+        `model.config`."""
+        return getattr(model, "config", None)
+
+    def decoder(self, model):
+        """The part of `model` that maps token ids to hidden states (no LM
+        head): a Hugging Face model's get_decoder(), else the model itself."""
+        return model.get_decoder() if hasattr(model, "get_decoder") else model
+
+    def kv_heads(self, model) -> int | None:
+        """`model`'s key/value head count (grouped-query attention's groups), None
+        where the model does not say: the config's num_key_value_heads by default."""
+        n = getattr(self.config(model), "num_key_value_heads", None)
+        return int(n) if n else None
+
     def close(self) -> None:
         """Undo any hook left on `base`."""
 

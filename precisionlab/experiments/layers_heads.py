@@ -139,12 +139,3 @@ def read(rows: list[dict], views: list[str], kv_heads: int | None) -> list[str]:
             end = "" if first[1].endswith("?") else "."
             takeaways.append(f"inside attention ({view}): at {first[0]}, {first[1]}{end}")
     return takeaways
-
-
-def kv_heads_of(model) -> int | None:
-    """The model's KV head count (Hugging Face config, or the embedded model's cfg)."""
-    for cfg in (getattr(model, "config", None), getattr(model, "cfg", None)):
-        n = getattr(cfg, "num_key_value_heads", None) or getattr(cfg, "n_kv_heads", None)
-        if n:
-            return int(n)
-    return None

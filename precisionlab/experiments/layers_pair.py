@@ -187,7 +187,7 @@ def _run(cfg, lows, yours_spec, run_spec, ref_spec, ref_note, external, device, 
     # a quantised engine: fp32's and the low dtypes' views are what quantisation costs, shown, not judged
     views = [quant.view] if quant else ["fp32", *lows]
     flags, first_by = apply_rules(rows, views, _weight_flags(rows, quant) if quant else layers_heads.flags(rows))
-    head_takeaways = layers_heads.read(rows, views, layers_heads.kv_heads_of(ref.base)) if cfg.heads else []
+    head_takeaways = layers_heads.read(rows, views, ref.kv_heads(ref.base)) if cfg.heads else []
     first = min((r for r in rows if any(first_by.get(v) == r["module"] for v in views)),
                 key=lambda r: r["order"], default=None)
     first_name = first["module"] if first else None

@@ -73,7 +73,7 @@ def find(engine, model, who: str = "") -> Routers:
     if not gates:
         return Routers([], None)
     try:
-        alg = router_model.model_algorithm(model)
+        alg = router_model.model_algorithm(engine, model)
     except UsageError as e:
         return Routers([n for n, _ in gates], None, f"routing not compared: {str(e).removeprefix('--inputs: ')}")
     return Routers([n for n, _ in gates], alg)

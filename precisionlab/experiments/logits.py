@@ -529,7 +529,7 @@ def compare_files(cfg: LogitsConfig, advance=lambda k=1: None) -> LogitsResult:
     ref = logits_file.open_file(cfg.ref, "REF", per_position)
     written = None
     if cfg.write_kld_base is not None:
-        if hasattr(ref, "source_positions"):
+        if isinstance(ref, kld_base_file.KldBaseFile):
             raise UsageError(f"--write-kld-base: REF {cfg.ref!r} is already a kl-divergence-base file")
         n_ctx = cfg.kld_ctx if cfg.kld_ctx is not None else _window(ref)
         written = kld_base_file.write(cfg.write_kld_base, ref, n_ctx, advance)
@@ -542,7 +542,7 @@ def compare_files(cfg: LogitsConfig, advance=lambda k=1: None) -> LogitsResult:
     for s, _, f in sides:
         logits_file.check_pair(ref, f, s)
     n, vocab = ref.positions, ref.vocab
-    base = hasattr(ref, "source_positions")  # llama.cpp's base file: its own report too
+    base = isinstance(ref, kld_base_file.KldBaseFile)  # llama.cpp's base file: its own report too
     step = max(1, WORKING_BYTES // (12 * 8 * vocab))
     inputs.check_memory(step * vocab * 8 * (10 + 2 * len(sides)) + n * RESULT_BYTES_PER_POSITION * len(sides),
                         f"compare logits ({n} positions)")

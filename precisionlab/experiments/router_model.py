@@ -55,9 +55,9 @@ def algorithm(config, top_k_override: int | None = None) -> routing.Algorithm:
                      "Mixtral and DeepSeek-V3-style configs)")
 
 
-def model_algorithm(model) -> routing.Algorithm:
+def model_algorithm(engine, model) -> routing.Algorithm:
     """algorithm() of a model's own config (UsageError where it has none this knows: a model without one)."""
-    return algorithm(getattr(model, "config", None))
+    return algorithm(engine.config(model))
 
 
 def capture(spec: str, tokens: int, seed: int, n_paths: int, advance=lambda k=1: None):
@@ -71,7 +71,7 @@ def capture(spec: str, tokens: int, seed: int, n_paths: int, advance=lambda k=1:
     engine = registry.open_engine(spec, "cpu", estimate=estimate(tokens, n_paths), steps=tokens,
                                   command="router --inputs")
     model = engine.model("fp32")
-    config = getattr(model, "config", None)  # a transformers model's; the embedded decoder has none, nor routers
+    config = engine.config(model)  # a transformers model's; the embedded decoder has none, nor routers
     if config is None:
         raise UsageError(f"--inputs {spec}: not a Hugging Face MoE model; no routers to measure")
     alg = algorithm(config)
@@ -85,7 +85,7 @@ def capture(spec: str, tokens: int, seed: int, n_paths: int, advance=lambda k=1:
     seq = max(1, min(SEQ_LEN, int(getattr(config, "max_position_embeddings", SEQ_LEN) or SEQ_LEN)))
     gen = torch.Generator().manual_seed(seed)
     ids = torch.randint(0, vocab, (-(-tokens // seq), seq), generator=gen)
-    decoder = model.get_decoder() if hasattr(model, "get_decoder") else model
+    decoder = engine.decoder(model)
     try:
         with torch.no_grad():
             for i in range(0, ids.shape[0], BATCH):
