@@ -107,6 +107,22 @@ def _check_targets_before_load(model: str | None, injections) -> None:
         hooks.resolve(tree, inj.target, pseudo)
 
 
+def _sites_with_targets(engine, injections):
+    """(the watched sites, each injection's resolved target, sites by name): an
+    injected module that is not watched becomes a site of its own."""
+    from precisionlab.engines import hooks
+
+    site_list = engine.sites(engine.base)
+    pseudo = [s.name for s in site_list if s.pseudo]
+    targets = [hooks.resolve(engine.base, inj.target, pseudo) for inj in injections]
+    by_name = {s.name: s for s in site_list}
+    for t in targets:
+        if t not in by_name:
+            by_name[t] = hooks.Site(t, "module")
+            site_list.append(by_name[t])
+    return site_list, targets, by_name
+
+
 def run(cfg: LayersConfig, advance=lambda k=1: None) -> LayersResult:
     startup.check_run(cfg.steps, cfg.prompt)
     startup.check_chat(cfg.model, cfg.chat)
@@ -127,14 +143,7 @@ def run(cfg: LayersConfig, advance=lambda k=1: None) -> LayersResult:
     engine = startup.open_engine(cfg.model, device, cfg.steps, cfg.prompt, estimate,
                                  f"compare layers --model {cfg.model or DEFAULT_SPEC} --steps {cfg.steps}")
     prompt = engine.prompt_ids(cfg.prompt, cfg.steps, cfg.chat)
-    site_list = engine.sites(engine.base)
-    pseudo = [s.name for s in site_list if s.pseudo]
-    targets = [hooks.resolve(engine.base, inj.target, pseudo) for inj in injections]
-    by_name = {s.name: s for s in site_list}
-    for t in targets:  # an injected module that is not watched becomes a site of its own
-        if t not in by_name:
-            by_name[t] = hooks.Site(t, "module")
-            site_list.append(by_name[t])
+    site_list, targets, by_name = _sites_with_targets(engine, injections)
     t_load = time.perf_counter() - t0
     routers = layers_routing.find(engine, engine.base)
 
@@ -163,11 +172,8 @@ def run(cfg: LayersConfig, advance=lambda k=1: None) -> LayersResult:
             if dump_dir is not None:
                 dumped.append(_dump(dump_dir, low, cap, order, ids, engine, injections))
             touched = _touched(targets, order)
-            dtype_rows = []
-            for i, name in enumerate(order):
-                site = by_name[name]
-                row = _site_row(engine, site, i, low, tdt, ref_cap, cap, trusted, yours, name in touched)
-                dtype_rows.append(row)
+            dtype_rows = [_site_row(engine, by_name[name], i, low, tdt, ref_cap, cap, trusted, yours, name in touched)
+                          for i, name in enumerate(order)]
             div = judge_rows(dtype_rows)
             rows += dtype_rows
             first_by[low] = None if div is None else div.name

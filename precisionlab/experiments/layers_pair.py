@@ -200,18 +200,24 @@ def _run(cfg, lows, yours_spec, run_spec, ref_spec, ref_note, external, device, 
     takeaways = (_takeaways(first_name, first_by, flags, missing, quant.view if quant else "rounding")
                  + head_takeaways + layers_routing.takeaways(
                      [r for r in routed if r["view"] != "yardstick"], lambda r: f"YOURS vs REF in {r['view']}"))
-    if cfg.heads and not any(r["kind"] in layers_heads.KINDS for r in rows):
+    notes += [r.note for r in routers if r.note and routers[0].names]  # said only where REF has routers
+    _close_takeaways(takeaways, params, rows, quant, cfg.heads, len(common), len(order))
+    return PairResult(params, rows, first_name, first_by, flags, missing, yours.info(), ref.info(),
+                      takeaways, {"load_s": t_load, "run_s": t_run}, notes, routed)
+
+
+def _close_takeaways(takeaways: list, params: dict, rows, quant, heads: bool, common: int, modules: int) -> None:
+    """The run's last readings: per-head tensors asked for and missing, where a quantised engine first leaves
+    REF (into params too), and two models that name most modules differently."""
+    if heads and not any(r["kind"] in layers_heads.KINDS for r in rows):
         takeaways.append("--heads: no per-head tensor in common (YOURS gives none named <attn>.heads or "
                          "<attn>.probs; see docs/dumps-from-your-engine.md)")
-    notes += [r.note for r in routers if r.note and routers[0].names]  # said only where REF has routers
     if quant:
         params["quant_departs_at"] = _quant_departure(rows, quant.view)
         takeaways.insert(0, _quant_takeaway(quant.view, params["quant_departs_at"]))
-    if len(common) * 2 < len(order):
-        takeaways.append(f"only {len(common)} of REF's {len(order)} modules have a counterpart in YOURS: the two "
+    if common * 2 < modules:
+        takeaways.append(f"only {common} of REF's {modules} modules have a counterpart in YOURS: the two "
                          "name their modules differently (a different architecture or engine naming?)")
-    return PairResult(params, rows, first_name, first_by, flags, missing, yours.info(), ref.info(),
-                      takeaways, {"load_s": t_load, "run_s": t_run}, notes, routed)
 
 
 def _routed(run, into: dict, dtype: str):

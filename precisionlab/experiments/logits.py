@@ -508,11 +508,8 @@ def _side_row(side: str, path: str, f, stats, overflow: np.ndarray) -> dict:
     return row
 
 
-def compare_files(cfg: LogitsConfig, advance=lambda k=1: None) -> LogitsResult:
-    from precisionlab.io import kld_base_file
-    from precisionlab.numerics import llamacpp_stats
-    from precisionlab.report.logits import say_departure
-
+def _check_files_options(cfg: LogitsConfig) -> list[tuple[str, str]]:
+    """compare logits' options checked before a file is read (exit 2); the (role, path) of each file given."""
     check_gates(cfg.max_kld, cfg.min_top1)
     named = [("REF", cfg.ref)] + [(s, p) for s, p in (("REF_LOW", cfg.ref_low), ("YOURS", cfg.yours)) if p]
     if cfg.plot is not None:  # "" too: refused as an empty path, never taken for "no plot"
@@ -525,6 +522,15 @@ def compare_files(cfg: LogitsConfig, advance=lambda k=1: None) -> LogitsResult:
         raise UsageError("compare logits needs REF and YOURS (or REF REF_LOW YOURS), or REF with --write-kld-base")
     if cfg.yours is None and (cfg.plot is not None or cfg.max_kld is not None or cfg.min_top1 is not None):
         raise UsageError("--plot, --max-kld and --min-top1 judge YOURS: give REF YOURS")
+    return named
+
+
+def compare_files(cfg: LogitsConfig, advance=lambda k=1: None) -> LogitsResult:
+    from precisionlab.io import kld_base_file
+    from precisionlab.numerics import llamacpp_stats
+    from precisionlab.report.logits import say_departure
+
+    named = _check_files_options(cfg)
     per_position = RESULT_BYTES_PER_POSITION * (len(named) - 1)
     ref = logits_file.open_file(cfg.ref, "REF", per_position)
     written = None
