@@ -81,12 +81,8 @@ def check(spec: str, to: str, out: str, force: bool = False) -> tuple[str, str |
     from precisionlab.engines.registry import parse
 
     kind, variant = parse_format(to)
-    package = FORMATS[kind][1]
-    for need in {package, "transformers", VARIANT_PACKAGE.get((kind, variant), "transformers")}:
-        if importlib.util.find_spec(need) is None:
-            raise UsageError(f"--to {to}: needs the {need} package: pip install 'precisionlab[{_EXTRA[need]}]'")
-    if kind == "onnx" and importlib.util.find_spec("torch.onnx") is None:
-        raise UsageError("--to onnx: this torch has no torch.onnx")
+    # The route first: a source that can never reach this format is refused the same way whether or
+    # not the format's package is installed.
     prefix, arg = parse(spec)
     if prefix not in ("embedded", "hf", "llamacpp"):
         raise UsageError(f"export {spec!r}: exports the embedded model, a Hugging Face folder (hf:DIR) or a "
@@ -95,6 +91,12 @@ def check(spec: str, to: str, out: str, force: bool = False) -> tuple[str, str |
     if prefix == "llamacpp":
         _check_gguf_source(arg, kind)
         src = arg
+    package = FORMATS[kind][1]
+    for need in {package, "transformers", VARIANT_PACKAGE.get((kind, variant), "transformers")}:
+        if importlib.util.find_spec(need) is None:
+            raise UsageError(f"--to {to}: needs the {need} package: pip install 'precisionlab[{_EXTRA[need]}]'")
+    if kind == "onnx" and importlib.util.find_spec("torch.onnx") is None:
+        raise UsageError("--to onnx: this torch has no torch.onnx")
     if prefix == "hf":
         from precisionlab.engines.hf import HFEngine
 
