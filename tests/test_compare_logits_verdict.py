@@ -63,3 +63,11 @@ def test_a_minus_inf_where_ref_is_finite_is_mass_removed_not_overflow(files):
     assert y["first_mass_removed_positions"] == [2, 7] and y["mass_removed_entries"] == 2
     assert any("probability mass removed" in t for t in d["takeaways"])
     assert not any("overflow" in t and "mass" not in t for t in d["takeaways"])
+
+
+def test_the_two_way_footnote_explains_only_the_columns_printed(files):
+    """Two files have no REF_LOW: the table has no ratio column, and its footnote names none (issue 40, 3)."""
+    r = cli("compare", "logits", files["ref"], files["bug"])
+    assert "KLD: KL(P_REF || P_side)" in r.out + r.err
+    for absent in ("YOURS / REF_LOW", "(n): too few", "! beyond 4x"):
+        assert absent not in r.out + r.err, absent

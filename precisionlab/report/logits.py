@@ -136,12 +136,13 @@ def table_files(res) -> None:
             lt.add_row(label, *[_fixed(fmt, rep[key], rep[se] if se else None) for rep in res.llamacpp.values()])
         stdout.print(lt)
     _flips(res, "REF")
+    # The footnote explains only the columns this table printed: a two-way run has no ratio column.
     note("KLD: KL(P_REF || P_side) per position in nats; percentiles are nearest-rank; ± is the standard "
          "error of the mean (of the per-position differences for ln PPL). Δp: the side's probability of "
-         "the text's next token minus REF's. YOURS / REF_LOW: the ratio of their departures from REF "
-         f"(for agreement, of the disagreement); ! beyond 4x, its {_CONFIDENCE:.0%} paired block-bootstrap "
-         f"interval wholly past 1x; (n): too few positions for that percentile (a verdict needs {_MIN_TAIL} "
-         "beyond it).")
+         "the text's next token minus REF's." + (
+             " YOURS / REF_LOW: the ratio of their departures from REF (for agreement, of the disagreement); "
+             f"! beyond 4x, its {_CONFIDENCE:.0%} paired block-bootstrap interval wholly past 1x; (n): too few "
+             f"positions for that percentile (a verdict needs {_MIN_TAIL} beyond it)." if ratios else ""))
     footer(None, res.takeaways)
 
 
