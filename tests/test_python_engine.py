@@ -158,3 +158,29 @@ def test_the_template_runs_in_the_other_model_verbs():
         r = cli("compare", *args, "--json")
         assert r.code == 0, (args, r.err)
         assert strict_json(r.out)["command"] == f"compare {args[0]}"
+
+
+def test_compare_engine_takes_the_users_engine(tmp_path_factory, folder):
+    """compare engine --engine python:... against the folder it reimplements: the clean engine's logits are
+    transformers' to fp32 rounding (HF_BOUND; KL ~ Var/2 ~ 1e-11, bounded here by 1e-9); a 5 % attention scale
+    departs past ten times that bound. (A first bound of 1e-6 was too high for this tiny random model, whose
+    attention scores are small: the bug measured 2.3e-7, so the line is now set by rounding's ceiling, not by
+    a guess at the bug's size.)"""
+    def run(bug):
+        r = cli("compare", "engine", "--engine", _spec(tmp_path_factory, folder, bug), "--reference", f"hf:{folder}",
+                "--tokens", "48",
+                "--steps", "6", "--json", timeout=600)
+        assert r.code == 0, r.err
+        return strict_json(r.out)["rows"][0]
+    clean = run(None)
+    assert clean["tokens"] == "identical" and clean["positions"] > 20
+    assert clean["max_abs_diff"] <= HF_BOUND and clean["kld_mean"] < 1e-9
+    assert run("attn_scale")["kld_mean"] > 1e-8
+
+
+def test_kvcache_refuses_an_engine_whose_cache_it_cannot_reach():
+    """kvcache quantises the cache through session(model, stores): an engine that does not declare stores_kv
+    (the template keeps its cache inside) is refused in one line before any run, not measured as if it had."""
+    r = cli("kvcache", "--model", f"python:{ROOT / 'docs' / 'data' / 'your_engine.py'}:factory")
+    assert r.code == 2 and len(r.err.strip().splitlines()) == 1, r.err
+    assert "kvcache needs a KV cache written and read back through precisionlab's stores" in r.err

@@ -23,6 +23,7 @@ class EmbeddedEngine(Engine):
     score_threads = SCORE_THREADS
     batches = True  # CharLM takes a key mask and positions
     forks = True    # its cache is a list of tensors never written in place
+    stores_kv = True  # each layer's attention writes and reads its cache through kv_store
 
     @classmethod
     def check(cls, arg):

@@ -135,6 +135,7 @@ class HFEngine(Engine):
     batches = True  # transformers takes attention_mask and position_ids
     forks = True    # its DynamicCache deep-copies
     chats = True    # its tokenizer's apply_chat_template (engines/chat.py)
+    stores_kv = True  # session(stores) builds a StoredCache that calls stores[i] on every update
     @classmethod
     def check(cls, arg):
         import importlib.util

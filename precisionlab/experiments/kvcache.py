@@ -49,7 +49,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from precisionlab.engines.protocol import check_finite, greedy
+from precisionlab.engines.protocol import check_finite, greedy, require
 from precisionlab.engines.registry import DEFAULT_PROMPT, DEFAULT_SPEC
 from precisionlab.experiments import startup
 from precisionlab.runtime import devices, memory, progress
@@ -207,6 +207,7 @@ def run(cfg: KVCacheConfig, advance=lambda k=1: None) -> KVCacheResult:
                                          lambda s: memory.kvcache(s, CALIBRATION_CHARS),
                                          f"kvcache --model {cfg.model or DEFAULT_SPEC} --steps {cfg.steps}")
             try:
+                require(engine, "stores_kv", "kvcache", UsageError)
                 prompt = engine.prompt_ids(cfg.prompt, cfg.steps, cfg.chat)
                 source = f"--text {cfg.text!r}" if cfg.text is not None else "the calibration text"
                 calibration = engine.encode(text if text is not None else calibration_text(),
