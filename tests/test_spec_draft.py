@@ -294,3 +294,10 @@ def test_a_draft_shorter_than_the_sequence_is_refused(tiny_draft):
         exp.run(exp.ContractsConfig(dtypes="fp32", steps=130, batches=(2,), chunks=(7,),
                                     draft=spec_draft.DraftOptions(f"hf:{tiny_draft}")))
     assert "\n" not in str(e.value)
+
+
+def test_a_named_width_that_does_not_fit_is_refused_not_dropped():
+    """--draft-widths 64 under --steps 12 ran every other contract and left spec_verify out without a word:
+    a width the user named is run or refused (the default widths run where they fit, as documented)."""
+    one_line(cli("compare", "contracts", "--steps", "12", "--draft-widths", "64"), 2, "--draft-widths 64",
+             "--steps 65")

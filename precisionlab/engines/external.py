@@ -180,7 +180,8 @@ def file_spec(arg: str | None, prefix: str, keys: dict[str, str], module: str, w
     """An engine spec that names one file: (path, settings), the engine's
     package and the file checked (exit 2 naming what is missing)."""
     path, opts = split_spec(arg, prefix, keys)
-    need_package(module, prefix, prefix)
+    # the file first: a wrong path is refused by its name whether or not the engine's package is installed
     if not Path(path).is_file():
         raise UsageError(f"engine {prefix}:{path}: no such file{what}")
+    need_package(module, prefix, prefix)
     return path, opts
