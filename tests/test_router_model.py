@@ -75,3 +75,19 @@ def test_bf16_flip_rates_equal_an_independent_recomputation(tiny_moe):
     assert s["independence_prediction"] == pytest.approx(p, rel=1e-12)
     assert s["correlated"] == (abs(s["any_layer_flip_share"] - p) > band)
     assert s["correlated"] == any("correlated" in t for t in doc["takeaways"])
+
+
+def test_a_model_that_cannot_fit_is_refused_before_it_loads(tiny_moe, tmp_path):
+    """router --inputs hf:DIR goes through the model start-up: the memory estimate from the config before a
+    weight is read (a folder whose weights are unreadable still gets the memory refusal), and refusals name
+    router's own options, never --model or --steps, which it does not have."""
+    folder = tmp_path / "moe"
+    folder.mkdir()
+    (folder / "config.json").write_bytes((tiny_moe[0] / "config.json").read_bytes())
+    (folder / "model.safetensors").write_bytes(b"not weights")  # read only if the estimate let it through
+    r = cli("router", "--inputs", f"hf:{folder}", "--tokens", "100000000")
+    assert r.code == 2 and len(r.err.strip().splitlines()) == 1, r.err
+    assert "router --inputs" in r.err and "--tokens 100000000" in r.err and "GiB of memory" in r.err
+    for args in ((f"hf:{tmp_path / 'none'}",), (f"hf:{folder}", "--tokens", "100000000")):
+        r = cli("router", "--inputs", *args)
+        assert "--model" not in r.err and "--steps" not in r.err, r.err

@@ -65,11 +65,14 @@ def capture(spec: str, tokens: int, seed: int, n_paths: int, advance=lambda k=1:
     correction bias (E,) or None), from one fp32 forward of `tokens` seeded token ids."""
     import torch
 
-    from precisionlab.engines import registry
     from precisionlab.engines.hooks import ROUTER_SUFFIXES, router_bias
 
-    engine = registry.open_engine(spec, "cpu", estimate=estimate(tokens, n_paths), steps=tokens,
-                                  command="router --inputs")
+    from precisionlab.experiments import startup
+
+    # Through the one start-up: the estimate from the config before any weight is read, and refusals under
+    # the option that named the model (router has no --model or --steps).
+    engine = startup.open_engine(spec, "cpu", tokens, "", estimate(tokens, n_paths),
+                                 f"router --inputs {spec} --tokens {tokens}", option="--inputs")
     model = engine.model("fp32")
     config = engine.config(model)  # a transformers model's; the embedded decoder has none, nor routers
     if config is None:

@@ -116,7 +116,13 @@ class Load:
 
 def shapes(loads: Sequence[Load]) -> list:
     """Each load's ModelShape, read without loading a weight (None where the engine cannot tell)."""
-    return [registry.spec_shape(x.spec, x.steps, x.prompt) for x in loads]
+    out = []
+    for x in loads:
+        try:
+            out.append(registry.spec_shape(x.spec, x.steps, x.prompt))
+        except UsageError as e:
+            raise _named(e, x.option) from None
+    return out
 
 
 def check_memory(loads: Sequence[Load], estimate: Callable[[list], int], what: str) -> None:
@@ -145,9 +151,10 @@ def open_engines(loads: Sequence[Load], estimate: Callable[[list], int], what: s
     return out
 
 
-def open_engine(spec: str | None, device: str, steps: int, prompt: str, estimate: Callable, what: str):
+def open_engine(spec: str | None, device: str, steps: int, prompt: str, estimate: Callable, what: str,
+                option: str = "--model"):
     """One engine under estimate(shape): its shape's bytes (a None shape: 0, the engine cannot tell)."""
-    return open_engines([Load(spec, device, steps, prompt)],
+    return open_engines([Load(spec, device, steps, prompt, option)],
                         lambda s: 0 if s[0] is None else estimate(s[0]), what)[0]
 
 
