@@ -95,13 +95,13 @@ def test_an_example_recorded_on_another_cpu_is_compared_without_its_digits():
 def test_engine_models_are_exported_only_for_the_examples_that_read_them(monkeypatch, tmp_path):
     ran = []
     monkeypatch.setattr(update_docs, "ROOT", tmp_path)  # the folder it makes, here
-    monkeypatch.setattr(update_docs, "run", lambda cmd: (ran.append(cmd), ("", 0))[1])
+    monkeypatch.setattr(update_docs, "run", lambda cmd: (ran.append(cmd), ("", 0, ""))[1])
     assert update_docs.export_engine_models(["info", "compare model --dtypes bf16"]) == [] and ran == []
     cmd = f"compare model --engine ct2:{update_docs.ENGINE_DATA}ct2-int8"
     assert update_docs.export_engine_models([cmd]) == [] and (tmp_path / update_docs.ENGINE_DATA).is_dir()
     assert ran == [f"export embedded --to {to} --out {update_docs.ENGINE_DATA}{name} --force"
                    for to, name in update_docs.ENGINE_MODELS]
-    monkeypatch.setattr(update_docs, "run", lambda cmd: ("", 2))  # an engine's package missing: said, one line each
+    monkeypatch.setattr(update_docs, "run", lambda cmd: ("", 2, ""))  # an engine's package missing: said, one line each
     failures = update_docs.export_engine_models([cmd])
     assert len(failures) == len(update_docs.ENGINE_MODELS) and all("make engines" in f for f in failures)
 
@@ -122,5 +122,30 @@ def test_an_example_may_keep_the_head_or_the_tail_of_its_output(monkeypatch):
 
     out = "\n".join(f"line {i}" for i in range(10)) + "\n"
     monkeypatch.setattr(subprocess, "run", lambda *a, **k: subprocess.CompletedProcess(a, 0, out, ""))
-    assert update_docs.run("info | head -2") == ("line 0\nline 1\n", 0)
-    assert update_docs.run("info | tail -2") == ("line 8\nline 9\n", 0)
+    assert update_docs.run("info | head -2") == ("line 0\nline 1\n", 0, "")
+    assert update_docs.run("info | tail -2") == ("line 8\nline 9\n", 0, "")
+
+
+def test_an_example_from_another_cpu_must_run_but_its_words_may_be_that_cpus(monkeypatch, tmp_path):
+    """Recorded on another CPU: the masked text is compared; where even the words differ (a sampled string,
+    a verdict at a rounding-sized margin) it must still run cleanly and is listed, not failed. On the CPU it
+    was recorded on, every character counts."""
+    from types import SimpleNamespace
+
+    monkeypatch.setattr(update_docs, "ROOT", tmp_path)
+    page = tmp_path / "page.md"
+    page.write_text("<!-- example: cpu OTHER CPU -->\n```\n$ precisionlab compare rollout\nsample 1: 'to be'\n```\n")
+    args = SimpleNamespace(check=True, only=None, gpu=False)
+
+    def check(out, code=0, err="", cpu="THIS CPU"):
+        monkeypatch.setattr(update_docs, "run", lambda cmd: (out, code, err))
+        return update_docs.check_file(page, args, cpu)
+
+    same = check("sample 2: 'to be'\n")
+    assert same["failures"] == [] and same["other_cpu"] == [] and same["masked"] == 1  # only a number moved
+    words = check("sample 1: 'or not'\n")
+    assert words["failures"] == [] and len(words["other_cpu"]) == 1
+    for bad in (dict(code=2), dict(err="precisionlab: internal error: KeyError"), dict(out="")):
+        res = check(**{"out": "sample 1: 'or not'\n", **bad})
+        assert len(res["failures"]) == 1 and res["other_cpu"] == [], bad
+    assert len(check("sample 1: 'or not'\n", cpu="OTHER CPU")["failures"]) == 1  # recorded here: compared
