@@ -52,9 +52,14 @@ def raw_llama(path: Path, ids: list[int], prompt_ids: list[int], steps: int, thr
     import llama_cpp
     import numpy as np
 
+    from precisionlab.engines.llamacpp import _model_params, _quantised_amx_default
+
     w0, c0 = clocks()
-    llm = llama_cpp.Llama(str(path), logits_all=True, n_ctx=ctx, n_threads=threads, n_threads_batch=threads,
-                          n_gpu_layers=0, verbose=False)
+    # llama.cpp's weight buffers as compare engine sets them (extra=0 for a quantised file on an AMX CPU,
+    # where the repacked kernels crashed this eval): the same configuration on both sides
+    with _model_params(llama_cpp, use_extra_bufts=not _quantised_amx_default(llama_cpp, str(path))):
+        llm = llama_cpp.Llama(str(path), logits_all=True, n_ctx=ctx, n_threads=threads, n_threads_batch=threads,
+                              n_gpu_layers=0, verbose=False)
     llm.eval(ids)
     rows = np.array(llm.scores[:len(ids)], dtype=np.float32)
     g0 = time.perf_counter()

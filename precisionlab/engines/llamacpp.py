@@ -43,6 +43,15 @@ def _cpu_has_amx(llama_cpp) -> bool:
     return b"AMX_INT8 = 1" in llama_cpp.llama_print_system_info()
 
 
+def _quantised_amx_default(llama_cpp, path: str) -> bool:
+    """Whether extra=0 is this file's default: a quantised GGUF on a CPU with AMX (benchmarks open the
+    file raw with the same buffers)."""
+    probe = llama_cpp.Llama(path, vocab_only=True, verbose=False)
+    quantised = str(probe.metadata.get("general.file_type", "")) not in _UNQUANTISED_FTYPES
+    del probe
+    return quantised and _cpu_has_amx(llama_cpp)
+
+
 @contextlib.contextmanager
 def _model_params(llama_cpp, **fields):
     """Llama() takes no use_extra_bufts: its defaults, with these fields set,
