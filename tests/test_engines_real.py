@@ -536,3 +536,16 @@ def test_batch_of_keeps_the_compared_sequence_first():
     b = batch_of(ids, 4)
     assert b[0] == ids and len(b) == 4 and all(sorted(r) == ids and len(r) == 8 for r in b)
     assert b[1] == [2, 3, 4, 5, 6, 7, 0, 1] and len({tuple(r) for r in b}) == 4  # other prompts, one length
+
+
+def test_extra_buffers_on_a_quantised_file_on_an_amx_cpu_are_refused(tmp_path):
+    """llama.cpp's AMX-repacked kernels segfault in an every-logit eval of a quantised GGUF: extra=1 there is
+    a one-line usage error, never a crash (runs only on a CPU with AMX)."""
+    llama_cpp = pytest.importorskip("llama_cpp", reason="llama.cpp's engine needs llama-cpp-python")
+    pytest.importorskip("gguf", reason="the GGUF export needs the gguf package")
+    if b"AMX_INT8 = 1" not in llama_cpp.llama_print_system_info():
+        pytest.skip("this CPU has no AMX")
+    q8 = tmp_path / "m-q8_0.gguf"
+    assert cli("export", "embedded", "--to", "gguf:q8_0", "--out", str(q8)).code == 0
+    r = cli("compare", "engine", "--engine", f"llamacpp:{q8},extra=1", "--tokens", "64", "--steps", "2")
+    assert r.code == 2 and len(r.err.strip().splitlines()) == 1 and "extra=0" in r.err, r.err

@@ -44,8 +44,8 @@ def _cpu_has_amx(llama_cpp) -> bool:
 
 
 def _quantised_amx_default(llama_cpp, path: str) -> bool:
-    """Whether extra=0 is this file's default: a quantised GGUF on a CPU with AMX (benchmarks open the
-    file raw with the same buffers)."""
+    """Whether extra=0 is this file's default (and extra=1 refused): a quantised GGUF on a CPU with AMX
+    (benchmarks open the file raw with the same buffers)."""
     probe = llama_cpp.Llama(path, vocab_only=True, verbose=False)
     quantised = str(probe.metadata.get("general.file_type", "")) not in _UNQUANTISED_FTYPES
     del probe
@@ -137,7 +137,13 @@ class LlamaCppEngine(ExternalEngine):
             if ctx < 1:  # a value from the file (its context_length), on its way to C
                 raise UsageError(f"engine llamacpp:{path}: the file's {arch}.context_length is {train_ctx}, not a "
                                  "positive count; give ctx=N")
-            extra = opts.get("extra", "0" if quantised and _cpu_has_amx(llama_cpp) else "1") == "1"
+            amx_quantised = quantised and _cpu_has_amx(llama_cpp)
+            extra = opts.get("extra", "0" if amx_quantised else "1") == "1"
+            if extra and amx_quantised:
+                # llama-cpp-python 0.3.36's AMX-repacked kernels segfault in an every-logit eval of a quantised
+                # file (seen on an Intel Xeon, 512 positions): refused, never run into a crash
+                raise UsageError(f"engine llamacpp:{path}: extra=1 on a quantised GGUF on this AMX CPU crashes "
+                                 "llama.cpp's repacked kernels when every position's logits are kept; use extra=0")
             self.settings["extra_bufts"] = extra
             with _model_params(llama_cpp, use_extra_bufts=extra):
                 self.llm = llama_cpp.Llama(path, logits_all=True, n_ctx=ctx, n_threads=self.settings["threads"],
