@@ -42,9 +42,12 @@ def command(
     layers: Annotated[int, typer.Option("--layers", help="MoE layers (synthetic inputs), independent draws.")] = 4,
     scales: Annotated[str, typer.Option("--scales", help="HIDDEN,GATE: hidden states ~ N(0, HIDDEN^2), gate "
                                         "weights ~ N(0, GATE^2 / hidden); with --inputs logits, the logits' "
-                                        "standard deviation.")] = "1,1",
+                                        "standard deviation; with --inputs margins, SD,MEAN: the logits' "
+                                        "standard deviation and the mean top-k margin.")] = "1,1",
     inputs_from: Annotated[str, typer.Option("--inputs", help="gate: synthetic hidden states through a gate GEMM "
-                                             "| logits: synthetic fp32 router logits | FILE.npy: a router-logit dump, "
+                                             "| logits: synthetic fp32 router logits | margins: the same with each token's top-k margin "
+                                             "(k-th minus (k+1)-th logit) drawn from an exponential of mean "
+                                             "--scales' second value | FILE.npy: a router-logit dump, "
                                              "(tokens, experts) or (layers, tokens, experts) | hf:DIR: the routers of "
                                              "a Qwen3-MoE, Mixtral or DeepSeek-V3-style model (its config sets the "
                                              "routing; --tokens seeded token ids run through it in fp32).")]

@@ -58,9 +58,27 @@ def layer_inputs(cfg: RouterConfig, layer: int, scales: tuple[float, float]):
     rng = np.random.default_rng([cfg.seed, layer])
     if cfg.inputs == "logits":
         return formats.get("fp32").round(rng.standard_normal((cfg.tokens, cfg.experts)) * scales[0]), None
+    if cfg.inputs == "margins":
+        return formats.get("fp32").round(with_margins(rng, cfg.tokens, cfg.experts, cfg.top_k, *scales)), None
     hidden = rng.standard_normal((cfg.tokens, cfg.hidden)) * scales[0]
     gate = rng.standard_normal((cfg.experts, cfg.hidden)) * (scales[1] / math.sqrt(cfg.hidden))
     return hidden, gate
+
+
+def with_margins(rng, tokens: int, experts: int, k: int, sd: float, mean: float) -> np.ndarray:
+    """(T, E) float64 logits ~ N(0, sd^2) whose top-k margin is set, token by token, to a draw of an
+    exponential of mean `mean`: the top k logits are moved together (their order kept) so that the k-th
+    sits that far above the (k+1)-th. The margin distribution is the input; what a precision does to a
+    given margin is then read off the flips (fp32 storage moves a margin by at most an ulp or two)."""
+    x = rng.standard_normal((tokens, experts)) * sd
+    if k >= experts:
+        return x
+    order = np.argsort(-x, axis=1, kind="stable")
+    rows = np.arange(tokens)[:, None]
+    s = x[rows, order]
+    s[:, :k] += (s[:, k] + rng.exponential(mean, tokens) - s[:, k - 1])[:, None]
+    x[rows, order] = s
+    return x
 
 
 def _scales(text: str) -> tuple[float, float]:

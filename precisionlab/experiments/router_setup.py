@@ -19,11 +19,11 @@ from precisionlab.numerics import routing
 DTYPES = formats.COMPUTE  # the gate's operands, the logits and the bias are held in these
 
 
-SYNTHETIC = ("gate", "logits")
+SYNTHETIC = ("gate", "logits", "margins")
 
 
 def input_kind(text: str) -> str:
-    """--inputs: "gate" or "logits" (synthetic), "dump" (a .npy of router logits) or "model" (an engine spec)."""
+    """--inputs: "gate", "logits" or "margins" (synthetic), "dump" (a .npy of router logits) or "model" (an engine spec)."""
     if text in SYNTHETIC:
         return text
     if not text.strip():
