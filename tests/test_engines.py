@@ -102,6 +102,7 @@ class FakeEngine(Engine):
     engine writes (llama.cpp's would call its own library in the same places)."""
 
     window = 128
+    stores_kv = True  # session(model, stores) hands the stores to the embedded model's kv_store, declared
 
     @classmethod
     def check(cls, arg):

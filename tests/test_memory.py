@@ -276,7 +276,7 @@ FIRST_USE = {"softmax": memory.softmax(0, 0), "softmax --from": memory.softmax(0
              "compare model --layers (embedded)": memory.LAYERS_FIXED["embedded"],
              "attention": memory.COMPARE_FIXED,
              "compare metrics": memory.METRICS_FIXED["embedded"], "compare contracts": memory.MODEL_FIXED["embedded"],
-             "compare rollout": memory.MODEL_FIXED["embedded"], "compare engine": memory.ENGINE_FIXED["embedded"],
+             "compare rollout": memory.MODEL_FIXED["embedded"] + memory.ROLLOUT_FIRST_USE, "compare engine": memory.ENGINE_FIXED["embedded"],
              "kvcache --model": memory.KVCACHE_FIXED["hf"], "kvcache": memory.KVCACHE_FIXED["embedded"]}
 
 

@@ -86,6 +86,17 @@ def sizes(extra, base: tuple, option: str) -> tuple[int, ...]:
     return tuple(sorted(set(base) | set(extra)))
 
 
+def _widths(cfg: ContractsConfig) -> list:
+    """The verify contracts' plan. The default widths run where their window fits (docs/contracts.md);
+    a width the user named is run or refused, never dropped without a word."""
+    asked = sizes(cfg.draft_widths, (), "--draft-widths")
+    too_wide = [k for k in asked if k + 1 > cfg.steps]
+    if too_wide and tuple(cfg.draft_widths) != tuple(spec_verify.DRAFT_WIDTHS):
+        raise UsageError(f"--draft-widths {too_wide[0]}: a verify window of {too_wide[0] + 1} positions needs "
+                         f"--steps {too_wide[0] + 1} or more (--steps {cfg.steps})")
+    return spec_verify.plan(asked, cfg.steps)
+
+
 def _run(cfg: ContractsConfig, advance) -> ContractsResult:
     startup.check_run(cfg.steps, cfg.prompt, "the contracts need a prefix of at least one token")
     if cfg.chat and cfg.token_ids is not None:
@@ -94,14 +105,7 @@ def _run(cfg: ContractsConfig, advance) -> ContractsResult:
     dtypes = startup.parse_dtypes(cfg.dtypes or ",".join(DEFAULT_DTYPES), DTYPES)
     chunks = list(sizes(cfg.chunks, (), "--chunks"))
     batches = list(sizes(cfg.batches, (), "--batches"))
-    asked = sizes(cfg.draft_widths, (), "--draft-widths")
-    widths = spec_verify.plan(asked, cfg.steps)
-    # The default widths run where their window fits (docs/contracts.md); a width the user named is run or
-    # refused, never dropped without a word.
-    too_wide = [k for k in asked if k + 1 > cfg.steps]
-    if too_wide and tuple(cfg.draft_widths) != tuple(spec_verify.DRAFT_WIDTHS):
-        raise UsageError(f"--draft-widths {too_wide[0]}: a verify window of {too_wide[0] + 1} positions needs "
-                         f"--steps {too_wide[0] + 1} or more (--steps {cfg.steps})")
+    widths = _widths(cfg)
     spec_draft.check(cfg.draft, cfg.model, widths, cfg.steps)
     device = startup.device(cfg.device)
     import torch

@@ -339,6 +339,17 @@ ROLLOUT_STREAMS = 6
 ROLLOUT_STATS_PER_TOKEN = 20 * 8
 
 
+# compare rollout's first-use state beyond compare model's: the first teacher-forced pass's torch state
+# (the low dtype's kernels, the float64 log-softmax and top-k buffers). Measured on the embedded model
+# (tests/test_memory.py, first run of a child, --samples 4 --tokens 64): 101.6-104.8 MiB of growth
+# against 73.2 MiB estimated with MODEL_FIXED alone, on 2026-12-05.
+ROLLOUT_FIRST_USE = 32 * MiB
+# What each run allocates beyond the terms below and does not scale with the model (the streams' Python
+# records, the report's tables): later runs in one child grew 11.2-15.4 MiB against 9.6-10.2 estimated
+# without it (the embedded model, --samples 8 and 16, alone and beside a second pytest worker).
+ROLLOUT_PER_RUN = 3 * MiB
+
+
 def rollout(shape, lows: list, samples: int, tokens: int, top_k: int, fixed: bool = True) -> int:
     """compare model --trainer/--rollout (experiments/rollout.py), one engine's
     share. Weights: the held ones, its fp32 base and each low dtype's copy,
@@ -352,8 +363,8 @@ def rollout(shape, lows: list, samples: int, tokens: int, top_k: int, fixed: boo
     of this kind of engine (its imports) is counted here."""
     seq, per_token = shape.seq, ROLLOUT_STREAMS * (1 + top_k) * 16 + ROLLOUT_STATS_PER_TOKEN + 2 * top_k * 64
     return (weights(shape, "fp32", *lows) + 28 * seq * shape.vocab + 16 * seq * shape.hidden * shape.layers
-            + 16 * shape.heads * seq * seq + per_token * samples * tokens
-            + (MODEL_FIXED[shape.kind] if fixed else 0))
+            + 16 * shape.heads * seq * seq + per_token * samples * tokens + ROLLOUT_PER_RUN
+            + (MODEL_FIXED[shape.kind] + ROLLOUT_FIRST_USE if fixed else 0))
 
 
 # compare model --layers' first-use state, measured: transformers as compare
