@@ -230,9 +230,11 @@ def test_the_accumulator_help_lists_every_published_kind_and_field():
 
 def test_every_matmul_path_takes_the_one_model_type(monkeypatch):
     """tf32, formats, compare op matmul and the attention emulator parse the
-    same spelling into numerics.accumulators.Accumulator, the CLI's options are
-    cli/options.py's, and attention's P.V runs Accumulator.accumulate itself."""
-    from precisionlab.cli import compare_op as cli_compare, formats as cli_formats, tf32 as cli_tf32
+    same spelling into numerics.accumulators.Accumulator, the CLI's options
+    (router's and attention's too) are cli/options.py's, and attention's P.V
+    runs Accumulator.accumulate itself."""
+    from precisionlab.cli import (attention as cli_attention, compare_op as cli_compare, formats as cli_formats,
+                                  router as cli_router, tf32 as cli_tf32)
     from precisionlab.experiments import formats as exp_formats, op_accumulator, tf32 as exp_tf32
     from precisionlab.numerics import flash_attention as fa
 
@@ -242,9 +244,12 @@ def test_every_matmul_path_takes_the_one_model_type(monkeypatch):
            exp_formats.parse_accumulators(spelled)[0], op_accumulator.plan("matmul", spelled, None, None)[0],
            fa.model(spelled)]
     assert all(type(g) is acc.Accumulator and g == want for g in got), got
-    for cmd in (cli_tf32, cli_formats, cli_compare):
+    for cmd, options in ((cli_tf32, ("accumulator",)), (cli_formats, ("accumulator",)),
+                         (cli_compare, ("accumulator",)), (cli_router, ("accumulator",)),
+                         (cli_attention, ("pv_accumulator", "qk_accumulator"))):
         hints = typing.get_type_hints(cmd.command, include_extras=True)
-        assert acc.spellings_help() in hints["accumulator"].__metadata__[0].help
+        for option in options:
+            assert acc.spellings_help() in hints[option].__metadata__[0].help, (cmd.__name__, option)
         assert not {"acc_bits", "acc_rounding"} & set(hints)  # spelled on the model: MODEL:bits=B:rounding=R
     calls = []
     real = acc.Accumulator.accumulate

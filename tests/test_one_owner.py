@@ -28,7 +28,9 @@ def _spellings() -> set[str]:
 
 def format_lists(tree) -> list[tuple[int, list[str]]]:
     """Literal tuples, lists and sets of two or more strings that are all
-    format names: a subset of the catalog written out again."""
+    format names, and strings that are a comma list of two or more (an
+    option's default as --dtypes spells it): a subset of the catalog written
+    out again."""
     spell = _spellings()
     found = []
     for node in ast.walk(tree):
@@ -37,6 +39,10 @@ def format_lists(tree) -> list[tuple[int, list[str]]]:
                 values = [e.value for e in node.elts]
                 if all(v in spell for v in values):
                     found.append((node.lineno, values))
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str) and "," in node.value:
+            values = [v.strip() for v in node.value.split(",")]
+            if all(v in spell for v in values):
+                found.append((node.lineno, values))
     return found
 
 
@@ -47,8 +53,10 @@ def test_format_lists_are_written_only_in_the_catalog():
 
 
 def test_the_format_list_check_can_fail():
-    tree = ast.parse('LOW = ("bf16", "fp16")\nMIXED = ("bf16", "tf32")\nONE = ("fp8_e4m3",)\n')
-    assert format_lists(tree) == [(1, ["bf16", "fp16"])]  # a mode (tf32) or a single name is not a subset
+    tree = ast.parse('LOW = ("bf16", "fp16")\nMIXED = ("bf16", "tf32")\nONE = ("fp8_e4m3",)\n'
+                     'JOINED = "fp32,bf16"\nSPACED = "bf16, fp16"\nTEXT = "fp32, then bf16"\n')
+    # a mode (tf32), a single name or a sentence naming formats is not a subset
+    assert format_lists(tree) == [(1, ["bf16", "fp16"]), (4, ["fp32", "bf16"]), (5, ["bf16", "fp16"])]
 
 
 def _string_constants(tree):

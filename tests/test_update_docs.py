@@ -97,7 +97,7 @@ def test_engine_models_are_exported_only_for_the_examples_that_read_them(monkeyp
     monkeypatch.setattr(update_docs, "ROOT", tmp_path)  # the folder it makes, here
     monkeypatch.setattr(update_docs, "run", lambda cmd: (ran.append(cmd), ("", 0, ""))[1])
     assert update_docs.export_engine_models(["info", "compare model --dtypes bf16"]) == [] and ran == []
-    cmd = f"compare model --engine ct2:{update_docs.ENGINE_DATA}ct2-int8"
+    cmd = f"compare engine --engine ct2:{update_docs.ENGINE_DATA}ct2-int8"
     assert update_docs.export_engine_models([cmd]) == [] and (tmp_path / update_docs.ENGINE_DATA).is_dir()
     assert ran == [f"export embedded --to {to} --out {update_docs.ENGINE_DATA}{name} --force"
                    for to, name in update_docs.ENGINE_MODELS]

@@ -226,6 +226,9 @@ TP_DTYPES = Subset(("fp32", "bf16"), "a format the tensor-parallel ranks compute
 # attention-cases' default --dtypes: a kernel's reference format and the one most kernels ship in.
 PAIR_DTYPES = Subset(("fp64", *COMPUTE), "a precision compare pair judges two runs in")
 ATTENTION_CASES_DEFAULT = Subset(("fp32", "bf16"), "a format attention-cases runs by default")
+# router's default --gate-dtypes and --logit-dtypes: fp32, and bf16, the format
+# of the router GEMM in the routing bugs docs/router.md starts from.
+ROUTER_DEFAULT = Subset(("fp32", "bf16"), "a format router runs by default")
 # What a tensor dump's values can be declared to have been before dumping: any
 # format (fp6/fp4 values come dumped in a wider dtype); it decides the tolerances.
 DUMPED = ALL

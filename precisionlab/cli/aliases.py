@@ -48,7 +48,7 @@ ALIASES: tuple[Alias, ...] = (
     Alias(("nondeterminism",), "nondeterminism --endpoint URL", "nondeterminism endpoint URL", "verb",
           ("nondeterminism", "endpoint"), drop=True, example=("--endpoint", "http://127.0.0.1:9", "--requests", "0")),
     Alias(("softmax",), "softmax --dtype", "softmax --dtypes", "option", renamed="--dtypes",
-          example=("--dtype", "fp32,bf16", "--values", "1,2,3", "--device", "cpu")),
+          example=("--dtype", "bf16", "--values", "1,2,3", "--device", "cpu")),
     Alias(("compare", "op"), "compare op --dtype", "compare op --dtypes", "option", renamed="--dtypes",
           example=("softmax", "--dtype", "bf16", "--shape", "4x64", "--cases", "random", "--device", "cpu")),
     Alias(("accumulate",), "accumulate --accumulators", "accumulate --acc-dtypes", "option", renamed="--acc-dtypes",

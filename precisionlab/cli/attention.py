@@ -7,7 +7,12 @@ from typing import Annotated, Optional
 import typer
 
 from precisionlab.catalog import formats
-from precisionlab.cli.options import plot_option, JsonOpt, SeedOpt, format_names
+from precisionlab.cli.options import plot_option, JsonOpt, SeedOpt, accumulator_option, format_names
+
+# fp64 is not an accumulator model: the emulator's float64 BLAS (flash_attention.model).
+PvAccumulatorOpt = accumulator_option("For the P.V MMA; or fp64 (float64 BLAS).", "--pv-accumulator",
+                                      many=False)
+QkAccumulatorOpt = accumulator_option("For Q.K^T; or fp64 (float64 BLAS).", "--qk-accumulator", many=False)
 
 
 def command(
@@ -24,8 +29,8 @@ def command(
     input_dtype: Annotated[str, typer.Option("--input-dtype", help=f"Q, K, V stored in: {format_names(formats.ATTENTION_INPUTS)} (FP8: per-tensor descale amax/max).")] = "fp32",
     splits: Annotated[int, typer.Option("--splits", help="Split-KV: the key tiles over this many splits, then combined.")] = 1,
     combine_order: Annotated[str, typer.Option("--combine-order", help="forward | reverse.")] = "forward",
-    pv_accumulator: Annotated[str, typer.Option("--pv-accumulator", help="The P.V MMA's accumulator: exact, fp32, fp32-pairwise, hopper-fp8 with optional :bits=B :group=G :rounding=R, promote:N, fp64.")] = "fp32",
-    qk_accumulator: Annotated[str, typer.Option("--qk-accumulator", help="The Q.K^T accumulator, the same models.")] = "fp32",
+    pv_accumulator: PvAccumulatorOpt = "fp32",
+    qk_accumulator: QkAccumulatorOpt = "fp32",
     promote_tiles: Annotated[Optional[int], typer.Option("--promote-tiles", help="Two-level P.V: promoted to fp32 every N tiles.")] = None,
     causal: Annotated[bool, typer.Option("--causal", help="Causal mask, bottom-right aligned.")] = False,
     arithmetic: Annotated[str, typer.Option("--arithmetic", help="fp32 (the kernel's) | fp64 (the exact model).")] = "fp32",

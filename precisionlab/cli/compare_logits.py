@@ -15,7 +15,7 @@ def command(
     files: Annotated[list[str], typer.Argument(
         help="REF YOURS, or REF REF_LOW YOURS (REF_LOW: the reference run in the low precision, the yardstick), "
              "or REF alone with --write-kld-base. Each a logits file (safetensors: 'logits' positions x vocab, "
-             "'tokens' positions, e.g. from compare model --metrics --save-logits) or, for REF, llama.cpp's "
+             "'tokens' positions, e.g. from compare metrics --save-logits) or, for REF, llama.cpp's "
              "--kl-divergence-base file.", show_default=False)],
     plot: plot_option("KLD per position and flips by margin") = None,
     max_kld: MaxKldOpt = None,

@@ -13,7 +13,7 @@ from precisionlab.errors import UsageError
 def command(
     files: Annotated[list[str], typer.Argument(
         help="REF A B: per-layer dumps of one input (.safetensors, .npz, .pt, as compare tensors reads them), "
-             "e.g. from compare model --dump. A is the build you trust, B the one under test.", show_default=False)],
+             "e.g. from compare layers --dump. A is the build you trust, B the one under test.", show_default=False)],
     json_out: JsonOpt = False,
 ):
     """Where did B move? The first module where B's error against REF exceeds A's beyond the yardstick, with

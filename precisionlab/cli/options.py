@@ -110,17 +110,19 @@ ThreadsOpt = Annotated[Optional[int], typer.Option("--threads", help="CPU thread
 
 
 # The accumulator models (numerics/accumulators.py), one option for every
-# matmul path: tf32, formats' block-scaled matmul, compare op matmul. Each
-# command says what the models do there (`role`); the spellings are the same
-# everywhere, parsed by accumulators.parse_list (the old --acc-bits and
-# --acc-rounding fold into them, cli/aliases.py).
-def accumulator_option(role: str):
-    """--accumulator MODEL[,MODEL...] with the command's `role` in its help; the
-    spellings are the library's published kinds (numerics.accumulators.spellings_help)."""
+# matmul path: tf32, formats' block-scaled matmul, compare op matmul, router's
+# gate GEMM, attention's Q.K^T and P.V. Each command says what the models do
+# there (`role`); the spellings are the same everywhere, parsed by
+# accumulators.parse (the old --acc-bits and --acc-rounding fold into them,
+# cli/aliases.py), so the help that lists them is written here alone.
+def accumulator_option(role: str, option: str = "--accumulator", many: bool = True):
+    """`option` MODEL[,MODEL...] (one MODEL where not `many`) with the command's
+    `role` in its help; the spellings are the library's published kinds
+    (numerics.accumulators.spellings_help)."""
     from precisionlab.numerics import accumulators
 
-    return Annotated[Optional[str], typer.Option("--accumulator", help=f"Accumulator models MODEL[,MODEL...]: "
-                                                 f"{accumulators.spellings_help()}. {role}")]
+    what = "Accumulator models MODEL[,MODEL...]" if many else "Accumulator model MODEL"
+    return Annotated[Optional[str], typer.Option(option, help=f"{what}: {accumulators.spellings_help()}. {role}")]
 
 
 def force_option(what: str):

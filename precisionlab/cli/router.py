@@ -11,18 +11,19 @@ from typing import Annotated, Optional
 import typer
 
 from precisionlab.catalog import formats
-from precisionlab.cli.options import plot_option, SeedOpt, JsonOpt, format_names
+from precisionlab.cli.options import plot_option, SeedOpt, JsonOpt, accumulator_option, format_names
+
+GateAccumulatorOpt = accumulator_option("For the gate GEMM, each model a path.")
 
 
 def command(
     gate_dtypes: Annotated[str, typer.Option("--gate-dtypes", help=f"The gate GEMM's input formats (hidden states "
                                              f"and gate weights), comma list: {format_names(formats.COMPUTE)}.")]
-    = "fp32,bf16",
-    accumulator: Annotated[str, typer.Option("--accumulator", help="The gate GEMM's accumulator models, comma list "
-                                             "(fp32, fp32-pairwise, exact, hopper-fp8:bits=26:group=16, ...).")]
-    = "fp32",
+    = format_names(formats.ROUTER_DEFAULT, ","),
+    accumulator: GateAccumulatorOpt = "fp32",
     logit_dtypes: Annotated[str, typer.Option("--logit-dtypes", help="The router logits' formats, comma list: "
-                                              f"{format_names(formats.COMPUTE)}.")] = "fp32,bf16",
+                                              f"{format_names(formats.COMPUTE)}.")]
+    = format_names(formats.ROUTER_DEFAULT, ","),
     bias_dtypes: Annotated[Optional[str], typer.Option("--bias-dtypes", help="The correction bias's formats (with "
                                                        f"--bias), comma list: {format_names(formats.COMPUTE)} "
                                                        "(default fp32).")] = None,

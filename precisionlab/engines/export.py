@@ -187,7 +187,7 @@ def run(spec: str, to: str, out: str, force: bool = False) -> ExportResult:
             outputs.atomic_write(out + SOURCE_SUFFIX, _source_json(source).encode())
     if kind != "hf":
         changes.append(f"source recorded ({'GGUF key ' + _gguf_key() if kind == 'gguf' else 'beside it'}): "
-                       f"{source} (compare model --engine's default reference)")
+                       f"{source} (compare engine's default reference)")
     p = Path(out)
     # what this run wrote, and only that (a folder filled with --force keeps the user's other files)
     side = [out + SOURCE_SUFFIX] if kind == "onnx" else []

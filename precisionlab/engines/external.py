@@ -127,7 +127,7 @@ class ExternalEngine(Engine):
     def model(self, dtype: str):
         if dtype not in self.compute_dtypes:
             raise UsageError(f"{self.name}: computes in the settings it was opened with; --dtypes {dtype} does "
-                             "not apply (compare model --engine SPEC --reference SPEC compares two engines)")
+                             "not apply (compare engine --engine SPEC --reference SPEC compares two engines)")
         return None
 
     def logits(self, ids: list[int]):

@@ -37,7 +37,7 @@ from precisionlab.runtime.torch_import import import_torch
 class CompareOpConfig:
     op: str
     shape: str | None = None
-    dtypes: str = "bf16,fp16"
+    dtypes: str = ",".join(formats.LOW_COMPUTE)  # as --dtypes spells it
     impl: str | None = None
     device: str = "auto"
     seed: int = 0

@@ -39,9 +39,9 @@ MAX_PATHS = 64
 
 @dataclass
 class RouterConfig:
-    gate_dtypes: str = "fp32,bf16"
+    gate_dtypes: str = ",".join(formats.ROUTER_DEFAULT)
     accumulator: str = "fp32"
-    logit_dtypes: str = "fp32,bf16"
+    logit_dtypes: str = ",".join(formats.ROUTER_DEFAULT)
     bias_dtypes: str | None = None  # None: fp32
     scoring: str = "softmax"
     top_k: int = 8
