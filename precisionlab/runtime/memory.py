@@ -246,13 +246,13 @@ def contract_batch(shape, batch: int, exact: str = "fp64") -> int:
 
 
 def compare_contracts(shape, batch: int, dtypes, exact: str = "fp64") -> int:
-    """experiments/contracts.py, for its largest batch. Weights: the held ones,
-    one run's copy at a time, and the exact dtype's copy (made for the first
-    contract that breaks, kept for the rest). Activations: the batch's
+    """experiments/contracts.py, for its largest batch. Weights: the held ones
+    and one copy at a time (each dtype's for its contracts, then the exact
+    dtype's for the re-runs of those that broke). Activations: the batch's
     (contract_batch), and the rows compared (the sequence alone and the rows
     under test, their float64 log-softmax, the difference and its mask:
     about 8 float64 arrays of seq x vocab)."""
-    return (weights(shape, ["fp32", *dtypes], exact) + contract_batch(shape, batch, exact)
+    return (weights(shape, ["fp32", *dtypes, exact]) + contract_batch(shape, batch, exact)
             + 64 * shape.seq * shape.vocab + MODEL_FIXED[shape.kind])
 
 
