@@ -7,11 +7,13 @@ non-finite rows and entries included."""
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 from precisionlab.numerics import distribution
 
 
-def test_blocks_give_the_whole_matrix_bits(monkeypatch):
+@pytest.mark.parametrize("workers", [1, 2, 3])
+def test_blocks_give_the_whole_matrix_bits(monkeypatch, workers):
     rng = np.random.default_rng(5)
     n, vocab = 37, 1000
     ref = rng.standard_normal((n, vocab)) * 4
@@ -23,7 +25,7 @@ def test_blocks_give_the_whole_matrix_bits(monkeypatch):
     targets = rng.integers(0, vocab, n)
     whole = distribution._block_stats(ref, low, targets)
     monkeypatch.setattr(distribution, "BLOCK_ENTRIES", 3 * vocab)  # blocks of 3 rows, the last one short
-    blocked = distribution.position_stats(ref, low, targets)
+    blocked = distribution.position_stats(ref, low, targets, workers)  # blocks on threads: the same bits
     for name in distribution.PositionStats.__dataclass_fields__:
         a, b = getattr(whole, name), getattr(blocked, name)
         assert a.shape == b.shape == (n,), name

@@ -353,7 +353,8 @@ def _engine_row(spec, cfg, ref, ref_window, ids, prompt_ids, ref_tokens, ref_mar
     E = np.concatenate(eng_parts)
     if R.shape != E.shape:
         raise RunError(f"{spec}: {E.shape[1]} logits per position against the reference's {R.shape[1]}")
-    stats = distribution.position_stats(R, E, np.asarray(ids[1:n + 1], dtype=np.int64))  # widened block by block
+    # widened block by block, on as many threads as the engine's forward had (torch's count)
+    stats = distribution.position_stats(R, E, np.asarray(ids[1:n + 1], dtype=np.int64), torch.get_num_threads())
     t3 = time.perf_counter()
     eng_tokens, _ = _greedy(eng, eng_model, prompt_ids, cfg.steps)
     greedy_s = time.perf_counter() - t3

@@ -187,16 +187,27 @@ def _margin(x: np.ndarray) -> np.ndarray:
 BLOCK_ENTRIES = 1 << 18
 
 
-def position_stats(ref: np.ndarray, low: np.ndarray, targets: np.ndarray) -> PositionStats:
+def position_stats(ref: np.ndarray, low: np.ndarray, targets: np.ndarray, workers: int = 1) -> PositionStats:
     """Every per-position statistic between two (positions x vocab) logit
     matrices; targets[i] is the token that followed position i. Computed a
-    block of rows at a time (BLOCK_ENTRIES)."""
+    block of rows at a time (BLOCK_ENTRIES), `workers` blocks at once: numpy
+    releases the GIL inside each array operation, and a block's statistics
+    depend on its rows alone, so the result is the same bits for any count."""
     ref, low, targets = np.asarray(ref), np.asarray(low), np.asarray(targets)  # widened block by block
     k = max(1, BLOCK_ENTRIES // max(1, ref.shape[1]))
     if ref.shape[0] <= k:
         return _block_stats(ref, low, targets)
-    return PositionStats.concat([_block_stats(ref[i:i + k], low[i:i + k], targets[i:i + k])
-                                 for i in range(0, ref.shape[0], k)])
+    starts = range(0, ref.shape[0], k)
+
+    def block(i: int) -> PositionStats:
+        return _block_stats(ref[i:i + k], low[i:i + k], targets[i:i + k])
+
+    if workers <= 1:
+        return PositionStats.concat([block(i) for i in starts])
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(max_workers=workers) as pool:
+        return PositionStats.concat(list(pool.map(block, starts)))  # map keeps the blocks' order
 
 
 def _block_stats(ref: np.ndarray, low: np.ndarray, targets: np.ndarray) -> PositionStats:
