@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from precisionlab.engines.chatter import captured
 from precisionlab.engines.external import ExternalEngine, batch_of, batched_knobs, need_package, split_spec
 from precisionlab.errors import UsageError
 
@@ -33,10 +34,12 @@ class CT2Engine(ExternalEngine):
         path, opts = split_spec(arg, "ct2", KEYS)
         asked = opts.get("compute", "default")
         threads, self.batch = batched_knobs(opts, "ct2")
-        try:
-            self.gen = ctranslate2.Generator(path, device=device, compute_type=asked, intra_threads=threads)
-        except (ValueError, RuntimeError) as e:
-            raise UsageError(f"engine ct2:{path}: ctranslate2 cannot load it ({str(e).splitlines()[0]})") from None
+        # its logger's lines (fd 2: the CPU, the model, under CT2_VERBOSE) held back, or under the error: chatter.py
+        with captured("ctranslate2"):
+            try:
+                self.gen = ctranslate2.Generator(path, device=device, compute_type=asked, intra_threads=threads)
+            except (ValueError, RuntimeError) as e:
+                raise UsageError(f"engine ct2:{path}: ctranslate2 cannot load it ({str(e).splitlines()[0]})") from None
         tok = Path(path) / "tokenizer.json"
         self.tok = None
         if tok.is_file():
@@ -66,4 +69,5 @@ class CT2Engine(ExternalEngine):
     def rows(self, ids):
         import numpy as np
 
-        return np.array(self.gen.forward_batch(batch_of(ids, self.batch)))[0]
+        with captured("ctranslate2"):  # its logger may speak during a run as well
+            return np.array(self.gen.forward_batch(batch_of(ids, self.batch)))[0]

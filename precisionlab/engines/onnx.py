@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 
+from precisionlab.engines.chatter import captured
 from precisionlab.engines.external import ExternalEngine, batch_of, batched_knobs, file_spec, split_spec
 from precisionlab.errors import UsageError
 
@@ -42,10 +43,11 @@ class OnnxEngine(ExternalEngine):
         if provider not in ort.get_available_providers():
             raise UsageError(f"engine onnx: provider {provider!r} not available here "
                              f"({', '.join(ort.get_available_providers())})")
-        try:
-            self.sess = ort.InferenceSession(path, sess_options=so, providers=[provider])
-        except Exception as e:  # onnxruntime raises its own Fail/InvalidGraph types
-            raise UsageError(f"engine onnx:{path}: onnxruntime cannot load it ({str(e).splitlines()[0]})") from None
+        with captured("onnxruntime"):  # its logger's lines (fd 2) held back, or under the error line: chatter.py
+            try:
+                self.sess = ort.InferenceSession(path, sess_options=so, providers=[provider])
+            except Exception as e:  # onnxruntime raises its own Fail/InvalidGraph types
+                raise UsageError(f"engine onnx:{path}: onnxruntime cannot load it ({str(e).splitlines()[0]})") from None
         meta = self.sess.get_modelmeta().custom_metadata_map
         self.chars = json.loads(meta["precisionlab.vocab"]) if "precisionlab.vocab" in meta else None
         self.vocabulary = self.chars is not None  # without one it reads the reference's ids
@@ -76,4 +78,6 @@ class OnnxEngine(ExternalEngine):
     def rows(self, ids):
         import numpy as np
 
-        return self.sess.run(None, {"input_ids": np.asarray(batch_of(ids, self.batch), dtype=np.int64)})[0][0]
+        feed = {"input_ids": np.asarray(batch_of(ids, self.batch), dtype=np.int64)}
+        with captured("onnxruntime"):  # a run logs too (its arena's growth, a buffer it could not reuse)
+            return self.sess.run(None, feed)[0][0]

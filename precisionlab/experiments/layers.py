@@ -44,7 +44,7 @@ from precisionlab.engines import inject as inject_mod
 from precisionlab.engines.protocol import greedy
 from precisionlab.engines.registry import DEFAULT_SPEC, ModelRun, spec_path
 from precisionlab.experiments import layers_routing, startup
-from precisionlab.io import outputs
+from precisionlab.io import outputs, urls
 from precisionlab.runtime import progress
 from precisionlab.numerics import divergence
 from precisionlab.numerics.compare import RATIO_THRESHOLD, judge, rel_l2
@@ -379,13 +379,14 @@ def _first_input(rec):
 
 def _dump(dir_: Path, label: str, cap: _Run, order, ids, engine, injections) -> str:
     """DIR/<dtype>.safetensors: each module's output in its run's dtype, the
-    execution order and the token ids in the metadata; written atomically."""
+    execution order and the token ids in the metadata (the model's name as a URL's secrets masked: io.urls);
+    written atomically."""
     from safetensors.torch import save_file
 
     dir_.mkdir(exist_ok=True)
     tensors = {n: cap.outputs[n].detach().contiguous().clone().cpu() for n in order}
-    meta = {ORDER_KEY: json.dumps(order), TOKENS_KEY: json.dumps(ids), "precisionlab.model": str(engine.name),
-            "precisionlab.dtype": label, "precisionlab.inject": json.dumps([str(i) for i in injections])}
+    meta = urls.recorded({ORDER_KEY: json.dumps(order), TOKENS_KEY: json.dumps(ids), "precisionlab.model": engine.name,
+                          "precisionlab.dtype": label, "precisionlab.inject": json.dumps([str(i) for i in injections])})
     return str(outputs.atomic_write(dir_ / f"{label}.safetensors", lambda tmp: save_file(tensors, tmp, metadata=meta)))
 
 

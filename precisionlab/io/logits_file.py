@@ -23,7 +23,7 @@ import ml_dtypes  # noqa: F401  (registers bfloat16 with numpy, which safetensor
 import numpy as np
 
 from precisionlab.errors import UsageError
-from precisionlab.io import inputs
+from precisionlab.io import inputs, urls
 
 LOGITS, TOKENS = "logits", "tokens"
 FLOAT_DTYPES = ("F64", "F32", "F16", "BF16")
@@ -32,13 +32,14 @@ INT_DTYPES = ("I8", "I16", "I32", "I64", "U8", "U16", "U32", "U64")
 
 def write(path: str, logits: np.ndarray, tokens: np.ndarray, metadata: dict[str, str]) -> None:
     """Write atomically: a temporary file in the same folder, then os.replace,
-    so a reader never sees half a file and a failure leaves the old one."""
+    so a reader never sees half a file and a failure leaves the old one. The metadata (a model's
+    spec, a text's path) as io.urls.recorded writes it: a URL's secrets masked."""
     from safetensors.numpy import save_file
 
     from precisionlab.io import outputs
 
     arrays = {LOGITS: np.ascontiguousarray(logits), TOKENS: np.ascontiguousarray(tokens, dtype=np.int64)}
-    outputs.atomic_write(path, lambda tmp: save_file(arrays, tmp, metadata={k: str(v) for k, v in metadata.items()}))
+    outputs.atomic_write(path, lambda tmp: save_file(arrays, tmp, metadata=urls.recorded(metadata)))
 
 
 @dataclass

@@ -88,13 +88,15 @@ def load(k: str) -> tuple[dict, dict] | None:
 
 
 def store(k: str, meta: dict, arrays: dict) -> Path | None:
-    """Write entry k; None where the cache folder cannot be written (the run goes on without it)."""
+    """Write entry k; None where the cache folder cannot be written (the run goes on without it). The
+    meta (the reference's info: its name) with a URL's secrets masked, as every file the tool writes."""
     import numpy as np
 
     from precisionlab.io.outputs import atomic_write
+    from precisionlab.io.urls import masked
 
     buf = io.BytesIO()
-    blob = json.dumps({**meta, "key": k}, default=str).encode("utf-8")
+    blob = json.dumps(masked({**meta, "key": k}), default=str).encode("utf-8")
     np.savez(buf, _meta=np.frombuffer(blob, dtype=np.uint8), **arrays)
     try:
         cache_dir().mkdir(parents=True, exist_ok=True)

@@ -53,9 +53,8 @@ def draw(res, path: str) -> None:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    from pathlib import Path
 
-    from precisionlab.io import outputs
+    from precisionlab.report.plots import save
 
     d = res.diffs["kld"]
     fig, ax = plt.subplots(figsize=(10, 4))
@@ -67,8 +66,7 @@ def draw(res, path: str) -> None:
     ax.legend(fontsize=8)
     fig.tight_layout()
     try:
-        written = outputs.atomic_write(path, lambda tmp: fig.savefig(tmp, dpi=120,
-                                                                     format=Path(path).suffix.lstrip(".").lower()))
+        written = save(fig, path)
     finally:
         plt.close(fig)
     hint(f"plot written to {written}")

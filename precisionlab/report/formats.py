@@ -3,13 +3,12 @@ and a plot written atomically to a path checked before the run."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from rich.table import Table
 
-from precisionlab.io import outputs
 from precisionlab.report.console import footer, hint, sci, stdout
 from precisionlab.report.jsondoc import emit_rows
+from precisionlab.report.plots import save
+
 
 def _pct(x) -> str:
     return "-" if x is None else f"{100 * x:.1f} %"
@@ -47,7 +46,7 @@ def as_json(res) -> None:
 
 def plot(res, path: str) -> None:
     """Relative RMSE of every configuration, one line per distribution
-    (outputs.atomic_write: a temporary file beside `path`, renamed over it)."""
+    (plots.save: a temporary file beside `path`, renamed over it)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -67,8 +66,7 @@ def plot(res, path: str) -> None:
         ax.set_title("block-scaled formats: relative RMSE by format / rule / block")
         ax.legend(fontsize=8)
         fig.tight_layout()
-        written = outputs.atomic_write(path, lambda tmp: fig.savefig(tmp, dpi=120,
-                                                                     format=Path(path).suffix.lstrip(".").lower()))
+        written = save(fig, path)
     finally:
         plt.close(fig)
     hint(f"plot written to {written}")

@@ -234,13 +234,10 @@ def draw(res, path: str) -> None:
     b.set_title("flips by margin")
     b.legend(fontsize=8)
     fig.tight_layout()
-    from pathlib import Path
+    from precisionlab.report.plots import save
 
-    from precisionlab.io import outputs
-
-    try:  # format from the path the user named, written atomically like every file this tool writes
-        written = outputs.atomic_write(path, lambda tmp: fig.savefig(tmp, dpi=120,
-                                                                     format=Path(path).suffix.lstrip(".").lower()))
+    try:  # as every --plot: the format from the path's extension, atomically, a URL's secrets masked
+        written = save(fig, path)
     finally:
         plt.close(fig)
     hint(f"plot written to {written}")

@@ -26,8 +26,6 @@ def figure(path: str, title: str, xlabel: str, ylabel: str):
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from precisionlab.io import outputs
-
     fig, ax = plt.subplots(figsize=(8, 5))
     try:
         yield ax
@@ -36,12 +34,25 @@ def figure(path: str, title: str, xlabel: str, ylabel: str):
         ax.set_title(title)
         ax.legend(fontsize=8)
         fig.tight_layout()
-        # format= from the path the user named: matplotlib then never appends an extension of its own
-        fmt = Path(path).suffix.lower().lstrip(".")
-        written = outputs.atomic_write(path, lambda tmp: fig.savefig(tmp, dpi=120, format=fmt))
+        written = save(fig, path)
     finally:
         plt.close(fig)
     hint(f"plot written to {written}")
+
+
+def save(fig, path: str) -> Path:
+    """Every --plot is written here: atomically, in the format of path's extension (format=, so matplotlib
+    never appends an extension of its own), and with every text of the figure (title, labels, legend)
+    through io.urls: a model's name is in some titles, and a plot is shared like the JSON."""
+    from matplotlib.text import Text
+
+    from precisionlab.io import outputs
+    from precisionlab.io.urls import mask_secrets
+
+    for text in fig.findobj(Text):
+        text.set_text(mask_secrets(text.get_text()))
+    fmt = Path(path).suffix.lower().lstrip(".")
+    return outputs.atomic_write(path, lambda tmp: fig.savefig(tmp, dpi=120, format=fmt))
 
 
 def plot_kinds() -> tuple[str, ...]:
