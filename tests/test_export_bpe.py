@@ -67,8 +67,13 @@ def _tiny_bpe_folder(folder: Path, arch: str, pre: str) -> Path:
 
 def _llama(path: str):
     llama_cpp = pytest.importorskip("llama_cpp", reason="llama.cpp's engine needs llama-cpp-python")
-    return llama_cpp.Llama(str(path), n_ctx=512, logits_all=True, verbose=False, n_threads=1,
-                           type_k=0, type_v=0, flash_attn=False)  # GGML_TYPE_F32 KV cache: fp32 throughout
+    from precisionlab.engines.llamacpp import _model_params, _quantised_amx_default
+
+    # the weight buffers the llamacpp engine uses: a quantised file on an AMX CPU without the repacked
+    # kernels, whose every-logit eval segfaults in llama-cpp-python 0.3.36 (engines/llamacpp.py)
+    with _model_params(llama_cpp, use_extra_bufts=not _quantised_amx_default(llama_cpp, str(path))):
+        return llama_cpp.Llama(str(path), n_ctx=512, logits_all=True, verbose=False, n_threads=1,
+                               type_k=0, type_v=0, flash_attn=False)  # GGML_TYPE_F32 KV cache: fp32 throughout
 
 
 def _kl_mean(hf_dir, llm, ids) -> float:
@@ -101,6 +106,29 @@ def test_bpe_gguf_tokenises_and_computes_as_transformers(arch, pre, tmp_path):
     assert (ids[0] == 0) is (arch == "llama")  # BOS where the post-processor puts it, and only there
     assert llm.metadata["tokenizer.ggml.pre"] == pre and int(llm.metadata[f"{arch}.context_length"]) == 256
     assert _kl_mean(src, llm, ids) < MAX_KL_MEAN
+
+
+# q8_0 (issue 39's `--to gguf:f32|q8_0` on a Qwen3 BPE folder). Band chosen before running: the weights
+# are N(0, 0.2) in blocks of 32, so a block's scale is about 3 sd / 127 and each weight moves by about
+# 0.7 % of its size (uniform rounding); llama.cpp also rounds the activations to Q8 blocks. Over two
+# layers that moves a logit by a few hundredths, KL ~ Var/2 ~ 1e-4 to 1e-3: the band is (1e-6, 0.02),
+# f32's bound below (the q8_0 weights were used) and a wrong block layout (KL ~ 1) above.
+Q8_KL_BAND = (MAX_KL_MEAN, 0.02)
+
+
+def test_q8_0_gguf_of_a_bpe_qwen3_folder_tokenises_and_costs_what_q8_0_costs(tmp_path):
+    pytest.importorskip("gguf", reason="the GGUF export needs the gguf package")
+    transformers = pytest.importorskip("transformers")
+    src = _tiny_bpe_folder(tmp_path / "hf", "qwen3", "qwen2")
+    out = tmp_path / "m-q8_0.gguf"
+    r = cli("export", f"hf:{src}", "--to", "gguf:q8_0", "--out", str(out), "--json")
+    assert r.code == 0, r.err
+    assert any("Q8_0" in c for c in json.loads(r.out)["changes"])
+    ids = transformers.AutoTokenizer.from_pretrained(src)(HELD_OUT)["input_ids"]
+    llm = _llama(out)
+    assert llm.tokenize(HELD_OUT.encode(), add_bos=True, special=False) == ids
+    kl = _kl_mean(src, llm, ids)
+    assert Q8_KL_BAND[0] < kl < Q8_KL_BAND[1], kl
 
 
 def test_unknown_pre_tokenizer_is_refused_before_any_weight(tmp_path):
@@ -151,25 +179,45 @@ def test_smollm2_gguf_to_hf_and_back(tmp_path):
     assert _kl_mean(hf, _llama(out), ids) < MAX_KL_MEAN
 
 
-@pytest.mark.parametrize("arch", ["qwen3", "llama"])
-def test_onnx_of_a_hf_folder_computes_as_transformers(arch, tmp_path):
-    """--to onnx:fp32 of a HF folder (torch's dynamo exporter), run by onnxruntime over more tokens than
-    it was traced with: mean KL < 1e-6 against transformers' fp32 logits."""
+@needs_smol
+def test_onnx_of_smollm2_computes_as_transformers(tmp_path):
+    """--to onnx:fp32 of SmolLM2's fp32 HF folder (make smollm2 writes it beside the GGUF): onnxruntime's
+    logits over the held-out text against transformers' fp32 ones, mean KL < 1e-6 (fp32 rounding of two
+    summation orders, as above)."""
     pytest.importorskip("onnxscript", reason="the ONNX export of a HF folder needs onnxscript")
+    if not (SMOL / "hf" / "model.safetensors").is_file():
+        pytest.skip("SmolLM2's HF folder not cached: make smollm2")
+    out = tmp_path / "s.onnx"
+    r = cli("export", f"hf:{SMOL / 'hf'}", "--to", "onnx:fp32", "--out", str(out), timeout=900)
+    assert r.code == 0, r.err
+    assert _onnx_kl_mean(SMOL / "hf", out) < MAX_KL_MEAN
+
+
+def _onnx_kl_mean(src, out) -> float:
+    """Mean KL between transformers' fp32 logits and onnxruntime's over the held-out text's ids (more
+    tokens than the export traced: the token axis must be dynamic)."""
     ort = pytest.importorskip("onnxruntime")
     import torch
     import transformers
 
-    src = _tiny_bpe_folder(tmp_path / "hf", arch, "qwen2" if arch == "qwen3" else "llama-bpe")
-    out = tmp_path / "m.onnx"
-    r = cli("export", f"hf:{src}", "--to", "onnx:fp32", "--out", str(out), timeout=900)
-    assert r.code == 0, r.err
     ids = transformers.AutoTokenizer.from_pretrained(src)(HELD_OUT)["input_ids"]
-    assert len(ids) > 8  # longer than the trace: the token axis is dynamic
+    assert len(ids) > 8
     got = ort.InferenceSession(str(out), providers=["CPUExecutionProvider"]).run(
         None, {"input_ids": np.array([ids], dtype=np.int64)})[0][0]
     model = transformers.AutoModelForCausalLM.from_pretrained(src, dtype=torch.float32).eval()
     with torch.no_grad():
         ref = model(input_ids=torch.tensor([ids])).logits[0].double()
     lp, lq = ref.log_softmax(-1), torch.tensor(got, dtype=torch.float64).log_softmax(-1)
-    assert float((lp.exp() * (lp - lq)).sum(-1).mean()) < MAX_KL_MEAN
+    return float((lp.exp() * (lp - lq)).sum(-1).mean())
+
+
+@pytest.mark.parametrize("arch", ["qwen3", "llama"])
+def test_onnx_of_a_hf_folder_computes_as_transformers(arch, tmp_path):
+    """--to onnx:fp32 of a HF folder (torch's dynamo exporter), run by onnxruntime over more tokens than
+    it was traced with: mean KL < 1e-6 against transformers' fp32 logits."""
+    pytest.importorskip("onnxscript", reason="the ONNX export of a HF folder needs onnxscript")
+    src = _tiny_bpe_folder(tmp_path / "hf", arch, "qwen2" if arch == "qwen3" else "llama-bpe")
+    out = tmp_path / "m.onnx"
+    r = cli("export", f"hf:{src}", "--to", "onnx:fp32", "--out", str(out), timeout=900)
+    assert r.code == 0, r.err
+    assert _onnx_kl_mean(src, out) < MAX_KL_MEAN
