@@ -56,6 +56,7 @@ class ModelShape(NamedTuple):
     positions: int  # the model's longest sequence (0: not declared)
     stored: int = 0  # bytes of the weights as the engine holds them between runs (0: 4 per parameter)
     dtype: str = "fp32"  # the dtype they are held in (a catalog name; "": another): a copy in it is shared
+    experts: int = 0  # routed experts a MoE layer, as the config declares them (0: none declared)
 
     @property
     def weight_bytes(self) -> int:
@@ -107,6 +108,8 @@ def model_shape(model: str | None, steps: int, prompt: str) -> ModelShape | None
         v = cfg.get(key)
         return int(v) if isinstance(v, (int, float)) and v > 0 else 0
 
+    # Qwen-MoE's, DeepSeek-V3's and Mixtral's names for the routed experts (router's estimate)
+    experts = num("num_experts") or num("n_routed_experts") or num("num_local_experts")
     return ModelShape(params, seq, num("vocab_size"), num("hidden_size"), num("num_hidden_layers"),
-                      num("num_attention_heads"), "hf", num("max_position_embeddings"), stored, dtype)
+                      num("num_attention_heads"), "hf", num("max_position_embeddings"), stored, dtype, experts)
 

@@ -299,7 +299,7 @@ def run(cfg: EnginesConfig, advance=lambda k=1: None) -> EnginesResult:
     # then opened one after another
     startup.check_memory([startup.Load(s, device, cfg.steps, cfg.prompt) for s in (ref_spec, *cfg.engines)],
                          lambda shapes: _estimate(shapes, cfg.tokens),
-                         f"compare engine --reference {ref_spec} --tokens {cfg.tokens}")
+                         f"compare engine --reference {ref_spec} --tokens {cfg.tokens} --steps {cfg.steps}")
     import torch
 
     rows = []

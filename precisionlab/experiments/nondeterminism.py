@@ -75,7 +75,8 @@ def run(cfg: NondetConfig, advance=lambda k=1: None) -> NondetResult:
     sections = inputs.parse_choices(cfg.sections, SECTIONS, "section")
     if cfg.keep_samples and "atomics" not in sections:  # the plot would be an empty histogram
         raise UsageError("--plot draws the atomics section's histogram; add atomics to --sections")
-    inputs.check_memory(memory.nondeterminism(cfg.n, sections), f"nondeterminism --n {cfg.n}")
+    inputs.check_memory(memory.nondeterminism(cfg.n, sections, cfg.runs),
+                        f"nondeterminism --n {cfg.n} --runs {cfg.runs}")
     plan = devices.resolve(cfg.device)
     cublas_config = "from the environment" if "CUBLAS_WORKSPACE_CONFIG" in os.environ else None
     if plan.cuda and cublas_config is None and "torch_ops" in sections:

@@ -25,8 +25,10 @@ import numpy as np
 
 from precisionlab.catalog import formats
 from precisionlab.errors import UsageError
+from precisionlab.io import inputs
 from precisionlab.numerics import compare as comparison
 from precisionlab.numerics import routing
+from precisionlab.runtime import memory
 
 CASE_TOKENS = 256
 MAX_THRESHOLD = 1 << 20
@@ -101,6 +103,10 @@ def run(cfg, advance=lambda k=1: None):
     exp._check_sizes(cfg)
     if cfg.threshold is not None and not 2 <= cfg.threshold <= MAX_THRESHOLD:
         raise UsageError(f"--threshold must be in 2 ... {MAX_THRESHOLD} (got {cfg.threshold})")
+    # the largest case, before any is built: the threshold's upper side or the fixed cases' tokens
+    tokens = CASE_TOKENS if cfg.threshold is None else max(CASE_TOKENS, cfg.threshold + 1)
+    inputs.check_memory(memory.router_cases(tokens, cfg.experts),
+                        f"router --impl: {tokens} tokens x {cfg.experts} experts")
     alg = exp.algorithm(cfg, cfg.experts)
     bias = exp.bias_vector(cfg, cfg.experts)
     fn = load_impl(cfg.impl)

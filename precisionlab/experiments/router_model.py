@@ -25,18 +25,27 @@ BATCH = 16         # sequences a forward
 MODEL_FIXED = 160 * 2**20  # torch's and transformers' own state once a model is loaded (runtime/memory.MODEL_FIXED)
 
 
+# One layer's routing at a time (experiments/router.py), per token and expert: the fp64 reference's
+# logits, scores and choices, one path's likewise, and the flip statistics' dense weights: measured
+# 71 bytes (1,000-3,000 tokens of a 4,096-expert model, 1 to 9 paths alike: one path at a time).
+ROUTED_PER_LOGIT = 80
+DEFAULT_EXPERTS = 64  # where the config declares no expert count
+
+
 def estimate(tokens: int, n_paths: int):
     """ModelShape -> bytes: the fp32 weights (and the load's copy), one batch's
     activations (a few of batch x seq x hidden a layer), every layer's captured
-    hidden states in float64 with their rounded copies, and the per-path
-    routing arrays (at most 64 x hidden experts assumed: the shape declares no
-    expert count)."""
+    hidden states in float64 with their rounded copies, one layer's routing
+    arrays over the config's experts (ROUTED_PER_LOGIT; with 64 experts
+    assumed whatever the config said, --tokens 20000 of a 4,096-expert model
+    ran out of memory) and each path's flips and margins of every layer."""
     def need(shape) -> int:
         weights = 2 * 4 * shape.params
         batch = 16 * BATCH * min(SEQ_LEN, tokens) * shape.hidden * shape.layers
         captured = 3 * 8 * tokens * shape.hidden * shape.layers
-        routed = 8 * 8 * tokens * 64 * (n_paths + 1)
-        return weights + batch + captured + routed + MODEL_FIXED
+        routed = ROUTED_PER_LOGIT * tokens * (shape.experts or DEFAULT_EXPERTS)
+        kept = 16 * tokens * shape.layers * n_paths
+        return weights + batch + captured + routed + kept + MODEL_FIXED
     return need
 
 

@@ -78,14 +78,23 @@ NONDET_SECTION_FIXED = {"atomics": 0, "threads": 0, "splitk": 40 * MiB, "batch":
 
 NONDET_FIXED = 24 * MiB  # measured: torch's and the library's first-use state (thread pools, the kernels' grid)
 
+# What each of --runs keeps until its section's statistics are done (the fixed terms above were
+# measured at --runs 2): split-K both orders' 128 x 128 fp32 results (64 KiB and a header each) and,
+# while they are compared, one order's bytes (_bits): 3 x 64 KiB, measured 186 KiB a run at --runs
+# 5000 (--runs 100000 ran out of memory unestimated); torch_ops the largest op's 16 x 16 result and
+# its bytes, measured 2.4 KiB a run; atomics two fp32 sums a run as Python floats and array slots.
+NONDET_PER_RUN = {"atomics": 80, "threads": 0, "splitk": 3 * (4 * 128 * 128 + 112), "batch": 0,
+                  "torch_ops": 2560, "tp": 0}
 
-def nondeterminism(n: int, sections) -> int:
+
+def nondeterminism(n: int, sections, runs: int = 2) -> int:
     """x in float64 (8 n) for the whole run; drawing it briefly holds the
     float32 copy too (4 n), whose freed pages fsum's chunk then reuses (so the
-    chunk adds what exceeds them); or the largest section; plus the first-use
-    state."""
+    chunk adds what exceeds them); or the largest section with its runs'
+    results (NONDET_PER_RUN); plus the first-use state."""
     chunk = exact_sum(n) - min(4 * n, exact_sum(n) // 2)
-    return 8 * n + max([4 * n, chunk] + [NONDET_SECTION_FIXED[s] for s in sections]) + NONDET_FIXED
+    per_section = [NONDET_SECTION_FIXED[s] + runs * NONDET_PER_RUN[s] for s in sections]
+    return 8 * n + max([4 * n, chunk] + per_section) + NONDET_FIXED
 
 
 def _matmul_modes(m: int, n: int, k: int) -> int:
@@ -325,9 +334,17 @@ def compare_engine(reference, engines: list, tokens: int) -> int:
     opened one at a time). Per logit of the positions scored: the reference's
     float64 windows, kept for every engine (8); for the engine being compared
     both sides' float64 windows and their concatenation (32) and
-    position_stats' temporaries (about ten float64: 80)."""
+    position_stats' temporaries (about ten float64: 80). Per logit of the
+    greedy path (--steps: the reference's seq, prompt + steps positions): its
+    float64 rows and their stack, or the stack and the reference's sort of it
+    (16; measured 16.7 with the step's own logits: 18), with the decoding's KV
+    cache and hidden states as compare model counts them. Without this term
+    --steps 100000 on a 151,936-token vocabulary ran out of memory under an
+    estimate of a few hundred MiB."""
     largest = max((weights(s, "fp32") for s in engines if s is not None), default=0)
-    return (weights(reference, "fp32") + largest + 120 * tokens * max(reference.vocab, 1)
+    vocab = max(reference.vocab, 1)
+    greedy = 18 * reference.seq * vocab + 16 * reference.seq * reference.hidden * reference.layers
+    return (weights(reference, "fp32") + largest + 120 * tokens * vocab + greedy
             + ENGINE_FIXED[reference.kind])
 
 
@@ -452,6 +469,20 @@ def kvcache(shape, calibration: int) -> int:
     held = shape.weight_bytes + copy_bytes(shape, "fp32")
     return (held + 112 * shape.seq * shape.vocab + 16 * shape.heads * longest * longest
             + 8 * longest * shape.hidden * shape.layers + KVCACHE_FIXED[shape.kind])
+
+
+# router --impl (experiments/router_cases.py), per logit of its largest case (tokens x --experts):
+# the case's float64 logits and their fp32 rounding's temporaries, your kernel's fp32 (and on a
+# difference fp64) input, the fp64 reference's scores and choices, both sides' dense weights and
+# their difference and mask. Measured 51-55 bytes at 8-34 M logits (--threshold 16384-65536,
+# --experts 256-1024), 70 at 1 M with the first-use state; your kernel's own allocations are its
+# own. Without it --experts 10^9 or --threshold 2^20 ended 'out of memory' (exit 1).
+ROUTER_CASE_PER_LOGIT = 64
+ROUTER_CASES_FIXED = 32 * MiB
+
+
+def router_cases(tokens: int, experts: int) -> int:
+    return ROUTER_CASE_PER_LOGIT * tokens * experts + ROUTER_CASES_FIXED
 
 
 def attention(rows: int, seq: int, dim: int, block_c: int, chunk_rows: int, model_peak: int,
