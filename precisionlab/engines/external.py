@@ -145,6 +145,8 @@ class ExternalEngine(Engine):
         import torch
 
         batch = ids.tolist() if hasattr(ids, "tolist") else ids
+        if len(batch) == 1:  # one sequence (compare engine's windows): no stacked copy of vocabulary-wide rows
+            return torch.from_numpy(self.logits(batch[0])[None])
         return torch.from_numpy(np.stack([self.logits(row) for row in batch]))
 
     def session(self, model, stores: KVStores | None = None):

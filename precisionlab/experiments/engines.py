@@ -350,7 +350,7 @@ def _engine_row(spec, cfg, ref, ref_window, ids, prompt_ids, ref_tokens, ref_mar
         eng_parts.append(lexp.to_numpy(eng.forward(eng_model, x)[0]))
         forward_s += time.perf_counter() - t2
         advance()
-    E = np.concatenate(eng_parts)
+    E = eng_parts[0] if len(eng_parts) == 1 else np.concatenate(eng_parts)  # one window: no copy
     if R.shape != E.shape:
         raise RunError(f"{spec}: {E.shape[1]} logits per position against the reference's {R.shape[1]}")
     # widened block by block, on as many threads as the engine's forward had (torch's count)

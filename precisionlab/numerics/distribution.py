@@ -71,11 +71,11 @@ def valid_rows(x: np.ndarray) -> np.ndarray:
     return ~np.isnan(x).any(axis=1) & ~(x == np.inf).any(axis=1) & (x > -np.inf).any(axis=1)
 
 
-def log_softmax(x: np.ndarray) -> np.ndarray:
+def log_softmax(x: np.ndarray, ok: np.ndarray | None = None) -> np.ndarray:
     """Row-wise log-softmax in float64 through a max-shifted log-sum-exp.
-    Invalid rows come out all NaN."""
+    Invalid rows come out all NaN. ok: valid_rows(x), where the caller has it."""
     x = np.asarray(x, dtype=np.float64)
-    ok = valid_rows(x)
+    ok = valid_rows(x) if ok is None else ok
     m = np.where(ok, np.max(np.where(ok[:, None], x, 0.0), axis=1), 0.0)
     with np.errstate(invalid="ignore", over="ignore"):
         z = x - m[:, None]                      # -inf stays -inf; the max row entry becomes exactly 0
@@ -213,8 +213,9 @@ def position_stats(ref: np.ndarray, low: np.ndarray, targets: np.ndarray, worker
 def _block_stats(ref: np.ndarray, low: np.ndarray, targets: np.ndarray) -> PositionStats:
     # widened here, one block at a time: every statistic below is float64 arithmetic on the stored values
     ref, low = ref.astype(np.float64, copy=False), low.astype(np.float64, copy=False)
-    ok = valid_rows(ref) & valid_rows(low)
-    lp, lq = log_softmax(ref), log_softmax(low)
+    ok_ref, ok_low = valid_rows(ref), valid_rows(low)  # each once: three passes over the block apiece
+    ok = ok_ref & ok_low
+    lp, lq = log_softmax(ref, ok_ref), log_softmax(low, ok_low)
     rows = np.arange(ref.shape[0])
     a_ref = np.argmax(np.where(ok[:, None], ref, 0.0), axis=1)
     a_low = np.argmax(np.where(ok[:, None], low, 0.0), axis=1)
@@ -222,7 +223,7 @@ def _block_stats(ref: np.ndarray, low: np.ndarray, targets: np.ndarray) -> Posit
     u = log_ratio(ref, low, lp, lq)
     u_t = u[rows, targets]
     margin = _margin(ref)
-    margin[~valid_rows(ref)] = np.nan
+    margin[~ok_ref] = np.nan
     with np.errstate(invalid="ignore", over="ignore"):
         p_t = np.exp(-nll_ref)
         # Q(next) - P(next) = P(next) expm1(u): no cancellation of two near-equal probabilities
