@@ -289,6 +289,18 @@ def test_a_target_that_cannot_fork_is_refused(planted):
     assert "\n" not in str(e.value) and "--draft" in str(e.value) and "copying a KV cache" in str(e.value)
 
 
+def test_named_widths_on_a_target_that_cannot_fork_are_refused(planted):
+    """Widths asked for by name on an engine without fork() are refused in one line (issue 43); the default
+    widths on it are reported 'not supported' while the other contracts run (issue 40)."""
+    with pytest.raises(UsageError) as e:
+        exp.run(exp.ContractsConfig(model="bare:x", dtypes="fp32", draft_widths=(1, 2), **SMALL))
+    assert "\n" not in str(e.value) and "--draft-widths" in str(e.value) and "copying a KV cache" in str(e.value)
+    rows = exp.run(exp.ContractsConfig(model="bare:x", dtypes="fp32", **SMALL)).rows
+    verify = [r for r in rows if r["contract"] == "spec_verify"]
+    assert verify and all(r["verdict"] == "not supported" for r in verify)
+    assert any(r["verdict"] != "not supported" for r in rows)
+
+
 def test_a_draft_shorter_than_the_sequence_is_refused(tiny_draft):
     with pytest.raises(UsageError, match="takes 128 positions; the prompt and --steps need 137") as e:
         exp.run(exp.ContractsConfig(dtypes="fp32", steps=130, batches=(2,), chunks=(7,),

@@ -32,7 +32,7 @@ from typing import Callable
 import numpy as np
 
 from precisionlab.catalog import formats
-from precisionlab.engines.protocol import NotSupported, greedy
+from precisionlab.engines.protocol import NotSupported, greedy, require
 from precisionlab.engines.registry import DEFAULT_PROMPT, DEFAULT_SPEC
 from precisionlab.experiments import startup
 from precisionlab.errors import UsageError
@@ -91,9 +91,13 @@ def _widths(cfg: ContractsConfig) -> list:
     a width the user named is run or refused, never dropped without a word."""
     asked = sizes(cfg.draft_widths, (), "--draft-widths")
     too_wide = [k for k in asked if k + 1 > cfg.steps]
-    if too_wide and tuple(cfg.draft_widths) != tuple(spec_verify.DRAFT_WIDTHS):
+    named = tuple(cfg.draft_widths) != tuple(spec_verify.DRAFT_WIDTHS)
+    if too_wide and named:
         raise UsageError(f"--draft-widths {too_wide[0]}: a verify window of {too_wide[0] + 1} positions needs "
                          f"--steps {too_wide[0] + 1} or more (--steps {cfg.steps})")
+    if named:  # asked for by name: an engine that cannot verify after a copied cache is refused, not a row
+        require(startup.resolve(cfg.model, "--model")[0], "forks",
+                "--draft-widths (a verify chunk after a copied cache)", UsageError)
     return spec_verify.plan(asked, cfg.steps)
 
 
