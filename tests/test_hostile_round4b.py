@@ -110,7 +110,10 @@ def test_a_path_in_the_form_of_a_url_is_masked_in_the_logits_file_end_to_end(run
     r = run("compare", "metrics", "--text", text, "--tokens", "16", "--dtypes", "bf16",
             "--save-logits", f"bf16={out}")
     assert r.code == 0, r.err
-    assert "hunter2" not in r.out + r.err and MASKED_URL in r.out
+    # the table wraps a long path where the terminal's width falls (it depends on the temporary folder's
+    # length): the output is read with its whitespace removed, so a secret split by a wrap is still found
+    shown = "".join((r.out + r.err).split())
+    assert "hunter2" not in shown and MASKED_URL in shown
     with safe_open(str(out), "np") as f:
         assert f.metadata()["text"] == f"{tmp_path}/{MASKED_URL}/t.txt"
 
