@@ -78,6 +78,22 @@ def test_a_model_folder_with_custom_code_is_refused_without_reading_stdin(run, t
     assert not tiny_models["marker"].exists(), "the model folder's code ran"
 
 
+def test_every_from_pretrained_in_the_package_says_trust_remote_code_false():
+    """Every loader call in the source, on every path (exporters too, which the run above does not reach),
+    writes trust_remote_code=False in the call itself, as a literal: a model folder never runs its own code."""
+    import ast
+
+    missing = []
+    for path in sorted((ROOT / "precisionlab").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Call) and getattr(node.func, "attr", None) == "from_pretrained":
+                kw = {k.arg: k.value for k in node.keywords}
+                value = kw.get("trust_remote_code")
+                if not (isinstance(value, ast.Constant) and value.value is False):
+                    missing.append(f"{path.relative_to(ROOT)}:{node.lineno}")
+    assert not missing, missing
+
+
 @pytest.mark.parametrize("command", [["compare", "model"], ["kvcache", "--scales", "dynamic"]], ids=" ".join)
 def test_every_transformers_loader_gets_trust_remote_code_false(run, tiny_models, monkeypatch, command):
     import transformers

@@ -202,8 +202,9 @@ class HFEngine(Engine):
                 # trust_remote_code=False on every loader: a model folder never runs its own code
                 self.tok = transformers.AutoTokenizer.from_pretrained(arg, trust_remote_code=False,
                                                                       local_files_only=True)
-                self.stored = transformers.AutoModelForCausalLM.from_pretrained(
-                    arg, trust_remote_code=False, config=config, local_files_only=True, **_stored_dtype())
+                self.stored = transformers.AutoModelForCausalLM.from_pretrained(arg, trust_remote_code=False,
+                                                                                config=config, local_files_only=True,
+                                                                                **_stored_dtype())
         except UsageError:
             raise
         except Exception as e:  # OSError, ValueError, KeyError... from an unusable directory or cache entry
