@@ -38,4 +38,4 @@ def masked(obj):
 def recorded(metadata: dict) -> dict[str, str]:
     """A file's string metadata (safetensors) as written: every value a string, URL secrets masked.
     Every writer of metadata that names a model or a file goes through here (tests/test_hostile_round4b)."""
-    return {str(k): mask_secrets(str(v)) for k, v in metadata.items()}
+    return masked({str(k): str(v) for k, v in metadata.items()})
