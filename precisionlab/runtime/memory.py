@@ -233,7 +233,14 @@ def compare_model(shape, lows=formats.LOW_COMPUTE) -> int:
     fp32 arrays of seq x hidden each)."""
     seq, vocab = shape.seq, shape.vocab
     return (weights(shape, ["fp32", *lows]) + 48 * seq * vocab + 4 * seq * seq * shape.heads
-            + 16 * seq * shape.hidden * shape.layers + MODEL_FIXED[shape.kind])
+            + 16 * seq * shape.hidden * shape.layers + MODEL_PER_RUN + MODEL_FIXED[shape.kind])
+
+
+# What each compare model run allocates beyond the terms above and does not scale with the model
+# (transformers' generate() state, the report's tables): the second of three tiny Qwen3 runs in one child
+# grew 28.6-29.4 MiB against 18.4 estimated without it (tests/test_memory.py, alone and beside a
+# second worker, 2026-12-05).
+MODEL_PER_RUN = 8 * MiB
 
 
 # What one sequence's forward pass holds per position besides its logits, at
